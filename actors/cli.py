@@ -1,0 +1,284 @@
+"""The ``prerender-ray`` command: up, status, down, config, render."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+from prerender_ray import configfile
+from prerender_ray.config import Config
+from prerender_ray.stores import StoreError, check_writable
+
+from . import deploy
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+def _err(msg: str) -> None:
+    print(f"prerender-ray: {msg}", file=sys.stderr)
+
+
+def _data_dir(arg: str | None, cfg: Config | None = None) -> Path:
+    return Path(arg or (cfg.server.data_dir if cfg else "./data")).expanduser().resolve()
+
+
+def _load_config(args: argparse.Namespace) -> configfile.Loaded:
+    loaded = configfile.load(args.config)
+    overrides = {}
+    if args.port is not None:
+        overrides["port"] = args.port
+    if args.data_dir is not None:
+        overrides["data_dir"] = args.data_dir
+    if overrides:
+        data = loaded.config.model_dump()
+        data["server"].update(overrides)
+        try:
+            loaded.config = Config.model_validate(data)
+        except Exception as e:
+            raise configfile.ConfigError([f"command line: {e}"]) from None
+    return loaded
+
+
+# -------------------------------------------------------------------------------------------- up
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    try:
+        loaded = _load_config(args)
+    except configfile.ConfigError as e:
+        for p in e.problems:
+            _err(p)
+        return EXIT_USAGE
+    cfg = loaded.config
+    data_dir = _data_dir(args.data_dir, cfg)
+    try:
+        check_writable(data_dir)
+    except StoreError as e:
+        _err(str(e))
+        return EXIT_USAGE
+    data = cfg.model_dump()
+    data["server"]["data_dir"] = str(data_dir)
+    for w in loaded.warnings:
+        _err(f"config: {w}")
+    for f in loaded.findings:
+        _err(f"config {f}")
+
+    existing = deploy.Record.read(data_dir)
+    if existing and existing.owns_ray and deploy.our_processes(existing):
+        _err(f"a deployment is already running from {data_dir}; run `prerender-ray down --data-dir {data_dir}`")
+        return EXIT_FAIL
+    epoch = time.strftime("%Y%m%dT%H%M%S")
+    if args.address is None and not deploy.port_free(cfg.server.host, cfg.server.port):
+        _err(f"port {cfg.server.port} on {cfg.server.host} is already in use")
+        return EXIT_FAIL
+    record: deploy.Record | None = None
+    placed = False
+    try:
+        if args.address is None:
+            print(f"starting a local Ray for {data_dir} ...", flush=True)
+            record = deploy.start_local_ray(data_dir, epoch)
+        else:
+            record = deploy.Record(address=args.address, owns_ray=False, epoch=epoch, started_at=time.time())
+        record.write(data_dir)
+        deploy.apply_env(record)
+        deploy.connect(record.address, log_to_driver=not args.detach)
+        controller = deploy.place_controller(data, data_dir, epoch)
+        placed = True
+        status = deploy.wait_ready(controller, args.timeout)
+    except deploy.DeployError as e:
+        _err(str(e))
+        _teardown(record, data_dir, quiet=True, stop_controller=placed)
+        return EXIT_FAIL
+    for node in status["nodes"]:
+        print(f"{node['name']}: {node['url']}  (bots: {node['url']}{cfg.ingress.bot_path_prefix}<url>)")
+    print("ready", flush=True)
+    if args.detach:
+        return EXIT_OK
+    _wait_for_signal()
+    print("stopping ...", flush=True)
+    _teardown(record, data_dir)
+    return EXIT_OK
+
+
+def _wait_for_signal() -> None:
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(0.5):
+        pass
+
+
+def _teardown(record: deploy.Record | None, data_dir: Path, *, quiet: bool = False,
+              stop_controller: bool = True) -> None:
+    """Stop the deployment's actors (unless told not to), then the local Ray if ``up`` started it."""
+    import ray
+
+    if ray.is_initialized() and stop_controller:
+        controller = deploy.find_controller()
+        if controller is not None:
+            deploy.stop_deployment(controller)
+    if ray.is_initialized():
+        ray.shutdown()
+    if record is not None and record.owns_ray:
+        deploy.stop_local_ray(record)
+    if record is not None and (stop_controller or record.owns_ray):
+        (data_dir / deploy.RECORD).unlink(missing_ok=True)
+    if not quiet:
+        print("stopped", flush=True)
+
+
+# ---------------------------------------------------------------------------------- status / down
+
+
+def _attach(args: argparse.Namespace) -> tuple[deploy.Record | None, str]:
+    data_dir = _data_dir(args.data_dir)
+    record = deploy.Record.read(data_dir)
+    address = args.address or (record.address if record else None)
+    if address is None:
+        raise deploy.DeployError(f"no deployment recorded in {data_dir} (pass --address or --data-dir)")
+    deploy.apply_env(record if record and record.address == address else None)
+    return record, address
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    try:
+        _, address = _attach(args)
+        deploy.connect(address)
+        controller = deploy.find_controller()
+        if controller is None:
+            raise deploy.DeployError("prerender-ray is not running on this cluster")
+        status = deploy.controller_status(controller)
+    except deploy.DeployError as e:
+        if args.json:
+            print(json.dumps({"healthy": False, "error": str(e), "nodes": []}))
+        else:
+            _err(str(e))
+        return EXIT_FAIL
+    if args.json:
+        print(json.dumps(status, indent=2))
+    else:
+        for n in status["nodes"]:
+            k = n["keeper"]
+            print(f"{n['name']:<20} {n['url']:<28} keeper={k['state']}({k['rows']} rows) "
+                  f"leases={n['leasesInFlight']} ingress={n['ingressReplicas']['up']}/"
+                  f"{n['ingressReplicas']['configured']} queue={n['queueStatus']} "
+                  f"{'healthy' if n['healthy'] else 'UNHEALTHY ' + '; '.join(n['errors'])}")
+    return EXIT_OK if status["healthy"] else EXIT_FAIL
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    data_dir = _data_dir(args.data_dir)
+    try:
+        record, address = _attach(args)
+    except deploy.DeployError as e:
+        _err(str(e))
+        return EXIT_FAIL
+    try:
+        deploy.connect(address)
+    except deploy.DeployError as e:
+        if not (record and record.owns_ray):
+            _err(str(e))
+            return EXIT_FAIL
+        _err(f"{e}; stopping the local Ray anyway")
+    _teardown(record if record and record.address == address else None, data_dir)
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------- config
+
+
+def cmd_config_check(args: argparse.Namespace) -> int:
+    try:
+        loaded = configfile.load(args.file)
+    except configfile.ConfigError as e:
+        for p in e.problems:
+            _err(p)
+        return EXIT_FAIL
+    for w in loaded.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    for f in loaded.findings:
+        print(f"{f}", file=sys.stderr)
+    print(yaml.safe_dump(configfile.redact(loaded.config), sort_keys=False), end="")
+    return EXIT_OK
+
+
+def cmd_config_defaults(args: argparse.Namespace) -> int:
+    print(yaml.safe_dump(Config().model_dump(mode="json", by_alias=args.camel), sort_keys=False), end="")
+    return EXIT_OK
+
+
+def cmd_hash_password(args: argparse.Namespace) -> int:
+    from prerender_ray.auth import hash_password
+
+    password = sys.stdin.readline().rstrip("\n") if not sys.stdin.isatty() else _prompt()
+    if not password:
+        _err("empty password")
+        return EXIT_USAGE
+    print(hash_password(password))
+    return EXIT_OK
+
+
+def _prompt() -> str:
+    import getpass
+
+    return getpass.getpass("password: ")
+
+
+# ------------------------------------------------------------------------------------------ main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="prerender-ray", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    def where(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--data-dir", help="deployment data directory (default ./data)")
+        sp.add_argument("--address", help="Ray cluster address (`auto` for the current `ray up` cluster)")
+
+    up = sub.add_parser("up", help="start prerender-ray (a local Ray unless --address is given)")
+    up.add_argument("--config", help=f"YAML config file (default ${configfile.CONFIG_ENV} or built-in defaults)")
+    up.add_argument("--port", type=int, help="ingress port (overrides server.port)")
+    where(up)
+    up.add_argument("--detach", action="store_true", help="return once every node is ready")
+    up.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for readiness")
+    up.set_defaults(func=cmd_up)
+
+    st = sub.add_parser("status", help="per-node health; exit 1 when a node is unhealthy")
+    where(st)
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=cmd_status)
+
+    dn = sub.add_parser("down", help="stop everything `up` started")
+    where(dn)
+    dn.set_defaults(func=cmd_down)
+
+    cfg = sub.add_parser("config", help="validate or print configuration")
+    csub = cfg.add_subparsers(dest="config_cmd", required=True)
+    chk = csub.add_parser("check", help="validate FILE and print the effective config (secrets redacted)")
+    chk.add_argument("file")
+    chk.set_defaults(func=cmd_config_check)
+    dfl = csub.add_parser("defaults", help="print the full default config as YAML")
+    dfl.add_argument("--camel", action="store_true", help="use the reference's camelCase names")
+    dfl.set_defaults(func=cmd_config_defaults)
+    hp = csub.add_parser("hash-password", help="hash a password (read from stdin) for auth.users[].passwordHash")
+    hp.set_defaults(func=cmd_hash_password)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""Controller: one detached actor that watches Ray's node table and makes sure every alive node has
+its store, lease table, keeper and ingress replicas, and that every node knows the membership."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from prerender_ray import logs, metrics
+from prerender_ray.config import Config
+from prerender_ray.nodes import NodeInfo, Ownership, actor_name, describe_ray_node, valid_name
+from prerender_ray.stores import node_dir
+
+from .common import DeadlineExceeded, call, placement
+from .ingress import IngressReplica
+from .keeper import QueueKeeper
+from .leasetable import LeaseTable
+from .store import NodeStore
+
+WATCH_INTERVAL_S = 2.0
+STATUS_DEADLINE_S = 3.0
+START_DEADLINE_S = 90.0
+
+
+@dataclass
+class Placement:
+    info: NodeInfo
+    store: Any = None
+    leases: Any = None
+    keeper: Any = None
+    ingress: list[Any] = field(default_factory=list)
+    error: str | None = None
+    alive: bool = True
+    placed_at: float = field(default_factory=time.time)
+
+
+@ray.remote
+class Controller:
+    def __init__(self, config: dict, data_dir: str, epoch: str):
+        self.cfg = Config.model_validate(config)
+        self.config = config
+        logs.setup("controller", level=self.cfg.logging.level, json_lines=self.cfg.logging.json_lines,
+                   process="controller")
+        self.log = logs.get("controller")
+        self.data_dir = data_dir
+        self.epoch = epoch
+        self.nodes: dict[str, Placement] = {}
+        self.ownership = Ownership()
+        self.stopping = False
+        self._lock = asyncio.Lock()
+        self._task = asyncio.get_running_loop().create_task(self._watch())
+
+    # ------------------------------------------------------------------------------------ watching
+
+    async def _watch(self) -> None:
+        while not self.stopping:
+            try:
+                await self.sync_nodes()
+            except Exception as e:  # the loop must survive anything one pass throws
+                metrics.loop_errors.labels("controller").inc()
+                self.log.error("node watch failed", error=repr(e))
+            await asyncio.sleep(WATCH_INTERVAL_S)
+
+    async def sync_nodes(self) -> None:
+        async with self._lock:
+            if self.stopping:
+                return
+            table = await asyncio.to_thread(ray.nodes)
+            alive = [n for n in table if n.get("Alive")]
+            seen: dict[str, NodeInfo] = {}
+            for raw in alive:
+                info = describe_ray_node(raw, default_name=self.cfg.server.node_name, default_port=self.cfg.server.port,
+                                         advertise_host=self.cfg.server.advertise_host,
+                                         tls=bool(self.cfg.server.tls.cert_file))
+                if not valid_name(info.name):
+                    self.log.error("node name is not usable", name=info.name, ray_node=info.ray_node_id)
+                    continue
+                if info.name in seen:
+                    self.log.error("two alive nodes share a name; the second is not used", name=info.name,
+                                   ray_node=info.ray_node_id)
+                    continue
+                seen[info.name] = info
+            for name, p in self.nodes.items():
+                if p.alive and (name not in seen or seen[name].ray_node_id != p.info.ray_node_id):
+                    p.alive = False
+                    self.log.warning("node left", node=name)
+            for name, info in seen.items():
+                p = self.nodes.get(name)
+                if p is None or not p.alive or p.info.ray_node_id != info.ray_node_id:
+                    self.nodes[name] = self._place(info)
+            names = [n for n, p in self.nodes.items() if p.alive]
+            if self.ownership.update(names):
+                self.log.info("membership", nodes=list(self.ownership.names))
+                await self._push_membership()
+
+    def _place(self, info: NodeInfo) -> Placement:
+        """Create (or find, after a controller restart) the node's actors, pinned to it."""
+        metrics.prepare_dir(node_dir(self.data_dir, info.name) / "metrics" / self.epoch)
+        opts = lambda kind, i=None, **kw: placement(  # noqa: E731
+            info.ray_node_id, actor_name(kind, info.name, i), data_dir=self.data_dir, node=info.name,
+            epoch=self.epoch, **kw)
+        p = Placement(info)
+        p.store = NodeStore.options(**opts("store")).remote(self.config, info.name, self.data_dir)
+        p.leases = LeaseTable.options(**opts("leases")).remote(self.config, info.name, self.data_dir)
+        p.keeper = QueueKeeper.options(**opts("keeper")).remote(self.config, info.name, self.data_dir,
+                                                                 p.leases, p.store)
+        p.ingress = [
+            IngressReplica.options(**opts("ingress", i)).remote(
+                self.config, dataclasses.asdict(info), i, self.data_dir, p.keeper, p.leases, p.store)
+            for i in range(self.cfg.server.replicas)
+        ]
+        self.log.info("node placed", node=info.name, url=info.url, replicas=len(p.ingress))
+        return p
+
+    async def _push_membership(self) -> None:
+        nodes = [dataclasses.asdict(p.info) for p in self.nodes.values() if p.alive]
+        for p in self.nodes.values():
+            if not p.alive:
+                continue
+            for r in p.ingress:
+                try:
+                    await call(r.set_membership.remote(nodes), STATUS_DEADLINE_S)
+                except Exception as e:
+                    self.log.warning("membership push failed", node=p.info.name, error=repr(e))
+
+    # -------------------------------------------------------------------------------------- status
+
+    async def status(self) -> dict:
+        nodes = []
+        for name in sorted(self.nodes):
+            p = self.nodes[name]
+            if p.alive:
+                nodes.append(await self._node_status(p))
+        return {"nodes": nodes, "membership": list(self.ownership.names), "epoch": self.epoch,
+                "healthy": bool(nodes) and all(n["healthy"] for n in nodes)}
+
+    async def _node_status(self, p: Placement) -> dict:
+        async def ask(handle: Any) -> dict:
+            try:
+                return await call(handle.status.remote(), STATUS_DEADLINE_S)
+            except DeadlineExceeded:
+                return {"live": False, "reason": "no answer within deadline"}
+            except Exception as e:
+                return {"live": False, "reason": f"unavailable: {type(e).__name__}"}
+
+        keeper, leases, store = await asyncio.gather(ask(p.keeper), ask(p.leases), ask(p.store))
+        replicas = await asyncio.gather(*(ask(r) for r in p.ingress))
+        errors = [r["error"] for r in replicas if r.get("error")]
+        up = sum(1 for r in replicas if r.get("up"))
+        healthy = bool(keeper.get("live") and leases.get("live") and store.get("live")) and up == len(replicas)
+        return {
+            "name": p.info.name, "url": p.info.url, "rayNodeId": p.info.ray_node_id,
+            "keeper": {"state": keeper.get("phase", "down"), "rows": keeper.get("rows"),
+                       "reason": keeper.get("reason")},
+            "leasesInFlight": leases.get("inFlight"),
+            "ingressReplicas": {"up": up, "configured": len(replicas)},
+            "queueStatus": keeper.get("queueStatus", "unready"),
+            "errors": errors + [x["reason"] for x in (keeper, leases, store) if not x.get("live") and x.get("reason")],
+            "healthy": healthy,
+        }
+
+    async def nodes_info(self) -> list[dict]:
+        return [p.info.as_dict() for p in self.nodes.values() if p.alive]
+
+    # -------------------------------------------------------------------------------------- stopping
+
+    async def stop(self) -> dict:
+        """Stop every node's actors: ingress first (stop accepting), then keeper, leases, store."""
+        async with self._lock:
+            self.stopping = True
+            self._task.cancel()
+            stopped = []
+            for p in self.nodes.values():
+                await asyncio.gather(*(self._quiet(r.stop.remote(), 15) for r in p.ingress))
+                for handle in (p.keeper, p.leases, p.store):
+                    await self._quiet(handle.close.remote(), 10)
+                for handle in [*p.ingress, p.keeper, p.leases, p.store]:
+                    try:
+                        ray.kill(handle, no_restart=True)
+                    except Exception:
+                        pass
+                stopped.append(p.info.name)
+            self.nodes.clear()
+            return {"stopped": stopped}
+
+    async def _quiet(self, ref: Any, timeout: float) -> None:
+        try:
+            await call(ref, timeout)
+        except Exception as e:
+            self.log.warning("stop step failed", error=repr(e))

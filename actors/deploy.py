@@ -1,0 +1,302 @@
+"""Driver-side deployment: start or join Ray, place the controller, wait for readiness, tear down.
+
+A deployment is recorded in ``<data-dir>/deployment.json`` so that ``status`` and ``down`` find it
+the same way ``up`` made it, and ``down`` stops only the Ray that ``up`` started.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+RECORD = "deployment.json"
+RAY_START_DEADLINE_S = 90.0
+
+
+class DeployError(RuntimeError):
+    """Something an operator must fix; the message says what."""
+
+
+@dataclass
+class Record:
+    address: str
+    owns_ray: bool
+    epoch: str
+    ray_pid: int | None = None
+    temp_dir: str | None = None
+    token_file: str | None = None
+    started_at: float = 0.0
+
+    @classmethod
+    def read(cls, data_dir: Path) -> Record | None:
+        try:
+            return cls(**json.loads((data_dir / RECORD).read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def write(self, data_dir: Path) -> None:
+        tmp = data_dir / (RECORD + ".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2))
+        tmp.replace(data_dir / RECORD)
+
+
+# ------------------------------------------------------------------------------------------- ports
+
+
+def port_free(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+# -------------------------------------------------------------------------------------- local Ray
+
+
+def _ray_env(token: str | None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # keep the embedded node on loopback
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if token is not None:
+        env["RAY_AUTH_MODE"] = "token"
+        env["RAY_AUTH_TOKEN"] = token
+        env.pop("RAY_AUTH_TOKEN_PATH", None)
+    return env
+
+
+def apply_env(record: Record | None) -> None:
+    """Make this process speak to the deployment's Ray (its token, loopback)."""
+    token = None
+    if record and record.token_file:
+        try:
+            token = Path(record.token_file).read_text().strip()
+        except OSError:
+            raise DeployError(f"cannot read the Ray token {record.token_file}") from None
+    if record and record.owns_ray:
+        os.environ.update({k: v for k, v in _ray_env(token).items() if k.startswith("RAY_")})
+        if token is None:
+            os.environ.pop("RAY_AUTH_TOKEN", None)
+
+
+def start_local_ray(data_dir: Path, epoch: str) -> Record:
+    """Start a single-node Ray for this deployment: its own token, temp dir and ports, on loopback.
+    ``ray start --block`` in a session of its own supervises the Ray processes; stopping it stops them."""
+    ray_dir = data_dir / "ray"
+    ray_dir.mkdir(parents=True, exist_ok=True)
+    token_file = ray_dir / "auth_token"
+    if not token_file.exists():
+        token_file.write_text(secrets.token_hex(32))
+        token_file.chmod(0o600)
+    token = token_file.read_text().strip()
+    # Unix socket paths are short: keep Ray's temp dir out of a possibly deep data dir.
+    tag = hashlib.sha1(str(data_dir).encode()).hexdigest()[:10]
+    temp_dir = Path("/tmp") / f"prerender-ray-{tag}"
+    cluster_file = temp_dir / "ray_current_cluster"
+    cluster_file.unlink(missing_ok=True)
+    cmd = [
+        str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
+        "--node-ip-address=127.0.0.1", f"--port={free_port()}", "--num-cpus=1",
+        "--object-store-memory=100000000", "--include-dashboard=false", "--disable-usage-stats",
+        f"--temp-dir={temp_dir}", f"--ray-client-server-port={free_port()}",
+        f"--dashboard-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
+        f"--metrics-export-port={free_port()}",
+    ]
+    log = open(ray_dir / "ray-start.log", "ab")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=_ray_env(token), start_new_session=True, cwd=str(data_dir))
+    deadline = time.monotonic() + RAY_START_DEADLINE_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise DeployError(f"Ray did not start (exit {proc.returncode}); see {ray_dir / 'ray-start.log'}")
+        if cluster_file.exists() and cluster_file.read_text().strip():
+            address = cluster_file.read_text().strip()
+            return Record(address=address, owns_ray=True, epoch=epoch, ray_pid=proc.pid, temp_dir=str(temp_dir),
+                          token_file=str(token_file), started_at=time.time())
+        time.sleep(0.2)
+    _kill_group(proc.pid)
+    raise DeployError(f"Ray did not start within {RAY_START_DEADLINE_S:g}s; see {ray_dir / 'ray-start.log'}")
+
+
+def stop_local_ray(record: Record, grace_s: float = 20.0) -> None:
+    """SIGTERM the supervising ``ray start``; SIGKILL its session and strays after the grace."""
+    if not record.ray_pid:
+        return
+    try:
+        os.kill(record.ray_pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and _alive(record.ray_pid):
+        time.sleep(0.2)
+    _kill_group(record.ray_pid)
+    for pid in _strays(record.temp_dir):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    _reap(record.ray_pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie child of ours counts as gone
+        status = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        return status != "Z"
+    except OSError:
+        return False
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _strays(*marks: str | None) -> list[int]:
+    """Processes that mention one of ``marks`` (this deployment's Ray temp dir or data dir) in their
+    command line or environment: Ray workers leave the supervisor's process group."""
+    needles = [m.encode() for m in marks if m]
+    if not needles:
+        return []
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes()
+            environ = (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        if any(n in cmd or n in environ for n in needles):
+            found.append(int(proc.name))
+    return [p for p in found if p != os.getpid()]
+
+
+def our_processes(record: Record, data_dir: Path | None = None) -> list[int]:
+    pids = _strays(record.temp_dir, str(data_dir) if data_dir else None)
+    if record.ray_pid and _alive(record.ray_pid):
+        pids.append(record.ray_pid)
+    return pids
+
+
+# ------------------------------------------------------------------------------------ Ray session
+
+
+def connect(address: str, *, log_to_driver: bool = False) -> None:
+    import logging
+
+    import ray
+
+    from prerender_ray.nodes import NAMESPACE
+
+    if ray.is_initialized():
+        return
+    try:
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=log_to_driver,
+                 logging_level=logging.WARNING, configure_logging=True)
+    except Exception as e:
+        raise DeployError(f"cannot connect to Ray at {address}: {e}") from None
+
+
+def find_controller() -> Any | None:
+    import ray
+
+    from prerender_ray.nodes import CONTROLLER, NAMESPACE
+
+    try:
+        return ray.get_actor(CONTROLLER, namespace=NAMESPACE)
+    except ValueError:
+        return None
+
+
+def place_controller(config: dict, data_dir: Path, epoch: str) -> Any:
+    from prerender_ray.nodes import CONTROLLER, NAMESPACE
+
+    from .controller import Controller
+
+    if find_controller() is not None:
+        raise DeployError("prerender-ray is already running on this cluster; run `prerender-ray down` first")
+    return Controller.options(name=CONTROLLER, namespace=NAMESPACE, lifetime="detached", num_cpus=0,
+                              max_restarts=-1, max_concurrency=100).remote(config, str(data_dir), epoch)
+
+
+def controller_status(controller: Any, timeout: float = 15.0) -> dict:
+    import ray
+
+    try:
+        return ray.get(controller.status.remote(), timeout=timeout)
+    except ray.exceptions.GetTimeoutError:
+        raise DeployError(f"the controller did not answer within {timeout:g}s") from None
+
+
+def wait_ready(controller: Any, deadline_s: float, *, expect_nodes: int = 1) -> dict:
+    """Wait until every placed node answers /readyz with 200; fail fast on a node's start error."""
+    import httpx
+
+    deadline = time.monotonic() + deadline_s
+    last: dict = {}
+    problem = "no node placed yet"
+    while time.monotonic() < deadline:
+        last = controller_status(controller)
+        errors = [f"{n['name']}: {e}" for n in last["nodes"] for e in n.get("errors", []) if "port" in e]
+        if errors:
+            raise DeployError("; ".join(errors))
+        if len(last["nodes"]) >= expect_nodes:
+            pending = []
+            for node in last["nodes"]:
+                try:
+                    r = httpx.get(f"{node['url']}/readyz", timeout=2.0, verify=False)
+                    if r.status_code != 200:
+                        pending.append(f"{node['name']}: {r.json().get('reason', r.status_code)}")
+                except httpx.HTTPError as e:
+                    pending.append(f"{node['name']}: {type(e).__name__}")
+            if not pending:
+                return last
+            problem = "; ".join(pending)
+        time.sleep(0.5)
+    raise DeployError(f"not ready within {deadline_s:g}s: {problem}")
+
+
+def stop_deployment(controller: Any, timeout: float = 60.0) -> dict:
+    import ray
+
+    try:
+        result = ray.get(controller.stop.remote(), timeout=timeout)
+    except Exception as e:
+        result = {"error": repr(e)}
+    try:
+        ray.kill(controller, no_restart=True)
+    except Exception:
+        pass
+    return result

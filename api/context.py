@@ -1,0 +1,35 @@
+"""What a request handler can reach on its node: config, identity, the node's actors and stores."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from prerender_ray.config import Config
+from prerender_ray.nodes import NodeInfo, Ownership
+
+# Deadlines (seconds) for control-plane calls from a request handler.
+STATUS_DEADLINE = 2.0
+CALL_DEADLINE = 5.0
+
+
+@dataclass
+class NodeContext:
+    cfg: Config
+    node: NodeInfo
+    data_dir: str
+    keeper: Any = None  # actor handles (None in tests that need no Ray)
+    leases: Any = None
+    store: Any = None
+    replica: int = 0
+    findings: list = field(default_factory=list)
+    ownership: Ownership = field(default_factory=Ownership)
+    peers: dict[str, NodeInfo] = field(default_factory=dict)
+    started: float = field(default_factory=time.time)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.ownership.names:
+            self.ownership.update([self.node.name])
+        self.peers.setdefault(self.node.name, self.node)

@@ -1,0 +1,110 @@
+"""Every metric prerender-ray emits, in one catalog.
+
+prometheus_client in multiprocess mode: each process of a node (ingress replicas, keeper, lease
+table, store) writes its samples to files under the node's metrics directory, named by the
+``PROMETHEUS_MULTIPROC_DIR`` environment variable that the controller gives every actor, and any
+ingress replica renders the whole node at ``GET /metrics``. Gauges say how they combine across
+processes (``livesum``, ``max``...). Without that variable (unit tests) metrics stay in-process.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
+
+ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+# --- process health
+loop_errors = Counter(
+    "prerender_loop_errors_total", "Exceptions survived by a background loop.", ["loop"]
+)
+http_requests = Counter(
+    "prerender_http_requests_total", "HTTP requests answered by the ingress.", ["app", "status"]
+)
+
+# --- queue
+keeper_rows = Gauge("prerender_keeper_rows", "Schedule rows held by the keeper.", multiprocess_mode="livemax")
+keeper_live = Gauge("prerender_keeper_live", "1 when the keeper is live.", multiprocess_mode="livemax")
+keeper_load_seconds = Gauge(
+    "prerender_keeper_load_seconds", "Duration of the keeper's last load.", multiprocess_mode="livemax"
+)
+keeper_unreadable_rows = Counter("prerender_keeper_unreadable_rows_total", "Schedule rows that failed to decode.")
+keeper_repaired = Counter("prerender_keeper_repaired_total", "Rows the keeper repaired (expected 0).", ["how"])
+keeper_publish_seconds = Histogram(
+    "prerender_keeper_publish_seconds",
+    "Time to publish the ready set.",
+    buckets=(0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
+)
+queue_due = Gauge("prerender_queue_due", "Due schedule rows (in flight included).", multiprocess_mode="livemax")
+queue_status = Gauge(
+    "prerender_queue_status", "Queue status of this node (1 for the current one).", ["status"],
+    multiprocess_mode="livemax",
+)
+claims = Counter("prerender_claim_jobs_total", "Jobs granted by claims.")
+claim_health = Counter("prerender_claim_health_total", "Claim anomalies.", ["kind"])  # stale, wedged, refused
+leases_in_flight = Gauge("prerender_leases_in_flight", "Live, unreleased leases.", multiprocess_mode="livemax")
+render_outcomes = Counter("prerender_render_outcomes_total", "Posted render results.", ["outcome", "detail"])
+render_seconds = Histogram(
+    "prerender_render_seconds", "Render time reported by the fleet.", ["status_class"],
+    buckets=(0.25, 0.5, 1, 2, 4, 8, 15, 30, 60),
+)
+reconcile_rows = Counter("prerender_reconcile_rows_total", "Reconcile results.", ["kind"])  # missing, restored
+
+# --- bots
+bot_requests = Counter("prerender_bot_requests_total", "Bot requests.", ["bot", "device"])
+bot_serves = Counter("prerender_bot_serves_total", "Bot serve outcomes.", ["source", "cache_status", "bot"])
+route_serves = Counter("prerender_route_serves_total", "Serves per route.", ["route", "cache_status", "device"])
+page_age_seconds = Histogram(
+    "prerender_page_age_seconds", "Age of pages served from cache.", ["device"],
+    buckets=(60, 600, 3600, 6 * 3600, 24 * 3600, 3 * 86400, 7 * 86400),
+)
+origin_fetch_seconds = Histogram(
+    "prerender_origin_fetch_seconds", "Origin fetch time to response headers.", ["status", "reason"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+serve_errors = Counter("prerender_serve_errors_total", "Serve-path errors.", ["kind"])
+unrouted = Counter("prerender_unrouted_total", "Bot requests served without prerendering.", ["route_class", "bucket"])
+
+# --- replication and sitemaps
+replication_lag_seconds = Histogram(
+    "prerender_replication_lag_seconds", "Write-to-apply lag of replicated records.",
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30),
+)
+replication_pending = Gauge(
+    "prerender_replication_pending", "Records waiting to ship to a peer.", ["peer"], multiprocess_mode="livemax"
+)
+sitemap_entries = Counter("prerender_sitemap_entries_total", "Sitemap entries by action.", ["action"])
+config_warnings = Gauge("prerender_config_warnings", "Risky-config findings.", multiprocess_mode="livemax")
+
+
+def render() -> bytes:
+    """Prometheus text for this node (every process in multiprocess mode, else this process)."""
+    path = os.environ.get(ENV)
+    if path and Path(path).is_dir():
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path=path)
+        return generate_latest(registry)
+    from prometheus_client import REGISTRY
+
+    return generate_latest(REGISTRY)
+
+
+def prepare_dir(path: Path) -> None:
+    """Create the node's metrics directory; forget gauges of processes that are gone."""
+    path.mkdir(parents=True, exist_ok=True)
+    for f in path.glob("*.db"):
+        pid = f.stem.rsplit("_", 1)[-1]
+        if pid.isdigit() and not _alive(int(pid)):
+            multiprocess.mark_process_dead(int(pid), str(path))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

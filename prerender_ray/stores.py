@@ -1,0 +1,154 @@
+"""RocksDB (rocksdict) stores: one directory per node and purpose, exactly one writer process each.
+
+Readers in other processes open a secondary instance and catch up on a timer (``catch_up``), never a
+second writer. Keys and values are bytes (raw mode); each module owns its value encoding.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from rocksdict import AccessType, Options, Rdict, WriteBatch, WriteOptions
+
+# Purposes, one RocksDB each (DESIGN.md "Stores").
+SCHEDULE = "schedule"  # owner tier, written by the keeper
+LEASES = "leases"  # owner tier, written by the lease table
+PAGES = "pages"  # replicated tier, written by the node store
+REGISTRY = "registry"  # replicated tier: targets, sitemaps, runs, queue control, overrides
+PURPOSES = (SCHEDULE, LEASES, PAGES, REGISTRY)
+
+
+class StoreError(RuntimeError):
+    """A store that cannot be opened or written; the message names the path."""
+
+
+def _options(create: bool) -> Options:
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(create)
+    opts.set_max_open_files(256)
+    return opts
+
+
+class Store:
+    """A thin, bytes-in bytes-out view of one RocksDB."""
+
+    def __init__(self, path: str | os.PathLike, *, secondary: str | os.PathLike | None = None,
+                 read_only: bool = False, sync: bool = False):
+        self.path = Path(path)
+        self.secondary = secondary is not None
+        try:
+            if secondary is not None:
+                Path(secondary).mkdir(parents=True, exist_ok=True)
+                self._db = Rdict(str(self.path), _options(False), access_type=AccessType.secondary(str(secondary)))
+            elif read_only:
+                self._db = Rdict(str(self.path), _options(False), access_type=AccessType.read_only())
+            else:
+                self.path.mkdir(parents=True, exist_ok=True)
+                self._db = Rdict(str(self.path), _options(True))
+        except Exception as e:  # rocksdict raises bare Exception
+            raise StoreError(f"cannot open store {self.path}: {e}") from None
+        self._write_opts = WriteOptions()
+        self._write_opts.sync = sync
+
+    # --- reads
+    def get(self, key: bytes) -> bytes | None:
+        return self._db.get(key)
+
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        return self._db.get(keys) if keys else []
+
+    def exists(self, key: bytes) -> bool:
+        return self._db.get(key) is not None
+
+    def items(self, prefix: bytes = b"", start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """Key-ordered items under ``prefix``, from ``start`` (inclusive) if given."""
+        it = self._db.iter()
+        it.seek(start if start is not None and start > prefix else prefix)
+        while it.valid():
+            key = it.key()
+            if not key.startswith(prefix):
+                break
+            yield key, it.value()
+            it.next()
+
+    def keys(self, prefix: bytes = b"") -> Iterator[bytes]:
+        for k, _ in self.items(prefix):
+            yield k
+
+    def count(self, prefix: bytes = b"") -> int:
+        it = self._db.iter()
+        it.seek(prefix)
+        n = 0
+        while it.valid() and it.key().startswith(prefix):
+            n += 1
+            it.next()
+        return n
+
+    def estimate_keys(self) -> int:
+        return int(self._db.property_int_value("rocksdb.estimate-num-keys") or 0)
+
+    # --- writes
+    def put(self, key: bytes, value: bytes) -> None:
+        self._db.put(key, value, self._write_opts)
+
+    def delete(self, key: bytes) -> None:
+        self._db.delete(key, self._write_opts)
+
+    def write(self, ops: Iterable[tuple[bytes, bytes | None]]) -> int:
+        """Apply puts (value) and deletes (None) atomically; returns how many."""
+        batch = WriteBatch(raw_mode=True)
+        n = 0
+        for key, value in ops:
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+            n += 1
+        if n:
+            self._db.write(batch, self._write_opts)
+        return n
+
+    # --- lifecycle
+    def catch_up(self) -> None:
+        if self.secondary:
+            self._db.try_catch_up_with_primary()
+
+    def flush(self) -> None:
+        if not self.secondary:
+            self._db.flush()
+
+    def close(self) -> None:
+        try:
+            self._db.close()
+        except Exception:
+            pass
+
+
+def node_dir(data_dir: str | os.PathLike, node: str) -> Path:
+    """Each node keeps its stores under its own name, so simulated nodes can share a machine."""
+    return Path(data_dir) / "nodes" / node
+
+
+def store_path(data_dir: str | os.PathLike, node: str, purpose: str) -> Path:
+    if purpose not in PURPOSES:
+        raise ValueError(f"unknown store purpose {purpose!r}")
+    return node_dir(data_dir, node) / purpose
+
+
+def check_writable(path: str | os.PathLike) -> None:
+    """Fail early, with the path named, when a data dir cannot be used."""
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        probe = p / ".write-probe"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as e:
+        raise StoreError(f"data dir {p} is not writable: {e.strerror or e}") from None
+
+
+def remove_tree(path: str | os.PathLike) -> None:
+    shutil.rmtree(path, ignore_errors=True)

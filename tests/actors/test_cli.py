@@ -1,0 +1,123 @@
+"""The command line, end to end: a real local Ray started by `up`, real HTTP, then `down`."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from prerender_ray.actors import deploy
+
+from tests.support import free_port
+
+CLI = [sys.executable, "-m", "prerender_ray.actors.cli"]
+
+
+def run(*args: str, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def test_config_check_prints_the_effective_config_with_secrets_redacted(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("origin:\n  securityToken:\n    valueEnv: BYPASS_TOKEN\nqueue:\n  maxClaimLimit: 10\n")
+    out = run("config", "check", str(f), env={"BYPASS_TOKEN": "hunter2"})
+    assert out.returncode == 0, out.stderr
+    shown = yaml.safe_load(out.stdout)
+    assert shown["queue"]["max_claim_limit"] == 10
+    assert shown["origin"]["security_token"]["value"] == "<set: 7 chars>"
+    assert "hunter2" not in out.stdout + out.stderr
+    assert "warn: domains" in out.stderr
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("server: [oops\n", "not valid YAML"),
+    ("server:\n  port: eighty\n", "server.port: Input should be a valid integer"),
+    ("render:\n  defaultInterval: -60000\n", "render.default_interval: Input should be greater than 0"),
+    ("ingress:\n  routes:\n    - {match: prefix, path: /a/, deviceTypes: [watch]}\n", "unknown device type"),
+])
+def test_config_check_fails_with_one_line_per_problem(tmp_path: Path, text: str, expected: str) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    out = run("config", "check", str(f))
+    assert out.returncode == 1
+    assert expected in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_config_defaults_prints_a_config_that_loads_back(tmp_path: Path) -> None:
+    out = run("config", "defaults", "--camel")
+    assert out.returncode == 0
+    f = tmp_path / "d.yaml"
+    f.write_text(out.stdout)
+    assert run("config", "check", str(f)).returncode == 0
+    assert "jobLeaseTime: 600000" in out.stdout
+
+
+def test_up_refuses_bad_input_before_starting_anything(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("queue: {jobLeaseTime: 5}\n")
+    data = tmp_path / "data"
+    out = run("up", "--config", str(bad), "--data-dir", str(data), "--detach")
+    assert out.returncode == 2
+    assert "queue.job_lease_time" in out.stderr
+    assert not (data / deploy.RECORD).exists()
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    out = run("up", "--data-dir", str(blocker / "data"), "--detach")
+    assert out.returncode == 2 and "not writable" in out.stderr
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        out = run("up", "--data-dir", str(data), "--port", str(port), "--detach")
+    assert out.returncode == 1 and f"port {port}" in out.stderr and "in use" in out.stderr
+    assert not (data / deploy.RECORD).exists()
+
+
+def test_up_serves_status_reports_and_down_leaves_nothing_running(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    port = free_port()
+    out = run("up", "--data-dir", str(data), "--port", str(port), "--detach")
+    assert out.returncode == 0, out.stdout + out.stderr
+    base = f"http://127.0.0.1:{port}"
+    assert base in out.stdout
+    record = deploy.Record.read(data)
+    assert record is not None and record.owns_ray
+    try:
+        assert httpx.get(f"{base}/healthz").json()["ok"] is True
+        ready = httpx.get(f"{base}/readyz")
+        assert ready.status_code == 200 and ready.json()["keeper"]["phase"] == "live"
+        metrics = httpx.get(f"{base}/metrics").text
+        assert "prerender_keeper_live 1.0" in metrics
+
+        st = run("status", "--data-dir", str(data), "--json")
+        assert st.returncode == 0, st.stderr
+        status = json.loads(st.stdout)
+        [node] = status["nodes"]
+        assert node["url"] == base and node["healthy"] is True
+        assert node["keeper"]["state"] == "live" and node["keeper"]["rows"] == 0
+        assert node["ingressReplicas"] == {"up": 2, "configured": 2}
+        assert node["leasesInFlight"] == 0
+        assert node["queueStatus"] in ("empty", "unready")
+        running = deploy.our_processes(record, data)
+        assert running, "expected the deployment's processes to be found"
+
+        again = run("up", "--data-dir", str(data), "--port", str(free_port()), "--detach")
+        assert again.returncode == 1 and "already running" in again.stderr
+    finally:
+        down = run("down", "--data-dir", str(data))
+    assert down.returncode == 0, down.stderr
+    assert deploy.our_processes(record, data) == []
+    assert deploy.port_free("127.0.0.1", port)
+    assert not (data / deploy.RECORD).exists()
+    after = run("status", "--data-dir", str(data), "--json")
+    assert after.returncode == 1 and json.loads(after.stdout)["healthy"] is False

@@ -1,0 +1,37 @@
+"""The per-node process model on the shared Ray cluster: placement, readiness, restarts."""
+
+from __future__ import annotations
+
+import ray
+from prerender_ray.actors.common import lookup
+
+from tests.support import deploy_on, get, wait_for
+
+
+def test_every_node_gets_its_actors_and_answers_ready(ray_cluster, tmp_path) -> None:
+    d = deploy_on(ray_cluster, tmp_path / "data", replicas=2)
+    try:
+        [node] = d.status["nodes"]
+        assert node["name"] == "node-a"
+        assert node["url"] == f"http://127.0.0.1:{ray_cluster.ports['node-a']}"
+        assert node["ingressReplicas"] == {"up": 2, "configured": 2}
+        assert get(f"{d.url}/readyz").status_code == 200
+        assert (tmp_path / "data" / "nodes" / "node-a" / "schedule").is_dir()
+        # Every actor runs on its node, named by the node's stable name.
+        for kind in ("store", "leases", "keeper"):
+            assert lookup(kind, "node-a") is not None
+        assert lookup("ingress", "node-a", 1) is not None
+    finally:
+        d.stop()
+
+
+def test_a_killed_keeper_is_restarted_and_the_node_becomes_ready_again(ray_cluster, tmp_path) -> None:
+    d = deploy_on(ray_cluster, tmp_path / "data")
+    try:
+        ray.kill(lookup("keeper", "node-a"), no_restart=False)
+        wait_for(lambda: get(f"{d.url}/readyz").status_code == 503 or None, timeout=10,
+                 what="readyz to notice the dead keeper")
+        wait_for(lambda: get(f"{d.url}/readyz").status_code == 200, timeout=60, what="the keeper to come back")
+        assert get(f"{d.url}/healthz").status_code == 200
+    finally:
+        d.stop()

@@ -1,0 +1,130 @@
+"""Test helpers: the shared Ray cluster, deployments on it, free ports."""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from prerender_ray import configfile
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RayCluster:
+    cluster: Any
+    nodes: dict[str, Any] = field(default_factory=dict)  # name -> ray node
+    ports: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def start(cls) -> RayCluster:
+        import ray
+        from ray.cluster_utils import Cluster
+
+        from prerender_ray.nodes import LABEL_NAME, LABEL_PORT, NAMESPACE
+
+        port = free_port()
+        cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 1, "object_store_memory": 80 * 1024 * 1024, "include_dashboard": False,
+            "labels": {LABEL_NAME: "node-a", LABEL_PORT: str(port)},
+        })
+        ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
+        self = cls(cluster)
+        self.nodes["node-a"] = cluster.head_node
+        self.ports["node-a"] = port
+        return self
+
+    def add_node(self, name: str) -> Any:
+        from prerender_ray.nodes import LABEL_NAME, LABEL_PORT
+
+        port = free_port()
+        node = self.cluster.add_node(num_cpus=1, object_store_memory=80 * 1024 * 1024,
+                                     labels={LABEL_NAME: name, LABEL_PORT: str(port)})
+        self.nodes[name] = node
+        self.ports[name] = port
+        return node
+
+    def remove_node(self, name: str) -> None:
+        node = self.nodes.pop(name)
+        self.ports.pop(name, None)
+        self.cluster.remove_node(node)
+
+    def shutdown(self) -> None:
+        import ray
+
+        ray.shutdown()
+        self.cluster.shutdown()
+
+
+@dataclass
+class Deployment:
+    controller: Any
+    data_dir: Path
+    config: dict
+    status: dict
+
+    @property
+    def urls(self) -> dict[str, str]:
+        return {n["name"]: n["url"] for n in self.status["nodes"]}
+
+    @property
+    def url(self) -> str:
+        return self.urls["node-a"]
+
+    def refresh(self) -> dict:
+        from prerender_ray.actors import deploy
+
+        self.status = deploy.controller_status(self.controller)
+        return self.status
+
+    def stop(self) -> None:
+        from prerender_ray.actors import deploy
+
+        deploy.stop_deployment(self.controller)
+
+
+def deploy_on(cluster: RayCluster, data_dir: Path, config: dict | None = None, *, timeout: float = 120.0,
+              replicas: int = 1) -> Deployment:
+    """Place a deployment with ``config`` (camelCase or snake_case) on every node of the shared cluster."""
+    from prerender_ray.actors import deploy
+
+    raw = dict(config or {})
+    server = dict(raw.get("server", {}))
+    server.setdefault("replicas", replicas)
+    server.pop("dataDir", None)
+    server["data_dir"] = str(data_dir)
+    raw["server"] = server
+    cfg = configfile.parse(raw).config.model_dump()
+    old = deploy.find_controller()
+    if old is not None:
+        deploy.stop_deployment(old)
+    controller = deploy.place_controller(cfg, data_dir, time.strftime("%Y%m%dT%H%M%S"))
+    status = deploy.wait_ready(controller, timeout, expect_nodes=len(cluster.nodes))
+    return Deployment(controller, data_dir, cfg, status)
+
+
+def wait_for(predicate, timeout: float = 30.0, interval: float = 0.2, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+def get(url: str, **kw: Any) -> httpx.Response:
+    return httpx.get(url, timeout=10.0, **kw)

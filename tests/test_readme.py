@@ -1,0 +1,36 @@
+"""The README's config reference is generated from the model; this keeps it in sync.
+
+Regenerate with: .venv/bin/python -m tests.test_readme
+"""
+
+from __future__ import annotations
+
+import re
+
+from prerender_ray.configfile import reference_markdown
+from tests.support import REPO
+
+START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
+
+
+def _section(text: str) -> str:
+    return text[text.index(START) + len(START):text.index(END)].strip("\n")
+
+
+def test_the_readme_config_reference_matches_the_model() -> None:
+    readme = (REPO / "README.md").read_text()
+    assert _section(readme) == reference_markdown().strip("\n"), "run: .venv/bin/python -m tests.test_readme"
+
+
+def test_the_ci_script_runs_the_readme_test_command() -> None:
+    readme = (REPO / "README.md").read_text()
+    ci = [ln for ln in (REPO / ".ci/run").read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    assert ci[-1] == "make test"
+    assert re.search(r"^make test\b", readme, re.M)
+
+
+if __name__ == "__main__":
+    path = REPO / "README.md"
+    text = path.read_text()
+    text = text[:text.index(START) + len(START)] + "\n" + reference_markdown() + text[text.index(END):]
+    path.write_text(text)
