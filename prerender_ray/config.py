@@ -185,6 +185,13 @@ class CacheKey(Model):
     )
     plus_is_space: bool = Field(False, description="Fold `%20` to `+` in query values before sorting.")
 
+    @field_validator("attributes")
+    @classmethod
+    def _attributes(cls, v: list[str]) -> list[str]:
+        if "url" not in v or len(set(v)) != len(v):
+            raise ValueError("must name url once, and each attribute at most once")
+        return v
+
     @field_validator("decode_reserved")
     @classmethod
     def _reserved(cls, v: list[str]) -> list[str]:
@@ -604,6 +611,13 @@ class Config(Model):
     @classmethod
     def _hosts(cls, v: list[str]) -> list[str]:
         return [d.strip().lower() for d in v if d.strip()]
+
+    @model_validator(mode="after")
+    def _keys_parse(self) -> Config:
+        clash = [d for d in self.device_types.supported if self.cache_key.delimiter in d]
+        if clash:
+            raise ValueError(f"device types {clash} contain the cache key delimiter {self.cache_key.delimiter!r}")
+        return self
 
 
 # Secret leaves: shown only as set/unset, filled from their *_env variable at load time.

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .config import Config
+from .urls import UrlError, whatwg_path
 
 RouteClass = Literal["prerender", "passthrough", "unclassified"]
 MATCHES = ("exact", "prefix", "contains")
@@ -168,7 +169,17 @@ def compile_routes(cfg: Config) -> CompiledRoutes:
 
 
 class Router:
-    """Classifies paths for one config. Build once per config; ``classify`` is the hot path."""
+    """Classifies paths for one config. Build once per config; ``classify`` is the hot path.
+
+    Forwarded mode classifies the raw request path (device segment removed, nothing decoded, the
+    trailing slash kept), as the reference does: the CDN forwards its own spelling, and every
+    non-admin request passes through here, so matching stays a few string compares.
+
+    Prefix mode classifies the CANONICAL path, so every spelling of one key gets one class. Better
+    than the reference: with ``trailingSlash: strip`` a stripped path also matches as if it still
+    had its slash, so the default exclude ``/search/`` covers ``/p/https://x.com/search/``, whose
+    canonical path is ``/search`` (the reference misses it, bot-path.md §10).
+    """
 
     def __init__(self, cfg: Config):
         self.mode = cfg.ingress.mode
@@ -176,25 +187,45 @@ class Router:
         self.routes = self.compiled.routes
         self.global_allowlist = tuple(cfg.cache_key.query_params)
         self.default_interval = cfg.render.default_interval
+        self._slash_alias = self.mode == "prefix" and cfg.cache_key.trailing_slash == "strip"
 
     def first_match(self, path: str) -> Route | None:
+        if self._slash_alias and path != "/" and not path.endswith("/"):
+            slashed = path + "/"
+            for route in self.routes:
+                if route.matches(path) or route.matches(slashed):
+                    return route
+            return None
         for route in self.routes:
             if route.matches(path):
                 return route
         return None
 
     def classify(self, path: str) -> Classification:
-        """Forwarded mode: no match is unclassified; prefix mode: everything not passthrough is prerender."""
+        """Forwarded mode: no match is unclassified. Prefix mode: everything not passthrough is
+        prerender, and the allowlist is always the global one (the class is read off a URL that
+        was already canonicalized with it)."""
         route = self.first_match(path)
         if self.mode == "prefix":
-            if route is not None and route.mode == "passthrough":
-                return Classification("passthrough", route, ALL_PARAMS)
-            return Classification("prerender", route, self.global_allowlist)
+            passthrough = route is not None and route.mode == "passthrough"
+            return Classification("passthrough" if passthrough else "prerender", route, self.global_allowlist)
         if route is None:
             return Classification("unclassified", None, ALL_PARAMS)
         if route.mode == "passthrough":
             return Classification("passthrough", route, ALL_PARAMS)
         return Classification("prerender", route, route.query_params)
+
+    def allowlist_for(self, url: str) -> tuple[str, ...]:
+        """The query allowlist a bot request for ``url`` would use (sitemap ingest, discovery and
+        the orphan sweep key URLs with it). Prefix mode: always the global list. Forwarded mode:
+        the class of the URL's WHATWG path; an unparseable URL keeps every parameter."""
+        if self.mode == "prefix":
+            return self.global_allowlist
+        try:
+            path = whatwg_path(url)
+        except UrlError:
+            return ALL_PARAMS
+        return self.classify(path).allowlist
 
     def render_interval(self, path: str, stored: Any = None) -> int:
         """Cadence: route > stored > default. Junk stored values (0, negative, NaN, text) fall through."""
