@@ -1,0 +1,88 @@
+"""Time base and the reference's 32-bit hash: minute flooring, the clock, numeric reads, jitter.
+
+Every due time is epoch ms floored to the minute. ``fnv1a32`` must match the reference bit for bit
+(it seeds the initial render time, so changing it re-jitters the whole corpus); it folds UTF-16 code
+units, as JavaScript's ``charCodeAt`` does, not UTF-8 bytes.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+MINUTE_MS = 60_000
+HOUR_MS = 60 * MINUTE_MS
+DAY_MS = 24 * HOUR_MS
+
+_FNV_OFFSET = 0x811C9DC5
+_FNV_PRIME = 16_777_619
+_U32 = 0xFFFFFFFF
+
+
+def minute(ms: float) -> int:
+    """Floor epoch ms to the minute: ``minute(90_000) == 60_000``."""
+    if type(ms) is int:
+        return ms - ms % MINUTE_MS  # Python's % floors, so negatives floor too
+    return math.floor(ms / MINUTE_MS) * MINUTE_MS
+
+
+def now_ms() -> int:
+    """Wall-clock epoch ms; inject it (``clock=now_ms``) so tests can move time."""
+    return time.time_ns() // 1_000_000
+
+
+def finite(value: Any) -> int | float | None:
+    """The numeric value of ``value`` if it is a finite number, else None (absent is never 0).
+
+    Numeric strings count (the reference coerces before its finite check); booleans do not.
+    Integral values come back as ``int`` so millisecond arithmetic stays exact.
+    """
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    try:
+        f = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if not math.isfinite(f):
+        return None
+    return int(f) if f.is_integer() else f
+
+
+def positive(value: Any) -> int | float | None:
+    """``finite(value)`` if it is > 0, else None: the guard for every carried interval."""
+    n = finite(value)
+    return n if n is not None and n > 0 else None
+
+
+def fnv1a32(text: str | None) -> int:
+    """FNV-1a 32 over UTF-16 code units; ``None`` hashes as ``""``."""
+    h = _FNV_OFFSET
+    if not text:
+        return h
+    if text.isascii():
+        units: Any = text.encode("ascii")  # one byte per code unit
+    else:
+        # surrogatepass keeps lone surrogates as the single code units JavaScript sees
+        units = memoryview(text.encode("utf-16-le", "surrogatepass")).cast("H")
+    for unit in units:
+        h = ((h ^ unit) * _FNV_PRIME) & _U32
+    return h
+
+
+def initial_render_time(
+    key: str, interval: Any, now: int, *, default_interval: int, delimiter: str = "|"
+) -> int:
+    """Jittered first due time: ``minute(now + fnv1a32(seed) mod I)``.
+
+    ``I`` is ``interval`` when it is a finite number > 0, else ``default_interval``. The seed is the
+    text before the first delimiter (the URL, so every device variant of a URL lands on one slot),
+    or the whole key when it has no delimiter (so non-keys do not collapse onto one minute). The
+    floor is of ``now + offset``, not ``minute(now) + offset``, as in the reference.
+    """
+    span = positive(interval) or default_interval
+    cut = key.find(delimiter)
+    seed = key if cut < 0 else key[:cut]
+    return minute(now + fnv1a32(seed) % span)
