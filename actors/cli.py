@@ -63,8 +63,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     except StoreError as e:
         _err(str(e))
         return EXIT_USAGE
-    data = cfg.model_dump()
-    data["server"]["data_dir"] = str(data_dir)
+    data = deploy.actor_config(cfg, data_dir)
     for w in loaded.warnings:
         _err(f"config: {w}")
     for f in loaded.findings:

@@ -107,8 +107,8 @@ class Controller:
         p = Placement(info)
         p.store = NodeStore.options(**opts("store")).remote(self.config, info.name, self.data_dir)
         p.leases = LeaseTable.options(**opts("leases")).remote(self.config, info.name, self.data_dir)
-        p.keeper = QueueKeeper.options(**opts("keeper")).remote(self.config, info.name, self.data_dir,
-                                                                 p.leases, p.store)
+        p.keeper = QueueKeeper.options(**opts("keeper")).remote(self.config, dataclasses.asdict(info),
+                                                                 self.data_dir, p.leases, p.store)
         p.ingress = [
             IngressReplica.options(**opts("ingress", i)).remote(
                 self.config, dataclasses.asdict(info), i, self.data_dir, p.keeper, p.leases, p.store)
@@ -122,9 +122,11 @@ class Controller:
         for p in self.nodes.values():
             if not p.alive:
                 continue
-            for r in p.ingress:
+            calls = [r.set_membership.remote(nodes) for r in p.ingress]
+            calls.append(p.keeper.set_membership.remote([n["name"] for n in nodes]))
+            for ref in calls:
                 try:
-                    await call(r.set_membership.remote(nodes), STATUS_DEADLINE_S)
+                    await call(ref, STATUS_DEADLINE_S)
                 except Exception as e:
                     self.log.warning("membership push failed", node=p.info.name, error=repr(e))
 

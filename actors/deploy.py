@@ -50,6 +50,16 @@ class Record:
         tmp.replace(data_dir / RECORD)
 
 
+def actor_config(cfg: Any, data_dir: Path) -> dict:
+    """The config as it travels to the actors: the absolute data dir, passwords only as hashes."""
+    from prerender_ray.auth import resolve_password_hashes
+
+    data = cfg.model_dump()
+    data["server"]["data_dir"] = str(data_dir)
+    data["auth"]["users"] = resolve_password_hashes(cfg.auth)
+    return data
+
+
 # ------------------------------------------------------------------------------------------- ports
 
 

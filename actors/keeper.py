@@ -1,51 +1,310 @@
-"""QueueKeeper: holds every schedule row this node owns in memory and is their only writer."""
+"""QueueKeeper: holds every schedule row this node owns in memory and is their only writer.
+
+It loads the schedule store (serving claims from the first chunk on), publishes the ready set every
+second (leased keys skipped), grants claims through the LeaseTable, applies render results and target
+changes, and reports the node's queue status on change. RocksDB is the durable side: every write lands
+there before it is acknowledged.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
+from typing import Any
 
 import ray
 
 from prerender_ray import logs, metrics
 from prerender_ray.config import Config
+from prerender_ray.nodes import NodeInfo
+from prerender_ray.queuestatus import StatusReporter
+from prerender_ray.ranking import Ranking
+from prerender_ray.registry import Target
+from prerender_ray.schedule import ScheduleRow, UnreadableRow
 from prerender_ray.stores import SCHEDULE, Store, store_path
+from prerender_ray.targets import Rules
+from prerender_ray.timeutil import now_ms
+
+from .keeper_ops import KeeperOps
+
+LOAD_CHUNK = 20_000
+HEAD_REPAIR = 64
 
 
 @ray.remote
-class QueueKeeper:
-    def __init__(self, config: dict, node: str, data_dir: str, leases, store):
+class QueueKeeper(KeeperOps):
+    def __init__(self, config: dict, node: dict, data_dir: str, leases: Any, store: Any):
         cfg = Config.model_validate(config)
-        logs.setup(node, level=cfg.logging.level, json_lines=cfg.logging.json_lines, process="keeper")
+        self.info = NodeInfo(**node)
+        logs.setup(self.info.name, level=cfg.logging.level, json_lines=cfg.logging.json_lines, process="keeper")
         self.log = logs.get("keeper")
         self.cfg = cfg
-        self.node = node
+        self.node = self.info.name
         self.leases = leases
         self.store = store
-        self.db = Store(store_path(data_dir, node, SCHEDULE))
+        self.rules = Rules(cfg)
+        self.db = Store(store_path(data_dir, self.node, SCHEDULE))
+        self.ranking = Ranking(self._cadence_for, boost=cfg.queue.ready.sitemap_boost)
         self.phase = "loading"
-        self.rows = 0
+        self.exact = True
+        self.unreadable = 0
         self.load_ms: float | None = None
-        self._load_task = asyncio.get_running_loop().create_task(self._load())
+        self.loaded_at: float | None = None
+        self._now = 0
+        self._publish_pending = False
+        self.touched: set[str] | None = set()  # keys written while the load walk runs
+        self.ready: list[str] = []
+        self.cursor = 0
+        self.published_at: float | None = None
+        self.publish_ms: float | None = None
+        self.mirror: dict[str, int] = {}  # key -> until: leased, in grace or held (from the LeaseTable)
+        self.pending: set[str] = set()  # keys with a grant in flight
+        self.head_checked: dict[str, float] = {}
+        self.verify_report: dict | None = None
+        self.reporter = StatusReporter()
+        self.paused = False
+        self.pause_source = "default"
+        self.init_ops()
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._load()), loop.create_task(self._publisher()),
+                       loop.create_task(self._status_syncer()), loop.create_task(self._verifier())]
+
+    # ------------------------------------------------------------------------------------- rows
+
+    def _cadence_for(self, route: Any) -> int:
+        if route is not None and route.mode == "prerender" and route.render_interval:
+            return route.render_interval
+        return self.cfg.render.default_interval
+
+    def _route_of(self, key: str) -> Any:
+        from prerender_ray.urls import url_path
+
+        try:
+            return self.rules.router.first_match(url_path(self.rules.url_of(key)))
+        except ValueError:
+            return None
+
+    def write_rows(self, rows: list[ScheduleRow]) -> None:
+        """The one funnel for schedule writes: RocksDB first, then memory."""
+        if not rows:
+            return
+        self.db.write((r.cache_key.encode(), r.encode()) for r in rows)
+        now = now_ms()
+        for r in rows:
+            self.ranking.upsert(r.cache_key, r.next_render_time, r.from_sitemap, r.effective_interval,
+                                self._route_of(r.cache_key))
+            if self.touched is not None:
+                self.touched.add(r.cache_key)
+            if r.next_render_time is not None and r.next_render_time <= now:
+                self.note_work()
+                self._publish_soon()
+        self.flow("rescheduled", len(rows))
+
+    def _publish_soon(self) -> None:
+        """Due work was written: publish within ~50 ms instead of at the next tick (coalesced)."""
+        if self.published_at is not None and not self._publish_pending:
+            self._publish_pending = True
+            asyncio.get_running_loop().call_later(0.05, self._publish_now)
+
+    def _publish_now(self) -> None:
+        self._publish_pending = False
+        try:
+            self.publish()
+        except Exception as e:
+            metrics.loop_errors.labels("keeper-publish").inc()
+            self.log.error("publish failed", error=repr(e))
+
+    def delete_rows(self, keys: list[str]) -> None:
+        if not keys:
+            return
+        self.db.write((k.encode(), None) for k in keys)
+        for k in keys:
+            self.ranking.remove(k)
+            if self.touched is not None:
+                self.touched.add(k)
+        self.flow("removed", len(keys))
+
+    def row(self, key: str) -> ScheduleRow | None:
+        held = self.ranking.get(key)
+        if held is None:
+            return None
+        return ScheduleRow(key, held.due, held.from_sitemap, int(held.interval) if held.interval else None)
+
+    # ------------------------------------------------------------------------------------- load
 
     async def _load(self) -> None:
         t0 = time.perf_counter()
-        n = 0
-        for _ in self.db.keys():
-            n += 1
-            if n % 10_000 == 0:
-                await asyncio.sleep(0)  # serve calls while loading
-        self.rows = n
+        try:
+            await self._restore_mirror()
+            chunk: list[tuple[str, Any, bool, Any]] = []
+            for k, v in self.db.items():
+                try:
+                    r = ScheduleRow.decode(k, v)
+                except UnreadableRow as e:
+                    self.unreadable += 1
+                    metrics.keeper_unreadable_rows.inc()
+                    self.log.warning("unreadable schedule row skipped", error=str(e))
+                    continue
+                if r.cache_key not in self.touched:  # a write during the load is newer than the walk
+                    chunk.append((r.cache_key, r.next_render_time, r.from_sitemap, r.effective_interval))
+                if len(chunk) >= LOAD_CHUNK:
+                    self.ranking.upsert_many(chunk, self._route_of, delimiter=self.rules.keys.delimiter)
+                    chunk = []
+                    await asyncio.sleep(0)  # serve claims while loading
+            self.ranking.upsert_many(chunk, self._route_of, delimiter=self.rules.keys.delimiter)
+        except Exception as e:
+            self.phase = "failed"
+            metrics.loop_errors.labels("keeper-load").inc()
+            self.log.error("keeper load failed", error=repr(e))
+            return
+        self.touched = None
+        # The rows live as long as the process: keep the cyclic GC from walking them every pass.
+        gc.collect()
+        gc.freeze()
         self.load_ms = (time.perf_counter() - t0) * 1000
+        self.loaded_at = time.time()
+        self.exact = self.unreadable == 0
         self.phase = "live"
-        metrics.keeper_rows.set(n)
+        metrics.keeper_rows.set(len(self.ranking))
         metrics.keeper_live.set(1)
-        self.log.info("keeper live", rows=n, load_ms=round(self.load_ms, 1))
+        metrics.keeper_load_seconds.set(self.load_ms / 1000)
+        self.log.info("keeper live", rows=len(self.ranking), load_ms=round(self.load_ms, 1),
+                      unreadable=self.unreadable)
+        self.publish()
+        await self.sync_status()
 
-    async def status(self) -> dict:
-        return {"phase": self.phase, "live": self.phase == "live", "rows": self.rows, "loadMs": self.load_ms}
+    async def _restore_mirror(self) -> None:
+        for _ in range(30):
+            try:
+                blocked = await asyncio.wait_for(self.leases.blocked.remote(), 10)
+                self.mirror = dict(blocked)
+                return
+            except Exception as e:  # the lease table may still be starting
+                self.log.info("waiting for the lease table", error=type(e).__name__)
+                await asyncio.sleep(1)
+        raise RuntimeError("the lease table did not answer")
+
+    # ---------------------------------------------------------------------------------- publish
+
+    def _blocked(self, key: str) -> bool:
+        until = self.mirror.get(key)
+        return key in self.pending or (until is not None and until > self._now)
+
+    def publish(self) -> None:
+        t0 = time.perf_counter()
+        self._now = now = now_ms()
+        self.mirror = {k: u for k, u in self.mirror.items() if u > now}
+        self.ready = self.ranking.top_k(self.cfg.queue.ready.capacity, now, self._blocked)
+        self.cursor = 0
+        self.published_at = time.time()
+        self.publish_ms = (time.perf_counter() - t0) * 1000
+        metrics.keeper_publish_seconds.observe(self.publish_ms / 1000)
+        metrics.keeper_rows.set(len(self.ranking))
+        self._repair_head(now)
+
+    def _repair_head(self, now: int) -> None:
+        """Point-read the head of the published set (each key at most once a minute) and fix any row
+        held wrongly. Expected never to find anything; counted when it does."""
+        checked = 0
+        stamp = time.monotonic()
+        for key in self.ready[:HEAD_REPAIR]:
+            if stamp - self.head_checked.get(key, -1e9) < 60:
+                continue
+            self.head_checked[key] = stamp
+            checked += 1
+            stored = self.db.get(key.encode())
+            mine = self.row(key)
+            try:
+                truth = ScheduleRow.decode(key, stored) if stored is not None else None
+            except UnreadableRow:
+                truth = None
+            if truth != mine:
+                metrics.keeper_repaired.labels("head").inc()
+                self.log.warning("head repair", key=key, held=mine, stored=truth)
+                if truth is None:
+                    self.ranking.remove(key)
+                else:
+                    self.ranking.upsert(key, truth.next_render_time, truth.from_sitemap,
+                                        truth.effective_interval, self._route_of(key))
+        if len(self.head_checked) > 10_000:
+            self.head_checked = {k: t for k, t in self.head_checked.items() if stamp - t < 60}
+
+    async def _publisher(self) -> None:
+        interval = self.cfg.queue.keeper.publish_interval / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.publish()
+                await self.refresh_status()
+            except Exception as e:
+                metrics.loop_errors.labels("keeper-publish").inc()
+                self.log.error("publish failed", error=repr(e))
+
+    # ---------------------------------------------------------------------------------- verify
+
+    async def _verifier(self) -> None:
+        interval = self.cfg.queue.keeper.verify_interval / 1000
+        if interval <= 0:
+            return
+        while True:
+            await asyncio.sleep(interval)
+            if self.phase != "live":
+                continue
+            try:
+                await self.verify()
+            except Exception as e:
+                metrics.loop_errors.labels("keeper-verify").inc()
+                self.log.error("verification walk failed", error=repr(e))
+
+    async def verify(self) -> dict:
+        """Walk the store; wherever it differs from memory, the store wins (except keys written
+        during the walk). Every correction is counted (expected: none)."""
+        t0 = time.perf_counter()
+        self.touched = set()
+        scanned = missing = mismatched = unreadable = 0
+        seen: set[str] = set()
+        try:
+            for i, (k, v) in enumerate(self.db.items()):
+                scanned += 1
+                try:
+                    truth = ScheduleRow.decode(k, v)
+                except UnreadableRow:
+                    unreadable += 1
+                    continue
+                seen.add(truth.cache_key)
+                if truth.cache_key in self.touched:
+                    continue
+                mine = self.row(truth.cache_key)
+                if mine != truth:
+                    if mine is None:
+                        missing += 1
+                    else:
+                        mismatched += 1
+                    self.ranking.upsert(truth.cache_key, truth.next_render_time, truth.from_sitemap,
+                                        truth.effective_interval, self._route_of(truth.cache_key))
+                if i % 5000 == 4999:
+                    await asyncio.sleep(0)
+            extra = [h.key for h in self.ranking.rows() if h.key not in seen and h.key not in self.touched]
+            for key in extra:
+                self.ranking.remove(key)
+        finally:
+            self.touched = None
+        repaired = missing + mismatched + len(extra)
+        if repaired:
+            metrics.keeper_repaired.labels("verify").inc(repaired)
+            self.log.warning("verification repaired rows", missing=missing, mismatched=mismatched, deleted=len(extra))
+        self.exact = unreadable == 0
+        self.verify_report = {"scanned": scanned, "owned": len(self.ranking), "missing": missing,
+                              "mismatched": mismatched, "deleted": len(extra), "unreadable": unreadable,
+                              "ms": round((time.perf_counter() - t0) * 1000, 1), "at": int(time.time() * 1000)}
+        return self.verify_report
+
+    # ------------------------------------------------------------------------------------ close
 
     async def close(self) -> None:
-        self._load_task.cancel()
+        for t in self._tasks:
+            t.cancel()
+        self.close_ops()
         self.db.flush()
         self.db.close()

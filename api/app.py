@@ -5,8 +5,9 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import health
+from . import admin, health, render_queue, targets
 from .context import NodeContext
 
 
@@ -14,6 +15,14 @@ def create_app(ctx: NodeContext) -> FastAPI:
     app = FastAPI(title="prerender-ray", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.ctx = ctx
     app.include_router(health.router)
+    app.include_router(render_queue.router)
+    app.include_router(targets.router)
+    app.include_router(admin.router)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        body = exc.detail if isinstance(exc.detail, dict) else {"error": str(exc.detail)}
+        return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -8,6 +8,7 @@ from typing import Any
 
 from prerender_ray.config import Config
 from prerender_ray.nodes import NodeInfo, Ownership
+from prerender_ray.targets import Rules
 
 # Deadlines (seconds) for control-plane calls from a request handler.
 STATUS_DEADLINE = 2.0
@@ -33,3 +34,23 @@ class NodeContext:
         if not self.ownership.names:
             self.ownership.update([self.node.name])
         self.peers.setdefault(self.node.name, self.node)
+        self.rules = Rules(self.cfg)
+        self._remote: dict[str, Any] = {}
+
+    def owner_of(self, url: str) -> str:
+        return self.ownership.owner(url)
+
+    def owner_actors(self, url: str) -> tuple[Any, Any]:
+        """(keeper, lease table) of the node that owns ``url``."""
+        owner = self.ownership.owner(url)
+        if owner == self.node.name:
+            return self.keeper, self.leases
+        return self.actor("keeper", owner), self.actor("leases", owner)
+
+    def actor(self, kind: str, node: str) -> Any:
+        from prerender_ray.actors.common import lookup
+
+        handle = self._remote.get(f"{kind}:{node}")
+        if handle is None:
+            handle = self._remote[f"{kind}:{node}"] = lookup(kind, node)
+        return handle

@@ -502,9 +502,10 @@ class Queue(Model):
 class Mqtt(Model):
     url: str = Field("", description="Broker URL, e.g. mqtt://127.0.0.1:1883; empty disables the broadcast.")
     topic_prefix: NonEmptyStr = Field(
-        "queue_status", description="Topic prefix: status goes to `<prefix>/<node>`, retained."
+        "queue_status", description="Topic prefix: status goes to `<prefix>/<host>`, retained."
     )
     username: str = Field("", description="Broker user name.")
+    password: str = Field("", description="Broker password (secret; prefer passwordEnv).")
     password_env: str = Field("", description="Environment variable holding the broker password.")
     client_id: str = Field("", description="Client id prefix (default `prerender-ray-<node>`).")
 
@@ -621,7 +622,12 @@ class Config(Model):
 
 
 # Secret leaves: shown only as set/unset, filled from their *_env variable at load time.
-SECRET_PATHS = ("origin.security_token.value", "render_now.token", "peer_rescue.token")
+SECRET_PATHS = {  # secret leaf -> the option naming its environment variable
+    "origin.security_token.value": "origin.security_token.value_env",
+    "render_now.token": "render_now.value_env",
+    "peer_rescue.token": "peer_rescue.value_env",
+    "fleet.mqtt.password": "fleet.mqtt.password_env",
+}
 # Reference options that this design does not implement; accepted with a warning, never an error.
 UNSUPPORTED_PATHS = (
     "invalidation",

@@ -168,9 +168,8 @@ def _format_errors(err: ValidationError) -> list[str]:
 
 
 def _apply_secret_env(data: dict, env: typing.Mapping[str, str]) -> None:
-    for path in SECRET_PATHS:
-        parent = path.rsplit(".", 1)[0]
-        var = _get(data, f"{parent}.value_env")
+    for path, env_path in SECRET_PATHS.items():
+        var = _get(data, env_path)
         if var and env.get(var):
             _set(data, path, env[var])
 

@@ -30,6 +30,9 @@ class Route:
     device_types: tuple[str, ...] | None = None
     source: str = "ingress.routes"
 
+    def __str__(self) -> str:
+        return f"{self.match} {self.path}"
+
     def matches(self, path: str) -> bool:
         if self.match == "exact":
             return path == self.path

@@ -106,7 +106,7 @@ def deploy_on(cluster: RayCluster, data_dir: Path, config: dict | None = None, *
     server.pop("dataDir", None)
     server["data_dir"] = str(data_dir)
     raw["server"] = server
-    cfg = configfile.parse(raw).config.model_dump()
+    cfg = deploy.actor_config(configfile.parse(raw).config, data_dir)
     old = deploy.find_controller()
     if old is not None:
         deploy.stop_deployment(old)
@@ -128,3 +128,62 @@ def wait_for(predicate, timeout: float = 30.0, interval: float = 0.2, what: str 
 
 def get(url: str, **kw: Any) -> httpx.Response:
     return httpx.get(url, timeout=10.0, **kw)
+
+
+# ------------------------------------------------------------------------------------- the fleet
+
+
+def claim(base: str, limit: int | None = 20, **kw: Any) -> list[dict]:
+    r = httpx.post(f"{base}/render_queue/claim", json={} if limit is None else {"limit": limit}, timeout=15, **kw)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def claim_until(base: str, want: int = 1, limit: int = 20, timeout: float = 15) -> list[dict]:
+    """Claim until at least ``want`` jobs came back (the ready set is published every second)."""
+    got: list[dict] = []
+
+    def step() -> bool:
+        got.extend(claim(base, limit))
+        return len(got) >= want
+
+    wait_for(step, timeout=timeout, interval=0.3, what=f"{want} claimable job(s)")
+    return got
+
+
+def result_body(job: dict, *, outcome: str | None = "rendered", status: int | None = 200,
+                html: bytes | None = b"<html><body>rendered</body></html>", encoding: str = "gzip",
+                **meta: Any) -> tuple[bytes, dict]:
+    import gzip as _gzip
+
+    import brotli as _brotli
+
+    headers = {"content-type": "text/html; charset=utf-8"}
+    content = b""
+    if html is not None:
+        content = {"gzip": _gzip.compress, "br": _brotli.compress, "identity": bytes}[encoding](html)
+        headers["content-encoding"] = encoding
+    doc = {"id": job["id"], "url": job["url"], "headers": headers, "renderTime": 800, **meta}
+    if status is not None:
+        doc["statusCode"] = status
+    if outcome is not None:
+        doc["outcome"] = outcome
+    raw = __import__("json").dumps(doc).encode()
+    return raw + content, {"x-metadata-size": str(len(raw)), "content-type": "application/octet-stream"}
+
+
+def post_result(job: dict, **kw: Any) -> httpx.Response:
+    body, headers = result_body(job, **kw)
+    return httpx.post(f"{job['callbackOrigin']}/render_queue/job_result", content=body, headers=headers, timeout=30)
+
+
+def put_target(base: str, url: str, **fields: Any) -> dict:
+    r = httpx.put(f"{base}/render_targets", json={"url": url, **fields}, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def schedule(base: str, key: str) -> dict | None:
+    r = httpx.post(f"{base}/prerender_admin/schedule", json={"cacheKey": key}, timeout=15)
+    assert r.status_code == 200, r.text
+    return r.json()["renderSchedule"]

@@ -8,6 +8,13 @@ from prerender_ray.actors.common import lookup
 from tests.support import deploy_on, get, wait_for
 
 
+def _pid(handle) -> int | None:
+    try:
+        return ray.get(handle.status.remote(), timeout=2)["pid"]
+    except Exception:
+        return None
+
+
 def test_every_node_gets_its_actors_and_answers_ready(ray_cluster, tmp_path) -> None:
     d = deploy_on(ray_cluster, tmp_path / "data", replicas=2)
     try:
@@ -28,9 +35,10 @@ def test_every_node_gets_its_actors_and_answers_ready(ray_cluster, tmp_path) -> 
 def test_a_killed_keeper_is_restarted_and_the_node_becomes_ready_again(ray_cluster, tmp_path) -> None:
     d = deploy_on(ray_cluster, tmp_path / "data")
     try:
-        ray.kill(lookup("keeper", "node-a"), no_restart=False)
-        wait_for(lambda: get(f"{d.url}/readyz").status_code == 503 or None, timeout=10,
-                 what="readyz to notice the dead keeper")
+        keeper = lookup("keeper", "node-a")
+        pid = ray.get(keeper.status.remote())["pid"]
+        ray.kill(keeper, no_restart=False)
+        wait_for(lambda: _pid(keeper) not in (None, pid), timeout=60, what="a new keeper process")
         wait_for(lambda: get(f"{d.url}/readyz").status_code == 200, timeout=60, what="the keeper to come back")
         assert get(f"{d.url}/healthz").status_code == 200
     finally:

@@ -1,0 +1,70 @@
+"""Queue status broadcast for the reference render fleet: a retained MQTT message per node.
+
+The reference fleet learns which hosts exist only from `queue_status/#` messages and claims from
+`<hostname>:<queuePort>`, so ``hostname`` is this node's advertised host, the same host as in its
+callbackOrigin. The message is retained, so a worker that subscribes later gets the current status.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import threading
+from typing import Any
+from urllib.parse import urlsplit
+
+from prerender_ray.config import Mqtt
+
+DEFAULT_PORTS = {"mqtt": 1883, "mqtts": 8883, "ws": 80, "wss": 443}
+
+
+class StatusBroadcaster:
+    def __init__(self, cfg: Mqtt, host: str, node: str, password: str | None, log: Any):
+        self.topic = f"{cfg.topic_prefix}/{host}"
+        self.host = host
+        self.log = log
+        self._current: bytes | None = None
+        self._lock = threading.Lock()
+        import paho.mqtt.client as mqtt
+
+        url = urlsplit(cfg.url)
+        transport = "websockets" if url.scheme in ("ws", "wss") else "tcp"
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=cfg.client_id or f"prerender-ray-{node}",
+                                  transport=transport, clean_session=True)
+        if url.scheme in ("mqtts", "wss"):
+            self.client.tls_set(cert_reqs=ssl.CERT_REQUIRED)
+        if transport == "websockets":
+            self.client.ws_set_options(path=url.path or "/mqtt")
+        if cfg.username:
+            self.client.username_pw_set(cfg.username, password)
+        self.client.on_connect = self._on_connect
+        self.client.on_disconnect = self._on_disconnect
+        self.client.reconnect_delay_set(1, 30)
+        self.client.connect_async(url.hostname or "127.0.0.1", url.port or DEFAULT_PORTS[url.scheme], keepalive=60)
+        self.client.loop_start()
+
+    def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, properties: Any = None) -> None:
+        if getattr(reason, "is_failure", False):
+            self.log.warning("mqtt connect refused", reason=str(reason))
+            return
+        self.log.info("mqtt connected", topic=self.topic)
+        with self._lock:
+            current = self._current
+        if current is not None:  # a retained message may have been lost while we were away
+            client.publish(self.topic, current, qos=1, retain=True)
+
+    def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason: Any, properties: Any = None) -> None:
+        self.log.warning("mqtt disconnected", reason=str(reason))
+
+    def publish(self, status: str, updated_ms: int) -> None:
+        payload = json.dumps({"hostname": self.host, "status": status, "updatedTime": updated_ms}).encode()
+        with self._lock:
+            self._current = payload
+        if self.client.is_connected():
+            self.client.publish(self.topic, payload, qos=1, retain=True)
+
+    def close(self) -> None:
+        try:
+            self.client.disconnect()
+        finally:
+            self.client.loop_stop()

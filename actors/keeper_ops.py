@@ -1,0 +1,415 @@
+"""The keeper's calls: claims, results, target changes, queue status and control, queue state.
+
+A mixin of ``QueueKeeper`` (keeper.py holds its state, load, publish and verification); split only
+to keep each module readable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+from typing import Any
+
+import ray
+
+from prerender_ray import metrics
+from prerender_ray.flow import Flow
+from prerender_ray.nodes import NAMESPACE, Ownership, actor_name
+from prerender_ray.pages import Page
+from prerender_ray.queuestatus import derive_status, resolve_desired_pause
+from prerender_ray.registry import QUEUE_CONTROL, QUEUE_STATUS, Target, decode_json, encode_json, target_key
+from prerender_ray.results import Planner, Result
+from prerender_ray.schedule import ScheduleRow
+from prerender_ray.timeutil import now_ms
+
+from .common import call
+
+FLOWS = ("added", "rescheduled", "removed", "granted", "results")
+LEASE_DEADLINE_S = 5.0
+STORE_DEADLINE_S = 10.0
+CLUSTER_SCOPE = "all"
+
+
+class KeeperOps:
+    # ----------------------------------------------------------------------------------- set-up
+
+    def init_ops(self) -> None:
+        self._now = 0
+        self.planner = Planner(self.rules)
+        self.flows = Flow(FLOWS)
+        self.ownership = Ownership([self.node])
+        self.status_changed_at = now_ms()
+        self.mqtt = None
+        m = self.cfg.fleet.mqtt
+        if m.url:
+            from .fleet_mqtt import StatusBroadcaster
+
+            self.mqtt = StatusBroadcaster(m, self.info.host, self.node, m.password or None, self.log)
+
+    def close_ops(self) -> None:
+        if self.mqtt is not None:
+            self.mqtt.close()
+
+    def flow(self, name: str, n: int) -> None:
+        self.flows.add(name, n, now_ms())
+
+    async def _store(self, method: str, *args: Any) -> Any:
+        return await call(getattr(self.store, method).remote(*args), STORE_DEADLINE_S)
+
+    def _keeper_of(self, url: str) -> Any:
+        owner = self.ownership.owner(url)
+        return None if owner == self.node else ray.get_actor(actor_name("keeper", owner), namespace=NAMESPACE)
+
+    async def set_membership(self, names: list[str]) -> dict:
+        """Adopt a new node list; drop rows this node no longer owns (their new owner rebuilds them)."""
+        if not self.ownership.update(names):
+            return {"changed": False}
+        gone = self.ranking.drop_where(lambda k: self.ownership.owner(self.rules.url_of(k)) != self.node)
+        self.log.info("membership", nodes=list(self.ownership.names), dropped=gone)
+        return {"changed": True, "dropped": gone}
+
+    # --------------------------------------------------------------------------------- status
+
+    def _due_exists(self, now: int) -> bool:
+        if self.ready:
+            return True
+        return any((h := self.ranking.get(k)) is not None and h.due is not None and h.due <= now for k in self.mirror)
+
+    def note_work(self) -> None:
+        """Work arrived (render-now, revalidate, a due write): empty -> queued only."""
+        if self.reporter.note_work():
+            self._announce()
+
+    def _report(self, status: str, *, force: bool | None = None) -> None:
+        if self.reporter.report(status, force=force):
+            self._announce()
+
+    def _announce(self) -> None:
+        now = now_ms()
+        self.status_changed_at = now
+        status = self.reporter.status
+        for s in ("unready", "empty", "queued", "paused"):
+            metrics.queue_status.labels(s).set(1 if s == status else 0)
+        self.log.info("queue status", status=status)
+        if self.mqtt is not None:
+            self.mqtt.publish(status, now)
+        row = encode_json({"hostname": self.info.host, "node": self.node, "status": status, "updatedTime": now,
+                           "url": self.info.url})
+        asyncio.get_running_loop().create_task(self._write_status(row))
+
+    async def _write_status(self, row: bytes) -> None:
+        try:
+            await self._store("apply", [(QUEUE_STATUS + self.node.encode(), row)])
+        except Exception as e:
+            self.log.warning("queue status write failed", error=repr(e))
+
+    async def refresh_status(self) -> None:
+        """After each publish: derive the status from what is held (never empty mid-load)."""
+        now = now_ms()
+        status = derive_status(paused=self.paused, serving=self.published_at is not None,
+                               loading=self.phase != "live", due=1 if self._due_exists(now) else 0)
+        if self.reporter.sync(status):
+            self._announce()
+
+    async def sync_status(self) -> None:
+        """Resolve the pause intent (this node's row, then the cluster's), then the status."""
+        rows = await self._store("get", [QUEUE_CONTROL + self.node.encode(), QUEUE_CONTROL + CLUSTER_SCOPE.encode()])
+        node_row, cluster_row = (decode_json(r) if r else None for r in rows)
+        intent = resolve_desired_pause(node_row, cluster_row)
+        self.paused, self.pause_source = intent.paused, intent.source
+        await self.refresh_status()
+
+    async def _status_syncer(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.queue.status_sync_interval / 1000)
+            try:
+                await self.sync_status()
+                metrics.queue_due.set(self.ranking.state(now_ms())["now"]["due"] if self.phase == "live" else 0)
+            except Exception as e:
+                metrics.loop_errors.labels("keeper-status").inc()
+                self.log.error("status sync failed", error=repr(e))
+
+    async def set_pause(self, scope: str, paused: bool | None, by: str) -> dict:
+        """Write pause intent (None deletes it: a node inherits the cluster's), then re-resolve."""
+        key = QUEUE_CONTROL + scope.encode()
+        if paused is None:
+            await self._store("apply", [(key, None)])
+        else:
+            await self._store("apply", [(key, encode_json({"paused": bool(paused), "updatedBy": by,
+                                                          "updatedTime": now_ms()}))])
+        await self.sync_status()
+        return {"scope": scope, "paused": paused, "inherited": paused is None, "node": self.node,
+                "local": {"status": self.reporter.status, "paused": self.paused, "source": self.pause_source},
+                "appliesRemotelyWithinMs": self.cfg.queue.status_sync_interval}
+
+    async def status(self) -> dict:
+        return {"phase": self.phase, "live": self.phase == "live", "rows": len(self.ranking), "pid": os.getpid(),
+                "loadMs": self.load_ms, "queueStatus": self.reporter.status, "paused": self.paused,
+                "reason": None if self.phase == "live" else f"keeper is {self.phase}"}
+
+    # ---------------------------------------------------------------------------------- claims
+
+    async def claim(self, limit: int) -> list[dict]:
+        """Grant up to ``limit`` due jobs in rank order; every grant is exclusive (LeaseTable)."""
+        if self.paused or self.published_at is None:
+            return []
+        self._now = now = now_ms()
+        jobs: list[dict] = []
+        for _ in range(3):
+            want = limit - len(jobs)
+            cands = []
+            while self.cursor < len(self.ready) and len(cands) < want:
+                key = self.ready[self.cursor]
+                self.cursor += 1
+                if self._blocked(key):
+                    continue
+                held = self.ranking.get(key)
+                if held is None or held.due is None or held.due > now:
+                    metrics.claim_health.labels("stale").inc()
+                    continue
+                cands.append(held)
+            if not cands:
+                break
+            keys = [h.key for h in cands]
+            self.pending.update(keys)
+            try:
+                answers = await call(self.leases.grant_many.remote(
+                    [(h.key, h.due, int(h.interval) if h.interval else self._cadence_for(h.route)) for h in cands]),
+                    LEASE_DEADLINE_S)
+            finally:
+                self.pending.difference_update(keys)
+            full = False
+            for (key, expires, refused), h in zip(answers, cands):
+                if expires is not None:
+                    self.mirror[key] = expires
+                    url = self.rules.url_of(key)
+                    jobs.append({"id": key, "url": url, "deviceType": self.rules.device_of(key),
+                                 "expiresAt": expires, "callbackOrigin": self.info.url,
+                                 "isFromSitemap": h.from_sitemap})
+                else:
+                    self.mirror[key] = now + 60_000
+                    metrics.claim_health.labels(refused or "refused").inc()
+                    full = full or refused == "full"
+            if full or len(jobs) >= limit:
+                break
+        if jobs:
+            metrics.claims.inc(len(jobs))
+            self.flow("granted", len(jobs))
+        else:
+            self._report("queued" if self._due_exists(now) else "empty", force=False)
+        return jobs
+
+    # --------------------------------------------------------------------------------- results
+
+    async def process_result(self, meta: dict, content: bytes | None) -> dict:
+        """Apply one render result. Raises on failure: the lease is then held (released last)."""
+        r = Result.parse(meta, content)
+        now = now_ms()
+        url = self.rules.url_of(r.id)
+        dest = self.planner.destination(r)
+        urls = [url] + ([self.rules.url_of(dest)] if dest else [])
+        found = [Target.decode(u, b) if b else None for u, b in zip(urls, await self._store("get_targets", urls))]
+        plan = self.planner.plan(r, found[0], found[1] if dest else None, now)
+        await self._apply(plan, now)
+        await call(self.leases.release.remote(r.id, not plan.release), LEASE_DEADLINE_S)
+        if plan.release:
+            self.mirror[r.id] = now + 5_000
+        metrics.render_outcomes.labels(plan.outcome, plan.detail).inc()
+        if r.render_time is not None:
+            sc = f"{r.status_code // 100}xx" if r.status_code else "none"
+            metrics.render_seconds.labels(sc).observe(r.render_time / 1000)
+        self.flow("results", 1)
+        self.log.info("render result", key=r.id, outcome=plan.outcome, detail=plan.detail,
+                      status=r.status_code, error=(r.error or {}).get("name"))
+        return {"outcome": plan.outcome, "detail": plan.detail}
+
+    async def _apply(self, plan: Any, now: int) -> None:
+        registry: list = []
+        pages: list = []
+        local_rows: list[ScheduleRow] = []
+        local_deletes: list[str] = []
+        foreign: dict[str, tuple[list, list]] = {}
+
+        def route_row(key: str, row: ScheduleRow | None) -> None:
+            keeper = self._keeper_of(self.rules.url_of(key))
+            if keeper is None:
+                (local_rows.append(row) if row else local_deletes.append(key))
+            else:
+                rows, deletes = foreign.setdefault(key.split(self.rules.keys.delimiter)[0], ([], []))
+                (rows.append(row) if row else deletes.append(key))
+
+        for url, target in plan.targets.items():
+            if target is None:
+                registry.append((target_key(url), None))
+                for key in self.rules.all_keys(url):
+                    pages.append((key.encode(), None))
+                    route_row(key, None)
+            else:
+                registry.append((target_key(url), target.encode()))
+        if plan.page is not None:
+            pages.append((plan.page.cache_key.encode(), plan.page.encode()))
+        pages += [(k.encode(), None) for k in plan.page_deletes]
+        for row in plan.rows:
+            route_row(row.cache_key, row)
+        for key in plan.row_deletes:
+            route_row(key, None)
+        if registry or pages:
+            await self._store("apply", registry, pages)
+        self.write_rows(local_rows)
+        self.delete_rows(local_deletes)
+        for url_part, (rows, deletes) in foreign.items():
+            keeper = self._keeper_of(url_part)
+            await call(keeper.apply_rows.remote(rows, deletes), STORE_DEADLINE_S)
+        if plan.adopt is not None:
+            url, due, interval = plan.adopt
+            item = {"url": url, "nextRenderTime": due, "renderInterval": interval}
+            keeper = self._keeper_of(url)
+            await (self.put_targets([item]) if keeper is None else call(keeper.put_targets.remote([item]),
+                                                                          STORE_DEADLINE_S))
+        if plan.suppress_dest is not None:
+            url, reason, status = plan.suppress_dest
+            keeper = self._keeper_of(url)
+            await (self.suppress(url, reason, status) if keeper is None else
+                   call(keeper.suppress.remote(url, reason, status), STORE_DEADLINE_S))
+
+    async def apply_rows(self, rows: list[ScheduleRow], deletes: list[str]) -> None:
+        """Schedule writes routed here by another node's keeper (this node owns the keys)."""
+        self.write_rows(rows)
+        self.delete_rows(deletes)
+
+    # --------------------------------------------------------------------------------- targets
+
+    async def put_targets(self, items: list[dict]) -> dict:
+        """Put semantics for canonical URLs: (re)activate, one jittered row per device."""
+        now = now_ms()
+        registry, rows = [], []
+        for it in items:
+            target, rs = self.rules.put(it["url"], now=now, sitemap_url=it.get("sitemapUrl"),
+                                        render_interval=it.get("renderInterval"),
+                                        next_render_time=it.get("nextRenderTime"), node=self.node)
+            registry.append((target_key(target.url), target.encode()))
+            rows += rs
+        await self._store("apply", registry)
+        self.write_rows(rows)
+        self.flow("added", len(items))
+        return {"written": len(items)}
+
+    async def patch_targets(self, items: list[tuple[str, dict]]) -> dict:
+        """Merge fields into existing targets; never touches schedule rows (the render clock)."""
+        found = await self._store("get_targets", [u for u, _ in items])
+        registry = []
+        for (url, changes), data in zip(items, found):
+            if data is not None:
+                registry.append((target_key(url), Target.decode(url, data).patched(**changes).encode()))
+        await self._store("apply", registry)
+        return {"patched": len(registry)}
+
+    async def delete_targets(self, urls: list[str]) -> dict:
+        found = await self._store("get_targets", urls)
+        registry, pages, keys = [], [], []
+        for url, data in zip(urls, found):
+            registry.append((target_key(url), None))
+            for key in self.rules.all_keys(url):
+                pages.append((key.encode(), None))
+                keys.append(key)
+        await self._store("apply", registry, pages)
+        self.delete_rows(keys)
+        return {"deleted": sum(1 for d in found if d is not None)}
+
+    async def suppress(self, url: str, reason: str | None, status: int | None) -> dict:
+        [data] = await self._store("get_targets", [url])
+        existing = Target.decode(url, data) if data else None
+        s = self.rules.suppress(existing, url, reason=reason, status_code=status, now=now_ms())
+        if s.deleted:
+            return await self.delete_targets([url])
+        pages = [(k.encode(), None) for k in self.rules.all_keys(url)]
+        await self._store("apply", [(target_key(url), s.target.encode())], pages)
+        self.write_rows(s.rows)
+        return {"suppressed": url, "strikes": s.target.strikes}
+
+    async def revalidate(self, urls: list[str]) -> dict:
+        """Every device of each target due now (cadence left to config); cached pages expire now."""
+        now = now_ms()
+        found = await self._store("get_targets", urls)
+        rows, pages = [], []
+        for url, data in zip(urls, found):
+            if data is None:
+                continue
+            target = Target.decode(url, data)
+            rows += self.rules.revalidate(target, now)
+            keys = self.rules.keys_of(url)
+            for key, raw in zip(keys, await self._store("get_pages", keys)):
+                if raw is not None:
+                    page = Page.decode(raw)
+                    pages.append((key.encode(), dataclasses.replace(page, expires_at=now).encode()))
+        if pages:
+            await self._store("apply", [], pages)
+        self.write_rows(rows)
+        self.note_work()
+        return {"revalidating": len(rows), "examined": len(urls)}
+
+    async def revalidate_key(self, key: str) -> dict | None:
+        """Admin: one key due now; None when the URL has no target (it would render once, then drop)."""
+        url = self.rules.url_of(key)
+        [data] = await self._store("get_targets", [url])
+        if data is None:
+            return None
+        row = self.rules.due_now(Target.decode(url, data), key, now_ms())
+        self.write_rows([row])
+        self.note_work()
+        return {"cacheKey": key, "nextRenderTime": row.next_render_time, "scheduleOwnedBy": self.node,
+                "wokeLocalConsumers": self.reporter.status == "queued", "node": self.node}
+
+    async def render_now(self, key: str) -> int:
+        """Render-now: the key due this minute (a one-off row when there is no target)."""
+        url = self.rules.url_of(key)
+        [data] = await self._store("get_targets", [url])
+        row = self.rules.due_now(Target.decode(url, data) if data else None, key, now_ms())
+        self.write_rows([row])
+        self.note_work()
+        self.publish()
+        return row.next_render_time
+
+    # ------------------------------------------------------------------------------ admin reads
+
+    async def schedule_row(self, key: str) -> dict:
+        """This node's row for ``key`` (the leaf the explainer proxies to; it never proxies on)."""
+        now = now_ms()
+        row = self.row(key)
+        lease = await call(self.leases.lease_of.remote(key), LEASE_DEADLINE_S)
+        described = None
+        if row is not None:
+            due = row.next_render_time
+            described = {"cacheKey": key, "nextRenderTime": due, "fromSitemap": row.from_sitemap,
+                         "effectiveInterval": row.effective_interval,
+                         "dueInMs": None if due is None else due - now,
+                         "overdue": None if due is None else due <= now,
+                         "leased": lease is not None and lease.get("leaseExpiresAt") is not None,
+                         "leaseExpiresAt": (lease or {}).get("leaseExpiresAt"), "heldUntil": (lease or {}).get("heldUntil"),
+                         "score": self.ranking.score_of(key, now)}
+        return {"node": self.node, "renderSchedule": described, "checkedAt": now}
+
+    async def queue_state(self) -> tuple[int, dict]:
+        now = now_ms()
+        trust = {"live": self.phase == "live", "phase": self.phase, "exact": self.exact,
+                 "unreadableRows": self.unreadable, "loadMs": self.load_ms, "publishMs": self.publish_ms,
+                 "publishedAt": int(self.published_at * 1000) if self.published_at else None,
+                 "verify": self.verify_report, "stateAt": now}
+        live_now = {"status": self.reporter.status, "paused": self.paused}
+        if self.phase != "live":
+            return 503, {"error": f"the keeper is {self.phase}; counts are not exact yet", "reason": self.phase,
+                         "node": self.node, "trust": trust, "now": live_now}
+        leases = await call(self.leases.status.remote(), LEASE_DEADLINE_S)
+        st = self.ranking.state(now, leased=list(self.mirror))
+        due = st["now"]["due"]
+        doc = {
+            "node": self.node, "generatedAt": now,
+            "now": {**st["now"], **live_now, "inFlight": leases["inFlight"],
+                    "unclaimed": max(0, due - st["now"]["leased"]), "held": st["held"]},
+            "coming": st["coming"], "lateness": st["lateness"], "dueHistogram": st["dueHistogram"],
+            "classes": st["classes"][:200], "listsTruncated": len(st["classes"]) > 200,
+            "flow": self.flows.report(now), "leases": leases, "trust": trust,
+        }
+        return 200, json.loads(json.dumps(doc, default=str))

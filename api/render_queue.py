@@ -1,0 +1,148 @@
+"""The render fleet's API, byte-compatible with the reference fleet: claim, job_result, pause/resume,
+queue status and control."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import zlib
+
+import brotli
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response
+
+from prerender_ray import logs
+from prerender_ray.auth import Principal
+from prerender_ray.cachekeys import CacheKeyError
+from prerender_ray.registry import QUEUE_CONTROL, QUEUE_STATUS, decode_json
+from prerender_ray.results import ENCODINGS, Result, ResultError
+
+from .auth import require
+from .bodies import bad_request, int_field, read_body, read_object
+from .context import NodeContext
+
+router = APIRouter()
+log = logs.get("render_queue")
+
+CLAIM_DEADLINE_S = 10.0
+RESULT_DEADLINE_S = 30.0
+SIZE_ERROR = "x-metadata-size must be a positive integer no larger than the request body"
+_DIGITS = re.compile(r"^\s*\d+\s*$")
+
+
+def _ctx(request: Request) -> NodeContext:
+    return request.app.state.ctx
+
+
+@router.post("/render_queue/claim")
+async def claim(request: Request, who: Principal = Depends(require("fleet"))) -> JSONResponse:
+    """Always 200 with a bare JSON array (the fleet circuit-breaks on anything else); ``[]`` when
+    paused, unready or empty, and when the keeper cannot be reached."""
+    ctx = _ctx(request)
+    body = await read_object(request, 64 * 1024, allow_empty=True)
+    limit = int_field(body, "limit", default=20)
+    limit = max(1, min(limit, ctx.cfg.queue.max_claim_limit))
+    from prerender_ray.actors.common import call
+
+    try:
+        jobs = await call(ctx.keeper.claim.remote(limit), CLAIM_DEADLINE_S)
+    except Exception as e:  # a restarting keeper: the node is unready, the fleet idles
+        log.warning("claim failed; answering []", error=repr(e), worker=request.headers.get("x-worker-id"))
+        jobs = []
+    return JSONResponse(jobs)
+
+
+def check_encoding(encoding: str, content: bytes | None) -> None:
+    """A content-encoding that does not match the bytes would be served as garbage: refuse it."""
+    if encoding not in ENCODINGS:
+        raise bad_request(f"unsupported content-encoding {encoding!r}; expected gzip, br or identity")
+    if not content or encoding == "identity":
+        return
+    try:
+        if encoding == "gzip":
+            if content[:2] != b"\x1f\x8b":
+                raise ValueError("no gzip header")
+            zlib.decompressobj(wbits=31).decompress(content, 64)
+        else:
+            brotli.Decompressor().process(content[:4096])
+    except (ValueError, zlib.error, brotli.error, gzip.BadGzipFile):
+        raise bad_request(f"the content is not {encoding}-encoded") from None
+
+
+@router.post("/render_queue/job_result", status_code=204)
+async def job_result(request: Request, who: Principal = Depends(require("fleet"))) -> Response:
+    ctx = _ctx(request)
+    body = await read_body(request, ctx.cfg.server.max_body_bytes)
+    raw = request.headers.get("x-metadata-size")
+    if raw is None or not _DIGITS.match(raw) or not 0 < int(raw) <= len(body):
+        raise bad_request(SIZE_ERROR)
+    size = int(raw)
+    try:
+        meta = json.loads(body[:size])
+    except (ValueError, UnicodeDecodeError):
+        raise bad_request("metadata is not valid JSON") from None
+    content = body[size:] or None
+    try:
+        result = Result.parse(meta, content)
+        url = ctx.rules.url_of(result.id)
+        device = ctx.rules.device_of(result.id)
+    except (ResultError, CacheKeyError) as e:
+        raise bad_request(str(e)) from None
+    if device not in ctx.rules.supported or ctx.rules.keys.key(url, device) != result.id:
+        raise bad_request(f"id {result.id!r} is not a cache key of this service")
+    check_encoding(result.content_encoding, content)
+    keeper, leases = ctx.owner_actors(url)
+    from prerender_ray.actors.common import call
+
+    try:
+        known = await call(leases.known.remote(result.id), RESULT_DEADLINE_S)
+    except Exception as e:
+        log.warning("lease check failed", key=result.id, error=repr(e))
+        return JSONResponse({"error": "the owning node is unavailable; retry"}, status_code=503)
+    if not known:
+        raise bad_request(f"no lease was granted for {result.id!r}", 409)
+    try:
+        await call(keeper.process_result.remote(meta, content), RESULT_DEADLINE_S)
+    except Exception as e:  # the lease stays held: the job is re-granted when it expires
+        log.error("result processing failed; lease held", key=result.id, error=repr(e))
+        return JSONResponse({"error": "result processing failed; the lease is held"}, status_code=503)
+    return Response(status_code=204)
+
+
+async def _set_pause(ctx: NodeContext, paused: bool | None, who: Principal) -> JSONResponse:
+    from prerender_ray.actors.common import call
+
+    result = await call(ctx.keeper.set_pause.remote(ctx.node.name, paused, who.name or "render_queue-api"), 10)
+    return JSONResponse(result)
+
+
+@router.post("/render_queue/pause")
+async def pause(request: Request, who: Principal = Depends(require("fleet"))) -> JSONResponse:
+    """Pause this node only (cluster-wide control is the admin API's)."""
+    return await _set_pause(_ctx(request), True, who)
+
+
+@router.post("/render_queue/resume")
+async def resume(request: Request, who: Principal = Depends(require("fleet"))) -> JSONResponse:
+    """Drop this node's override: it inherits the cluster intent (never punches through a cluster pause)."""
+    return await _set_pause(_ctx(request), None, who)
+
+
+async def _rows(ctx: NodeContext, prefix: bytes) -> list[dict]:
+    from prerender_ray.actors.common import call
+
+    rows = await call(ctx.store.scan.remote(prefix, None, 10_000), 10)
+    return [{"scope" if prefix == QUEUE_CONTROL else "node": k[len(prefix):].decode(), **decode_json(v)}
+            for k, v in rows]
+
+
+@router.get("/queue_status")
+async def queue_status(request: Request, who: Principal = Depends(require("viewer", "fleet"))) -> JSONResponse:
+    """Every node's last observed status (written on change; ``updatedTime`` is the change time)."""
+    return JSONResponse(await _rows(_ctx(request), QUEUE_STATUS))
+
+
+@router.get("/queue_control")
+async def queue_control(request: Request, who: Principal = Depends(require("viewer", "fleet"))) -> JSONResponse:
+    return JSONResponse(await _rows(_ctx(request), QUEUE_CONTROL))

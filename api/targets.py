@@ -1,0 +1,105 @@
+"""Render targets for operators and scripts: put, read, delete, revalidate."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse
+
+from prerender_ray.auth import Principal
+from prerender_ray.registry import Target
+from prerender_ray.urls import UrlError
+
+from .auth import require
+from .bodies import bad_request, int_field, read_object
+from .context import NodeContext
+
+router = APIRouter()
+DEADLINE_S = 30.0
+MAX_URLS = 1000  # per revalidate request, as the hosted recache API allows
+
+
+def _canonical(ctx: NodeContext, url: object, *, prerender_only: bool = True) -> str:
+    if not isinstance(url, str) or not url.strip():
+        raise bad_request("url is required")
+    try:
+        canonical = ctx.rules.canonical(url.strip())
+    except UrlError as e:
+        raise bad_request(f"Not a valid absolute URL: {e}") from None
+    if prerender_only and ctx.rules.route_class(canonical) != "prerender":
+        raise bad_request(f"{canonical} is not in a prerender route; it would never be served from cache")
+    return canonical
+
+
+async def _call(ref: object) -> object:
+    from prerender_ray.actors.common import call
+
+    return await call(ref, DEADLINE_S)
+
+
+@router.put("/render_targets")
+async def put_target(request: Request, who: Principal = Depends(require("admin"))) -> JSONResponse:
+    """Put semantics: (re)activate the URL, one row per device, first render jittered unless
+    ``nextRenderTime`` (epoch ms) is given."""
+    ctx: NodeContext = request.app.state.ctx
+    body = await read_object(request)
+    url = _canonical(ctx, body.get("url"))
+    item = {
+        "url": url,
+        "renderInterval": int_field(body, "renderInterval", minimum=1, allow_none=True),
+        "nextRenderTime": int_field(body, "nextRenderTime", minimum=1, allow_none=True),
+    }
+    sitemap = body.get("sitemapUrl")
+    if sitemap is not None and not isinstance(sitemap, str):
+        raise bad_request("sitemapUrl must be a string or null")
+    item["sitemapUrl"] = sitemap or None
+    keeper, _ = ctx.owner_actors(url)
+    await _call(keeper.put_targets.remote([item]))
+    return JSONResponse({"url": url, "owner": ctx.owner_of(url), "cacheKeys": ctx.rules.keys_of(url)})
+
+
+@router.get("/render_targets")
+async def get_target(request: Request, url: str = Query(...),
+                     who: Principal = Depends(require("viewer"))) -> JSONResponse:
+    ctx: NodeContext = request.app.state.ctx
+    canonical = _canonical(ctx, url, prerender_only=False)
+    [data] = await _call(ctx.store.get_targets.remote([canonical]))
+    if data is None:
+        return JSONResponse({"error": "No target for this URL", "url": canonical}, status_code=404)
+    return JSONResponse(Target.decode(canonical, data).as_json())
+
+
+@router.delete("/render_targets")
+async def delete_target(request: Request, url: str = Query(...),
+                        who: Principal = Depends(require("admin"))) -> JSONResponse:
+    ctx: NodeContext = request.app.state.ctx
+    canonical = _canonical(ctx, url, prerender_only=False)
+    keeper, _ = ctx.owner_actors(canonical)
+    result = await _call(keeper.delete_targets.remote([canonical]))
+    if not result["deleted"]:
+        return JSONResponse({"error": "No target for this URL", "url": canonical}, status_code=404)
+    return JSONResponse({"url": canonical, "deleted": True})
+
+
+@router.post("/render_targets")
+async def target_action(request: Request, who: Principal = Depends(require("admin"))) -> JSONResponse:
+    """``{"action": "revalidate", "urls": [...]}``: every device due now, cached pages expire now."""
+    ctx: NodeContext = request.app.state.ctx
+    body = await read_object(request)
+    if body.get("action") != "revalidate":
+        raise bad_request("action must be 'revalidate'")
+    urls = body.get("urls")
+    if not isinstance(urls, list) or not urls or len(urls) > MAX_URLS:
+        raise bad_request(f"urls must be a list of 1 to {MAX_URLS} URLs")
+    by_owner: dict[str, list[str]] = defaultdict(list)
+    for u in urls:
+        canonical = _canonical(ctx, u, prerender_only=False)
+        by_owner[ctx.owner_of(canonical)].append(canonical)
+    total = {"revalidating": 0, "examined": 0}
+    for owner, group in by_owner.items():
+        keeper, _ = ctx.owner_actors(group[0])
+        result = await _call(keeper.revalidate.remote(group))
+        for k in total:
+            total[k] += result[k]
+    return JSONResponse(total)

@@ -1,0 +1,101 @@
+"""Records of the registry store (replicated tier): targets, queue control and status, sitemaps and
+sitemap runs. Each kind lives under its own key prefix; values are compact JSON in the replication
+envelope. Targets are keyed by URL, never by device."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from .timeutil import finite
+
+# Key prefixes (one RocksDB, one prefix per kind).
+TARGET = b"t:"
+QUEUE_CONTROL = b"c:"
+QUEUE_STATUS = b"q:"
+SITEMAP = b"s:"
+SITEMAP_RUN = b"r:"
+TARGET_BY_SITEMAP = b"i:"  # i:<sitemap url>\x00<target url> -> b"" (index; derived, node-local)
+
+SUPPRESSED = "suppressed"
+
+
+def target_key(url: str) -> bytes:
+    return TARGET + url.encode()
+
+
+def by_sitemap_key(sitemap_url: str, url: str) -> bytes:
+    return TARGET_BY_SITEMAP + sitemap_url.encode() + b"\x00" + url.encode()
+
+
+class RecordError(ValueError):
+    """A stored record that does not decode."""
+
+
+def _dumps(d: dict) -> bytes:
+    return json.dumps({k: v for k, v in d.items() if v is not None}, separators=(",", ":")).encode()
+
+
+def _loads(data: bytes, what: str) -> dict:
+    try:
+        d = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RecordError(f"{what}: not JSON") from e
+    if not isinstance(d, dict):
+        raise RecordError(f"{what}: not an object")
+    return d
+
+
+@dataclass(frozen=True)
+class Target:
+    """One URL in rotation (or suppressed). ``render_interval`` is the stored cadence (a sitemap's
+    changefreq or an explicit API value); None means resolve route > default at schedule time."""
+
+    url: str
+    sitemap_url: str | None = None
+    scheduler_node: str | None = None
+    render_interval: int | None = None
+    state: str | None = None
+    suppressed_reason: str | None = None
+    suppressed_at: int | None = None
+    strikes: int = 0
+
+    @property
+    def suppressed(self) -> bool:
+        return self.state == SUPPRESSED
+
+    def encode(self) -> bytes:
+        d = asdict(self)
+        del d["url"]
+        if not d["strikes"]:
+            d["strikes"] = None
+        return _dumps(d)
+
+    @classmethod
+    def decode(cls, url: str, data: bytes) -> Target:
+        d = _loads(data, f"target {url}")
+        known = {f.name for f in fields(cls)} - {"url"}
+        kw: dict[str, Any] = {k: v for k, v in d.items() if k in known}
+        ri = finite(kw.get("render_interval"))
+        kw["render_interval"] = int(ri) if ri is not None and ri > 0 else None
+        st = finite(kw.get("strikes"))
+        kw["strikes"] = int(st) if st is not None and st > 0 else 0
+        return cls(url=url, **kw)
+
+    def patched(self, **changes: Any) -> Target:
+        return replace(self, **changes)
+
+    def as_json(self) -> dict:
+        return {"url": self.url, "sitemapUrl": self.sitemap_url, "schedulerNode": self.scheduler_node,
+                "renderInterval": self.render_interval, "state": self.state,
+                "suppressedReason": self.suppressed_reason, "suppressedAt": self.suppressed_at,
+                "strikes": self.strikes}
+
+
+def encode_json(d: dict) -> bytes:
+    return _dumps(d)
+
+
+def decode_json(data: bytes, what: str = "record") -> dict:
+    return _loads(data, what)

@@ -1,0 +1,104 @@
+"""Versioned records of the replicated tier: a hybrid logical clock, the envelope every replicated
+value is stored in, and last-writer-wins with tombstones.
+
+Every node holds a full copy of the replicated tier (targets, pages, sitemaps, sitemap runs, queue
+control and status). A write is applied locally and shipped to every peer; a peer applies it only if
+its version is newer than what it holds, so replays and reordering are harmless. A delete is a
+tombstone (a version with no payload), kept long enough that a late older write cannot resurrect it.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+from typing import NamedTuple
+
+_MAGIC = 0xA7
+_HEAD = struct.Struct(">BBQH")  # magic, flags, hlc, len(node)
+_TOMBSTONE = 0x01
+LOGICAL_BITS = 16  # low bits of an HLC value count events within one millisecond
+
+
+class EnvelopeError(ValueError):
+    """Stored bytes that are not a replicated record."""
+
+
+class Version(NamedTuple):
+    hlc: int
+    node: str
+
+    @property
+    def wall_ms(self) -> int:
+        return self.hlc >> LOGICAL_BITS
+
+    def newer_than(self, other: Version | None) -> bool:
+        """Total order: hlc, then node name, so every node picks the same winner."""
+        return other is None or (self.hlc, self.node) > (other.hlc, other.node)
+
+
+class Clock:
+    """Hybrid logical clock: physical ms in the high bits, a counter in the low bits. Never goes
+    backwards, and moves past any version it has seen, so causally later writes always win even
+    with a few seconds of clock skew between nodes."""
+
+    def __init__(self, node: str, wall_ms=lambda: time.time_ns() // 1_000_000):
+        self.node = node
+        self._wall = wall_ms
+        self._last = 0
+        self._lock = threading.Lock()
+
+    def now(self) -> Version:
+        with self._lock:
+            physical = self._wall() << LOGICAL_BITS
+            self._last = max(physical, self._last + 1)
+            return Version(self._last, self.node)
+
+    def observe(self, seen: Version) -> None:
+        with self._lock:
+            self._last = max(self._last, seen.hlc)
+
+
+def wrap(version: Version, payload: bytes | None) -> bytes:
+    node = version.node.encode()
+    flags = _TOMBSTONE if payload is None else 0
+    return _HEAD.pack(_MAGIC, flags, version.hlc, len(node)) + node + (payload or b"")
+
+
+def unwrap(data: bytes) -> tuple[Version, bytes | None]:
+    """(version, payload); payload None is a tombstone."""
+    try:
+        magic, flags, hlc, n = _HEAD.unpack_from(data)
+    except struct.error as e:
+        raise EnvelopeError(f"record too short ({len(data)} bytes)") from e
+    if magic != _MAGIC or flags & ~_TOMBSTONE:
+        raise EnvelopeError(f"not a replicated record (magic {magic:#x}, flags {flags:#x})")
+    start = _HEAD.size + n
+    if len(data) < start:
+        raise EnvelopeError("record truncated inside its node name")
+    node = bytes(data[_HEAD.size:start]).decode("utf-8", "replace")
+    if flags & _TOMBSTONE:
+        return Version(hlc, node), None
+    return Version(hlc, node), bytes(data[start:])
+
+
+def payload_of(data: bytes | None) -> bytes | None:
+    """The live payload of stored bytes, or None when absent or deleted."""
+    if data is None:
+        return None
+    return unwrap(data)[1]
+
+
+def version_of(data: bytes | None) -> Version | None:
+    if data is None:
+        return None
+    try:
+        return unwrap(data)[0]
+    except EnvelopeError:
+        return None
+
+
+def wins(incoming: bytes, existing: bytes | None) -> bool:
+    """Last writer wins: is ``incoming`` newer than what is stored (unreadable stored bytes lose)?"""
+    new = unwrap(incoming)[0]
+    return new.newer_than(version_of(existing))

@@ -1,0 +1,138 @@
+"""Scheduling rules for targets: what a put, a suppression, a revalidation or a delete writes.
+
+Pure: each rule returns the target row and the schedule rows to write; the keeper applies them (it is
+the only writer of schedule rows). Cadence is route > stored > default; a put's first render is
+jittered over the cadence, all device variants of a URL on one slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .cachekeys import KeyFormat
+from .config import Config
+from .registry import SUPPRESSED, Target
+from .routes import Router
+from .schedule import ScheduleRow, counted_strikes
+from .timeutil import initial_render_time, minute, positive
+from .urls import url_path
+
+
+@dataclass
+class Suppression:
+    target: Target | None  # None: the target is deleted (strikes reached the maximum)
+    rows: list[ScheduleRow] = field(default_factory=list)
+    deleted: bool = False
+
+
+class Rules:
+    """The scheduling rules of one config; build once per config."""
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.router = Router(cfg)
+        self.keys = KeyFormat.from_config(cfg)
+        self.supported = tuple(cfg.device_types.supported)
+        self.default_devices = tuple(cfg.device_types.default)
+
+    # -------------------------------------------------------------------------------- identity
+
+    def devices(self, url: str) -> tuple[str, ...]:
+        """Devices scheduled for a URL: its route's deviceTypes, else deviceTypes.default."""
+        route = self.router.first_match(url_path(url))
+        if route is not None and route.mode == "prerender" and route.device_types:
+            return route.device_types
+        return self.default_devices
+
+    def keys_of(self, url: str) -> list[str]:
+        return [self.keys.key(url, d) for d in self.devices(url)]
+
+    def all_keys(self, url: str) -> list[str]:
+        """Every supported device's key: deletes must not leave a row behind after a config change."""
+        return [self.keys.key(url, d) for d in self.supported]
+
+    def canonical(self, url: str) -> str:
+        """The URL half of a key for any spelling of ``url`` (its route's query allowlist);
+        raises ``UrlError``. Sitemap entries, discovery, redirects and the API all key with this."""
+        return self.keys.canonicalize(url, self.router.allowlist_for(url))
+
+    def route_class(self, canonical_url: str) -> str:
+        return self.router.classify(url_path(canonical_url)).route_class
+
+    def url_of(self, key: str) -> str:
+        return self.keys.url_of(key)
+
+    def device_of(self, key: str) -> str:
+        return self.keys.parse(key).get("deviceType", "")
+
+    # ------------------------------------------------------------------------------------ cadence
+
+    def cadence(self, url: str, stored: object = None) -> int:
+        """route > stored > default; junk stored values fall through."""
+        return self.router.render_interval(url_path(url), stored)
+
+    def route_cadence(self, url: str) -> int:
+        """What a row without a carried cadence is scored with: route > default (no stored read)."""
+        return self.router.render_interval(url_path(url), None)
+
+    # -------------------------------------------------------------------------------------- rules
+
+    def put(self, url: str, *, now: int, sitemap_url: str | None = None, render_interval: object = None,
+            next_render_time: object = None, node: str | None = None) -> tuple[Target, list[ScheduleRow]]:
+        """(Re)activation: a fresh row (suppression and strikes cleared) and one schedule row per device,
+        due at ``next_render_time`` when it is a positive number, else jittered over the cadence."""
+        stored = positive(render_interval)
+        target = Target(url=url, sitemap_url=sitemap_url or None, scheduler_node=node,
+                        render_interval=int(stored) if stored else None)
+        cadence = self.cadence(url, target.render_interval)
+        explicit = positive(next_render_time)
+        rows = []
+        for key in self.keys_of(url):
+            due = int(explicit) if explicit else initial_render_time(
+                key, cadence, now, default_interval=self.cfg.render.default_interval, delimiter=self.keys.delimiter)
+            rows.append(ScheduleRow(key, due, target.sitemap_url is not None, cadence))
+        return target, rows
+
+    def restore_row(self, target: Target, key: str, now: int) -> ScheduleRow:
+        """Reconcile: a missing row comes back jittered (a mass repair must not be a herd)."""
+        cadence = self.cadence(target.url, target.render_interval)
+        due = initial_render_time(key, cadence, now, default_interval=self.cfg.render.default_interval,
+                                  delimiter=self.keys.delimiter)
+        return ScheduleRow(key, due, target.sitemap_url is not None, cadence)
+
+    def due_now(self, target: Target | None, key: str, now: int, *, carry_cadence: bool = True) -> ScheduleRow:
+        """Admin revalidate and render-now: one key due this minute."""
+        if target is None:
+            return ScheduleRow(key, minute(now), False, None)
+        interval = self.cadence(target.url, target.render_interval) if carry_cadence else None
+        return ScheduleRow(key, minute(now), target.sitemap_url is not None, interval)
+
+    def revalidate(self, target: Target, now: int) -> list[ScheduleRow]:
+        """Bulk revalidate: every device due now, cadence left to config (filed as absent)."""
+        return [ScheduleRow(k, minute(now), target.sitemap_url is not None, None) for k in self.keys_of(target.url)]
+
+    def suppress(self, existing: Target | None, url: str, *, reason: str | None, status_code: int | None,
+                 now: int) -> Suppression:
+        """A non-indexable verdict: recheck later, or delete after too many strikes in a row.
+
+        ``http-error`` with 404/410 is *gone*: a longer recheck and fewer strikes. Strikes are one
+        counter shared with failures and redirects."""
+        s = self.cfg.render.suppression
+        gone = reason == "http-error" and status_code in (404, 410)
+        recheck, max_strikes = (s.gone.recheck_interval, s.gone.max_strikes) if gone else (
+            s.recheck_interval, s.max_strikes)
+        strikes = counted_strikes(existing.strikes if existing else 0) + 1
+        if existing is not None and strikes >= max_strikes:
+            return Suppression(None, [], deleted=True)
+        base = existing or Target(url=url)
+        target = Target(url=url, sitemap_url=base.sitemap_url, scheduler_node=base.scheduler_node,
+                        render_interval=base.render_interval, state=SUPPRESSED,
+                        suppressed_reason="http-gone" if gone else (reason or None), suppressed_at=now,
+                        strikes=strikes)
+        cadence = self.cadence(url, target.render_interval)
+        rows = [ScheduleRow(k, minute(now) + recheck, target.sitemap_url is not None, cadence)
+                for k in self.keys_of(url)]
+        return Suppression(target, rows)
+
+    def reactivated(self, target: Target) -> Target:
+        return target.patched(state=None, suppressed_reason=None, suppressed_at=None, strikes=0)

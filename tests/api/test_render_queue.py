@@ -1,0 +1,268 @@
+"""The render fleet's protocol through real HTTP, real actors and real RocksDB (queue-core.md §10)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import gzip
+import json
+import time
+
+import httpx
+import pytest
+
+from prerender_ray.timeutil import MINUTE_MS, minute
+from tests.support import (
+    claim,
+    claim_until,
+    deploy_on,
+    post_result,
+    put_target,
+    result_body,
+    schedule,
+    wait_for,
+)
+
+DAY = 86_400_000
+
+
+@pytest.fixture(scope="module")
+def node(ray_cluster, tmp_path_factory):
+    d = deploy_on(ray_cluster, tmp_path_factory.mktemp("rq") / "data", {
+        "ingress": {"routes": [{"match": "prefix", "path": "/hourly/", "renderInterval": 6 * 3600_000}]},
+        "server": {"maxBodyBytes": 2 * 1024 * 1024},
+    })
+    yield d
+    d.stop()
+
+
+def due_now(base: str, url: str, **kw: object) -> list[str]:
+    return put_target(base, url, nextRenderTime=1, **kw)["cacheKeys"]
+
+
+def take(base: str, keys: list[str], timeout: float = 15) -> dict[str, dict]:
+    """Claim until every key in ``keys`` was granted; other jobs are returned too."""
+    got: dict[str, dict] = {}
+
+    def step() -> bool:
+        for job in claim(base, 25):
+            got[job["id"]] = job
+        return all(k in got for k in keys)
+
+    wait_for(step, timeout=timeout, interval=0.3, what=f"grants of {keys}")
+    return got
+
+
+def test_a_claim_is_a_bare_array_of_jobs_with_the_wire_fields(node) -> None:
+    keys = due_now(node.url, "https://shop.example/wire/")
+    jobs = take(node.url, keys)
+    job = jobs[keys[0]]
+    assert set(job) == {"id", "url", "deviceType", "expiresAt", "callbackOrigin", "isFromSitemap"}
+    assert job["url"] == "https://shop.example/wire" and job["deviceType"] == "desktop"
+    assert job["callbackOrigin"] == node.url
+    assert job["isFromSitemap"] is False
+    # expiresAt = grant time + jobLeaseTime, unfloored, and far more than the fleet's 30 s skip
+    assert abs(job["expiresAt"] - (time.time() * 1000 + 600_000)) < 30_000
+    for key in keys:
+        assert post_result(jobs[key]).status_code == 204
+
+
+def test_a_leased_key_is_never_granted_again_while_its_lease_lives(node) -> None:
+    keys = due_now(node.url, "https://shop.example/once")
+    jobs = take(node.url, keys)
+    time.sleep(1.2)  # a fresh publish: the leased keys must stay out of it
+    again = claim(node.url, 25) + claim(node.url, 25)
+    assert not {j["id"] for j in again} & set(keys)
+    for key in keys:
+        assert post_result(jobs[key]).status_code == 204
+
+
+def test_a_rendered_result_stores_the_page_and_reschedules_at_the_route_cadence(node) -> None:
+    keys = due_now(node.url, "https://shop.example/hourly/p1")
+    jobs = take(node.url, keys)
+    before = time.time() * 1000
+    r = post_result(jobs[keys[0]], html=b"<html>ok</html>")
+    assert r.status_code == 204 and r.content == b""
+    row = schedule(node.url, keys[0])
+    # completion-relative: minute(now) + the route's 6 h, not the stored or default cadence
+    assert row["nextRenderTime"] in (minute(before) + 6 * 3600_000, minute(before) + MINUTE_MS + 6 * 3600_000)
+    assert row["effectiveInterval"] == 6 * 3600_000 and row["leased"] is False
+    assert post_result(jobs[keys[1]]).status_code == 204
+
+
+def test_claim_limits_are_clamped_and_junk_is_a_400(node) -> None:
+    for n in range(30):
+        due_now(node.url, f"https://shop.example/bulk/{n}")
+    assert len(claim_until(node.url, 1, limit=0)) >= 1  # 0 -> 1
+    time.sleep(1.1)
+    assert len(claim(node.url, 100)) <= 25  # clamped to queue.maxClaimLimit
+    bad = httpx.post(f"{node.url}/render_queue/claim", json={"limit": "abc"})
+    assert bad.status_code == 400 and "limit" in bad.json()["error"]
+    assert httpx.post(f"{node.url}/render_queue/claim", content=b"{not json").status_code == 400
+    assert httpx.post(f"{node.url}/render_queue/claim", content=b"").status_code == 200  # default 20
+
+
+@pytest.mark.parametrize("size, body, expected", [
+    (None, b'{"id":"x"}', "x-metadata-size must be a positive integer"),
+    ("0", b'{"id":"x"}', "x-metadata-size must be a positive integer"),
+    ("-3", b'{"id":"x"}', "x-metadata-size must be a positive integer"),
+    ("ten", b'{"id":"x"}', "x-metadata-size must be a positive integer"),
+    ("999", b'{"id":"x"}', "x-metadata-size must be a positive integer"),
+    ("5", b'{"id":"x"}', "metadata is not valid JSON"),
+    ("2", b'[]', "metadata must be a JSON object"),
+    ("2", b'{}', "metadata.id"),
+])
+def test_malformed_results_are_400_with_a_json_error(node, size, body, expected) -> None:
+    headers = {} if size is None else {"x-metadata-size": size}
+    r = httpx.post(f"{node.url}/render_queue/job_result", content=body, headers=headers)
+    assert r.status_code == 400
+    assert expected in r.json()["error"]
+
+
+def test_a_result_for_an_id_never_granted_is_refused_and_changes_nothing(node) -> None:
+    keys = due_now(node.url, "https://shop.example/never-granted")
+    job = {"id": keys[0], "url": "https://shop.example/never-granted", "callbackOrigin": node.url}
+    r = post_result(job)
+    assert r.status_code == 409 and "no lease" in r.json()["error"]
+    assert schedule(node.url, keys[0])["nextRenderTime"] == 1  # untouched
+
+
+def test_unknown_outcomes_wrong_encodings_and_huge_bodies_are_refused(node) -> None:
+    keys = due_now(node.url, "https://shop.example/bad-results")
+    jobs = take(node.url, keys)
+    job = jobs[keys[0]]
+    r = post_result(job, outcome="exploded")
+    assert r.status_code == 400 and "unknown outcome" in r.json()["error"]
+    body, headers = result_body(job)
+    meta_len = int(headers["x-metadata-size"])
+    lie = body[:meta_len] + b"<html>not gzip</html>"
+    r = httpx.post(f"{node.url}/render_queue/job_result", content=lie, headers=headers)
+    assert r.status_code == 400 and "not gzip-encoded" in r.json()["error"]
+    huge = post_result(job, html=b"x" * (3 * 1024 * 1024), encoding="identity")
+    assert huge.status_code == 413
+    # none of that moved the row or released the lease
+    row = schedule(node.url, keys[0])
+    assert row["nextRenderTime"] == 1 and row["leased"] is True
+    for key in keys:
+        assert post_result(jobs[key]).status_code == 204
+
+
+def test_an_error_result_holds_the_lease_and_leaves_the_row_overdue(node) -> None:
+    keys = due_now(node.url, "https://shop.example/crashes")
+    jobs = take(node.url, keys)
+    r = post_result(jobs[keys[0]], outcome="error", status=None, html=None,
+                    error={"name": "TimeoutError", "message": "settle", "phase": "navigation"})
+    assert r.status_code == 204
+    row = schedule(node.url, keys[0])
+    assert row["nextRenderTime"] == 1 and row["leased"] is True  # fast lane: retried at lease expiry
+    time.sleep(1.2)
+    assert keys[0] not in {j["id"] for j in claim(node.url, 25)}
+    assert post_result(jobs[keys[1]]).status_code == 204
+
+
+def test_a_noindex_verdict_suppresses_the_target_for_every_device(node) -> None:
+    url = "https://shop.example/noindex"
+    keys = due_now(node.url, url)
+    jobs = take(node.url, keys)
+    assert post_result(jobs[keys[0]]).status_code == 204  # a page exists first
+    r = post_result(jobs[keys[1]], outcome="non-indexable", reason="noindex", html=None, isIndexable=False)
+    assert r.status_code == 204
+    target = httpx.get(f"{node.url}/render_targets", params={"url": url}).json()
+    assert target["state"] == "suppressed" and target["suppressedReason"] == "noindex" and target["strikes"] == 1
+    now = time.time() * 1000
+    for key in keys:  # every device rechecks in 7 days, filed at its cadence
+        row = schedule(node.url, key)
+        assert 7 * DAY - 2 * MINUTE_MS < row["nextRenderTime"] - now <= 7 * DAY
+        assert row["effectiveInterval"] == DAY
+
+
+def test_a_permanent_redirect_retires_the_source_and_adopts_the_destination(node) -> None:
+    src, dst = "https://shop.example/old-page", "https://shop.example/new-page"
+    keys = due_now(node.url, src)
+    jobs = take(node.url, keys)
+    r = post_result(jobs[keys[0]], outcome="redirected", status=301, html=None, reason="redirect",
+                    redirectedTo=dst + "?utm_source=x")
+    assert r.status_code == 204
+    assert httpx.get(f"{node.url}/render_targets", params={"url": src}).status_code == 404
+    assert schedule(node.url, keys[0]) is None and schedule(node.url, keys[1]) is None
+    assert httpx.get(f"{node.url}/render_targets", params={"url": dst}).status_code == 200
+    adopted = schedule(node.url, f"{dst}|desktop")
+    assert adopted["nextRenderTime"] <= time.time() * 1000  # due now
+
+
+def test_concurrent_claimers_never_get_the_same_key_twice(node) -> None:
+    urls = [f"https://shop.example/race/{i}" for i in range(60)]
+    for u in urls:
+        due_now(node.url, u)
+    time.sleep(1.2)
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        batches = list(pool.map(lambda _: claim(node.url, 20), range(16)))
+    ids = [j["id"] for batch in batches for j in batch]
+    assert len(ids) == len(set(ids))
+    assert len(ids) >= 60  # 120 keys were due; 16 x 20 could take them all
+
+
+def test_pause_and_resume_are_node_scoped_and_a_paused_node_answers_an_empty_array(node) -> None:
+    due_now(node.url, "https://shop.example/paused")
+    r = httpx.post(f"{node.url}/render_queue/pause")
+    assert r.status_code == 200 and r.json()["local"]["status"] == "paused"
+    time.sleep(1.2)
+    assert claim(node.url, 25) == []
+    status = {s["node"]: s for s in httpx.get(f"{node.url}/queue_status").json()}
+    assert status["node-a"]["status"] == "paused"
+    assert httpx.get(f"{node.url}/queue_control").json()[0]["paused"] is True
+    r = httpx.post(f"{node.url}/render_queue/resume")
+    assert r.json()["inherited"] is True and r.json()["local"]["status"] != "paused"
+    assert claim_until(node.url, 1)
+
+
+def test_queue_state_counts_are_exact_and_the_schedule_leaf_answers(node) -> None:
+    doc = httpx.get(f"{node.url}/prerender_admin/queue-state")
+    assert doc.status_code == 200
+    body = doc.json()
+    assert body["trust"]["live"] is True and body["trust"]["exact"] is True
+    assert body["now"]["due"] == body["now"]["dueSitemap"] + body["now"]["dueDiscovered"]
+    assert set(body["coming"]) >= {"next15m", "next60m", "next24h", "byHour"}
+    assert body["flow"]["granted"]["lastHour"] > 0
+    bad = httpx.post(f"{node.url}/prerender_admin/schedule", json={"cacheKey": ""})
+    assert bad.status_code == 400
+
+
+def test_targets_reject_bad_urls_and_non_prerender_paths(node) -> None:
+    for url in ("not a url", "/relative", "ftp://x.example/a", ""):
+        r = httpx.put(f"{node.url}/render_targets", json={"url": url})
+        assert r.status_code == 400, url
+    r = httpx.put(f"{node.url}/render_targets", json={"url": "https://shop.example/search/q"})
+    assert r.status_code == 400 and "not in a prerender route" in r.json()["error"]
+    r = httpx.put(f"{node.url}/render_targets", json={"url": "https://shop.example/x", "renderInterval": -5})
+    assert r.status_code == 400
+    assert httpx.get(f"{node.url}/render_targets", params={"url": "https://shop.example/none"}).status_code == 404
+
+
+def test_revalidate_makes_every_device_due_now(node) -> None:
+    url = "https://shop.example/reval"
+    keys = put_target(node.url, url, nextRenderTime=int(time.time() * 1000) + DAY)["cacheKeys"]
+    r = httpx.post(f"{node.url}/render_targets", json={"action": "revalidate", "urls": [url]})
+    assert r.status_code == 200 and r.json() == {"revalidating": 2, "examined": 1}
+    for key in keys:
+        row = schedule(node.url, key)
+        assert row["nextRenderTime"] <= time.time() * 1000 and row["effectiveInterval"] is None
+    take(node.url, keys)
+
+
+def test_gzip_bodies_are_stored_as_posted(node) -> None:
+    keys = due_now(node.url, "https://shop.example/stored")
+    jobs = take(node.url, keys)
+    html = b"<html><body>" + b"x" * 5000 + b"</body></html>"
+    assert post_result(jobs[keys[0]], html=html).status_code == 204
+    import ray
+
+    from prerender_ray.actors.common import lookup
+    from prerender_ray.pages import Page
+
+    [raw] = ray.get(lookup("store", "node-a").get_pages.remote([keys[0]]))
+    page = Page.decode(raw)
+    assert gzip.decompress(page.content) == html
+    assert page.headers["content-encoding"] == "gzip" and page.headers["x-harper-rendered"] == "1"
+    assert page.is_indexable is None and page.status_code == 200
+    assert json.loads(json.dumps(page.headers))["content-type"].startswith("text/html")
+    assert post_result(jobs[keys[1]]).status_code == 204
