@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 
 import ray
 
@@ -136,7 +137,8 @@ class LeaseTable:
     async def status(self) -> dict:
         now = now_ms()
         oldest = self.table.oldest(now)
-        return {"live": True, "inFlight": self.table.occupancy(now), "capacity": self.table.max_leases,
+        return {"live": True, "pid": os.getpid(), "inFlight": self.table.occupancy(now),
+                "capacity": self.table.max_leases,
                 "oldest": {"key": oldest.key, "expiresAt": oldest.expires_at, "dueAt": oldest.due} if oldest else None}
 
     # ---------------------------------------------------------------------------------- sweeping

@@ -7,6 +7,7 @@ indexes (targets by sitemap) are maintained here, on every write, local or repli
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable
 
@@ -120,7 +121,8 @@ class NodeStore:
         return {"targets": targets, "pages": self.pages.estimate_keys()}
 
     async def status(self) -> dict:
-        return {"live": True, "pages": self.pages.estimate_keys(), "registry": self.registry.estimate_keys()}
+        return {"live": True, "pid": os.getpid(), "pages": self.pages.estimate_keys(),
+                "registry": self.registry.estimate_keys()}
 
     async def close(self) -> None:
         for db in (self.pages, self.registry):

@@ -1,0 +1,86 @@
+"""Crash safety of the queue: restarts of the keeper, of the lease table and of the whole node lose
+no row and never grant an in-flight key twice."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import ray
+
+from prerender_ray.actors.common import lookup
+from tests.support import claim, deploy_on, get, post_result, put_target, schedule, wait_for
+
+
+def _pid(kind: str) -> int | None:
+    try:
+        return ray.get(lookup(kind, "node-a").status.remote(), timeout=2).get("pid")
+    except Exception:
+        return None
+
+
+def restart(kind: str, base: str) -> None:
+    """Kill the actor (Ray restarts it) and wait until the node is ready again."""
+    handle = lookup(kind, "node-a")
+    before = _pid(kind)
+    ray.kill(handle, no_restart=False)
+    wait_for(lambda: _pid(kind) not in (None, before), timeout=60, what=f"a new {kind} process")
+    wait_for(lambda: get(f"{base}/readyz").status_code == 200, timeout=60, what="readiness")
+
+
+def claim_all(base: str) -> set[str]:
+    """Everything grantable now (two publishes apart, so nothing is missed)."""
+    ids: set[str] = set()
+    for _ in range(3):
+        for _ in range(4):
+            ids |= {j["id"] for j in claim(base, 25)}
+        time.sleep(1.1)
+    return ids
+
+
+@pytest.fixture(scope="module")
+def node(ray_cluster, tmp_path_factory):
+    d = deploy_on(ray_cluster, tmp_path_factory.mktemp("crash") / "data")
+    yield d
+    d.stop()
+
+
+def test_restarts_lose_no_row_and_never_regrant_work_in_flight(node) -> None:
+    urls = [f"https://crash.example/p/{i}" for i in range(15)]
+    keys = [k for u in urls for k in put_target(node.url, u, nextRenderTime=1)["cacheKeys"]]
+    in_flight: dict[str, dict] = {}
+    wait_for(lambda: in_flight.update({j["id"]: j for j in claim(node.url, 10)}) or len(in_flight) >= 10,
+             what="ten grants")
+    granted = set(in_flight)
+
+    restart("keeper", node.url)
+    assert all(schedule(node.url, k) is not None for k in keys)  # no row lost
+    second = claim_all(node.url)
+    assert not second & granted  # leases live in the lease table, not the keeper
+    assert second == set(keys) - granted
+
+    restart("leases", node.url)
+    assert not claim_all(node.url) & (granted | second)  # persisted: nothing re-granted
+
+    for job in list(in_flight.values())[:3]:  # late results of the first grants are still accepted
+        assert post_result(job).status_code == 204
+        assert schedule(node.url, job["id"])["nextRenderTime"] > time.time() * 1000
+
+
+def test_a_whole_node_restart_keeps_rows_and_leases(ray_cluster, tmp_path) -> None:
+    data = tmp_path / "data"
+    d = deploy_on(ray_cluster, data)
+    try:
+        keys = put_target(d.url, "https://crash.example/node-restart", nextRenderTime=1)["cacheKeys"]
+        got: dict[str, dict] = {}
+        wait_for(lambda: got.update({j["id"]: j for j in claim(d.url, 25)}) or set(keys) <= set(got),
+                 what="both devices granted")
+    finally:
+        d.stop()
+    d = deploy_on(ray_cluster, data)
+    try:
+        assert all(schedule(d.url, k)["nextRenderTime"] == 1 for k in keys)
+        assert not claim_all(d.url) & set(keys)
+        assert post_result(got[keys[0]]).status_code == 204
+    finally:
+        d.stop()

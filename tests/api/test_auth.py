@@ -1,0 +1,67 @@
+"""Roles over real HTTP: fleet, viewer, admin, anonymous (with users configured, loopback is not trusted)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from prerender_ray.auth import hash_password
+from tests.support import deploy_on
+
+USERS = {"ops": ("admin", "ops-pass"), "watcher": ("viewer", "watch-pass"), "renderer": ("fleet", "fleet-pass")}
+
+
+@pytest.fixture(scope="module")
+def node(ray_cluster, tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("RENDERER_PASSWORD", USERS["renderer"][1])
+    users = [
+        {"name": "ops", "roles": ["admin"], "passwordHash": hash_password(USERS["ops"][1], iterations=1000)},
+        {"name": "watcher", "roles": ["viewer"], "passwordEnv": "WATCHER_PASSWORD"},
+        {"name": "renderer", "roles": ["fleet"], "passwordEnv": "RENDERER_PASSWORD"},
+    ]
+    mp.setenv("WATCHER_PASSWORD", USERS["watcher"][1])
+    d = deploy_on(ray_cluster, tmp_path_factory.mktemp("auth") / "data", {"auth": {"users": users}})
+    mp.undo()
+    yield d
+    d.stop()
+
+
+def as_user(name: str | None, password: str | None = None) -> dict:
+    if name is None:
+        return {}
+    return {"auth": (name, password if password is not None else USERS[name][1])}
+
+
+ROUTES = [  # method, path, json, the roles that may
+    ("POST", "/render_queue/claim", {"limit": 1}, {"fleet", "admin"}),
+    ("POST", "/render_queue/pause", None, {"fleet", "admin"}),
+    ("GET", "/queue_status", None, {"fleet", "viewer", "admin"}),
+    ("GET", "/prerender_admin/queue-state", None, {"viewer", "admin"}),
+    ("PUT", "/render_targets", {"url": "https://auth.example/a"}, {"admin"}),
+    ("GET", "/render_targets?url=https://auth.example/a", None, {"viewer", "admin"}),
+]
+
+
+@pytest.mark.parametrize("who", ["ops", "watcher", "renderer", None])
+def test_every_route_checks_the_callers_role(node, who) -> None:
+    role = USERS[who][0] if who else None
+    for method, path, body, allowed in ROUTES:
+        r = httpx.request(method, node.url + path, json=body, timeout=15, **as_user(who))
+        if role is None:
+            assert r.status_code == 401, (path, r.text)
+            assert r.json()["authenticated"] is False
+            assert r.headers["www-authenticate"].startswith("Basic")
+        elif role in allowed:
+            assert r.status_code in (200, 404), (who, path, r.text)
+        else:
+            assert r.status_code == 403, (who, path, r.text)
+            assert r.json()["authenticated"] is True
+    httpx.post(node.url + "/render_queue/resume", **as_user("ops"))
+
+
+def test_a_wrong_password_or_garbage_credentials_are_401(node) -> None:
+    assert httpx.post(node.url + "/render_queue/claim", json={}, **as_user("renderer", "nope")).status_code == 401
+    r = httpx.post(node.url + "/render_queue/claim", json={}, headers={"authorization": "Basic !!!"})
+    assert r.status_code == 401
+    assert httpx.get(node.url + "/healthz").status_code == 200  # probes stay open
