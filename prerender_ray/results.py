@@ -102,7 +102,7 @@ def _domain_ok(url: str | None, domains: list[str]) -> bool:
         host = url_host(canonicalize_url(url, ["*"]))
     except UrlError:
         return False
-    return host.split(":")[0] in domains
+    return host in domains  # url_host has no port already (and keeps an IPv6 literal whole)
 
 
 def resolve_outcome(r: Result, indexable: bool | None) -> str:
@@ -149,8 +149,9 @@ class Planner:
             if outcome == "rendered":
                 if landed == "prerender":
                     plan = self._rendered(r, dest, dest_target, indexable, now, discard=False)
-                    if target is not None:  # the source retires: its rows and pages go with it
-                        plan.targets.update(self._delete_target(target, r.id))
+                    # The source retires, its rows and pages with it; with no target too (a render-now
+                    # one-off), or its row would stay due and be re-granted after every result.
+                    plan.targets.update(self._delete_target(target, r.id))
                     plan.refile_key = dest
                     plan.detail = "refiled"
                     return plan
@@ -167,8 +168,8 @@ class Planner:
             if status in (408, 429) or (status is not None and status >= 500):
                 return self._failure(r.id, target, now, "transient")
             return self._suppress_source(r, target, now)
-        if outcome == "redirected":  # a redirect that canonicalizes to the same key: re-render at cadence
-            return self._redirect_strike(r.id, target, now)
+        # Anything else failed, a "redirected" that canonicalizes to the same key included: it is not a
+        # redirect, so it never costs a redirect strike (which retires the target at maxStrikes).
         return self._failure(r.id, target, now, "failed")
 
     # ---------------------------------------------------------------------------------- branches
@@ -240,8 +241,7 @@ class Planner:
         dest_url = self.rules.url_of(dest)
         if inspected_non_indexable:
             plan = Plan("redirect", detail="to-non-indexable")
-            if target is not None:
-                plan.targets.update(self._delete_target(target, r.id))
+            plan.targets.update(self._delete_target(target, r.id))
             if _domain_ok(dest_url, self.cfg.domains):
                 plan.suppress_dest = (dest_url, r.reason, status)
             return plan
@@ -249,8 +249,7 @@ class Planner:
             return self._redirect_strike(r.id, target, now)
         plan = Plan("redirect", detail="permanent")
         interval = positive(target.render_interval) if target else None
-        if target is not None:
-            plan.targets.update(self._delete_target(target, r.id))
+        plan.targets.update(self._delete_target(target, r.id))
         if dest_target is None and _domain_ok(dest_url, self.cfg.domains):
             plan.adopt = (dest_url, minute(now), int(interval) if interval else None)
         return plan

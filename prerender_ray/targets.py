@@ -17,6 +17,8 @@ from .schedule import ScheduleRow, counted_strikes
 from .timeutil import initial_render_time, minute, positive
 from .urls import url_path
 
+_NO_DELIMITER = "\n"  # never in a canonical URL (escaped), so the whole URL seeds the jitter
+
 
 @dataclass
 class Suppression:
@@ -86,19 +88,23 @@ class Rules:
                         render_interval=int(stored) if stored else None)
         cadence = self.cadence(url, target.render_interval)
         explicit = positive(next_render_time)
-        rows = []
-        for key in self.keys_of(url):
-            due = int(explicit) if explicit else initial_render_time(
-                key, cadence, now, default_interval=self.cfg.render.default_interval, delimiter=self.keys.delimiter)
-            rows.append(ScheduleRow(key, due, target.sitemap_url is not None, cadence))
+        due = int(explicit) if explicit else self._jittered(url, cadence, now)
+        rows = [ScheduleRow(key, due, target.sitemap_url is not None, cadence) for key in self.keys_of(url)]
         return target, rows
 
     def restore_row(self, target: Target, key: str, now: int) -> ScheduleRow:
         """Reconcile: a missing row comes back jittered (a mass repair must not be a herd)."""
         cadence = self.cadence(target.url, target.render_interval)
-        due = initial_render_time(key, cadence, now, default_interval=self.cfg.render.default_interval,
-                                  delimiter=self.keys.delimiter)
+        due = self._jittered(target.url, cadence, now)
         return ScheduleRow(key, due, target.sitemap_url is not None, cadence)
+
+    def _jittered(self, url: str, cadence: int, now: int) -> int:
+        """The first render of every device of ``url``, seeded by the URL itself. With the default key
+        shape (url first, ``|``) this is the reference's "text before the first delimiter" of the key;
+        seeding by the key would put every URL on one minute when the device comes first in the key
+        (seed ``desktop``) or the delimiter occurs in URLs (``::`` in ``https://[::1]/``)."""
+        return initial_render_time(url, cadence, now, default_interval=self.cfg.render.default_interval,
+                                   delimiter=_NO_DELIMITER)
 
     def due_now(self, target: Target | None, key: str, now: int, *, carry_cadence: bool = True) -> ScheduleRow:
         """Admin revalidate and render-now: one key due this minute."""
