@@ -17,8 +17,13 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# `make run` also starts a render worker next to the node when Chromium is installed (WORKER=0: don't).
+CHROMIUM := $(shell test -x /usr/bin/chromium && echo /usr/bin/chromium || command -v chromium 2>/dev/null)
+WORKER ?= 1
+WITH_WORKER := $(if $(and $(CHROMIUM),$(filter-out 0,$(WORKER))),--with-worker,)
+
 run: $(STAMP)
-	$(BIN)/prerender-ray up $(ARGS)
+	$(BIN)/prerender-ray up $(WITH_WORKER) $(ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -99,9 +99,20 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"{node['name']}: {node['url']}  (bots: {node['url']}{cfg.ingress.bot_path_prefix}<url>)")
     print("ready", flush=True)
     if args.detach:
+        if args.with_worker:
+            _err("--with-worker needs the foreground; start `prerender-ray render --queue URL` yourself")
         return EXIT_OK
+    worker = None
+    if args.with_worker:
+        from prerender_ray.worker.supervise import start_worker
+
+        worker = start_worker(cfg, status["nodes"][0]["url"])
     _wait_for_signal()
     print("stopping ...", flush=True)
+    if worker is not None:
+        from prerender_ray.worker.supervise import stop_worker
+
+        stop_worker(worker)
     _teardown(record, data_dir)
     return EXIT_OK
 
@@ -230,6 +241,15 @@ def _prompt() -> str:
     return getpass.getpass("password: ")
 
 
+# ---------------------------------------------------------------------------------------- render
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from prerender_ray.worker.main import main as render_main
+
+    return render_main(args)
+
+
 # ------------------------------------------------------------------------------------------ main
 
 
@@ -247,6 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
     where(up)
     up.add_argument("--detach", action="store_true", help="return once every node is ready")
     up.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for readiness")
+    up.add_argument("--with-worker", action="store_true",
+                    help="also run a render worker (Chromium) against this node, stopped with it")
     up.set_defaults(func=cmd_up)
 
     st = sub.add_parser("status", help="per-node health; exit 1 when a node is unhealthy")
@@ -268,6 +290,12 @@ def build_parser() -> argparse.ArgumentParser:
     dfl.set_defaults(func=cmd_config_defaults)
     hp = csub.add_parser("hash-password", help="hash a password (read from stdin) for auth.users[].passwordHash")
     hp.set_defaults(func=cmd_hash_password)
+
+    from prerender_ray.worker.options import add_arguments as render_arguments
+
+    rn = sub.add_parser("render", help="run a render worker: claim jobs, render them in Chromium, post the HTML")
+    render_arguments(rn)
+    rn.set_defaults(func=cmd_render)
     return p
 
 

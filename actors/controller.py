@@ -20,6 +20,7 @@ from .common import DeadlineExceeded, call, placement
 from .ingress import IngressReplica
 from .keeper import QueueKeeper
 from .leasetable import LeaseTable
+from .sitemapper import SitemapWalker
 from .store import NodeStore
 
 WATCH_INTERVAL_S = 2.0
@@ -33,6 +34,7 @@ class Placement:
     store: Any = None
     leases: Any = None
     keeper: Any = None
+    sitemapper: Any = None
     ingress: list[Any] = field(default_factory=list)
     error: str | None = None
     alive: bool = True
@@ -58,9 +60,13 @@ class Controller:
     # ------------------------------------------------------------------------------------ watching
 
     async def _watch(self) -> None:
+        passes = 0
         while not self.stopping:
+            passes += 1
             try:
                 await self.sync_nodes()
+                if passes % 10 == 0:  # restarted actors learn the membership within ~20 s
+                    await self._push_membership()
             except Exception as e:  # the loop must survive anything one pass throws
                 metrics.loop_errors.labels("controller").inc()
                 self.log.error("node watch failed", error=repr(e))
@@ -92,23 +98,26 @@ class Controller:
             for name, info in seen.items():
                 p = self.nodes.get(name)
                 if p is None or not p.alive or p.info.ray_node_id != info.ray_node_id:
-                    self.nodes[name] = self._place(info)
+                    self.nodes[name] = self._place(info, sorted(seen))
             names = [n for n, p in self.nodes.items() if p.alive]
             if self.ownership.update(names):
                 self.log.info("membership", nodes=list(self.ownership.names))
                 await self._push_membership()
 
-    def _place(self, info: NodeInfo) -> Placement:
-        """Create (or find, after a controller restart) the node's actors, pinned to it."""
+    def _place(self, info: NodeInfo, members: list[str]) -> Placement:
+        """Create (or find, after a controller restart) the node's actors, pinned to it. ``members``
+        (every alive node) lets a new node catch up from a peer and know what it owns from the start."""
         metrics.prepare_dir(node_dir(self.data_dir, info.name) / "metrics" / self.epoch)
         opts = lambda kind, i=None, **kw: placement(  # noqa: E731
             info.ray_node_id, actor_name(kind, info.name, i), data_dir=self.data_dir, node=info.name,
             epoch=self.epoch, **kw)
         p = Placement(info)
-        p.store = NodeStore.options(**opts("store")).remote(self.config, info.name, self.data_dir)
+        p.store = NodeStore.options(**opts("store")).remote(self.config, info.name, self.data_dir, members)
         p.leases = LeaseTable.options(**opts("leases")).remote(self.config, info.name, self.data_dir)
         p.keeper = QueueKeeper.options(**opts("keeper")).remote(self.config, dataclasses.asdict(info),
-                                                                 self.data_dir, p.leases, p.store)
+                                                                 self.data_dir, p.leases, p.store, members)
+        p.sitemapper = SitemapWalker.options(**opts("sitemapper")).remote(
+            self.config, dataclasses.asdict(info), self.data_dir, p.store, p.keeper)
         p.ingress = [
             IngressReplica.options(**opts("ingress", i)).remote(
                 self.config, dataclasses.asdict(info), i, self.data_dir, p.keeper, p.leases, p.store)
@@ -124,6 +133,8 @@ class Controller:
                 continue
             calls = [r.set_membership.remote(nodes) for r in p.ingress]
             calls.append(p.keeper.set_membership.remote([n["name"] for n in nodes]))
+            calls.append(p.store.set_membership.remote([n["name"] for n in nodes]))
+            calls.append(p.sitemapper.set_membership.remote([n["name"] for n in nodes]))
             for ref in calls:
                 try:
                     await call(ref, STATUS_DEADLINE_S)
@@ -150,7 +161,8 @@ class Controller:
             except Exception as e:
                 return {"live": False, "reason": f"unavailable: {type(e).__name__}"}
 
-        keeper, leases, store = await asyncio.gather(ask(p.keeper), ask(p.leases), ask(p.store))
+        keeper, leases, store, walker = await asyncio.gather(ask(p.keeper), ask(p.leases), ask(p.store),
+                                                             ask(p.sitemapper))
         replicas = await asyncio.gather(*(ask(r) for r in p.ingress))
         errors = [r["error"] for r in replicas if r.get("error")]
         up = sum(1 for r in replicas if r.get("up"))
@@ -162,6 +174,9 @@ class Controller:
             "leasesInFlight": leases.get("inFlight"),
             "ingressReplicas": {"up": up, "configured": len(replicas)},
             "queueStatus": keeper.get("queueStatus", "unready"),
+            # reported, not part of health: bots and the fleet are served without it
+            "sitemapWalker": {"live": bool(walker.get("live")), "running": len(walker.get("running") or []),
+                              "reason": walker.get("reason")},
             "errors": errors + [x["reason"] for x in (keeper, leases, store) if not x.get("live") and x.get("reason")],
             "healthy": healthy,
         }
@@ -172,23 +187,38 @@ class Controller:
     # -------------------------------------------------------------------------------------- stopping
 
     async def stop(self) -> dict:
-        """Stop every node's actors: ingress first (stop accepting), then keeper, leases, store."""
+        """Stop every node's actors: ingress first (stop accepting), then walker, keeper, leases, store."""
         async with self._lock:
             self.stopping = True
             self._task.cancel()
             stopped = []
             for p in self.nodes.values():
                 await asyncio.gather(*(self._quiet(r.stop.remote(), 15) for r in p.ingress))
-                for handle in (p.keeper, p.leases, p.store):
+                for handle in (p.sitemapper, p.keeper, p.leases, p.store):
                     await self._quiet(handle.close.remote(), 10)
-                for handle in [*p.ingress, p.keeper, p.leases, p.store]:
+                handles = [*p.ingress, p.sitemapper, p.keeper, p.leases, p.store]
+                for handle in handles:
                     try:
                         ray.kill(handle, no_restart=True)
                     except Exception:
                         pass
+                # ray.kill returns at once: wait until the processes are gone (their port and their
+                # RocksDB locks free), so a deployment started right after finds them free.
+                await asyncio.gather(*(self._gone(h) for h in handles))
                 stopped.append(p.info.name)
             self.nodes.clear()
             return {"stopped": stopped}
+
+    async def _gone(self, handle: Any, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                await asyncio.wait_for(handle.__ray_ready__.remote(), 2)
+            except ray.exceptions.RayActorError:
+                return
+            except Exception:
+                pass
+            await asyncio.sleep(0.2)
 
     async def _quiet(self, ref: Any, timeout: float) -> None:
         try:

@@ -57,6 +57,9 @@ def actor_config(cfg: Any, data_dir: Path) -> dict:
     data = cfg.model_dump()
     data["server"]["data_dir"] = str(data_dir)
     data["auth"]["users"] = resolve_password_hashes(cfg.auth)
+    # One session-signing secret for the whole deployment: every replica of every node gets it with
+    # the config, so a session made on one is honoured by all. Random unless the operator set one.
+    data["auth"]["session_secret"] = cfg.auth.session_secret or secrets.token_urlsafe(32)
     return data
 
 
@@ -261,7 +264,7 @@ def place_controller(config: dict, data_dir: Path, epoch: str) -> Any:
                               max_restarts=-1, max_concurrency=100).remote(config, str(data_dir), epoch)
 
 
-def controller_status(controller: Any, timeout: float = 15.0) -> dict:
+def controller_status(controller: Any, timeout: float = 45.0) -> dict:
     import ray
 
     try:

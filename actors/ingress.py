@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import errno
 import socket
+import time
 
 import ray
 import uvicorn
-from prerender_ray.api.app import create_app
+from prerender_ray.api.app import create_asgi
+from prerender_ray.api.bot import close_serving, open_serving
 from prerender_ray.api.context import NodeContext
 
 from prerender_ray import logs
@@ -21,6 +23,9 @@ from prerender_ray.config import Config
 from prerender_ray.configfile import findings
 from prerender_ray.nodes import NodeInfo
 from prerender_ray.routes import compile_routes
+
+
+PROBE_ATTEMPTS = 10
 
 
 def bind_socket(host: str, port: int, *, probe: bool) -> socket.socket:
@@ -64,17 +69,24 @@ class IngressReplica:
         self.ctx = NodeContext(cfg=cfg, node=info, data_dir=data_dir, keeper=keeper, leases=leases,
                                store=store, replica=index,
                                findings=_findings(cfg))
-        self.app = create_app(self.ctx)
+        self.app = create_asgi(self.ctx)  # the bot path in front of the FastAPI routers
+        # The bot path's page reader (a RocksDB secondary, caught up on a timer) and origin client.
+        open_serving(self.ctx)
         self.server: uvicorn.Server | None = None
         self.task: asyncio.Task | None = None
         # Only the first replica's first start probes; its siblings and its restarts share the port.
         probe = index == 0 and not ray.get_runtime_context().was_current_actor_reconstructed
-        try:
-            sock = bind_socket(cfg.server.host, info.port, probe=probe)
-        except OSError as e:
-            self.error = describe_bind_error(e, cfg.server.host, info.port)
-            self.log.error("ingress cannot start", error=self.error)
-            return
+        sock = None
+        for attempt in range(PROBE_ATTEMPTS):  # a previous deployment's replica may still be exiting
+            try:
+                sock = bind_socket(cfg.server.host, info.port, probe=probe)
+                break
+            except OSError as e:
+                if e.errno != errno.EADDRINUSE or attempt == PROBE_ATTEMPTS - 1:
+                    self.error = describe_bind_error(e, cfg.server.host, info.port)
+                    self.log.error("ingress cannot start", error=self.error)
+                    return
+                time.sleep(0.5)
         tls = cfg.server.tls
         self.server = uvicorn.Server(uvicorn.Config(
             self.app, loop="none", http="httptools", lifespan="on", log_level="warning", access_log=False,
@@ -89,9 +101,11 @@ class IngressReplica:
         return {"replica": self.index, "up": up, "error": self.error, "url": self.info.url}
 
     async def set_membership(self, nodes: list[dict]) -> None:
-        infos = [NodeInfo(**n) for n in nodes]
-        if self.ctx.ownership.update([n.name for n in infos]):
-            self.ctx.peers = {n.name: n for n in infos}
+        infos = {n.name: n for n in (NodeInfo(**d) for d in nodes)}
+        changed = self.ctx.ownership.update(list(infos))
+        if infos and (changed or infos != self.ctx.peers):
+            self.ctx.peers = infos  # a node that came back may have a new port and new actors
+            self.ctx.forget_remote()
 
     async def stop(self) -> None:
         """Stop accepting, finish in-flight requests (bounded by uvicorn's graceful timeout)."""
@@ -101,6 +115,7 @@ class IngressReplica:
                 await asyncio.wait_for(asyncio.shield(self.task), 10)
             except (asyncio.TimeoutError, Exception):
                 self.task.cancel()
+        await close_serving(self.ctx)
 
 
 def _findings(cfg: Config) -> list:

@@ -26,15 +26,21 @@ from prerender_ray.stores import SCHEDULE, Store, store_path
 from prerender_ray.targets import Rules
 from prerender_ray.timeutil import now_ms
 
+from .common import call
+from .keeper_handoff import KeeperHandoff
 from .keeper_ops import KeeperOps
+from .keeper_repair import KeeperRepair
 
 LOAD_CHUNK = 20_000
+STORE_SYNC_S = 300.0
+FREEZE_EVERY_S = 300.0
 HEAD_REPAIR = 64
 
 
 @ray.remote
-class QueueKeeper(KeeperOps):
-    def __init__(self, config: dict, node: dict, data_dir: str, leases: Any, store: Any):
+class QueueKeeper(KeeperOps, KeeperRepair, KeeperHandoff):
+    def __init__(self, config: dict, node: dict, data_dir: str, leases: Any, store: Any,
+                 members: list[str] = ()):
         cfg = Config.model_validate(config)
         self.info = NodeInfo(**node)
         logs.setup(self.info.name, level=cfg.logging.level, json_lines=cfg.logging.json_lines, process="keeper")
@@ -53,6 +59,7 @@ class QueueKeeper(KeeperOps):
         self.loaded_at: float | None = None
         self._now = 0
         self._publish_pending = False
+        self._frozen_at = time.monotonic()
         self.touched: set[str] | None = set()  # keys written while the load walk runs
         self.ready: list[str] = []
         self.cursor = 0
@@ -66,9 +73,12 @@ class QueueKeeper(KeeperOps):
         self.paused = False
         self.pause_source = "default"
         self.init_ops()
+        self.init_handoff()
+        self.ownership.update(list(members))
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._load()), loop.create_task(self._publisher()),
                        loop.create_task(self._status_syncer()), loop.create_task(self._verifier())]
+        self.init_repair()
 
     # ------------------------------------------------------------------------------------- rows
 
@@ -91,14 +101,14 @@ class QueueKeeper(KeeperOps):
             return
         self.db.write((r.cache_key.encode(), r.encode()) for r in rows)
         now = now_ms()
-        for r in rows:
-            self.ranking.upsert(r.cache_key, r.next_render_time, r.from_sitemap, r.effective_interval,
-                                self._route_of(r.cache_key))
-            if self.touched is not None:
-                self.touched.add(r.cache_key)
-            if r.next_render_time is not None and r.next_render_time <= now:
-                self.note_work()
-                self._publish_soon()
+        # upsert_many asks for the route once per URL (device variants arrive together)
+        self.ranking.upsert_many(((r.cache_key, r.next_render_time, r.from_sitemap, r.effective_interval)
+                                  for r in rows), self._route_of, delimiter=self.rules.keys.delimiter)
+        if self.touched is not None:
+            self.touched.update(r.cache_key for r in rows)
+        if any(r.next_render_time is not None and r.next_render_time <= now for r in rows):
+            self.note_work()
+            self._publish_soon()
         self.flow("rescheduled", len(rows))
 
     def _publish_soon(self) -> None:
@@ -136,8 +146,14 @@ class QueueKeeper(KeeperOps):
     async def _load(self) -> None:
         t0 = time.perf_counter()
         try:
+            # Replicated data first: a node that joins or restarts catches up from a peer.
+            sync = await call(self.store.wait_synced.remote(STORE_SYNC_S), STORE_SYNC_S + 10)
+            if sync.get("state") != "synced":
+                self.log.warning("loading before the store caught up", sync=sync)
+            await self.fetch_membership()
             await self._restore_mirror()
             chunk: list[tuple[str, Any, bool, Any]] = []
+            unowned = 0
             for k, v in self.db.items():
                 try:
                     r = ScheduleRow.decode(k, v)
@@ -146,7 +162,9 @@ class QueueKeeper(KeeperOps):
                     metrics.keeper_unreadable_rows.inc()
                     self.log.warning("unreadable schedule row skipped", error=str(e))
                     continue
-                if r.cache_key not in self.touched:  # a write during the load is newer than the walk
+                if not self.owns(r.cache_key):
+                    unowned += 1  # handed to its owner once live
+                elif r.cache_key not in self.touched:  # a write during the load is newer than the walk
                     chunk.append((r.cache_key, r.next_render_time, r.from_sitemap, r.effective_interval))
                 if len(chunk) >= LOAD_CHUNK:
                     self.ranking.upsert_many(chunk, self._route_of, delimiter=self.rules.keys.delimiter)
@@ -173,6 +191,8 @@ class QueueKeeper(KeeperOps):
                       unreadable=self.unreadable)
         self.publish()
         await self.sync_status()
+        if unowned:
+            self.kick_handoff()
 
     async def _restore_mirror(self) -> None:
         for _ in range(30):
@@ -237,6 +257,10 @@ class QueueKeeper(KeeperOps):
             try:
                 self.publish()
                 await self.refresh_status()
+                if time.monotonic() - self._frozen_at > FREEZE_EVERY_S:
+                    # rows added since the load (sitemaps, discovery): keep them out of full GC passes
+                    gc.freeze()
+                    self._frozen_at = time.monotonic()
             except Exception as e:
                 metrics.loop_errors.labels("keeper-publish").inc()
                 self.log.error("publish failed", error=repr(e))
@@ -273,8 +297,8 @@ class QueueKeeper(KeeperOps):
                     unreadable += 1
                     continue
                 seen.add(truth.cache_key)
-                if truth.cache_key in self.touched:
-                    continue
+                if truth.cache_key in self.touched or not self.owns(truth.cache_key):
+                    continue  # written during the walk, or waiting to be handed to its owner
                 mine = self.row(truth.cache_key)
                 if mine != truth:
                     if mine is None:

@@ -65,14 +65,6 @@ class KeeperOps:
         owner = self.ownership.owner(url)
         return None if owner == self.node else ray.get_actor(actor_name("keeper", owner), namespace=NAMESPACE)
 
-    async def set_membership(self, names: list[str]) -> dict:
-        """Adopt a new node list; drop rows this node no longer owns (their new owner rebuilds them)."""
-        if not self.ownership.update(names):
-            return {"changed": False}
-        gone = self.ranking.drop_where(lambda k: self.ownership.owner(self.rules.url_of(k)) != self.node)
-        self.log.info("membership", nodes=list(self.ownership.names), dropped=gone)
-        return {"changed": True, "dropped": gone}
-
     # --------------------------------------------------------------------------------- status
 
     def _due_exists(self, now: int) -> bool:
@@ -239,11 +231,14 @@ class KeeperOps:
 
     # --------------------------------------------------------------------------------- results
 
-    async def process_result(self, meta: dict, content: bytes | None) -> dict:
+    async def process_result(self, meta: dict, content: bytes | None, forwarded: bool = False) -> dict:
         """Apply one render result. Raises on failure: the lease is then held (released last)."""
         r = Result.parse(meta, content)
         now = now_ms()
         url = self.rules.url_of(r.id)
+        owner = None if forwarded else self._keeper_of(url)
+        if owner is not None:  # the sender's membership view lagged ours: the owner decides (one hop)
+            return await call(owner.process_result.remote(meta, content, True), STORE_DEADLINE_S * 3)
         dest = self.planner.destination(r)
         urls = [url] + ([self.rules.url_of(dest)] if dest else [])
         found = [Target.decode(u, b) if b else None for u, b in zip(urls, await self._store("get_targets", urls))]
@@ -317,8 +312,19 @@ class KeeperOps:
 
     # --------------------------------------------------------------------------------- targets
 
-    async def put_targets(self, items: list[dict]) -> dict:
-        """Put semantics for canonical URLs: (re)activate, one jittered row per device."""
+    async def put_targets(self, items: list[dict], forwarded: bool = False) -> dict:
+        """Put semantics for canonical URLs: (re)activate, one jittered row per device. Items this
+        node does not own (the caller's membership view lagged) go on to their owners."""
+        foreign: dict[str, list[dict]] = {}
+        if len(self.ownership.names) > 1 and not forwarded:
+            mine = []
+            for it in items:
+                owner = self.ownership.owner(it["url"])
+                (mine.append(it) if owner == self.node else foreign.setdefault(owner, []).append(it))
+            items = mine
+            for owner, group in foreign.items():
+                keeper = ray.get_actor(actor_name("keeper", owner), namespace=NAMESPACE)
+                await call(keeper.put_targets.remote(group, True), STORE_DEADLINE_S * 3)
         now = now_ms()
         registry, rows = [], []
         for it in items:
@@ -330,7 +336,7 @@ class KeeperOps:
         await self._store("apply", registry)
         self.write_rows(rows)
         self.flow("added", len(items))
-        return {"written": len(items)}
+        return {"written": len(items) + sum(len(g) for g in foreign.values())}
 
     async def patch_targets(self, items: list[tuple[str, dict]]) -> dict:
         """Merge fields into existing targets; never touches schedule rows (the render clock)."""

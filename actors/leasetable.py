@@ -126,6 +126,21 @@ class LeaseTable:
         return {"leaseExpiresAt": info.expires_at if info else None, "dueAt": info.due if info else None,
                 "heldUntil": held, "misses": self.table.misses_of(key)}
 
+    async def export_keys(self, keys: list[str]) -> list[tuple[str, list]]:
+        """The leases of keys that move to another node (their records travel with the rows)."""
+        self.table.occupancy(now_ms())  # retire what expired first
+        return [(k, rec) for k in keys if (rec := self.table.export(k)) is not None]
+
+    async def adopt(self, leases: list[tuple[str, list]]) -> int:
+        """Leases of rows handed to this node: no key in flight is granted twice across the move."""
+        now = now_ms()
+        taken = [k for k, rec in leases if self.table.adopt(k, rec, now)]
+        for k, rec in leases:
+            self.granted[k] = max(self.granted.get(k, 0), int(rec[0]))
+        self.db.write([self._record(k, now) for k in taken])
+        metrics.leases_in_flight.set(self.table.occupancy(now))
+        return len(taken)
+
     async def forget(self, keys: list[str]) -> None:
         """Rows handed to another node: their leases go with them (see ``adopt``)."""
         now = now_ms()

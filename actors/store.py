@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable
-
 import ray
 
 from prerender_ray import logs
@@ -19,12 +17,14 @@ from prerender_ray.registry import TARGET, TARGET_BY_SITEMAP, Target, by_sitemap
 from prerender_ray.replication import Clock, payload_of, unwrap, wrap
 from prerender_ray.stores import PAGES, REGISTRY, Store, store_path
 
+from .replica import Replica
+
 Op = tuple[bytes, bytes | None]  # (key, payload) ; payload None = delete
 
 
 @ray.remote
-class NodeStore:
-    def __init__(self, config: dict, node: str, data_dir: str):
+class NodeStore(Replica):
+    def __init__(self, config: dict, node: str, data_dir: str, peers: list[str] = ()):
         cfg = Config.model_validate(config)
         logs.setup(node, level=cfg.logging.level, json_lines=cfg.logging.json_lines, process="store")
         self.log = logs.get("store")
@@ -34,7 +34,9 @@ class NodeStore:
         self.pages = Store(store_path(data_dir, node, PAGES))
         self.registry = Store(store_path(data_dir, node, REGISTRY))
         self.started = time.time()
+        self._tasks: list = []
         self.log.info("store open", pages=str(self.pages.path), registry=str(self.registry.path))
+        self.init_replica(list(peers))
 
     # ------------------------------------------------------------------------------------ writes
 
@@ -54,23 +56,14 @@ class NodeStore:
             ops.append((by_sitemap_key(after, url), b""))
         return ops
 
-    def _write(self, db: Store, ops: Iterable[Op], *, index: bool) -> list[tuple[bytes, bytes]]:
-        """Apply local writes with fresh versions; returns the enveloped records (to ship)."""
-        out: list[tuple[bytes, bytes]] = []
-        batch: list[tuple[bytes, bytes | None]] = []
-        for key, payload in ops:
-            record = wrap(self.clock.now(), payload)
-            if index:
-                batch += self._index_ops(key, payload_of(db.get(key)), payload)
-            batch.append((key, record))
-            out.append((key, record))
-        db.write(batch)
-        return out
-
     async def apply(self, registry: list[Op] = (), pages: list[Op] = ()) -> int:
-        """Local writes (targets, control rows, pages); replication to peers ships the same records."""
-        n = len(self._write(self.registry, registry, index=True)) if registry else 0
-        n += len(self._write(self.pages, pages, index=False)) if pages else 0
+        """Local writes (targets, control rows, pages) with fresh versions; every peer gets the same
+        records (see ``Replica``)."""
+        n = 0
+        for name, ops in (("registry", registry), ("pages", pages)):
+            if ops:
+                n += self.commit(name, [(key, wrap(self.clock.now(), payload)) for key, payload in ops],
+                                 remote=False)
         return n
 
     # ------------------------------------------------------------------------------------- reads
@@ -106,9 +99,13 @@ class NodeStore:
     async def get_pages(self, keys: list[str]) -> list[bytes | None]:
         return [payload_of(v) for v in self.pages.get_many([k.encode() for k in keys])]
 
+    async def has_pages(self, keys: list[str]) -> list[bool]:
+        return [payload_of(v) is not None for v in self.pages.get_many([k.encode() for k in keys])]
+
     async def page_keys(self, prefix: str, start: str | None, limit: int) -> list[tuple[str, bytes]]:
         out = []
-        for k, v in self.pages.items(prefix.encode(), start.encode() if start else None):
+        first = start.encode() if start else (prefix.encode() or b"\x01")  # past the version index
+        for k, v in self.pages.items(prefix.encode(), first):
             payload = payload_of(v)
             if payload is not None:
                 out.append((k.decode(), payload))
@@ -122,9 +119,11 @@ class NodeStore:
 
     async def status(self) -> dict:
         return {"live": True, "pid": os.getpid(), "pages": self.pages.estimate_keys(),
-                "registry": self.registry.estimate_keys()}
+                "registry": self.registry.estimate_keys(), "replication": self.replication_status()}
 
     async def close(self) -> None:
+        for task in [*self._tasks, *self.shippers.values()]:
+            task.cancel()
         for db in (self.pages, self.registry):
             db.flush()
             db.close()

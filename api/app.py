@@ -2,22 +2,38 @@
 
 from __future__ import annotations
 
+import inspect
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import admin, health, render_queue, targets
+from . import admin, health, peer, render_queue, sitemaps, targets
+from .bot import BotMiddleware
 from .context import NodeContext
+
+# No OpenTelemetry: FastAPI's native telemetry (newer releases) checks its providers on every request.
+_NO_TELEMETRY = ({"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+                 if "telemetry" in inspect.signature(FastAPI.__init__).parameters else {})
+
+
+def create_asgi(ctx: NodeContext) -> BotMiddleware:
+    """What uvicorn serves: the bot path in front of the FastAPI app, so a bot request pays neither
+    FastAPI's routing nor its per-request middleware (bench/bench_serving.py)."""
+    return BotMiddleware(create_app(ctx), ctx)
 
 
 def create_app(ctx: NodeContext) -> FastAPI:
-    app = FastAPI(title="prerender-ray", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
+    app = FastAPI(title="prerender-ray", docs_url=None, redoc_url=None, openapi_url="/openapi.json",
+                  **_NO_TELEMETRY)
     app.state.ctx = ctx
+    app.include_router(peer.router)  # claimed before bot routing: the ingress decision reserves its path
     app.include_router(health.router)
     app.include_router(render_queue.router)
     app.include_router(targets.router)
-    app.include_router(admin.router)
+    admin.install(app, ctx)  # the admin API, its console and the session verifier auth.py consults
+    app.include_router(sitemaps.router)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -28,5 +44,4 @@ def create_app(ctx: NodeContext) -> FastAPI:
     async def _bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
         return JSONResponse({"error": "bad request", "details": errors}, status_code=400)
-
     return app

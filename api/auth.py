@@ -74,10 +74,19 @@ def require(*roles: str) -> Callable[[Request], Any]:
 
     async def dependency(request: Request) -> Principal:
         ctx: NodeContext = request.app.state.ctx
+        sessions = getattr(request.app.state, "sessions", None)  # api.admin_session.Sessions
+        basic = request.headers.get("authorization", "")[:6].lower() == "basic "
+        if sessions is not None and basic:
+            sessions.guard(request)  # 429 past auth.maxFailedLoginsPerMinute failed sign-ins
         who = authenticator(ctx).principal(request)
         if who is None:
+            if sessions is not None and basic:
+                sessions.failed(request, None)
+            # The console signs in with its own form: no challenge, or the browser would prompt.
+            challenge = None if request.headers.get("x-prerender-console") else {
+                "WWW-Authenticate": 'Basic realm="prerender-ray"'}
             raise HTTPException(401, detail={"error": "Authentication required", "authenticated": False},
-                                headers={"WWW-Authenticate": 'Basic realm="prerender-ray"'})
+                                headers=challenge)
         if not any(who.has(r) for r in roles):
             raise HTTPException(403, detail={"error": f"This account lacks the {' or '.join(roles)} role",
                                              "authenticated": True, "user": who.name})

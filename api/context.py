@@ -47,6 +47,9 @@ class NodeContext:
             return self.keeper, self.leases
         return self.actor("keeper", owner), self.actor("leases", owner)
 
+    def forget_remote(self) -> None:
+        self._remote.clear()
+
     def actor(self, kind: str, node: str) -> Any:
         from prerender_ray.actors.common import lookup
 

@@ -544,6 +544,12 @@ class Auth(Model):
         [],
         description="`{name, passwordEnv | passwordHash, roles: [admin|viewer|fleet]}`; none = loopback only.",
     )
+    session_secret: str = Field(
+        "",
+        json_schema_extra={"secret": True},
+        description="Key signing admin sessions and cursors (secret; prefer sessionSecretEnv); empty: "
+        "a random key per deployment, made by `prerender-ray up`.",
+    )
     session_secret_env: str = Field("", description="Env var holding the cookie-signing key; default random.")
     session_ttl: PositiveDuration = Field(12 * HOUR, description="Lifetime of an admin session cookie.")
     max_failed_logins_per_minute: int = Field(
@@ -627,6 +633,7 @@ SECRET_PATHS = {  # secret leaf -> the option naming its environment variable
     "render_now.token": "render_now.value_env",
     "peer_rescue.token": "peer_rescue.value_env",
     "fleet.mqtt.password": "fleet.mqtt.password_env",
+    "auth.session_secret": "auth.session_secret_env",
 }
 # Reference options that this design does not implement; accepted with a warning, never an error.
 UNSUPPORTED_PATHS = (

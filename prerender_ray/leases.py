@@ -224,6 +224,18 @@ class LeaseTable:
             return None
         return [lease.expires, lease.due, lease.cadence, lease.released, lease.answered]
 
+    def adopt(self, key: str, record: list, now: int) -> bool:
+        """Take over a lease exported by another table (ownership moved): the key stays unclaimable
+        until the lease it already has ends. A live lease here is kept (never shortened)."""
+        expires, due, cadence, released, answered = record
+        if int(expires) <= now or key in self._leases:
+            return False
+        lease = self._leases[key] = _Lease(int(expires), _opt_int(due), _opt_int(cadence), bool(released), bool(answered))
+        self._arm(key, lease)
+        if not lease.released:
+            self._in_flight += 1
+        return True
+
     def export_misses(self) -> list[list[int | str]]:
         """The miss histories in the snapshot format."""
         return [[k, m.count, m.hold_until, m.last] for k, m in self._misses.items()]

@@ -64,7 +64,12 @@ origin_fetch_seconds = Histogram(
     "prerender_origin_fetch_seconds", "Origin fetch time to response headers.", ["status", "reason"],
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
+page_age_negative = Counter(
+    "prerender_page_age_negative_total", "Pages served from cache with a lastCached in the future (clock skew).",
+    ["bot", "device"],
+)
 serve_errors = Counter("prerender_serve_errors_total", "Serve-path errors.", ["kind"])
+discovered = Counter("prerender_discovered_total", "Targets created by bot-miss discovery.")
 unrouted = Counter("prerender_unrouted_total", "Bot requests served without prerendering.", ["route_class", "bucket"])
 
 # --- replication and sitemaps
@@ -76,6 +81,9 @@ replication_pending = Gauge(
     "prerender_replication_pending", "Records waiting to ship to a peer.", ["peer"], multiprocess_mode="livemax"
 )
 sitemap_entries = Counter("prerender_sitemap_entries_total", "Sitemap entries by action.", ["action"])
+sitemap_documents = Counter("prerender_sitemap_documents_total", "Sitemap documents walked.", ["outcome"])  # ok, failed
+sitemap_walks = Counter("prerender_sitemap_walks_total", "Sitemap walks by how they ended.", ["outcome"])
+sitemap_walks_running = Gauge("prerender_sitemap_walks_running", "Sitemap walks running.", multiprocess_mode="livesum")
 config_warnings = Gauge("prerender_config_warnings", "Risky-config findings.", multiprocess_mode="livemax")
 
 

@@ -5,7 +5,7 @@ envelope. Targets are keyed by URL, never by device."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from .timeutil import finite
@@ -17,6 +17,7 @@ QUEUE_STATUS = b"q:"
 SITEMAP = b"s:"
 SITEMAP_RUN = b"r:"
 TARGET_BY_SITEMAP = b"i:"  # i:<sitemap url>\x00<target url> -> b"" (index; derived, node-local)
+SITEMAP_ENTRIES = b"e:"  # e:<sitemap url>\x00<chunk number> -> a chunk of the document's parsed entries
 
 SUPPRESSED = "suppressed"
 
@@ -33,8 +34,11 @@ class RecordError(ValueError):
     """A stored record that does not decode."""
 
 
+_COMPACT = json.JSONEncoder(separators=(",", ":"))  # built once: json.dumps(separators=) builds one per call
+
+
 def _dumps(d: dict) -> bytes:
-    return json.dumps({k: v for k, v in d.items() if v is not None}, separators=(",", ":")).encode()
+    return _COMPACT.encode({k: v for k, v in d.items() if v is not None}).encode()
 
 
 def _loads(data: bytes, what: str) -> dict:
@@ -66,17 +70,16 @@ class Target:
         return self.state == SUPPRESSED
 
     def encode(self) -> bytes:
-        d = asdict(self)
-        del d["url"]
-        if not d["strikes"]:
-            d["strikes"] = None
-        return _dumps(d)
+        # A literal dict, not asdict(): asdict deep-copies and costs most of a bulk put's encoding.
+        return _dumps({"sitemap_url": self.sitemap_url, "scheduler_node": self.scheduler_node,
+                       "render_interval": self.render_interval, "state": self.state,
+                       "suppressed_reason": self.suppressed_reason, "suppressed_at": self.suppressed_at,
+                       "strikes": self.strikes or None})
 
     @classmethod
     def decode(cls, url: str, data: bytes) -> Target:
         d = _loads(data, f"target {url}")
-        known = {f.name for f in fields(cls)} - {"url"}
-        kw: dict[str, Any] = {k: v for k, v in d.items() if k in known}
+        kw: dict[str, Any] = {k: v for k, v in d.items() if k in _TARGET_FIELDS}
         ri = finite(kw.get("render_interval"))
         kw["render_interval"] = int(ri) if ri is not None and ri > 0 else None
         st = finite(kw.get("strikes"))
@@ -93,9 +96,49 @@ class Target:
                 "strikes": self.strikes}
 
 
+_TARGET_FIELDS = frozenset(f.name for f in fields(Target)) - {"url"}  # once: fields() is slow per decode
+
+
 def encode_json(d: dict) -> bytes:
     return _dumps(d)
 
 
 def decode_json(data: bytes, what: str = "record") -> dict:
     return _loads(data, what)
+
+
+# ------------------------------------------------------------------------------------- sitemaps
+# A sitemap is one metadata row ``s:<url>`` (what lists and the walk need) plus its parsed entries in
+# chunk rows ``e:<url>\x00<n>`` of ENTRY_CHUNK entries each: a 50,000-entry document is not one 10 MB
+# value, a page of entries costs one or two reads, and listing sitemaps never touches the entries.
+
+ENTRY_CHUNK = 1000
+
+
+def sitemap_key(url: str) -> bytes:
+    return SITEMAP + url.encode()
+
+
+def sitemap_run_key(root: str) -> bytes:
+    return SITEMAP_RUN + root.encode()
+
+
+def entries_key(url: str, chunk: int) -> bytes:
+    return SITEMAP_ENTRIES + url.encode() + b"\x00" + b"%06d" % chunk
+
+
+def encode_entries(entries: list) -> bytes:
+    """A chunk of entries as compact JSON rows ``[loc, lastmod, changefreq, priority]``; an index's
+    rows are ``[loc, lastmod]`` (its other fields are never read)."""
+    return _COMPACT.encode(entries).encode()
+
+
+def decode_entries(data: bytes, what: str = "sitemap entries") -> list[dict]:
+    try:
+        rows = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RecordError(f"{what}: not JSON") from e
+    if not isinstance(rows, list):
+        raise RecordError(f"{what}: not a list")
+    names = ("loc", "lastmod", "changefreq", "priority")
+    return [dict(zip(names, row)) for row in rows if isinstance(row, list)]

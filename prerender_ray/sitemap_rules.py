@@ -9,6 +9,8 @@ the stores and feeds what it read to these functions.
 Deliberate differences from the reference:
 - a loc that is not http(s), or (with ``domains`` set) names an unlisted host, is invalid;
 - the result also counts ``invalid`` entries (with a capped sample) and ``unknownChangefreq``;
+- ``sitemapsDiscovered`` counts distinct documents; repeats and cycles go to ``repeatedChildren``,
+  documents past ``sitemap.max_documents`` to ``sitemapsSkipped``;
 - a claim row stamped further in the future than the stale window is taken over (clock skew).
 Kept on purpose: an empty urlset prunes nothing (``Partition.reconciles``), since an empty document
 is more often a publishing glitch than an intent, and unlinking only stops attribution anyway.
@@ -29,32 +31,16 @@ from zoneinfo import ZoneInfo
 from pydantic.alias_generators import to_camel
 
 from .cachekeys import KeyFormat
-from .config import DAY, HOUR, Config, Page
+from .config import Config, Page
 from .config import Sitemap as SitemapConfig
 from .routes import Classification
+from .schedule import CHANGEFREQ_MS, changefreq_interval
 from .sitemaps import SitemapEntry
 from .timeutil import minute
 from .urls import canonicalize_url, url_host, url_path, whatwg_path
 
 Classify = Callable[[str], Classification]
 Canonicalize = Callable[[str, Sequence[str]], str]
-
-CHANGEFREQ_MS: dict[str, int] = {
-    "always": 0,
-    "hourly": HOUR,
-    "daily": DAY,
-    "weekly": 7 * DAY,
-    "monthly": 30 * DAY,
-    "yearly": 365 * DAY,
-    "never": 365 * DAY,
-}
-
-
-def changefreq_interval(changefreq: str | None, page_cfg: Page) -> int:
-    """Interval (ms) for a changefreq: §1.5's table, unknown -> page.ttl, floored at page.min_ttl."""
-    interval = CHANGEFREQ_MS.get(changefreq.strip().lower()) if isinstance(changefreq, str) else None
-    return max(page_cfg.ttl if interval is None else interval, page_cfg.min_ttl)
-
 
 class InvalidEntry(NamedTuple):
     loc: str | None
@@ -82,13 +68,17 @@ class Partition:
 
 
 def partition_entries(
-    entries: Iterable[SitemapEntry] | None, classify: Classify, canonicalize: Canonicalize
+    entries: Iterable[SitemapEntry] | None,
+    classify: Classify,
+    canonicalize: Canonicalize,
+    into: Partition | None = None,
 ) -> Partition:
     """Classify each entry's path as the serve path would and key prerender entries canonically.
 
     One bad entry never spoils the document: it lands in ``invalid`` with a message and the rest go on.
+    ``into`` continues an earlier partition of the same document (a streamed body, chunk by chunk).
     """
-    out = Partition()
+    out = Partition() if into is None else into
     if entries is None:
         return out
     for entry in entries:
@@ -308,7 +298,9 @@ class RefreshResult:
     invalid: int = 0
     unknown_changefreq: int = 0
     sitemaps_processed: int = 0
-    sitemaps_discovered: int = 0
+    sitemaps_discovered: int = 0  # distinct documents seen in this walk (the reference counts repeats)
+    repeated_children: int = 0  # index listings of a document already seen: cycles and duplicates
+    sitemaps_skipped: int = 0  # documents beyond sitemap.max_documents, never fetched
     filtered: dict[str, int] = field(default_factory=lambda: {"passthrough": 0, "unclassified": 0})
     removed_sample: list[str] = field(default_factory=list)
     invalid_sample: list[dict[str, str | None]] = field(default_factory=list)
@@ -327,9 +319,13 @@ class RefreshResult:
     def add_partition(self, sitemap_url: str, partition: Partition) -> None:
         for route_class, n in partition.filtered.items():
             self.filtered[route_class] += n
-        self.invalid += len(partition.invalid)
+        self.add_invalid(sitemap_url, partition.invalid)
         self.unknown_changefreq += partition.unknown_changefreq
-        for bad in partition.invalid[: max(self.removed_sample_cap - len(self.invalid_sample), 0)]:
+
+    def add_invalid(self, sitemap_url: str, invalid: Sequence[InvalidEntry]) -> None:
+        """Invalid entries (or an index's unusable child locs): counted exactly, sampled up to the cap."""
+        self.invalid += len(invalid)
+        for bad in invalid[: max(self.removed_sample_cap - len(self.invalid_sample), 0)]:
             self.invalid_sample.append({"sitemapUrl": sitemap_url, "loc": bad.loc, "error": bad.message})
 
     def add_prune(self, scan: PruneScan) -> None:

@@ -473,6 +473,8 @@ def test_a_healthy_result_has_empty_arrays_and_zeros_never_absent_fields() -> No
         "unknownChangefreq": 0,
         "sitemapsProcessed": 0,
         "sitemapsDiscovered": 0,
+        "repeatedChildren": 0,
+        "sitemapsSkipped": 0,
         "filtered": {"passthrough": 0, "unclassified": 0},
         "removedSample": [],
         "invalidSample": [],

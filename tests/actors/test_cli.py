@@ -121,3 +121,32 @@ def test_up_serves_status_reports_and_down_leaves_nothing_running(tmp_path: Path
     assert not (data / deploy.RECORD).exists()
     after = run("status", "--data-dir", str(data), "--json")
     assert after.returncode == 1 and json.loads(after.stdout)["healthy"] is False
+
+
+def test_a_foreground_up_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    data = tmp_path / "data"
+    port = free_port()
+    proc = subprocess.Popen([*CLI, "up", "--data-dir", str(data), "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        out = ""
+        while time.monotonic() < deadline and "ready" not in out:
+            line = proc.stdout.readline()
+            if not line and proc.poll() is not None:
+                break
+            out += line
+        assert "ready" in out, out
+        record = deploy.Record.read(data)
+        assert httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200
+        proc.send_signal(signal.SIGINT)
+        proc.wait(120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0
+    assert deploy.our_processes(record, data) == []
+    assert deploy.port_free("127.0.0.1", port)

@@ -67,6 +67,22 @@ def test_restarts_lose_no_row_and_never_regrant_work_in_flight(node) -> None:
         assert schedule(node.url, job["id"])["nextRenderTime"] > time.time() * 1000
 
 
+def test_reconcile_restores_missing_rows_jittered_and_pageless_keys_first(node) -> None:
+    from prerender_ray.registry import Target, target_key
+
+    store, keeper = lookup("store", "node-a"), lookup("keeper", "node-a")
+    urls = [f"https://crash.example/lost/{i}" for i in range(40)]
+    # a crash between the target commit and its schedule rows: targets without rows
+    ray.get(store.apply.remote([(target_key(u), Target(url=u).encode()) for u in urls]))
+    assert schedule(node.url, f"{urls[0]}|desktop") is None
+    run = ray.get(keeper.reconcile.remote())
+    assert run["missing"] >= 80 and run["restored"] == run["missing"] and run["truncated"] is False
+    dues = {schedule(node.url, f"{u}|{d}")["nextRenderTime"] for u in urls for d in ("desktop", "mobile")}
+    assert len(dues) > 20  # jittered over the cadence, not a herd
+    again = ray.get(keeper.reconcile.remote())
+    assert again["missing"] == 0 and again["restored"] == 0
+
+
 def test_a_whole_node_restart_keeps_rows_and_leases(ray_cluster, tmp_path) -> None:
     data = tmp_path / "data"
     d = deploy_on(ray_cluster, data)

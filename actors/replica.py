@@ -1,0 +1,273 @@
+"""Replication of the NodeStore's data to every peer (a mixin of ``NodeStore``).
+
+- Every record carries a version (hybrid logical clock + node); a peer applies it only if it is newer
+  than what it holds (last writer wins; deletes are tombstones), so duplicates, reordering and
+  replays are harmless.
+- Each store keeps a version index inside each RocksDB (``\\x00v<hlc><key>``, plus a pointer
+  ``\\x00h<key> -> hlc``), so "everything written since T" is a range scan: the catch-up of a node that
+  joins or restarts, and the re-push to a peer whose outbox overflowed.
+- Local writes go to an in-memory outbox per peer, shipped in batches by one task per peer and
+  retried with backoff while the peer is unreachable. An outbox that grows past its bound is dropped
+  and replaced by a re-push from the version index once the peer answers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import time
+from collections import deque
+from typing import Any
+
+import ray
+
+from prerender_ray import metrics
+from prerender_ray.nodes import NAMESPACE, actor_name
+from prerender_ray.registry import TARGET
+from prerender_ray.replication import Version, unwrap, wins
+
+VIDX = b"\x00v"  # \x00v <hlc:8> <key>  -> b""
+HPTR = b"\x00h"  # \x00h <key>          -> <hlc:8>
+_HLC = struct.Struct(">Q")
+DBS = ("registry", "pages")
+BATCH_RECORDS = 500
+BATCH_BYTES = 4 * 1024 * 1024
+MAX_PENDING = 200_000
+SHIP_DEADLINE_S = 15.0
+CATCH_UP_MARGIN_MS = 10 * 60_000  # records this much older than the newest held are pulled again
+Record = tuple[str, bytes, bytes]  # (db name, key, enveloped record)
+
+
+def index_ops(key: bytes, record: bytes, old_hlc: bytes | None) -> list[tuple[bytes, bytes | None]]:
+    hlc = _HLC.pack(unwrap(record)[0].hlc)
+    ops: list[tuple[bytes, bytes | None]] = [(VIDX + hlc + key, b""), (HPTR + key, hlc)]
+    if old_hlc is not None and old_hlc != hlc:
+        ops.append((VIDX + old_hlc + key, None))
+    return ops
+
+
+class Replica:
+    def init_replica(self, peers: list[str]) -> None:
+        self.peers: list[str] = [p for p in peers if p != self.node]
+        self.outbox: dict[str, deque[Record]] = {}
+        self.resync_from: dict[str, int] = {}  # peer -> hlc to re-push from (its outbox overflowed)
+        self.wake: dict[str, asyncio.Event] = {}
+        self.shippers: dict[str, asyncio.Task] = {}
+        self.synced = asyncio.Event()
+        self.sync_report: dict[str, Any] = {"state": "pending"}
+        for peer in self.peers:
+            self._add_peer(peer)
+        self._tasks.append(asyncio.get_running_loop().create_task(self._initial_catch_up()))
+
+    def _db(self, name: str) -> Any:
+        return self.registry if name == "registry" else self.pages
+
+    # -------------------------------------------------------------------------------- committing
+
+    def commit(self, name: str, items: list[tuple[bytes, bytes]], *, remote: bool) -> int:
+        """Write enveloped records to one store with their index entries. Remote records are applied
+        only when newer than what is held; local ones are queued for every peer."""
+        db = self._db(name)
+        batch: list[tuple[bytes, bytes | None]] = []
+        applied = 0
+        now = time.time() * 1000
+        keys = [key for key, _ in items]
+        ptrs = db.get_many([HPTR + key for key in keys])  # 8 bytes each: decides most races
+        olds = db.get_many(keys) if name == "registry" else [None] * len(keys)
+        for (key, record), ptr, old in zip(items, ptrs, olds):
+            if remote:
+                version = unwrap(record)[0]
+                held = _HLC.unpack(ptr)[0] if ptr is not None else -1
+                if version.hlc < held or (version.hlc == held and not wins(record, old or db.get(key))):
+                    continue
+                self.clock.observe(version)
+                metrics.replication_lag_seconds.observe(max(0.0, (now - version.wall_ms) / 1000))
+            if name == "registry" and key.startswith(TARGET):
+                batch += self._index_ops(key, _payload(old), unwrap(record)[1])
+            batch += index_ops(key, record, ptr)
+            batch.append((key, record))
+            applied += 1
+        db.write(batch)
+        if not remote:
+            for peer in self.peers:
+                self._enqueue(peer, [(name, k, r) for k, r in items])
+        return applied
+
+    async def apply_remote(self, records: list[Record]) -> int:
+        """Records shipped by a peer (or pulled in a catch-up)."""
+        by_db: dict[str, list[tuple[bytes, bytes]]] = {n: [] for n in DBS}
+        for name, key, record in records:
+            by_db[name].append((key, record))
+        return sum(self.commit(n, items, remote=True) for n, items in by_db.items() if items)
+
+    async def since(self, name: str, hlc: int, after: bytes | None, limit: int = BATCH_RECORDS) -> dict:
+        """Records of one store with a version at or after ``hlc``, in version order, from the index
+        position ``after`` (exclusive); answers ``{records, next}`` within a byte budget."""
+        db = self._db(name)
+        start = after + b"\x00" if after else VIDX + _HLC.pack(hlc)
+        out: list[Record] = []
+        size = 0
+        nxt = None
+        for ikey, _ in db.items(VIDX, start):
+            key = ikey[len(VIDX) + _HLC.size:]
+            record = db.get(key)
+            nxt = ikey
+            if record is None:
+                continue
+            out.append((name, key, record))
+            size += len(record) + len(key)
+            if len(out) >= limit or size >= BATCH_BYTES:
+                return {"records": out, "next": nxt}
+        return {"records": out, "next": None}
+
+    # -------------------------------------------------------------------------------- membership
+
+    async def set_membership(self, names: list[str]) -> None:
+        peers = [n for n in names if n != self.node]
+        for peer in peers:
+            if peer not in self.outbox:
+                self._add_peer(peer)
+        for peer in [p for p in self.outbox if p not in peers]:
+            self.shippers.pop(peer).cancel()
+            del self.outbox[peer], self.wake[peer]
+            self.resync_from.pop(peer, None)
+            metrics.replication_pending.labels(peer).set(0)
+        self.peers = peers
+
+    def _add_peer(self, peer: str) -> None:
+        self.outbox[peer] = deque()
+        self.wake[peer] = asyncio.Event()
+        self.shippers[peer] = asyncio.get_running_loop().create_task(self._ship(peer))
+        if peer not in self.peers:
+            self.peers.append(peer)
+
+    def _enqueue(self, peer: str, records: list[Record]) -> None:
+        box = self.outbox.get(peer)
+        if box is None:
+            return
+        if len(box) + len(records) > MAX_PENDING:  # bounded memory: re-push from the index later
+            oldest = min((unwrap(r)[0].hlc for _, _, r in box), default=unwrap(records[0][2])[0].hlc)
+            self.resync_from[peer] = min(self.resync_from.get(peer, oldest), oldest)
+            box.clear()
+            self.log.warning("replication outbox overflowed; will re-push from the index", peer=peer)
+        else:
+            box.extend(records)
+        metrics.replication_pending.labels(peer).set(len(box))
+        self.wake[peer].set()
+
+    # ---------------------------------------------------------------------------------- shipping
+
+    def _peer_store(self, peer: str) -> Any:
+        return ray.get_actor(actor_name("store", peer), namespace=NAMESPACE)
+
+    async def _ship(self, peer: str) -> None:
+        backoff = 1.0
+        box = self.outbox[peer]
+        while True:
+            if not box and peer not in self.resync_from:
+                self.wake[peer].clear()
+                await self.wake[peer].wait()
+            try:
+                if peer in self.resync_from:
+                    await self._repush(peer)
+                batch, size = [], 0
+                while box and len(batch) < BATCH_RECORDS and size < BATCH_BYTES:
+                    rec = box.popleft()
+                    batch.append(rec)
+                    size += len(rec[2])
+                if batch:
+                    try:
+                        await asyncio.wait_for(self._peer_store(peer).apply_remote.remote(batch), SHIP_DEADLINE_S)
+                    except BaseException:
+                        box.extendleft(reversed(batch))  # keep order; retried after the backoff
+                        raise
+                metrics.replication_pending.labels(peer).set(len(box))
+                backoff = 1.0
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                self.log.info("peer unreachable; retrying", peer=peer, pending=len(box), error=type(e).__name__,
+                              retry_s=backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+    async def _repush(self, peer: str) -> None:
+        """After an overflow: ship everything written since the oldest dropped record."""
+        since = self.resync_from[peer]
+        target = self._peer_store(peer)
+        for name in DBS:
+            after = None
+            while True:
+                page = await self.since(name, since, after)
+                if page["records"]:
+                    await asyncio.wait_for(target.apply_remote.remote(page["records"]), SHIP_DEADLINE_S)
+                after = page["next"]
+                if after is None:
+                    break
+        del self.resync_from[peer]
+
+    # --------------------------------------------------------------------------------- catch-up
+
+    def newest_hlc(self) -> int:
+        newest = 0
+        for name in DBS:
+            last = self._db(name).last_key(VIDX)  # the index's last key holds the newest version
+            if last is not None:
+                newest = max(newest, _HLC.unpack_from(last, len(VIDX))[0])
+        return newest
+
+    async def _initial_catch_up(self) -> None:
+        """Before the keeper loads: pull what peers hold that this node missed while away (all of it
+        for a new node). Two passes, the second from a margin before the first began, so records
+        that reached the peer during the first pass are not missed."""
+        t0 = time.time()
+        newest = self.newest_hlc()
+        since = max(0, newest - (CATCH_UP_MARGIN_MS << 16)) if newest else 0
+        pulled = 0
+        source = None
+        for peer in sorted(self.peers):
+            try:
+                began = self.clock.now().hlc
+                pulled = await self._pull(peer, since)
+                pulled += await self._pull(peer, max(0, began - (CATCH_UP_MARGIN_MS << 16)))
+                source = peer
+                break
+            except Exception as e:
+                self.log.warning("catch-up from a peer failed; trying the next", peer=peer, error=repr(e))
+        self.sync_report = {"state": "synced", "from": source, "records": pulled, "since": since,
+                            "ms": round((time.time() - t0) * 1000), "peers": list(self.peers)}
+        if self.peers and source is None:
+            self.sync_report["state"] = "no-peer-answered"
+        self.log.info("replica catch-up", **self.sync_report)
+        self.synced.set()
+
+    async def _pull(self, peer: str, since: int) -> int:
+        target = self._peer_store(peer)
+        n = 0
+        for name in DBS:
+            after = None
+            while True:
+                page = await asyncio.wait_for(target.since.remote(name, since, after), SHIP_DEADLINE_S)
+                n += await self.apply_remote(page["records"])
+                after = page["next"]
+                if after is None:
+                    break
+        return n
+
+    async def wait_synced(self, timeout: float) -> dict:
+        try:
+            await asyncio.wait_for(self.synced.wait(), timeout)
+        except asyncio.TimeoutError:
+            return {"state": "timeout", **self.sync_report}
+        return self.sync_report
+
+    def replication_status(self) -> dict:
+        return {"sync": self.sync_report, "pending": {p: len(b) for p, b in self.outbox.items()},
+                "resyncing": sorted(self.resync_from)}
+
+
+def _payload(record: bytes | None) -> bytes | None:
+    return None if record is None else unwrap(record)[1]
+
+
+__all__ = ["Replica", "Version", "VIDX", "HPTR"]

@@ -1,0 +1,294 @@
+"""One walk of one root sitemap: breadth-first over indexes, each urlset reconciled against targets.
+
+Runs inside the node's SitemapWalker (sitemapper.py), which owns the runs, their progress rows and
+takeover. The walk reads through the node's store and writes targets through the keeper of each
+URL's owner node, in batches: one read call per ``BATCH`` URLs, one write call per owner and batch,
+a few batches of a document in flight at once. Documents are reconciled one after another (a later
+document's DUPLICATE decision must see an earlier one's writes), while the next document is already
+being fetched and parsed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from prerender_ray import metrics
+from prerender_ray.config import Config
+from prerender_ray.registry import (
+    RecordError,
+    Target,
+    decode_json,
+    encode_json,
+    entries_key,
+    sitemap_key,
+)
+from prerender_ray.sitemap_rules import (
+    NO_TARGET,
+    Action,
+    Classify,
+    InvalidEntry,
+    Partition,
+    PruneScan,
+    RefreshResult,
+    decide_action,
+    fast_action,
+    filtered_log,
+    target_write,
+)
+from prerender_ray.timeutil import now_ms
+from prerender_ray.urls import UrlError, whatwg_path
+
+from .common import call
+from .sitemap_fetch import Document, Fetcher
+
+BATCH = 2000  # URLs per read call and per write call (one owner)
+IN_FLIGHT = 3  # batches of one document in flight: keeps the store and the keepers busy together
+HEARTBEAT_S = 5.0  # a long document still bumps updatedAt this often
+STORE_DEADLINE_S = 30.0
+WRITE_DEADLINE_S = 120.0
+
+
+class WalkAborted(Exception):
+    """The run was taken over by another walker (or cancelled): stop without touching its row."""
+
+
+@dataclass
+class WalkEnv:
+    """What a walk needs from its walker."""
+
+    cfg: Config
+    node: str
+    store: Any
+    keeper_of: Callable[[str], Any]  # canonical URL -> the owner node's keeper
+    fetcher: Fetcher
+    classify: Classify
+    log: Any
+
+
+Progress = Callable[["Walk"], Awaitable[None]]
+
+
+class Walk:
+    def __init__(self, env: WalkEnv, root: str, *, revalidate: bool, progress: Progress):
+        self.env = env
+        self.root = root
+        self.revalidate = revalidate
+        self.progress = progress
+        self.result = RefreshResult.from_config(env.cfg.sitemap)
+        self.visited: set[str] = set()  # documents dequeued so far, failed ones included
+        self.current: str | None = None
+        self.last_progress = time.monotonic()
+
+    # --------------------------------------------------------------------------------------- BFS
+
+    async def run(self) -> RefreshResult:
+        """Walk the root; a failing root raises, a failing child is recorded and the walk goes on."""
+        cap = self.env.cfg.sitemap.max_documents
+        result = self.result
+        queue: deque[tuple[str, str | None]] = deque([(self.root, None)])
+        discovered = {self.root}
+        result.sitemaps_discovered = 1
+        ahead: dict[str, asyncio.Task] = {}  # the next document, fetched while this one reconciles
+        try:
+            while queue:
+                if result.sitemaps_processed >= cap:
+                    result.sitemaps_skipped = len(queue)
+                    self.env.log.error("sitemap walk hit sitemap.maxDocuments", root=self.root, cap=cap,
+                                       skipped=len(queue))
+                    break
+                url, parent = queue.popleft()
+                self.visited.add(url)
+                self.current = url
+                fetching = ahead.pop(url, None) or asyncio.create_task(self.env.fetcher.fetch(url))
+                if queue and result.sitemaps_processed + 1 < cap:
+                    nxt = queue[0][0]
+                    ahead[nxt] = asyncio.create_task(self.env.fetcher.fetch(nxt))
+                try:
+                    doc = await fetching
+                    if doc.is_index:
+                        await self._index(doc, parent, queue, discovered)
+                    else:
+                        await self._urlset(doc, parent)
+                    metrics.sitemap_documents.labels("ok").inc()
+                except (WalkAborted, asyncio.CancelledError):
+                    raise
+                except Exception as e:
+                    metrics.sitemap_documents.labels("failed").inc()
+                    if url == self.root:
+                        raise
+                    result.add_failed(url, e)
+                    self.env.log.error("sitemap child failed", root=self.root, url=url,
+                                       error=result.failed[-1]["error"] if result.failed else str(e))
+                result.sitemaps_processed += 1
+                await self._progress()
+        finally:
+            for task in ahead.values():
+                task.cancel()
+            await asyncio.gather(*ahead.values(), return_exceptions=True)
+        self.current = None
+        return result
+
+    async def _progress(self) -> None:
+        self.last_progress = time.monotonic()
+        await self.progress(self)
+
+    async def _index(self, doc: Document, parent: str | None, queue: deque, discovered: set[str]) -> None:
+        """Children are enqueued once per walk: a repeat or a cycle is counted, never fetched again."""
+        invalid: list[InvalidEntry] = []
+        for entry in doc.children:
+            loc = entry.loc
+            if not loc:
+                invalid.append(InvalidEntry(loc, "missing <loc>"))
+                continue
+            try:
+                whatwg_path(loc)
+            except UrlError:
+                invalid.append(InvalidEntry(loc, "not a valid absolute http(s) URL"))
+                continue
+            if loc in discovered:
+                self.result.repeated_children += 1
+                continue
+            discovered.add(loc)
+            queue.append((loc, doc.url))
+            self.result.sitemaps_discovered += 1
+        self.result.add_invalid(doc.url, invalid)
+        await self._put_row(doc, parent)
+
+    async def _urlset(self, doc: Document, parent: str | None) -> None:
+        """Reconcile, THEN write the row: a document that fails midway keeps its previous row."""
+        part = doc.partition or Partition()
+        self.result.add_partition(doc.url, part)
+        line = filtered_log(doc.url, part, self.env.cfg.sitemap.filtered_warn_percent)
+        if line is not None:
+            getattr(self.env.log, line.level)(line.message, sitemap=doc.url)
+        if part.reconciles:  # an empty urlset prunes nothing (kept from the reference, §7.24)
+            await self._reconcile(doc.url, part)
+        await self._put_row(doc, parent)
+
+    # ------------------------------------------------------------------------------- reconcile
+
+    async def _reconcile(self, sitemap: str, part: Partition) -> None:
+        env, result = self.env, self.result
+        cap = env.cfg.scan.collect_cap
+        # Phase A: the prune scan over the targets attributed to this document (no write meanwhile).
+        urls, total = await call(env.store.urls_of_sitemap.remote(sitemap, cap), STORE_DEADLINE_S)
+        scan = PruneScan(sitemap, part.incoming, env.classify, cap)
+        for url in urls:
+            scan.add(url)
+        unexamined = total - len(urls)
+        result.add_prune(scan)
+        if unexamined > 0 and not scan.truncated:  # more attributed than one read returns: next walk
+            result.truncated_scans.append({"sitemapUrl": sitemap, "examined": total,
+                                           "collected": len(scan.departed)})
+        if scan.truncated or unexamined > 0:
+            env.log.error("prune scan truncated; the rest is unlinked by the next walk", sitemap=sitemap,
+                          examined=total, collected=len(scan.departed))
+        if scan.departed:
+            await self._write_many([], [(u, {"sitemap_url": None}) for u in scan.departed])
+            result.add_removed(scan.departed)
+            metrics.sitemap_entries.labels("removed").inc(len(scan.departed))
+        # Phase B: every listed URL's action; reads and writes in batches.
+        known = scan.known_keys
+        skipped = 0
+        reads: list[tuple[str, Any]] = []
+        renders: list[tuple[str, Any]] = []
+        for url, entry in part.incoming.items():
+            fast = fast_action(url, known_keys=known, revalidate=self.revalidate)
+            if fast is Action.SKIP:
+                skipped += 1
+            elif fast is Action.RENDER:
+                renders.append((url, entry))
+            else:
+                reads.append((url, entry))
+        result.count(Action.SKIP, skipped)
+        metrics.sitemap_entries.labels("skipped").inc(skipped)
+        gate = asyncio.Semaphore(IN_FLIGHT)
+        batches = [(reads[i:i + BATCH], True) for i in range(0, len(reads), BATCH)]
+        batches += [(renders[i:i + BATCH], False) for i in range(0, len(renders), BATCH)]
+        await asyncio.gather(*(self._batch(sitemap, items, read, gate) for items, read in batches))
+
+    async def _batch(self, sitemap: str, items: list[tuple[str, Any]], read: bool,
+                     gate: asyncio.Semaphore) -> None:
+        env = self.env
+        async with gate:
+            urls = [u for u, _ in items]
+            found = [None] * len(urls)
+            if read:
+                found = await call(env.store.get_targets.remote(urls), STORE_DEADLINE_S)
+            now = now_ms()
+            counts: dict[Action, int] = {}
+            puts: list[dict] = []
+            patches: list[tuple[str, dict]] = []
+            for (url, entry), data in zip(items, found):
+                existing = _attribution(url, data) if read else NO_TARGET
+                action = decide_action(url, sitemap, existing, visited=self.visited,
+                                       revalidate=self.revalidate)
+                counts[action] = counts.get(action, 0) + 1
+                w = target_write(action, url, sitemap, entry, env.cfg.page, now)
+                if w is None:
+                    continue
+                if w.op == "put":
+                    puts.append({"url": url, "sitemapUrl": sitemap, "renderInterval": w.render_interval,
+                                 "nextRenderTime": w.next_render_time})
+                else:
+                    patches.append((url, {"sitemap_url": sitemap, "render_interval": w.render_interval}))
+            await self._write_many(puts, patches)
+            for action, n in counts.items():
+                self.result.count(action, n)
+                metrics.sitemap_entries.labels(action.value).inc(n)
+        if time.monotonic() - self.last_progress > HEARTBEAT_S:
+            await self._progress()
+
+    async def _write_many(self, puts: list[dict], patches: list[tuple[str, dict]]) -> None:
+        """One call per owner and batch, all owners at once; a failed call fails the document."""
+        by_owner: dict[Any, tuple[list, list]] = {}
+        for item in puts:
+            by_owner.setdefault(self.env.keeper_of(item["url"]), ([], []))[0].append(item)
+        for url, change in patches:
+            by_owner.setdefault(self.env.keeper_of(url), ([], []))[1].append((url, change))
+        calls = []
+        for keeper, (p, q) in by_owner.items():
+            calls += [keeper.put_targets.remote(p[i:i + BATCH]) for i in range(0, len(p), BATCH)]
+            calls += [keeper.patch_targets.remote(q[i:i + BATCH]) for i in range(0, len(q), BATCH)]
+        if calls:
+            await asyncio.gather(*(call(ref, WRITE_DEADLINE_S) for ref in calls))
+
+    # ------------------------------------------------------------------------------------- rows
+
+    async def _put_row(self, doc: Document, parent: str | None) -> None:
+        """The document's row and, when its body changed, its entry chunks (stale chunks deleted)."""
+        store = self.env.store
+        [raw] = await call(store.get.remote([sitemap_key(doc.url)]), STORE_DEADLINE_S)
+        try:
+            old = decode_json(raw) if raw else {}
+        except RecordError:
+            old = {}
+        old_chunks = old.get("chunks") if isinstance(old.get("chunks"), int) else 0
+        ops: list[tuple[bytes, bytes | None]] = []
+        if old.get("digest") != doc.digest or old_chunks != len(doc.chunks):
+            ops += [(entries_key(doc.url, i), chunk) for i, chunk in enumerate(doc.chunks)]
+            ops += [(entries_key(doc.url, i), None) for i in range(len(doc.chunks), old_chunks)]
+        row = {"url": doc.url, "isIndex": doc.is_index, "entryCount": doc.entry_count,
+               "lastRefreshed": now_ms(), "parentUrl": parent, "chunks": len(doc.chunks),
+               "digest": doc.digest, "bytes": doc.size,
+               "compressed": doc.compressed, "fetchMs": round(doc.seconds * 1000)}
+        if doc.final_url != doc.url:
+            row["finalUrl"] = doc.final_url
+        ops.append((sitemap_key(doc.url), encode_json(row)))
+        await call(store.apply.remote(ops), STORE_DEADLINE_S)
+
+
+def _attribution(url: str, data: bytes | None) -> Any:
+    """A stored target's sitemapUrl (None when unattributed), NO_TARGET when absent or unreadable
+    (an unreadable row is replaced by the put, as a missing one would be)."""
+    if data is None:
+        return NO_TARGET
+    try:
+        return Target.decode(url, data).sitemap_url
+    except RecordError:
+        return NO_TARGET

@@ -1,0 +1,189 @@
+"""Admin sessions, signed list cursors and the failed-login limiter. Pure: the standard library's
+``hmac`` and ``hashlib`` only; times are passed in (epoch milliseconds).
+
+A session token is ``<payload>.<signature>``, both base64url without padding: the payload is compact
+JSON ``{"sid", "sub", "iat", "exp"}`` and the signature is HMAC-SHA256 over the payload text with a key
+derived from the deployment's session secret (one secret per deployment, carried to every replica of
+every node in the actor config: ``auth.sessionSecret`` / ``auth.sessionSecretEnv``, else a random key
+made by ``prerender-ray up``). The same token is the session cookie and a bearer token for scripts;
+roles are never in the token, they are looked up in the config on every request.
+
+Cursors for paged admin lists are signed with a key derived from the same secret for another purpose,
+so a cursor issued by one replica or node is accepted by every other one, and a cursor that was never
+issued (or was issued for another list) is refused.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+
+SESSION_COOKIE = "prerender_session"
+TOKEN_MAX_CHARS = 4096
+_SEP = "."
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True)
+
+
+class TokenError(ValueError):
+    """A token or cursor that is malformed, not signed by this deployment, or expired."""
+
+
+def derive_key(secret: str | bytes, purpose: str) -> bytes:
+    """A key for one purpose; the secret itself never signs anything."""
+    raw = secret.encode() if isinstance(secret, str) else bytes(secret)
+    return hmac.new(raw, b"prerender-ray/" + purpose.encode(), hashlib.sha256).digest()
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    if not text or any(c not in _B64_CHARS for c in text):
+        raise TokenError("not base64url")
+    try:
+        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    except (ValueError, TypeError) as e:
+        raise TokenError("not base64url") from e
+
+
+_B64_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
+class Signer:
+    """Signs small JSON documents; ``open`` returns the document only when the signature is ours."""
+
+    def __init__(self, key: bytes):
+        if len(key) < 16:
+            raise ValueError("signing key too short")
+        self._key = key
+
+    def _mac(self, payload: str) -> bytes:
+        return hmac.new(self._key, payload.encode("ascii"), hashlib.sha256).digest()
+
+    def seal(self, doc: dict) -> str:
+        payload = _b64(_COMPACT.encode(doc).encode("ascii"))
+        return f"{payload}{_SEP}{_b64(self._mac(payload))}"
+
+    def open(self, token: object) -> dict:
+        if not isinstance(token, str) or not token or len(token) > TOKEN_MAX_CHARS:
+            raise TokenError("missing or oversized token")
+        payload, sep, sig = token.partition(_SEP)
+        if not sep or _SEP in sig:
+            raise TokenError("malformed token")
+        if not hmac.compare_digest(_unb64(sig), self._mac(payload)):
+            raise TokenError("bad signature")
+        try:
+            doc = json.loads(_unb64(payload))
+        except (ValueError, UnicodeDecodeError) as e:  # signed by us, so this means a format change
+            raise TokenError("unreadable payload") from e
+        if not isinstance(doc, dict):
+            raise TokenError("unreadable payload")
+        return doc
+
+
+# ------------------------------------------------------------------------------------------ sessions
+
+
+@dataclass(frozen=True)
+class SessionClaims:
+    sid: str
+    user: str
+    issued_at: int
+    expires_at: int
+
+    def as_dict(self) -> dict:
+        return {"sid": self.sid, "sub": self.user, "iat": self.issued_at, "exp": self.expires_at}
+
+
+class SessionTokens:
+    def __init__(self, secret: str | bytes, ttl_ms: int):
+        self._signer = Signer(derive_key(secret, "admin-session/v1"))
+        self.ttl_ms = int(ttl_ms)
+
+    def issue(self, user: str, now: int, sid: str) -> tuple[str, SessionClaims]:
+        claims = SessionClaims(sid, user, now, now + self.ttl_ms)
+        return self._signer.seal(claims.as_dict()), claims
+
+    def verify(self, token: object, now: int) -> SessionClaims:
+        doc = self._signer.open(token)
+        sid, user, iat, exp = doc.get("sid"), doc.get("sub"), doc.get("iat"), doc.get("exp")
+        if not (isinstance(sid, str) and sid and isinstance(user, str) and user
+                and type(iat) is int and type(exp) is int):
+            raise TokenError("incomplete claims")
+        if exp <= now:
+            raise TokenError("session expired")
+        if iat > now + 60_000:  # issued in the future by more than clock skew allows
+            raise TokenError("session issued in the future")
+        return SessionClaims(sid, user, iat, exp)
+
+
+# ------------------------------------------------------------------------------------------- cursors
+
+
+class Cursors:
+    """Opaque, signed list positions bound to the list they came from (``scope``)."""
+
+    def __init__(self, secret: str | bytes):
+        self._signer = Signer(derive_key(secret, "admin-cursor/v1"))
+
+    def issue(self, scope: str, position: str) -> str:
+        return self._signer.seal({"s": scope, "p": position})
+
+    def read(self, token: object, scope: str) -> str:
+        doc = self._signer.open(token)
+        if doc.get("s") != scope:
+            raise TokenError("cursor belongs to another list")
+        position = doc.get("p")
+        if not isinstance(position, str):
+            raise TokenError("incomplete cursor")
+        return position
+
+
+# ------------------------------------------------------------------------------------- login limiter
+
+
+class LoginLimiter:
+    """At most ``limit`` failed logins per client in any ``window_ms``; past that the client is refused
+    until its oldest failure in the window ages out. Memory is bounded: at most ``max_clients`` clients
+    are tracked (the least recently failing ones are forgotten first)."""
+
+    def __init__(self, limit: int, window_ms: int = 60_000, max_clients: int = 10_000):
+        self.limit = max(1, int(limit))
+        self.window_ms = window_ms
+        self.max_clients = max_clients
+        self._fails: OrderedDict[str, deque[int]] = OrderedDict()
+
+    def _recent(self, client: str, now: int) -> deque[int] | None:
+        fails = self._fails.get(client)
+        if fails is None:
+            return None
+        while fails and fails[0] <= now - self.window_ms:
+            fails.popleft()
+        if not fails:
+            del self._fails[client]
+            return None
+        return fails
+
+    def retry_after_ms(self, client: str, now: int) -> int | None:
+        """None while the client may try; else how long until it may try again."""
+        fails = self._recent(client, now)
+        if fails is None or len(fails) < self.limit:
+            return None
+        return max(1, fails[0] + self.window_ms - now)
+
+    def failed(self, client: str, now: int) -> None:
+        fails = self._recent(client, now)
+        if fails is None:
+            fails = self._fails[client] = deque(maxlen=self.limit)
+        fails.append(now)
+        self._fails.move_to_end(client)
+        while len(self._fails) > self.max_clients:
+            self._fails.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._fails)

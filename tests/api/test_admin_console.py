@@ -1,0 +1,171 @@
+"""The console in a real browser: Debian's Chromium driven by Playwright (never `playwright install`).
+Sign in, read the overview and its chart, explain a URL and render it now, pause and resume a node,
+sign out. A screenshot of the overview is kept under test-artifacts/ (git-ignored)."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import httpx
+import pytest
+
+from prerender_ray.auth import hash_password
+from tests.support import REPO, deploy_on
+
+pytestmark = pytest.mark.browser
+CHROMIUM = "/usr/bin/chromium"
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+URL = "https://console.test/products/1"
+ARTIFACTS = REPO / "test-artifacts"
+
+
+@pytest.fixture(scope="module")
+def node(ray_cluster, tmp_path_factory):
+    users = [
+        {"name": "ops", "roles": ["admin"], "passwordHash": hash_password("ops-pass", iterations=1000)},
+        {
+            "name": "watcher",
+            "roles": ["viewer"],
+            "passwordHash": hash_password("watch-pass", iterations=1000),
+        },
+    ]
+    d = deploy_on(
+        ray_cluster,
+        tmp_path_factory.mktemp("console") / "data",
+        {
+            "domains": ["console.test"],
+            "auth": {"users": users},
+            "render": {"reconcile": {"startDelay": "1h"}},
+        },
+    )
+    for i, due in enumerate(
+        (1, int(time.time() * 1000) + 3 * 3_600_000, int(time.time() * 1000) + 7_200_000)
+    ):
+        r = httpx.put(
+            f"{d.url}/render_targets",
+            json={"url": f"https://console.test/products/{i + 1}", "nextRenderTime": due},
+            auth=("ops", "ops-pass"),
+            timeout=30,
+        )
+        assert r.status_code == 200, r.text
+    yield d
+    d.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not shutil.which(CHROMIUM):
+        pytest.skip("Debian's chromium is not installed")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        yield b
+        b.close()
+
+
+def test_sign_in_overview_explain_render_now_pause_and_resume(node, browser) -> None:
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    problems: list[str] = []
+    expected = ("status of 400", "status of 401")  # the wrong password, the URL that is not one
+    page.on(
+        "console",
+        lambda m: (
+            problems.append(m.text) if m.type == "error" and not any(e in m.text for e in expected) else None
+        ),
+    )
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    outside: list[str] = []
+    page.on("request", lambda r: outside.append(r.url) if not r.url.startswith(node.url) else None)
+
+    page.goto(f"{node.url}/prerender_admin/")
+    page.wait_for_selector("#login-form", state="visible")
+    page.fill("#login-username", "ops")
+    page.fill("#login-password", "wrong")
+    page.click("#login-submit")
+    page.wait_for_selector("#login-error:has-text('Invalid credentials')")
+    page.fill("#login-username", "ops")
+    page.fill("#login-password", "ops-pass")
+    page.click("#login-submit")
+
+    # the overview: tiles, the node, the chart
+    page.wait_for_selector("#view-overview:visible")
+    page.wait_for_selector("tr[data-node='node-a']")
+    assert page.text_content("#who-name").startswith("ops (admin")
+    page.wait_for_function("document.querySelector('[data-tile=due] .value').textContent !== '-'")
+    assert int(page.text_content("[data-tile=due] .value").replace(",", "")) >= 2
+    assert page.locator("#histogram svg rect").count() == 25
+    page.wait_for_function("document.querySelector('[data-tile=targets] .value').textContent !== '-'")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "console-overview.png"), full_page=True)
+
+    # the cluster queue-state
+    page.click("#tab-queue")
+    page.wait_for_selector("#queue-nodes tr[data-node='node-a']")
+    assert "every node answered" in page.text_content("#queue-generated")
+
+    # explain a URL, then render it now
+    page.click("#tab-explain")
+    page.fill("#explain-url", "HTTPS://Console.Test/products/2?utm_source=x#top")
+    page.select_option("#explain-device", "mobile")
+    page.click("#explain-submit")
+    page.wait_for_selector("#explain-result:visible")
+    assert page.text_content("[data-fact=canonicalUrl]") == "https://console.test/products/2"
+    assert page.text_content("[data-fact=cacheKey]") == "https://console.test/products/2|mobile"
+    assert "authoritative" in page.text_content("[data-fact=owner]")
+    assert "in 3h" in page.text_content("[data-fact=schedule]") or "in 2h" in page.text_content(
+        "[data-fact=schedule]"
+    )
+    page.click("#render-now")
+    page.wait_for_selector("#explain-message:has-text('due now on node-a')")
+    assert "ago" in page.text_content("[data-fact=schedule]") or "in 0s" in page.text_content(
+        "[data-fact=schedule]"
+    )
+    page.fill("#explain-url", "not a url")
+    page.click("#explain-submit")
+    page.wait_for_selector("#explain-error:has-text('Not a valid absolute URL')")
+
+    # pause node-a, then let it inherit the cluster's intent again
+    page.click("#tab-overview")
+    row = "tr[data-node='node-a']"
+    page.click(f"{row} button[data-action=pause]")
+    page.wait_for_selector(f"{row} td.intent:has-text('paused (node, by ops)')")
+    page.wait_for_selector(f"{row} td.status:has-text('paused')", timeout=30_000)
+    claim = httpx.post(
+        f"{node.url}/render_queue/claim", json={"limit": 5}, auth=("ops", "ops-pass"), timeout=15
+    )
+    assert claim.json() == []
+    page.screenshot(path=str(ARTIFACTS / "console-paused.png"), full_page=True)
+    page.click(f"{row} button[data-action=inherit]")
+    page.wait_for_selector(f"{row} td.intent:has-text('running (default)')")
+    page.wait_for_function(
+        "!document.querySelector(\"tr[data-node='node-a'] td.status\").textContent.includes('paused')",
+        timeout=30_000,
+    )
+
+    # sign out: the session is gone, the form is back
+    page.click("#logout")
+    page.wait_for_selector("#login-form", state="visible")
+    page.reload()
+    page.wait_for_selector("#login-form", state="visible")
+    assert problems == [] and outside == []
+    page.close()
+
+
+def test_a_viewer_sees_no_admin_controls(node, browser) -> None:
+    page = browser.new_page()
+    page.goto(f"{node.url}/prerender_admin/")
+    page.fill("#login-username", "watcher")
+    page.fill("#login-password", "watch-pass")
+    page.click("#login-submit")
+    page.wait_for_selector("tr[data-node='node-a']")
+    assert page.locator("#cluster-pause").is_hidden()
+    assert page.locator("tr[data-node='node-a'] button[data-action=pause]").is_hidden()
+    page.close()

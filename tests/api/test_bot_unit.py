@@ -1,0 +1,82 @@
+"""The bot path's per-replica machinery without Ray: the app served in-process over ASGI with a real
+page store in a temp dir (a RocksDB primary written as the NodeStore writes it), batched metrics and
+the remembered ingress decisions."""
+
+from __future__ import annotations
+
+import gzip
+import time
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry, Histogram
+
+from prerender_ray.api.app import create_asgi
+from prerender_ray.api.bot import _observe_many, serving_of
+from prerender_ray.api.context import NodeContext
+from prerender_ray.config import Config
+from prerender_ray.nodes import NodeInfo
+from prerender_ray.pages import Page
+from prerender_ray.replication import Clock, wrap
+from prerender_ray.stores import PAGES, Store, store_path
+
+URL = "https://x.example/a"
+HTML = b"<html><body>" + b"<p>x</p>" * 100 + b"</body></html>"
+
+
+@pytest.fixture
+async def app(tmp_path):
+    cfg = Config.model_validate({"domains": ["x.example"], "server": {"data_dir": str(tmp_path)}})
+    primary = Store(store_path(tmp_path, "n1", PAGES))
+    now = int(time.time() * 1000)
+    page = Page(cache_key=f"{URL}|desktop", status_code=200, content=gzip.compress(HTML), last_cached=now - 2_000,
+                expires_at=now + 60_000, headers={"content-type": "text/html", "content-encoding": "gzip",
+                                                   "etag": '"e1"'})
+    primary.put(page.cache_key.encode(), wrap(Clock("n1").now(), page.encode()))
+    ctx = NodeContext(cfg=cfg, node=NodeInfo(name="n1", host="127.0.0.1", port=1, ray_node_id="x"),
+                      data_dir=str(tmp_path))
+    asgi = create_asgi(ctx)
+    yield asgi, ctx
+    from prerender_ray.api.bot import close_serving
+
+    await close_serving(ctx)
+    primary.close()
+
+
+async def test_hits_and_304s_are_served_in_process_and_counted_in_batches(app) -> None:
+    asgi, ctx = app
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi), base_url="http://t") as c:
+        for _ in range(3):
+            r = await c.get(f"/p/{URL}", headers={"accept-encoding": "gzip", "user-agent": "Googlebot/2.1"})
+            assert r.status_code == 200 and r.content == HTML and int(r.headers["age"]) >= 2
+        r = await c.get(f"/p/{URL}", headers={"if-none-match": 'W/"e1"', "accept-encoding": "gzip"})
+        assert r.status_code == 304 and r.content == b""
+        assert (await c.get("/p/https://elsewhere.example/")).status_code == 403
+        assert (await c.get("/healthz")).status_code == 200  # not a bot request: the routers answer
+    serving = serving_of(ctx)
+    pending = {labels: n for (metric, labels), n in serving._pending.items() if metric._name.endswith("bot_requests")}
+    assert pending[("Googlebot", "desktop")] == 3
+    serving.flush()
+    assert serving._pending == {} and serving._observed == {}
+
+
+async def test_ingress_decisions_are_remembered_per_input(app) -> None:
+    _, ctx = app
+    serving = serving_of(ctx)
+    one = serving.resolve("GET", f"/p/{URL}", "", {"x-device-type": "mobile"})
+    assert serving.resolve("GET", f"/p/{URL}", "", {"x-device-type": "mobile", "other": "x"}) is one
+    assert serving.resolve("GET", f"/p/{URL}", "", {}) is not one
+    assert one.cache_key == f"{URL}|mobile"
+
+
+def test_batched_observations_equal_one_by_one_observations() -> None:
+    values = [0.0, 59.9, 60, 61, 3600, 86_400 * 30, 5, 600.0001]
+    buckets = (60, 600, 3600, 6 * 3600)
+    one, batched = CollectorRegistry(), CollectorRegistry()
+    h1 = Histogram("age", "a", buckets=buckets, registry=one)
+    h2 = Histogram("age", "a", buckets=buckets, registry=batched)
+    for v in values:
+        h1.observe(v)
+    _observe_many(h2, values)
+    assert [(s.name, s.labels, s.value) for m in one.collect() for s in m.samples if "created" not in s.name] == \
+           [(s.name, s.labels, s.value) for m in batched.collect() for s in m.samples if "created" not in s.name]

@@ -1,0 +1,352 @@
+"""Sitemap ingestion end to end: real HTTP, the real walker, keeper and store on the shared Ray cluster,
+sitemaps served by a local test server (hostile ones included). sitemap-admin.md §1 and §7."""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+import httpx
+import pytest
+import ray
+from prerender_ray.actors.common import lookup
+
+from prerender_ray.registry import encode_json, sitemap_run_key
+from prerender_ray.sitemap_rules import next_daily_refresh
+from prerender_ray.timeutil import DAY_MS, minute, now_ms
+from tests.sitemap_server import BILLION_LAUGHS, HTML, XXE, SitemapSite, gzip_bomb, index, urlset
+from tests.support import deploy_on, put_target, schedule, wait_for
+
+HOST = "sitemaps.test"  # resolves nowhere: every fetch is pinned to 127.0.0.1 by origin.staging.ip
+
+
+@pytest.fixture(scope="module")
+def site():
+    s = SitemapSite()
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def node(ray_cluster, tmp_path_factory):
+    d = deploy_on(ray_cluster, tmp_path_factory.mktemp("sitemaps") / "data", {
+        "domains": ["shop.test"],
+        "origin": {"staging": {"ip": "127.0.0.1"}},
+        "sitemap": {"fetchTimeoutMs": 5000, "maxBytes": 1024 * 1024, "node": "node-a",
+                    "refreshTime": "03:30", "timezone": "UTC"},
+    })
+    yield d
+    d.stop()
+
+
+def u(site: SitemapSite, path: str) -> str:
+    return site.url(path, host=HOST)
+
+
+def walk(base: str, url: str | None = None, **body: object) -> list[dict]:
+    """A blocking walk (one root, or every root without ``url``): the result documents."""
+    r = httpx.post(f"{base}/sitemaps", json={**({"url": url} if url else {}), "background": False, **body},
+                   timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def start(base: str, url: str, **body: object) -> dict:
+    r = httpx.post(f"{base}/sitemaps", json={"url": url, **body}, timeout=30)
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    assert doc["background"] is True
+    return doc["sitemaps"][0]
+
+
+def progress(base: str, root: str) -> dict | None:
+    r = httpx.get(f"{base}/sitemap_refresh", params={"root": root}, timeout=10)
+    return None if r.status_code == 404 else r.json()
+
+
+def finished(base: str, root: str, timeout: float = 60) -> dict:
+    return wait_for(lambda: (p := progress(base, root)) and p["state"] != "running" and p, timeout=timeout,
+                    what=f"the walk of {root} to finish")
+
+
+def target(base: str, url: str) -> dict | None:
+    r = httpx.get(f"{base}/render_targets", params={"url": url}, timeout=10)
+    return None if r.status_code == 404 else r.json()
+
+
+def sitemap_row(base: str, url: str) -> dict | None:
+    r = httpx.get(f"{base}/sitemaps", params={"url": url}, timeout=10)
+    return None if r.status_code == 404 else r.json()
+
+
+def codes(result: dict) -> dict[str, str]:
+    return {f["url"]: f["error"].rsplit("(", 1)[-1].rstrip(")") for f in result["failed"]}
+
+
+# ------------------------------------------------------------------------------------ hostile index
+
+
+def test_an_index_with_broken_and_hostile_children_is_walked_and_every_problem_reported(node, site) -> None:
+    p = lambda path: u(site, path)  # noqa: E731
+    site.put("/h/good.xml", urlset("https://shop.test/h/a", ("https://shop.test/h/b", "weekly"),
+                                   (None, "daily"), "https://evil.test/h/x",
+                                   ("https://shop.test/h/c", "fortnightly"), "https://shop.test/search/h",
+                                   "not-a-url"))
+    site.gzipped("/h/zipped.xml.gz", urlset("https://shop.test/h/z1", "https://shop.test/h/z2"))
+    site.delayed("/h/hang.xml", urlset("https://shop.test/h/late"), 6)
+    site.put("/h/html.xml", HTML, ctype="text/html")
+    site.put("/h/laughs.xml", BILLION_LAUGHS)
+    site.put("/h/xxe.xml", XXE)
+    site.put("/h/bomb.xml.gz", gzip_bomb(64), ctype="application/x-gzip")
+    site.endless("/h/endless.xml")
+    site.put("/h/real.xml", urlset("https://shop.test/h/d"))
+    site.redirect("/h/moved.xml", "/h/real.xml")
+    root = p("/h/index.xml")
+    children = [p(f"/h/{x}") for x in ("good.xml", "zipped.xml.gz", "missing.xml", "hang.xml", "html.xml",
+                                       "laughs.xml", "xxe.xml", "bomb.xml.gz", "endless.xml", "moved.xml")]
+    site.put("/h/index.xml", index(*children[:5], root, children[0], *children[5:], "ftp://files.test/s.xml"))
+    t0 = now_ms()
+
+    [result] = walk(node.url, root)
+
+    assert result["state"] == "completed" and result["url"] == root
+    assert result["sitemapsDiscovered"] == result["sitemapsProcessed"] == 11
+    assert result["repeatedChildren"] == 2  # the index itself, and good.xml listed twice
+    assert result["created"] == 6 and result["updated"] == result["duplicates"] == result["removed"] == 0
+    assert result["invalid"] == 4 and result["unknownChangefreq"] == 1
+    assert result["filtered"] == {"passthrough": 1, "unclassified": 0}
+    assert {s["loc"] for s in result["invalidSample"]} == {None, "https://evil.test/h/x", "not-a-url",
+                                                            "ftp://files.test/s.xml"}
+    assert codes(result) == {p("/h/missing.xml"): "HTTP_404", p("/h/hang.xml"): "SITEMAP_TIMEOUT",
+                             p("/h/html.xml"): "SITEMAP_NOT_SITEMAP", p("/h/laughs.xml"): "SITEMAP_DOCTYPE",
+                             p("/h/xxe.xml"): "SITEMAP_DOCTYPE", p("/h/bomb.xml.gz"): "SITEMAP_TOO_LARGE",
+                             p("/h/endless.xml"): "SITEMAP_TOO_LARGE"}
+    # The crawler said who it is and carried the token header; the host was kept while pinned.
+    assert site.headers["/h/good.xml"]["user-agent"] == "HarperSitemapCrawler/1.0"
+    assert site.headers["/h/good.xml"]["host"] == f"{HOST}:{site.port}"
+    # Targets carry their document and cadence; every device has a jittered row within the cadence.
+    assert target(node.url, "https://shop.test/h/b")["renderInterval"] == 7 * DAY_MS
+    for url in (f"https://shop.test/h/{x}" for x in ("a", "c", "z1", "d")):
+        t = target(node.url, url)
+        assert t["renderInterval"] == DAY_MS and t["sitemapUrl"] in children
+        for device in ("desktop", "mobile"):
+            row = schedule(node.url, f"{url}|{device}")
+            assert row["fromSitemap"] is True
+            assert minute(t0) <= row["nextRenderTime"] <= now_ms() + DAY_MS
+    assert target(node.url, "https://shop.test/h/late") is None
+    assert target(node.url, "https://evil.test/h/x") is None
+    # Rows: every document that parsed, with its parent; entries page from the chunk rows.
+    good = sitemap_row(node.url, children[0])
+    assert good["sitemap"]["parentUrl"] == root and good["sitemap"]["entryCount"] == 7
+    assert [e["loc"] for e in good["entries"]][:2] == ["https://shop.test/h/a", "https://shop.test/h/b"]
+    assert sitemap_row(node.url, root)["sitemap"]["isIndex"] is True
+    assert sitemap_row(node.url, p("/h/missing.xml")) is None
+    roots = [s["url"] for s in httpx.get(f"{node.url}/sitemaps").json()["sitemaps"]]
+    assert root in roots and children[0] not in roots
+
+
+# ------------------------------------------------------------------------------------ decisions
+
+
+def test_create_duplicate_reattach_unlink_defer_and_convergence(node, site) -> None:
+    a, b, root = u(site, "/d/a.xml"), u(site, "/d/b.xml"), u(site, "/d/index.xml")
+    site.put("/d/index.xml", index(a, b))
+    site.put("/d/a.xml", urlset("https://shop.test/d/1", "https://shop.test/d/2", "https://shop.test/d/3"))
+    site.put("/d/b.xml", urlset("https://shop.test/d/2", "https://shop.test/d/4"))
+
+    [first] = walk(node.url, root)
+    assert (first["created"], first["duplicates"], first["updated"]) == (4, 1, 0)
+    assert target(node.url, "https://shop.test/d/2")["sitemapUrl"] == a  # the first claimer wins
+
+    [second] = walk(node.url, root)  # nothing changed: zero writes
+    assert (second["created"], second["updated"], second["skipped"], second["duplicates"]) == (0, 0, 4, 1)
+
+    # A discovered target listed later is reattached: attribution patched, render clock kept.
+    put_target(node.url, "https://shop.test/d/5")
+    before = schedule(node.url, "https://shop.test/d/5|desktop")["nextRenderTime"]
+    # A target of A whose URL no longer routes to prerender is deferred, never unlinked.
+    keeper = lookup("keeper", "node-a")
+    ray.get(keeper.put_targets.remote([{"url": "https://shop.test/search/d", "sitemapUrl": a}]))
+    site.put("/d/a.xml", urlset("https://shop.test/d/1", "https://shop.test/d/2",
+                                ("https://shop.test/d/5", "monthly")))
+    site.put("/d/b.xml", urlset())  # an empty urlset keeps its targets attributed
+
+    [third] = walk(node.url, root)
+    assert (third["updated"], third["removed"], third["deferred"], third["created"]) == (1, 1, 1, 0)
+    assert third["removedSample"] == ["https://shop.test/d/3"]
+    t5 = target(node.url, "https://shop.test/d/5")
+    assert t5["sitemapUrl"] == a and t5["renderInterval"] == 30 * DAY_MS
+    assert schedule(node.url, "https://shop.test/d/5|desktop")["nextRenderTime"] == before
+    t3 = target(node.url, "https://shop.test/d/3")  # unlinked, still rendering as a discovered page
+    assert t3["sitemapUrl"] is None and schedule(node.url, "https://shop.test/d/3|desktop") is not None
+    assert target(node.url, "https://shop.test/search/d")["sitemapUrl"] == a
+    assert target(node.url, "https://shop.test/d/4")["sitemapUrl"] == b
+
+    # Another root listing an attributed URL reattaches it (roots are separate walks, as in the reference).
+    other = u(site, "/d/other.xml")
+    site.put("/d/other.xml", urlset("https://shop.test/d/1"))
+    [fourth] = walk(node.url, other)
+    assert fourth["updated"] == 1 and target(node.url, "https://shop.test/d/1")["sitemapUrl"] == other
+
+    # revalidate: every listed URL is put again, due this minute.
+    t0 = now_ms()
+    [fifth] = walk(node.url, other, revalidate=True)
+    assert fifth["created"] == 1
+    due = schedule(node.url, "https://shop.test/d/1|mobile")["nextRenderTime"]
+    assert minute(t0) <= due <= minute(now_ms())
+
+
+# ------------------------------------------------------------------------------ background runs
+
+
+def test_a_background_walk_shows_its_progress_and_refuses_a_second_walk(node, site) -> None:
+    kids = [u(site, f"/bg/{i}.xml") for i in range(4)]
+    for i in range(4):
+        site.delayed(f"/bg/{i}.xml", urlset(f"https://shop.test/bg/{i}"), 0.8)
+    root = u(site, "/bg/index.xml")
+    site.put("/bg/index.xml", index(*kids))
+
+    handle = start(node.url, root)
+    path = f"/sitemap_refresh?root={quote(root, safe='')}"
+    assert handle == {"url": root, "started": True, "progress": path}
+    again = start(node.url, root)
+    assert again["started"] is False and "already running" in again["reason"]
+    seen = []
+
+    def done() -> bool:
+        row = httpx.get(f"{node.url}{handle['progress']}").json()
+        seen.append(row)
+        return row["state"] == "completed"
+
+    wait_for(done, timeout=60, interval=0.1, what="the background walk")
+    running = [r for r in seen if r["state"] == "running"]
+    assert any(r["sitemapsProcessed"] < r["sitemapsDiscovered"] for r in running)
+    assert len({r["updatedAt"] for r in running}) >= 2  # bumped after each document
+    last = seen[-1]
+    assert last["sitemapsProcessed"] == last["sitemapsDiscovered"] == 5 and last["created"] == 4
+    assert last["node"] == "node-a" and last["finishedAt"] >= last["startedAt"]
+
+
+def test_a_running_claim_is_refused_until_its_progress_is_stale(node, site) -> None:
+    root = u(site, "/claim.xml")
+    site.put("/claim.xml", urlset("https://shop.test/claim/1"))
+    store = lookup("store", "node-a")
+
+    def fake(updated_at: object) -> None:
+        row = {"state": "running", "node": "node-x", "runId": "elsewhere", "updatedAt": updated_at}
+        ray.get(store.apply.remote([(sitemap_run_key(root), encode_json(row))]))
+
+    fake(now_ms())
+    refused = start(node.url, root)
+    assert refused["started"] is False and "node-x is already running" in refused["reason"]
+    assert httpx.post(f"{node.url}/sitemaps", json={"url": root, "background": False}).status_code == 409
+    fake(now_ms() - 11 * 60_000)  # older than sitemap.staleRunMs (10 min): taken over
+    assert start(node.url, root)["started"] is True
+    row = finished(node.url, root)
+    assert row["state"] == "completed" and row["node"] == "node-a" and "from node-x" in row["takenOverFrom"]
+    fake("not a time")  # unreadable progress: taken over too
+    assert start(node.url, root)["started"] is True
+    finished(node.url, root)
+
+
+def test_a_killed_walker_resumes_its_run_after_restart(node, site) -> None:
+    kids = [u(site, f"/kill/{i}.xml") for i in range(6)]
+    for i in range(6):
+        site.delayed(f"/kill/{i}.xml", urlset(f"https://shop.test/kill/{i}"), 1.0)
+    root = u(site, "/kill/index.xml")
+    site.put("/kill/index.xml", index(*kids))
+    walker = lookup("sitemapper", "node-a")
+    pid = ray.get(walker.status.remote())["pid"]
+    assert start(node.url, root)["started"] is True
+    first = wait_for(lambda: (p := progress(node.url, root)) and p["sitemapsProcessed"] >= 2 and p,
+                     timeout=30)
+    assert first["state"] == "running"
+
+    ray.kill(walker, no_restart=False)
+    wait_for(lambda: _pid(walker) not in (None, pid), timeout=60, what="a new walker process")
+    row = finished(node.url, root, timeout=90)
+    assert row["state"] == "completed" and row["trigger"] == "resumed" and row["runId"] != first["runId"]
+    assert "after a restart" in row["takenOverFrom"]
+    assert row["sitemapsProcessed"] == 7
+    assert all(target(node.url, f"https://shop.test/kill/{i}") for i in range(6))
+
+
+def _pid(handle: object) -> int | None:
+    try:
+        return ray.get(handle.status.remote(), timeout=2)["pid"]  # type: ignore[attr-defined]
+    except Exception:
+        return None
+
+
+# ---------------------------------------------------------------------------- refresh-all, delete
+
+
+def test_refresh_all_walks_the_roots_only(node, site) -> None:
+    site.put("/all/index.xml", index(u(site, "/all/child.xml")))
+    site.put("/all/child.xml", urlset("https://shop.test/all/1"))
+    walk(node.url, u(site, "/all/index.xml"))
+    roots = {s["url"] for s in httpx.get(f"{node.url}/sitemaps").json()["sitemaps"]}
+    assert u(site, "/all/index.xml") in roots and u(site, "/all/child.xml") not in roots
+
+    results = walk(node.url)
+    assert {r["url"] for r in results} == roots
+    assert progress(node.url, u(site, "/all/child.xml")) is None  # children have no run of their own
+
+    r = httpx.post(f"{node.url}/sitemaps", json={}, timeout=30)
+    assert r.status_code == 200 and {s["url"] for s in r.json()["sitemaps"]} == roots
+    assert all(s["started"] for s in r.json()["sitemaps"])
+    job = wait_for(lambda: (p := progress(node.url, "all")) and p["state"] == "completed" and p, timeout=120)
+    assert set(job["roots"]) == roots and job["done"] == len(roots)
+
+
+def test_delete_cascades_to_descendants_targets_schedule_rows_and_pages(node, site) -> None:
+    root, kid, loop = u(site, "/del/index.xml"), u(site, "/del/kid.xml"), u(site, "/del/loop.xml")
+    site.put("/del/index.xml", index(kid, loop))
+    site.put("/del/kid.xml", urlset("https://shop.test/del/1", "https://shop.test/del/2"))
+    site.put("/del/loop.xml", index(root, u(site, "/del/deep.xml")))  # a cycle back to the root
+    site.put("/del/deep.xml", urlset("https://shop.test/del/3"))
+    [result] = walk(node.url, root)
+    assert result["created"] == 3 and result["repeatedChildren"] == 1
+    key = "https://shop.test/del/1|desktop"
+    store = lookup("store", "node-a")
+    ray.get(store.apply.remote([], [(key.encode(), b"a page")]))
+
+    r = httpx.delete(f"{node.url}/sitemaps", params={"url": root}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["targets"] == 3
+    assert set(r.json()["sitemaps"]) == {root, kid, loop, u(site, "/del/deep.xml")}
+    for n in (1, 2, 3):
+        assert target(node.url, f"https://shop.test/del/{n}") is None
+        assert schedule(node.url, f"https://shop.test/del/{n}|mobile") is None
+    assert ray.get(store.get_pages.remote([key])) == [None]
+    assert all(sitemap_row(node.url, s) is None for s in (root, kid, loop))
+    assert progress(node.url, root)["state"] == "completed"  # refresh rows are kept
+    assert httpx.delete(f"{node.url}/sitemaps", params={"url": root}).status_code == 404
+
+
+# --------------------------------------------------------------------------------- odds and ends
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ({"url": "ftp://files.test/s.xml"}, "only http and https"),
+    ({"url": "/relative.xml"}, "Not a valid absolute http(s) URL"),
+    ({"url": ""}, "url is required"),
+    ({"url": "https://shop.test/s.xml", "background": "yes"}, "background must be true or false"),
+    ({"url": "https://shop.test/s.xml", "revalidate": 1}, "revalidate must be true or false"),
+])
+def test_bad_input_is_a_400_that_starts_nothing(node, body, message) -> None:
+    r = httpx.post(f"{node.url}/sitemaps", json=body)
+    assert r.status_code == 400 and message in r.json()["error"], r.text
+
+
+def test_bad_reads_are_clear(node) -> None:
+    assert httpx.post(f"{node.url}/sitemaps", content=b"{nope").status_code == 400
+    assert httpx.get(f"{node.url}/sitemap_refresh", params={"root": "nope"}).status_code == 400
+    none = {"root": "https://none.test/s.xml"}
+    assert httpx.get(f"{node.url}/sitemap_refresh", params=none).status_code == 404
+    assert httpx.get(f"{node.url}/sitemaps", params={"url": "https://none.test/s.xml"}).status_code == 404
+
+
+def test_the_daily_refresh_is_armed_on_the_configured_node(node) -> None:
+    status = ray.get(lookup("sitemapper", "node-a").status.remote())
+    assert status["nextDailyRefresh"] == next_daily_refresh("03:30", "UTC", now_ms())
+    assert node.refresh()["nodes"][0]["sitemapWalker"]["live"] is True

@@ -1,0 +1,38 @@
+"""cluster.yaml must pass Ray's own config validation, and carry what prerender-ray needs."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+from ray.autoscaler._private.util import prepare_config, validate_config
+
+from tests.support import REPO
+
+
+def load() -> dict:
+    return yaml.safe_load((REPO / "cluster.yaml").read_text())
+
+
+def test_cluster_yaml_passes_rays_validation() -> None:
+    cfg = prepare_config(copy.deepcopy(load()))
+    validate_config(cfg)
+    assert cfg["provider"]["type"] == "local"
+
+
+def test_cluster_yaml_installs_prerender_ray_names_nodes_and_uses_token_auth() -> None:
+    cfg = load()
+    assert any("pip install" in c and "/opt/prerender" in c for c in cfg["setup_commands"])
+    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+        start = " ".join(cfg[key])
+        assert "RAY_AUTH_MODE=token" in start
+        assert "prerender-node=" in start and "prerender-port=" in start
+    assert "~/.ray/auth_token" in cfg["file_mounts"]
+
+
+def test_a_broken_cluster_yaml_is_refused_by_the_same_validation() -> None:
+    cfg = load()
+    cfg["provider"] = {"type": "local"}  # no head_ip
+    with pytest.raises(Exception):
+        validate_config(prepare_config(cfg))

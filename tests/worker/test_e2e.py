@@ -1,0 +1,152 @@
+"""The whole loop, end to end, with a real browser: a site on 127.0.0.1 whose pages build their content
+with a script, a sitemap listing them, prerender-ray on its defaults (real Ray, RocksDB, HTTP), the
+render worker, and bots that receive the script-built HTML.
+
+Also: a noindex page ends suppressed, and a 301 retires its source and adopts the destination. The
+noindex page is a discovered target (``PUT /render_targets``), not a sitemap entry: for sitemap jobs the
+reference fleet stores non-indexable pages rather than reporting them (render-fleet-protocol.md §7).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+import pytest_asyncio
+from prerender_ray.worker.main import Worker
+from prerender_ray.worker.options import WorkerOptions, find_chromium
+
+from tests.support import deploy_on, put_target
+from tests.worker.site import Origin
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.cluster,
+    pytest.mark.skipif(find_chromium() is None, reason="needs Debian's chromium (apt install chromium)"),
+]
+
+DEBUG = {"x-harper-prerender-debug": "1"}
+PAGES = ["/js/e1", "/js/e2", "/js/e3", "/moved"]
+
+
+@pytest.fixture(scope="module")
+def site():
+    o = Origin().start()
+    o.sitemap_paths = PAGES
+    yield o
+    o.stop()
+
+
+@pytest.fixture(scope="module")
+def node(ray_cluster, tmp_path_factory):
+    d = deploy_on(ray_cluster, tmp_path_factory.mktemp("e2e") / "data", {})
+    yield d
+    d.stop()
+
+
+@pytest_asyncio.fixture(scope="module")
+async def worker(node):
+    w = Worker(
+        WorkerOptions(
+            queues=[node.url],
+            concurrency=2,
+            chromium=find_chromium(),
+            status_interval_s=0.5,
+            stats_interval_s=3600,
+        )
+    )
+    task = asyncio.create_task(w.run())
+    await asyncio.wait_for(w.ready.wait(), 60)
+    yield w
+    w.stop()
+    assert await asyncio.wait_for(task, 60) == 0
+
+
+async def until(predicate, timeout: float = 120.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = await predicate()
+        if last:
+            return last
+        await asyncio.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+async def bot(client: httpx.AsyncClient, node, url: str, **headers: str) -> httpx.Response:
+    return await client.get(f"{node.url}/p/{url}", headers={**DEBUG, **headers})
+
+
+async def target(client: httpx.AsyncClient, node, url: str) -> dict | None:
+    r = await client.get(f"{node.url}/render_targets", params={"url": url})
+    return r.json() if r.status_code == 200 else None
+
+
+async def test_a_sitemap_of_script_built_pages_ends_as_rendered_html_served_to_bots(
+    node, site, worker
+) -> None:
+    async with httpx.AsyncClient(timeout=60) as client:
+        r = await client.post(
+            f"{node.url}/sitemaps",
+            json={"url": f"{site.base}/sitemap.xml", "revalidate": True, "background": False},
+        )
+        if r.status_code == 404:
+            pytest.skip("POST /sitemaps is not served by this build")
+        assert r.status_code == 200, r.text
+        for path in PAGES[:3]:
+            url = site.base + path
+            hit = await until(lambda url=url: _hit(client, node, url), what=f"a rendered page for {url}")
+            n = path.rsplit("/", 1)[1]
+            assert f"built by script: item {n}" in hit.text  # built by the page's script, in Chromium
+            assert "<script src" not in hit.text and "app.js" not in hit.text
+            assert hit.headers["content-encoding"] == "gzip"  # asked with accept-encoding: gzip
+            etag, modified = hit.headers.get("etag"), hit.headers.get("last-modified")
+            assert etag or modified
+            if etag:
+                again = await bot(client, node, url, **{"accept-encoding": "gzip", "if-none-match": etag})
+                assert again.status_code == 304 and again.content == b""
+            if modified:
+                again = await bot(client, node, url, **{"if-modified-since": modified})
+                assert again.status_code == 304
+        assert worker.metrics.total["rendered"] >= 3
+
+
+async def _hit(client: httpx.AsyncClient, node, url: str) -> httpx.Response | None:
+    r = await bot(client, node, url, **{"accept-encoding": "gzip"})
+    return r if r.status_code == 200 and r.headers.get("x-harper-cache") == "hit" else None
+
+
+async def test_a_301_in_the_sitemap_retires_its_source_and_the_destination_gets_rendered(
+    node, site, worker
+) -> None:
+    async with httpx.AsyncClient(timeout=60) as client:
+        if (await client.get(f"{node.url}/sitemaps")).status_code == 404:
+            pytest.skip("the sitemaps API is not served by this build")
+        src, dst = site.base + "/moved", site.base + "/js/moved-here"
+        if await target(client, node, src) is None and await target(client, node, dst) is None:
+            put_target(node.url, src, nextRenderTime=1)  # this test alone: the source is due now
+        await until(lambda: _absent(client, node, src), what="the 301's source to be retired")
+        adopted = await until(lambda: target(client, node, dst), what="the 301's destination to be adopted")
+        assert adopted["state"] != "suppressed"
+        hit = await until(lambda: _hit(client, node, dst), what="the destination to be rendered")
+        assert "built by script: item moved-here" in hit.text
+
+
+async def _absent(client: httpx.AsyncClient, node, url: str) -> bool:
+    return await target(client, node, url) is None
+
+
+async def test_a_noindex_page_ends_suppressed(node, site, worker) -> None:
+    url = site.base + "/noindex"
+    put_target(node.url, url, nextRenderTime=1)
+    async with httpx.AsyncClient(timeout=60) as client:
+        t = await until(lambda: _suppressed(client, node, url), what="the noindex target to be suppressed")
+        assert t["suppressedReason"] == "noindex"
+    assert worker.metrics.total["non-indexable"] >= 1
+
+
+async def _suppressed(client: httpx.AsyncClient, node, url: str) -> dict | None:
+    t = await target(client, node, url)
+    return t if t and t.get("state") == "suppressed" else None

@@ -1,0 +1,121 @@
+"""Chromium's lifecycle with a real browser: recycling, a hard kill when it ignores SIGTERM, a browser
+that dies mid-run, and nothing left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from playwright.async_api import async_playwright
+from prerender_ray.worker import outcome as oc
+from prerender_ray.worker.options import find_chromium
+from prerender_ray.worker.pool import BrowserPool, group_members
+from prerender_ray.worker.render import Renderer, RenderOptions
+
+from tests.worker.site import Origin
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(find_chromium() is None, reason="needs Debian's chromium (apt install chromium)"),
+]
+
+
+def job(url: str) -> oc.Job:
+    return oc.Job(
+        id=f"{url}|desktop",
+        url=url,
+        device_type="desktop",
+        expires_at=float("nan"),
+        callback_origin="http://127.0.0.1:1",
+    )
+
+
+def gone(pgid: int, timeout: float = 10.0) -> bool:
+    """No process of the group is left, zombies included (PID 1 or we reap them)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not group_members(pgid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.fixture(scope="module")
+def origin():
+    o = Origin().start()
+    yield o
+    o.stop()
+
+
+async def rig(**kw):
+    pw = await async_playwright().start()
+    events: list[str] = []
+    pool = BrowserPool(pw, find_chromium(), concurrency=1, on_event=events.append, **kw)
+    renderer = Renderer(pool, oc.UrlRules(), RenderOptions())
+    pool.setup_tab = renderer.setup_tab
+    await pool.start()
+    return pw, pool, renderer, events
+
+
+async def test_the_browser_is_replaced_after_n_renders_and_the_old_one_leaves_nothing(origin: Origin) -> None:
+    pw, pool, renderer, events = await rig(recycle_pages=2)
+    try:
+        first = pool.current
+        for i in range(3):
+            assert (await renderer.render(job(f"{origin.base}/js/r{i}"))).html
+        assert pool.current is not first and pool.current.generation == 2 and events == ["recycle-pages"]
+        assert gone(first.pid) and not first.user_data_dir.exists()
+    finally:
+        last = pool.current.pid
+        await pool.close()
+        await pw.stop()
+    assert gone(last)
+
+
+async def test_a_browser_that_ignores_sigterm_is_killed_and_reaped(origin: Origin) -> None:
+    pw, pool, renderer, events = await rig(recycle_minutes=0.0, close_grace_s=1.0)
+    try:
+        first = pool.current
+        first.browser.close = _never  # the CDP close hangs, and the process ignores SIGTERM (stopped)
+        os.kill(first.pid, signal.SIGSTOP)
+        assert (await renderer.render(job(f"{origin.base}/js/k1"))).html  # recycled at once (age 0)
+        assert pool.current is not first
+        for _ in range(100):
+            if "hard-kill" in events:
+                break
+            await __import__("asyncio").sleep(0.1)
+        assert "hard-kill" in events and first.proc.returncode == -signal.SIGKILL
+        assert gone(first.pid)
+    finally:
+        await pool.close()
+        await pw.stop()
+
+
+async def _never() -> None:
+    await __import__("asyncio").sleep(3600)
+
+
+async def test_a_browser_that_dies_is_an_error_for_its_render_and_the_next_one_gets_a_new_browser(
+    origin: Origin,
+) -> None:
+    import asyncio
+
+    pw, pool, renderer, events = await rig()
+    try:
+        first = pool.current
+        task = asyncio.create_task(renderer.render(job(f"{origin.base}/hang")))
+        for _ in range(100):
+            if origin.requests("/hang"):
+                break
+            await asyncio.sleep(0.05)
+        os.kill(first.pid, signal.SIGKILL)  # the browser process crashes mid-render
+        r = await task
+        assert r.verdict.error is not None and r.html is None
+        assert (await renderer.render(job(f"{origin.base}/js/after-browser-crash"))).html
+        assert pool.current is not first and "crash" in events
+        assert gone(first.pid)
+    finally:
+        await pool.close()
+        await pw.stop()

@@ -1,0 +1,321 @@
+"""The worker with a real Chromium against a real origin on 127.0.0.1 and a fake queue: what it reports
+for each kind of page (render-fleet-protocol.md §5.1, §7), what it sends where (§8), and that it keeps
+going through pages that hang, crash or never settle."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import os
+import signal
+import time
+
+import pytest
+import pytest_asyncio
+from prerender_ray.worker.main import Worker
+from prerender_ray.worker.options import WorkerOptions, find_chromium
+
+from tests.worker.site import FakeQueue, Origin, ThirdParty
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(find_chromium() is None, reason="needs Debian's chromium (apt install chromium)"),
+]
+
+TOKEN = "bypass-secret"
+
+
+class Rig:
+    def __init__(self) -> None:
+        self.third = ThirdParty().start()
+        self.origin = Origin(self.third.base).start()
+        self.queue = FakeQueue().start()
+        self.worker: Worker | None = None
+        self.task: asyncio.Task | None = None
+
+    async def start(self, **kw) -> Worker:
+        opts = dict(
+            queues=[self.queue.base],
+            concurrency=2,
+            chromium=find_chromium(),
+            bypass_token=TOKEN,
+            status_interval_s=0,
+            idle_ms=200,
+            min_backoff_ms=100,
+            max_backoff_ms=500,
+            max_html_bytes=1_000_000,
+            stats_interval_s=3600,
+        )
+        opts.update(kw)
+        self.worker = Worker(WorkerOptions(**opts))
+        self.task = asyncio.create_task(self.worker.run())
+        await asyncio.wait_for(self.worker.ready.wait(), 60)
+        return self.worker
+
+    async def render(self, *jobs: dict, timeout: float = 60) -> dict[str, dict]:
+        """Queue ``jobs``; their results by id, with ``html`` decoded."""
+        self.queue.jobs.extend(jobs)
+        return await self.results({j["id"] for j in jobs}, timeout)
+
+    async def results(self, ids: set[str], timeout: float = 60) -> dict[str, dict]:
+        got: dict[str, dict] = {}
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            got = {m["id"]: m for m in self.queue.results() if m["id"] in ids}
+            if len(got) == len(ids):
+                for m in got.values():
+                    c = m.pop("_content")
+                    m["html"] = gzip.decompress(c).decode() if c else None
+                return got
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"no result for {ids - set(got)} within {timeout} s")
+
+    def url(self, path: str) -> str:
+        return self.origin.base + path
+
+    def job(self, path: str, **kw) -> dict:
+        return self.queue.job(self.url(path), **kw)
+
+    async def stop(self) -> None:
+        if self.worker is not None:
+            self.worker.stop()
+            assert await asyncio.wait_for(self.task, 60) == 0
+        for s in (self.queue, self.origin, self.third):
+            s.stop()
+
+
+@pytest_asyncio.fixture(scope="module")
+async def rig():
+    r = Rig()
+    await r.start()
+    yield r
+    await r.stop()
+
+
+async def one(rig: Rig, path: str, **kw) -> dict:
+    return (await rig.render(rig.job(path, **kw)))[rig.url(path) + "|" + kw.get("device", "desktop")]
+
+
+# ------------------------------------------------------------------------------------- rendering
+
+
+async def test_a_script_built_page_is_rendered_without_its_scripts_and_gzipped(rig: Rig) -> None:
+    m = await one(rig, "/js/1")
+    assert m["outcome"] == "rendered" and m["statusCode"] == 200 and m["isIndexable"] is True
+    assert "built by script: item 1" in m["html"] and m["html"].startswith("<!DOCTYPE html>")
+    assert "<script" not in m["html"].replace('<script type="application/ld+json">', "")  # JSON-LD stays
+    assert "application/ld+json" in m["html"]
+    assert m["headers"] == {
+        "etag": '"js-1"',
+        "cache-control": "max-age=60",
+        "content-type": "text/html; charset=utf-8",
+        "content-encoding": "gzip",
+    }
+    assert set(m) == {
+        "id",
+        "url",
+        "statusCode",
+        "headers",
+        "renderTime",
+        "isIndexable",
+        "outcome",
+        "html",
+        "_headers",
+    }
+    assert not rig.origin.requests("/img/1.png")  # images are blocked
+
+
+async def test_a_page_waits_for_prerender_ready_and_for_a_short_timer(rig: Rig) -> None:
+    res = await rig.render(rig.job("/late"), rig.job("/debounce"))
+    late, debounce = res[rig.url("/late") + "|desktop"], res[rig.url("/debounce") + "|desktop"]
+    assert "ready at last" in late["html"] and late["renderTime"] >= 1000
+    assert "after timer: item debounced" in debounce["html"]
+
+
+async def test_noindex_is_non_indexable_without_content_unless_the_job_comes_from_a_sitemap(rig: Rig) -> None:
+    m = await one(rig, "/noindex")
+    assert (m["outcome"], m["reason"], m["isIndexable"], m["html"]) == (
+        "non-indexable",
+        "noindex",
+        False,
+        None,
+    )
+    assert m["headers"] == {"content-type": "text/html; charset=utf-8", "x-robots-tag": "noarchive"}
+    s = (await rig.render(rig.job("/noindex", key="sitemap-noindex", sitemap=True)))["sitemap-noindex"]
+    assert (
+        s["outcome"] == "rendered"
+        and s["isIndexable"] is False
+        and "reason" not in s
+        and "hidden" in s["html"]
+    )
+    c = await one(rig, "/canonical-elsewhere")
+    assert (c["outcome"], c["reason"]) == ("non-indexable", "canonical-mismatch")
+
+
+async def test_http_errors_redirects_and_loops_are_reported_as_the_reference_fleet_does(rig: Rig) -> None:
+    res = await rig.render(
+        *(rig.job(p) for p in ("/missing", "/moved", "/loop", "/client-redirect", "/status-meta"))
+    )
+    missing, moved, loop, client, meta = (
+        res[rig.url(p) + "|desktop"]
+        for p in ("/missing", "/moved", "/loop", "/client-redirect", "/status-meta")
+    )
+    assert (missing["outcome"], missing["reason"], missing["statusCode"]) == (
+        "non-indexable",
+        "http-error",
+        404,
+    )
+    assert missing["headers"]["x-robots-tag"] == "noindex"
+    assert (moved["outcome"], moved["reason"], moved["statusCode"]) == ("redirected", "redirect", 301)
+    assert moved["redirectedTo"] == rig.url("/js/moved-here") and moved["headers"] == {
+        "cache-control": "max-age=3600"
+    }
+    assert "isIndexable" not in moved and moved["html"] is None
+    assert (loop["outcome"], loop["reason"], loop["isIndexable"]) == ("non-indexable", "redirect-loop", False)
+    assert "ERR_TOO_MANY_REDIRECTS" in loop["error"]["message"] and loop["error"]["phase"] == "navigation"
+    assert "statusCode" not in loop
+    assert client["outcome"] == "rendered" and client["redirectedTo"] == rig.url("/js/landed")
+    assert "built by script: item landed" in client["html"]
+    assert (meta["outcome"], meta["statusCode"], meta["reason"]) == ("non-indexable", 410, "http-error")
+
+
+async def test_the_device_profile_sets_viewport_and_user_agent_and_job_headers_reach_the_document(
+    rig: Rig,
+) -> None:
+    res = await rig.render(rig.job("/device", device="mobile", headers={"X-Job": "j1"}), rig.job("/device"))
+    mobile, desktop = res[rig.url("/device") + "|mobile"], res[rig.url("/device") + "|desktop"]
+    assert "width=393 touch=true" in mobile["html"] and "iPhone" in mobile["html"]
+    assert "width=1366 touch=false" in desktop["html"] and "HeadlessChrome" in desktop["html"]
+    docs = rig.origin.requests("/device")
+    assert [d.headers.get("x-job") for d in docs].count("j1") == 1
+
+
+async def test_the_bypass_token_goes_to_the_origin_only(rig: Rig) -> None:
+    res = await rig.render(rig.job("/third-party"), rig.job("/moved-away"))
+    assert res[rig.url("/third-party") + "|desktop"]["outcome"] == "rendered"
+    assert res[rig.url("/moved-away") + "|desktop"]["redirectedTo"] == rig.third.base + "/landing"
+    for path in ("/third-party", "/app.js", "/moved-away"):
+        assert all(s.headers.get("x-harper-renderer-bypass") == TOKEN for s in rig.origin.requests(path)), (
+            path
+        )
+    assert rig.third.requests("/lib.js") and rig.third.requests("/landing")
+    assert not any(
+        "x-harper-renderer-bypass" in s.headers for s in rig.third.seen
+    )  # not even after a redirect
+    assert not any("x-harper-renderer-bypass" in s.headers for s in rig.queue.seen)
+
+
+# --------------------------------------------------------------------------------------- faults
+
+
+async def test_pages_that_throw_hang_or_never_settle_end_in_their_budget_and_the_worker_goes_on(
+    rig: Rig,
+) -> None:
+    res = await rig.render(
+        rig.job("/throws"),
+        rig.job("/busy", renderBudget=2500),
+        rig.job("/never-ready", renderBudget=2000),
+        rig.job("/hang", renderBudget=2000),
+        rig.job("/js/after"),
+    )
+    get = lambda p: res[rig.url(p) + "|desktop"]
+    assert get("/throws")["outcome"] == "rendered" and "before the throw" in get("/throws")["html"]
+    busy, never, hang = get("/busy"), get("/never-ready"), get("/hang")
+    assert (busy["outcome"], busy["error"]["name"], busy["statusCode"]) == ("error", "SettleTimeout", 200)
+    assert never["outcome"] == "error" and "prerenderReady" in never["error"]["message"]
+    assert (
+        hang["outcome"] == "error" and hang["error"].get("phase") == "navigation" and "statusCode" not in hang
+    )
+    for m in (busy, never, hang):
+        assert 1500 <= m["renderTime"] <= 15_000
+    assert get("/js/after")["outcome"] == "rendered"
+
+
+async def test_a_huge_page_is_rendered_and_one_past_the_limit_is_an_error(rig: Rig) -> None:
+    res = await rig.render(rig.job("/huge/20000"), rig.job("/huge/30000"))  # about 0.8 and 1.2 MB
+    ok, big = res[rig.url("/huge/20000") + "|desktop"], res[rig.url("/huge/30000") + "|desktop"]
+    assert ok["outcome"] == "rendered" and ok["html"].count("of a very long page") == 20000
+    assert big["outcome"] == "error" and big["error"]["name"] == "ContentTooLarge"
+
+
+async def test_a_crashed_tab_is_an_error_and_the_next_page_renders(rig: Rig) -> None:
+    from prerender_ray.worker.pool import group_members
+
+    job = rig.job("/hang", key="crash-me", renderBudget=15_000)
+    rig.queue.jobs.append(job)
+    chromium = rig.worker.pool.current
+    deadline = time.monotonic() + 20
+    renderers: list[int] = []
+    while time.monotonic() < deadline and not renderers:  # the hanging page's renderer spins a core
+        if any(s.path == "/hang" for s in rig.origin.seen[-5:]):
+            before = {p: _cpu(p) for p in group_members(chromium.pid) if _is_renderer(p)}
+            await asyncio.sleep(0.5)
+            renderers = [p for p, t in before.items() if _cpu(p) - t >= 20]  # >= 0.2 s of CPU in 0.5 s
+        else:
+            await asyncio.sleep(0.2)
+    assert renderers, "no busy renderer found"
+    for p in renderers:
+        os.kill(p, signal.SIGKILL)
+    res = await rig.render(rig.job("/js/after-crash"))
+    crashed = (await rig.results({"crash-me"}))["crash-me"]
+    assert crashed["outcome"] == "error" and crashed["renderTime"] < 14_000
+    assert res[rig.url("/js/after-crash") + "|desktop"]["outcome"] == "rendered"
+
+
+def _is_renderer(pid: int) -> bool:
+    try:
+        return b"--type=renderer" in open(f"/proc/{pid}/cmdline", "rb").read()
+    except OSError:
+        return False
+
+
+def _cpu(pid: int) -> int:
+    try:
+        f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return int(f[11]) + int(f[12])
+
+
+async def test_a_job_with_under_30_s_of_lease_is_skipped_and_never_posted(rig: Rig) -> None:
+    before = len(rig.origin.requests("/js/short-lease"))
+    rig.queue.jobs.append(rig.job("/js/short-lease", key="short", lease_ms=29_000))
+    await rig.render(rig.job("/js/after-short"))
+    await asyncio.sleep(0.5)
+    assert not [m for m in rig.queue.results() if m["id"] == "short"]
+    assert len(rig.origin.requests("/js/short-lease")) == before
+
+
+async def test_a_lease_that_expires_mid_render_is_never_posted() -> None:
+    r = Rig()
+    try:
+        w = await r.start(min_lease_left_ms=0, concurrency=1)
+        r.queue.jobs.append(r.job("/slow", key="expires", lease_ms=800))
+        await r.render(r.job("/js/after-expiry"))
+        deadline = time.monotonic() + 10
+        expired = lambda: (
+            w.metrics.registry.get_sample_value("prerender_worker_results_total", {"result": "expired"}) or 0
+        )
+        while expired() < 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert expired() == 1
+        assert not [m for m in r.queue.results() if m["id"] == "expires"]
+        assert r.origin.requests("/slow")  # it was rendered, just not reported
+    finally:
+        await r.stop()
+
+
+async def test_the_worker_rides_out_a_queue_that_answers_garbage_then_recovers(rig: Rig) -> None:
+    rig.queue.mode = "garbage"
+    await asyncio.sleep(1.0)
+    rig.queue.mode = "unavailable"
+    await asyncio.sleep(0.6)
+    rig.queue.mode = "ok"
+    res = await rig.render(rig.job("/js/after-garbage"))
+    assert res[rig.url("/js/after-garbage") + "|desktop"]["outcome"] == "rendered"
+    assert (
+        rig.worker.metrics.registry.get_sample_value(
+            "prerender_worker_claims_total", {"result": "unavailable"}
+        )
+        >= 2
+    )

@@ -1,0 +1,267 @@
+"""The queue side of the fleet protocol: claims with the reference fleet's classification
+(render-fleet-protocol.md §3.2), result posts with its retry rules (§5.2), and queue-status polling
+(our HTTP stand-in for the MQTT broadcast of §4), all feeding one HostHealth.
+
+One ``httpx.AsyncClient`` per host (keep-alive, HTTP/1.1), Basic auth and ``x-worker-id`` on every
+request, and a deadline on every call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from prerender_ray import logs
+
+from .backoff import HostHealth, Timing, parse_retry_after, result_retry_delay
+from .metrics import WorkerMetrics
+from .outcome import Job, parse_jobs
+
+log = logs.get("worker.client")
+
+UNAVAILABLE_STATUSES = frozenset({429, 502, 503, 504})
+
+
+def now_ms() -> float:
+    return time.time() * 1000
+
+
+@dataclass
+class ClaimResult:
+    kind: str  # jobs | empty | unavailable | error
+    jobs: list[Job] = field(default_factory=list)
+    status: int | None = None
+    detail: str = ""
+
+
+class QueueClient:
+    def __init__(
+        self,
+        queues: list[str],
+        *,
+        user: str = "",
+        password: str = "",
+        worker_id: str = "",
+        concurrency: int = 1,
+        timing: Timing | None = None,
+        health: HostHealth | None = None,
+        claim_timeout_s: float = 30.0,
+        result_timeout_s: float = 30.0,
+        result_retries: int = 3,
+        discover: bool = True,
+        metrics: WorkerMetrics | None = None,
+        wake: Callable[[], None] | None = None,
+    ):
+        self.seeds = list(queues)
+        self.health = health or HostHealth(timing)
+        self.timing = self.health.t
+        for q in queues:
+            self.health.add(q)
+        self.auth = httpx.BasicAuth(user, password) if user else None
+        self.headers = {"x-worker-id": worker_id} if worker_id else {}
+        self.pool_size = max(2, concurrency + 1)
+        self.claim_timeout_s = claim_timeout_s
+        self.result_timeout_s = result_timeout_s
+        self.result_retries = result_retries
+        self.discover = discover
+        self.metrics = metrics or WorkerMetrics()
+        self.wake = wake or (lambda: None)
+        self._clients: dict[str, httpx.AsyncClient] = {}
+        self._status_seen: dict[str, float] = {}
+        self._status_muted: dict[str, float] = {}  # seed -> until (ms): it has no /queue_status
+
+    def client(self, base: str) -> httpx.AsyncClient:
+        c = self._clients.get(base)
+        if c is None:
+            c = httpx.AsyncClient(
+                base_url=base,
+                auth=self.auth,
+                headers=self.headers,
+                follow_redirects=False,
+                timeout=httpx.Timeout(self.claim_timeout_s, connect=5.0),
+                limits=httpx.Limits(max_connections=self.pool_size, max_keepalive_connections=self.pool_size),
+            )
+            self._clients[base] = c
+        return c
+
+    async def close(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        await asyncio.gather(*(c.aclose() for c in clients), return_exceptions=True)
+
+    def _tracks(self, host: str) -> bool:
+        """Hosts we keep health for: the seeds, and with discovery every node we learn of (including
+        callback origins, as the reference fleet's side door does)."""
+        return self.discover or host in self.health.hosts
+
+    # ---------------------------------------------------------------------------------- claim
+
+    async def claim(self, host: str, limit: int) -> ClaimResult:
+        r = await self._claim(host, limit)
+        now = now_ms()
+        if r.kind == "jobs":
+            self.health.on_jobs(host, now)
+            self.metrics.jobs_claimed.inc(len(r.jobs))
+        elif r.kind == "empty":
+            self.health.on_empty(host, now)
+        self.metrics.claims.labels(r.kind).inc()
+        return r
+
+    async def _claim(self, host: str, limit: int) -> ClaimResult:
+        try:
+            resp = await self.client(host).post("/render_queue/claim", json={"limit": limit})
+        except httpx.HTTPError as e:
+            self.health.open_circuit(host, now_ms())
+            log.warning("claim failed", host=host, error=_describe(e))
+            return ClaimResult("unavailable", detail=_describe(e))
+        if resp.status_code == 200:
+            try:
+                body = resp.json()
+                if not isinstance(body, list):
+                    raise ValueError(f"a JSON {type(body).__name__}, not an array")
+            except ValueError as e:
+                self.health.open_circuit(host, now_ms())
+                log.warning("claim answered garbage", host=host, error=str(e)[:200], body=resp.text[:200])
+                return ClaimResult("unavailable", status=200, detail="garbage")
+            jobs, problems = parse_jobs(body)
+            for p in problems:
+                log.warning("unusable job skipped", host=host, problem=p)
+                self.metrics.skipped.labels("malformed").inc()
+            return ClaimResult("jobs" if jobs else "empty", jobs, 200)
+        if resp.status_code in UNAVAILABLE_STATUSES:
+            ra = parse_retry_after(resp.headers.get("retry-after"), now_ms())
+            until = self.health.open_circuit(host, now_ms(), ra)
+            log.warning(
+                "queue unavailable",
+                host=host,
+                status=resp.status_code,
+                retry_in_s=round((until - now_ms()) / 1000, 1),
+            )
+            return ClaimResult("unavailable", status=resp.status_code)
+        self.health.open_circuit(host, now_ms())
+        log.warning("claim refused", host=host, status=resp.status_code, body=resp.text[:300])
+        return ClaimResult("error", status=resp.status_code, detail=resp.text[:300])
+
+    # --------------------------------------------------------------------------------- result
+
+    async def post_result(self, job: Job, body: bytes, headers: dict[str, str]) -> str:
+        """POST one result to the job's callback origin. Returns ``delivered``, ``expired`` (the lease
+        ran out: nothing more is sent), ``not-held`` (409), ``too-large`` (413), ``rejected`` (any other
+        final answer) or ``failed`` (retries exhausted)."""
+        host = job.callback_origin
+        attempts = 1 + self.result_retries
+        for attempt in range(1, attempts + 1):
+            now = now_ms()
+            if not job.held(now):
+                log.warning("lease expired; result not sent", key=job.id, attempt=attempt)
+                return "expired"
+            timeout = min(self.result_timeout_s, max(1.0, job.lease_left_ms(now) / 1000))
+            try:
+                resp = await self.client(host).post(
+                    "/render_queue/job_result",
+                    content=body,
+                    headers=headers,
+                    timeout=httpx.Timeout(timeout, connect=5.0),
+                )
+            except httpx.HTTPError as e:
+                status, ra, text = None, None, _describe(e)
+            else:
+                status, text = resp.status_code, resp.text[:300]
+                ra = parse_retry_after(resp.headers.get("retry-after"), now_ms())
+                if status == 204:
+                    if self._tracks(host) and self.health.on_result_ok(host, now_ms()):
+                        self.wake()
+                    return "delivered"
+            retriable = status is None or status == 429 or status >= 500
+            if status in (409, 413, 400):
+                # the job, not the host: no circuit (the reference opens one for any non-204)
+                log.warning("result refused", key=job.id, status=status, body=text)
+                return {409: "not-held", 413: "too-large"}.get(status, "rejected")
+            if self._tracks(host):
+                self.health.open_circuit(host, now_ms(), ra)
+            if not retriable:
+                log.error("failed to send job result", key=job.id, status=status, body=text)
+                return "rejected"
+            if attempt == attempts:
+                log.error(
+                    "failed to send job result; retries exhausted", key=job.id, status=status, error=text
+                )
+                return "failed"
+            log.warning(
+                "result post failed; retrying", key=job.id, status=status, error=text, attempt=attempt
+            )
+            self.metrics.results.labels("retried").inc()
+            delay = result_retry_delay(self.timing, attempt, self.health.rng) / 1000
+            left = job.lease_left_ms(now_ms()) / 1000
+            if left <= delay:
+                log.warning("lease ends before the next retry; result not sent", key=job.id)
+                return "expired"
+            await asyncio.sleep(delay)
+        return "failed"  # pragma: no cover
+
+    # --------------------------------------------------------------------------------- status
+
+    async def poll_status(self) -> None:
+        """Read every node's queue status from the first seed that answers; apply changes (``queued``
+        wakes the claim loop) and, with discovery, adopt nodes not yet known."""
+        now = now_ms()
+        for seed in self.seeds:
+            if self._status_muted.get(seed, 0) > now:
+                continue
+            try:
+                resp = await self.client(seed).get("/queue_status", timeout=5.0)
+            except httpx.HTTPError:
+                continue
+            if resp.status_code in (404, 405):
+                self._status_muted[seed] = now + 300_000
+                continue
+            if resp.status_code != 200:
+                continue
+            try:
+                rows = resp.json()
+            except ValueError:
+                continue
+            if isinstance(rows, list):
+                self.apply_status(seed, rows)
+                return
+
+    def apply_status(self, seed: str, rows: list[Any]) -> None:
+        now = now_ms()
+        woke = False
+        for row in rows:
+            if not isinstance(row, dict) or not isinstance(row.get("status"), str):
+                continue
+            url = row.get("url")
+            host = (
+                url.rstrip("/") if isinstance(url, str) and url.startswith(("http://", "https://")) else None
+            )
+            if host is None:
+                continue
+            if host not in self.health.hosts:
+                if not self.discover:
+                    continue
+                self.health.add(host)
+                log.info("queue host discovered", host=host, node=row.get("node"))
+            updated = row.get("updatedTime")
+            updated = (
+                float(updated)
+                if isinstance(updated, (int, float)) and not isinstance(updated, bool)
+                else None
+            )
+            key = host
+            if updated is not None and self._status_seen.get(key) == updated:
+                continue  # already applied: a status is a change, not a heartbeat
+            if updated is not None:
+                self._status_seen[key] = updated
+            woke |= self.health.on_status(host, row["status"], updated, now)
+        self.metrics.hosts.set(len(self.health.hosts))
+        if woke:
+            self.wake()
+
+
+def _describe(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"[:300] if str(e) else type(e).__name__

@@ -1,0 +1,74 @@
+"""``prerender-ray up --with-worker``: a render worker as a child process of the foreground ``up``,
+pointed at the node it started, stopped with it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from typing import Any
+
+from .options import default_concurrency, find_chromium
+
+TOKEN_ENV = "PRERENDER_WORKER_BYPASS_TOKEN"
+STOP_GRACE_S = 25.0  # the worker's drain (12 s) + closing Chromium, with room
+
+
+def worker_command(cfg: Any, queue_url: str, chromium: str) -> tuple[list[str], dict[str, str]]:
+    """The child's argv and environment for a node configured by ``cfg`` (a prerender_ray Config)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "prerender_ray.worker",
+        "--queue",
+        queue_url,
+        "--chromium",
+        chromium,
+        "--concurrency",
+        str(default_concurrency()),
+        "--exit-with-parent",
+        "--trailing-slash",
+        cfg.cache_key.trailing_slash,
+    ]
+    if cfg.cache_key.plus_is_space:
+        cmd.append("--plus-is-space")
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    token = cfg.origin.security_token
+    if token.value:
+        cmd += ["--bypass-header", token.header, "--bypass-token-env", TOKEN_ENV]
+        env[TOKEN_ENV] = token.value
+    if env.get("PRERENDER_WORKER_USER"):
+        cmd += ["--user", env["PRERENDER_WORKER_USER"]]
+        if env.get("PRERENDER_WORKER_PASSWORD"):
+            cmd += ["--password-env", "PRERENDER_WORKER_PASSWORD"]
+    return cmd, env
+
+
+def start_worker(cfg: Any, queue_url: str) -> subprocess.Popen | None:
+    """Start the worker (in its own session, so a terminal's Ctrl-C reaches it once, through us);
+    None with a message when no Chromium is installed."""
+    chromium = find_chromium()
+    if chromium is None:
+        print(
+            "prerender-ray: no Chromium found (apt install chromium); starting without a render worker",
+            file=sys.stderr,
+        )
+        return None
+    cmd, env = worker_command(cfg, queue_url, chromium)
+    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+    print(f"render worker: pid {proc.pid}, claiming from {queue_url} with {chromium}", flush=True)
+    return proc
+
+
+def stop_worker(proc: subprocess.Popen | None, grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM (a graceful drain), then SIGKILL after ``grace_s``; always reaped."""
+    if proc is None:
+        return
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
