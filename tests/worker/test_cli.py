@@ -22,7 +22,7 @@ CLI = [sys.executable, "-m", "prerender_ray.actors.cli", "render"]
 
 def test_bad_options_exit_2_with_one_line() -> None:
     out = subprocess.run(
-        [*CLI, "--queue", "ftp://x"],
+        [*CLI, "--queue", "ftp://x", "--chromium", sys.executable],
         capture_output=True,
         text=True,
         timeout=60,
@@ -30,7 +30,7 @@ def test_bad_options_exit_2_with_one_line() -> None:
     )
     assert out.returncode == 2 and "--queue must be an http(s) URL" in out.stderr
     out = subprocess.run(
-        [*CLI, "--queue", "http://127.0.0.1:1", "--password-env", "NOPE_NOT_SET"],
+        [*CLI, "--queue", "http://127.0.0.1:1", "--password-env", "NOPE_NOT_SET", "--chromium", sys.executable],  # noqa: E501
         capture_output=True,
         text=True,
         timeout=60,
