@@ -167,7 +167,8 @@ class Serving:
             self._record(req, bot, out, now)
         return reply
 
-    async def _cacheable(self, req: BotRequest, headers: dict[str, str], now: int, debug: bool) -> tuple[Reply, Outcome]:
+    async def _cacheable(self, req: BotRequest, headers: dict[str, str], now: int,
+                         debug: bool) -> tuple[Reply, Outcome]:
         policy = serving_policy(self.cfg.render_now, route_class=req.route_class, method=req.method,
                                 request_headers=headers)
         found = None

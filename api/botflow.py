@@ -74,7 +74,8 @@ class Flow:
     # ----------------------------------------------------------------------------- not servable
 
     async def not_served(self, req: BotRequest, headers: dict[str, str], now: int, debug: bool,
-                         policy: ServingPolicy, status: str, found: StoredPage | None) -> tuple[Reply, Outcome]:
+                         policy: ServingPolicy, status: str,
+                         found: StoredPage | None) -> tuple[Reply, Outcome]:
         if found is None and status in ("miss", "unreadable"):  # not here (yet), or not readable here
             rescued = await self._peer_rescue(req, headers, now, debug)
             if rescued is not None:
@@ -108,7 +109,8 @@ class Flow:
         reply = self.s.cached(req, StoredPage(b"", got.meta, got.body), now, headers, out, debug)
         if reply is None:
             return None
-        log.info("peer rescue", key=req.cache_key, owner=owner, ms=round((time.perf_counter() - t0) * 1000, 1))
+        ms = round((time.perf_counter() - t0) * 1000, 1)
+        log.info("peer rescue", key=req.cache_key, owner=owner, ms=ms)
         return reply, out
 
     # ------------------------------------------------------------------------------- render-now
@@ -162,7 +164,8 @@ class Flow:
 
     # ----------------------------------------------------------------------------------- origin
 
-    def _forward(self, req: BotRequest, headers: dict[str, str], *, strip_validators: bool) -> list[tuple[str, str]]:
+    def _forward(self, req: BotRequest, headers: dict[str, str], *,
+                 strip_validators: bool) -> list[tuple[str, str]]:
         """Repeated request fields arrive joined by ", ", which RFC 9110 §5.3 makes equivalent."""
         return origin_request_headers(headers.items(), device_type=req.device, origin=self.cfg.origin,
                                       debug_key=self.s.debug_key, render_now=self.cfg.render_now,
@@ -209,7 +212,8 @@ class Flow:
         pin = staging_ip(self.cfg.origin.staging, headers)
         forward = self._forward(req, headers, strip_validators=False)
         try:
-            answer = await self.s.origin.fetch(req.method, req.url, forward, reason="bypass", body=body, pin=pin)
+            answer = await self.s.origin.fetch(req.method, req.url, forward, reason="bypass", body=body,
+                                               pin=pin)
         except OriginError as e:
             return self._origin_failed(req, e, debug, out), out
         out.via_staging = answer.via_staging

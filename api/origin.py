@@ -41,7 +41,7 @@ class OriginError(Exception):
     def __init__(self, status: int, kind: str, message: str):
         super().__init__(message)
         self.status = status  # 502, 504, or 403 for a refused host
-        self.kind = kind  # metric label: timeout, connect, too-large, head-too-large, protocol, refused, error
+        self.kind = kind  # metric label: timeout, connect, (head-)too-large, protocol, refused, error
 
 
 @dataclass(slots=True)
@@ -62,7 +62,8 @@ class _PinnedBackend(httpcore.AsyncNetworkBackend):
         self._inner = httpcore.AnyIOBackend()
 
     async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
-                          local_address: str | None = None, socket_options=None) -> httpcore.AsyncNetworkStream:
+                          local_address: str | None = None,
+                          socket_options=None) -> httpcore.AsyncNetworkStream:
         return await self._inner.connect_tcp(self.ip, port, timeout, local_address, socket_options)
 
     async def connect_unix_socket(self, path: str, timeout: float | None = None,
@@ -147,7 +148,8 @@ class OriginClient:
         except OriginError:
             raise
         except (TimeoutError, httpx.TimeoutException) as e:
-            raise OriginError(504, "timeout", f"the origin did not answer in time ({type(e).__name__})") from None
+            raise OriginError(504, "timeout",
+                              f"the origin did not answer in time ({type(e).__name__})") from None
         except httpx.ConnectError as e:
             raise OriginError(502, "connect", f"cannot connect to the origin: {e}") from None
         except (httpx.RemoteProtocolError, httpx.LocalProtocolError, httpx.NetworkError) as e:

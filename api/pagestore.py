@@ -115,7 +115,8 @@ class PageReader:
     @classmethod
     def for_node(cls, data_dir: str, node: str, replica: int, **kw: float) -> PageReader:
         # One secondary directory per replica: it holds the instance's own info log and state.
-        return cls(store_path(data_dir, node, PAGES), node_dir(data_dir, node) / "ingress" / f"pages-{replica}", **kw)
+        secondary = node_dir(data_dir, node) / "ingress" / f"pages-{replica}"
+        return cls(store_path(data_dir, node, PAGES), secondary, **kw)
 
     # --------------------------------------------------------------------------------- lifecycle
 

@@ -97,7 +97,8 @@ def parse_metadata(raw: str | None, key: str) -> PageMeta | None:
         if any(v is not None and (not isinstance(v, int) or isinstance(v, bool)) for v in ints.values()):
             return None
         indexable = doc.get("isIndexable")
-        return PageMeta(cache_key=key, status_code=status, headers={str(k): str(v) for k, v in headers.items()},
+        return PageMeta(cache_key=key, status_code=status,
+                        headers={str(k): str(v) for k, v in headers.items()},
                         last_cached=ints["lastCached"], expires_at=ints["expiresAt"],
                         is_indexable=indexable if isinstance(indexable, bool) else None)
     except (ValueError, TypeError, KeyError, AttributeError):

@@ -14,6 +14,8 @@ Run: ``.venv/bin/python bench/bench_serving.py [--seconds 5] [--rounds 3] [--con
   with the page), and (e) hits spread at random over more pages than the replica keeps decoded, so
   most requests read and decode their record (the path of a crawl that rarely repeats a page); wrk
   then runs a Lua script per request, so the ceiling is measured again with the same script.
+- Context rows split the cost: the bare app inside a Ray actor (what the actor host costs), and the
+  ingress app itself under plain uvicorn outside Ray (what the bot path costs without the actor host).
 - Goals (issue 5): the hit at >= 60% of the ceiling's requests/s, p99 under 10 ms at 32 connections.
   The machine is shared and noisy: read the ratios.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gzip
+import json
 import os
 import random
 import re
@@ -94,6 +97,23 @@ def serve_ceiling(port: int, body_file: str) -> None:
                 access_log=False, server_header=False)
 
 
+def serve_app(port: int, data_dir: str, config_json: str) -> None:
+    """Context: the ingress app itself under plain uvicorn in its own process, outside Ray (another
+    secondary reader of the deployment's page store; hits need no actor)."""
+    import uvicorn
+    from prerender_ray.api.app import create_asgi
+    from prerender_ray.api.context import NodeContext
+
+    from prerender_ray.config import Config
+    from prerender_ray.nodes import NodeInfo
+
+    cfg = Config.model_validate(json.loads(config_json))
+    node = NodeInfo(name="node-a", host="127.0.0.1", port=port, ray_node_id="")
+    ctx = NodeContext(cfg=cfg, node=node, data_dir=data_dir, replica=99)
+    uvicorn.run(create_asgi(ctx), host="127.0.0.1", port=port, log_level="warning", access_log=False,
+                server_header=False, loop="asyncio", http="httptools")
+
+
 def actor_ceiling(port: int, body: bytes):
     """The same bare app served by uvicorn inside a Ray actor, on Ray's event loop (context only)."""
     import ray
@@ -149,8 +169,6 @@ def _ms(text: str) -> float:
 
 def produce_page(base: str, gz: bytes) -> str:
     """Put the target due now, claim its desktop job, post the gzip result (as the fleet does)."""
-    import json
-
     from tests.support import claim, wait_for
 
     r = httpx.put(f"{base}/render_targets", json={"url": URL, "nextRenderTime": 1}, timeout=30)
@@ -220,17 +238,24 @@ def run(seconds: float, connections: int, spread: int, rounds: int) -> list[tupl
         plain = free_port()
         proc = subprocess.Popen([sys.executable, __file__, "--ceiling-server", str(plain), str(body_file)])
         cluster = RayCluster.start()
-        d = None
+        d = app_proc = None
         try:
             _wait_up(f"http://127.0.0.1:{plain}/")
             in_actor = free_port()
             bare = actor_ceiling(in_actor, gz)
             d = deploy_on(cluster, Path(tmp) / "data", {"domains": ["bench.example"]}, replicas=1)
             hit = produce_page(d.url, gz)
+            outside = free_port()
+            (Path(tmp) / "metrics").mkdir()
+            app_proc = subprocess.Popen([sys.executable, __file__, "--app-server", str(outside), str(d.data_dir),
+                                         json.dumps(d.config)],
+                                        env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(Path(tmp) / "metrics")})
             rows = [
                 ("ceiling: plain uvicorn, bytes from memory", f"http://127.0.0.1:{plain}/", common, None),
                 ("context: the same app in a Ray actor", f"http://127.0.0.1:{in_actor}/", common, None),
                 ("(a) cache hit through one ingress replica", hit, common, None),
+                ("context: the ingress app, plain uvicorn, no Ray", f"http://127.0.0.1:{outside}/p/{URL}", common,
+                 None),
                 ("(b) 304 (If-None-Match) on it", hit, {**common, "If-None-Match": ETAG}, None),
                 ("(d) hit, client without gzip (decoded)", hit, {"User-Agent": UA}, None),
             ]
@@ -238,12 +263,16 @@ def run(seconds: float, connections: int, spread: int, rounds: int) -> list[tupl
                 script = spread_pages(d.url, gz, spread, Path(tmp))
                 rows.append((f"(e) hits spread over {spread:,} pages", d.url, common, script))
                 rows.append(("    ceiling, same random-path wrk script", f"http://127.0.0.1:{plain}", common, script))
+            _wait_up(f"http://127.0.0.1:{outside}/healthz")
             runs: dict[str, list[dict]] = {name: [] for name, *_ in rows}
             for _ in range(rounds):
                 for name, url, headers, script in rows:
                     runs[name].append(wrk(url, seconds, connections, headers, script))
             ray.kill(bare)
         finally:
+            if app_proc is not None:
+                app_proc.terminate()
+                app_proc.wait(10)
             if d is not None:
                 d.stop()
             cluster.shutdown()
@@ -285,9 +314,13 @@ def main() -> None:
     ap.add_argument("--connections", type=int, default=32)
     ap.add_argument("--spread", type=int, default=3000, help="pages for the spread row (0: skip it)")
     ap.add_argument("--ceiling-server", nargs=2, metavar=("PORT", "BODY_FILE"), help=argparse.SUPPRESS)
+    ap.add_argument("--app-server", nargs=3, metavar=("PORT", "DATA_DIR", "CONFIG"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.ceiling_server:
         serve_ceiling(int(args.ceiling_server[0]), args.ceiling_server[1])
+        return
+    if args.app_server:
+        serve_app(int(args.app_server[0]), args.app_server[1], args.app_server[2])
         return
     report(run(args.seconds, args.connections, args.spread, args.rounds))
 

@@ -26,7 +26,8 @@ Source = Literal["cache", "origin", "rendered"]
 SERVED_FROM_CACHE = ("hit", "swr")
 # Statuses that never carry a body (RFC 9110 §6.4.1), so there is nothing to negotiate.
 _NO_BODY = frozenset({204, 304})
-_UNSAFE = re.compile(r"[\r\n\x00]")
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # a field name (RFC 9110 §5.1)
+_BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # controls but tab (what uvicorn refuses)
 # A body may be a view into the stored record: sent without a copy (uvicorn's httptools protocol
 # writes any bytes-like object to the transport).
 Body = bytes | memoryview
@@ -143,11 +144,13 @@ def _encode(value: str) -> bytes:
 
 
 def asgi_headers(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
-    """Header pairs for ASGI. A name or value that could split a header is dropped, never sent."""
-    if not _UNSAFE.search("".join(f"{k}{v}" for k, v in headers.items())):  # one scan, the usual case
+    """Header pairs for ASGI. A header whose name is not a token or whose value holds a control
+    character (one that could split a response, or that uvicorn would refuse with a 500) is dropped."""
+    names, values = "".join(headers), "".join(headers.values())
+    if "" not in headers and _TOKEN.fullmatch(names) and not _BAD_VALUE.search(values):  # the usual case
         return [(_encode(name), _encode(value)) for name, value in headers.items()]
     return [(_encode(name), _encode(value)) for name, value in headers.items()
-            if not (_UNSAFE.search(name) or _UNSAFE.search(value))]
+            if _TOKEN.fullmatch(name) and not _BAD_VALUE.search(value)]
 
 
 def route_label(route_path: str | None, route_class: str | None) -> str:

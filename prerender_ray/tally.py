@@ -93,7 +93,8 @@ class UnroutedTally:
             rows = sorted(tally.buckets.items(), key=lambda kv: -kv[1].count)
             if rows:
                 total = sum(b.count for _, b in rows)
-                shown = ", ".join(f"{name} x{b.count} (e.g. {b.sample_path})" for name, b in rows[: self.top_n])
+                shown = ", ".join(f"{name} x{b.count} (e.g. {b.sample_path})"
+                                  for name, b in rows[: self.top_n])
                 more = f" +{len(rows) - self.top_n} more bucket(s)" if len(rows) > self.top_n else ""
                 out.append(f"{cls}: {total} request(s) served without prerendering across {len(rows)} "
                            f"path bucket(s) - {shown}{more}")

@@ -145,7 +145,8 @@ def test_a_stored_body_that_is_not_what_its_coding_says_raises() -> None:
 
 
 def test_headers_that_could_split_a_response_are_never_sent() -> None:
-    assert asgi_headers({"x-ok": "1", "x-bad": "a\r\nset-cookie: x", "x-nul": "a\x00"}) == [(b"x-ok", b"1")]
+    assert asgi_headers({"x-ok": "1", "x-bad": "a\r\nset-cookie: x", "x-nul": "a\x00", "x-ctl": "a\x01",
+                         "bad name": "1", "": "1", "x-tab": "a\tb"}) == [(b"x-ok", b"1"), (b"x-tab", b"a\tb")]
     assert asgi_headers({"x-utf8": "caf\u00e9 \u2713"}) == [(b"x-utf8", "caf\u00e9 \u2713".encode())]
 
 
