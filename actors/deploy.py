@@ -274,7 +274,8 @@ def controller_status(controller: Any, timeout: float = 45.0) -> dict:
 
 
 def wait_ready(controller: Any, deadline_s: float, *, expect_nodes: int = 1) -> dict:
-    """Wait until every placed node answers /readyz with 200; fail fast on a node's start error."""
+    """Wait until every placed node is healthy (all its ingress replicas up) and answers /readyz
+    with 200; fail fast on a node's start error (a port in use)."""
     import httpx
 
     deadline = time.monotonic() + deadline_s
@@ -286,7 +287,8 @@ def wait_ready(controller: Any, deadline_s: float, *, expect_nodes: int = 1) -> 
         if errors:
             raise DeployError("; ".join(errors))
         if len(last["nodes"]) >= expect_nodes:
-            pending = []
+            pending = [f"{n['name']}: {n['ingressReplicas']['up']}/{n['ingressReplicas']['configured']} "
+                       f"ingress replicas up" for n in last["nodes"] if not n["healthy"]]
             for node in last["nodes"]:
                 try:
                     r = httpx.get(f"{node['url']}/readyz", timeout=2.0, verify=False)

@@ -39,6 +39,8 @@ class KeeperOps:
     def init_ops(self) -> None:
         self._now = 0
         self._grant_queue: list[tuple[list, asyncio.Future]] = []
+        self.recent: dict[str, int] = {}  # key -> lease end, for keys this keeper granted
+        self.recent_ms = self.cfg.queue.job_lease_time + 10 * 60_000
         self._granting = False
         self.planner = Planner(self.rules)
         self.flows = Flow(FLOWS)
@@ -180,6 +182,7 @@ class KeeperOps:
             for (key, expires, refused), h in zip(answers, cands):
                 if expires is not None:
                     self.mirror[key] = expires
+                    self.recent[key] = expires
                     url = self.rules.url_of(key)
                     jobs.append({"id": key, "url": url, "deviceType": self.rules.device_of(key),
                                  "expiresAt": expires, "callbackOrigin": self.info.url,
@@ -239,6 +242,8 @@ class KeeperOps:
         owner = None if forwarded else self._keeper_of(url)
         if owner is not None:  # the sender's membership view lagged ours: the owner decides (one hop)
             return await call(owner.process_result.remote(meta, content, True), STORE_DEADLINE_S * 3)
+        if not await self._known(r.id, now):
+            return {"refused": f"no lease was granted for {r.id!r}"}
         dest = self.planner.destination(r)
         urls = [url] + ([self.rules.url_of(dest)] if dest else [])
         found = [Target.decode(u, b) if b else None for u, b in zip(urls, await self._store("get_targets", urls))]
@@ -304,6 +309,14 @@ class KeeperOps:
             keeper = self._keeper_of(url)
             await (self.suppress(url, reason, status) if keeper is None else
                    call(keeper.suppress.remote(url, reason, status), STORE_DEADLINE_S))
+
+    async def _known(self, key: str, now: int) -> bool:
+        """Was ``key`` granted recently (a late result is still welcome)? Answered from what this
+        keeper granted; the lease table (the durable record) only when this keeper does not know."""
+        ends = self.recent.get(key)
+        if ends is not None and ends + self.recent_ms >= now:
+            return True
+        return await call(self.leases.known.remote(key), LEASE_DEADLINE_S)
 
     async def apply_rows(self, rows: list[ScheduleRow], deletes: list[str]) -> None:
         """Schedule writes routed here by another node's keeper (this node owns the keys)."""

@@ -19,7 +19,6 @@ from prerender_ray.negotiation import EncodingError, decode_body
 from prerender_ray.pages import Page, PageDecodeError, decode_meta
 from prerender_ray.registry import (
     ENTRY_CHUNK,
-    SITEMAP,
     SITEMAP_RUN,
     RecordError,
     Target,
@@ -47,10 +46,10 @@ from .admin_overview import counts_of
 from .auth import require
 from .bodies import bad_request, read_object
 from .context import NodeContext
+from .sitemaps import public_sitemap, root_rows
 
 router = admin_router()
 READ_DEADLINE_S = 3.0
-SCAN_PAGE = 1000
 MAX_OFFSET = 10_000_000
 MAX_PREFIX = 8192
 RUN_FIELDS = ("state", "node", "trigger", "startedAt", "updatedAt", "finishedAt", "sitemapsProcessed",
@@ -65,11 +64,6 @@ def _sitemap_url(value: object) -> str:
     except UrlError as e:
         raise bad_request(f"Not a valid absolute http(s) URL: {e}") from None
     return value.strip()
-
-
-def _public(row: dict) -> dict:
-    return {k: row.get(k) for k in ("url", "isIndex", "entryCount", "lastRefreshed", "parentUrl", "bytes",
-                                    "compressed", "finalUrl")}
 
 
 def _run(raw: bytes | None) -> dict | None:
@@ -87,21 +81,7 @@ def _run(raw: bytes | None) -> dict | None:
 async def sitemaps(request: Request, who: Principal = Depends(require("viewer"))) -> JSONResponse:
     """Roots only (entries are never read here), sorted by url, each with its run row."""
     ctx = ctx_of(request)
-    roots: list[dict] = []
-    start: bytes | None = None
-    while True:
-        page = await call(ctx.store.scan.remote(SITEMAP, start, SCAN_PAGE), DEADLINE_S)
-        for _, v in page:
-            try:
-                row = decode_json(v)
-            except RecordError:
-                continue
-            if not row.get("parentUrl") and isinstance(row.get("url"), str):
-                roots.append(_public(row))
-        if len(page) < SCAN_PAGE:
-            break
-        start = page[-1][0] + b"\x00"
-    roots.sort(key=lambda r: r["url"])
+    roots = await root_rows(ctx)
     keys = [sitemap_run_key(r["url"]) for r in roots] + [SITEMAP_RUN + b"all"]
     runs = await call(ctx.store.get.remote(keys), DEADLINE_S)
     for row, run in zip(roots, runs):
@@ -205,7 +185,7 @@ async def sitemap(request: Request, who: Principal = Depends(require("viewer")))
             except Exception:
                 degraded.append("target count timed out")
     count = row.get("entryCount") if isinstance(row.get("entryCount"), int) else None
-    return answer({"node": ctx.node.name, "sitemap": _public(row), "refresh": _run(run),
+    return answer({"node": ctx.node.name, "sitemap": public_sitemap(row), "refresh": _run(run),
                    "targetCount": target_count, "entries": entries, "offset": offset, "limit": limit,
                    "nextOffset": offset + limit if count is not None and offset + limit < count else None,
                    "degraded": degraded or None})

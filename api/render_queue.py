@@ -92,21 +92,16 @@ async def job_result(request: Request, who: Principal = Depends(require("fleet")
     if device not in ctx.rules.supported or ctx.rules.keys.key(url, device) != result.id:
         raise bad_request(f"id {result.id!r} is not a cache key of this service")
     check_encoding(result.content_encoding, content)
-    keeper, leases = ctx.owner_actors(url)
+    keeper, _ = ctx.owner_actors(url)
     from prerender_ray.actors.common import call
 
-    try:
-        known = await call(leases.known.remote(result.id), RESULT_DEADLINE_S)
-    except Exception as e:
-        log.warning("lease check failed", key=result.id, error=repr(e))
-        return JSONResponse({"error": "the owning node is unavailable; retry"}, status_code=503)
-    if not known:
-        raise bad_request(f"no lease was granted for {result.id!r}", 409)
-    try:
-        await call(keeper.process_result.remote(meta, content), RESULT_DEADLINE_S)
+    try:  # the owner's keeper checks the lease first: an id never granted changes nothing
+        outcome = await call(keeper.process_result.remote(meta, content), RESULT_DEADLINE_S)
     except Exception as e:  # the lease stays held: the job is re-granted when it expires
         log.error("result processing failed; lease held", key=result.id, error=repr(e))
         return JSONResponse({"error": "result processing failed; the lease is held"}, status_code=503)
+    if outcome.get("refused"):
+        raise bad_request(outcome["refused"], 409)
     return Response(status_code=204)
 
 

@@ -151,7 +151,7 @@ async def read(request: Request, url: str | None = Query(None), offset: int = Qu
         except RecordError:
             break
     skip = offset - first * ENTRY_CHUNK
-    return answer({"node": ctx.node.name, "sitemap": _public(row),
+    return answer({"node": ctx.node.name, "sitemap": public_sitemap(row),
                    "refresh": decode_json(run) if run else None,
                    "entries": entries[skip:skip + limit], "offset": offset, "limit": limit})
 
@@ -167,13 +167,15 @@ async def delete(request: Request, url: str = Query(...),
     return answer(result)
 
 
-def _public(row: dict) -> dict:
+def public_sitemap(row: dict) -> dict:
+    """A sitemap row as the API shows it (never its entries)."""
     return {"url": row.get("url"), "isIndex": bool(row.get("isIndex")), "entryCount": row.get("entryCount"),
             "lastRefreshed": row.get("lastRefreshed"), "parentUrl": row.get("parentUrl"),
             "bytes": row.get("bytes"), "compressed": row.get("compressed"), "finalUrl": row.get("finalUrl")}
 
 
-async def _roots(ctx: NodeContext) -> dict:
+async def root_rows(ctx: NodeContext) -> list[dict]:
+    """Every root sitemap (no parent), sorted by url."""
     rows: list[dict] = []
     start: bytes | None = None
     while True:
@@ -183,11 +185,16 @@ async def _roots(ctx: NodeContext) -> dict:
                 row = decode_json(v)
             except RecordError:
                 continue
-            if not row.get("parentUrl"):
-                rows.append(_public(row))
+            if not row.get("parentUrl") and isinstance(row.get("url"), str):
+                rows.append(public_sitemap(row))
         if len(page) < SCAN_PAGE:
             break
         start = page[-1][0] + b"\x00"
+    return sorted(rows, key=lambda r: r["url"])
+
+
+async def _roots(ctx: NodeContext) -> dict:
+    rows = await root_rows(ctx)
     keys = [sitemap_run_key(r["url"]) for r in rows]
     runs = await _call(ctx.store.get.remote(keys), READ_DEADLINE_S) if keys else []
     for row, run in zip(rows, runs):

@@ -191,16 +191,20 @@ class Router:
         self.global_allowlist = tuple(cfg.cache_key.query_params)
         self.default_interval = cfg.render.default_interval
         self._slash_alias = self.mode == "prefix" and cfg.cache_key.trailing_slash == "strip"
+        # (route, match, path) triples: the keeper classifies every row it loads, so no method calls
+        self._table = tuple((r, r.match, r.path) for r in self.routes)
 
     def first_match(self, path: str) -> Route | None:
         if self._slash_alias and path != "/" and not path.endswith("/"):
-            slashed = path + "/"
-            for route in self.routes:
-                if route.matches(path) or route.matches(slashed):
-                    return route
-            return None
-        for route in self.routes:
-            if route.matches(path):
+            return self._first(path + "/", fallback=path)
+        return self._first(path)
+
+    def _first(self, path: str, fallback: str | None = None) -> Route | None:
+        """First route matching ``path`` (or, when given, ``fallback`` first at each position)."""
+        for route, match, rp in self._table:
+            if fallback is not None and _hit(match, rp, fallback):
+                return route
+            if _hit(match, rp, path):
                 return route
         return None
 
@@ -239,6 +243,14 @@ class Router:
         if n is not None and n > 0:
             return int(n)
         return self.default_interval
+
+
+def _hit(match: str, route_path: str, path: str) -> bool:
+    if match == "prefix":
+        return path.startswith(route_path)
+    if match == "contains":
+        return route_path in path
+    return path == route_path
 
 
 def _number(v: Any) -> float | None:

@@ -70,14 +70,15 @@ class Store:
 
     def items(self, prefix: bytes = b"", start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         """Key-ordered items under ``prefix``, from ``start`` (inclusive) if given."""
-        it = self._db.iter()
-        it.seek(start if start is not None and start > prefix else prefix)
-        while it.valid():
-            key = it.key()
+        first = start if start is not None and start > prefix else prefix
+        native = self._db.items(from_key=first) if first else self._db.items()  # iterates in Rust
+        if not prefix:
+            yield from native
+            return
+        for key, value in native:
             if not key.startswith(prefix):
                 break
-            yield key, it.value()
-            it.next()
+            yield key, value
 
     def keys(self, prefix: bytes = b"") -> Iterator[bytes]:
         for k, _ in self.items(prefix):

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from fnv_hash_fast import fnv1a_32
+from xxhash import xxh64_intdigest
 
 MINUTE_MS = 60_000
 HOUR_MS = 60 * MINUTE_MS
@@ -77,14 +78,17 @@ def fnv1a32(text: str | None) -> int:
 def initial_render_time(
     key: str, interval: Any, now: int, *, default_interval: int, delimiter: str = "|"
 ) -> int:
-    """Jittered first due time: ``minute(now + fnv1a32(seed) mod I)``.
+    """Jittered first due time: ``minute(now + offset)``, the offset spread evenly over ``[0, I)``.
 
     ``I`` is ``interval`` when it is a finite number > 0, else ``default_interval``. The seed is the
     text before the first delimiter (the URL, so every device variant of a URL lands on one slot),
-    or the whole key when it has no delimiter (so non-keys do not collapse onto one minute). The
-    floor is of ``now + offset``, not ``minute(now) + offset``, as in the reference.
+    or the whole key when it has no delimiter (so non-keys do not collapse onto one minute).
+    Deliberately unlike the reference (``fnv1a32(seed) mod I``), a 64-bit hash is scaled onto the
+    cadence (``xxh64(seed) * I >> 64``): a 32-bit hash modulo the cadence covers at most 2^32 ms
+    (49.7 days), so monthly and yearly pages would all start in their first weeks, and scaling
+    FNV's weakly mixed high bits instead would be lumpy for URLs that differ only at the end.
     """
-    span = positive(interval) or default_interval
+    span = int(positive(interval) or default_interval)
     cut = key.find(delimiter)
     seed = key if cut < 0 else key[:cut]
-    return minute(now + fnv1a32(seed) % span)
+    return minute(now + ((xxh64_intdigest(seed.encode("utf-8", "surrogatepass")) * span) >> 64))

@@ -179,9 +179,9 @@ def test_the_jitter_is_stable_per_url_and_spreads_distinct_urls() -> None:
 
 
 def test_the_jitter_matches_the_reference_vector() -> None:
-    # fnv1a32("https://x.test/a") mod 1 day = 464 min
+    # xxh64("https://x.test/a") x 1 day >> 64 = 1275 min
     _, rows = R.put("https://x.test/a", now=0)
-    assert {row.next_render_time for row in rows} == {464 * MINUTE_MS}
+    assert {row.next_render_time for row in rows} == {1275 * MINUTE_MS}
 
 
 def test_the_jitter_spans_the_resolved_cadence() -> None:
