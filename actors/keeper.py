@@ -184,9 +184,11 @@ class QueueKeeper(KeeperOps, KeeperRepair, KeeperHandoff):
             self.log.error("keeper load failed", error=repr(e))
             return
         self.touched = None
-        # The rows live as long as the process: keep the cyclic GC from walking them every pass.
+        # The rows live as long as the process: keep the cyclic GC from walking them every pass,
+        # and let bulk writes (sitemaps) allocate without a collection every few hundred objects.
         gc.collect()
         gc.freeze()
+        gc.set_threshold(50_000, 20, 20)
         self.load_ms = (time.perf_counter() - t0) * 1000
         self.loaded_at = time.time()
         self.exact = self.unreadable == 0

@@ -38,8 +38,8 @@ CATCH_UP_MARGIN_MS = 10 * 60_000  # records this much older than the newest held
 Record = tuple[str, bytes, bytes]  # (db name, key, enveloped record)
 
 
-def index_ops(key: bytes, record: bytes, old_hlc: bytes | None) -> list[tuple[bytes, bytes | None]]:
-    hlc = _HLC.pack(unwrap(record)[0].hlc)
+def index_ops(key: bytes, version: int, old_hlc: bytes | None) -> list[tuple[bytes, bytes | None]]:
+    hlc = _HLC.pack(version)
     ops: list[tuple[bytes, bytes | None]] = [(VIDX + hlc + key, b""), (HPTR + key, hlc)]
     if old_hlc is not None and old_hlc != hlc:
         ops.append((VIDX + old_hlc + key, None))
@@ -75,16 +75,16 @@ class Replica:
         ptrs = db.get_many([HPTR + key for key in keys])  # 8 bytes each: decides most races
         olds = db.get_many(keys) if name == "registry" else [None] * len(keys)
         for (key, record), ptr, old in zip(items, ptrs, olds):
+            version, payload = unwrap(record)
             if remote:
-                version = unwrap(record)[0]
                 held = _HLC.unpack(ptr)[0] if ptr is not None else -1
                 if version.hlc < held or (version.hlc == held and not wins(record, old or db.get(key))):
                     continue
                 self.clock.observe(version)
                 metrics.replication_lag_seconds.observe(max(0.0, (now - version.wall_ms) / 1000))
             if name == "registry" and key.startswith(TARGET):
-                batch += self._index_ops(key, _payload(old), unwrap(record)[1])
-            batch += index_ops(key, record, ptr)
+                batch += self._index_ops(key, _payload(old), payload)
+            batch += index_ops(key, version.hlc, ptr)
             batch.append((key, record))
             applied += 1
         db.write(batch)

@@ -7,13 +7,14 @@ indexes (targets by sitemap) are maintained here, on every write, local or repli
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import ray
 
 from prerender_ray import logs
 from prerender_ray.config import Config
-from prerender_ray.registry import TARGET, TARGET_BY_SITEMAP, Target, by_sitemap_key
+from prerender_ray.registry import TARGET, TARGET_BY_SITEMAP, by_sitemap_key
 from prerender_ray.replication import Clock, payload_of, unwrap, wrap
 from prerender_ray.stores import PAGES, REGISTRY, Store, store_path
 
@@ -130,9 +131,11 @@ class NodeStore(Replica):
 
 
 def _sitemap_of(url: str, payload: bytes | None) -> str | None:
+    """A target record's sitemap, read straight off its JSON (every target write pays this)."""
     if payload is None:
         return None
     try:
-        return Target.decode(url, payload).sitemap_url
-    except ValueError:
+        found = json.loads(payload).get("sitemap_url")
+    except (ValueError, AttributeError):
         return None
+    return found if isinstance(found, str) and found else None

@@ -86,11 +86,18 @@ class Rules:
         stored = positive(render_interval)
         target = Target(url=url, sitemap_url=sitemap_url or None, scheduler_node=node,
                         render_interval=int(stored) if stored else None)
-        cadence = self.cadence(url, target.render_interval)
+        route = self.router.first_match(url_path(url))  # once: sitemap ingestion puts in bulk
+        if route is not None and route.mode == "prerender":
+            cadence = route.render_interval or target.render_interval or self.cfg.render.default_interval
+            devices = route.device_types or self.default_devices
+        else:
+            cadence = target.render_interval or self.cfg.render.default_interval
+            devices = self.default_devices
         explicit = positive(next_render_time)
         due = int(explicit) if explicit else self._jittered(url, cadence, now)
-        rows = [ScheduleRow(key, due, target.sitemap_url is not None, cadence) for key in self.keys_of(url)]
-        return target, rows
+        sitemap = target.sitemap_url is not None
+        key = self.keys.key
+        return target, [ScheduleRow(key(url, d), due, sitemap, cadence) for d in devices]
 
     def restore_row(self, target: Target, key: str, now: int) -> ScheduleRow:
         """Reconcile: a missing row comes back jittered (a mass repair must not be a herd)."""
