@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
+import types
 from typing import Any
 
 import ray
@@ -13,7 +15,7 @@ from prerender_ray import metrics
 from prerender_ray.nodes import NAMESPACE, actor_name
 from prerender_ray.stores import node_dir
 
-__all__ = ["NAMESPACE", "actor_name", "placement", "call", "lookup", "DeadlineExceeded"]
+__all__ = ["NAMESPACE", "actor_name", "placement", "call", "lookup", "untraced", "DeadlineExceeded"]
 
 
 class DeadlineExceeded(TimeoutError):
@@ -46,6 +48,23 @@ async def call(ref: Any, timeout: float) -> Any:
         return await asyncio.wait_for(ref, timeout)
     except asyncio.TimeoutError:
         raise DeadlineExceeded(f"no answer within {timeout:g}s") from None
+
+
+def untraced(actor: object) -> None:
+    """Ray wraps every method of an actor class for tracing, private helpers included, so a call
+    from one method to another pays a wrapper, which adds up in per-row and per-key loops. With
+    tracing off (we never turn it on), bind the plain functions on the instance for those inner
+    calls; remote calls are unaffected (Ray dispatches them through the class)."""
+    try:
+        from ray.util.tracing.tracing_helper import _is_tracing_enabled
+    except ImportError:  # a Ray without it: keep the wrappers
+        return
+    if _is_tracing_enabled():
+        return
+    for name, fn in inspect.getmembers(type(actor), inspect.isfunction):
+        plain = getattr(fn, "__wrapped__", None)
+        if getattr(fn, "__ray_tracing_wrapped__", False) and callable(plain) and not name.startswith("__"):
+            setattr(actor, name, types.MethodType(plain, actor))
 
 
 def lookup(kind: str, node: str, index: int | None = None) -> Any:

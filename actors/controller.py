@@ -16,7 +16,7 @@ from prerender_ray.config import Config
 from prerender_ray.nodes import NodeInfo, Ownership, actor_name, describe_ray_node, valid_name
 from prerender_ray.stores import node_dir
 
-from .common import DeadlineExceeded, call, placement
+from .common import DeadlineExceeded, call, placement, untraced
 from .ingress import IngressReplica
 from .keeper import QueueKeeper
 from .leasetable import LeaseTable
@@ -44,6 +44,7 @@ class Placement:
 @ray.remote
 class Controller:
     def __init__(self, config: dict, data_dir: str, epoch: str):
+        untraced(self)
         self.cfg = Config.model_validate(config)
         self.config = config
         logs.setup("controller", level=self.cfg.logging.level, json_lines=self.cfg.logging.json_lines,

@@ -24,6 +24,8 @@ from prerender_ray.configfile import findings
 from prerender_ray.nodes import NodeInfo
 from prerender_ray.routes import compile_routes
 
+from .common import untraced
+
 
 PROBE_ATTEMPTS = 10
 
@@ -58,6 +60,7 @@ def describe_bind_error(e: OSError, host: str, port: int) -> str:
 @ray.remote
 class IngressReplica:
     def __init__(self, config: dict, node: dict, index: int, data_dir: str, keeper, leases, store):
+        untraced(self)
         cfg = Config.model_validate(config)
         info = NodeInfo(**node)
         logs.setup(info.name, level=cfg.logging.level, json_lines=cfg.logging.json_lines,

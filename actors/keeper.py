@@ -26,7 +26,7 @@ from prerender_ray.stores import SCHEDULE, Store, store_path
 from prerender_ray.targets import Rules
 from prerender_ray.timeutil import now_ms
 
-from .common import call
+from .common import call, untraced
 from .keeper_handoff import KeeperHandoff
 from .keeper_ops import KeeperOps
 from .keeper_repair import KeeperRepair
@@ -41,6 +41,7 @@ HEAD_REPAIR = 64
 class QueueKeeper(KeeperOps, KeeperRepair, KeeperHandoff):
     def __init__(self, config: dict, node: dict, data_dir: str, leases: Any, store: Any,
                  members: list[str] = ()):
+        untraced(self)
         cfg = Config.model_validate(config)
         self.info = NodeInfo(**node)
         logs.setup(self.info.name, level=cfg.logging.level, json_lines=cfg.logging.json_lines, process="keeper")

@@ -16,6 +16,7 @@ from typing import Any
 import ray
 
 from prerender_ray import metrics
+from prerender_ray.batching import GroupCommit
 from prerender_ray.flow import Flow
 from prerender_ray.nodes import NAMESPACE, Ownership, actor_name
 from prerender_ray.pages import Page
@@ -38,10 +39,10 @@ class KeeperOps:
 
     def init_ops(self) -> None:
         self._now = 0
-        self._grant_queue: list[tuple[list, asyncio.Future]] = []
+        # Concurrent claims share one LeaseTable call (one actor hop, one RocksDB batch).
+        self._grants: GroupCommit[list[tuple], list[tuple]] = GroupCommit(self._grant_batch)
         self.recent: dict[str, int] = {}  # key -> lease end, for keys this keeper granted
         self.recent_ms = self.cfg.queue.job_lease_time + 10 * 60_000
-        self._granting = False
         self.planner = Planner(self.rules)
         self.flows = Flow(FLOWS)
         self.ownership = Ownership([self.node])
@@ -200,37 +201,31 @@ class KeeperOps:
             self._report("queued" if self._due_exists(now) else "empty", force=False)
         return jobs
 
+    async def claim_json(self, limits: list[int]) -> list[bytes]:
+        """Claims from several requests at once (an ingress groups concurrent ones): one ranked pass
+        for their sum, dealt out in request order, each answer the JSON array the fleet receives."""
+        jobs = await self.claim(sum(limits))
+        out, at = [], 0
+        for limit in limits:
+            out.append(json.dumps(jobs[at:at + limit], ensure_ascii=False, separators=(",", ":")).encode())
+            at += limit
+        return out
+
     def _refill_allowed(self) -> bool:
         capacity = self.cfg.queue.ready.capacity
         return len(self.ready) >= capacity > 0 and time.time() - (self.published_at or 0) > 0.1
 
     async def _grant(self, items: list[tuple]) -> list[tuple]:
-        """Group commit: concurrent claims share one LeaseTable call (one actor hop, one RocksDB
-        batch) instead of one each; the grants stay exclusive, the table decides them."""
-        fut = asyncio.get_running_loop().create_future()
-        self._grant_queue.append((items, fut))
-        if not self._granting:
-            self._granting = True
-            asyncio.get_running_loop().create_task(self._flush_grants())
-        return await fut
+        """Exclusive grants for ``items``; the table decides them, grouped with concurrent claims."""
+        return await self._grants.submit(items)
 
-    async def _flush_grants(self) -> None:
-        try:
-            while self._grant_queue:
-                queued, self._grant_queue = self._grant_queue, []
-                try:
-                    answers = await call(self.leases.grant_many.remote([i for items, _ in queued for i in items]),
-                                         LEASE_DEADLINE_S)
-                except Exception as e:
-                    for _, fut in queued:
-                        fut.set_exception(e)
-                    continue
-                at = 0
-                for items, fut in queued:
-                    fut.set_result(answers[at:at + len(items)])
-                    at += len(items)
-        finally:
-            self._granting = False
+    async def _grant_batch(self, groups: list[list[tuple]]) -> list[list[tuple]]:
+        answers = await call(self.leases.grant_many.remote([i for items in groups for i in items]), LEASE_DEADLINE_S)
+        out, at = [], 0
+        for items in groups:
+            out.append(answers[at:at + len(items)])
+            at += len(items)
+        return out
 
     # --------------------------------------------------------------------------------- results
 

@@ -20,6 +20,8 @@ from prerender_ray.leases import LeaseTable as Table
 from prerender_ray.stores import LEASES, Store, store_path
 from prerender_ray.timeutil import now_ms
 
+from .common import untraced
+
 LEASE = b"l:"  # l:<key> -> [expires, due, cadence, released, answered, granted_at]
 MISSES = b"m"  # the miss histories, one JSON document (small; rewritten on each sweep)
 SWEEP_INTERVAL_S = 5.0
@@ -28,6 +30,7 @@ SWEEP_INTERVAL_S = 5.0
 @ray.remote
 class LeaseTable:
     def __init__(self, config: dict, node: str, data_dir: str):
+        untraced(self)
         cfg = Config.model_validate(config)
         logs.setup(node, level=cfg.logging.level, json_lines=cfg.logging.json_lines, process="leases")
         self.log = logs.get("leases")

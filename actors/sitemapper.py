@@ -45,7 +45,7 @@ from prerender_ray.sitemap_rules import (
 from prerender_ray.targets import Rules
 from prerender_ray.timeutil import now_ms
 
-from .common import call, lookup
+from .common import call, lookup, untraced
 from .sitemap_fetch import Fetcher
 from .sitemap_walk import BATCH, STORE_DEADLINE_S, WRITE_DEADLINE_S, Walk, WalkAborted, WalkEnv
 
@@ -68,6 +68,7 @@ class Run:
 @ray.remote
 class SitemapWalker:
     def __init__(self, config: dict, node: dict, data_dir: str, store: Any, keeper: Any):
+        untraced(self)
         cfg = Config.model_validate(config)
         self.cfg = cfg
         self.info = NodeInfo(**node)

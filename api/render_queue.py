@@ -3,6 +3,7 @@ queue status and control."""
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import re
@@ -14,6 +15,7 @@ from fastapi.responses import JSONResponse, Response
 
 from prerender_ray import logs
 from prerender_ray.auth import Principal
+from prerender_ray.batching import GroupCommit
 from prerender_ray.cachekeys import CacheKeyError
 from prerender_ray.registry import QUEUE_CONTROL, QUEUE_STATUS, decode_json
 from prerender_ray.results import ENCODINGS, Result, ResultError
@@ -36,21 +38,33 @@ def _ctx(request: Request) -> NodeContext:
 
 
 @router.post("/render_queue/claim")
-async def claim(request: Request, who: Principal = Depends(require("fleet"))) -> JSONResponse:
+async def claim(request: Request, who: Principal = Depends(require("fleet"))) -> Response:
     """Always 200 with a bare JSON array (the fleet circuit-breaks on anything else); ``[]`` when
     paused, unready or empty, and when the keeper cannot be reached."""
     ctx = _ctx(request)
     body = await read_object(request, 64 * 1024, allow_empty=True)
     limit = int_field(body, "limit", default=20)
     limit = max(1, min(limit, ctx.cfg.queue.max_claim_limit))
-    from prerender_ray.actors.common import call
-
     try:
-        jobs = await call(ctx.keeper.claim.remote(limit), CLAIM_DEADLINE_S)
+        content = await asyncio.wait_for(_claims(ctx).submit(limit), CLAIM_DEADLINE_S)
     except Exception as e:  # a restarting keeper: the node is unready, the fleet idles
         log.warning("claim failed; answering []", error=repr(e), worker=request.headers.get("x-worker-id"))
-        jobs = []
-    return JSONResponse(jobs)
+        content = b"[]"
+    return Response(content, media_type="application/json")
+
+
+def _claims(ctx: NodeContext) -> GroupCommit[int, bytes]:
+    """Concurrent claims on this replica share one keeper call (the keeper deals the jobs out in
+    arrival order and encodes each answer), so a busy fleet costs one actor hop per batch."""
+    claims = ctx.extras.get("claims")
+    if claims is None:
+        from prerender_ray.actors.common import call
+
+        async def flush(limits: list[int]) -> list[bytes]:
+            return await call(ctx.keeper.claim_json.remote(limits), CLAIM_DEADLINE_S)
+
+        claims = ctx.extras["claims"] = GroupCommit(flush)
+    return claims
 
 
 def check_encoding(encoding: str, content: bytes | None) -> None:

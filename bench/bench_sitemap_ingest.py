@@ -192,8 +192,8 @@ def main() -> None:
     for cadence in sorted(hist):
         counts = hist[cadence]
         print(f"  {cadence / 3_600_000:>6.0f} h " + "".join(f"{counts[b]:>8,}" for b in range(10)))
-    print("  (the reference's jitter is fnv1a32(url) mod cadence: a 32-bit hash covers at most 2^32 ms =\n"
-          "   49.7 days, so a 365-day cadence gets its first renders in its first 14%)")
+    print("  (flat is the goal: the reference's fnv1a32(url) mod cadence covers at most 2^32 ms = 49.7 days,\n"
+          "   so it put 365-day first renders in their first 14%; prerender-ray scales xxh64 onto the cadence)")
 
 
 if __name__ == "__main__":

@@ -201,6 +201,20 @@ def test_concurrent_claimers_never_get_the_same_key_twice(node) -> None:
     assert len(ids) >= 60  # 120 keys were due; 16 x 20 could take them all
 
 
+def test_concurrent_claims_with_different_limits_each_get_at_most_their_own(node) -> None:
+    # Concurrent claims on a replica share one keeper call, which deals the jobs out per request.
+    urls = [f"https://shop.example/deal/{i}" for i in range(40)]
+    for u in urls:
+        due_now(node.url, u)
+    time.sleep(1.2)
+    limits = [1, 2, 3, 5, 8, 13, 1, 2]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        batches = list(pool.map(lambda n: claim(node.url, n), limits))
+    assert all(len(b) <= n for b, n in zip(batches, limits))
+    ids = [j["id"] for b in batches for j in b]
+    assert len(ids) == len(set(ids)) and len(ids) == sum(limits)  # 80 due: every claim is filled
+
+
 def test_pause_and_resume_are_node_scoped_and_a_paused_node_answers_an_empty_array(node) -> None:
     due_now(node.url, "https://shop.example/paused")
     r = httpx.post(f"{node.url}/render_queue/pause")
