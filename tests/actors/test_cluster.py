@@ -1,10 +1,12 @@
 """Many nodes on one machine (ray.cluster_utils.Cluster): ownership, replication, hand-off on join,
 rebuild on loss, and claims across nodes. One scenario, in order: two nodes, then a third joins,
-then it dies."""
+then it dies, comes back, restarts with another, and stalls."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import os
+import signal
 import time
 
 import httpx
@@ -176,3 +178,38 @@ def test_two_nodes_restarted_at_once_lose_no_target_and_end_with_one_owner_per_k
     d.refresh()
     missing = [u for u in URLS if httpx.get(f"{d.urls['node-b']}/render_targets", params={"url": u}).status_code != 200]
     assert missing == []
+
+
+def test_a_stalled_peer_delays_nothing_else_and_converges_once_it_answers(cluster) -> None:
+    """A network-slow peer, made real: node-c's store process is stopped (SIGSTOP), so every call to
+    it hangs. Writes owned by the other nodes still succeed; node-c gets them once it answers."""
+    rc, d = cluster
+    d.refresh()
+    three = Ownership(["node-a", "node-b", "node-c"])
+    urls = [u for u in (f"https://cluster.example/stall/{i}" for i in range(60)) if three.owner(u) != "node-c"][:20]
+    store_c = lookup("store", "node-c")
+    pid = ray.get(store_c.status.remote(), timeout=30)["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        for i, url in enumerate(urls):
+            put_target(d.urls["node-a"] if i % 2 else d.urls["node-b"], url, nextRenderTime=FUTURE)
+        for url in urls:  # the other nodes agree at once
+            for node in ("node-a", "node-b"):
+                wait_for(lambda b=d.urls[node], u=url: httpx.get(f"{b}/render_targets", params={"url": u}).status_code
+                         == 200, timeout=20, what=f"{url} on {node} while node-c is stalled")
+        pending = wait_for(lambda: _pending(d.urls["node-a"], "node-c"), timeout=20, what="a backlog for node-c")
+        assert pending > 0
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    for url in urls:  # and node-c converges once it answers again
+        wait_for(lambda u=url: httpx.get(f"{d.urls['node-c']}/render_targets", params={"url": u}).status_code == 200,
+                 timeout=60, what=f"{url} on node-c after the stall")
+    wait_for(lambda: _pending(d.urls["node-a"], "node-c") == 0, timeout=60, what="node-a's backlog for node-c drained")
+
+
+def _pending(base: str, peer: str) -> float:
+    """``prerender_replication_pending{peer=...}`` as ``base``'s /metrics reports it (0 when absent)."""
+    for line in httpx.get(f"{base}/metrics", timeout=10).text.splitlines():
+        if line.startswith("prerender_replication_pending{") and f'peer="{peer}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
