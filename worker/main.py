@@ -199,6 +199,17 @@ class Worker:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._wake.wait(), wait_s)
                     continue
+                blocked_s = self.pool.unavailable_s() if self.pool is not None else 0.0
+                if blocked_s > 0:  # Chromium will not start: claiming would only fail jobs
+                    self._wake.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), blocked_s)
+                    continue
+                if self.pool is not None and self.pool.launch_failures:
+                    try:  # try the launch before claiming, so a failure costs no job
+                        await self.pool.start()
+                    except BrowserError:
+                        continue
                 result = await self.client.claim(host, self.opts.limit)
                 for i, job in enumerate(result.jobs):
                     if self.stopping:

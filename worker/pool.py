@@ -107,6 +107,9 @@ def device_profile(device: str) -> tuple[str, dict[str, Any]]:
     return name, DEVICES[name]
 
 
+LAUNCH_BACKOFF_MAX_S = 60.0
+
+
 class BrowserError(RuntimeError):
     """Chromium could not be started or reached."""
 
@@ -371,6 +374,15 @@ class BrowserPool:
         self._launch_lock = asyncio.Lock()
         self._closing: set[asyncio.Task] = set()
         self.closed = False
+        # A Chromium that will not start (binary gone, disk full, out of memory) is retried after
+        # 1, 2, 4 ... LAUNCH_BACKOFF_MAX_S seconds, not once per job: no launch storm, and the claim
+        # loop stops claiming while ``unavailable_s()`` is positive.
+        self.launch_failures = 0
+        self._retry_at = 0.0
+
+    def unavailable_s(self) -> float:
+        """Seconds until the next launch attempt after failed ones; 0 when a render may start now."""
+        return max(0.0, self._retry_at - time.monotonic()) if self.launch_failures else 0.0
 
     # ------------------------------------------------------------------------------- browsers
 
@@ -391,10 +403,22 @@ class BrowserPool:
                 self._retire(cur, "crash")
             if self.closed:
                 raise BrowserError("the browser pool is closed")
+            wait = self.unavailable_s()
+            if wait > 0:
+                raise BrowserError(f"Chromium failed to start {self.launch_failures} time(s); next attempt in {wait:.0f} s")
             self.generation += 1
-            chromium = await Chromium.launch(
-                self.playwright, self.executable, self.extra_args, generation=self.generation
-            )
+            try:
+                chromium = await Chromium.launch(
+                    self.playwright, self.executable, self.extra_args, generation=self.generation
+                )
+            except BrowserError as e:
+                self.launch_failures += 1
+                delay = min(LAUNCH_BACKOFF_MAX_S, 2.0 ** (self.launch_failures - 1))
+                self._retry_at = time.monotonic() + delay
+                self.on_event("launch-failed")
+                log.error("chromium did not start", error=str(e), failures=self.launch_failures, retry_in_s=delay)
+                raise
+            self.launch_failures = 0
             chromium.on_dead = self._on_dead
             self.launched.add(chromium.pid)
             self.all.add(chromium)

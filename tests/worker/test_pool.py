@@ -119,3 +119,32 @@ async def test_a_browser_that_dies_is_an_error_for_its_render_and_the_next_one_g
     finally:
         await pool.close()
         await pw.stop()
+
+
+async def test_a_chromium_that_will_not_start_is_retried_with_backoff_not_per_job(tmp_path) -> None:
+    broken = tmp_path / "chromium"
+    broken.write_text("#!/bin/sh\necho 'cannot open display' >&2\nexit 3\n")
+    broken.chmod(0o755)
+    pw = await async_playwright().start()
+    events: list[str] = []
+    pool = BrowserPool(pw, str(broken), concurrency=1, on_event=events.append)
+    try:
+        with pytest.raises(Exception, match="did not come up|exited with 3"):
+            await pool.start()
+        assert pool.launch_failures == 1 and 0 < pool.unavailable_s() <= 1.0
+        generation = pool.generation
+        with pytest.raises(Exception, match="next attempt in"):
+            await pool.start()  # within the backoff: refused at once, nothing launched
+        assert pool.generation == generation and pool.launch_failures == 1
+        time.sleep(pool.unavailable_s() + 0.05)
+        with pytest.raises(Exception, match="did not come up|exited with 3"):
+            await pool.start()
+        assert pool.launch_failures == 2 and 1.0 < pool.unavailable_s() <= 2.0  # doubled
+        assert events.count("launch-failed") == 2
+        pool.executable = find_chromium()  # the operator fixed it
+        time.sleep(pool.unavailable_s() + 0.05)
+        chromium = await pool.start()
+        assert chromium.alive() and pool.launch_failures == 0 and pool.unavailable_s() == 0
+    finally:
+        await pool.close()
+        await pw.stop()

@@ -319,3 +319,30 @@ async def test_the_worker_rides_out_a_queue_that_answers_garbage_then_recovers(r
         )
         >= 2
     )
+
+
+async def test_a_chromium_that_will_not_restart_pauses_claiming_instead_of_failing_every_job(tmp_path) -> None:
+    broken = tmp_path / "chromium"
+    broken.write_text("#!/bin/sh\nexit 3\n")
+    broken.chmod(0o755)
+    r = Rig()
+    try:
+        w = await r.start(concurrency=1)
+        assert (await r.render(r.job("/js/before-break")))[r.url("/js/before-break") + "|desktop"]["outcome"] == "rendered"
+        w.pool.executable = str(broken)
+        os.killpg(w.pool.current.pid, signal.SIGKILL)  # Chromium dies and cannot come back
+        first = (await r.render(r.job("/js/when-broken")))[r.url("/js/when-broken") + "|desktop"]
+        assert first["outcome"] == "error"  # the job that found out
+        claims_before = len(r.queue.claims())
+        waiting = [r.job(f"/js/held-{i}") for i in range(3)]
+        r.queue.jobs.extend(waiting)
+        await asyncio.sleep(2.5)
+        assert len(r.queue.jobs) == 3  # nothing claimed while Chromium cannot start
+        assert len(r.queue.claims()) == claims_before
+        assert w.pool.launch_failures >= 1
+        w.pool.executable = find_chromium()  # fixed: the next attempt (within the backoff) succeeds
+        got = await r.results({j["id"] for j in waiting}, timeout=60)
+        assert {m["outcome"] for m in got.values()} == {"rendered"}
+        assert w.pool.launch_failures == 0
+    finally:
+        await r.stop()
