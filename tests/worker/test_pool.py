@@ -3,6 +3,7 @@ that dies mid-run, and nothing left behind."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -136,13 +137,13 @@ async def test_a_chromium_that_will_not_start_is_retried_with_backoff_not_per_jo
         with pytest.raises(Exception, match="next attempt in"):
             await pool.start()  # within the backoff: refused at once, nothing launched
         assert pool.generation == generation and pool.launch_failures == 1
-        time.sleep(pool.unavailable_s() + 0.05)
+        await asyncio.sleep(pool.unavailable_s() + 0.05)
         with pytest.raises(Exception, match="did not come up|exited with 3"):
             await pool.start()
         assert pool.launch_failures == 2 and 1.0 < pool.unavailable_s() <= 2.0  # doubled
         assert events.count("launch-failed") == 2
         pool.executable = find_chromium()  # the operator fixed it
-        time.sleep(pool.unavailable_s() + 0.05)
+        await asyncio.sleep(pool.unavailable_s() + 0.05)
         chromium = await pool.start()
         assert chromium.alive() and pool.launch_failures == 0 and pool.unavailable_s() == 0
     finally:
