@@ -15,16 +15,17 @@ import time
 import ray
 import uvicorn
 from prerender_ray.api.app import create_asgi
-from prerender_ray.api.bot import close_serving, open_serving
+from prerender_ray.api.bot import close_serving, open_serving, reconfigure
 from prerender_ray.api.context import NodeContext
 
 from prerender_ray import logs
 from prerender_ray.config import Config
 from prerender_ray.configfile import findings
 from prerender_ray.nodes import NodeInfo
+from prerender_ray.overrides import OVERRIDES_KEY, OVERRIDES_POLL_S, LiveConfig
 from prerender_ray.routes import compile_routes
 
-from .common import untraced
+from .common import call, untraced
 
 
 PROBE_ATTEMPTS = 10
@@ -72,6 +73,8 @@ class IngressReplica:
         self.ctx = NodeContext(cfg=cfg, node=info, data_dir=data_dir, keeper=keeper, leases=leases,
                                store=store, replica=index,
                                findings=_findings(cfg))
+        self.live = LiveConfig(cfg)  # the file's config, and live overrides on top of it
+        self.ctx.extras["live"] = self.live  # the admin API's config-override applies it at once
         self.app = create_asgi(self.ctx)  # the bot path in front of the FastAPI routers
         # The bot path's page reader (a RocksDB secondary, caught up on a timer) and origin client.
         open_serving(self.ctx)
@@ -97,11 +100,32 @@ class IngressReplica:
             ssl_certfile=tls.cert_file or None, ssl_keyfile=tls.key_file or None,
         ))
         self.task = asyncio.get_running_loop().create_task(self.server.serve(sockets=[sock]))
+        self._syncer = asyncio.get_running_loop().create_task(self._overrides_syncer())
         self.log.info("ingress listening", url=info.url, replica=index)
 
     async def status(self) -> dict:
         up = bool(self.server and self.server.started and self.task and not self.task.done())
         return {"replica": self.index, "up": up, "error": self.error, "url": self.info.url}
+
+    async def apply_overrides(self, raw: bytes | None) -> bool:
+        """Apply the stored live overrides (``o:config``) if they changed; True when they did."""
+        cfg = self.live.update(raw)
+        if self.live.error:
+            self.log.error("config overrides not applied", error=self.live.error)
+        if cfg is None:
+            return False
+        reconfigure(self.ctx, cfg)
+        self.log.info("live config applied", replica=self.index, overrides=self.live.names())
+        return True
+
+    async def _overrides_syncer(self) -> None:
+        while True:
+            try:
+                (raw,) = await call(self.ctx.store.get.remote([OVERRIDES_KEY]), 10)
+                await self.apply_overrides(raw)
+            except Exception as e:  # the store restarting: the next round retries
+                self.log.warning("config overrides not read", error=repr(e)[:300])
+            await asyncio.sleep(OVERRIDES_POLL_S)
 
     async def set_membership(self, nodes: list[dict]) -> None:
         infos = {n.name: n for n in (NodeInfo(**d) for d in nodes)}
@@ -112,6 +136,8 @@ class IngressReplica:
 
     async def stop(self) -> None:
         """Stop accepting, finish in-flight requests (bounded by uvicorn's graceful timeout)."""
+        if getattr(self, "_syncer", None) is not None:
+            self._syncer.cancel()
         if self.server is not None and self.task is not None:
             self.server.should_exit = True
             try:

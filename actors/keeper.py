@@ -18,9 +18,11 @@ import ray
 from prerender_ray import logs, metrics
 from prerender_ray.config import Config
 from prerender_ray.nodes import NodeInfo
+from prerender_ray.overrides import OVERRIDES_KEY, LiveConfig
 from prerender_ray.queuestatus import StatusReporter
 from prerender_ray.ranking import Ranking
 from prerender_ray.registry import Target
+from prerender_ray.results import Planner
 from prerender_ray.schedule import ScheduleRow, UnreadableRow
 from prerender_ray.stores import SCHEDULE, Store, store_path
 from prerender_ray.targets import Rules
@@ -47,6 +49,7 @@ class QueueKeeper(KeeperOps, KeeperRepair, KeeperHandoff):
         logs.setup(self.info.name, level=cfg.logging.level, json_lines=cfg.logging.json_lines, process="keeper")
         self.log = logs.get("keeper")
         self.cfg = cfg
+        self.live = LiveConfig(cfg)  # the file's config, and live overrides on top of it
         self.node = self.info.name
         self.leases = leases
         self.store = store
@@ -89,6 +92,30 @@ class QueueKeeper(KeeperOps, KeeperRepair, KeeperHandoff):
         if route is not None and route.mode == "prerender" and route.render_interval:
             return route.render_interval
         return self.cfg.render.default_interval
+
+    def apply_overrides(self, raw: bytes | None) -> dict:
+        """Apply the stored live overrides (``o:config``) if they changed: new rules, and the rows
+        held reclassified in memory (route cadences, routes, default interval, sitemap boost)."""
+        cfg = self.live.update(raw)
+        if self.live.error:
+            metrics.loop_errors.labels("keeper-overrides").inc()
+            self.log.error("config overrides not applied", error=self.live.error)
+        if cfg is None:
+            return {"changed": False}
+        t0 = time.perf_counter()
+        self.cfg, self.rules = cfg, Rules(cfg)
+        self.planner = Planner(self.rules)
+        moved = self.ranking.reclassify(self._cadence_for, route_of=self._route_of,
+                                        boost=cfg.queue.ready.sitemap_boost)
+        if self.published_at is not None:
+            self.publish()
+        ms = round((time.perf_counter() - t0) * 1000, 1)
+        self.log.warning("live config applied", moved=moved, rows=len(self.ranking), ms=ms, overrides=self.live.names())
+        return {"changed": True, "moved": moved, "ms": ms}
+
+    async def sync_overrides(self) -> dict:
+        (raw,) = await self._store("get", [OVERRIDES_KEY])
+        return self.apply_overrides(raw)
 
     def _route_of(self, key: str) -> Any:
         """The route of a row's URL (its class's cadence). Called for every URL the keeper loads,
@@ -159,6 +186,10 @@ class QueueKeeper(KeeperOps, KeeperRepair, KeeperHandoff):
             if sync.get("state") != "synced":
                 self.log.warning("loading before the store caught up", sync=sync)
             await self.fetch_membership()
+            try:  # classify the rows with the live config, not the file's
+                await self.sync_overrides()
+            except Exception as e:
+                self.log.warning("config overrides not read before the load", error=repr(e))
             await self._restore_mirror()
             chunk: list[tuple[str, Any, bool, Any]] = []
             unowned = 0

@@ -19,6 +19,7 @@ from prerender_ray import metrics
 from prerender_ray.batching import GroupCommit
 from prerender_ray.flow import Flow
 from prerender_ray.nodes import NAMESPACE, Ownership, actor_name
+from prerender_ray.overrides import OVERRIDES_KEY
 from prerender_ray.pages import Page
 from prerender_ray.queuestatus import derive_status, resolve_desired_pause
 from prerender_ray.registry import QUEUE_CONTROL, QUEUE_STATUS, Target, decode_json, encode_json, target_key
@@ -112,9 +113,16 @@ class KeeperOps:
             self._announce()
 
     async def sync_status(self) -> None:
-        """Resolve the pause intent (this node's row, then the cluster's), then the status."""
-        rows = await self._store("get", [QUEUE_CONTROL + self.node.encode(), QUEUE_CONTROL + CLUSTER_SCOPE.encode()])
-        node_row, cluster_row = (decode_json(r) if r else None for r in rows)
+        """Resolve the pause intent (this node's row, then the cluster's), then the status; apply
+        changed live config overrides."""
+        rows = await self._store("get", [QUEUE_CONTROL + self.node.encode(), QUEUE_CONTROL + CLUSTER_SCOPE.encode(),
+                                         OVERRIDES_KEY])
+        try:  # live config rides on the same read; a failure must not stop pause intent
+            self.apply_overrides(rows[2])
+        except Exception as e:
+            metrics.loop_errors.labels("keeper-overrides").inc()
+            self.log.error("config overrides failed", error=repr(e)[:500])
+        node_row, cluster_row = (decode_json(r) if r else None for r in rows[:2])
         intent = resolve_desired_pause(node_row, cluster_row)
         self.paused, self.pause_source = intent.paused, intent.source
         await self.refresh_status()

@@ -14,6 +14,7 @@ included (their row ``r:all`` keeps the roots left). The daily refresh is a time
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import secrets
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ import ray
 from prerender_ray import logs, metrics
 from prerender_ray.config import Config
 from prerender_ray.nodes import CONTROLLER, NAMESPACE, NodeInfo, Ownership
+from prerender_ray.overrides import OVERRIDES_KEY, OVERRIDES_POLL_S, LiveConfig
 from prerender_ray.registry import (
     SITEMAP,
     SITEMAP_RUN,
@@ -87,7 +89,34 @@ class SitemapWalker:
         self.all_task: asyncio.Task | None = None
         self.next_daily: int | None = None
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._startup()), loop.create_task(self._daily())]
+        self.live = LiveConfig(cfg)  # the file's config, and live overrides on top of it
+        self._tasks = [loop.create_task(self._startup()), loop.create_task(self._daily()),
+                       loop.create_task(self._overrides_syncer())]
+
+    # ----------------------------------------------------------------------------- live config
+
+    async def apply_overrides(self, raw: bytes | None) -> bool:
+        """New walks classify and key entries with the live routes (walks running keep theirs)."""
+        cfg = self.live.update(raw)
+        if self.live.error:
+            self.log.error("config overrides not applied", error=self.live.error)
+        if cfg is None:
+            return False
+        classify = Rules(cfg).router.classify
+        self.cfg = cfg
+        self.fetcher.cfg, self.fetcher.classify, self.fetcher.canonicalize = cfg, classify, canonicalizer(cfg)
+        self.env = dataclasses.replace(self.env, cfg=cfg, classify=classify)
+        self.log.info("live config applied", overrides=self.live.names())
+        return True
+
+    async def _overrides_syncer(self) -> None:
+        while True:
+            try:
+                (raw,) = await call(self.store.get.remote([OVERRIDES_KEY]), STORE_DEADLINE_S)
+                await self.apply_overrides(raw)
+            except Exception as e:  # the store restarting: the next round retries
+                self.log.warning("config overrides not read", error=repr(e)[:300])
+            await asyncio.sleep(OVERRIDES_POLL_S)
 
     # --------------------------------------------------------------------------------- cluster
 

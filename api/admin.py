@@ -25,11 +25,11 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 from prerender_ray.auth import Principal
 
-from . import admin_browse, admin_explain, admin_overview, admin_queue, admin_session
+from . import admin_browse, admin_config, admin_explain, admin_overview, admin_queue, admin_session
 from .admin_common import NO_STORE, AdminRoute, answer, management_enabled
 from .auth import require
 
-MODULES = (admin_session, admin_queue, admin_overview, admin_explain, admin_browse)
+MODULES = (admin_session, admin_queue, admin_overview, admin_explain, admin_browse, admin_config)
 STATIC = Path(__file__).resolve().parent / "static"
 FILES = {"console.js": "text/javascript; charset=utf-8", "console.css": "text/css; charset=utf-8"}
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'none'; "

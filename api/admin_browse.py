@@ -1,7 +1,7 @@
 """Read-only admin views of the replicated data: ``sitemaps`` (roots and their runs), ``sitemap`` (one
 document's entries, paged, each with its state), ``pages`` (browse by cache-key prefix with a signed
 cursor), ``page-content`` (a stored page as text/plain, never HTML), ``unrouted`` (this replica's
-tally) and ``config`` (the effective config, redacted, and the risky-config findings).
+tally).
 
 Sitemap rows are the sitemap walker's (``s:<url>`` with the parsed entries in ``e:<url>\\x00<n>`` chunks,
 ``r:<root>`` run rows, see ``prerender_ray.registry``); pages come from this node's page store.
@@ -13,7 +13,6 @@ from fastapi import Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from prerender_ray.auth import Principal
-from prerender_ray.configfile import redact
 from prerender_ray.explain import describe_page
 from prerender_ray.negotiation import EncodingError, decode_body
 from prerender_ray.pages import Page, PageDecodeError, decode_meta
@@ -294,20 +293,3 @@ async def unrouted(request: Request, who: Principal = Depends(require("viewer"))
                                 "firstMs": b.first_ms, "lastMs": b.last_ms} for name, b in rows]
         body["report"]["overflowed"][cls] = t.overflowed
     return answer(body)
-
-
-@router.get("/config")
-async def config(request: Request, who: Principal = Depends(require("viewer"))) -> JSONResponse:
-    """The effective config (secrets only as set/unset, password hashes never shown) and the risky
-    settings found at start-up."""
-    ctx = ctx_of(request)
-    data = redact(ctx.cfg)
-    data["auth"]["users"] = [{"name": u.name, "roles": list(u.roles), "password_env": u.password_env,
-                              "password_hash": "<set>" if u.password_hash else "<empty>"}
-                             for u in ctx.cfg.auth.users]
-    compiled = ctx.rules.router.compiled
-    return answer({"node": ctx.node.name, "config": data,
-                   "warnings": [{"severity": f.severity, "key": f.key, "message": f.message}
-                                for f in ctx.findings],
-                   "routes": {"compiled": [r.as_dict() for r in compiled.routes],
-                              "warnings": list(compiled.warnings), "dropped": compiled.dropped}})

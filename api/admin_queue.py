@@ -193,14 +193,15 @@ async def queue(request: Request, who: Principal = Depends(require("admin"))) ->
     if result is None:
         result = await call(ctx.keeper.set_pause.remote(write.scope, write.paused, by))
     if write.scope == CLUSTER:
-        asyncio.get_running_loop().create_task(_nudge_others(ctx))
+        asyncio.get_running_loop().create_task(nudge_other_keepers(ctx))
     log.warning("queue pause intent", scope=write.scope, paused=write.paused, by=by)
     return answer({**result, "appliedOn": applied_on, "updatedBy": by})
 
 
-async def _nudge_others(ctx: NodeContext) -> None:
+async def nudge_other_keepers(ctx: NodeContext) -> None:
     """Best effort: after replication had a moment, ask the other keepers to re-resolve now rather
-    than at their next status sync (which is the guarantee: ``appliesRemotelyWithinMs``)."""
+    than at their next status sync (which is the guarantee: ``appliesRemotelyWithinMs``). Pause
+    intent and live config overrides both ride on that sync."""
     await asyncio.sleep(NUDGE_AFTER_S)
     others = [n for n in member_names(ctx) if n != ctx.node.name]
     for name in others:

@@ -19,12 +19,15 @@ from typing import Any
 
 from prerender_ray import logs, metrics
 from prerender_ray.bots import OTHER, BotRegistry
+from prerender_ray.config import Config
+from prerender_ray.configfile import findings
 from prerender_ray.ingress import BadBotRequest, BotRequest, Ingress, NotBot
 from prerender_ray.negotiation import EncodingError
 from prerender_ray.origin_rules import serving_policy
 from prerender_ray.responses import debug_headers, debug_requested
 from prerender_ray.serving import Reply, error_reply, prepare, prepared_reply, route_label, verdict
 from prerender_ray.tally import LabelBudget, UnroutedTally
+from prerender_ray.targets import Rules
 from prerender_ray.timeutil import now_ms
 
 from .botflow import Flow, Outcome
@@ -267,6 +270,20 @@ def open_serving(ctx: NodeContext) -> Serving:
         serving = ctx.extras["serving"] = Serving(ctx)
         serving.start()
     return serving
+
+
+def reconfigure(ctx: NodeContext, cfg: Config) -> None:
+    """Swap in a config that differs only in live options (routes, default interval, boost): what
+    reads the config per request sees it at once; the bot path's route table is rebuilt."""
+    ctx.cfg, ctx.rules = cfg, Rules(cfg)
+    ctx.findings = findings(cfg, ctx.rules.router.compiled.prerender_count)
+    ctx.extras.pop("admin-explainer", None)  # built per config, on the next explain
+    serving = ctx.extras.get("serving")
+    if serving is not None:
+        serving.cfg = serving.flow.cfg = cfg
+        serving.ingress = Ingress(cfg)
+        serving.keys = serving.ingress.keys
+        serving._resolved.clear()
 
 
 def serving_of(ctx: NodeContext) -> Serving:

@@ -318,8 +318,15 @@ class PeerRescue(Model):
     timeout_ms: PositiveDuration = Field(500, description="Deadline of a peer page fetch.")
 
 
+class LiveOverrides(Model):
+    enabled: bool = Field(
+        True, description="Admins may change the live options (routes, default interval, sitemap boost) at runtime."
+    )
+
+
 class Management(Model):
     enabled: bool = Field(True, description="Serve the admin API and console.")
+    overrides: LiveOverrides = LiveOverrides()
     proxy_to_owner: bool = Field(True, description="Explain asks the owning node for its schedule row.")
     peer_timeout_ms: PositiveDuration = Field(2_500, description="Deadline of admin calls to other nodes.")
     scan_cap: int = Field(20_000, ge=1, description="Cap on rows scanned by admin counts.")
@@ -641,7 +648,8 @@ UNSUPPORTED_PATHS = (
     "crawl_stats",
     "render.demand",
     "management.analytics",
-    "management.overrides",
+    "management.overrides.subscribe",
+    "management.overrides.sync_interval",
     "sitemap.worker_index",
     "queue.claim_floor",
     "queue.claim_scan_cap",

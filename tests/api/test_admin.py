@@ -128,6 +128,8 @@ ROUTES = [  # method, path, body, the roles that may, the answers we accept from
     ("POST", "queue", {"scope": "node-b", "paused": None}, {"admin"}, {200}),
     ("POST", "revalidate", {"url": "https://shop.test/never-a-target"}, {"admin"}, {409}),
     ("POST", "reconcile", None, {"admin"}, {200, 202}),
+    ("POST", "config-override", {"set": [{"path": "queue.ready.sitemapBoost", "value": 2}], "dryRun": True},
+     {"admin"}, {200}),
     ("GET", "no-such-route", None, {"viewer", "admin"}, {404}),
     ("GET", "explain", None, {"viewer", "admin"}, {405}),
 ]
@@ -742,3 +744,75 @@ async def test_unrouted_peeks_at_this_replicas_tally(local) -> None:
     assert sum(r["count"] for r in rows) == 3 and rows[0]["count"] >= rows[-1]["count"]
     again = (await client.get("/prerender_admin/unrouted")).json()
     assert again["report"] == doc["report"]  # a peek, not a drain
+
+
+# ------------------------------------------------------------------------------- live config
+
+
+def route_of(base: str, url: str) -> dict | None:
+    r = call("POST", base, "explain", json={"url": url})
+    assert r.status_code == 200, r.text
+    return r.json()["ingress"]["route"]
+
+
+def classes(base: str) -> list[dict]:
+    r = call("GET", base, "queue-state")
+    assert r.status_code == 200, r.text
+    return r.json()["classes"]
+
+
+def test_live_overrides_reach_every_node_and_reclassify_the_rows_held(node, targets) -> None:
+    due = owned_by("node-b", "due", 3)
+    live_route = {"match": "prefix", "path": "/due/", "renderInterval": 3_600_000}
+    body = {"set": [{"path": "ingress.routes", "value": [live_route], "note": "hourly for /due/"},
+                    {"path": "render.defaultInterval", "value": "12h"}]}
+    dry = call("POST", node.urls["node-b"], "config-override", json={**body, "dryRun": True})
+    assert dry.status_code == 200 and dry.json()["applied"] is False, dry.text
+    assert {c["path"] for c in dry.json()["changes"]} == {"ingress.routes", "render.defaultInterval"}
+    assert call("GET", node.url, "config").json()["overrides"]["rows"] == []  # a dry run writes nothing
+
+    r = call("POST", node.urls["node-b"], "config-override", json=body)
+    assert r.status_code == 200 and r.json()["applied"] is True, r.text
+    for base in node.urls.values():  # every replica routes with it, every keeper holds the rows by it
+        wait_for(lambda b=base: (route_of(b, due[0]) or {}).get("path") == "/due/", timeout=30,
+                 what="the live route on every node")
+        cfg = call("GET", base, "config").json()
+        assert cfg["config"]["render"]["default_interval"] == 12 * 3_600_000
+        assert {row["path"] for row in cfg["overrides"]["rows"]} == {"ingress.routes", "render.defaultInterval"}
+    # node-b owns the /due/ rows: its keeper moved them to the new route's class, in memory
+    wait_for(lambda: any("/due/" in c["route"] and c["rows"] == 2 * len(due) for c in classes(node.urls["node-b"])),
+             timeout=30, what="the /due/ rows reclassified on their owner")
+    # a schedule written now takes the route's cadence
+    fresh = owned_by("node-b", "due", 4)[-1]
+    put_target(node.urls["node-a"], fresh)
+    sched = call("POST", node.urls["node-b"], "schedule", json={"cacheKey": f"{fresh}|desktop"}).json()
+    assert sched["renderSchedule"]["effectiveInterval"] == 3_600_000
+
+    cleared = call("POST", node.url, "config-override", json={"clear": ["ingress.routes", "render.defaultInterval"]})
+    assert cleared.status_code == 200, cleared.text
+    for base in node.urls.values():
+        wait_for(lambda b=base: route_of(b, due[0]) is None, timeout=30, what="the file's routes again")
+    wait_for(lambda: not any("/due/" in c["route"] for c in classes(node.urls["node-b"])), timeout=30,
+             what="the rows back in the file's classes")
+
+
+@pytest.mark.parametrize("entries, reason", [
+    ({"set": [{"path": "server.port", "value": 1}]}, "read at start only"),
+    ({"set": [{"path": "no.such", "value": 1}]}, "unknown option"),
+    ({"set": [{"path": "render.defaultInterval", "value": -1}]}, "greater than 0"),
+    ({"set": [{"path": "ingress.routes", "value": [{"match": "bogus", "path": "/x"}]}]}, "dropped"),
+    ({"set": [{"path": "queue.ready.sitemapBoost", "value": 3}], "clear": ["queue.ready.sitemapBoost"]},
+     "set and cleared"),
+])
+def test_a_bad_override_is_a_400_and_writes_nothing(node, entries, reason) -> None:
+    before = call("GET", node.url, "config").json()["overrides"]["rows"]
+    r = call("POST", node.url, "config-override", json=entries)
+    assert r.status_code == 400 and r.json()["applied"] is False, r.text
+    assert any(reason in i["reason"] for i in r.json()["invalid"]), r.text
+    assert call("GET", node.url, "config").json()["overrides"]["rows"] == before
+
+
+def test_an_override_request_with_nothing_to_do_is_a_400(node) -> None:
+    for body in ({}, {"set": [], "clear": []}, {"set": "x"}, {"set": [], "dryRun": "yes"}):
+        r = call("POST", node.url, "config-override", json=body)
+        assert r.status_code == 400, (body, r.text)
