@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 import socket
 import time
 
@@ -99,13 +100,13 @@ class IngressReplica:
             timeout_keep_alive=30, timeout_graceful_shutdown=5, server_header=False,
             ssl_certfile=tls.cert_file or None, ssl_keyfile=tls.key_file or None,
         ))
-        self.task = asyncio.get_running_loop().create_task(self.server.serve(sockets=[sock]))
-        self._syncer = asyncio.get_running_loop().create_task(self._overrides_syncer())
+        self._syncer: asyncio.Task | None = None
+        self.task = asyncio.get_running_loop().create_task(self._serve(sock))
         self.log.info("ingress listening", url=info.url, replica=index)
 
     async def status(self) -> dict:
         up = bool(self.server and self.server.started and self.task and not self.task.done())
-        return {"replica": self.index, "up": up, "error": self.error, "url": self.info.url}
+        return {"replica": self.index, "up": up, "error": self.error, "url": self.info.url, "pid": os.getpid()}
 
     async def apply_overrides(self, raw: bytes | None) -> bool:
         """Apply the stored live overrides (``o:config``) if they changed; True when they did."""
@@ -118,14 +119,24 @@ class IngressReplica:
         self.log.info("live config applied", replica=self.index, overrides=self.live.names())
         return True
 
+    async def _serve(self, sock: socket.socket) -> None:
+        # The live overrides first (bounded): a restarted replica never serves with the file's routes.
+        await self._read_overrides()
+        self._syncer = asyncio.get_running_loop().create_task(self._overrides_syncer())
+        assert self.server is not None
+        await self.server.serve(sockets=[sock])
+
+    async def _read_overrides(self) -> None:
+        try:
+            (raw,) = await call(self.ctx.store.get.remote([OVERRIDES_KEY]), 10)
+            await self.apply_overrides(raw)
+        except Exception as e:  # the store restarting: the next round retries
+            self.log.warning("config overrides not read", error=repr(e)[:300])
+
     async def _overrides_syncer(self) -> None:
         while True:
-            try:
-                (raw,) = await call(self.ctx.store.get.remote([OVERRIDES_KEY]), 10)
-                await self.apply_overrides(raw)
-            except Exception as e:  # the store restarting: the next round retries
-                self.log.warning("config overrides not read", error=repr(e)[:300])
             await asyncio.sleep(OVERRIDES_POLL_S)
+            await self._read_overrides()
 
     async def set_membership(self, nodes: list[dict]) -> None:
         infos = {n.name: n for n in (NodeInfo(**d) for d in nodes)}
@@ -137,7 +148,7 @@ class IngressReplica:
     async def stop(self) -> None:
         """Stop accepting, finish in-flight requests (bounded by uvicorn's graceful timeout)."""
         if getattr(self, "_syncer", None) is not None:
-            self._syncer.cancel()
+            self._syncer.cancel()  # type: ignore[union-attr]
         if self.server is not None and self.task is not None:
             self.server.should_exit = True
             try:

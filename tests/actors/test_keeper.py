@@ -83,7 +83,45 @@ def test_reconcile_restores_missing_rows_jittered_and_pageless_keys_first(node) 
     assert again["missing"] == 0 and again["restored"] == 0
 
 
+def test_a_restarted_keeper_and_ingress_come_back_with_the_live_overrides(node) -> None:
+    from prerender_ray.overrides import OVERRIDES_KEY, Overrides
+
+    route = {"match": "prefix", "path": "/live-crash/", "renderInterval": 7_200_000}
+    url = "https://crash.example/live-crash/1"
+    put_target(node.url, url, nextRenderTime=int(time.time() * 1000) + 86_400_000)
+    store = lookup("store", "node-a")
+    ray.get(store.apply.remote([(OVERRIDES_KEY, Overrides({"ingress.routes": [route]}).encode())]), timeout=30)
+
+    def live_class() -> bool:
+        doc = get(f"{node.url}/prerender_admin/queue-state").json()
+        return any("/live-crash/" in c["route"] and c["rows"] == 2 for c in doc["classes"])
+
+    ray.get(lookup("keeper", "node-a").sync_status.remote(), timeout=30)  # what the admin API nudges
+    assert live_class()
+    restart("keeper", node.url)  # the new process reads the row before it loads its rows
+    assert live_class()
+
+    replica = lookup("ingress", "node-a", 0)
+    before = ray.get(replica.status.remote(), timeout=10)["pid"]
+    ray.kill(replica, no_restart=False)
+
+    def new_replica_up() -> bool:
+        try:
+            st = ray.get(lookup("ingress", "node-a", 0).status.remote(), timeout=5)
+        except Exception:
+            return False
+        return st["pid"] != before and st["up"]
+
+    wait_for(new_replica_up, timeout=60, what="a new ingress process serving")
+    # it read the row before it served its first request
+    assert get(f"{node.url}/prerender_admin/config").json()["config"]["ingress"]["routes"] == [route]
+    ray.get(store.apply.remote([(OVERRIDES_KEY, None)]), timeout=30)
+    wait_for(lambda: get(f"{node.url}/prerender_admin/config").json()["config"]["ingress"]["routes"] == [],
+             timeout=30, what="the file's routes back on the ingress")
+
+
 def test_a_whole_node_restart_keeps_rows_and_leases(ray_cluster, tmp_path) -> None:
+    # last: a deployment of its own replaces the module's
     data = tmp_path / "data"
     d = deploy_on(ray_cluster, data)
     try:
