@@ -15,7 +15,7 @@ import ray
 from prerender_ray import logs
 from prerender_ray.config import Config
 from prerender_ray.registry import TARGET, TARGET_BY_SITEMAP, by_sitemap_key
-from prerender_ray.replication import Clock, payload_of, unwrap, wrap
+from prerender_ray.replication import CLOCK_OFFSET_ENV, Clock, payload_of, unwrap, wall_clock, wrap
 from prerender_ray.stores import PAGES, REGISTRY, Store, store_path
 
 from .common import untraced
@@ -33,7 +33,10 @@ class NodeStore(Replica):
         self.log = logs.get("store")
         self.node = node
         self.cfg = cfg
-        self.clock = Clock(node)
+        offset = int(os.environ.get(CLOCK_OFFSET_ENV) or 0)
+        self.clock = Clock(node, wall_clock(offset))
+        if offset:
+            self.log.warning("replication clock offset (a testing aid)", offset_ms=offset)
         self.pages = Store(store_path(data_dir, node, PAGES))
         self.registry = Store(store_path(data_dir, node, REGISTRY))
         self.started = time.time()

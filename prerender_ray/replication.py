@@ -12,6 +12,7 @@ from __future__ import annotations
 import struct
 import threading
 import time
+from collections.abc import Callable
 from typing import NamedTuple
 
 _MAGIC = 0xA7
@@ -37,12 +38,22 @@ class Version(NamedTuple):
         return other is None or (self.hlc, self.node) > (other.hlc, other.node)
 
 
+CLOCK_OFFSET_ENV = "PRERENDER_CLOCK_OFFSET_MS"  # a testing aid: simulate a node whose clock is off
+
+
+def wall_clock(offset_ms: int = 0) -> Callable[[], int]:
+    """The wall clock in ms, shifted by ``offset_ms`` (tests simulate clock skew between nodes)."""
+    if not offset_ms:
+        return lambda: time.time_ns() // 1_000_000
+    return lambda: time.time_ns() // 1_000_000 + offset_ms
+
+
 class Clock:
     """Hybrid logical clock: physical ms in the high bits, a counter in the low bits. Never goes
     backwards, and moves past any version it has seen, so causally later writes always win even
     with a few seconds of clock skew between nodes."""
 
-    def __init__(self, node: str, wall_ms=lambda: time.time_ns() // 1_000_000):
+    def __init__(self, node: str, wall_ms: Callable[[], int] = wall_clock()):
         self.node = node
         self._wall = wall_ms
         self._last = 0

@@ -46,12 +46,13 @@ class RayCluster:
         self.ports["node-a"] = port
         return self
 
-    def add_node(self, name: str) -> Any:
+    def add_node(self, name: str, env: dict[str, str] | None = None) -> Any:
+        """A simulated node; ``env`` goes to its raylet and so to every process it starts."""
         from prerender_ray.nodes import LABEL_NAME, LABEL_PORT
 
         port = free_port()
         node = self.cluster.add_node(num_cpus=1, object_store_memory=80 * 1024 * 1024,
-                                     labels={LABEL_NAME: name, LABEL_PORT: str(port)})
+                                     labels={LABEL_NAME: name, LABEL_PORT: str(port)}, env_vars=env)
         self.nodes[name] = node
         self.ports[name] = port
         return node

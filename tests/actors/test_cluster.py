@@ -15,6 +15,7 @@ import ray
 
 from prerender_ray.actors.common import lookup
 from prerender_ray.nodes import Ownership
+from prerender_ray.replication import CLOCK_OFFSET_ENV
 from prerender_ray.schedule import ScheduleRow
 from tests.support import claim, deploy_on, post_result, put_target, schedule, wait_for
 
@@ -205,6 +206,45 @@ def test_a_stalled_peer_delays_nothing_else_and_converges_once_it_answers(cluste
         wait_for(lambda u=url: httpx.get(f"{d.urls['node-c']}/render_targets", params={"url": u}).status_code == 200,
                  timeout=60, what=f"{url} on node-c after the stall")
     wait_for(lambda: _pending(d.urls["node-a"], "node-c") == 0, timeout=60, what="node-a's backlog for node-c drained")
+
+
+def test_a_later_write_wins_over_a_node_whose_clock_runs_5_s_ahead(cluster) -> None:
+    """Clock skew, made real: node-c restarts with its store's clock 5 s fast. A cluster pause
+    written there, then a resume written on node-a a moment later (after node-a saw the pause): with
+    wall-clock last-writer-wins the pause would win for 5 s; the hybrid logical clock makes the later
+    write win on every node."""
+    rc, d = cluster
+    if "node-c" in rc.nodes:
+        rc.remove_node("node-c")
+    rc.add_node("node-c", env={CLOCK_OFFSET_ENV: "5000"})
+
+    def back() -> bool:
+        d.refresh()
+        return "node-c" in d.urls and _ready(d.urls["node-c"])
+
+    wait_for(back, timeout=120, interval=1, what="node-c back with a fast clock")
+    try:
+        ray.get(lookup("keeper", "node-c").set_pause.remote("all", True, "skewed"), timeout=30)
+        wait_for(lambda: _cluster_intent(d.urls["node-a"]) is True, timeout=30, what="the pause on node-a")
+        ray.get(lookup("keeper", "node-a").set_pause.remote("all", False, "later"), timeout=30)
+        for base in d.urls.values():  # converges to the later write and stays there
+            wait_for(lambda b=base: _cluster_intent(b) is False, timeout=30, what="the resume everywhere")
+        time.sleep(2)
+        assert [_cluster_intent(b) for b in d.urls.values()] == [False] * len(d.urls)
+    finally:
+        ray.get(lookup("keeper", "node-a").set_pause.remote("all", None, "cleanup"), timeout=30)
+
+
+def _ready(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/readyz", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _cluster_intent(base: str) -> bool | None:
+    rows = {r["scope"]: r for r in httpx.get(f"{base}/queue_control", timeout=10).json()}
+    return rows["all"]["paused"] if "all" in rows else None
 
 
 def _pending(base: str, peer: str) -> float:
