@@ -186,12 +186,29 @@ def plan(base: Config, current: Overrides, sets: Any, clears: Any, *, by: str, n
         invalid.extend({"path": "ingress.routes", "reason": w} for w in refused)
         return result
     result.config = cfg
-    result.route_warnings = list(compiled.warnings)
-    before, after = live_values(effective(base, current)), live_values(cfg)
+    was = effective(base, current)
+    result.route_warnings = list(compiled.warnings) + _rekey_warnings(was, cfg)
+    before, after = live_values(was), live_values(cfg)
     for path in sorted(seen):
         item = {"path": camel_path(path), "from": before.get(path), "to": after.get(path)}
         (result.changes if before.get(path) != after.get(path) else result.noop).append(item)
     return result
+
+
+def _rekey_warnings(was: Config, now: Config) -> list[str]:
+    """What a route change does beyond scheduling: in forwarded mode a route's queryParams are part of
+    its URLs' cache keys (pages and rows under the old keys are not migrated), and a route's
+    deviceTypes decide which devices new targets get."""
+    old, new = compile_routes(was).routes, compile_routes(now).routes
+    out = []
+    if now.ingress.mode == "forwarded" and [(r.match, r.path, r.mode, r.query_params) for r in old] != \
+            [(r.match, r.path, r.mode, r.query_params) for r in new]:
+        out.append("ingress.routes: the query allowlist of some paths changes, and with it their cache keys; "
+                   "pages and schedules under the old keys are not migrated: re-ingest their sitemaps")
+    if [(r.match, r.path, r.device_types) for r in old] != [(r.match, r.path, r.device_types) for r in new]:
+        out.append("ingress.routes: deviceTypes differ; new and re-put targets get the new devices, "
+                   "existing rows keep theirs until their target is put again")
+    return out
 
 
 def _path_problem(path: str, seen: set[str]) -> str | None:

@@ -117,3 +117,16 @@ def test_a_process_derives_its_config_only_when_the_row_changes() -> None:
     assert live.error and live.current is first
     back = live.update(None)  # the row deleted: the file's config
     assert back == BASE and live.error is None
+
+
+def test_a_route_change_that_re_keys_urls_says_so() -> None:
+    forwarded = Config.model_validate({"ingress": {"mode": "forwarded",
+                                                   "routes": [{"match": "prefix", "path": "/shop/"}]}})
+    p = plan(forwarded, Overrides(), [{"path": "ingress.routes", "value": [
+        {"match": "prefix", "path": "/shop/", "queryParams": ["color"], "deviceTypes": ["desktop"]}]}], [],
+        by="ops", now=1)
+    assert p.invalid == []
+    text = " ".join(p.route_warnings)
+    assert "cache keys" in text and "deviceTypes differ" in text
+    quiet = plan(forwarded, Overrides(), [{"path": "render.defaultInterval", "value": "2h"}], [], by="ops", now=1)
+    assert quiet.route_warnings == []
