@@ -134,13 +134,14 @@
 
   function show(view) {
     state.view = view;
-    for (const v of ['overview', 'queue', 'explain']) {
+    for (const v of ['overview', 'queue', 'explain', 'config']) {
       $(`view-${v}`).hidden = v !== view;
       $(`tab-${v}`).setAttribute('aria-current', v === view ? 'page' : 'false');
     }
     stopTimer();
     if (view === 'overview') { loadOverview(); state.timer = setInterval(loadOverview, REFRESH_MS); }
     if (view === 'queue') loadQueue();
+    if (view === 'config') loadConfig();
   }
 
   function stopTimer() { if (state.timer) { clearInterval(state.timer); state.timer = null; } }
@@ -272,6 +273,55 @@
     $('queue-nodes').tBodies[0].replaceChildren(...rows);
   }
 
+  // config ---------------------------------------------------------------------------------------
+
+  async function loadConfig() {
+    const r = await api('config');
+    if (!r.ok) { say(`config: ${errorOf(r)}`, true); return; }
+    const c = r.data;
+    const ov = c.overrides;
+    $('config-generated').textContent = `effective config of ${c.node}`;
+    $('config-live').textContent = ov.enabled
+      ? `Changed on every node without a restart: ${ov.livePaths.join(', ')}. Everything else: edit the file and restart.`
+      : 'Live overrides are disabled (management.overrides.enabled: false).';
+    const select = $('override-path');
+    if (select.options.length !== ov.livePaths.length) {
+      select.replaceChildren(...ov.livePaths.map((p) => el('option', { value: p, text: p })));
+    }
+    $('overrides').tBodies[0].replaceChildren(...ov.rows.map((row) => el('tr', { 'data-override': row.path },
+      el('td', { text: row.path }), el('td', {}, el('code', { text: JSON.stringify(row.value) })),
+      el('td', { text: row.updatedBy || '-' }), el('td', { text: fmtTime(row.updatedTime) }),
+      el('td', { text: row.note || '' }),
+      el('td', { class: 'admin-only' }, el('button', { type: 'button', 'data-action': 'clear', text: 'Clear',
+        onclick: () => sendOverride({ clear: [row.path] }) })))));
+    $('config-warnings').replaceChildren(...c.warnings.map((w) => el('li', { text: `${w.key}: ${w.message}` })));
+  }
+
+  async function sendOverride(body) {
+    const r = await api('config-override', { method: 'POST', body });
+    const out = $('override-result');
+    out.hidden = false;
+    out.textContent = JSON.stringify(r.data, null, 2);
+    if (r.ok && r.data.applied) say(`written: ${r.data.changes.map((x) => x.path).join(', ') || 'no change'}`);
+    else if (!r.ok) say(`config-override: ${errorOf(r)}`, true);
+    else say('dry run: nothing written');
+    loadConfig();
+  }
+
+  function overrideFromForm(dryRun) {
+    let value;
+    try {
+      value = JSON.parse($('override-value').value);
+    } catch (e) {
+      say(`the value is not JSON: ${e.message}`, true);
+      return;
+    }
+    const entry = { path: $('override-path').value, value };
+    const note = $('override-note').value.trim();
+    if (note) entry.note = note;
+    sendOverride({ set: [entry], dryRun });
+  }
+
   // explain --------------------------------------------------------------------------------------
 
   function fact(dl, label, value, id) {
@@ -343,6 +393,9 @@
     $('cluster-pause').addEventListener('click', () => setPause('all', true));
     $('cluster-resume').addEventListener('click', () => setPause('all', false));
     $('explain-form').addEventListener('submit', explain);
+    $('config-refresh').addEventListener('click', loadConfig);
+    $('override-dry').addEventListener('click', () => overrideFromForm(true));
+    $('override-form').addEventListener('submit', (event) => { event.preventDefault(); overrideFromForm(false); });
     $('render-now').addEventListener('click', renderNow);
     loadSession();
   });

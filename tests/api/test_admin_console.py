@@ -150,6 +150,26 @@ def test_sign_in_overview_explain_render_now_pause_and_resume(node, browser) -> 
         timeout=30_000,
     )
 
+    # a live override: dry run, apply, see it listed, clear it
+    page.click("#tab-config")
+    page.wait_for_selector("#override-path option[value='render.defaultInterval']", state="attached")
+    page.select_option("#override-path", "render.defaultInterval")
+    page.fill("#override-value", '"12h"')
+    page.click("#override-dry")
+    page.wait_for_selector("#message:has-text('dry run: nothing written')")
+    assert page.locator("tr[data-override]").count() == 0
+    page.fill("#override-note", "console test")
+    page.click("#override-apply")
+    page.wait_for_selector("tr[data-override='render.defaultInterval']:has-text('12h')")
+    assert "console test" in page.text_content("tr[data-override='render.defaultInterval']")
+    cfg = httpx.get(f"{node.url}/prerender_admin/config", auth=("ops", "ops-pass"), timeout=10).json()
+    assert cfg["config"]["render"]["default_interval"] == 43_200_000
+    page.fill("#override-value", "not json")
+    page.click("#override-apply")
+    page.wait_for_selector("#message:has-text('not JSON')")
+    page.click("tr[data-override='render.defaultInterval'] button[data-action=clear]")
+    page.wait_for_selector("tr[data-override]", state="detached")
+
     # sign out: the session is gone, the form is back
     page.click("#logout")
     page.wait_for_selector("#login-form", state="visible")
@@ -168,4 +188,7 @@ def test_a_viewer_sees_no_admin_controls(node, browser) -> None:
     page.wait_for_selector("tr[data-node='node-a']")
     assert page.locator("#cluster-pause").is_hidden()
     assert page.locator("tr[data-node='node-a'] button[data-action=pause]").is_hidden()
+    page.click("#tab-config")
+    page.wait_for_selector("#config-live:has-text('without a restart')")
+    assert page.locator("#override-form").is_hidden()
     page.close()
