@@ -7,14 +7,13 @@ indexes (targets by sitemap) are maintained here, on every write, local or repli
 
 from __future__ import annotations
 
-import json
 import os
 import time
 import ray
 
 from prerender_ray import logs
 from prerender_ray.config import Config
-from prerender_ray.registry import TARGET, TARGET_BY_SITEMAP, by_sitemap_key
+from prerender_ray.registry import TARGET, TARGET_BY_SITEMAP, by_sitemap_key, sitemap_of_record
 from prerender_ray.replication import CLOCK_OFFSET_ENV, Clock, payload_of, unwrap, wall_clock, wrap
 from prerender_ray.stores import PAGES, REGISTRY, Store, store_path
 
@@ -51,8 +50,8 @@ class NodeStore(Replica):
         if not key.startswith(TARGET):
             return []
         url = key[len(TARGET):].decode()
-        before = _sitemap_of(url, old)
-        after = _sitemap_of(url, new)
+        before = sitemap_of_record(old)
+        after = sitemap_of_record(new)
         if before == after:
             return []
         ops: list[Op] = []
@@ -134,13 +133,3 @@ class NodeStore(Replica):
             db.flush()
             db.close()
 
-
-def _sitemap_of(url: str, payload: bytes | None) -> str | None:
-    """A target record's sitemap, read straight off its JSON (every target write pays this)."""
-    if payload is None:
-        return None
-    try:
-        found = json.loads(payload).get("sitemap_url")
-    except (ValueError, AttributeError):
-        return None
-    return found if isinstance(found, str) and found else None

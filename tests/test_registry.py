@@ -228,3 +228,36 @@ def test_generic_records_round_trip_compactly_without_absent_values() -> None:
     assert decode_json(data) == {"paused": True, "updatedBy": "ops"}
     with pytest.raises(RecordError, match="queue control"):
         decode_json(b"[]", "queue control")
+
+
+# ------------------------------------------------------------------------------ the sitemap index
+
+
+@given(targets)
+def test_the_sitemap_of_a_record_is_read_without_decoding_it_and_agrees_with_decode(t: Target) -> None:
+    from prerender_ray.registry import sitemap_of_record
+
+    assert sitemap_of_record(t.encode()) == (Target.decode(t.url, t.encode()).sitemap_url or None)
+
+
+@pytest.mark.parametrize("data, expected", [
+    (None, None), (b"", None), (b"{}", None), (b"junk", None), (b"[1]", None),
+    (b'{"sitemap_url":"https://s.test/a.xml","strikes":1}', "https://s.test/a.xml"),
+    (b'{"strikes":1,"sitemap_url":"https://s.test/b.xml"}', "https://s.test/b.xml"),  # another order
+    (b'{"sitemap_url":"https://s.test/\\u00e9.xml"}', "https://s.test/\u00e9.xml"),  # an escape
+    (b'{"sitemap_url":"https://s.test/\\"q.xml"}', 'https://s.test/"q.xml'),
+    (b'{"sitemap_url":""}', None), (b'{"sitemap_url":7}', None), (b'{"sitemap_url":"unterminated', None),
+])
+def test_the_sitemap_reader_handles_every_shape(data: bytes | None, expected: str | None) -> None:
+    from prerender_ray.registry import sitemap_of_record
+
+    assert sitemap_of_record(data) == expected
+
+
+@given(targets)
+def test_the_hand_built_encoding_is_exactly_the_compact_json_of_the_set_fields(t: Target) -> None:
+    fields = {"sitemap_url": t.sitemap_url, "scheduler_node": t.scheduler_node,
+              "render_interval": t.render_interval, "state": t.state, "suppressed_reason": t.suppressed_reason,
+              "suppressed_at": t.suppressed_at, "strikes": t.strikes or None}
+    expected = json.dumps({k: v for k, v in fields.items() if v is not None}, separators=(",", ":")).encode()
+    assert t.encode() == expected
