@@ -110,9 +110,7 @@ class IngressReplica:
 
     async def apply_overrides(self, raw: bytes | None) -> bool:
         """Apply the stored live overrides (``o:config``) if they changed; True when they did."""
-        cfg = self.live.update(raw)
-        if self.live.error:
-            self.log.error("config overrides not applied", error=self.live.error)
+        cfg = self.live.changed(raw, self.log)
         if cfg is None:
             return False
         reconfigure(self.ctx, cfg)

@@ -96,10 +96,9 @@ class QueueKeeper(KeeperOps, KeeperRepair, KeeperHandoff):
     def apply_overrides(self, raw: bytes | None) -> dict:
         """Apply the stored live overrides (``o:config``) if they changed: new rules, and the rows
         held reclassified in memory (route cadences, routes, default interval, sitemap boost)."""
-        cfg = self.live.update(raw)
+        cfg = self.live.changed(raw, self.log)
         if self.live.error:
             metrics.loop_errors.labels("keeper-overrides").inc()
-            self.log.error("config overrides not applied", error=self.live.error)
         if cfg is None:
             return {"changed": False}
         t0 = time.perf_counter()

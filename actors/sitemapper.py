@@ -97,9 +97,7 @@ class SitemapWalker:
 
     async def apply_overrides(self, raw: bytes | None) -> bool:
         """New walks classify and key entries with the live routes (walks running keep theirs)."""
-        cfg = self.live.update(raw)
-        if self.live.error:
-            self.log.error("config overrides not applied", error=self.live.error)
+        cfg = self.live.changed(raw, self.log)
         if cfg is None:
             return False
         classify = Rules(cfg).router.classify

@@ -254,6 +254,13 @@ class LiveConfig:
         self.current = cfg
         return cfg
 
+    def changed(self, raw: bytes | None, log: Any) -> Config | None:
+        """``update``, with a row that does not apply logged on ``log`` (a structlog logger)."""
+        cfg = self.update(raw)
+        if self.error:
+            log.error("config overrides not applied", error=self.error)
+        return cfg
+
     def names(self) -> list[str]:
         try:
             return sorted(camel_path(p) for p in Overrides.decode(self.raw).values)

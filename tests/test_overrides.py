@@ -130,3 +130,17 @@ def test_a_route_change_that_re_keys_urls_says_so() -> None:
     assert "cache keys" in text and "deviceTypes differ" in text
     quiet = plan(forwarded, Overrides(), [{"path": "render.defaultInterval", "value": "2h"}], [], by="ops", now=1)
     assert quiet.route_warnings == []
+
+
+def test_a_row_that_does_not_apply_is_logged() -> None:
+    logged: list[tuple] = []
+
+    class Log:
+        def error(self, event: str, **kw: object) -> None:
+            logged.append((event, kw))
+
+    live = LiveConfig(BASE)
+    assert live.changed(b"junk", Log()) is None
+    assert logged and logged[0][0] == "config overrides not applied" and "unreadable" in logged[0][1]["error"]
+    assert live.changed(Overrides({"queue.ready.sitemap_boost": 3}).encode(), Log()).queue.ready.sitemap_boost == 3
+    assert len(logged) == 1
