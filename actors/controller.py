@@ -26,6 +26,7 @@ from .store import NodeStore
 WATCH_INTERVAL_S = 2.0
 STATUS_DEADLINE_S = 3.0
 START_DEADLINE_S = 90.0
+STARTUP_GRACE_S = 60.0  # actors placed this recently may not answer yet (imports, catch-up, load)
 
 
 @dataclass
@@ -136,11 +137,13 @@ class Controller:
             calls.append(p.keeper.set_membership.remote([n["name"] for n in nodes]))
             calls.append(p.store.set_membership.remote([n["name"] for n in nodes]))
             calls.append(p.sitemapper.set_membership.remote([n["name"] for n in nodes]))
+            starting = time.time() - p.placed_at < STARTUP_GRACE_S
             for ref in calls:
                 try:
                     await call(ref, STATUS_DEADLINE_S)
-                except Exception as e:
-                    self.log.warning("membership push failed", node=p.info.name, error=repr(e))
+                except Exception as e:  # retried every ~20 s; actors still starting are expected to lag
+                    (self.log.info if starting else self.log.warning)(
+                        "membership push failed", node=p.info.name, error=repr(e), starting=starting)
 
     # -------------------------------------------------------------------------------------- status
 
