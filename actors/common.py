@@ -67,6 +67,27 @@ def untraced(actor: object) -> None:
             setattr(actor, name, types.MethodType(plain, actor))
 
 
+async def read_overrides(store: Any, apply: Any, log: Any) -> None:
+    """Read the live config overrides row from the node's store and hand it to ``apply``; a store
+    that does not answer is logged, and the next read retries."""
+    from prerender_ray.overrides import OVERRIDES_KEY
+
+    try:
+        (raw,) = await call(store.get.remote([OVERRIDES_KEY]), 10)
+        await apply(raw)
+    except Exception as e:
+        log.warning("config overrides not read", error=repr(e)[:300])
+
+
+async def follow_overrides(store: Any, apply: Any, log: Any) -> None:
+    """``read_overrides`` every ``OVERRIDES_POLL_S``, forever (the first read is the caller's)."""
+    from prerender_ray.overrides import OVERRIDES_POLL_S
+
+    while True:
+        await asyncio.sleep(OVERRIDES_POLL_S)
+        await read_overrides(store, apply, log)
+
+
 def lookup(kind: str, node: str, index: int | None = None) -> Any:
     return ray.get_actor(actor_name(kind, node, index), namespace=NAMESPACE)
 

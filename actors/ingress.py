@@ -16,17 +16,16 @@ import time
 import ray
 import uvicorn
 from prerender_ray.api.app import create_asgi
-from prerender_ray.api.bot import close_serving, open_serving, reconfigure
+from prerender_ray.api.bot import apply_overrides, close_serving, open_serving
 from prerender_ray.api.context import NodeContext
 
 from prerender_ray import logs
 from prerender_ray.config import Config
 from prerender_ray.configfile import findings
 from prerender_ray.nodes import NodeInfo
-from prerender_ray.overrides import OVERRIDES_KEY, OVERRIDES_POLL_S, LiveConfig
 from prerender_ray.routes import compile_routes
 
-from .common import call, untraced
+from .common import follow_overrides, read_overrides, untraced
 
 
 PROBE_ATTEMPTS = 10
@@ -74,8 +73,6 @@ class IngressReplica:
         self.ctx = NodeContext(cfg=cfg, node=info, data_dir=data_dir, keeper=keeper, leases=leases,
                                store=store, replica=index,
                                findings=_findings(cfg))
-        self.live = LiveConfig(cfg)  # the file's config, and live overrides on top of it
-        self.ctx.extras["live"] = self.live  # the admin API's config-override applies it at once
         self.app = create_asgi(self.ctx)  # the bot path in front of the FastAPI routers
         # The bot path's page reader (a RocksDB secondary, caught up on a timer) and origin client.
         open_serving(self.ctx)
@@ -110,31 +107,15 @@ class IngressReplica:
 
     async def apply_overrides(self, raw: bytes | None) -> bool:
         """Apply the stored live overrides (``o:config``) if they changed; True when they did."""
-        cfg = self.live.changed(raw, self.log)
-        if cfg is None:
-            return False
-        reconfigure(self.ctx, cfg)
-        self.log.info("live config applied", replica=self.index, overrides=self.live.names())
-        return True
+        return apply_overrides(self.ctx, raw)
 
     async def _serve(self, sock: socket.socket) -> None:
         # The live overrides first (bounded): a restarted replica never serves with the file's routes.
-        await self._read_overrides()
-        self._syncer = asyncio.get_running_loop().create_task(self._overrides_syncer())
+        await read_overrides(self.ctx.store, self.apply_overrides, self.log)
+        self._syncer = asyncio.get_running_loop().create_task(
+            follow_overrides(self.ctx.store, self.apply_overrides, self.log))
         assert self.server is not None
         await self.server.serve(sockets=[sock])
-
-    async def _read_overrides(self) -> None:
-        try:
-            (raw,) = await call(self.ctx.store.get.remote([OVERRIDES_KEY]), 10)
-            await self.apply_overrides(raw)
-        except Exception as e:  # the store restarting: the next round retries
-            self.log.warning("config overrides not read", error=repr(e)[:300])
-
-    async def _overrides_syncer(self) -> None:
-        while True:
-            await asyncio.sleep(OVERRIDES_POLL_S)
-            await self._read_overrides()
 
     async def set_membership(self, nodes: list[dict]) -> None:
         infos = {n.name: n for n in (NodeInfo(**d) for d in nodes)}

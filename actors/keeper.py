@@ -21,7 +21,6 @@ from prerender_ray.nodes import NodeInfo
 from prerender_ray.overrides import OVERRIDES_KEY, LiveConfig
 from prerender_ray.queuestatus import StatusReporter
 from prerender_ray.ranking import Ranking
-from prerender_ray.registry import Target
 from prerender_ray.results import Planner
 from prerender_ray.schedule import ScheduleRow, UnreadableRow
 from prerender_ray.stores import SCHEDULE, Store, store_path

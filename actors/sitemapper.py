@@ -25,7 +25,7 @@ import ray
 from prerender_ray import logs, metrics
 from prerender_ray.config import Config
 from prerender_ray.nodes import CONTROLLER, NAMESPACE, NodeInfo, Ownership
-from prerender_ray.overrides import OVERRIDES_KEY, OVERRIDES_POLL_S, LiveConfig
+from prerender_ray.overrides import LiveConfig
 from prerender_ray.registry import (
     SITEMAP,
     SITEMAP_RUN,
@@ -47,7 +47,7 @@ from prerender_ray.sitemap_rules import (
 from prerender_ray.targets import Rules
 from prerender_ray.timeutil import now_ms
 
-from .common import call, lookup, untraced
+from .common import call, follow_overrides, lookup, read_overrides, untraced
 from .sitemap_fetch import Fetcher
 from .sitemap_walk import BATCH, STORE_DEADLINE_S, WRITE_DEADLINE_S, Walk, WalkAborted, WalkEnv
 
@@ -108,13 +108,8 @@ class SitemapWalker:
         return True
 
     async def _overrides_syncer(self) -> None:
-        while True:
-            try:
-                (raw,) = await call(self.store.get.remote([OVERRIDES_KEY]), STORE_DEADLINE_S)
-                await self.apply_overrides(raw)
-            except Exception as e:  # the store restarting: the next round retries
-                self.log.warning("config overrides not read", error=repr(e)[:300])
-            await asyncio.sleep(OVERRIDES_POLL_S)
+        await read_overrides(self.store, self.apply_overrides, self.log)
+        await follow_overrides(self.store, self.apply_overrides, self.log)
 
     # --------------------------------------------------------------------------------- cluster
 

@@ -20,7 +20,6 @@ from prerender_ray.overrides import (
     LIVE_PATHS,
     OVERRIDES_KEY,
     OVERRIDES_POLL_S,
-    LiveConfig,
     OverrideError,
     Overrides,
     camel_path,
@@ -31,21 +30,12 @@ from prerender_ray.timeutil import now_ms
 from .admin_common import admin_router, answer, call, ctx_of, log
 from .admin_queue import nudge_other_keepers
 from .auth import require
-from .bot import reconfigure
+from .bot import apply_overrides, live_of
 from .bodies import bad_request, read_object
-from .context import NodeContext
 
 router = admin_router()
 MAX_BODY = 256 * 1024  # a long route list fits
 NUDGE_DEADLINE_S = 5.0
-
-
-def live_of(ctx: NodeContext) -> LiveConfig:
-    """The replica's live config (its actor sets it); a bare app (tests) starts from its config."""
-    live = ctx.extras.get("live")
-    if live is None:
-        live = ctx.extras["live"] = LiveConfig(ctx.cfg)
-    return live
 
 
 @router.get("/config")
@@ -111,8 +101,7 @@ async def config_override(request: Request, who: Principal = Depends(require("ad
     log.warning("config overrides written", by=who.name, changes=[c["path"] for c in result.changes],
                 overrides=sorted(camel_path(p) for p in new.values))
     # This replica and this node's keeper apply it now; the rest within one status sync.
-    if (cfg := live.update(stored)) is not None:
-        reconfigure(ctx, cfg)
+    apply_overrides(ctx, stored)
     keeper = None
     try:
         await call(ctx.keeper.sync_status.remote(), NUDGE_DEADLINE_S)

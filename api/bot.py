@@ -24,6 +24,7 @@ from prerender_ray.configfile import findings
 from prerender_ray.ingress import BadBotRequest, BotRequest, Ingress, NotBot
 from prerender_ray.negotiation import EncodingError
 from prerender_ray.origin_rules import serving_policy
+from prerender_ray.overrides import LiveConfig
 from prerender_ray.responses import debug_headers, debug_requested
 from prerender_ray.serving import Reply, error_reply, prepare, prepared_reply, route_label, verdict
 from prerender_ray.tally import LabelBudget, UnroutedTally
@@ -284,6 +285,25 @@ def reconfigure(ctx: NodeContext, cfg: Config) -> None:
         serving.ingress = Ingress(cfg)
         serving.keys = serving.ingress.keys
         serving._resolved.clear()
+
+
+def live_of(ctx: NodeContext) -> LiveConfig:
+    """The replica's live config (the file's plus the overrides row); set up on first use."""
+    live = ctx.extras.get("live")
+    if live is None:
+        live = ctx.extras["live"] = LiveConfig(ctx.cfg)
+    return live
+
+
+def apply_overrides(ctx: NodeContext, raw: bytes | None) -> bool:
+    """Apply the stored live overrides (``o:config``) to this replica if they changed."""
+    live = live_of(ctx)
+    cfg = live.changed(raw, log)
+    if cfg is None:
+        return False
+    reconfigure(ctx, cfg)
+    log.info("live config applied", replica=ctx.replica, overrides=live.names())
+    return True
 
 
 def serving_of(ctx: NodeContext) -> Serving:

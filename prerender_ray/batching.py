@@ -31,7 +31,7 @@ class GroupCommit(Generic[T, R]):
         self._queue: list[tuple[T, asyncio.Future]] = []
         self._running = False
         self._task: asyncio.Task | None = None
-        self.batches = 0  # calls made (a test and a metric can read it)
+        self.batches = 0  # calls made, for tests and debugging
 
     def __len__(self) -> int:
         return len(self._queue)

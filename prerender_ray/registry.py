@@ -63,13 +63,13 @@ def _dumps(d: dict) -> bytes:
     return _COMPACT.encode({k: v for k, v in d.items() if v is not None}).encode()
 
 
-def _loads(data: bytes, what: str) -> dict:
+def _loads(data: bytes, what: str, shape: type = dict) -> Any:
     try:
         d = json.loads(data)
     except (ValueError, UnicodeDecodeError) as e:
         raise RecordError(f"{what}: not JSON") from e
-    if not isinstance(d, dict):
-        raise RecordError(f"{what}: not an object")
+    if not isinstance(d, shape):
+        raise RecordError(f"{what}: not {'an object' if shape is dict else 'a list'}")
     return d
 
 
@@ -171,11 +171,6 @@ def encode_entries(entries: list) -> bytes:
 
 
 def decode_entries(data: bytes, what: str = "sitemap entries") -> list[dict]:
-    try:
-        rows = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise RecordError(f"{what}: not JSON") from e
-    if not isinstance(rows, list):
-        raise RecordError(f"{what}: not a list")
+    rows = _loads(data, what, list)
     names = ("loc", "lastmod", "changefreq", "priority")
     return [dict(zip(names, row)) for row in rows if isinstance(row, list)]

@@ -173,6 +173,19 @@ def result_body(job: dict, *, outcome: str | None = "rendered", status: int | No
     return raw + content, {"x-metadata-size": str(len(raw)), "content-type": "application/octet-stream"}
 
 
+def take(base: str, keys: list[str], timeout: float = 20) -> dict[str, dict]:
+    """Claim until every key in ``keys`` was granted; other jobs are returned too."""
+    got: dict[str, dict] = {}
+
+    def step() -> bool:
+        for job in claim(base, 25):
+            got[job["id"]] = job
+        return all(k in got for k in keys)
+
+    wait_for(step, timeout=timeout, interval=0.3, what=f"grants of {keys}")
+    return got
+
+
 def post_result(job: dict, **kw: Any) -> httpx.Response:
     body, headers = result_body(job, **kw)
     return httpx.post(f"{job['callbackOrigin']}/render_queue/job_result", content=body, headers=headers, timeout=30)

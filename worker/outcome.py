@@ -307,28 +307,15 @@ def document_verdict(
             reason = "canonical-mismatch"
         elif verdict == "variant" and rules.canonical_strict:
             reason = "canonical-variant"
-    if reason is None:
-        return Verdict(
-            status_code=final.status,
-            headers=headers,
-            redirected_to=redirected_to,
-            is_indexable=True,
-            keep_content=True,
-        )
-    if job.is_from_sitemap:  # sitemap pages are stored even when non-indexable, without a reason
-        return Verdict(
-            status_code=final.status,
-            headers=headers,
-            redirected_to=redirected_to,
-            is_indexable=False,
-            keep_content=True,
-        )
+    # Sitemap pages are stored even when non-indexable, and then without a reason.
+    stored_anyway = reason is not None and job.is_from_sitemap
     return Verdict(
         status_code=final.status,
         headers=headers,
         redirected_to=redirected_to,
-        is_indexable=False,
-        reason=reason,
+        is_indexable=reason is None,
+        keep_content=reason is None or stored_anyway,
+        reason=None if stored_anyway else reason,
     )
 
 

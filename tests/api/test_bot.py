@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.api.origin_site import JS_PAGE, OriginSite
-from tests.support import claim, deploy_on, post_result, put_target, schedule, wait_for
+from tests.support import deploy_on, post_result, put_target, schedule, take, wait_for
 
 DEBUG = {"x-harper-prerender-debug": "1"}
 RN_TOKEN = "render-now-token"
@@ -43,18 +43,6 @@ def node(ray_cluster, tmp_path_factory, site):
 
 def bot(node, url: str, method: str = "GET", **kw) -> httpx.Response:
     return httpx.request(method, f"{node.url}/p/{url}", timeout=30, **kw)
-
-
-def take(base: str, keys: list[str], timeout: float = 20) -> dict[str, dict]:
-    got: dict[str, dict] = {}
-
-    def step() -> bool:
-        for job in claim(base, 25):
-            got[job["id"]] = job
-        return all(k in got for k in keys)
-
-    wait_for(step, timeout=timeout, interval=0.3, what=f"grants of {keys}")
-    return got
 
 
 def cache_status(node, url: str, **headers: str) -> str | None:

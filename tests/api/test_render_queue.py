@@ -19,7 +19,7 @@ from tests.support import (
     put_target,
     result_body,
     schedule,
-    wait_for,
+    take,
 )
 
 DAY = 86_400_000
@@ -39,22 +39,9 @@ def due_now(base: str, url: str, **kw: object) -> list[str]:
     return put_target(base, url, nextRenderTime=1, **kw)["cacheKeys"]
 
 
-def take(base: str, keys: list[str], timeout: float = 15) -> dict[str, dict]:
-    """Claim until every key in ``keys`` was granted; other jobs are returned too."""
-    got: dict[str, dict] = {}
-
-    def step() -> bool:
-        for job in claim(base, 25):
-            got[job["id"]] = job
-        return all(k in got for k in keys)
-
-    wait_for(step, timeout=timeout, interval=0.3, what=f"grants of {keys}")
-    return got
-
-
 def test_a_claim_is_a_bare_array_of_jobs_with_the_wire_fields(node) -> None:
     keys = due_now(node.url, "https://shop.example/wire/")
-    jobs = take(node.url, keys)
+    jobs = take(node.url, keys, timeout=15)
     job = jobs[keys[0]]
     assert set(job) == {"id", "url", "deviceType", "expiresAt", "callbackOrigin", "isFromSitemap"}
     assert job["url"] == "https://shop.example/wire" and job["deviceType"] == "desktop"
@@ -68,7 +55,7 @@ def test_a_claim_is_a_bare_array_of_jobs_with_the_wire_fields(node) -> None:
 
 def test_a_leased_key_is_never_granted_again_while_its_lease_lives(node) -> None:
     keys = due_now(node.url, "https://shop.example/once")
-    jobs = take(node.url, keys)
+    jobs = take(node.url, keys, timeout=15)
     time.sleep(1.2)  # a fresh publish: the leased keys must stay out of it
     again = claim(node.url, 25) + claim(node.url, 25)
     assert not {j["id"] for j in again} & set(keys)
@@ -78,7 +65,7 @@ def test_a_leased_key_is_never_granted_again_while_its_lease_lives(node) -> None
 
 def test_a_rendered_result_stores_the_page_and_reschedules_at_the_route_cadence(node) -> None:
     keys = due_now(node.url, "https://shop.example/hourly/p1")
-    jobs = take(node.url, keys)
+    jobs = take(node.url, keys, timeout=15)
     before = time.time() * 1000
     r = post_result(jobs[keys[0]], html=b"<html>ok</html>")
     assert r.status_code == 204 and r.content == b""
@@ -128,7 +115,7 @@ def test_a_result_for_an_id_never_granted_is_refused_and_changes_nothing(node) -
 
 def test_unknown_outcomes_wrong_encodings_and_huge_bodies_are_refused(node) -> None:
     keys = due_now(node.url, "https://shop.example/bad-results")
-    jobs = take(node.url, keys)
+    jobs = take(node.url, keys, timeout=15)
     job = jobs[keys[0]]
     r = post_result(job, outcome="exploded")
     assert r.status_code == 400 and "unknown outcome" in r.json()["error"]
@@ -148,7 +135,7 @@ def test_unknown_outcomes_wrong_encodings_and_huge_bodies_are_refused(node) -> N
 
 def test_an_error_result_holds_the_lease_and_leaves_the_row_overdue(node) -> None:
     keys = due_now(node.url, "https://shop.example/crashes")
-    jobs = take(node.url, keys)
+    jobs = take(node.url, keys, timeout=15)
     r = post_result(jobs[keys[0]], outcome="error", status=None, html=None,
                     error={"name": "TimeoutError", "message": "settle", "phase": "navigation"})
     assert r.status_code == 204
@@ -162,7 +149,7 @@ def test_an_error_result_holds_the_lease_and_leaves_the_row_overdue(node) -> Non
 def test_a_noindex_verdict_suppresses_the_target_for_every_device(node) -> None:
     url = "https://shop.example/noindex"
     keys = due_now(node.url, url)
-    jobs = take(node.url, keys)
+    jobs = take(node.url, keys, timeout=15)
     assert post_result(jobs[keys[0]]).status_code == 204  # a page exists first
     r = post_result(jobs[keys[1]], outcome="non-indexable", reason="noindex", html=None, isIndexable=False)
     assert r.status_code == 204
@@ -178,7 +165,7 @@ def test_a_noindex_verdict_suppresses_the_target_for_every_device(node) -> None:
 def test_a_permanent_redirect_retires_the_source_and_adopts_the_destination(node) -> None:
     src, dst = "https://shop.example/old-page", "https://shop.example/new-page"
     keys = due_now(node.url, src)
-    jobs = take(node.url, keys)
+    jobs = take(node.url, keys, timeout=15)
     r = post_result(jobs[keys[0]], outcome="redirected", status=301, html=None, reason="redirect",
                     redirectedTo=dst + "?utm_source=x")
     assert r.status_code == 204
@@ -260,12 +247,12 @@ def test_revalidate_makes_every_device_due_now(node) -> None:
     for key in keys:
         row = schedule(node.url, key)
         assert row["nextRenderTime"] <= time.time() * 1000 and row["effectiveInterval"] is None
-    take(node.url, keys)
+    take(node.url, keys, timeout=15)
 
 
 def test_gzip_bodies_are_stored_as_posted(node) -> None:
     keys = due_now(node.url, "https://shop.example/stored")
-    jobs = take(node.url, keys)
+    jobs = take(node.url, keys, timeout=15)
     html = b"<html><body>" + b"x" * 5000 + b"</body></html>"
     assert post_result(jobs[keys[0]], html=html).status_code == 204
     import ray
