@@ -205,8 +205,8 @@ class Worker:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._wake.wait(), blocked_s)
                     continue
-                if self.pool is not None and self.pool.launch_failures:
-                    try:  # try the launch before claiming, so a failure costs no job
+                if self.pool is not None and self.pool.needs_launch():
+                    try:  # (re)launch before claiming, so a browser that cannot start costs no job
                         await self.pool.start()
                     except BrowserError:
                         continue

@@ -380,6 +380,10 @@ class BrowserPool:
         self.launch_failures = 0
         self._retry_at = 0.0
 
+    def needs_launch(self) -> bool:
+        """No live Chromium (it crashed, or the last launches failed): launch before taking work."""
+        return self.launch_failures > 0 or self.current is None or not self.current.alive()
+
     def unavailable_s(self) -> float:
         """Seconds until the next launch attempt after failed ones; 0 when a render may start now."""
         return max(0.0, self._retry_at - time.monotonic()) if self.launch_failures else 0.0
