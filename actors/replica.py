@@ -3,9 +3,11 @@
 - Every record carries a version (hybrid logical clock + node); a peer applies it only if it is newer
   than what it holds (last writer wins; deletes are tombstones), so duplicates, reordering and
   replays are harmless.
-- Each store keeps a version index inside each RocksDB (``\\x00v<hlc><key>``, plus a pointer
-  ``\\x00h<key> -> hlc``), so "everything written since T" is a range scan: the catch-up of a node that
-  joins or restarts, and the re-push to a peer whose outbox overflowed.
+- Each store keeps a version index inside each RocksDB (``\\x00v<hlc><key>``), so "everything written
+  since T" is a range scan: the catch-up of a node that joins or restarts, and the re-push to a peer
+  whose outbox overflowed. The pages store also keeps a pointer ``\\x00h<key> -> hlc`` (a race is
+  decided without reading a 30 KB page); a registry record is small and read anyway, so its own
+  header gives its version (pointers that older versions wrote there are ignored).
 - Local writes go to an in-memory outbox per peer, shipped in batches by one task per peer and
   retried with backoff while the peer is unreachable. An outbox that grows past its bound is dropped
   and replaced by a re-push from the version index once the peer answers again.
@@ -24,7 +26,7 @@ import ray
 from prerender_ray import metrics
 from prerender_ray.nodes import NAMESPACE, actor_name
 from prerender_ray.registry import TARGET
-from prerender_ray.replication import Version, unwrap, wins
+from prerender_ray.replication import Version, hlc_bytes, unwrap, wins, wrap_many
 
 VIDX = b"\x00v"  # \x00v <hlc:8> <key>  -> b""
 HPTR = b"\x00h"  # \x00h <key>          -> <hlc:8>
@@ -36,14 +38,6 @@ MAX_PENDING = 200_000
 SHIP_DEADLINE_S = 15.0
 CATCH_UP_MARGIN_MS = 10 * 60_000  # records this much older than the newest held are pulled again
 Record = tuple[str, bytes, bytes]  # (db name, key, enveloped record)
-
-
-def index_ops(key: bytes, version: int, old_hlc: bytes | None) -> list[tuple[bytes, bytes | None]]:
-    hlc = _HLC.pack(version)
-    ops: list[tuple[bytes, bytes | None]] = [(VIDX + hlc + key, b""), (HPTR + key, hlc)]
-    if old_hlc is not None and old_hlc != hlc:
-        ops.append((VIDX + old_hlc + key, None))
-    return ops
 
 
 class Replica:
@@ -64,41 +58,76 @@ class Replica:
 
     # -------------------------------------------------------------------------------- committing
 
-    def commit(self, name: str, items: list[tuple[bytes, bytes]], *, remote: bool) -> int:
-        """Write enveloped records to one store with their index entries. Remote records are applied
-        only when newer than what is held; local ones are queued for every peer."""
+    def commit_local(self, name: str, ops: list[tuple[bytes, bytes | None]]) -> int:
+        """This node's writes (payload None deletes): stamped with consecutive fresh versions, written
+        with their index entries, and queued for every peer."""
+        if not ops:
+            return 0
         db = self._db(name)
-        batch: list[tuple[bytes, bytes | None]] = []
-        applied = 0
+        first = self.clock.reserve(len(ops))
+        records = wrap_many(self.node, first, [p for _, p in ops])
+        keys = [key for key, _ in ops]
+        olds, helds = self._held(db, name, keys)
+        db.write(self._batch(name, [(key, records[i], first + i, payload, olds[i], helds[i])
+                                    for i, (key, payload) in enumerate(ops)]))
+        for peer in self.peers:
+            self._enqueue(peer, [(name, k, r) for k, r in zip(keys, records)])
+        return len(ops)
+
+    def commit_remote(self, name: str, items: list[tuple[bytes, bytes]]) -> int:
+        """A peer's enveloped records, each applied only when newer than what is held."""
+        db = self._db(name)
         now = time.time() * 1000
         keys = [key for key, _ in items]
-        ptrs = db.get_many([HPTR + key for key in keys])  # 8 bytes each: decides most races
-        olds = db.get_many(keys) if name == "registry" else [None] * len(keys)
-        for (key, record), ptr, old in zip(items, ptrs, olds):
+        olds, helds = self._held(db, name, keys)
+        accepted = []
+        for (key, record), held_hlc, old in zip(items, helds, olds):
             version, payload = unwrap(record)
-            if remote:
-                held = _HLC.unpack(ptr)[0] if ptr is not None else -1
-                if version.hlc < held or (version.hlc == held and not wins(record, old or db.get(key))):
-                    continue
-                self.clock.observe(version)
-                metrics.replication_lag_seconds.observe(max(0.0, (now - version.wall_ms) / 1000))
-            if name == "registry" and key.startswith(TARGET):
-                batch += self._index_ops(key, _payload(old), payload)
-            batch += index_ops(key, version.hlc, ptr)
-            batch.append((key, record))
-            applied += 1
-        db.write(batch)
-        if not remote:
-            for peer in self.peers:
-                self._enqueue(peer, [(name, k, r) for k, r in items])
-        return applied
+            held = _HLC.unpack(held_hlc)[0] if held_hlc is not None else -1
+            if version.hlc < held or (version.hlc == held and not wins(record, old or db.get(key))):
+                continue
+            self.clock.observe(version)
+            metrics.replication_lag_seconds.observe(max(0.0, (now - version.wall_ms) / 1000))
+            accepted.append((key, record, version.hlc, payload, old, held_hlc))
+        db.write(self._batch(name, accepted))
+        return len(accepted)
+
+    def _batch(self, name: str, rows: list[tuple[bytes, bytes, int, bytes | None, bytes | None, bytes | None]]
+               ) -> list[tuple[bytes, bytes | None]]:
+        """The write batch for accepted rows of (key, record, hlc, payload, held record, held hlc):
+        each record, its version index entry (the held version's entry removed), the page pointer,
+        and derived indexes. One loop for a whole batch: a sitemap walk writes thousands of rows."""
+        registry = name == "registry"
+        batch: list[tuple[bytes, bytes | None]] = []
+        add, pack = batch.append, _HLC.pack
+        for key, record, version, payload, old, held in rows:
+            if registry and key.startswith(TARGET):
+                batch += self._index_ops(key, None if old is None else _payload(old), payload)
+            hlc = pack(version)
+            add((VIDX + hlc + key, b""))
+            if not registry:
+                add((HPTR + key, hlc))
+            if held is not None and held != hlc:
+                add((VIDX + held + key, None))
+            add((key, record))
+        return batch
+
+    @staticmethod
+    def _held(db: Any, name: str, keys: list[bytes]) -> tuple[list, list]:
+        """(held records, their HLCs as 8 bytes). A registry record is read whole anyway (the
+        by-sitemap index needs it), so its own header gives the version; a page is not: an 8-byte
+        pointer decides the race without reading 30 KB."""
+        if name == "registry":
+            olds = db.get_many(keys)
+            return olds, [hlc_bytes(o) for o in olds]
+        return [None] * len(keys), db.get_many([HPTR + key for key in keys])
 
     async def apply_remote(self, records: list[Record]) -> int:
         """Records shipped by a peer (or pulled in a catch-up)."""
         by_db: dict[str, list[tuple[bytes, bytes]]] = {n: [] for n in DBS}
         for name, key, record in records:
             by_db[name].append((key, record))
-        return sum(self.commit(n, items, remote=True) for n, items in by_db.items() if items)
+        return sum(self.commit_remote(n, items) for n, items in by_db.items() if items)
 
     async def since(self, name: str, hlc: int, after: bytes | None, limit: int = BATCH_RECORDS) -> dict:
         """Records of one store with a version at or after ``hlc``, in version order, from the index

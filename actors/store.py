@@ -14,7 +14,7 @@ import ray
 from prerender_ray import logs
 from prerender_ray.config import Config
 from prerender_ray.registry import TARGET, TARGET_BY_SITEMAP, by_sitemap_key, sitemap_of_record
-from prerender_ray.replication import CLOCK_OFFSET_ENV, Clock, payload_of, unwrap, wall_clock, wrap
+from prerender_ray.replication import CLOCK_OFFSET_ENV, Clock, payload_of, unwrap, wall_clock
 from prerender_ray.stores import PAGES, REGISTRY, Store, store_path
 
 from .common import untraced
@@ -46,14 +46,12 @@ class NodeStore(Replica):
     # ------------------------------------------------------------------------------------ writes
 
     def _index_ops(self, key: bytes, old: bytes | None, new: bytes | None) -> list[Op]:
-        """Keep the targets-by-sitemap index in step with a target write."""
-        if not key.startswith(TARGET):
-            return []
-        url = key[len(TARGET):].decode()
-        before = sitemap_of_record(old)
-        after = sitemap_of_record(new)
+        """Keep the targets-by-sitemap index in step with a write of target ``key``."""
+        before = sitemap_of_record(old) if old is not None else None
+        after = sitemap_of_record(new) if new is not None else None
         if before == after:
             return []
+        url = key[len(TARGET):].decode()
         ops: list[Op] = []
         if before:
             ops.append((by_sitemap_key(before, url), None))
@@ -64,12 +62,7 @@ class NodeStore(Replica):
     async def apply(self, registry: list[Op] = (), pages: list[Op] = ()) -> int:
         """Local writes (targets, control rows, pages) with fresh versions; every peer gets the same
         records (see ``Replica``)."""
-        n = 0
-        for name, ops in (("registry", registry), ("pages", pages)):
-            if ops:
-                n += self.commit(name, [(key, wrap(self.clock.now(), payload)) for key, payload in ops],
-                                 remote=False)
-        return n
+        return self.commit_local("registry", registry) + self.commit_local("pages", pages)
 
     # ------------------------------------------------------------------------------------- reads
 

@@ -65,6 +65,14 @@ class Clock:
             self._last = max(physical, self._last + 1)
             return Version(self._last, self.node)
 
+    def reserve(self, n: int) -> int:
+        """The first of ``n`` consecutive versions, all issued at once (a batch write): one lock and
+        one wall-clock read instead of ``n``."""
+        with self._lock:
+            first = max(self._wall() << LOGICAL_BITS, self._last + 1)
+            self._last = first + max(n, 1) - 1
+            return first
+
     def observe(self, seen: Version) -> None:
         with self._lock:
             self._last = max(self._last, seen.hlc)
@@ -74,6 +82,21 @@ def wrap(version: Version, payload: bytes | None) -> bytes:
     node = version.node.encode()
     flags = _TOMBSTONE if payload is None else 0
     return _HEAD.pack(_MAGIC, flags, version.hlc, len(node)) + node + (payload or b"")
+
+
+def wrap_many(node: str, first_hlc: int, payloads: list[bytes | None]) -> list[bytes]:
+    """``wrap`` for a batch stamped with consecutive versions from ``first_hlc`` (``Clock.reserve``)."""
+    name = node.encode()
+    pack, n = _HEAD.pack, len(name)
+    return [pack(_MAGIC, 0 if p is not None else _TOMBSTONE, first_hlc + i, n) + name + (p or b"")
+            for i, p in enumerate(payloads)]
+
+
+def hlc_bytes(data: bytes | None) -> bytes | None:
+    """The big-endian HLC of a stored record, read from its header without unwrapping it."""
+    if data is None or len(data) < _HEAD.size or data[0] != _MAGIC:
+        return None
+    return data[2:10]
 
 
 def unwrap(data: bytes) -> tuple[Version, bytes | None]:

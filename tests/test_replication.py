@@ -16,11 +16,13 @@ from prerender_ray.replication import (
     Clock,
     EnvelopeError,
     Version,
+    hlc_bytes,
     payload_of,
     unwrap,
     version_of,
     wins,
     wrap,
+    wrap_many,
 )
 
 T0 = 1_780_000_000_000
@@ -269,3 +271,22 @@ def test_every_delivery_order_converges_on_the_newest_record(writes: list) -> No
 
 def test_newer_than_nothing_is_always_true() -> None:
     assert Version(0, "").newer_than(None)
+
+
+def test_a_reserved_range_is_consecutive_fresh_versions_and_the_clock_moves_past_it() -> None:
+    wall = Wall()
+    clock = Clock("n1", wall)
+    before = clock.now().hlc
+    first = clock.reserve(3)
+    assert first == before + 1
+    assert clock.now().hlc == first + 3
+    wall.ms += 5
+    assert clock.reserve(2) == (wall.ms << LOGICAL_BITS)
+
+
+def test_wrap_many_is_wrap_with_consecutive_versions() -> None:
+    payloads = [b"a", None, b"", b"\xff" * 3]
+    records = wrap_many("n\u00e9", 1000, payloads)
+    assert records == [wrap(Version(1000 + i, "n\u00e9"), p) for i, p in enumerate(payloads)]
+    assert [hlc_bytes(r) for r in records] == [struct.pack(">Q", 1000 + i) for i in range(4)]
+    assert hlc_bytes(None) is None and hlc_bytes(b"junk") is None and hlc_bytes(b"\x00" * 20) is None
