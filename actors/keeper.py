@@ -22,7 +22,7 @@ from prerender_ray.overrides import OVERRIDES_KEY, LiveConfig
 from prerender_ray.queuestatus import StatusReporter
 from prerender_ray.ranking import Ranking
 from prerender_ray.results import Planner
-from prerender_ray.schedule import ScheduleRow, UnreadableRow
+from prerender_ray.schedule import ScheduleRow, UnreadableRow, encode_many
 from prerender_ray.stores import SCHEDULE, Store, store_path
 from prerender_ray.targets import Rules
 from prerender_ray.timeutil import now_ms
@@ -128,18 +128,18 @@ class QueueKeeper(KeeperOps, KeeperRepair, KeeperHandoff):
             return self.rules.router.first_match("/")
         return self.rules.router.first_match(url[host_end:].partition("?")[0])
 
-    def write_rows(self, rows: list[ScheduleRow]) -> None:
-        """The one funnel for schedule writes: RocksDB first, then memory."""
+    def write_rows(self, rows: list[ScheduleRow] | list[tuple]) -> None:
+        """The one funnel for schedule writes: RocksDB first, then memory. Rows are ``ScheduleRow``s or
+        plain tuples in its field order (a bulk put builds no objects)."""
         if not rows:
             return
-        self.db.write((r.cache_key.encode(), r.encode()) for r in rows)
+        self.db.write(encode_many(rows))
         now = now_ms()
         # upsert_many asks for the route once per URL (device variants arrive together)
-        self.ranking.upsert_many(((r.cache_key, r.next_render_time, r.from_sitemap, r.effective_interval)
-                                  for r in rows), self._route_of, delimiter=self.rules.keys.delimiter)
+        self.ranking.upsert_many(rows, self._route_of, delimiter=self.rules.keys.delimiter)
         if self.touched is not None:
-            self.touched.update(r.cache_key for r in rows)
-        if any(r.next_render_time is not None and r.next_render_time <= now for r in rows):
+            self.touched.update(r[0] for r in rows)
+        if any(r[1] is not None and r[1] <= now for r in rows):
             self.note_work()
             self._publish_soon()
         self.flow("rescheduled", len(rows))

@@ -331,28 +331,38 @@ class KeeperOps:
     async def put_targets(self, items: list[dict], forwarded: bool = False) -> dict:
         """Put semantics for canonical URLs: (re)activate, one jittered row per device. Items this
         node does not own (the caller's membership view lagged) go on to their owners."""
-        foreign: dict[str, list[dict]] = {}
+        return await self._put([it["url"] for it in items], [it.get("sitemapUrl") for it in items],
+                               [it.get("renderInterval") for it in items],
+                               [it.get("nextRenderTime") for it in items], forwarded)
+
+    async def put_listed(self, sitemap_url: str, urls: list[str], intervals: list[int],
+                         dues: list[int | None], forwarded: bool = False) -> dict:
+        """``put_targets`` for URLs listed by one sitemap, as columns (what a sitemap walk sends:
+        no dict per URL to build, ship and read)."""
+        return await self._put(urls, [sitemap_url] * len(urls), intervals, dues, forwarded)
+
+    async def _put(self, urls: list[str], sitemaps: list[str | None], intervals: list, dues: list,
+                   forwarded: bool) -> dict:
+        forwarded_n = 0
         if len(self.ownership.names) > 1 and not forwarded:
+            foreign: dict[str, list[int]] = {}
             mine = []
-            for it in items:
-                owner = self.ownership.owner(it["url"])
-                (mine.append(it) if owner == self.node else foreign.setdefault(owner, []).append(it))
-            items = mine
-            for owner, group in foreign.items():
+            for i, url in enumerate(urls):
+                owner = self.ownership.owner(url)
+                (mine.append(i) if owner == self.node else foreign.setdefault(owner, []).append(i))
+            for owner, idx in foreign.items():
                 keeper = ray.get_actor(actor_name("keeper", owner), namespace=NAMESPACE)
-                await call(keeper.put_targets.remote(group, True), STORE_DEADLINE_S * 3)
-        now = now_ms()
-        registry, rows = [], []
-        for it in items:
-            target, rs = self.rules.put(it["url"], now=now, sitemap_url=it.get("sitemapUrl"),
-                                        render_interval=it.get("renderInterval"),
-                                        next_render_time=it.get("nextRenderTime"), node=self.node)
-            registry.append((target_key(target.url), target.encode()))
-            rows += rs
+                items = [{"url": urls[i], "sitemapUrl": sitemaps[i], "renderInterval": intervals[i],
+                          "nextRenderTime": dues[i]} for i in idx]
+                await call(keeper.put_targets.remote(items, True), STORE_DEADLINE_S * 3)
+                forwarded_n += len(idx)
+            if foreign:
+                urls, sitemaps, intervals, dues = ([col[i] for i in mine] for col in (urls, sitemaps, intervals, dues))
+        registry, rows = self.rules.put_many(urls, sitemaps, intervals, dues, now=now_ms(), node=self.node)
         await self._store("apply", registry)
         self.write_rows(rows)
-        self.flow("added", len(items))
-        return {"written": len(items) + sum(len(g) for g in foreign.values())}
+        self.flow("added", len(urls))
+        return {"written": len(urls) + forwarded_n}
 
     async def patch_targets(self, items: list[tuple[str, dict]]) -> dict:
         """Merge fields into existing targets; never touches schedule rows (the render clock)."""

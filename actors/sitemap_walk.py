@@ -35,10 +35,9 @@ from prerender_ray.sitemap_rules import (
     Partition,
     PruneScan,
     RefreshResult,
-    decide_action,
     fast_action,
     filtered_log,
-    target_write,
+    plan_batch,
 )
 from prerender_ray.timeutil import now_ms
 from prerender_ray.urls import UrlError, whatwg_path
@@ -189,7 +188,7 @@ class Walk:
             env.log.error("prune scan truncated; the rest is unlinked by the next walk", sitemap=sitemap,
                           examined=total, collected=len(scan.departed))
         if scan.departed:
-            await self._write_many([], [(u, {"sitemap_url": None}) for u in scan.departed])
+            await self._write_many(sitemap, [], [], [], [(u, {"sitemap_url": None}) for u in scan.departed])
             result.add_removed(scan.departed)
             metrics.sitemap_entries.labels("removed").inc(len(scan.departed))
         # Phase B: every listed URL's action; reads and writes in batches.
@@ -216,44 +215,41 @@ class Walk:
                      gate: asyncio.Semaphore) -> None:
         env = self.env
         async with gate:
-            urls = [u for u, _ in items]
-            found = [None] * len(urls)
+            existing = None
             if read:
-                found = await call(env.store.get_targets.remote(urls), STORE_DEADLINE_S)
-            now = now_ms()
-            counts: dict[Action, int] = {}
-            puts: list[dict] = []
-            patches: list[tuple[str, dict]] = []
-            for (url, entry), data in zip(items, found):
-                existing = _attribution(url, data) if read else NO_TARGET
-                action = decide_action(url, sitemap, existing, visited=self.visited,
-                                       revalidate=self.revalidate)
-                counts[action] = counts.get(action, 0) + 1
-                w = target_write(action, url, sitemap, entry, env.cfg.page, now)
-                if w is None:
-                    continue
-                if w.op == "put":
-                    puts.append({"url": url, "sitemapUrl": sitemap, "renderInterval": w.render_interval,
-                                 "nextRenderTime": w.next_render_time})
-                else:
-                    patches.append((url, {"sitemap_url": sitemap, "render_interval": w.render_interval}))
-            await self._write_many(puts, patches)
-            for action, n in counts.items():
+                found = await call(env.store.get_targets.remote([u for u, _ in items]), STORE_DEADLINE_S)
+                existing = [_attribution(url, data) for (url, _), data in zip(items, found)]
+            plan = plan_batch(sitemap, items, existing, visited=self.visited, revalidate=self.revalidate,
+                              page_cfg=env.cfg.page, now_ms=now_ms())
+            await self._write_many(sitemap, plan.urls, plan.intervals, plan.dues, plan.patches)
+            for action, n in plan.counts.items():
                 self.result.count(action, n)
                 metrics.sitemap_entries.labels(action.value).inc(n)
         if time.monotonic() - self.last_progress > HEARTBEAT_S:
             await self._progress()
 
-    async def _write_many(self, puts: list[dict], patches: list[tuple[str, dict]]) -> None:
-        """One call per owner and batch, all owners at once; a failed call fails the document."""
-        by_owner: dict[Any, tuple[list, list]] = {}
-        for item in puts:
-            by_owner.setdefault(self.env.keeper_of(item["url"]), ([], []))[0].append(item)
+    async def _write_many(self, sitemap: str, urls: list[str], intervals: list[int], dues: list[int | None],
+                          patches: list[tuple[str, dict]]) -> None:
+        """Puts of URLs listed by ``sitemap`` (as columns) and patches: one call per owner and batch,
+        all owners at once; a failed call fails the document."""
+        keeper_of = self.env.keeper_of
+        puts: dict[Any, tuple[list, list, list]] = {}
+        for url, interval, due in zip(urls, intervals, dues):
+            keeper = keeper_of(url)
+            cols = puts.get(keeper)
+            if cols is None:
+                cols = puts[keeper] = ([], [], [])
+            cols[0].append(url)
+            cols[1].append(interval)
+            cols[2].append(due)
+        by_owner: dict[Any, list] = {}
         for url, change in patches:
-            by_owner.setdefault(self.env.keeper_of(url), ([], []))[1].append((url, change))
+            by_owner.setdefault(keeper_of(url), []).append((url, change))
         calls = []
-        for keeper, (p, q) in by_owner.items():
-            calls += [keeper.put_targets.remote(p[i:i + BATCH]) for i in range(0, len(p), BATCH)]
+        for keeper, (u, iv, d) in puts.items():
+            calls += [keeper.put_listed.remote(sitemap, u[i:i + BATCH], iv[i:i + BATCH], d[i:i + BATCH])
+                      for i in range(0, len(u), BATCH)]
+        for keeper, q in by_owner.items():
             calls += [keeper.patch_targets.remote(q[i:i + BATCH]) for i in range(0, len(q), BATCH)]
         if calls:
             await asyncio.gather(*(call(ref, WRITE_DEADLINE_S) for ref in calls))

@@ -118,7 +118,7 @@ class KeyFormat:
         if clashing:
             raise ValueError(f"device types {clashing} contain the cache key delimiter {self.delimiter!r}")
 
-    def canonicalize(self, url: str, allowlist: Iterable[str] | None = None) -> str:
+    def canonicalize(self, url: str | tuple[str, str, str, str], allowlist: Iterable[str] | None = None) -> str:
         """``canonicalize_url`` with these options; the global ``query_params`` unless told otherwise."""
         return canonicalize_url(
             url,

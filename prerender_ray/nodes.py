@@ -86,6 +86,8 @@ class Ownership:
     def owner(self, url: str) -> str:
         if not self._seeds:
             raise LookupError("no nodes known yet")
+        if len(self._seeds) == 1:
+            return self._seeds[0][1]
         key = url.encode()
         best_score, best = -1, ""
         for seed, name in self._seeds:

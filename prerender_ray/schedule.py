@@ -107,6 +107,22 @@ def decode_many(
                 on_unreadable(e)
 
 
+def encode_many(rows: Iterable[tuple[str, Any, Any, Any]]) -> list[tuple[bytes, bytes]]:
+    """``(cache key, ScheduleRow.encode())`` for rows given as tuples in ``ScheduleRow`` order: a
+    sitemap ingest writes two per URL. Plain ints and bools take one ``struct`` call; anything else
+    goes through ``encode``'s checks (and raises as it does)."""
+    pack, (lo, hi) = _RECORD.pack, _INT64
+    both = _HAS_DUE | _HAS_INTERVAL
+    out: list[tuple[bytes, bytes]] = []
+    for key, due, sitemap, interval in rows:
+        if type(due) is int and type(interval) is int and type(sitemap) is bool and lo <= due <= hi \
+                and lo <= interval <= hi:
+            out.append((key.encode(), pack(_VERSION, both | _SITEMAP if sitemap else both, due, interval)))
+        else:
+            out.append((key.encode(), ScheduleRow(key, due, sitemap, interval).encode()))
+    return out
+
+
 def _int64_or_none(name: str, value: Any) -> int | None:
     if value is None:
         return None

@@ -7,15 +7,25 @@ jittered over the cadence, all device variants of a URL on one slot.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii as _json_str
 
 from .cachekeys import KeyFormat
 from .config import Config
-from .registry import SUPPRESSED, Target
+from .registry import SUPPRESSED, TARGET, Target
 from .routes import Router
 from .schedule import ScheduleRow, counted_strikes
 from .timeutil import initial_render_time, minute, positive
 from .urls import url_path
+
+
+def _target_head(sitemap_url: str | None, node_part: str) -> str:
+    """``Target.encode``'s fields before ``render_interval`` with a leading comma (cut off once the
+    record is closed): sitemap_url first, then scheduler_node."""
+    sitemap_part = f',"sitemap_url":{_json_str(sitemap_url)}' if sitemap_url is not None else ""
+    return sitemap_part + node_part
+
 
 _NO_DELIMITER = "\n"  # never in a canonical URL (escaped), so the whole URL seeds the jitter
 
@@ -86,18 +96,46 @@ class Rules:
         stored = positive(render_interval)
         target = Target(url=url, sitemap_url=sitemap_url or None, scheduler_node=node,
                         render_interval=int(stored) if stored else None)
-        route = self.router.first_match(url_path(url))  # once: sitemap ingestion puts in bulk
-        if route is not None and route.mode == "prerender":
-            cadence = route.render_interval or target.render_interval or self.cfg.render.default_interval
-            devices = route.device_types or self.default_devices
-        else:
-            cadence = target.render_interval or self.cfg.render.default_interval
-            devices = self.default_devices
-        explicit = positive(next_render_time)
-        due = int(explicit) if explicit else self._jittered(url, cadence, now)
-        sitemap = target.sitemap_url is not None
-        key = self.keys.key
-        return target, [ScheduleRow(key(url, d), due, sitemap, cadence) for d in devices]
+        _, rows = self.put_many([url], [sitemap_url], [render_interval], [next_render_time], now=now, node=node)
+        return target, [ScheduleRow(*r) for r in rows]
+
+    def put_many(self, urls: Sequence[str], sitemap_urls: Sequence[str | None], intervals: Sequence[object],
+                 dues: Sequence[object], *, now: int, node: str | None) -> tuple[list[tuple[bytes, bytes]],
+                                                                                  list[tuple]]:
+        """``put`` for a batch (a sitemap ingests a million): the target records as registry writes and
+        the schedule rows as plain tuples in ``ScheduleRow`` order. The records are ``Target.encode``'s
+        bytes, built from a prefix per sitemap instead of a ``Target`` per URL."""
+        router, keys_of, default_devices = self.router, self.keys.key, self.default_devices
+        default_interval = self.cfg.render.default_interval
+        heads: dict[str | None, str] = {}
+        node_part = f',"scheduler_node":{_json_str(node)}' if node is not None else ""
+        registry: list[tuple[bytes, bytes]] = []
+        rows: list[tuple] = []
+        add_target, add_row = registry.append, rows.append
+        for url, sitemap_url, interval, explicit in zip(urls, sitemap_urls, intervals, dues):
+            sitemap_url = sitemap_url or None
+            head = heads.get(sitemap_url)
+            if head is None:
+                head = heads[sitemap_url] = _target_head(sitemap_url, node_part)
+            if type(interval) is not int or interval <= 0:
+                stored = positive(interval)
+                interval = int(stored) if stored else None
+            route = router.first_match(url_path(url))
+            if route is not None and route.mode == "prerender":
+                cadence = route.render_interval or interval or default_interval
+                devices = route.device_types or default_devices
+            else:
+                cadence = interval or default_interval
+                devices = default_devices
+            if type(explicit) is not int or explicit <= 0:
+                explicit = positive(explicit)
+            due = int(explicit) if explicit else self._jittered(url, cadence, now)
+            body = head if interval is None else f'{head},"render_interval":{interval}'
+            add_target((TARGET + url.encode(), f"{{{body[1:]}}}".encode()))
+            sitemap = sitemap_url is not None
+            for d in devices:
+                add_row((keys_of(url, d), due, sitemap, cadence))
+        return registry, rows
 
     def restore_row(self, target: Target, key: str, now: int) -> ScheduleRow:
         """Reconcile: a missing row comes back jittered (a mass repair must not be a herd)."""

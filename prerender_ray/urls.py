@@ -71,7 +71,7 @@ _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 
 def canonicalize_url(
-    url: str,
+    url: str | tuple[str, str, str, str],
     allowlist: Iterable[str],
     *,
     plus_is_space: bool = False,
@@ -80,7 +80,8 @@ def canonicalize_url(
 ) -> str:
     """The canonical form of ``url``: the url half of a cache key and the URL fetched from the origin.
 
-    ``url`` is a string (or an ``ada_url.URL``). ``allowlist`` names the query keys kept (compared with the strictly percent-decoded key, ``+``
+    ``url`` is a string (or an ``ada_url.URL``, or the ``url_parts`` of one: a caller that needed
+    the path first does not parse twice). ``allowlist`` names the query keys kept (compared with the strictly percent-decoded key, ``+``
     is not a space); ``["*"]`` keeps all, ``[]`` drops all. Kept segments are sorted. Raises
     ``UrlError`` for input that is not an absolute http(s) URL, and ``ValueError`` for bad options.
     """
@@ -93,7 +94,7 @@ def canonicalize_url(
     path_table, query_table = _escape_tables(
         decode_reserved if type(decode_reserved) is tuple else tuple(decode_reserved)
     )
-    scheme, host, path, query = _parts(url)
+    scheme, host, path, query = url if type(url) is tuple else _parts(url)
     if strip and len(path) > 1 and path[-1] == "/":
         path = path.rstrip("/") or "/"
     if "%" in path:
@@ -114,6 +115,12 @@ def url_host(canonical_url: str) -> str:
     if authority.startswith("["):
         return authority[: authority.index("]") + 1]
     return authority.partition(":")[0]
+
+
+def url_parts(url: str) -> tuple[str, str, str, str]:
+    """Scheme, host (with a non-default port), path and query as a WHATWG parser serializes them;
+    ``canonicalize_url`` accepts the result in place of the URL. Raises ``UrlError``."""
+    return _parts(url)
 
 
 def whatwg_path(url: str) -> str:

@@ -19,6 +19,7 @@ from prerender_ray.schedule import (
     changefreq_interval,
     counted_strikes,
     decode_many,
+    encode_many,
     is_due,
     score,
 )
@@ -232,3 +233,17 @@ def test_changefreq_defaults_follow_page_ttl_and_its_floor() -> None:
     assert changefreq_interval(None, Page(ttl=2 * HOUR_MS)) == 6 * HOUR_MS
     assert changefreq_interval("hourly", Page(min_ttl=HOUR_MS)) == HOUR_MS
     assert changefreq_interval("unknown", Page(ttl=3 * DAY_MS)) == 3 * DAY_MS
+
+
+@given(st.lists(st.tuples(st.text(min_size=1, max_size=8), st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)),
+                          st.booleans(), st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)))))
+def test_encode_many_is_encode_row_by_row(rows: list[tuple]) -> None:
+    assert encode_many(rows) == [(r[0].encode(), ScheduleRow(*r).encode()) for r in rows]
+
+
+@pytest.mark.parametrize("row", [("k", 1.5, False, None), ("k", 1, 1, 2), ("k", 2**63, True, 1), ("k", 1, True, "7")])
+def test_encode_many_refuses_what_encode_refuses(row: tuple) -> None:
+    with pytest.raises((TypeError, ValueError)):
+        ScheduleRow(*row).encode()
+    with pytest.raises((TypeError, ValueError)):
+        encode_many([row])

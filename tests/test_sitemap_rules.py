@@ -8,6 +8,8 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from prerender_ray.config import DAY, HOUR, Config, Page, Sitemap
 from prerender_ray.routes import Router
@@ -28,6 +30,7 @@ from prerender_ray.sitemap_rules import (
     filtered_share,
     next_daily_refresh,
     partition_entries,
+    plan_batch,
     prune_action,
     target_write,
 )
@@ -300,6 +303,34 @@ def test_writes_put_on_create_and_render_patch_on_reattach_and_nothing_otherwise
     )
     assert target_write(Action.SKIP, URL, S1, entry, PAGE, NOW) is None
     assert target_write(Action.DUPLICATE, URL, S1, entry, PAGE, NOW) is None
+
+
+_FREQS = st.sampled_from([None, "daily", "WEEKLY", " monthly ", "always", "sometimes"])
+_HELD = st.sampled_from([NO_TARGET, None, S1, S2, S3])
+
+
+@given(st.lists(st.tuples(st.integers(0, 30), _FREQS, _HELD), max_size=12), st.booleans(),
+       st.sampled_from([set(), {S1}, {S1, S2}]), st.booleans())
+def test_a_batch_plan_is_decide_then_write_entry_by_entry(rows: list[tuple], revalidate: bool,
+                                                          visited: set[str], read: bool) -> None:
+    """The walk's batch path against the per-entry rules it stands for."""
+    items = [(f"https://x.com/p{n}", SitemapEntry(f"https://x.com/p{n}", changefreq=f)) for n, f, _ in rows]
+    existing = [held for _, _, held in rows] if read else None
+    plan = plan_batch(S1, items, existing, visited=visited, revalidate=revalidate, page_cfg=PAGE, now_ms=NOW)
+    counts: dict[Action, int] = {}
+    puts, patches = [], []
+    for i, (url, entry) in enumerate(items):
+        action = decide_action(url, S1, existing[i] if read else NO_TARGET, visited=visited,
+                               revalidate=revalidate)
+        counts[action] = counts.get(action, 0) + 1
+        write = target_write(action, url, S1, entry, PAGE, NOW)
+        if write is not None and write.op == "put":
+            puts.append((url, write.render_interval, write.next_render_time))
+        elif write is not None:
+            patches.append((url, {"sitemap_url": S1, "render_interval": write.render_interval}))
+    assert plan.counts == counts
+    assert list(zip(plan.urls, plan.intervals, plan.dues)) == puts
+    assert plan.patches == patches
 
 
 class _Walker:

@@ -452,3 +452,29 @@ def test_a_suppression_either_deletes_an_existing_target_or_rechecks_every_devic
         assert not s.deleted and s.target is not None and s.target.suppressed
         assert s.target.strikes == (strikes if exists else 0) + 1
         assert len(s.rows) == 2 and all(row.next_render_time > NOW for row in s.rows)
+
+
+# -------------------------------------------------------------------------------------- put_many
+
+_URLS = st.sampled_from(["https://shop.test/a", "https://shop.test/hourly/x", "https://shop.test/m/p?q=1",
+                         "https://shop.test/all/z", 'https://shop.test/"quoted"\\path', "https://shop.test/é"])
+_SITEMAPS = st.sampled_from([None, "", SITEMAP, 'https://shop.test/"odd".xml', "https://shop.test/ü.xml"])
+_VALUES = st.one_of(st.none(), st.integers(-5, 10 * DAY_MS), st.floats(allow_nan=True),
+                    st.sampled_from(["3600000", "junk", True]))
+
+
+@given(st.lists(st.tuples(_URLS, _SITEMAPS, _VALUES, _VALUES), max_size=8),
+       st.sampled_from([None, "node-a", 'n"1']))
+def test_put_many_writes_what_put_writes_byte_for_byte(items: list[tuple], node: str | None) -> None:
+    """The batch path (a sitemap ingest): each record is ``Target.encode``'s bytes (built without a
+    Target), and a batch writes what its URLs put one by one would (nothing leaks between items)."""
+    urls, sitemaps, intervals, dues = ([it[i] for it in items] for i in range(4))
+    registry, rows = R.put_many(urls, sitemaps, intervals, dues, now=NOW, node=node)
+    expected_registry, expected_rows = [], []
+    for url, sitemap, interval, due in items:
+        target, rs = R.put(url, now=NOW, sitemap_url=sitemap, render_interval=interval, next_render_time=due,
+                           node=node)
+        expected_registry.append((b"t:" + url.encode(), target.encode()))
+        expected_rows += rs
+    assert registry == expected_registry
+    assert [ScheduleRow(*r) for r in rows] == expected_rows
