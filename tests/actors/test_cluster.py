@@ -17,6 +17,7 @@ from prerender_ray.actors.common import lookup
 from prerender_ray.nodes import Ownership
 from prerender_ray.replication import CLOCK_OFFSET_ENV
 from prerender_ray.schedule import ScheduleRow
+from tests.sitemap_server import SitemapSite, urlset
 from tests.support import claim, deploy_on, post_result, put_target, schedule, wait_for
 
 URLS = [f"https://cluster.example/p/{i}" for i in range(120)]
@@ -58,6 +59,30 @@ def test_every_node_agrees_on_one_owner_and_only_the_owner_holds_the_rows(cluste
         keys = [f"{url}|desktop", f"{url}|mobile"]
         owner, other = owners[url], ({"node-a", "node-b"} - {owners[url]}).pop()
         assert set(rows_on(owner, keys)) == set(keys) and rows_on(other, keys) == {}
+
+
+def test_a_sitemap_walk_on_one_node_schedules_each_url_on_its_owner(cluster) -> None:
+    rc, d = cluster
+    listed = [f"https://cluster.example/sm/{i}" for i in range(60)]
+    site = SitemapSite()
+    try:
+        site.put("/sitemap.xml", urlset(*[(u, "weekly") for u in listed]))
+        r = httpx.post(f"{d.urls['node-a']}/sitemaps", json={"url": site.url("/sitemap.xml"), "background": False},
+                       timeout=120)
+    finally:
+        site.close()
+    assert r.status_code == 200, r.text
+    [result] = r.json()
+    assert result["created"] == len(listed) and result["failed"] == [], result
+    expected = Ownership(["node-a", "node-b"])
+    assert {expected.owner(u) for u in listed} == {"node-a", "node-b"}  # the walk had to split its writes
+    for url in listed:
+        keys = [f"{url}|desktop", f"{url}|mobile"]
+        owner = expected.owner(url)
+        other = ({"node-a", "node-b"} - {owner}).pop()
+        held = rows_on(owner, keys)
+        assert set(held) == set(keys) and rows_on(other, keys) == {}
+        assert all(row["fromSitemap"] and row["effectiveInterval"] == 7 * 86_400_000 for row in held.values())
 
 
 def test_a_target_written_on_one_node_is_readable_on_every_node(cluster) -> None:
