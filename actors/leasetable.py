@@ -77,13 +77,14 @@ class LeaseTable:
 
     # ------------------------------------------------------------------------------------ calls
 
-    async def grant_many(self, items: list[tuple[str, int | None, int | None]]) -> list[tuple[str, int | None, str | None]]:
-        """Exclusive grants for (key, due, cadence); each answer is (key, expiresAt or None, refusal)."""
+    async def grant_many(self, items: list[list]) -> list[list]:
+        """Exclusive grants for [key, due, cadence]; each answer is [key, expiresAt or None, refusal]
+        (lists: see ``KeeperOps._grant``)."""
         now = now_ms()
         out, ops = [], []
         for key, due, cadence in items:
             g = self.table.grant(key, now, due=due, cadence=cadence)
-            out.append((key, g.expires_at, g.refused))
+            out.append([key, g.expires_at, g.refused])
             if g.ok:
                 self.granted[key] = g.expires_at
                 ops.append(self._record(key, now))

@@ -37,7 +37,9 @@ BATCH_BYTES = 4 * 1024 * 1024
 MAX_PENDING = 200_000
 SHIP_DEADLINE_S = 15.0
 CATCH_UP_MARGIN_MS = 10 * 60_000  # records this much older than the newest held are pulled again
-Record = tuple[str, bytes, bytes]  # (db name, key, enveloped record)
+# [db name, key, enveloped record]: a list, since Ray pickles every tuple of an argument (see
+# KeeperOps._grant) and a batch carries hundreds of records
+Record = list
 
 
 class Replica:
@@ -71,7 +73,7 @@ class Replica:
         db.write(self._batch(name, [(key, records[i], first + i, payload, olds[i], helds[i])
                                     for i, (key, payload) in enumerate(ops)]))
         for peer in self.peers:
-            self._enqueue(peer, [(name, k, r) for k, r in zip(keys, records)])
+            self._enqueue(peer, [[name, k, r] for k, r in zip(keys, records)])
         return len(ops)
 
     def commit_remote(self, name: str, items: list[tuple[bytes, bytes]]) -> int:
@@ -143,7 +145,7 @@ class Replica:
             nxt = ikey
             if record is None:
                 continue
-            out.append((name, key, record))
+            out.append([name, key, record])
             size += len(record) + len(key)
             if len(out) >= limit or size >= BATCH_BYTES:
                 return {"records": out, "next": nxt}

@@ -244,7 +244,7 @@ class Walk:
             cols[2].append(due)
         by_owner: dict[Any, list] = {}
         for url, change in patches:
-            by_owner.setdefault(keeper_of(url), []).append((url, change))
+            by_owner.setdefault(keeper_of(url), []).append([url, change])  # a list: see KeeperOps._grant
         calls = []
         for keeper, (u, iv, d) in puts.items():
             calls += [keeper.put_listed.remote(sitemap, u[i:i + BATCH], iv[i:i + BATCH], d[i:i + BATCH])

@@ -82,10 +82,15 @@ class _Bucket(list):
 
     __slots__ = ("cls", "due")
 
-    def __init__(self, cls: _Class, due: int | None):
-        super().__init__()
-        self.cls = cls
-        self.due = due
+    cls: _Class
+    due: int | None
+
+
+def _new_bucket(cls: _Class, due: int | None) -> _Bucket:
+    """A third of a Python ``__init__``'s cost (an ingest makes a bucket for most new rows)."""
+    bucket = _Bucket()
+    bucket.cls, bucket.due = cls, due
+    return bucket
 
 
 def _due_value(due: Any) -> int | None:
@@ -154,8 +159,8 @@ class Ranking:
         where, classes = self._where, self._classes
         url: str | None = None
         route: Route = None
-        last: tuple = ()
-        bucket: _Bucket  # set by the first row: no row matches an empty ``last``
+        bucket: _Bucket | None = None  # None: the next row looks its bucket up
+        last_due = last_interval = last_sitemap = last_route = None
         n = 0
         for key, due, from_sitemap, interval in rows:
             n += 1
@@ -171,10 +176,11 @@ class Ranking:
                 due = _due_value(due)
             if key in where:
                 self.upsert(key, due, from_sitemap, interval, route)
-                last = ()
+                bucket = None
                 continue
-            if last != (due, from_sitemap, interval, route):
-                last = (due, from_sitemap, interval, route)
+            if due != last_due or interval != last_interval or from_sitemap is not last_sitemap \
+                    or route is not last_route or bucket is None:
+                last_due, last_interval, last_sitemap, last_route = due, interval, from_sitemap, route
                 cls = classes.get((route, interval, from_sitemap))
                 found = None if cls is None or due is None else cls.buckets.get(due)
                 if found is None:  # a new class or bucket
@@ -243,7 +249,7 @@ class Ranking:
             cls = self._classes[ident] = _Class(route, carried, sitemap, cadence)
         bucket = cls.undated if due is None else cls.buckets.get(due)
         if bucket is None:
-            bucket = _Bucket(cls, due)
+            bucket = _new_bucket(cls, due)
             if due is None:
                 cls.undated = bucket
             else:

@@ -100,16 +100,16 @@ class Rules:
         return target, [ScheduleRow(*r) for r in rows]
 
     def put_many(self, urls: Sequence[str], sitemap_urls: Sequence[str | None], intervals: Sequence[object],
-                 dues: Sequence[object], *, now: int, node: str | None) -> tuple[list[tuple[bytes, bytes]],
-                                                                                  list[tuple]]:
-        """``put`` for a batch (a sitemap ingests a million): the target records as registry writes and
+                 dues: Sequence[object], *, now: int, node: str | None) -> tuple[list[list[bytes]], list[tuple]]:
+        """``put`` for a batch (a sitemap ingests a million): the target records as registry writes
+        ``[key, record]`` (lists: they go to the store, and Ray pickles every tuple of an argument) and
         the schedule rows as plain tuples in ``ScheduleRow`` order. The records are ``Target.encode``'s
         bytes, built from a prefix per sitemap instead of a ``Target`` per URL."""
         router, keys_of, default_devices = self.router, self.keys.key, self.default_devices
         default_interval = self.cfg.render.default_interval
         heads: dict[str | None, str] = {}
         node_part = f',"scheduler_node":{_json_str(node)}' if node is not None else ""
-        registry: list[tuple[bytes, bytes]] = []
+        registry: list[list[bytes]] = []
         rows: list[tuple] = []
         add_target, add_row = registry.append, rows.append
         for url, sitemap_url, interval, explicit in zip(urls, sitemap_urls, intervals, dues):
@@ -131,7 +131,7 @@ class Rules:
                 explicit = positive(explicit)
             due = int(explicit) if explicit else self._jittered(url, cadence, now)
             body = head if interval is None else f'{head},"render_interval":{interval}'
-            add_target((TARGET + url.encode(), f"{{{body[1:]}}}".encode()))
+            add_target([TARGET + url.encode(), f"{{{body[1:]}}}".encode()])
             sitemap = sitemap_url is not None
             for d in devices:
                 add_row((keys_of(url, d), due, sitemap, cadence))

@@ -476,5 +476,5 @@ def test_put_many_writes_what_put_writes_byte_for_byte(items: list[tuple], node:
                            node=node)
         expected_registry.append((b"t:" + url.encode(), target.encode()))
         expected_rows += rs
-    assert registry == expected_registry
+    assert [tuple(r) for r in registry] == expected_registry
     assert [ScheduleRow(*r) for r in rows] == expected_rows
