@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import inspect
 import os
 import types
@@ -48,6 +49,16 @@ async def call(ref: Any, timeout: float) -> Any:
         return await asyncio.wait_for(ref, timeout)
     except asyncio.TimeoutError:
         raise DeadlineExceeded(f"no answer within {timeout:g}s") from None
+
+
+BULK_GC_THRESHOLD = (50_000, 20, 20)
+
+
+def bulk_gc() -> None:
+    """For an actor that handles thousands of rows per call (a sitemap walk allocates a few objects
+    per URL): a young-generation collection every 50,000 allocations instead of 700 (measured 0.6 to
+    0.8 us of GC per ingested URL in the walker at the default)."""
+    gc.set_threshold(*BULK_GC_THRESHOLD)
 
 
 def untraced(actor: object) -> None:

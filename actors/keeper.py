@@ -27,7 +27,7 @@ from prerender_ray.stores import SCHEDULE, Store, store_path
 from prerender_ray.targets import Rules
 from prerender_ray.timeutil import now_ms
 
-from .common import call, untraced
+from .common import bulk_gc, call, untraced
 from .keeper_handoff import KeeperHandoff
 from .keeper_ops import KeeperOps
 from .keeper_repair import KeeperRepair
@@ -218,7 +218,7 @@ class QueueKeeper(KeeperOps, KeeperRepair, KeeperHandoff):
         # and let bulk writes (sitemaps) allocate without a collection every few hundred objects.
         gc.collect()
         gc.freeze()
-        gc.set_threshold(50_000, 20, 20)
+        bulk_gc()
         self.load_ms = (time.perf_counter() - t0) * 1000
         self.loaded_at = time.time()
         self.exact = self.unreadable == 0

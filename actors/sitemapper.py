@@ -47,7 +47,7 @@ from prerender_ray.sitemap_rules import (
 from prerender_ray.targets import Rules
 from prerender_ray.timeutil import now_ms
 
-from .common import call, follow_overrides, lookup, read_overrides, untraced
+from .common import bulk_gc, call, follow_overrides, lookup, read_overrides, untraced
 from .sitemap_fetch import Fetcher
 from .sitemap_walk import BATCH, STORE_DEADLINE_S, WRITE_DEADLINE_S, Walk, WalkAborted, WalkEnv
 
@@ -71,6 +71,7 @@ class Run:
 class SitemapWalker:
     def __init__(self, config: dict, node: dict, data_dir: str, store: Any, keeper: Any):
         untraced(self)
+        bulk_gc()
         cfg = Config.model_validate(config)
         self.cfg = cfg
         self.info = NodeInfo(**node)

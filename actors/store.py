@@ -17,7 +17,7 @@ from prerender_ray.registry import TARGET, TARGET_BY_SITEMAP, by_sitemap_key, si
 from prerender_ray.replication import CLOCK_OFFSET_ENV, Clock, payload_of, unwrap, wall_clock
 from prerender_ray.stores import PAGES, REGISTRY, Store, store_path
 
-from .common import untraced
+from .common import bulk_gc, untraced
 from .replica import Replica
 
 Op = tuple[bytes, bytes | None]  # (key, payload) ; payload None = delete
@@ -27,6 +27,7 @@ Op = tuple[bytes, bytes | None]  # (key, payload) ; payload None = delete
 class NodeStore(Replica):
     def __init__(self, config: dict, node: str, data_dir: str, peers: list[str] = ()):
         untraced(self)
+        bulk_gc()
         cfg = Config.model_validate(config)
         logs.setup(node, level=cfg.logging.level, json_lines=cfg.logging.json_lines, process="store")
         self.log = logs.get("store")
