@@ -102,7 +102,6 @@ async def config_override(request: Request, who: Principal = Depends(require("ad
                 overrides=sorted(camel_path(p) for p in new.values))
     # This replica and this node's keeper apply it now; the rest within one status sync.
     apply_overrides(ctx, stored)
-    keeper = None
     try:
         await call(ctx.keeper.sync_status.remote(), NUDGE_DEADLINE_S)
         keeper = "applied"
