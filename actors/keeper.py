@@ -128,15 +128,16 @@ class QueueKeeper(KeeperOps, KeeperRepair, KeeperHandoff):
             return self.rules.router.first_match("/")
         return self.rules.router.first_match(url[host_end:].partition("?")[0])
 
-    def write_rows(self, rows: list[ScheduleRow] | list[tuple]) -> None:
+    def write_rows(self, rows: list[ScheduleRow] | list[tuple], route_of: Any = None) -> None:
         """The one funnel for schedule writes: RocksDB first, then memory. Rows are ``ScheduleRow``s or
-        plain tuples in its field order (a bulk put builds no objects)."""
+        plain tuples in its field order (a bulk put builds no objects); ``route_of`` overrides
+        ``_route_of`` when the caller already knows the routes."""
         if not rows:
             return
         self.db.write(encode_many(rows))
         now = now_ms()
         # upsert_many asks for the route once per URL (device variants arrive together)
-        self.ranking.upsert_many(rows, self._route_of, delimiter=self.rules.keys.delimiter)
+        self.ranking.upsert_many(rows, route_of or self._route_of, delimiter=self.rules.keys.delimiter)
         if self.touched is not None:
             self.touched.update(r[0] for r in rows)
         if any(r[1] is not None and r[1] <= now for r in rows):

@@ -360,9 +360,11 @@ class KeeperOps:
                 forwarded_n += len(idx)
             if foreign:
                 urls, sitemaps, intervals, dues = ([col[i] for i in mine] for col in (urls, sitemaps, intervals, dues))
-        registry, rows = self.rules.put_many(urls, sitemaps, intervals, dues, now=now_ms(), node=self.node)
+        routes: dict[str, Any] = {}  # found while building the rows: ranking them asks no router again
+        registry, rows = self.rules.put_many(urls, sitemaps, intervals, dues, now=now_ms(), node=self.node,
+                                             routes=routes)
         await self._store("apply", registry)
-        self.write_rows(rows)
+        self.write_rows(rows, lambda key: routes[key] if key in routes else self._route_of(key))
         self.flow("added", len(urls))
         return {"written": len(urls) + forwarded_n}
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _json_str
+from typing import Any
 
 from .cachekeys import KeyFormat
 from .config import Config
@@ -100,11 +101,13 @@ class Rules:
         return target, [ScheduleRow(*r) for r in rows]
 
     def put_many(self, urls: Sequence[str], sitemap_urls: Sequence[str | None], intervals: Sequence[object],
-                 dues: Sequence[object], *, now: int, node: str | None) -> tuple[list[list[bytes]], list[tuple]]:
+                 dues: Sequence[object], *, now: int, node: str | None,
+                 routes: dict[str, Any] | None = None) -> tuple[list[list[bytes]], list[tuple]]:
         """``put`` for a batch (a sitemap ingests a million): the target records as registry writes
         ``[key, record]`` (lists: they go to the store, and Ray pickles every tuple of an argument) and
         the schedule rows as plain tuples in ``ScheduleRow`` order. The records are ``Target.encode``'s
-        bytes, built from a prefix per sitemap instead of a ``Target`` per URL."""
+        bytes, built from a prefix per sitemap instead of a ``Target`` per URL. ``routes``, when given,
+        receives each URL's route under its first row's key (the keeper ranks the rows by it)."""
         router, keys_of, default_devices = self.router, self.keys.key, self.default_devices
         default_interval = self.cfg.render.default_interval
         heads: dict[str | None, str] = {}
@@ -135,6 +138,8 @@ class Rules:
             sitemap = sitemap_url is not None
             for d in devices:
                 add_row((keys_of(url, d), due, sitemap, cadence))
+            if routes is not None and devices:
+                routes[keys_of(url, devices[0])] = route
         return registry, rows
 
     def restore_row(self, target: Target, key: str, now: int) -> ScheduleRow:

@@ -14,7 +14,7 @@ from prerender_ray.registry import SUPPRESSED, Target
 from prerender_ray.schedule import ScheduleRow
 from prerender_ray.targets import Rules, Suppression
 from prerender_ray.timeutil import DAY_MS, HOUR_MS, MINUTE_MS, minute
-from prerender_ray.urls import UrlError
+from prerender_ray.urls import UrlError, url_path
 
 NOW = 1_780_000_123_456  # not on a minute
 M = minute(NOW)
@@ -478,3 +478,12 @@ def test_put_many_writes_what_put_writes_byte_for_byte(items: list[tuple], node:
         expected_rows += rs
     assert [tuple(r) for r in registry] == expected_registry
     assert [ScheduleRow(*r) for r in rows] == expected_rows
+
+
+def test_put_many_reports_each_urls_route_under_its_first_rows_key() -> None:
+    urls = ["https://shop.test/a", "https://shop.test/m/p", "https://shop.test/all/z", "https://shop.test/hourly/x"]
+    routes: dict[str, Any] = {}
+    _, rows = R.put_many(urls, [None] * 4, [None] * 4, [None] * 4, now=NOW, node=None, routes=routes)
+    assert list(routes) == [R.keys_of(u)[0] for u in urls]
+    assert routes == {R.keys_of(u)[0]: R.router.first_match(url_path(u)) for u in urls}
+    assert routes[R.keys_of(urls[1])[0]] is not None and routes[R.keys_of(urls[0])[0]] is None
