@@ -79,13 +79,15 @@ def untraced(actor: object) -> None:
 
 
 async def read_overrides(store: Any, apply: Any, log: Any) -> None:
-    """Read the live config overrides row from the node's store and hand it to ``apply``; a store
-    that does not answer is logged, and the next read retries."""
+    """Read the live config overrides row from the node's store and hand it to ``apply`` (a plain or
+    an async function); a store that does not answer is logged, and the next read retries."""
     from prerender_ray.overrides import OVERRIDES_KEY
 
     try:
         (raw,) = await call(store.get.remote([OVERRIDES_KEY]), 10)
-        await apply(raw)
+        applied = apply(raw)
+        if inspect.isawaitable(applied):
+            await applied
     except Exception as e:
         log.warning("config overrides not read", error=repr(e)[:300])
 

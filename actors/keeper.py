@@ -18,7 +18,7 @@ import ray
 from prerender_ray import logs, metrics
 from prerender_ray.config import Config
 from prerender_ray.nodes import NodeInfo
-from prerender_ray.overrides import OVERRIDES_KEY, LiveConfig
+from prerender_ray.overrides import LiveConfig
 from prerender_ray.queuestatus import StatusReporter
 from prerender_ray.ranking import Ranking
 from prerender_ray.results import Planner
@@ -27,7 +27,7 @@ from prerender_ray.stores import SCHEDULE, Store, store_path
 from prerender_ray.targets import Rules
 from prerender_ray.timeutil import now_ms
 
-from .common import bulk_gc, call, untraced
+from .common import bulk_gc, call, read_overrides, untraced
 from .keeper_handoff import KeeperHandoff
 from .keeper_ops import KeeperOps
 from .keeper_repair import KeeperRepair
@@ -111,10 +111,6 @@ class QueueKeeper(KeeperOps, KeeperRepair, KeeperHandoff):
         self.log.warning("live config applied", moved=moved, rows=len(self.ranking), ms=ms, overrides=self.live.names())
         return {"changed": True, "moved": moved, "ms": ms}
 
-    async def sync_overrides(self) -> dict:
-        (raw,) = await self._store("get", [OVERRIDES_KEY])
-        return self.apply_overrides(raw)
-
     def _route_of(self, key: str) -> Any:
         """The route of a row's URL (its class's cadence). Called for every URL the keeper loads,
         so it slices the key instead of parsing it: the URL half ends at the first delimiter."""
@@ -185,10 +181,8 @@ class QueueKeeper(KeeperOps, KeeperRepair, KeeperHandoff):
             if sync.get("state") != "synced":
                 self.log.warning("loading before the store caught up", sync=sync)
             await self.fetch_membership()
-            try:  # classify the rows with the live config, not the file's
-                await self.sync_overrides()
-            except Exception as e:
-                self.log.warning("config overrides not read before the load", error=repr(e))
+            # classify the rows with the live config, not the file's
+            await read_overrides(self.store, self.apply_overrides, self.log)
             await self._restore_mirror()
             chunk: list[tuple[str, Any, bool, Any]] = []
             unowned = 0

@@ -104,7 +104,7 @@ class Replica:
         add, pack = batch.append, _HLC.pack
         for key, record, version, payload, old, held in rows:
             if registry and key.startswith(TARGET):
-                batch += self._index_ops(key, None if old is None else _payload(old), payload)
+                batch += self._index_ops(key, _payload(old), payload)
             hlc = pack(version)
             add((VIDX + hlc + key, b""))
             if not registry:

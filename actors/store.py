@@ -48,8 +48,7 @@ class NodeStore(Replica):
 
     def _index_ops(self, key: bytes, old: bytes | None, new: bytes | None) -> list[Op]:
         """Keep the targets-by-sitemap index in step with a write of target ``key``."""
-        before = sitemap_of_record(old) if old is not None else None
-        after = sitemap_of_record(new) if new is not None else None
+        before, after = sitemap_of_record(old), sitemap_of_record(new)
         if before == after:
             return []
         url = key[len(TARGET):].decode()

@@ -17,13 +17,14 @@ from __future__ import annotations
 import copy
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
 
 from .config import Config
-from .routes import compile_routes
+from .routes import Route, compile_routes
 
 OVERRIDES_KEY = b"o:config"  # in the replicated registry
 OVERRIDES_POLL_S = 5  # ingress replicas and sitemap walkers re-read the row this often
@@ -187,7 +188,7 @@ def plan(base: Config, current: Overrides, sets: Any, clears: Any, *, by: str, n
         return result
     result.config = cfg
     was = effective(base, current)
-    result.route_warnings = list(compiled.warnings) + _rekey_warnings(was, cfg)
+    result.route_warnings = list(compiled.warnings) + _rekey_warnings(was, cfg, compiled.routes)
     before, after = live_values(was), live_values(cfg)
     for path in sorted(seen):
         item = {"path": camel_path(path), "from": before.get(path), "to": after.get(path)}
@@ -195,11 +196,11 @@ def plan(base: Config, current: Overrides, sets: Any, clears: Any, *, by: str, n
     return result
 
 
-def _rekey_warnings(was: Config, now: Config) -> list[str]:
+def _rekey_warnings(was: Config, now: Config, new: Sequence[Route]) -> list[str]:
     """What a route change does beyond scheduling: in forwarded mode a route's queryParams are part of
     its URLs' cache keys (pages and rows under the old keys are not migrated), and a route's
-    deviceTypes decide which devices new targets get."""
-    old, new = compile_routes(was).routes, compile_routes(now).routes
+    deviceTypes decide which devices new targets get. ``new``: ``now``'s compiled routes."""
+    old = compile_routes(was).routes
     out = []
     if now.ingress.mode == "forwarded" and [(r.match, r.path, r.mode, r.query_params) for r in old] != \
             [(r.match, r.path, r.mode, r.query_params) for r in new]:
@@ -255,9 +256,11 @@ class LiveConfig:
         return cfg
 
     def changed(self, raw: bytes | None, log: Any) -> Config | None:
-        """``update``, with a row that does not apply logged on ``log`` (a structlog logger)."""
+        """``update``, with a row that does not apply logged on ``log`` (a structlog logger) once,
+        not at every re-read of the same row."""
+        fresh = raw != self.raw
         cfg = self.update(raw)
-        if self.error:
+        if fresh and self.error:
             log.error("config overrides not applied", error=self.error)
         return cfg
 

@@ -126,7 +126,7 @@ def url_parts(url: str) -> tuple[str, str, str, str]:
 def whatwg_path(url: str) -> str:
     """The path of ``url`` as a WHATWG parser gives it: dot segments resolved, escapes and the
     trailing slash as written. Raises ``UrlError`` like ``canonicalize_url``."""
-    return _parts(url)[2]
+    return url_parts(url)[2]
 
 
 def url_path(canonical_url: str) -> str:
