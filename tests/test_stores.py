@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from prerender_ray.stores import Store, StoreError, check_writable, store_path
+from prerender_ray.stores import SORT_AT, Store, StoreError, check_writable, store_path
 
 
 def test_items_stay_inside_their_prefix_in_key_order(tmp_path: Path) -> None:
@@ -22,6 +22,19 @@ def test_a_batch_applies_puts_and_deletes_together(tmp_path: Path) -> None:
     assert db.write([(b"k1", None), (b"k2", b"v2")]) == 2
     assert db.get(b"k1") is None and db.get(b"k2") == b"v2"
     assert db.get_many([b"k1", b"k2"]) == [None, b"v2"]
+    db.close()
+
+
+@pytest.mark.parametrize("size", [3, SORT_AT, 5 * SORT_AT])
+def test_a_key_written_twice_in_one_batch_keeps_its_last_write(tmp_path: Path, size: int) -> None:
+    """Large batches are written in key order: the reordering must not swap two writes of one key."""
+    db = Store(tmp_path / "db")
+    db.write([(b"gone", b"old"), (b"kept", b"old")])
+    filler = [(f"f{i:05d}".encode(), b"x") for i in range(size - 4, 0, -1)]  # reversed: a sort moves them
+    ops = [(b"kept", b"first"), (b"gone", b"first"), *filler, (b"kept", b"last"), (b"gone", None)]
+    assert db.write(iter(ops)) == len(ops)
+    assert db.get(b"kept") == b"last" and db.get(b"gone") is None
+    assert db.count(b"f") == len(filler)
     db.close()
 
 
