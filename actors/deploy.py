@@ -114,6 +114,8 @@ def apply_env(record: Record | None) -> None:
 def start_local_ray(data_dir: Path, epoch: str) -> Record:
     """Start a single-node Ray for this deployment: its own token, temp dir and ports, on loopback.
     ``ray start --block`` in a session of its own supervises the Ray processes; stopping it stops them."""
+    from prerender_ray.nodes import RAY_SYSTEM_CONFIG
+
     ray_dir = data_dir / "ray"
     ray_dir.mkdir(parents=True, exist_ok=True)
     token_file = ray_dir / "auth_token"
@@ -132,7 +134,7 @@ def start_local_ray(data_dir: Path, epoch: str) -> Record:
         "--object-store-memory=100000000", "--include-dashboard=false", "--disable-usage-stats",
         f"--temp-dir={temp_dir}", f"--ray-client-server-port={free_port()}",
         f"--dashboard-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
-        f"--metrics-export-port={free_port()}",
+        f"--metrics-export-port={free_port()}", f"--system-config={json.dumps(RAY_SYSTEM_CONFIG)}",
     ]
     log = open(ray_dir / "ray-start.log", "ab")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -19,6 +19,12 @@ CONTROLLER = "controller"
 LABEL_NAME = "prerender-node"
 LABEL_PORT = "prerender-port"
 LABEL_HOST = "prerender-host"
+# Ray's head-node system config (``ray start --head --system-config``; Ray hands it to every node).
+# Arguments and returns up to this size travel inline in the call instead of through the object store:
+# a sitemap ingest's batches are 0.2-1 MB, and at Ray's default of 100 KB each one cost a plasma put
+# and get plus raylet work (measured: 2.5 -> 0.2 us per URL in the raylet, 50.4 against 56.8 us of
+# CPU per URL in all, first walk 30,600 -> 34,300 URLs/s).
+RAY_SYSTEM_CONFIG = {"max_direct_call_object_size": 4 * 1024 * 1024}
 _NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 

@@ -33,12 +33,13 @@ class RayCluster:
         import ray
         from ray.cluster_utils import Cluster
 
-        from prerender_ray.nodes import LABEL_NAME, LABEL_PORT, NAMESPACE
+        from prerender_ray.nodes import LABEL_NAME, LABEL_PORT, NAMESPACE, RAY_SYSTEM_CONFIG
 
         port = free_port()
         cluster = Cluster(initialize_head=True, head_node_args={
             "num_cpus": 1, "object_store_memory": 80 * 1024 * 1024, "include_dashboard": False,
             "labels": {LABEL_NAME: "node-a", LABEL_PORT: str(port)},
+            "_system_config": dict(RAY_SYSTEM_CONFIG),  # a copy: Ray adds its own keys to the dict
         })
         ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
         self = cls(cluster)

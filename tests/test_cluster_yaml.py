@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import copy
+import json
+import re
 
 import pytest
 import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
 
+from prerender_ray.nodes import RAY_SYSTEM_CONFIG
 from tests.support import REPO
 
 
@@ -29,6 +32,14 @@ def test_cluster_yaml_installs_prerender_ray_names_nodes_and_uses_token_auth() -
         assert "RAY_AUTH_MODE=token" in start
         assert "prerender-node=" in start and "prerender-port=" in start
     assert "~/.ray/auth_token" in cfg["file_mounts"]
+
+
+def test_the_head_carries_the_ray_system_config_a_local_deployment_uses() -> None:
+    """System config is set on the head only (Ray refuses it elsewhere and hands it to every node)."""
+    head, workers = (" ".join(load()[k]) for k in ("head_start_ray_commands", "worker_start_ray_commands"))
+    flag = re.search(r"--system-config='([^']*)'", head)
+    assert flag and json.loads(flag.group(1)) == RAY_SYSTEM_CONFIG
+    assert "--system-config" not in workers
 
 
 def test_a_broken_cluster_yaml_is_refused_by_the_same_validation() -> None:

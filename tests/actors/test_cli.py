@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import socket
@@ -14,6 +15,7 @@ import pytest
 import yaml
 from prerender_ray.actors import deploy
 
+from prerender_ray.nodes import RAY_SYSTEM_CONFIG
 from tests.support import free_port
 
 CLI = [sys.executable, "-m", "prerender_ray.actors.cli"]
@@ -83,6 +85,20 @@ def test_up_refuses_bad_input_before_starting_anything(tmp_path: Path) -> None:
     assert not (data / deploy.RECORD).exists()
 
 
+def ray_system_configs(pids: list[int]) -> list[dict]:
+    """The system config each GCS server among ``pids`` was started with (Ray passes it base64 JSON)."""
+    found = []
+    for pid in pids:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith("gcs_server"):
+            found += [json.loads(base64.b64decode(a.split("=", 1)[1]))
+                      for a in argv if a.startswith("--config_list=")]
+    return found
+
+
 def test_up_serves_status_reports_and_down_leaves_nothing_running(tmp_path: Path) -> None:
     data = tmp_path / "data"
     port = free_port()
@@ -110,6 +126,8 @@ def test_up_serves_status_reports_and_down_leaves_nothing_running(tmp_path: Path
         assert node["queueStatus"] in ("empty", "unready")
         running = deploy.our_processes(record, data)
         assert running, "expected the deployment's processes to be found"
+        [gcs_config] = ray_system_configs(running)
+        assert gcs_config.items() >= RAY_SYSTEM_CONFIG.items(), gcs_config
 
         again = run("up", "--data-dir", str(data), "--port", str(free_port()), "--detach")
         assert again.returncode == 1 and "already running" in again.stderr
