@@ -330,22 +330,25 @@ class KeeperOps:
 
     # --------------------------------------------------------------------------------- targets
 
-    async def put_targets(self, items: list[dict], forwarded: bool = False) -> dict:
+    async def put_targets(self, items: list[dict], forwarded: bool = False, absent_only: bool = False) -> dict:
         """Put semantics for canonical URLs: (re)activate, one jittered row per device. Items this
-        node does not own (the caller's membership view lagged) go on to their owners."""
+        node does not own (the caller's membership view lagged) go on to their owners.
+
+        ``absent_only``: create only the targets that do not exist; the answer's ``held`` lists the
+        others as [url, stored payload], untouched (a sitemap walk decides about those)."""
         return await self._put([it["url"] for it in items], [it.get("sitemapUrl") for it in items],
                                [it.get("renderInterval") for it in items],
-                               [it.get("nextRenderTime") for it in items], forwarded)
+                               [it.get("nextRenderTime") for it in items], forwarded, absent_only)
 
     async def put_listed(self, sitemap_url: str, urls: list[str], intervals: list[int],
-                         dues: list[int | None], forwarded: bool = False) -> dict:
+                         dues: list[int | None], forwarded: bool = False, absent_only: bool = False) -> dict:
         """``put_targets`` for URLs listed by one sitemap, as columns (what a sitemap walk sends:
         no dict per URL to build, ship and read)."""
-        return await self._put(urls, [sitemap_url] * len(urls), intervals, dues, forwarded)
+        return await self._put(urls, [sitemap_url] * len(urls), intervals, dues, forwarded, absent_only)
 
     async def _put(self, urls: list[str], sitemaps: list[str | None], intervals: list, dues: list,
-                   forwarded: bool) -> dict:
-        forwarded_n = 0
+                   forwarded: bool, absent_only: bool) -> dict:
+        written, held = 0, []
         if len(self.ownership.names) > 1 and not forwarded:
             foreign: dict[str, list[int]] = {}
             mine = []
@@ -356,17 +359,31 @@ class KeeperOps:
                 keeper = ray.get_actor(actor_name("keeper", owner), namespace=NAMESPACE)
                 items = [{"url": urls[i], "sitemapUrl": sitemaps[i], "renderInterval": intervals[i],
                           "nextRenderTime": dues[i]} for i in idx]
-                await call(keeper.put_targets.remote(items, True), STORE_DEADLINE_S * 3)
-                forwarded_n += len(idx)
+                answer = await call(keeper.put_targets.remote(items, True, absent_only), STORE_DEADLINE_S * 3)
+                written += answer["written"]
+                held += answer.get("held", [])
             if foreign:
                 urls, sitemaps, intervals, dues = ([col[i] for i in mine] for col in (urls, sitemaps, intervals, dues))
+        now = now_ms()
         routes: dict[str, Any] = {}  # found while building the rows: ranking them asks no router again
-        registry, rows = self.rules.put_many(urls, sitemaps, intervals, dues, now=now_ms(), node=self.node,
-                                             routes=routes)
-        await self._store("apply", registry)
+        registry, rows = self.rules.put_many(urls, sitemaps, intervals, dues, now=now, node=self.node, routes=routes)
+        if not absent_only:
+            await self._store("apply", registry)
+        elif registry:
+            live = await self._store("apply_absent", registry)
+            fresh = [i for i, payload in enumerate(live) if payload is None]
+            if len(fresh) < len(urls):  # rows only for the targets just created (same now: same dues)
+                held += [[urls[i], payload] for i, payload in enumerate(live) if payload is not None]
+                urls, sitemaps, intervals, dues = ([col[i] for i in fresh] for col in (urls, sitemaps, intervals, dues))
+                routes = {}
+                _, rows = self.rules.put_many(urls, sitemaps, intervals, dues, now=now, node=self.node,
+                                              routes=routes)
         self.write_rows(rows, lambda key: routes[key] if key in routes else self._route_of(key))
         self.flow("added", len(urls))
-        return {"written": len(urls) + forwarded_n}
+        answer: dict[str, Any] = {"written": written + len(urls)}
+        if absent_only:
+            answer["held"] = held
+        return answer
 
     async def patch_targets(self, items: list[list]) -> dict:
         """Merge fields into existing targets ([url, changes] pairs); never touches schedule rows (the

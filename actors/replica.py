@@ -26,7 +26,7 @@ import ray
 from prerender_ray import metrics
 from prerender_ray.nodes import NAMESPACE, actor_name
 from prerender_ray.registry import TARGET
-from prerender_ray.replication import Version, hlc_bytes, unwrap, wins, wrap_many
+from prerender_ray.replication import Version, hlc_bytes, payload_of, unwrap, wins, wrap_many
 
 VIDX = b"\x00v"  # \x00v <hlc:8> <key>  -> b""
 HPTR = b"\x00h"  # \x00h <key>          -> <hlc:8>
@@ -66,15 +66,33 @@ class Replica:
         if not ops:
             return 0
         db = self._db(name)
+        olds, helds = self._held(db, name, [key for key, _ in ops])
+        self._commit(db, name, ops, olds, helds)
+        return len(ops)
+
+    def commit_absent(self, name: str, ops: list[tuple[bytes, bytes]]) -> list[bytes | None]:
+        """``commit_local`` of the puts whose key holds no live record (absent or deleted); the others
+        are left as they are. Returns, per op, None when written, else the live payload held: a
+        sitemap walk creates its new targets in one call, the check and the write in one step."""
+        if not ops:
+            return []
+        db = self._db(name)
+        olds, helds = self._held(db, name, [key for key, _ in ops])
+        live = [payload_of(old) for old in olds]
+        fresh = [i for i, payload in enumerate(live) if payload is None]
+        if len(fresh) == len(ops):
+            self._commit(db, name, ops, olds, helds)
+        elif fresh:
+            self._commit(db, name, [ops[i] for i in fresh], [olds[i] for i in fresh], [helds[i] for i in fresh])
+        return live
+
+    def _commit(self, db: Any, name: str, ops: list, olds: list, helds: list) -> None:
         first = self.clock.reserve(len(ops))
         records = wrap_many(self.node, first, [p for _, p in ops])
-        keys = [key for key, _ in ops]
-        olds, helds = self._held(db, name, keys)
         db.write(self._batch(name, [(key, records[i], first + i, payload, olds[i], helds[i])
                                     for i, (key, payload) in enumerate(ops)]))
         for peer in self.peers:
-            self._enqueue(peer, [[name, k, r] for k, r in zip(keys, records)])
-        return len(ops)
+            self._enqueue(peer, [[name, key, record] for (key, _), record in zip(ops, records)])
 
     def commit_remote(self, name: str, items: list[tuple[bytes, bytes]]) -> int:
         """A peer's enveloped records, each applied only when newer than what is held."""

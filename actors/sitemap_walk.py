@@ -1,11 +1,12 @@
 """One walk of one root sitemap: breadth-first over indexes, each urlset reconciled against targets.
 
 Runs inside the node's SitemapWalker (sitemapper.py), which owns the runs, their progress rows and
-takeover. The walk reads through the node's store and writes targets through the keeper of each
-URL's owner node, in batches: one read call per ``BATCH`` URLs, one write call per owner and batch,
-a few batches of a document in flight at once. Documents are reconciled one after another (a later
-document's DUPLICATE decision must see an earlier one's writes), while the next document is already
-being fetched and parsed.
+takeover. The walk writes targets through the keeper of each URL's owner node, in batches of
+``BATCH`` URLs, one call per owner and batch, a few batches of a document in flight at once: a batch
+is created where no target exists (the owner's store checks and writes in one step), and only the
+targets that exist come back for a decision and perhaps a second call. Documents are reconciled one
+after another (a later document's DUPLICATE decision must see an earlier one's writes), while the
+next document is already being fetched and parsed.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from prerender_ray.registry import (
 from prerender_ray.sitemap_rules import (
     NO_TARGET,
     Action,
+    BatchPlan,
     Classify,
     InvalidEntry,
     Partition,
@@ -45,7 +47,7 @@ from prerender_ray.urls import UrlError, whatwg_path
 from .common import call
 from .sitemap_fetch import Document, Fetcher
 
-BATCH = 2000  # URLs per read call and per write call (one owner)
+BATCH = 2000  # URLs per write call (one owner)
 IN_FLIGHT = 3  # batches of one document in flight: keeps the store and the keepers busy together
 HEARTBEAT_S = 5.0  # a long document still bumps updatedAt this often
 STORE_DEADLINE_S = 30.0
@@ -213,25 +215,45 @@ class Walk:
 
     async def _batch(self, sitemap: str, items: list[tuple[str, Any]], read: bool,
                      gate: asyncio.Semaphore) -> None:
+        """One batch of listed URLs. Without ``read`` (revalidate) every URL is put. Otherwise every
+        URL is created where it has no target, by the owner's store in the same step as its check
+        (most URLs of a first walk are new: no read round trip first); the targets that exist come
+        back and get §1.5's decision (skip, duplicate, reattach) from what they hold."""
         env = self.env
         async with gate:
-            existing = None
-            if read:
-                found = await call(env.store.get_targets.remote([u for u, _ in items]), STORE_DEADLINE_S)
-                existing = [_attribution(url, data) for (url, _), data in zip(items, found)]
-            plan = plan_batch(sitemap, items, existing, visited=self.visited, revalidate=self.revalidate,
-                              page_cfg=env.cfg.page, now_ms=now_ms())
-            await self._write_many(sitemap, plan.urls, plan.intervals, plan.dues, plan.patches)
-            for action, n in plan.counts.items():
-                self.result.count(action, n)
-                metrics.sitemap_entries.labels(action.value).inc(n)
+            kw = {"visited": self.visited, "revalidate": self.revalidate, "page_cfg": env.cfg.page,
+                  "now_ms": now_ms()}
+            plan = plan_batch(sitemap, items, None, **kw)
+            if not read:
+                await self._write_many(sitemap, plan.urls, plan.intervals, plan.dues, plan.patches)
+                counts = plan.counts
+            else:
+                held = await self._create_absent(sitemap, plan)
+                counts = {Action.CREATE: len(items) - len(held)}
+                if held:
+                    entries = dict(items)
+                    rest = plan_batch(sitemap, [(url, entries[url]) for url, _ in held],
+                                      [_attribution(url, data) for url, data in held], **kw)
+                    await self._write_many(sitemap, rest.urls, rest.intervals, rest.dues, rest.patches)
+                    for action, n in rest.counts.items():
+                        counts[action] = counts.get(action, 0) + n
+            for action, n in counts.items():
+                if n:
+                    self.result.count(action, n)
+                    metrics.sitemap_entries.labels(action.value).inc(n)
         if time.monotonic() - self.last_progress > HEARTBEAT_S:
             await self._progress()
 
-    async def _write_many(self, sitemap: str, urls: list[str], intervals: list[int], dues: list[int | None],
-                          patches: list[tuple[str, dict]]) -> None:
-        """Puts of URLs listed by ``sitemap`` (as columns) and patches: one call per owner and batch,
-        all owners at once; a failed call fails the document."""
+    async def _create_absent(self, sitemap: str, plan: BatchPlan) -> list[list]:
+        """Create the targets of a plan of creates where none exists (one call per owner, all owners at
+        once); returns the [url, stored payload] of those that exist, untouched."""
+        calls = [keeper.put_listed.remote(sitemap, u, iv, d, False, True)
+                 for keeper, (u, iv, d) in self._by_owner(plan.urls, plan.intervals, plan.dues).items()]
+        answers = await asyncio.gather(*(call(ref, WRITE_DEADLINE_S) for ref in calls))
+        return [pair for answer in answers for pair in answer["held"]]
+
+    def _by_owner(self, urls: list[str], intervals: list[int], dues: list[int | None]
+                  ) -> dict[Any, tuple[list, list, list]]:
         keeper_of = self.env.keeper_of
         puts: dict[Any, tuple[list, list, list]] = {}
         for url, interval, due in zip(urls, intervals, dues):
@@ -242,6 +264,14 @@ class Walk:
             cols[0].append(url)
             cols[1].append(interval)
             cols[2].append(due)
+        return puts
+
+    async def _write_many(self, sitemap: str, urls: list[str], intervals: list[int], dues: list[int | None],
+                          patches: list[tuple[str, dict]]) -> None:
+        """Puts of URLs listed by ``sitemap`` (as columns) and patches: one call per owner and batch,
+        all owners at once; a failed call fails the document."""
+        keeper_of = self.env.keeper_of
+        puts = self._by_owner(urls, intervals, dues)
         by_owner: dict[Any, list] = {}
         for url, change in patches:
             by_owner.setdefault(keeper_of(url), []).append([url, change])  # a list: see KeeperOps._grant

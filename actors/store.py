@@ -64,6 +64,11 @@ class NodeStore(Replica):
         records (see ``Replica``)."""
         return self.commit_local("registry", registry) + self.commit_local("pages", pages)
 
+    async def apply_absent(self, registry: list[Op]) -> list[bytes | None]:
+        """Registry puts of keys that hold nothing live; per op, None when written, else the payload
+        held (left as it is)."""
+        return self.commit_absent("registry", registry)
+
     # ------------------------------------------------------------------------------------- reads
 
     async def get(self, keys: list[bytes]) -> list[bytes | None]:

@@ -64,25 +64,57 @@ def test_every_node_agrees_on_one_owner_and_only_the_owner_holds_the_rows(cluste
 def test_a_sitemap_walk_on_one_node_schedules_each_url_on_its_owner(cluster) -> None:
     rc, d = cluster
     listed = [f"https://cluster.example/sm/{i}" for i in range(60)]
+    fresh = [f"https://cluster.example/sm/new/{i}" for i in range(10)]
     site = SitemapSite()
+
+    def walk(path: str) -> dict:
+        r = httpx.post(f"{d.urls['node-a']}/sitemaps", json={"url": site.url(path), "background": False},
+                       timeout=120)
+        assert r.status_code == 200, r.text
+        [result] = r.json()
+        assert result["failed"] == [], result
+        return result
+
     try:
         site.put("/sitemap.xml", urlset(*[(u, "weekly") for u in listed]))
-        r = httpx.post(f"{d.urls['node-a']}/sitemaps", json={"url": site.url("/sitemap.xml"), "background": False},
-                       timeout=120)
+        result = walk("/sitemap.xml")
+        assert result["created"] == len(listed), result
+        expected = Ownership(["node-a", "node-b"])
+        assert {expected.owner(u) for u in listed} == {"node-a", "node-b"}  # the walk had to split its writes
+        rows = {}
+        for url in listed:
+            keys = [f"{url}|desktop", f"{url}|mobile"]
+            owner = expected.owner(url)
+            other = ({"node-a", "node-b"} - {owner}).pop()
+            rows[url] = held = rows_on(owner, keys)
+            assert set(held) == set(keys) and rows_on(other, keys) == {}
+            assert all(row["fromSitemap"] and row["effectiveInterval"] == 7 * 86_400_000 for row in held.values())
+
+        # Another root listing half of them and some new URLs: each owner creates only what is absent and
+        # hands back what it holds, which is reattached with its render clock kept.
+        site.put("/other.xml", urlset(*listed[:30], *fresh))
+        result = walk("/other.xml")
+        assert (result["created"], result["updated"], result["duplicates"]) == (len(fresh), 30, 0), result
     finally:
         site.close()
-    assert r.status_code == 200, r.text
-    [result] = r.json()
-    assert result["created"] == len(listed) and result["failed"] == [], result
-    expected = Ownership(["node-a", "node-b"])
-    assert {expected.owner(u) for u in listed} == {"node-a", "node-b"}  # the walk had to split its writes
-    for url in listed:
+    other_root = site.url("/other.xml")
+    for url in listed[:30]:
         keys = [f"{url}|desktop", f"{url}|mobile"]
-        owner = expected.owner(url)
-        other = ({"node-a", "node-b"} - {owner}).pop()
-        held = rows_on(owner, keys)
-        assert set(held) == set(keys) and rows_on(other, keys) == {}
-        assert all(row["fromSitemap"] and row["effectiveInterval"] == 7 * 86_400_000 for row in held.values())
+        got = httpx.get(f"{d.urls[expected.owner(url)]}/render_targets", params={"url": url}).json()
+        assert got["sitemapUrl"] == other_root
+        due = {k: r["nextRenderTime"] for k, r in rows_on(expected.owner(url), keys).items()}
+        assert due == {k: r["nextRenderTime"] for k, r in rows[url].items()}
+    for url in fresh:
+        assert set(rows_on(expected.owner(url), [f"{url}|desktop"])) == {f"{url}|desktop"}
+
+    # A keeper whose caller's membership view lagged forwards what it does not own, the condition with it.
+    on_b = next(u for u in listed[30:] if expected.owner(u) == "node-b")
+    new_on_b = next(u for u in (f"https://cluster.example/sm/late/{i}" for i in range(50))
+                    if expected.owner(u) == "node-b")
+    answer = ray.get(lookup("keeper", "node-a").put_listed.remote(
+        other_root, [on_b, new_on_b], [86_400_000] * 2, [None, None], False, True), timeout=30)
+    assert answer["written"] == 1 and [u for u, _ in answer["held"]] == [on_b]
+    assert set(rows_on("node-b", [f"{new_on_b}|mobile"])) == {f"{new_on_b}|mobile"}
 
 
 def test_a_target_written_on_one_node_is_readable_on_every_node(cluster) -> None:
