@@ -8,7 +8,8 @@ every row.
 Memory is the constraint (250,000 rows in about 200 bytes each), so a row is not an object. A row is
 its cache-key string, held once, referenced twice: from the ``_where`` dict (key -> its bucket) and
 from the bucket itself, a sorted list of the keys of one class due at one instant. Due time, cadence,
-flag and route live on the bucket and its class, shared by every row in them.
+flag and route live on the bucket and its class, shared by every row in them. A bulk upsert appends
+to its buckets and sorts the ones it disordered once, before anything reads them (``_settle``).
 
 Scores are computed at minute resolution (``now`` floored to the minute) so they are stable within a
 minute; ties break on due time, then cache key, so the order is total and the brute-force oracle at
@@ -118,6 +119,9 @@ class Ranking:
         self._cadence_for = cadence_for
         self._boost = boost
         self._where: dict[str, _Bucket] = {}
+        # buckets a bulk upsert left out of key order (id -> bucket), sorted by _settle before any read
+        # of the order: one sort of 400 keys costs less than 400 insorts of Python-level calls
+        self._unsorted: dict[int, _Bucket] = {}
         self._classes: dict[tuple[Route, float | None, bool], _Class] = {}
         # top_k's cached merge: valid for one minute, from _plan_now until the next due instant
         self._plan: list[Iterable[str]] | None = None
@@ -156,7 +160,7 @@ class Ranking:
         together: ``route_of`` is asked once per URL (the text before ``delimiter``), and a row
         that shares its predecessor's class and due time appends to the same bucket.
         """
-        where, classes = self._where, self._classes
+        where, classes, unsorted = self._where, self._classes, self._unsorted
         url: str | None = None
         route: Route = None
         bucket: _Bucket | None = None  # None: the next row looks its bucket up
@@ -187,10 +191,9 @@ class Ranking:
                     bucket = self._put(key, due, (route, interval, from_sitemap))
                     continue
                 bucket = found
-            if bucket[-1] < key:
-                bucket.append(key)
-            else:
-                insort(bucket, key)
+            if bucket[-1] > key:
+                unsorted[id(bucket)] = bucket
+            bucket.append(key)
             where[key] = bucket
         return n
 
@@ -209,6 +212,7 @@ class Ranking:
         return Held(key, bucket.due, cls.sitemap, cls.carried, cls.route)
 
     def rows(self) -> Iterator[Held]:
+        self._settle()
         for cls in list(self._classes.values()):
             buckets = [*cls.buckets.values(), *([cls.undated] if cls.undated else [])]
             for bucket in buckets:
@@ -269,8 +273,17 @@ class Ranking:
         self._where[key] = bucket
         return bucket
 
+    def _settle(self) -> None:
+        """Sort the buckets a bulk upsert disordered (their sorted prefix makes each sort near-linear)."""
+        if self._unsorted:
+            for bucket in self._unsorted.values():
+                bucket.sort()
+            self._unsorted.clear()
+
     def _take_out(self, key: str, bucket: _Bucket) -> str:
         """Take ``key`` out of its bucket, dropping an emptied bucket and class; returns the held string."""
+        if self._unsorted:
+            self._settle()
         i = bisect_left(bucket, key)
         held = bucket[i]
         del bucket[i]
@@ -298,6 +311,7 @@ class Ranking:
         """
         if k <= 0:
             return []
+        self._settle()
         plan = self._plan
         if plan is None or self._plan_min != minute(now) or not self._plan_now <= now < self._plan_next:
             self._plan_want = 2 * k
