@@ -9,7 +9,8 @@ Memory is the constraint (250,000 rows in about 200 bytes each), so a row is not
 its cache-key string, held once, referenced twice: from the ``_where`` dict (key -> its bucket) and
 from the bucket itself, a sorted list of the keys of one class due at one instant. Due time, cadence,
 flag and route live on the bucket and its class, shared by every row in them. A bulk upsert appends
-to its buckets and sorts the ones it disordered once, before anything reads them (``_settle``).
+to buckets that are not due yet and sorts each it disordered once, when it comes due or is read
+(``_settle``): a sitemap ingest puts a million rows into future buckets nobody reads for hours.
 
 Scores are computed at minute resolution (``now`` floored to the minute) so they are stable within a
 minute; ties break on due time, then cache key, so the order is total and the brute-force oracle at
@@ -119,8 +120,8 @@ class Ranking:
         self._cadence_for = cadence_for
         self._boost = boost
         self._where: dict[str, _Bucket] = {}
-        # buckets a bulk upsert left out of key order (id -> bucket), sorted by _settle before any read
-        # of the order: one sort of 400 keys costs less than 400 insorts of Python-level calls
+        # future buckets a bulk upsert left out of key order (id -> bucket): each is sorted once, when
+        # it comes due (before a merge) or is read; never one in the plan (see upsert_many)
         self._unsorted: dict[int, _Bucket] = {}
         self._classes: dict[tuple[Route, float | None, bool], _Class] = {}
         # top_k's cached merge: valid for one minute, from _plan_now until the next due instant
@@ -191,9 +192,13 @@ class Ranking:
                     bucket = self._put(key, due, (route, interval, from_sitemap))
                     continue
                 bucket = found
-            if bucket[-1] > key:
+            if bucket[-1] < key:
+                bucket.append(key)
+            elif due is None or due >= self._plan_next:  # not due before the next merge: sort it then
                 unsorted[id(bucket)] = bucket
-            bucket.append(key)
+                bucket.append(key)
+            else:
+                insort(bucket, key)
             where[key] = bucket
         return n
 
@@ -273,17 +278,22 @@ class Ranking:
         self._where[key] = bucket
         return bucket
 
-    def _settle(self) -> None:
-        """Sort the buckets a bulk upsert disordered (their sorted prefix makes each sort near-linear)."""
-        if self._unsorted:
-            for bucket in self._unsorted.values():
-                bucket.sort()
-            self._unsorted.clear()
+    def _settle(self, now: int | None = None) -> None:
+        """Sort the disordered buckets due at ``now`` or before (all of them when None)."""
+        unsorted = self._unsorted
+        if not unsorted:
+            return
+        if now is None:
+            ready = list(unsorted)
+        else:
+            ready = [i for i, b in unsorted.items() if b.due is not None and b.due <= now]
+        for i in ready:
+            unsorted.pop(i).sort()
 
     def _take_out(self, key: str, bucket: _Bucket) -> str:
         """Take ``key`` out of its bucket, dropping an emptied bucket and class; returns the held string."""
-        if self._unsorted:
-            self._settle()
+        if self._unsorted and (disordered := self._unsorted.pop(id(bucket), None)) is not None:
+            disordered.sort()
         i = bisect_left(bucket, key)
         held = bucket[i]
         del bucket[i]
@@ -311,7 +321,6 @@ class Ranking:
         """
         if k <= 0:
             return []
-        self._settle()
         plan = self._plan
         if plan is None or self._plan_min != minute(now) or not self._plan_now <= now < self._plan_next:
             self._plan_want = 2 * k
@@ -327,6 +336,7 @@ class Ranking:
             plan = self._replan(now)
 
     def _replan(self, now: int) -> list[Iterable[str]]:
+        self._settle(now)  # the merge reads the buckets due by now
         plan, self._plan_complete, self._plan_next = self._merge(now, self._plan_want)
         self._plan, self._plan_min, self._plan_now = plan, minute(now), now
         return plan

@@ -193,6 +193,21 @@ def test_upsert_many_equals_one_upsert_at_a_time_and_asks_the_route_once_per_url
     assert bulk.top_k(100, NOW) == one.top_k(100, NOW)
 
 
+def test_a_bulk_upsert_sorts_a_future_bucket_when_it_comes_due_and_a_planned_one_at_once() -> None:
+    def bulk(r: Ranking, due: int, *names: str) -> None:
+        r.upsert_many([(key(n), due, True, HOUR_MS) for n in names], lambda k: None)
+
+    r = Ranking(cadence_for)
+    bulk(r, NOW + HOUR_MS, "p6", "p1", "p4")  # out of key order, into a bucket not due yet
+    assert r.top_k(10, NOW) == [] and len(r._unsorted) == 1
+    assert r.top_k(10, NOW + HOUR_MS) == [key("p1"), key("p4"), key("p6")] and not r._unsorted
+
+    bulk(r, NOW - HOUR_MS, "p9", "p7")  # a due bucket: the plan walks it live, so it stays sorted
+    assert r.top_k(10, NOW + HOUR_MS)[:2] == [key("p7"), key("p9")]
+    bulk(r, NOW - HOUR_MS, "p2")
+    assert r.top_k(10, NOW + HOUR_MS)[:3] == [key("p2"), key("p7"), key("p9")] and not r._unsorted
+
+
 def test_a_moved_row_keeps_one_copy_of_its_key() -> None:
     r = ranking(("https://shop.test/" + "x" * 40 + "|desktop", NOW, False, None, None))
     fresh = "".join(["https://shop.test/", "x" * 40, "|desktop"])  # equal, but another object
@@ -430,4 +445,7 @@ def test_repeated_publishes_equal_the_oracle_through_any_sequence_of_changes(ops
     assert r.top_k(len(KEYS), now) == [e[0] for e in oracle(r, model, len(KEYS), now, set())]
     assert len(r) == len(model)
     buckets = [b for c in r._classes.values() for b in (*c.buckets.values(), c.undated) if b]
+    assert all(list(b) == sorted(b) for b in buckets if id(b) not in r._unsorted)
+    assert all(b.due is None or b.due > now for b in r._unsorted.values())  # a merge sorted the due ones
+    assert sorted(row.key for row in r.rows()) == sorted(model)  # reading every row sorts the rest
     assert all(list(b) == sorted(b) for b in buckets) and not r._unsorted
