@@ -13,7 +13,7 @@ import ray
 
 from prerender_ray import logs
 from prerender_ray.config import Config
-from prerender_ray.registry import TARGET, TARGET_BY_SITEMAP, by_sitemap_key, sitemap_of_record
+from prerender_ray.registry import TARGET, by_sitemap_prefix, sitemap_of_record
 from prerender_ray.replication import CLOCK_OFFSET_ENV, Clock, payload_of, unwrap, wall_clock
 from prerender_ray.stores import PAGES, REGISTRY, Store, store_path
 
@@ -51,12 +51,12 @@ class NodeStore(Replica):
         before, after = sitemap_of_record(old), sitemap_of_record(new)
         if before == after:
             return []
-        url = key[len(TARGET):].decode()
+        url = key[len(TARGET):]  # the same bytes by_sitemap_key would encode
         ops: list[Op] = []
         if before:
-            ops.append((by_sitemap_key(before, url), None))
+            ops.append((by_sitemap_prefix(before) + url, None))
         if after:
-            ops.append((by_sitemap_key(after, url), b""))
+            ops.append((by_sitemap_prefix(after) + url, b""))
         return ops
 
     async def apply(self, registry: list[Op] = (), pages: list[Op] = ()) -> int:
@@ -91,7 +91,7 @@ class NodeStore(Replica):
 
     async def urls_of_sitemap(self, sitemap_url: str, limit: int) -> tuple[list[str], int]:
         """Target URLs attributed to a sitemap (up to ``limit``) and how many there are."""
-        prefix = TARGET_BY_SITEMAP + sitemap_url.encode() + b"\x00"
+        prefix = by_sitemap_prefix(sitemap_url)
         urls, n = [], 0
         for k in self.registry.keys(prefix):
             n += 1

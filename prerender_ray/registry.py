@@ -29,8 +29,13 @@ def target_key(url: str) -> bytes:
     return TARGET + url.encode()
 
 
+def by_sitemap_prefix(sitemap_url: str) -> bytes:
+    """Every by-sitemap key of ``sitemap_url`` starts so (the NUL ends the sitemap URL)."""
+    return TARGET_BY_SITEMAP + sitemap_url.encode() + b"\x00"
+
+
 def by_sitemap_key(sitemap_url: str, url: str) -> bytes:
-    return TARGET_BY_SITEMAP + sitemap_url.encode() + b"\x00" + url.encode()
+    return by_sitemap_prefix(sitemap_url) + url.encode()
 
 
 class RecordError(ValueError):
