@@ -85,7 +85,8 @@ class SitemapWalker:
         rules = Rules(cfg)
         classify = rules.router.classify
         self.fetcher = Fetcher(cfg, classify, canonicalizer(cfg))
-        self.env = WalkEnv(cfg, self.node, store, self._keeper_of, self.fetcher, classify, self.log)
+        self.env = WalkEnv(cfg, self.node, store, self._keeper_of, self.fetcher, classify, self.log,
+                           self._sole_keeper)
         self.runs: dict[str, Run] = {}
         self.all_task: asyncio.Task | None = None
         self.next_daily: int | None = None
@@ -114,12 +115,19 @@ class SitemapWalker:
 
     # --------------------------------------------------------------------------------- cluster
 
-    def _keeper_of(self, url: str) -> Any:
-        owner = self.ownership.owner(url)
+    def _keeper(self, owner: str) -> Any:
         handle = self.keepers.get(owner)
         if handle is None:
             handle = self.keepers[owner] = lookup("keeper", owner)
         return handle
+
+    def _keeper_of(self, url: str) -> Any:
+        return self._keeper(self.ownership.owner(url))
+
+    def _sole_keeper(self) -> Any:
+        """A single node owns every URL: a walk's batch needs no grouping by owner."""
+        names = self.ownership.names
+        return self._keeper(names[0]) if len(names) == 1 else None
 
     async def set_membership(self, names: list[str]) -> dict:
         changed = self.ownership.update(names)

@@ -267,6 +267,14 @@ def plan_batch(
     plan = BatchPlan()
     counts, interval_of = plan.counts, {}
     render_due = minute(now_ms)
+    if existing is None and items:  # nothing read: every URL is put, as a create or a render now
+        for freq in {entry.changefreq for _, entry in items}:
+            interval_of[freq] = changefreq_interval(freq, page_cfg)
+        plan.urls = [url for url, _ in items]
+        plan.intervals = [interval_of[entry.changefreq] for _, entry in items]
+        plan.dues = [render_due if revalidate else None] * len(items)
+        counts[Action.RENDER if revalidate else Action.CREATE] = len(items)
+        return plan
     for i, (url, entry) in enumerate(items):
         held = NO_TARGET if existing is None else existing[i]
         if revalidate:
