@@ -330,7 +330,8 @@ class KeeperOps:
 
     # --------------------------------------------------------------------------------- targets
 
-    async def put_targets(self, items: list[dict], forwarded: bool = False, absent_only: bool = False) -> dict:
+    async def put_targets(self, items: list[dict], forwarded: bool = False,
+                          absent_only: bool = False) -> dict:
         """Put semantics for canonical URLs: (re)activate, one jittered row per device. Items this
         node does not own (the caller's membership view lagged) go on to their owners.
 
@@ -366,7 +367,8 @@ class KeeperOps:
                 urls, sitemaps, intervals, dues = ([col[i] for i in mine] for col in (urls, sitemaps, intervals, dues))
         now = now_ms()
         routes: dict[str, Any] = {}  # found while building the rows: ranking them asks no router again
-        registry, rows = self.rules.put_many(urls, sitemaps, intervals, dues, now=now, node=self.node, routes=routes)
+        registry, rows = self.rules.put_many(urls, sitemaps, intervals, dues, now=now, node=self.node,
+                                             routes=routes)
         if not absent_only:
             await self._store("apply", registry)
         elif registry:
@@ -374,7 +376,8 @@ class KeeperOps:
             fresh = [i for i, payload in enumerate(live) if payload is None]
             if len(fresh) < len(urls):  # rows only for the targets just created (same now: same dues)
                 held += [[urls[i], payload] for i, payload in enumerate(live) if payload is not None]
-                urls, sitemaps, intervals, dues = ([col[i] for i in fresh] for col in (urls, sitemaps, intervals, dues))
+                urls, sitemaps, intervals, dues = ([col[i] for i in fresh]
+                                                   for col in (urls, sitemaps, intervals, dues))
                 routes = {}
                 _, rows = self.rules.put_many(urls, sitemaps, intervals, dues, now=now, node=self.node,
                                               routes=routes)

@@ -83,7 +83,8 @@ class Replica:
         if len(fresh) == len(ops):
             self._commit(db, name, ops, olds, helds)
         elif fresh:
-            self._commit(db, name, [ops[i] for i in fresh], [olds[i] for i in fresh], [helds[i] for i in fresh])
+            ops, olds, helds = ([col[i] for i in fresh] for col in (ops, olds, helds))
+            self._commit(db, name, ops, olds, helds)
         return live
 
     def _commit(self, db: Any, name: str, ops: list, olds: list, helds: list) -> None:

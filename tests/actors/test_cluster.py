@@ -88,7 +88,7 @@ def test_a_sitemap_walk_on_one_node_schedules_each_url_on_its_owner(cluster) -> 
             other = ({"node-a", "node-b"} - {owner}).pop()
             rows[url] = held = rows_on(owner, keys)
             assert set(held) == set(keys) and rows_on(other, keys) == {}
-            assert all(row["fromSitemap"] and row["effectiveInterval"] == 7 * 86_400_000 for row in held.values())
+            assert all(r["fromSitemap"] and r["effectiveInterval"] == 7 * 86_400_000 for r in held.values())
 
         # Another root listing half of them and some new URLs: each owner creates only what is absent and
         # hands back what it holds, which is reattached with its render clock kept.

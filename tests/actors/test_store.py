@@ -21,15 +21,19 @@ def test_apply_absent_creates_only_what_holds_nothing_live_and_returns_what_is_h
     old, new = "https://s.test/old.xml", "https://s.test/new.xml"
     absent, live, deleted = (f"https://s.test/p/{name}" for name in ("absent", "live", "deleted"))
     held = Target(url=live, sitemap_url=old).encode()
-    ray.get(store.apply.remote([(target_key(live), held), (target_key(deleted), Target(url=deleted).encode())]))
+    ray.get(store.apply.remote([(target_key(live), held),
+                                (target_key(deleted), Target(url=deleted).encode())]))
     ray.get(store.apply.remote([(target_key(deleted), None)]))  # a tombstone counts as absent
 
     puts = [[target_key(u), Target(url=u, sitemap_url=new).encode()] for u in (absent, live, deleted)]
     assert ray.get(store.apply_absent.remote(puts)) == [None, held, None]
 
     found = ray.get(store.get_targets.remote([absent, live, deleted]))
-    assert [Target.decode(u, data).sitemap_url for u, data in zip((absent, live, deleted), found)] == [new, old, new]
-    assert sorted(ray.get(store.urls_of_sitemap.remote(new, 10))[0]) == [absent, deleted]  # index kept in step
+    assert [Target.decode(u, data).sitemap_url for u, data in zip((absent, live, deleted), found)] == [
+        new, old, new]
+    # the by-sitemap index is kept in step
+    assert sorted(ray.get(store.urls_of_sitemap.remote(new, 10))[0]) == [absent, deleted]
     assert ray.get(store.urls_of_sitemap.remote(old, 10)) == ([live], 1)
-    assert ray.get(store.apply_absent.remote(puts)) == [puts[0][1], held, puts[2][1]]  # a replay writes nothing
+    # a replay writes nothing: every key now holds a live record
+    assert ray.get(store.apply_absent.remote(puts)) == [puts[0][1], held, puts[2][1]]
     assert ray.get(store.apply_absent.remote([])) == []
