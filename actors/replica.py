@@ -80,10 +80,9 @@ class Replica:
         olds, helds = self._held(db, name, [key for key, _ in ops])
         live = [payload_of(old) for old in olds]
         fresh = [i for i, payload in enumerate(live) if payload is None]
-        if len(fresh) == len(ops):
-            self._commit(db, name, ops, olds, helds)
-        elif fresh:
+        if len(fresh) < len(ops):
             ops, olds, helds = ([col[i] for i in fresh] for col in (ops, olds, helds))
+        if fresh:
             self._commit(db, name, ops, olds, helds)
         return live
 
@@ -123,7 +122,7 @@ class Replica:
         add, pack = batch.append, _HLC.pack
         for key, record, version, payload, old, held in rows:
             if registry and key.startswith(TARGET):
-                batch += self._index_ops(key, _payload(old), payload)
+                batch += self._index_ops(key, payload_of(old), payload)
             hlc = pack(version)
             add((VIDX + hlc + key, b""))
             if not registry:
@@ -314,10 +313,6 @@ class Replica:
     def replication_status(self) -> dict:
         return {"sync": self.sync_report, "pending": {p: len(b) for p, b in self.outbox.items()},
                 "resyncing": sorted(self.resync_from)}
-
-
-def _payload(record: bytes | None) -> bytes | None:
-    return None if record is None else unwrap(record)[1]
 
 
 __all__ = ["Replica", "Version", "VIDX", "HPTR"]

@@ -79,9 +79,7 @@ class Clock:
 
 
 def wrap(version: Version, payload: bytes | None) -> bytes:
-    node = version.node.encode()
-    flags = _TOMBSTONE if payload is None else 0
-    return _HEAD.pack(_MAGIC, flags, version.hlc, len(node)) + node + (payload or b"")
+    return wrap_many(version.node, version.hlc, [payload])[0]
 
 
 def wrap_many(node: str, first_hlc: int, payloads: list[bytes | None]) -> list[bytes]:
