@@ -118,19 +118,25 @@ class Replica:
         each record, its version index entry (the held version's entry removed), the page pointer,
         and derived indexes. One loop for a whole batch: a sitemap walk writes thousands of rows."""
         registry = name == "registry"
-        batch: list[tuple[bytes, bytes | None]] = []
-        add, pack = batch.append, _HLC.pack
+        retired: list[tuple[bytes, bytes | None]] = []
+        versions: list[tuple[bytes, bytes | None]] = []
+        pointers: list[tuple[bytes, bytes | None]] = []
+        derived: list[tuple[bytes, bytes | None]] = []
+        records: list[tuple[bytes, bytes | None]] = []
+        index, pack = self._index_ops, _HLC.pack
         for key, record, version, payload, old, held in rows:
-            if registry and key.startswith(TARGET):
-                batch += self._index_ops(key, payload_of(old), payload)
             hlc = pack(version)
-            add((VIDX + hlc + key, b""))
-            if not registry:
-                add((HPTR + key, hlc))
+            versions.append((VIDX + hlc + key, b""))
             if held is not None and held != hlc:
-                add((VIDX + held + key, None))
-            add((key, record))
-        return batch
+                retired.append((VIDX + held + key, None))
+            if not registry:
+                pointers.append((HPTR + key, hlc))
+            elif key.startswith(TARGET):
+                index(derived, key, old, payload)
+            records.append((key, record))
+        # family after family, each in key order when the rows are (a walk sorts its batches): the
+        # sort before the RocksDB write then only merges runs
+        return retired + versions + pointers + derived + records
 
     @staticmethod
     def _held(db: Any, name: str, keys: list[bytes]) -> tuple[list, list]:

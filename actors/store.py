@@ -41,23 +41,29 @@ class NodeStore(Replica):
         self.registry = Store(store_path(data_dir, node, REGISTRY))
         self.started = time.time()
         self._tasks: list = []
+        self._prefixes: dict[str, bytes] = {}  # sitemap URL -> its by-sitemap index prefix
         self.log.info("store open", pages=str(self.pages.path), registry=str(self.registry.path))
         self.init_replica(list(peers))
 
     # ------------------------------------------------------------------------------------ writes
 
-    def _index_ops(self, key: bytes, old: bytes | None, new: bytes | None) -> list[Op]:
-        """Keep the targets-by-sitemap index in step with a write of target ``key``."""
-        before, after = sitemap_of_record(old), sitemap_of_record(new)
+    def _index_ops(self, out: list[Op], key: bytes, old: bytes | None, new: bytes | None) -> None:
+        """Keep the targets-by-sitemap index in step with a write of target ``key`` (``old`` is the
+        record held, ``new`` the payload written): the ops go to ``out``."""
+        before = sitemap_of_record(payload_of(old)) if old is not None else None
+        after = sitemap_of_record(new)
         if before == after:
-            return []
+            return
         url = key[len(TARGET):]  # the same bytes by_sitemap_key would encode
-        ops: list[Op] = []
         if before:
-            ops.append((by_sitemap_prefix(before) + url, None))
+            out.append((by_sitemap_prefix(before) + url, None))
         if after:
-            ops.append((by_sitemap_prefix(after) + url, b""))
-        return ops
+            prefix = self._prefixes.get(after)
+            if prefix is None:  # a walk writes thousands of targets of one sitemap
+                if len(self._prefixes) >= 1024:
+                    self._prefixes.clear()
+                prefix = self._prefixes[after] = by_sitemap_prefix(after)
+            out.append((prefix + url, b""))
 
     async def apply(self, registry: list[Op] = (), pages: list[Op] = ()) -> int:
         """Local writes (targets, control rows, pages) with fresh versions; every peer gets the same
