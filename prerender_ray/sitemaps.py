@@ -50,6 +50,7 @@ _WATCHED = tuple(
 )
 
 _PIECE = 64 * 1024  # largest slice libxml2 parses at once; also the pruning interval
+_PROBE_SLICE = 2048  # bytes the root probe parses at a time
 _HEAD = 400  # bytes kept for error messages (the reference's snippet window)
 _GZIP_MAGIC = b"\x1f\x8b"
 _FIRST_TAG = re.compile(rb"<([A-Za-z_][\w.:-]{0,63})")
@@ -287,14 +288,19 @@ class SitemapParser:
         probe = self._probe
         assert probe is not None
         failure = None
+        root = None
         try:
             if closing:
                 probe.close()
-            else:
-                probe.feed(piece)
+            else:  # in slices: the root starts in the first bytes, and the rest would build a tree
+                for i in range(0, len(piece), _PROBE_SLICE):
+                    probe.feed(piece[i : i + _PROBE_SLICE])
+                    if (root := next((el for _, el in probe.read_events()), None)) is not None:
+                        break
         except etree.XMLSyntaxError as e:
             failure = e
-        root = next((el for _, el in probe.read_events()), None)
+        if root is None:
+            root = next((el for _, el in probe.read_events()), None)
         if root is None:
             if failure is not None or closing:
                 raise self._before_root(failure)
