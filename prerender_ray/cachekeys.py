@@ -128,6 +128,16 @@ class KeyFormat:
             decode_reserved=self.decode_reserved,
         )
 
+    @property
+    def appends(self) -> bool:
+        """Whether a key is its URL with a per-device suffix appended (the default shape)."""
+        return self.attributes == DEFAULT_ATTRIBUTES
+
+    def suffixes(self, devices: Sequence[str]) -> tuple[str, ...]:
+        """What ``key`` appends to a URL for each device when ``appends``: a bulk put builds each
+        key with one concatenation."""
+        return tuple(f"{self.delimiter}{d or ''}" for d in devices)
+
     def key(self, url: str, device: str) -> str:
         if self.attributes == DEFAULT_ATTRIBUTES:
             return f"{url}{self.delimiter}{device or ''}"

@@ -12,12 +12,14 @@ from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any
 
+from xxhash import xxh64_intdigest
+
 from .cachekeys import KeyFormat
 from .config import Config
 from .registry import SUPPRESSED, TARGET, Target
 from .routes import Router
 from .schedule import ScheduleRow, counted_strikes
-from .timeutil import initial_render_time, minute, positive
+from .timeutil import MINUTE_MS, initial_render_time, minute, positive
 from .urls import url_path
 
 
@@ -111,6 +113,8 @@ class Rules:
         router, keys_of, default_devices = self.router, self.keys.key, self.default_devices
         default_interval = self.cfg.render.default_interval
         heads: dict[str | None, str] = {}
+        appends, suffixes = self.keys.appends, {}  # devices -> their key suffixes
+        fast_jitter = type(now) is int
         node_part = f',"scheduler_node":{_json_str(node)}' if node is not None else ""
         registry: list[list[bytes]] = []
         rows: list[tuple] = []
@@ -120,7 +124,7 @@ class Rules:
             head = heads.get(sitemap_url)
             if head is None:
                 head = heads[sitemap_url] = _target_head(sitemap_url, node_part)
-            if type(interval) is not int or interval <= 0:
+            if interval is not None and (type(interval) is not int or interval <= 0):
                 stored = positive(interval)
                 interval = int(stored) if stored else None
             route = router.first_match(url_path(url))
@@ -130,16 +134,30 @@ class Rules:
             else:
                 cadence = interval or default_interval
                 devices = default_devices
-            if type(explicit) is not int or explicit <= 0:
+            if explicit is not None and (type(explicit) is not int or explicit <= 0):
                 explicit = positive(explicit)
-            due = int(explicit) if explicit else self._jittered(url, cadence, now)
+            if explicit:
+                due = int(explicit)
+            elif fast_jitter and type(cadence) is int and cadence > 0 and _NO_DELIMITER not in url:
+                # _jittered, inline: a sitemap ingest puts a million
+                due = now + ((xxh64_intdigest(url.encode("utf-8", "surrogatepass")) * cadence) >> 64)
+                due -= due % MINUTE_MS
+            else:
+                due = self._jittered(url, cadence, now)
             body = head if interval is None else f'{head},"render_interval":{interval}'
             add_target([TARGET + url.encode(), f"{{{body[1:]}}}".encode()])
             sitemap = sitemap_url is not None
-            for d in devices:
-                add_row((keys_of(url, d), due, sitemap, cadence))
+            if appends:
+                ends = suffixes.get(devices)
+                if ends is None:
+                    ends = suffixes[devices] = self.keys.suffixes(devices)
+                for end in ends:
+                    add_row((url + end, due, sitemap, cadence))
+            else:
+                for d in devices:
+                    add_row((keys_of(url, d), due, sitemap, cadence))
             if routes is not None and devices:
-                routes[keys_of(url, devices[0])] = route
+                routes[rows[-len(devices)][0]] = route
         return registry, rows
 
     def restore_row(self, target: Target, key: str, now: int) -> ScheduleRow:

@@ -480,6 +480,25 @@ def test_put_many_writes_what_put_writes_byte_for_byte(items: list[tuple], node:
     assert [ScheduleRow(*r) for r in rows] == expected_rows
 
 
+@given(st.lists(st.tuples(_URLS, _VALUES), max_size=8), st.sampled_from([NOW, float(NOW)]))
+def test_put_many_jitters_first_renders_as_the_seeded_rule_does(items: list[tuple], now: Any) -> None:
+    """Its inline jitter is ``_jittered`` (``initial_render_time`` seeded by the whole URL), and an
+    explicit positive due is kept; ``put`` runs through ``put_many``, so this is pinned on its own."""
+    urls, intervals = [u for u, _ in items], [iv for _, iv in items]
+    _, rows = R.put_many(urls, [SITEMAP] * len(urls), intervals, [None] * len(urls), now=now, node=None)
+    assert [due for _, due, _, _ in rows] == [R._jittered(key.rpartition("|")[0], cadence, now)
+                                               for key, _, _, cadence in rows]
+    _, rows = R.put_many(urls, [None] * len(urls), intervals, [M + 7] * len(urls), now=now, node=None)
+    assert all(due == M + 7 for _, due, _, _ in rows)
+
+
+def test_put_many_keys_its_rows_as_keys_of_does_whatever_the_key_shape() -> None:
+    urls = ["https://shop.test/a", "https://shop.test/m/p", "https://shop.test/all/z"]
+    for r in (R, rules({**ROUTES, "cacheKey": {"attributes": ["deviceType", "url"], "delimiter": "::"}})):
+        _, rows = r.put_many(urls, [None] * 3, [None] * 3, [None] * 3, now=NOW, node=None)
+        assert [key for key, *_ in rows] == [k for u in urls for k in r.keys_of(u)]
+
+
 def test_put_many_reports_each_urls_route_under_its_first_rows_key() -> None:
     urls = ["https://shop.test/a", "https://shop.test/m/p", "https://shop.test/all/z", "https://shop.test/hourly/x"]
     routes: dict[str, Any] = {}
