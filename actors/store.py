@@ -13,7 +13,7 @@ import ray
 
 from prerender_ray import logs
 from prerender_ray.config import Config
-from prerender_ray.registry import TARGET, by_sitemap_prefix, sitemap_of_record
+from prerender_ray.registry import TARGET, SitemapReader, by_sitemap_prefix, sitemap_of_record
 from prerender_ray.replication import CLOCK_OFFSET_ENV, Clock, payload_of, unwrap, wall_clock
 from prerender_ray.stores import PAGES, REGISTRY, Store, store_path
 
@@ -41,7 +41,7 @@ class NodeStore(Replica):
         self.registry = Store(store_path(data_dir, node, REGISTRY))
         self.started = time.time()
         self._tasks: list = []
-        self._prefixes: dict[str, bytes] = {}  # sitemap URL -> its by-sitemap index prefix
+        self._sitemap_of = SitemapReader()
         self.log.info("store open", pages=str(self.pages.path), registry=str(self.registry.path))
         self.init_replica(list(peers))
 
@@ -51,18 +51,13 @@ class NodeStore(Replica):
         """Keep the targets-by-sitemap index in step with a write of target ``key`` (``old`` is the
         record held, ``new`` the payload written): the ops go to ``out``."""
         before = sitemap_of_record(payload_of(old)) if old is not None else None
-        after = sitemap_of_record(new)
+        after, prefix = self._sitemap_of(new)
         if before == after:
             return
         url = key[len(TARGET):]  # the same bytes by_sitemap_key would encode
         if before:
             out.append((by_sitemap_prefix(before) + url, None))
-        if after:
-            prefix = self._prefixes.get(after)
-            if prefix is None:  # a walk writes thousands of targets of one sitemap
-                if len(self._prefixes) >= 1024:
-                    self._prefixes.clear()
-                prefix = self._prefixes[after] = by_sitemap_prefix(after)
+        if prefix is not None:
             out.append((prefix + url, b""))
 
     async def apply(self, registry: list[Op] = (), pages: list[Op] = ()) -> int:

@@ -66,6 +66,32 @@ def sitemap_of_record(data: bytes | None) -> str | None:
     return found if isinstance(found, str) and found else None
 
 
+class SitemapReader:
+    """``sitemap_of_record`` with the sitemap's by-sitemap prefix, remembering the last record head it
+    read: a walk writes thousands of targets of one sitemap, and a head match is one comparison."""
+
+    __slots__ = ("_head", "_last")
+
+    def __init__(self) -> None:
+        self._head = b""  # the record head of _last's sitemap; empty when it has escapes
+        self._last: tuple[str | None, bytes | None] = (None, None)
+
+    def __call__(self, data: bytes | None) -> tuple[str | None, bytes | None]:
+        """(sitemap URL, its by-sitemap prefix) of a target record, or (None, None)."""
+        if not data:
+            return None, None
+        if self._head and data.startswith(self._head):
+            return self._last
+        sitemap = sitemap_of_record(data)
+        if sitemap is None:
+            return None, None
+        head = _SITEMAP_HEAD + sitemap.encode() + b'"'
+        # a head with a backslash could open an escape in another record: never matched on
+        self._head = head if b"\\" not in head and data.startswith(head) else b""
+        self._last = (sitemap, by_sitemap_prefix(sitemap))
+        return self._last
+
+
 def _dumps(d: dict) -> bytes:
     return _COMPACT.encode({k: v for k, v in d.items() if v is not None}).encode()
 

@@ -254,6 +254,29 @@ def test_the_sitemap_reader_handles_every_shape(data: bytes | None, expected: st
     assert sitemap_of_record(data) == expected
 
 
+_SITEMAP_URLS = st.sampled_from([None, "", "https://s.test/a.xml", "https://s.test/a.xml2", "https://s.test/a",
+                                 'https://s.test/"q.xml', "https://s.test/\\x.xml", "https://s.test/\u00e9.xml"])
+_RECORDS = st.one_of(
+    _SITEMAP_URLS.map(lambda u: Target("https://shop.test/p", sitemap_url=u, strikes=1).encode()),
+    st.sampled_from([None, b"", b"junk", b'{"sitemap_url":"https://s.test/a.xml"}', b'{"sitemap_url":"https://s.test/a.x',
+                     b'{"sitemap_url":"https://s.test/a.xml","x":1}', b'{"sitemap_url":"https://s.test/\\"q.xml"}',
+                     # not what Target.encode writes, but each opens with the raw head of a sitemap above
+                     b'{"sitemap_url":"https://s.test/"q.xml"}', b'{"sitemap_url":"https://s.test/\\x.xml"}']),
+)
+
+
+@given(st.lists(_RECORDS, max_size=12))
+def test_the_sitemap_reader_remembers_a_head_without_ever_answering_differently(records: list) -> None:
+    """What a store write reads for its by-sitemap index: the last sitemap's record head is tried first,
+    and every answer is still sitemap_of_record's, with that sitemap's prefix."""
+    from prerender_ray.registry import SitemapReader, by_sitemap_prefix, sitemap_of_record
+
+    reader = SitemapReader()
+    for data in records:
+        sitemap = sitemap_of_record(data)
+        assert reader(data) == (sitemap, by_sitemap_prefix(sitemap) if sitemap else None)
+
+
 @given(targets)
 def test_the_hand_built_encoding_is_exactly_the_compact_json_of_the_set_fields(t: Target) -> None:
     fields = {"sitemap_url": t.sitemap_url, "scheduler_node": t.scheduler_node,
