@@ -159,39 +159,47 @@ class Ranking:
 
         Built for load speed. A walk yields keys in order, so the device variants of a URL arrive
         together: ``route_of`` is asked once per URL (the text before ``delimiter``), and a row
-        that shares its predecessor's class and due time appends to the same bucket.
+        that shares its predecessor's class and due time appends to the same bucket. A device variant
+        that carries its predecessor's very value objects (as ``Rules.put_many`` builds them) skips
+        the checks.
         """
         where, classes, unsorted = self._where, self._classes, self._unsorted
         url: str | None = None
         route: Route = None
         bucket: _Bucket | None = None  # None: the next row looks its bucket up
         last_due = last_interval = last_sitemap = last_route = None
+        raw: tuple = (None, None, None)  # the previous row's values as given
         n = 0
         for key, due, from_sitemap, interval in rows:
             n += 1
-            if url is None or not key.startswith(url):
-                cut = key.find(delimiter)
-                url = key[: cut + 1] if cut >= 0 else None  # a non-key shares no route
-                route = route_of(key)
-            if interval is not None and (type(interval) is not int or interval <= 0):
-                interval = _carried(interval)
-            if from_sitemap is not True and from_sitemap is not False:
-                from_sitemap = bool(from_sitemap)
-            if due is not None and type(due) is not int:
-                due = _due_value(due)
-            if key in where:
-                self.upsert(key, due, from_sitemap, interval, route)
-                bucket = None
-                continue
-            if due != last_due or interval != last_interval or from_sitemap is not last_sitemap \
-                    or route is not last_route or bucket is None:
-                last_due, last_interval, last_sitemap, last_route = due, interval, from_sitemap, route
-                cls = classes.get((route, interval, from_sitemap))
-                found = None if cls is None or due is None else cls.buckets.get(due)
-                if found is None:  # a new class or bucket
-                    bucket = self._put(key, due, (route, interval, from_sitemap))
+            if bucket is not None and due is raw[0] and from_sitemap is raw[1] and interval is raw[2] \
+                    and url is not None and key.startswith(url) and key not in where:
+                due = last_due  # a device variant of the previous row: same values, same bucket
+            else:
+                raw = (due, from_sitemap, interval)
+                if url is None or not key.startswith(url):
+                    cut = key.find(delimiter)
+                    url = key[: cut + 1] if cut >= 0 else None  # a non-key shares no route
+                    route = route_of(key)
+                if interval is not None and (type(interval) is not int or interval <= 0):
+                    interval = _carried(interval)
+                if from_sitemap is not True and from_sitemap is not False:
+                    from_sitemap = bool(from_sitemap)
+                if due is not None and type(due) is not int:
+                    due = _due_value(due)
+                if key in where:
+                    self.upsert(key, due, from_sitemap, interval, route)
+                    bucket = None
                     continue
-                bucket = found
+                if due != last_due or interval != last_interval or from_sitemap is not last_sitemap \
+                        or route is not last_route or bucket is None:
+                    last_due, last_interval, last_sitemap, last_route = due, interval, from_sitemap, route
+                    cls = classes.get((route, interval, from_sitemap))
+                    found = None if cls is None or due is None else cls.buckets.get(due)
+                    if found is None:  # a new class or bucket
+                        bucket = self._put(key, due, (route, interval, from_sitemap))
+                        continue
+                    bucket = found
             if bucket[-1] < key:
                 bucket.append(key)
             elif due is None or due >= self._plan_next:  # not due before the next merge: sort it then

@@ -193,6 +193,25 @@ def test_upsert_many_equals_one_upsert_at_a_time_and_asks_the_route_once_per_url
     assert bulk.top_k(100, NOW) == one.top_k(100, NOW)
 
 
+def test_upsert_many_shares_a_bucket_only_between_device_variants_with_the_same_values() -> None:
+    """As put_many builds them, a URL's device rows carry the very same due and cadence objects; a
+    variant that differs in any one value gets its own bucket."""
+    due, later, cadence = NOW - HOUR_MS, NOW - MINUTE_MS, HOUR_MS
+    rows: list[tuple] = []
+    variants = [(due, True, cadence), (later, True, cadence), (due, False, cadence), (due, True, 2 * HOUR_MS),
+                (due, True, None), (None, True, cadence)]
+    for i, (d, s, c) in enumerate(variants):
+        rows += [(key(f"v{i}"), due, True, cadence), (key(f"v{i}", "mobile"), d, s, c)]
+    rows += [rows[0], (key("v0", "tablet"), due, True, cadence), rows[1]]  # held, new, held
+    bulk = Ranking(cadence_for)
+    assert bulk.upsert_many(rows, lambda k: None) == len(rows)
+    one = Ranking(cadence_for)
+    for row in rows:
+        one.upsert(*row, None)
+    assert len(bulk) == 13 and sorted(bulk.rows()) == sorted(one.rows())
+    assert bulk.top_k(100, NOW) == one.top_k(100, NOW)
+
+
 def test_a_bulk_upsert_sorts_a_future_bucket_when_it_comes_due_and_a_planned_one_at_once() -> None:
     def bulk(r: Ranking, due: int, *names: str) -> None:
         r.upsert_many([(key(n), due, True, HOUR_MS) for n in names], lambda k: None)
