@@ -114,12 +114,20 @@ def encode_many(rows: Iterable[tuple[str, Any, Any, Any]]) -> list[tuple[bytes, 
     pack, (lo, hi) = _RECORD.pack, _INT64
     both = _HAS_DUE | _HAS_INTERVAL
     out: list[tuple[bytes, bytes]] = []
+    add = out.append
+    last: tuple = (object(), None, None)  # the previous row's values, and their encoding in ``value``
+    value = b""
     for key, due, sitemap, interval in rows:
+        if due is last[0] and sitemap is last[1] and interval is last[2]:
+            add((key.encode(), value))  # a device variant of the previous row, built from its values
+            continue
         if type(due) is int and type(interval) is int and type(sitemap) is bool and lo <= due <= hi \
                 and lo <= interval <= hi:
-            out.append((key.encode(), pack(_VERSION, both | _SITEMAP if sitemap else both, due, interval)))
+            value = pack(_VERSION, both | _SITEMAP if sitemap else both, due, interval)
         else:
-            out.append((key.encode(), ScheduleRow(key, due, sitemap, interval).encode()))
+            value = ScheduleRow(key, due, sitemap, interval).encode()
+        last = (due, sitemap, interval)
+        add((key.encode(), value))
     return out
 
 
