@@ -387,6 +387,9 @@ class SitemapParser:
                 del node[:-1]
 
 
+_tuple_new = tuple.__new__
+
+
 def _entry(el: etree._Element) -> SitemapEntry:
     values: list[str | None] = [None, None, None, None]  # the first of each field wins
     for child in el:
@@ -394,12 +397,12 @@ def _entry(el: etree._Element) -> SitemapEntry:
         if i is not None and values[i] is None:
             values[i] = child.text
     loc, lastmod, freq, prio = values
-    return SitemapEntry(
+    return _tuple_new(SitemapEntry, (  # NamedTuple's own __new__ is a Python frame per entry
         loc.strip() or None if loc else None,
         lastmod.strip() or None if lastmod else None,
         freq.strip().lower() or None if freq else None,
         _priority(prio) if prio else None,
-    )
+    ))
 
 
 def _priority(text: str | None) -> float | None:
