@@ -51,9 +51,9 @@ from .sitemap_fetch import Document, Fetcher
 BATCH = 2000  # URLs per write call (one owner)
 IN_FLIGHT = 3  # batches of one document in flight: keeps the store and the keepers busy together
 HEARTBEAT_S = 5.0  # a long document still bumps updatedAt this often
-_URL = itemgetter(0)
 STORE_DEADLINE_S = 30.0
 WRITE_DEADLINE_S = 120.0
+_URL = itemgetter(0)  # (url, entry) pairs sort by URL
 
 
 class WalkAborted(Exception):

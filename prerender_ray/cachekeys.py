@@ -136,11 +136,14 @@ class KeyFormat:
     def suffixes(self, devices: Sequence[str]) -> tuple[str, ...]:
         """What ``key`` appends to a URL for each device when ``appends``: a bulk put builds each
         key with one concatenation."""
-        return tuple(f"{self.delimiter}{d or ''}" for d in devices)
+        return tuple(map(self._suffix, devices))
+
+    def _suffix(self, device: str) -> str:
+        return f"{self.delimiter}{device or ''}"
 
     def key(self, url: str, device: str) -> str:
-        if self.attributes == DEFAULT_ATTRIBUTES:
-            return f"{url}{self.delimiter}{device or ''}"
+        if self.appends:
+            return url + self._suffix(device)
         return cache_key(url, device, delimiter=self.delimiter, attributes=self.attributes)
 
     def parse(self, key: str) -> dict[str, str]:

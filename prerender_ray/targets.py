@@ -12,14 +12,12 @@ from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any
 
-from xxhash import xxh64_intdigest
-
 from .cachekeys import KeyFormat
 from .config import Config
 from .registry import SUPPRESSED, TARGET, Target
 from .routes import Router
 from .schedule import ScheduleRow, counted_strikes
-from .timeutil import MINUTE_MS, initial_render_time, minute, positive
+from .timeutil import initial_render_time, jittered_minute, minute, positive
 from .urls import url_path
 
 
@@ -114,7 +112,6 @@ class Rules:
         default_interval = self.cfg.render.default_interval
         heads: dict[str | None, str] = {}
         appends, suffixes = self.keys.appends, {}  # devices -> their key suffixes
-        fast_jitter = type(now) is int
         node_part = f',"scheduler_node":{_json_str(node)}' if node is not None else ""
         registry: list[list[bytes]] = []
         rows: list[tuple] = []
@@ -138,10 +135,8 @@ class Rules:
                 explicit = positive(explicit)
             if explicit:
                 due = int(explicit)
-            elif fast_jitter and type(cadence) is int and cadence > 0 and _NO_DELIMITER not in url:
-                # _jittered, inline: a sitemap ingest puts a million
-                due = now + ((xxh64_intdigest(url.encode("utf-8", "surrogatepass")) * cadence) >> 64)
-                due -= due % MINUTE_MS
+            elif type(cadence) is int and cadence > 0 and _NO_DELIMITER not in url:
+                due = jittered_minute(url, cadence, now)  # _jittered, its checks settled here
             else:
                 due = self._jittered(url, cadence, now)
             body = head if interval is None else f'{head},"render_interval":{interval}'

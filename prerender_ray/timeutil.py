@@ -90,5 +90,10 @@ def initial_render_time(
     """
     span = int(positive(interval) or default_interval)
     cut = key.find(delimiter)
-    seed = key if cut < 0 else key[:cut]
+    return jittered_minute(key if cut < 0 else key[:cut], span, now)
+
+
+def jittered_minute(seed: str, span: int, now: int) -> int:
+    """``initial_render_time`` for a seed and a positive int span already settled (a bulk put calls it
+    directly): ``minute(now + xxh64(seed) * span >> 64)``."""
     return minute(now + ((xxh64_intdigest(seed.encode("utf-8", "surrogatepass")) * span) >> 64))
