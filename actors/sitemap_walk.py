@@ -38,7 +38,6 @@ from prerender_ray.sitemap_rules import (
     Partition,
     PruneScan,
     RefreshResult,
-    fast_action,
     filtered_log,
     plan_batch,
 )
@@ -196,19 +195,16 @@ class Walk:
             await self._write_many(sitemap, [], [], [], [(u, {"sitemap_url": None}) for u in scan.departed])
             result.add_removed(scan.departed)
             metrics.sitemap_entries.labels("removed").inc(len(scan.departed))
-        # Phase B: every listed URL's action; reads and writes in batches.
-        known = scan.known_keys
-        skipped = 0
+        # Phase B: every listed URL's action; reads and writes in batches. fast_action's decisions,
+        # for the whole document in one pass: a revalidating walk renders every URL, a known key skips.
         reads: list[tuple[str, Any]] = []
         renders: list[tuple[str, Any]] = []
-        for url, entry in part.incoming.items():
-            fast = fast_action(url, known_keys=known, revalidate=self.revalidate)
-            if fast is Action.SKIP:
-                skipped += 1
-            elif fast is Action.RENDER:
-                renders.append((url, entry))
-            else:
-                reads.append((url, entry))
+        if self.revalidate:
+            renders = list(part.incoming.items())
+        else:
+            known = scan.known_keys
+            reads = [item for item in part.incoming.items() if item[0] not in known]
+        skipped = len(part.incoming) - len(reads) - len(renders)
         result.count(Action.SKIP, skipped)
         metrics.sitemap_entries.labels("skipped").inc(skipped)
         gate = asyncio.Semaphore(IN_FLIGHT)

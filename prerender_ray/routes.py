@@ -199,16 +199,17 @@ class Router:
         self._no_route = self._verdict(None)
 
     def first_match(self, path: str) -> Route | None:
-        if self._slash_alias and path != "/" and not path.endswith("/"):
-            return self._first(path + "/", fallback=path)
-        return self._first(path)
-
-    def _first(self, path: str, fallback: str | None = None) -> Route | None:
-        """First route matching ``path`` (or, when given, ``fallback`` first at each position)."""
+        """The first route matching ``path`` (or, with the slash alias, ``path`` + "/"). The matches
+        are inlined: a sitemap ingest asks twice per URL (walker and keeper)."""
+        alias = path + "/" if self._slash_alias and path[-1:] != "/" else None
         for route, match, rp in self._table:
-            if fallback is not None and _hit(match, rp, fallback):
-                return route
-            if _hit(match, rp, path):
+            if match == "contains":
+                if rp in path or (alias is not None and rp in alias):
+                    return route
+            elif match == "prefix":
+                if path.startswith(rp) or (alias is not None and alias.startswith(rp)):
+                    return route
+            elif path == rp or alias == rp:
                 return route
         return None
 
@@ -250,14 +251,6 @@ class Router:
         if n is not None and n > 0:
             return int(n)
         return self.default_interval
-
-
-def _hit(match: str, route_path: str, path: str) -> bool:
-    if match == "prefix":
-        return path.startswith(route_path)
-    if match == "contains":
-        return route_path in path
-    return path == route_path
 
 
 def _number(v: Any) -> float | None:

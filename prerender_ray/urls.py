@@ -94,7 +94,7 @@ def canonicalize_url(
     path_table, query_table = _escape_tables(
         decode_reserved if type(decode_reserved) is tuple else tuple(decode_reserved)
     )
-    scheme, host, path, query = url if type(url) is tuple else _parts(url)
+    scheme, host, path, query = url if type(url) is tuple else url_parts(url)
     if strip and len(path) > 1 and path[-1] == "/":
         path = path.rstrip("/") or "/"
     if "%" in path:
@@ -117,12 +117,6 @@ def url_host(canonical_url: str) -> str:
     return authority.partition(":")[0]
 
 
-def url_parts(url: str) -> tuple[str, str, str, str]:
-    """Scheme, host (with a non-default port), path and query as a WHATWG parser serializes them;
-    ``canonicalize_url`` accepts the result in place of the URL. Raises ``UrlError``."""
-    return _parts(url)
-
-
 def whatwg_path(url: str) -> str:
     """The path of ``url`` as a WHATWG parser gives it: dot segments resolved, escapes and the
     trailing slash as written. Raises ``UrlError`` like ``canonicalize_url``."""
@@ -139,8 +133,9 @@ def url_path(canonical_url: str) -> str:
 # ------------------------------------------------------------------------------------------ parsing
 
 
-def _parts(url: object) -> tuple[str, str, str, str]:
-    """Scheme, host (with a non-default port), path and query as WHATWG serializes them."""
+def url_parts(url: object) -> tuple[str, str, str, str]:
+    """Scheme, host (with a non-default port), path and query as a WHATWG parser serializes them;
+    ``canonicalize_url`` accepts the result in place of the URL. Raises ``UrlError``."""
     if type(url) is not str:
         href = getattr(url, "href", None)  # an ada_url.URL, like the reference's URL-object input
         if not isinstance(href, str):

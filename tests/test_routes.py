@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from prerender_ray.configfile import parse
 from prerender_ray.routes import Router, compile_route_list
 
@@ -153,6 +156,27 @@ def test_forwarded_mode_matches_the_raw_path_only() -> None:
     r = router(excludePathPatterns=["/search/"], routes=[{"match": "prefix", "path": "/"}])
     assert r.classify("/search").route_class == "prerender"
     assert r.classify("/search/").route_class == "passthrough"
+
+
+_SEGMENT = st.sampled_from(["", "a", "ab", "search"])
+_PATH = st.builds(lambda segs, slash: "/" + "/".join(segs) + slash, st.lists(_SEGMENT, max_size=3),
+                  st.sampled_from(["", "/"]))
+_ROUTE = st.fixed_dictionaries({"match": st.sampled_from(["exact", "prefix", "contains"]), "path": _PATH,
+                                "mode": st.sampled_from(["prerender", "passthrough"])})
+
+
+@settings(max_examples=500, deadline=None)
+@given(routes=st.lists(_ROUTE, max_size=5), excludes=st.lists(_PATH, max_size=2), path=_PATH,
+       mode=st.sampled_from(["prefix", "forwarded"]), slash=st.sampled_from(["strip", "preserve"]))
+def test_first_match_is_the_first_route_whose_own_match_accepts_the_path_or_its_slash_alias(
+        routes: list, excludes: list, path: str, mode: str, slash: str) -> None:
+    r = Router(parse({"ingress": {"mode": mode, "routes": routes, "excludePathPatterns": excludes},
+                      "cacheKey": {"trailingSlash": slash}}).config)
+    spellings = [path]
+    if mode == "prefix" and slash == "strip" and not path.endswith("/"):
+        spellings.append(path + "/")
+    expected = next((route for route in r.routes if any(route.matches(p) for p in spellings)), None)
+    assert r.first_match(path) is expected
 
 
 # ---------------------------------------------------------------------------------- allowlist_for
