@@ -55,7 +55,7 @@ class QueueKeeper(KeeperOps, KeeperRepair, KeeperHandoff):
         self.rules = Rules(cfg)
         self._delimiter = self.rules.keys.delimiter
         self._url_first = self.rules.keys.attributes[0] == "url"
-        self.db = Store(store_path(data_dir, self.node, SCHEDULE))
+        self.db = Store(store_path(data_dir, self.node, SCHEDULE), memtable_bloom=False)  # written blind
         self.ranking = Ranking(self._cadence_for, boost=cfg.queue.ready.sitemap_boost)
         self.phase = "loading"
         self.exact = True

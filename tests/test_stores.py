@@ -80,15 +80,27 @@ def test_an_unwritable_data_dir_is_reported(tmp_path: Path) -> None:
         check_writable(blocker / "data")
 
 
-def test_compaction_waits_for_16_flushed_files_and_writes_stall_only_well_past_them(tmp_path: Path) -> None:
+def _running_options(path: Path, **kw: bool) -> str:
     """What RocksDB actually runs with (its OPTIONS file), not what we meant to set."""
-    store = Store(tmp_path / "s")
+    store = Store(path, **kw)
     store.put(b"k", b"v")
     store.flush()
     store.close()
-    [options] = sorted((tmp_path / "s").glob("OPTIONS-*"))[-1:]
-    text = options.read_text()
+    return sorted(path.glob("OPTIONS-*"))[-1].read_text()
+
+
+def test_compaction_waits_for_16_flushed_files_and_writes_stall_only_well_past_them(tmp_path: Path) -> None:
+    text = _running_options(tmp_path / "s")
     assert f"level0_file_num_compaction_trigger={L0_COMPACTION_TRIGGER}\n" in text
     assert L0_COMPACTION_TRIGGER == 16
     assert "level0_slowdown_writes_trigger=40\n" in text
     assert "level0_stop_writes_trigger=64\n" in text
+
+
+def test_a_store_written_blind_has_no_memtable_bloom_and_the_others_do(tmp_path: Path) -> None:
+    default = _running_options(tmp_path / "default")
+    assert "memtable_whole_key_filtering=true\n" in default
+    assert "memtable_prefix_bloom_size_ratio=0.100000\n" in default
+    blind = _running_options(tmp_path / "blind", memtable_bloom=False)
+    assert "memtable_whole_key_filtering=false\n" in blind
+    assert "memtable_prefix_bloom_size_ratio=0.000000\n" in blind

@@ -9,6 +9,7 @@ import pytest
 import ray
 
 from prerender_ray.actors.common import lookup
+from prerender_ray.stores import REGISTRY, SCHEDULE, store_path
 from tests.support import claim, deploy_on, get, post_result, put_target, schedule, wait_for
 
 
@@ -65,6 +66,15 @@ def test_restarts_lose_no_row_and_never_regrant_work_in_flight(node) -> None:
     for job in list(in_flight.values())[:3]:  # late results of the first grants are still accepted
         assert post_result(job).status_code == 204
         assert schedule(node.url, job["id"])["nextRenderTime"] > time.time() * 1000
+
+
+def test_the_keeper_writes_its_schedule_blind_while_the_registry_keeps_its_memtable_bloom(node) -> None:
+    """The schedule is never read for absent keys (the keeper holds every row), the registry is."""
+    def running(purpose: str) -> str:
+        return sorted(store_path(node.data_dir, "node-a", purpose).glob("OPTIONS-*"))[-1].read_text()
+
+    assert "memtable_whole_key_filtering=false\n" in running(SCHEDULE)
+    assert "memtable_whole_key_filtering=true\n" in running(REGISTRY)
 
 
 def test_reconcile_restores_missing_rows_jittered_and_pageless_keys_first(node) -> None:
