@@ -86,7 +86,7 @@ def _running_options(path: Path, **kw: bool) -> str:
     store.put(b"k", b"v")
     store.flush()
     store.close()
-    return sorted(path.glob("OPTIONS-*"))[-1].read_text()
+    return max(path.glob("OPTIONS-*")).read_text()
 
 
 def test_compaction_waits_for_16_flushed_files_and_writes_stall_only_well_past_them(tmp_path: Path) -> None:

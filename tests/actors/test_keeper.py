@@ -7,8 +7,8 @@ import time
 
 import pytest
 import ray
-
 from prerender_ray.actors.common import lookup
+
 from prerender_ray.stores import REGISTRY, SCHEDULE, store_path
 from tests.support import claim, deploy_on, get, post_result, put_target, schedule, wait_for
 
@@ -71,7 +71,7 @@ def test_restarts_lose_no_row_and_never_regrant_work_in_flight(node) -> None:
 def test_the_keeper_writes_its_schedule_blind_while_the_registry_keeps_its_memtable_bloom(node) -> None:
     """The schedule is never read for absent keys (the keeper holds every row), the registry is."""
     def running(purpose: str) -> str:
-        return sorted(store_path(node.data_dir, "node-a", purpose).glob("OPTIONS-*"))[-1].read_text()
+        return max(store_path(node.data_dir, "node-a", purpose).glob("OPTIONS-*")).read_text()
 
     assert "memtable_whole_key_filtering=false\n" in running(SCHEDULE)
     assert "memtable_whole_key_filtering=true\n" in running(REGISTRY)
