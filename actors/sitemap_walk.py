@@ -38,6 +38,7 @@ from prerender_ray.sitemap_rules import (
     Partition,
     PruneScan,
     RefreshResult,
+    fast_actions,
     filtered_log,
     plan_batch,
 )
@@ -195,15 +196,8 @@ class Walk:
             await self._write_many(sitemap, [], [], [], [(u, {"sitemap_url": None}) for u in scan.departed])
             result.add_removed(scan.departed)
             metrics.sitemap_entries.labels("removed").inc(len(scan.departed))
-        # Phase B: every listed URL's action; reads and writes in batches. fast_action's decisions,
-        # for the whole document in one pass: a revalidating walk renders every URL, a known key skips.
-        reads: list[tuple[str, Any]] = []
-        renders: list[tuple[str, Any]] = []
-        if self.revalidate:
-            renders = list(part.incoming.items())
-        else:
-            known = scan.known_keys
-            reads = [item for item in part.incoming.items() if item[0] not in known]
+        # Phase B: every listed URL's action; reads and writes in batches.
+        renders, reads = fast_actions(part.incoming, known_keys=scan.known_keys, revalidate=self.revalidate)
         skipped = len(part.incoming) - len(reads) - len(renders)
         result.count(Action.SKIP, skipped)
         metrics.sitemap_entries.labels("skipped").inc(skipped)

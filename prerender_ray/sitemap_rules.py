@@ -189,6 +189,16 @@ def fast_action(url: str, *, known_keys: Collection[str] | None, revalidate: boo
     return None
 
 
+def fast_actions(incoming: Mapping[str, Any], *, known_keys: Collection[str] | None, revalidate: bool
+                 ) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
+    """``fast_action`` for a whole document in one pass (a walk lists a million URLs): the
+    (url, entry) pairs to render and those to read; every other URL skips."""
+    if revalidate:
+        return list(incoming.items()), []
+    known = known_keys or ()
+    return [], [item for item in incoming.items() if item[0] not in known]
+
+
 def decide_action(
     url: str,
     sitemap_url: str,

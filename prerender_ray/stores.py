@@ -20,7 +20,6 @@ LEASES = "leases"  # owner tier, written by the lease table
 PAGES = "pages"  # replicated tier, written by the node store
 REGISTRY = "registry"  # replicated tier: targets, sitemaps, runs, queue control, overrides
 PURPOSES = (SCHEDULE, LEASES, PAGES, REGISTRY)
-L0_COMPACTION_TRIGGER = 16  # flushed files that start a compaction (see _options)
 SORT_AT = 64  # ops in a batch from which it is written in key order (see Store.write)
 _KEY = itemgetter(0)
 
@@ -45,12 +44,12 @@ def _options(create: bool, memtable_bloom: bool = True) -> Options:
     if memtable_bloom:
         opts.set_memtable_whole_key_filtering(True)
         opts.set_memtable_prefix_bloom_ratio(0.1)
-    # L0 -> L1 compaction of 16 flushed files at a time instead of 4: each such compaction rewrites
-    # the L1 files they overlap, which for random keys (URLs) is most of L1, so merging 4 times fewer
-    # times rewrites L1 4 times less often. A sitemap ingest of 1,000,000 targets: 12.9-13.2 -> 9.3-9.7
-    # us of RocksDB CPU per URL in a harness; point reads of absent keys stay as fast (bloom filters
-    # skip each L0 file). The write stall triggers move up with it (defaults 20 and 36).
-    opts.set_level_zero_file_num_compaction_trigger(L0_COMPACTION_TRIGGER)
+    # L0 -> L1 compaction at 16 flushed files instead of 4: each one rewrites the L1 files its inputs
+    # overlap, which for random keys (URLs) is most of L1, so L1 is rewritten 4 times less often. A
+    # sitemap ingest of 1,000,000 targets: 12.9-13.2 -> 9.3-9.7 us of RocksDB CPU per URL in a harness;
+    # point reads of absent keys stay as fast (bloom filters skip each L0 file). The write stall
+    # triggers move up with it (defaults 20 and 36).
+    opts.set_level_zero_file_num_compaction_trigger(16)
     opts.set_level_zero_slowdown_writes_trigger(40)
     opts.set_level_zero_stop_writes_trigger(64)
     return opts

@@ -202,3 +202,9 @@ def schedule(base: str, key: str) -> dict | None:
     r = httpx.post(f"{base}/prerender_admin/schedule", json={"cacheKey": key}, timeout=15)
     assert r.status_code == 200, r.text
     return r.json()["renderSchedule"]
+
+
+def rocksdb_options(path: Path) -> str:
+    """The options a RocksDB directory actually runs with (its newest OPTIONS file), not what we meant
+    to set."""
+    return max(path.glob("OPTIONS-*")).read_text()

@@ -26,6 +26,7 @@ from prerender_ray.sitemap_rules import (
     decide_action,
     describe_error,
     fast_action,
+    fast_actions,
     filtered_log,
     filtered_share,
     next_daily_refresh,
@@ -277,6 +278,16 @@ def test_known_keys_are_only_a_fast_path() -> None:
     assert fast_action(URL, known_keys={"https://x.com/other"}, revalidate=False) is None
     assert fast_action(URL, known_keys=None, revalidate=False) is None
     assert fast_action(URL, known_keys={URL}, revalidate=True) is Action.RENDER
+
+
+@pytest.mark.parametrize("revalidate", [False, True])
+@pytest.mark.parametrize("known", [None, set(), {"https://x.com/a", "https://x.com/c"}])
+def test_fast_actions_of_a_document_are_fast_action_of_each_url(known: set | None, revalidate: bool) -> None:
+    incoming = {f"https://x.com/{c}": c for c in "abcd"}
+    renders, reads = fast_actions(incoming, known_keys=known, revalidate=revalidate)
+    for url, entry in incoming.items():
+        fast = fast_action(url, known_keys=known, revalidate=revalidate)
+        assert ((url, entry) in renders, (url, entry) in reads) == (fast is Action.RENDER, fast is None)
     assert decide_action(URL, S1, S2, visited={S2}, known_keys=set()) is Action.DUPLICATE
 
 

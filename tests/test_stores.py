@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from prerender_ray.stores import L0_COMPACTION_TRIGGER, SORT_AT, Store, StoreError, check_writable, store_path
+from prerender_ray.stores import SORT_AT, Store, StoreError, check_writable, store_path
+from tests.support import rocksdb_options
 
 
 def test_items_stay_inside_their_prefix_in_key_order(tmp_path: Path) -> None:
@@ -81,18 +82,16 @@ def test_an_unwritable_data_dir_is_reported(tmp_path: Path) -> None:
 
 
 def _running_options(path: Path, **kw: bool) -> str:
-    """What RocksDB actually runs with (its OPTIONS file), not what we meant to set."""
     store = Store(path, **kw)
     store.put(b"k", b"v")
     store.flush()
     store.close()
-    return max(path.glob("OPTIONS-*")).read_text()
+    return rocksdb_options(path)
 
 
 def test_compaction_waits_for_16_flushed_files_and_writes_stall_only_well_past_them(tmp_path: Path) -> None:
     text = _running_options(tmp_path / "s")
-    assert f"level0_file_num_compaction_trigger={L0_COMPACTION_TRIGGER}\n" in text
-    assert L0_COMPACTION_TRIGGER == 16
+    assert "level0_file_num_compaction_trigger=16\n" in text
     assert "level0_slowdown_writes_trigger=40\n" in text
     assert "level0_stop_writes_trigger=64\n" in text
 

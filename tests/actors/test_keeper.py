@@ -10,7 +10,7 @@ import ray
 from prerender_ray.actors.common import lookup
 
 from prerender_ray.stores import REGISTRY, SCHEDULE, store_path
-from tests.support import claim, deploy_on, get, post_result, put_target, schedule, wait_for
+from tests.support import claim, deploy_on, get, post_result, put_target, rocksdb_options, schedule, wait_for
 
 
 def _pid(kind: str) -> int | None:
@@ -71,7 +71,7 @@ def test_restarts_lose_no_row_and_never_regrant_work_in_flight(node) -> None:
 def test_the_keeper_writes_its_schedule_blind_while_the_registry_keeps_its_memtable_bloom(node) -> None:
     """The schedule is never read for absent keys (the keeper holds every row), the registry is."""
     def running(purpose: str) -> str:
-        return max(store_path(node.data_dir, "node-a", purpose).glob("OPTIONS-*")).read_text()
+        return rocksdb_options(store_path(node.data_dir, "node-a", purpose))
 
     assert "memtable_whole_key_filtering=false\n" in running(SCHEDULE)
     assert "memtable_whole_key_filtering=true\n" in running(REGISTRY)
