@@ -6,7 +6,7 @@ takeover. The walk writes targets through the keeper of each URL's owner node, i
 is created where no target exists (the owner's store checks and writes in one step), and only the
 targets that exist come back for a decision and perhaps a second call. Documents are reconciled one
 after another (a later document's DUPLICATE decision must see an earlier one's writes), while the
-next document is already being fetched and parsed.
+next document is already being fetched and parsed and the last one's row is being written.
 """
 
 from __future__ import annotations
@@ -98,44 +98,79 @@ class Walk:
         discovered = {self.root}
         result.sitemaps_discovered = 1
         ahead: dict[str, asyncio.Task] = {}  # the next document, fetched while this one reconciles
+        finishing: asyncio.Task | None = None  # the last urlset's row, written while the next one starts
+        taken = 0  # documents dequeued: the processed ones, and the one whose row is still being written
         try:
             while queue:
-                if result.sitemaps_processed >= cap:
+                if finishing is not None and finishing.done():
+                    finishing.result()  # a takeover stops the walk here
+                if taken >= cap:
                     result.sitemaps_skipped = len(queue)
                     self.env.log.error("sitemap walk hit sitemap.maxDocuments", root=self.root, cap=cap,
                                        skipped=len(queue))
                     break
                 url, parent = queue.popleft()
+                taken += 1
                 self.visited.add(url)
                 self.current = url
                 fetching = ahead.pop(url, None) or asyncio.create_task(self.env.fetcher.fetch(url))
-                if queue and result.sitemaps_processed + 1 < cap:
-                    nxt = queue[0][0]
-                    ahead[nxt] = asyncio.create_task(self.env.fetcher.fetch(nxt))
                 try:
-                    doc = await fetching
+                    try:
+                        doc = await fetching
+                    finally:  # one parse at a time: two at once contend for the GIL and delay the first
+                        self._fetch_next(queue, ahead, taken < cap)
                     if doc.is_index:
                         await self._index(doc, parent, queue, discovered)
+                        self._fetch_next(queue, ahead, taken < cap)
                     else:
-                        await self._urlset(doc, parent)
+                        await self._urlset(doc)
+                        finishing = asyncio.create_task(self._finish(url, doc, parent, finishing))
+                        continue
                     metrics.sitemap_documents.labels("ok").inc()
                 except (WalkAborted, asyncio.CancelledError):
                     raise
                 except Exception as e:
-                    metrics.sitemap_documents.labels("failed").inc()
-                    if url == self.root:
-                        raise
-                    result.add_failed(url, e)
-                    self.env.log.error("sitemap child failed", root=self.root, url=url,
-                                       error=result.failed[-1]["error"] if result.failed else str(e))
-                result.sitemaps_processed += 1
-                await self._progress()
+                    self._failed(url, e)
+                await self._document_done()
+            if finishing is not None:
+                await finishing
         finally:
-            for task in ahead.values():
+            for task in [*ahead.values(), *([finishing] if finishing is not None else [])]:
                 task.cancel()
-            await asyncio.gather(*ahead.values(), return_exceptions=True)
+            await asyncio.gather(*ahead.values(), *([finishing] if finishing is not None else []),
+                                 return_exceptions=True)
         self.current = None
         return result
+
+    def _fetch_next(self, queue: deque, ahead: dict[str, asyncio.Task], allowed: bool) -> None:
+        if allowed and queue and queue[0][0] not in ahead:
+            ahead[queue[0][0]] = asyncio.create_task(self.env.fetcher.fetch(queue[0][0]))
+
+    async def _finish(self, url: str, doc: Document, parent: str | None, previous: asyncio.Task | None) -> None:
+        """A reconciled urlset's row, then its count and progress, after those of the document before
+        it: the next document reconciles meanwhile (it neither reads nor writes this row)."""
+        if previous is not None:
+            await previous
+        try:
+            await self._put_row(doc, parent)
+            metrics.sitemap_documents.labels("ok").inc()
+        except (WalkAborted, asyncio.CancelledError):
+            raise
+        except Exception as e:
+            self._failed(url, e)
+        await self._document_done()
+
+    def _failed(self, url: str, e: Exception) -> None:
+        metrics.sitemap_documents.labels("failed").inc()
+        if url == self.root:
+            raise e
+        self.result.add_failed(url, e)
+        self.env.log.error("sitemap child failed", root=self.root, url=url,
+                           error=self.result.failed[-1]["error"] if self.result.failed else str(e))
+
+    async def _document_done(self) -> None:
+        self.result.sitemaps_processed += 1
+        await self._progress()
 
     async def _progress(self) -> None:
         self.last_progress = time.monotonic()
@@ -163,8 +198,9 @@ class Walk:
         self.result.add_invalid(doc.url, invalid)
         await self._put_row(doc, parent)
 
-    async def _urlset(self, doc: Document, parent: str | None) -> None:
-        """Reconcile, THEN write the row: a document that fails midway keeps its previous row."""
+    async def _urlset(self, doc: Document) -> None:
+        """Reconcile; the caller writes the row after it: a document that fails midway keeps its
+        previous row."""
         part = doc.partition or Partition()
         self.result.add_partition(doc.url, part)
         line = filtered_log(doc.url, part, self.env.cfg.sitemap.filtered_warn_percent)
@@ -172,7 +208,6 @@ class Walk:
             getattr(self.env.log, line.level)(line.message, sitemap=doc.url)
         if part.reconciles:  # an empty urlset prunes nothing (kept from the reference, §7.24)
             await self._reconcile(doc.url, part)
-        await self._put_row(doc, parent)
 
     # ------------------------------------------------------------------------------- reconcile
 

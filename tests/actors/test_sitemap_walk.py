@@ -1,0 +1,81 @@
+"""The walk's document pipeline (actors/sitemap_walk.py) on a real deployment: the document cap, and
+consecutive urlsets whose rows are written while the next one reconciles."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.sitemap_server import SitemapSite, index, urlset
+from tests.support import deploy_on, schedule
+
+CAP = 4  # sitemap.maxDocuments of this deployment: the index and three children
+
+
+@pytest.fixture(scope="module")
+def site():
+    s = SitemapSite()
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def node(ray_cluster, tmp_path_factory):
+    d = deploy_on(ray_cluster, tmp_path_factory.mktemp("walk") / "data", {
+        "domains": ["shop.test"],
+        "sitemap": {"fetchTimeoutMs": 5000, "maxDocuments": CAP},
+    })
+    yield d
+    d.stop()
+
+
+def walk(base: str, url: str) -> dict:
+    r = httpx.post(f"{base}/sitemaps", json={"url": url, "background": False}, timeout=120)
+    assert r.status_code == 200, r.text
+    [result] = r.json()
+    return result
+
+
+def get(base: str, path: str, **params: str) -> dict | None:
+    r = httpx.get(f"{base}{path}", params=params, timeout=10)
+    return None if r.status_code == 404 else r.json()
+
+
+def test_the_document_cap_leaves_the_rest_unfetched_and_every_taken_document_complete(node, site) -> None:
+    children = [site.url(f"/cap/{i}.xml") for i in range(6)]
+    for i in range(6):  # consecutive children share a URL: each later one is a duplicate of the earlier
+        site.put(f"/cap/{i}.xml", urlset(f"https://shop.test/cap/{i}", f"https://shop.test/cap/{i + 1}"))
+    root = site.url("/cap/index.xml")
+    site.put("/cap/index.xml", index(*children))
+
+    result = walk(node.url, root)
+
+    assert result["state"] == "completed"
+    assert result["sitemapsDiscovered"] == 7
+    assert (result["sitemapsProcessed"], result["sitemapsSkipped"]) == (CAP, 3)
+    assert (result["created"], result["duplicates"]) == (4, 2)
+    assert [site.hits.get(f"/cap/{i}.xml", 0) for i in range(6)] == [1, 1, 1, 0, 0, 0]  # never fetched
+    for i in range(4):  # the first claimer wins, in document order
+        t = get(node.url, "/render_targets", url=f"https://shop.test/cap/{i}")
+        assert t["sitemapUrl"] == children[max(i - 1, 0)]
+        assert schedule(node.url, f"https://shop.test/cap/{i}|desktop") is not None
+    assert get(node.url, "/render_targets", url="https://shop.test/cap/4") is None
+    # Every taken child's row is written (after its reconcile, while the next one ran), with its parent.
+    for i in range(3):
+        row = get(node.url, "/sitemaps", url=children[i])
+        assert row["sitemap"]["parentUrl"] == root and row["sitemap"]["entryCount"] == 2
+    assert get(node.url, "/sitemaps", url=children[3]) is None
+    done = get(node.url, "/sitemap_refresh", root=root)
+    assert done["state"] == "completed" and done["sitemapsProcessed"] == CAP
+
+
+def test_a_urlset_root_is_one_document_with_its_row(node, site) -> None:
+    root = site.url("/solo.xml")
+    site.put("/solo.xml", urlset("https://shop.test/solo/1", "https://shop.test/solo/2"))
+
+    result = walk(node.url, root)
+
+    assert result["state"] == "completed" and result["created"] == 2
+    assert result["sitemapsProcessed"] == result["sitemapsDiscovered"] == 1
+    row = get(node.url, "/sitemaps", url=root)
+    assert row["sitemap"]["parentUrl"] is None and row["sitemap"]["entryCount"] == 2
