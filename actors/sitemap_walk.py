@@ -102,8 +102,7 @@ class Walk:
         taken = 0  # documents dequeued: the processed ones, and the one whose row is still being written
         try:
             while queue:
-                if finishing is not None and finishing.done():
-                    finishing.result()  # a takeover stops the walk here
+                _stopped(finishing)
                 if taken >= cap:
                     result.sitemaps_skipped = len(queue)
                     self.env.log.error("sitemap walk hit sitemap.maxDocuments", root=self.root, cap=cap,
@@ -119,6 +118,7 @@ class Walk:
                         doc = await fetching
                     finally:  # one parse at a time: two at once contend for the GIL and delay the first
                         self._fetch_next(queue, ahead, taken < cap)
+                    _stopped(finishing)  # taken over while this one was fetched: stop before it writes
                     if doc.is_index:
                         await self._index(doc, parent, queue, discovered)
                         self._fetch_next(queue, ahead, taken < cap)
@@ -341,6 +341,12 @@ class Walk:
             row["finalUrl"] = doc.final_url
         ops.append((sitemap_key(doc.url), encode_json(row)))
         await call(store.apply.remote(ops), STORE_DEADLINE_S)
+
+
+def _stopped(finishing: asyncio.Task | None) -> None:
+    """Raise what stopped the last document's row and progress (a takeover), once it has."""
+    if finishing is not None and finishing.done():
+        finishing.result()
 
 
 def _attribution(url: str, data: bytes | None) -> Any:

@@ -3,11 +3,17 @@ consecutive urlsets whose rows are written while the next one reconciles."""
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
+import ray
+from prerender_ray.actors.common import lookup
 
+from prerender_ray.registry import decode_json, encode_json, sitemap_run_key
+from prerender_ray.timeutil import now_ms
 from tests.sitemap_server import SitemapSite, index, urlset
-from tests.support import deploy_on, schedule
+from tests.support import deploy_on, schedule, wait_for
 
 CAP = 4  # sitemap.maxDocuments of this deployment: the index and three children
 
@@ -79,3 +85,27 @@ def test_a_urlset_root_is_one_document_with_its_row(node, site) -> None:
     assert result["sitemapsProcessed"] == result["sitemapsDiscovered"] == 1
     row = get(node.url, "/sitemaps", url=root)
     assert row["sitemap"]["parentUrl"] is None and row["sitemap"]["entryCount"] == 2
+
+
+def test_a_walk_taken_over_midway_stops_at_its_next_document_and_leaves_the_row_alone(node, site) -> None:
+    kids = [site.url(f"/lost/{i}.xml") for i in range(6)]
+    for i in range(6):
+        site.delayed(f"/lost/{i}.xml", urlset(f"https://shop.test/lost/{i}"), 1.0)
+    root = site.url("/lost/index.xml")
+    site.put("/lost/index.xml", index(*kids))
+    r = httpx.post(f"{node.url}/sitemaps", json={"url": root}, timeout=30)
+    assert r.json()["sitemaps"][0]["started"] is True
+    wait_for(lambda: (get(node.url, "/sitemap_refresh", root=root) or {}).get("sitemapsProcessed", 0) >= 2,
+             timeout=30, interval=0.05, what="the index and the first child")
+    # Another walker takes the run over (its fresh row): this walk must stop without touching it.
+    store, walker = lookup("store", "node-a"), lookup("sitemapper", "node-a")
+    theirs = {"state": "running", "node": "node-x", "runId": "elsewhere", "updatedAt": now_ms()}
+    ray.get(store.apply.remote([(sitemap_run_key(root), encode_json(theirs))]))
+    wait_for(lambda: not any(run["root"] == root for run in ray.get(walker.status.remote())["running"]),
+             timeout=30, what="the walk to stop")
+    time.sleep(0.5)
+    [raw] = ray.get(store.get.remote([sitemap_run_key(root)]))
+    assert decode_json(raw) == theirs
+    created = [get(node.url, "/render_targets", url=f"https://shop.test/lost/{i}") is not None for i in range(6)]
+    assert created == [True, True, False, False, False, False]  # kids[2] was fetched, never written
+    assert [site.hits.get(f"/lost/{i}.xml", 0) for i in range(4, 6)] == [0, 0]
