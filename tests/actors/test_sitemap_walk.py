@@ -90,7 +90,7 @@ def test_a_urlset_root_is_one_document_with_its_row(node, site) -> None:
 def test_a_walk_taken_over_midway_stops_at_its_next_document_and_leaves_the_row_alone(node, site) -> None:
     kids = [site.url(f"/lost/{i}.xml") for i in range(6)]
     for i in range(6):
-        site.delayed(f"/lost/{i}.xml", urlset(f"https://shop.test/lost/{i}"), 1.0)
+        site.delayed(f"/lost/{i}.xml", urlset(f"https://shop.test/lost/{i}"), 2.0)  # room to take over
     root = site.url("/lost/index.xml")
     site.put("/lost/index.xml", index(*kids))
     r = httpx.post(f"{node.url}/sitemaps", json={"url": root}, timeout=30)
