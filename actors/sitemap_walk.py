@@ -99,46 +99,45 @@ class Walk:
         result.sitemaps_discovered = 1
         ahead: dict[str, asyncio.Task] = {}  # the next document, fetched while this one reconciles
         finishing: asyncio.Task | None = None  # the last urlset's row, written while the next one starts
-        taken = 0  # documents dequeued: the processed ones, and the one whose row is still being written
+        visited = self.visited  # every document dequeued (each once: ``discovered``), failed ones too
         try:
             while queue:
                 _stopped(finishing)
-                if taken >= cap:
+                if len(visited) >= cap:
                     result.sitemaps_skipped = len(queue)
                     self.env.log.error("sitemap walk hit sitemap.maxDocuments", root=self.root, cap=cap,
                                        skipped=len(queue))
                     break
                 url, parent = queue.popleft()
-                taken += 1
-                self.visited.add(url)
+                visited.add(url)
                 self.current = url
                 fetching = ahead.pop(url, None) or asyncio.create_task(self.env.fetcher.fetch(url))
                 try:
                     try:
                         doc = await fetching
                     finally:  # one parse at a time: two at once contend for the GIL and delay the first
-                        self._fetch_next(queue, ahead, taken < cap)
+                        self._fetch_next(queue, ahead, len(visited) < cap)
                     _stopped(finishing)  # taken over while this one was fetched: stop before it writes
                     if doc.is_index:
                         await self._index(doc, parent, queue, discovered)
-                        self._fetch_next(queue, ahead, taken < cap)
+                        self._fetch_next(queue, ahead, len(visited) < cap)
                     else:
                         await self._urlset(doc)
                         finishing = asyncio.create_task(self._finish(url, doc, parent, finishing))
                         continue
-                    metrics.sitemap_documents.labels("ok").inc()
+                    error = None
                 except (WalkAborted, asyncio.CancelledError):
                     raise
                 except Exception as e:
-                    self._failed(url, e)
-                await self._document_done()
+                    error = e
+                await self._settle(url, error)
             if finishing is not None:
                 await finishing
         finally:
-            for task in [*ahead.values(), *([finishing] if finishing is not None else [])]:
+            pending = [*ahead.values(), *([finishing] if finishing is not None else [])]
+            for task in pending:
                 task.cancel()
-            await asyncio.gather(*ahead.values(), *([finishing] if finishing is not None else []),
-                                 return_exceptions=True)
+            await asyncio.gather(*pending, return_exceptions=True)
         self.current = None
         return result
 
@@ -151,24 +150,27 @@ class Walk:
         it: the next document reconciles meanwhile (it neither reads nor writes this row)."""
         if previous is not None:
             await previous
+        error = None
         try:
             await self._put_row(doc, parent)
-            metrics.sitemap_documents.labels("ok").inc()
         except (WalkAborted, asyncio.CancelledError):
             raise
         except Exception as e:
-            self._failed(url, e)
-        await self._document_done()
+            error = e
+        await self._settle(url, error)
 
-    def _failed(self, url: str, e: Exception) -> None:
-        metrics.sitemap_documents.labels("failed").inc()
-        if url == self.root:
-            raise e
-        self.result.add_failed(url, e)
-        self.env.log.error("sitemap child failed", root=self.root, url=url,
-                           error=self.result.failed[-1]["error"] if self.result.failed else str(e))
-
-    async def _document_done(self) -> None:
+    async def _settle(self, url: str, error: Exception | None) -> None:
+        """A document is done: counted ok, or recorded as failed (a failing root fails the walk), then
+        the progress row is bumped."""
+        if error is None:
+            metrics.sitemap_documents.labels("ok").inc()
+        else:
+            metrics.sitemap_documents.labels("failed").inc()
+            if url == self.root:
+                raise error
+            self.result.add_failed(url, error)
+            self.env.log.error("sitemap child failed", root=self.root, url=url,
+                               error=self.result.failed[-1]["error"] if self.result.failed else str(error))
         self.result.sitemaps_processed += 1
         await self._progress()
 

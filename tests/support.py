@@ -208,3 +208,29 @@ def rocksdb_options(path: Path) -> str:
     """The options a RocksDB directory actually runs with (its newest OPTIONS file), not what we meant
     to set."""
     return max(path.glob("OPTIONS-*")).read_text()
+
+
+# ------------------------------------------------------------------------------------ sitemaps
+
+
+def walk(base: str, url: str | None = None, **body: object) -> list[dict]:
+    """A blocking walk (one root, or every root without ``url``): the result documents."""
+    r = httpx.post(f"{base}/sitemaps", json={**({"url": url} if url else {}), "background": False, **body},
+                   timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def progress(base: str, root: str) -> dict | None:
+    r = httpx.get(f"{base}/sitemap_refresh", params={"root": root}, timeout=10)
+    return None if r.status_code == 404 else r.json()
+
+
+def target(base: str, url: str) -> dict | None:
+    r = httpx.get(f"{base}/render_targets", params={"url": url}, timeout=10)
+    return None if r.status_code == 404 else r.json()
+
+
+def sitemap_row(base: str, url: str) -> dict | None:
+    r = httpx.get(f"{base}/sitemaps", params={"url": url}, timeout=10)
+    return None if r.status_code == 404 else r.json()

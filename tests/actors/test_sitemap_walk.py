@@ -13,7 +13,7 @@ from prerender_ray.actors.common import lookup
 from prerender_ray.registry import decode_json, encode_json, sitemap_run_key
 from prerender_ray.timeutil import now_ms
 from tests.sitemap_server import SitemapSite, index, urlset
-from tests.support import deploy_on, schedule, wait_for
+from tests.support import deploy_on, progress, schedule, sitemap_row, target, wait_for, walk
 
 CAP = 4  # sitemap.maxDocuments of this deployment: the index and three children
 
@@ -35,18 +35,6 @@ def node(ray_cluster, tmp_path_factory):
     d.stop()
 
 
-def walk(base: str, url: str) -> dict:
-    r = httpx.post(f"{base}/sitemaps", json={"url": url, "background": False}, timeout=120)
-    assert r.status_code == 200, r.text
-    [result] = r.json()
-    return result
-
-
-def get(base: str, path: str, **params: str) -> dict | None:
-    r = httpx.get(f"{base}{path}", params=params, timeout=10)
-    return None if r.status_code == 404 else r.json()
-
-
 def test_the_document_cap_leaves_the_rest_unfetched_and_every_taken_document_complete(node, site) -> None:
     children = [site.url(f"/cap/{i}.xml") for i in range(6)]
     for i in range(6):  # consecutive children share a URL: each later one is a duplicate of the earlier
@@ -54,7 +42,7 @@ def test_the_document_cap_leaves_the_rest_unfetched_and_every_taken_document_com
     root = site.url("/cap/index.xml")
     site.put("/cap/index.xml", index(*children))
 
-    result = walk(node.url, root)
+    [result] = walk(node.url, root)
 
     assert result["state"] == "completed"
     assert result["sitemapsDiscovered"] == 7
@@ -62,16 +50,16 @@ def test_the_document_cap_leaves_the_rest_unfetched_and_every_taken_document_com
     assert (result["created"], result["duplicates"]) == (4, 2)
     assert [site.hits.get(f"/cap/{i}.xml", 0) for i in range(6)] == [1, 1, 1, 0, 0, 0]  # never fetched
     for i in range(4):  # the first claimer wins, in document order
-        t = get(node.url, "/render_targets", url=f"https://shop.test/cap/{i}")
+        t = target(node.url, f"https://shop.test/cap/{i}")
         assert t["sitemapUrl"] == children[max(i - 1, 0)]
         assert schedule(node.url, f"https://shop.test/cap/{i}|desktop") is not None
-    assert get(node.url, "/render_targets", url="https://shop.test/cap/4") is None
+    assert target(node.url, "https://shop.test/cap/4") is None
     # Every taken child's row is written (after its reconcile, while the next one ran), with its parent.
     for i in range(3):
-        row = get(node.url, "/sitemaps", url=children[i])
+        row = sitemap_row(node.url, children[i])
         assert row["sitemap"]["parentUrl"] == root and row["sitemap"]["entryCount"] == 2
-    assert get(node.url, "/sitemaps", url=children[3]) is None
-    done = get(node.url, "/sitemap_refresh", root=root)
+    assert sitemap_row(node.url, children[3]) is None
+    done = progress(node.url, root)
     assert done["state"] == "completed" and done["sitemapsProcessed"] == CAP
 
 
@@ -79,11 +67,11 @@ def test_a_urlset_root_is_one_document_with_its_row(node, site) -> None:
     root = site.url("/solo.xml")
     site.put("/solo.xml", urlset("https://shop.test/solo/1", "https://shop.test/solo/2"))
 
-    result = walk(node.url, root)
+    [result] = walk(node.url, root)
 
     assert result["state"] == "completed" and result["created"] == 2
     assert result["sitemapsProcessed"] == result["sitemapsDiscovered"] == 1
-    row = get(node.url, "/sitemaps", url=root)
+    row = sitemap_row(node.url, root)
     assert row["sitemap"]["parentUrl"] is None and row["sitemap"]["entryCount"] == 2
 
 
@@ -95,7 +83,7 @@ def test_a_walk_taken_over_midway_stops_at_its_next_document_and_leaves_the_row_
     site.put("/lost/index.xml", index(*kids))
     r = httpx.post(f"{node.url}/sitemaps", json={"url": root}, timeout=30)
     assert r.json()["sitemaps"][0]["started"] is True
-    wait_for(lambda: (get(node.url, "/sitemap_refresh", root=root) or {}).get("sitemapsProcessed", 0) >= 2,
+    wait_for(lambda: (progress(node.url, root) or {}).get("sitemapsProcessed", 0) >= 2,
              timeout=30, interval=0.05, what="the index and the first child")
     # Another walker takes the run over (its fresh row): this walk must stop without touching it.
     store, walker = lookup("store", "node-a"), lookup("sitemapper", "node-a")
@@ -106,6 +94,6 @@ def test_a_walk_taken_over_midway_stops_at_its_next_document_and_leaves_the_row_
     time.sleep(0.5)
     [raw] = ray.get(store.get.remote([sitemap_run_key(root)]))
     assert decode_json(raw) == theirs
-    created = [get(node.url, "/render_targets", url=f"https://shop.test/lost/{i}") is not None for i in range(6)]
+    created = [target(node.url, f"https://shop.test/lost/{i}") is not None for i in range(6)]
     assert created == [True, True, False, False, False, False]  # kids[2] was fetched, never written
     assert [site.hits.get(f"/lost/{i}.xml", 0) for i in range(4, 6)] == [0, 0]

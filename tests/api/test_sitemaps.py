@@ -14,7 +14,7 @@ from prerender_ray.registry import encode_json, sitemap_run_key
 from prerender_ray.sitemap_rules import next_daily_refresh
 from prerender_ray.timeutil import DAY_MS, minute, now_ms
 from tests.sitemap_server import BILLION_LAUGHS, HTML, XXE, SitemapSite, gzip_bomb, index, urlset
-from tests.support import deploy_on, put_target, schedule, wait_for
+from tests.support import deploy_on, progress, put_target, schedule, sitemap_row, target, wait_for, walk
 
 HOST = "sitemaps.test"  # resolves nowhere: every fetch is pinned to 127.0.0.1 by origin.staging.ip
 
@@ -42,14 +42,6 @@ def u(site: SitemapSite, path: str) -> str:
     return site.url(path, host=HOST)
 
 
-def walk(base: str, url: str | None = None, **body: object) -> list[dict]:
-    """A blocking walk (one root, or every root without ``url``): the result documents."""
-    r = httpx.post(f"{base}/sitemaps", json={**({"url": url} if url else {}), "background": False, **body},
-                   timeout=300)
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
 def start(base: str, url: str, **body: object) -> dict:
     r = httpx.post(f"{base}/sitemaps", json={"url": url, **body}, timeout=30)
     assert r.status_code == 200, r.text
@@ -58,24 +50,9 @@ def start(base: str, url: str, **body: object) -> dict:
     return doc["sitemaps"][0]
 
 
-def progress(base: str, root: str) -> dict | None:
-    r = httpx.get(f"{base}/sitemap_refresh", params={"root": root}, timeout=10)
-    return None if r.status_code == 404 else r.json()
-
-
 def finished(base: str, root: str, timeout: float = 60) -> dict:
     return wait_for(lambda: (p := progress(base, root)) and p["state"] != "running" and p, timeout=timeout,
                     what=f"the walk of {root} to finish")
-
-
-def target(base: str, url: str) -> dict | None:
-    r = httpx.get(f"{base}/render_targets", params={"url": url}, timeout=10)
-    return None if r.status_code == 404 else r.json()
-
-
-def sitemap_row(base: str, url: str) -> dict | None:
-    r = httpx.get(f"{base}/sitemaps", params={"url": url}, timeout=10)
-    return None if r.status_code == 404 else r.json()
 
 
 def codes(result: dict) -> dict[str, str]:
