@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import signal
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import yaml
 
@@ -107,22 +110,49 @@ def cmd_up(args: argparse.Namespace) -> int:
         from prerender_ray.worker.supervise import start_worker
 
         worker = start_worker(cfg, status["nodes"][0]["url"])
-    _wait_for_signal()
-    print("stopping ...", flush=True)
+    ended = _wait_for_end(record, data_dir)
+    print("stopping ..." if ended is None else ended, flush=True)
     if worker is not None:
         from prerender_ray.worker.supervise import stop_worker
 
         stop_worker(worker)
-    _teardown(record, data_dir)
-    return EXIT_OK
+    if ended is None:
+        _teardown(record, data_dir)
+        return EXIT_OK
+    if ended == DOWN_ELSEWHERE:
+        _leave(EXIT_OK)
+    deploy.stop_local_ray(record)  # what the Ray that died left running
+    (data_dir / deploy.RECORD).unlink(missing_ok=True)
+    print("stopped", flush=True)
+    _leave(EXIT_FAIL)
 
 
-def _wait_for_signal() -> None:
+DOWN_ELSEWHERE = "stopped by `prerender-ray down`"
+RAY_EXITED = "the local Ray exited unexpectedly; stopping"
+
+
+def _wait_for_end(record: deploy.Record, data_dir: Path) -> str | None:
+    """Until Ctrl-C or SIGTERM (None), or until the deployment ends without us: `down` from another
+    shell marks (then removes) the record, or the local Ray this `up` started has died."""
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     while not stop.wait(0.5):
-        pass
+        current = deploy.Record.read(data_dir)
+        if current is None or current.epoch != record.epoch or current.stopping:
+            return DOWN_ELSEWHERE
+        if record.owns_ray and not deploy.local_ray_alive(record):
+            return RAY_EXITED
+    return None
+
+
+def _leave(code: int) -> NoReturn:
+    """Exit without touching Ray: it is stopping (or gone) under us, and any call into it, even
+    ``ray.shutdown()`` at exit, can block until its 60 s GCS reconnect timeout, which then aborts
+    the process with an error."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _teardown(record: deploy.Record | None, data_dir: Path, *, quiet: bool = False,
@@ -197,7 +227,12 @@ def cmd_down(args: argparse.Namespace) -> int:
             _err(str(e))
             return EXIT_FAIL
         _err(f"{e}; stopping the local Ray anyway")
-    _teardown(record if record and record.address == address else None, data_dir)
+    ours = record if record and record.address == address else None
+    if ours is not None:  # tell a foreground `up` before its Ray goes
+        ours.stopping = True
+        with contextlib.suppress(OSError):
+            ours.write(data_dir)
+    _teardown(ours, data_dir)
     return EXIT_OK
 
 

@@ -36,6 +36,7 @@ class Record:
     temp_dir: str | None = None
     token_file: str | None = None
     started_at: float = 0.0
+    stopping: bool = False  # set by `down` first, so a foreground `up` steps aside at once
 
     @classmethod
     def read(cls, data_dir: Path) -> Record | None:
@@ -153,7 +154,11 @@ def start_local_ray(data_dir: Path, epoch: str) -> Record:
 
 
 def stop_local_ray(record: Record, grace_s: float = 20.0) -> None:
-    """SIGTERM the supervising ``ray start``; SIGKILL its session and strays after the grace."""
+    """SIGTERM the supervising ``ray start``; SIGKILL its session and strays after the grace.
+
+    Strays are the processes naming the Ray temp dir and this deployment's Ray workers: when the Ray
+    died rather than being stopped, its actors are still running (they notice the lost raylet only
+    seconds later)."""
     if not record.ray_pid:
         return
     try:
@@ -164,12 +169,20 @@ def stop_local_ray(record: Record, grace_s: float = 20.0) -> None:
     while time.monotonic() < deadline and _alive(record.ray_pid):
         time.sleep(0.2)
     _kill_group(record.ray_pid)
-    for pid in _strays(record.temp_dir):
+    killed = sorted(set(_strays(record.temp_dir)) | set(_ray_workers(record)))
+    for pid in killed:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    deadline = time.monotonic() + 5.0  # gone, with their ports, before we say stopped
+    while time.monotonic() < deadline and any(_alive(p) for p in killed):
+        time.sleep(0.05)
     _reap(record.ray_pid)
+
+
+def local_ray_alive(record: Record) -> bool:
+    return bool(record.ray_pid) and _alive(record.ray_pid)
 
 
 def _alive(pid: int) -> bool:
@@ -189,6 +202,29 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         pass
+
+
+def _ray_workers(record: Record) -> list[int]:
+    """The Ray workers (actors rename their command line to ``ray::<Class>``) that carry this
+    deployment's token: the only mark every one of them has (the temp dir is gone from the renamed
+    command line, and the data dir is only their working directory)."""
+    try:
+        token = Path(record.token_file).read_bytes().strip() if record.token_file else b""
+    except OSError:
+        return []
+    if not token:
+        return []
+    mark = b"RAY_AUTH_TOKEN=" + token + b"\0"
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if (proc / "cmdline").read_bytes().startswith(b"ray::") and mark in (proc / "environ").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
 
 
 def _kill_group(pid: int) -> None:
@@ -219,10 +255,10 @@ def _strays(*marks: str | None) -> list[int]:
 
 
 def our_processes(record: Record, data_dir: Path | None = None) -> list[int]:
-    pids = _strays(record.temp_dir, str(data_dir) if data_dir else None)
+    pids = set(_strays(record.temp_dir, str(data_dir) if data_dir else None)) | set(_ray_workers(record))
     if record.ray_pid and _alive(record.ray_pid):
-        pids.append(record.ray_pid)
-    return pids
+        pids.add(record.ray_pid)
+    return sorted(pids)
 
 
 # ------------------------------------------------------------------------------------ Ray session

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 from prerender_ray.actors import deploy
+from prerender_ray.worker.supervise import find_chromium
 
 from prerender_ray.nodes import RAY_SYSTEM_CONFIG
 from tests.support import free_port
@@ -141,30 +147,96 @@ def test_up_serves_status_reports_and_down_leaves_nothing_running(tmp_path: Path
     assert after.returncode == 1 and json.loads(after.stdout)["healthy"] is False
 
 
-def test_a_foreground_up_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
-    import signal
-    import time
-
-    data = tmp_path / "data"
-    port = free_port()
-    proc = subprocess.Popen([*CLI, "up", "--data-dir", str(data), "--port", str(port)],
+@contextlib.contextmanager
+def foreground_up(data: Path, port: int, *args: str,
+                  until: str = "ready") -> Iterator[tuple[subprocess.Popen, deploy.Record, str]]:
+    """`up` in the foreground, as `make run` starts it, once it has printed ``until``; whatever
+    the test leaves running is stopped afterwards."""
+    proc = subprocess.Popen([*CLI, "up", "--data-dir", str(data), "--port", str(port), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 180
         out = ""
-        while time.monotonic() < deadline and "ready" not in out:
+        while time.monotonic() < deadline and until not in out:
             line = proc.stdout.readline()
             if not line and proc.poll() is not None:
                 break
             out += line
-        assert "ready" in out, out
+        assert until in out, out
         record = deploy.Record.read(data)
+        assert record is not None and record.owns_ray
         assert httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200
-        proc.send_signal(signal.SIGINT)
-        proc.wait(120)
+        yield proc, record, out
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0
-    assert deploy.our_processes(record, data) == []
+            proc.communicate()
+        if (data / deploy.RECORD).exists():
+            run("down", "--data-dir", str(data))
+
+
+def finish(proc: subprocess.Popen, timeout: float) -> str:
+    """What the foreground `up` printed until it exited."""
+    try:
+        rest, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"`up` still running after {timeout:g}s")
+    return rest
+
+
+def assert_nothing_left(record: deploy.Record, data: Path, port: int) -> None:
+    left = {pid: describe(pid) for pid in deploy.our_processes(record, data)}
+    assert left == {}
     assert deploy.port_free("127.0.0.1", port)
+    assert not (data / deploy.RECORD).exists()
+
+
+def describe(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+    except OSError:
+        return "(gone)"
+
+
+def test_a_foreground_up_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
+    data, port = tmp_path / "data", free_port()
+    with foreground_up(data, port) as (proc, record, _):
+        proc.send_signal(signal.SIGINT)
+        out = finish(proc, timeout=120)
+    assert proc.returncode == 0, out
+    assert "stopping ..." in out and "stopped" in out
+    assert_nothing_left(record, data, port)
+
+
+def test_a_foreground_up_steps_aside_when_down_runs_in_another_shell(tmp_path: Path) -> None:
+    # Before: `up` sat on until Ray's GCS reconnect timeout aborted it (exit 1, a minute later),
+    # leaving its render worker (own session) claiming from a node that was gone.
+    if find_chromium() is None:
+        pytest.skip("no Chromium: the render worker would not start")
+    data, port = tmp_path / "data", free_port()
+    with foreground_up(data, port, "--with-worker", until="render worker: pid") as (proc, record, out):
+        worker = int(re.search(r"render worker: pid (\d+)", out).group(1))
+        try:
+            assert deploy._alive(worker)
+            down = run("down", "--data-dir", str(data))
+            assert down.returncode == 0, down.stderr
+            out = finish(proc, timeout=60)
+            worker_left = deploy._alive(worker)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(worker, signal.SIGKILL)
+    assert proc.returncode == 0, out
+    assert "stopped by `prerender-ray down`" in out
+    assert "GCS" not in out
+    assert not worker_left
+    assert_nothing_left(record, data, port)
+
+
+def test_a_foreground_up_cleans_up_and_fails_when_its_local_ray_dies(tmp_path: Path) -> None:
+    data, port = tmp_path / "data", free_port()
+    with foreground_up(data, port) as (proc, record, _):
+        os.killpg(record.ray_pid, signal.SIGKILL)
+        out = finish(proc, timeout=60)
+    assert proc.returncode == 1, out
+    assert "the local Ray exited unexpectedly" in out
+    assert_nothing_left(record, data, port)
