@@ -133,15 +133,20 @@ RAY_EXITED = "the local Ray exited unexpectedly; stopping"
 
 def _wait_for_end(record: deploy.Record, data_dir: Path) -> str | None:
     """Until Ctrl-C or SIGTERM (None), or until the deployment ends without us: `down` from another
-    shell marks (then removes) the record, or the local Ray this `up` started has died."""
+    shell marks the record stopping before it stops anything (and removes it last, after the local
+    Ray), or the local Ray this `up` started has died."""
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     while not stop.wait(0.5):
         current = deploy.Record.read(data_dir)
-        if current is None or current.epoch != record.epoch or current.stopping:
+        ray_alive = not record.owns_ray or deploy.local_ray_alive(record)
+        if current is None and record.owns_ray and ray_alive:
+            record.write(data_dir)  # removed by hand while our Ray runs: `status` and `down` need it
+            continue
+        if current is None or current.stopping or current.epoch != record.epoch:
             return DOWN_ELSEWHERE
-        if record.owns_ray and not deploy.local_ray_alive(record):
+        if not ray_alive:
             return RAY_EXITED
     return None
 

@@ -218,6 +218,11 @@ def test_a_foreground_up_steps_aside_when_down_runs_in_another_shell(tmp_path: P
         worker = int(re.search(r"render worker: pid (\d+)", out).group(1))
         try:
             assert deploy._alive(worker)
+            (data / deploy.RECORD).unlink()  # by hand: `up` writes it back, `down` needs it
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not (data / deploy.RECORD).exists():
+                time.sleep(0.1)
+            assert deploy.Record.read(data) == record
             down = run("down", "--data-dir", str(data))
             assert down.returncode == 0, down.stderr
             out = finish(proc, timeout=60)
