@@ -37,10 +37,6 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-os.environ["RAY_AUTH_MODE"] = "token"
-os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
-os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 
 import httpx
 
@@ -308,6 +304,11 @@ def report(rows: list[tuple[str, dict]]) -> None:
 
 
 def main() -> None:
+    # Set here rather than at import: bench_sitemap_ingest borrows produce_page for its bot probe.
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--rounds", type=int, default=3)

@@ -1,6 +1,6 @@
 """Sitemap ingestion end to end: URLs/s and peak RSS, beside lxml's bare iterparse of the same bytes.
 
-Run: .venv/bin/python bench/bench_sitemap_ingest.py [--docs 20] [--per-doc 50000]
+Run: .venv/bin/python bench/bench_sitemap_ingest.py [--docs 20] [--per-doc 50000] [--bot-probe]
 
 Generates an index of 20 urlset children x 50,000 URLs (1,000,000 URLs, every fourth child gzip),
 serves it from 127.0.0.1 (``python -m http.server`` in its own process), starts a fresh single-node
@@ -12,6 +12,11 @@ deployment with its own local Ray (``prerender-ray up --detach``), and then, in 
 - reads the peak RSS (VmHWM) of every process of the deployment;
 - stops the deployment and reads the schedule store: a histogram of first render times, as a share
   of each row's cadence (a flat histogram means no render herd).
+
+With ``--bot-probe`` it also serves bots while it ingests: a cached page (produced as in
+bench_serving) is fetched by one crawler connection at 50 requests/s, for 10 s on the idle node and
+then throughout the first walk, and the hit's latency is printed for both. The probe's load then
+counts in that run's ingest figures, so compare those only with runs made without it.
 """
 
 from __future__ import annotations
@@ -21,8 +26,10 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -84,6 +91,37 @@ def walk(client: httpx.Client, base: str, root: str, total: int) -> dict:
                   f"{seen:,}/{total:,} URLs", flush=True)
 
 
+def bot_probe(url: str, stop: threading.Event, seconds: float = 3600.0, rate: float = 50.0) -> list[float]:
+    """A crawler's steady light load on one connection: latencies (ms) of cache hits of ``url``,
+    ``rate`` a second, until ``stop`` is set or ``seconds`` have passed."""
+    from bench_serving import ACCEPT, UA
+
+    latencies: list[float] = []
+    headers = {"user-agent": UA, "accept-encoding": ACCEPT}
+    with httpx.Client(headers=headers, timeout=10) as client:
+        due = time.monotonic()
+        end = due + seconds
+        while not stop.is_set() and time.monotonic() < end:
+            t = time.perf_counter()
+            r = client.get(url)
+            latencies.append((time.perf_counter() - t) * 1000)
+            if r.status_code != 200 or r.headers.get("x-harper-cache", "hit") != "hit":
+                raise RuntimeError(f"the probe's page was not a cache hit: {r.status_code} {r.headers}")
+            due += 1 / rate
+            stop.wait(max(0.0, due - time.monotonic()))
+    return latencies
+
+
+def latency_line(latencies: list[float]) -> str:
+    xs = sorted(latencies)
+
+    def q(p: float) -> float:
+        return xs[min(len(xs) - 1, int(p * len(xs)))]
+
+    return (f"p50 {q(0.5):5.2f} ms  p95 {q(0.95):5.2f} ms  p99 {q(0.99):6.2f} ms  max {xs[-1]:6.2f} ms"
+            f"  ({len(xs):,} requests)")
+
+
 def processes(data_dir: Path, extra: dict[str, int]) -> dict[str, dict]:
     """Every process of the deployment (named by its Ray process title) and ``extra``: peak RSS
     (VmHWM, MB) and CPU seconds so far (user + system)."""
@@ -127,6 +165,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--docs", type=int, default=20)
     ap.add_argument("--per-doc", type=int, default=50_000)
+    ap.add_argument("--bot-probe", action="store_true", help="serve bots at 50 requests/s while ingesting")
     args = ap.parse_args()
     total = args.docs * args.per_doc
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
@@ -150,17 +189,31 @@ def main() -> None:
             assert run_tuned(paths) == total
             tuned = min(tuned, time.perf_counter() - t)
         data_dir = root_dir / "data"
+        stop = threading.Event()  # the bot probe's
         try:
             base = up(data_dir, deploy.free_port())
+            probe_idle = probe_walk = None
+            if args.bot_probe:
+                from bench_serving import page_html, produce_page
+
+                hit = produce_page(base, page_html()[1])
+                probe_idle = bot_probe(hit, stop, seconds=10)
+                pool = ThreadPoolExecutor(1)
+                probing = pool.submit(bot_probe, hit, stop)
             extra = {"http.server": server.pid, "bench": os.getpid()}
             before = processes(data_dir, extra)
             t0 = int(time.time() * 1000)
             with httpx.Client() as client:  # one client: a new one per poll costs an SSL context
                 first = walk(client, base, f"{base_site}/index.xml", total)
+                if args.bot_probe:
+                    stop.set()
+                    probe_walk = probing.result(timeout=30)
+                    pool.shutdown()
                 during = processes(data_dir, extra)
                 second = walk(client, base, f"{base_site}/index.xml", total)
             after = processes(data_dir, extra)
         finally:
+            stop.set()
             down(data_dir)
             server.terminate()
         hist = first_render_histogram(data_dir, t0)
@@ -187,6 +240,10 @@ def main() -> None:
     cpu2 = sum(after[n]["cpu"] - during.get(n, {"cpu": 0})["cpu"] for n in after)
     print(f"  {'all processes':<32} {'':>9}  {cpu1 * 1e6 / total:6.1f} us/URL  "
           f"{cpu2 * 1e6 / total:6.1f} us/URL  (first walk on 2 idle cores: {2 * total / cpu1:,.0f} URLs/s)")
+    if probe_idle and probe_walk:
+        print("bot cache hits, one connection at 50 requests/s (this run's ingest figures include them):")
+        print(f"  idle node                        {latency_line(probe_idle)}")
+        print(f"  during the first walk            {latency_line(probe_walk)}")
     print("first render times, as a share of each row's cadence (rows per tenth), per cadence:")
     print("  cadence   " + "".join(f"{b / 10:>8.1f}" for b in range(10)))
     for cadence in sorted(hist):
