@@ -169,7 +169,7 @@ def stop_local_ray(record: Record, grace_s: float = 20.0) -> None:
     while time.monotonic() < deadline and _alive(record.ray_pid):
         time.sleep(0.2)
     _kill_group(record.ray_pid)
-    killed = sorted(set(_strays(record.temp_dir)) | set(_ray_workers(record)))
+    killed = _strays(record.temp_dir, workers_of=record)
     for pid in killed:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -204,27 +204,13 @@ def _reap(pid: int) -> None:
         pass
 
 
-def _ray_workers(record: Record) -> list[int]:
-    """The Ray workers (actors rename their command line to ``ray::<Class>``) that carry this
-    deployment's token: the only mark every one of them has (the temp dir is gone from the renamed
-    command line, and the data dir is only their working directory)."""
+def _token_mark(record: Record) -> bytes | None:
+    """How this deployment's token appears in its Ray processes' environment."""
     try:
         token = Path(record.token_file).read_bytes().strip() if record.token_file else b""
     except OSError:
-        return []
-    if not token:
-        return []
-    mark = b"RAY_AUTH_TOKEN=" + token + b"\0"
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if (proc / "cmdline").read_bytes().startswith(b"ray::") and mark in (proc / "environ").read_bytes():
-                found.append(int(proc.name))
-        except OSError:
-            continue
-    return found
+        return None
+    return b"RAY_AUTH_TOKEN=" + token + b"\0" if token else None
 
 
 def _kill_group(pid: int) -> None:
@@ -234,11 +220,15 @@ def _kill_group(pid: int) -> None:
         pass
 
 
-def _strays(*marks: str | None) -> list[int]:
+def _strays(*marks: str | None, workers_of: Record | None = None) -> list[int]:
     """Processes that mention one of ``marks`` (this deployment's Ray temp dir or data dir) in their
-    command line or environment: Ray workers leave the supervisor's process group."""
+    command line or environment: Ray workers leave the supervisor's process group. With
+    ``workers_of``, also the Ray workers carrying that deployment's token: an actor renames its
+    command line to ``ray::<Class>`` and only works in the data dir, so the token is the one mark
+    every worker has."""
     needles = [m.encode() for m in marks if m]
-    if not needles:
+    token = _token_mark(workers_of) if workers_of else None
+    if not needles and token is None:
         return []
     found = []
     for proc in Path("/proc").iterdir():
@@ -249,14 +239,15 @@ def _strays(*marks: str | None) -> list[int]:
             environ = (proc / "environ").read_bytes()
         except OSError:
             continue
-        if any(n in cmd or n in environ for n in needles):
+        if any(n in cmd or n in environ for n in needles) or (
+                token is not None and cmd.startswith(b"ray::") and token in environ):
             found.append(int(proc.name))
     return [p for p in found if p != os.getpid()]
 
 
 def our_processes(record: Record, data_dir: Path | None = None) -> list[int]:
-    pids = set(_strays(record.temp_dir, str(data_dir) if data_dir else None)) | set(_ray_workers(record))
-    if record.ray_pid and _alive(record.ray_pid):
+    pids = set(_strays(record.temp_dir, str(data_dir) if data_dir else None, workers_of=record))
+    if local_ray_alive(record):
         pids.add(record.ray_pid)
     return sorted(pids)
 

@@ -94,7 +94,7 @@ def walk(client: httpx.Client, base: str, root: str, total: int) -> dict:
 def bot_probe(url: str, stop: threading.Event, seconds: float = 3600.0, rate: float = 50.0) -> list[float]:
     """A crawler's steady light load on one connection: latencies (ms) of cache hits of ``url``,
     ``rate`` a second, until ``stop`` is set or ``seconds`` have passed."""
-    from bench_serving import ACCEPT, UA
+    from bench_serving import ACCEPT, ETAG, UA
 
     latencies: list[float] = []
     headers = {"user-agent": UA, "accept-encoding": ACCEPT}
@@ -105,7 +105,7 @@ def bot_probe(url: str, stop: threading.Event, seconds: float = 3600.0, rate: fl
             t = time.perf_counter()
             r = client.get(url)
             latencies.append((time.perf_counter() - t) * 1000)
-            if r.status_code != 200 or r.headers.get("x-harper-cache", "hit") != "hit":
+            if r.status_code != 200 or r.headers.get("etag") != ETAG:  # the stored page, not a fresh render
                 raise RuntimeError(f"the probe's page was not a cache hit: {r.status_code} {r.headers}")
             due += 1 / rate
             stop.wait(max(0.0, due - time.monotonic()))
@@ -113,13 +113,10 @@ def bot_probe(url: str, stop: threading.Event, seconds: float = 3600.0, rate: fl
 
 
 def latency_line(latencies: list[float]) -> str:
-    xs = sorted(latencies)
+    from bench_keeper import pct
 
-    def q(p: float) -> float:
-        return xs[min(len(xs) - 1, int(p * len(xs)))]
-
-    return (f"p50 {q(0.5):5.2f} ms  p95 {q(0.95):5.2f} ms  p99 {q(0.99):6.2f} ms  max {xs[-1]:6.2f} ms"
-            f"  ({len(xs):,} requests)")
+    return (f"p50 {pct(latencies, 0.5):5.2f} ms  p95 {pct(latencies, 0.95):5.2f} ms  "
+            f"p99 {pct(latencies, 0.99):6.2f} ms  max {max(latencies):6.2f} ms  ({len(latencies):,} requests)")
 
 
 def processes(data_dir: Path, extra: dict[str, int]) -> dict[str, dict]:

@@ -221,16 +221,18 @@ def walk(base: str, url: str | None = None, **body: object) -> list[dict]:
     return r.json()
 
 
-def progress(base: str, root: str) -> dict | None:
-    r = httpx.get(f"{base}/sitemap_refresh", params={"root": root}, timeout=10)
+def _found(base: str, path: str, **params: str) -> dict | None:
+    r = httpx.get(f"{base}{path}", params=params, timeout=10)
     return None if r.status_code == 404 else r.json()
+
+
+def progress(base: str, root: str) -> dict | None:
+    return _found(base, "/sitemap_refresh", root=root)
 
 
 def target(base: str, url: str) -> dict | None:
-    r = httpx.get(f"{base}/render_targets", params={"url": url}, timeout=10)
-    return None if r.status_code == 404 else r.json()
+    return _found(base, "/render_targets", url=url)
 
 
 def sitemap_row(base: str, url: str) -> dict | None:
-    r = httpx.get(f"{base}/sitemaps", params={"url": url}, timeout=10)
-    return None if r.status_code == 404 else r.json()
+    return _found(base, "/sitemaps", url=url)
