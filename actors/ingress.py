@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import fcntl
+import json
 import os
 import socket
 import time
+from pathlib import Path
 
 import ray
 import uvicorn
@@ -19,11 +22,12 @@ from prerender_ray.api.app import create_asgi
 from prerender_ray.api.bot import apply_overrides, close_serving, open_serving
 from prerender_ray.api.context import NodeContext
 
-from prerender_ray import logs
+from prerender_ray import logs, metrics
 from prerender_ray.config import Config
 from prerender_ray.configfile import findings
 from prerender_ray.nodes import NodeInfo
 from prerender_ray.routes import compile_routes
+from prerender_ray.stores import node_dir
 
 from .common import follow_overrides, read_overrides, untraced
 
@@ -46,6 +50,37 @@ def bind_socket(host: str, port: int, *, probe: bool) -> socket.socket:
     sock.listen(2048)
     sock.setblocking(False)
     return sock
+
+
+def bind_shared(host: str, port: int, *, lock_dir: Path, group: str) -> socket.socket:
+    """Bind the port for one of a node's sibling replicas. The first sibling to bind probes that the
+    port is free; later ones must not probe (the probe has no SO_REUSEPORT, so it collides with a
+    sibling already listening: the false "already in use" of about one start in three). A lock file
+    serializes the siblings and a record names who of ``group`` (this deployment on this node) holds
+    the port, so a replica of an older deployment that is still exiting is probed against, not joined."""
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    record = lock_dir / f"ingress-{port}.json"
+    with open(lock_dir / f"ingress-{port}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # held for a bind: microseconds
+        try:
+            held = json.loads(record.read_text())
+        except (OSError, ValueError):
+            held = {}
+        pids = [p for p in held.get("pids", []) if isinstance(p, int) and _alive(p)] \
+            if held.get("group") == group else []
+        sock = bind_socket(host, port, probe=not pids)
+        record.write_text(json.dumps({"group": group, "pids": pids + [os.getpid()]}))
+        return sock
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def describe_bind_error(e: OSError, host: str, port: int) -> str:
@@ -78,12 +113,14 @@ class IngressReplica:
         open_serving(self.ctx)
         self.server: uvicorn.Server | None = None
         self.task: asyncio.Task | None = None
-        # Only the first replica's first start probes; its siblings and its restarts share the port.
-        probe = index == 0 and not ray.get_runtime_context().was_current_actor_reconstructed
+        # The first sibling to bind probes; the others and restarts share the port. The group is
+        # this deployment's epoch on this node (the metrics dir names both).
+        group = os.environ.get(metrics.ENV, "") or f"{info.name}:{os.getppid()}"
         sock = None
         for attempt in range(PROBE_ATTEMPTS):  # a previous deployment's replica may still be exiting
             try:
-                sock = bind_socket(cfg.server.host, info.port, probe=probe)
+                sock = bind_shared(cfg.server.host, info.port, lock_dir=node_dir(data_dir, info.name),
+                                   group=group)
                 break
             except OSError as e:
                 if e.errno != errno.EADDRINUSE or attempt == PROBE_ATTEMPTS - 1:
