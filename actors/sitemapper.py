@@ -20,6 +20,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 import ray
 
 from prerender_ray import logs, metrics
@@ -43,7 +44,9 @@ from prerender_ray.sitemap_rules import (
     daily_refresh_key,
     describe_error,
     next_daily_refresh,
+    still_listed,
 )
+from prerender_ray.sitemaps import SitemapEntry
 from prerender_ray.targets import Rules
 from prerender_ray.timeutil import now_ms
 
@@ -422,33 +425,65 @@ class SitemapWalker:
             if run is not None and run.task is not None:
                 run.cancel_reason = f"sitemap {url} was deleted"
                 run.task.cancel()
+        kept = await self._listed_elsewhere(order, rows)
         targets = 0
         for s in order:
-            targets += await self._delete_targets_of(s)
+            targets += await self._delete_targets_of(s, kept)
         ops: list[tuple[bytes, bytes | None]] = []
         for s in order:
             chunks = rows[s].get("chunks") if isinstance(rows[s].get("chunks"), int) else 0
             ops += [(entries_key(s, i), None) for i in range(chunks)]
             ops.append((sitemap_key(s), None))
         await call(self.store.apply.remote(ops), STORE_DEADLINE_S)
-        self.log.info("sitemap deleted", url=url, sitemaps=len(order), targets=targets)
-        return {"url": url, "deleted": True, "sitemaps": order, "targets": targets}
+        self.log.info("sitemap deleted", url=url, sitemaps=len(order), targets=targets,
+                      reattributed=len(kept))
+        return {"url": url, "deleted": True, "sitemaps": order, "targets": targets,
+                "reattributed": len(kept)}
 
-    async def _delete_targets_of(self, sitemap: str) -> int:
-        """Every target attributed to ``sitemap``, in batches until its index is empty."""
+    async def _listed_elsewhere(self, order: list[str], rows: dict[str, dict]) -> dict[str, str]:
+        """Targets of the sitemaps being deleted that a remaining sitemap still lists, with that
+        sitemap: they are re-attributed, not deleted (the same file under two root names)."""
+        gone = set(order)
+        remaining = sorted(u for u, row in rows.items() if u not in gone and not row.get("isIndex")
+                           and isinstance(row.get("chunks"), int) and row["chunks"] > 0)
+        if not remaining:
+            return {}
+        candidates: set[str] = set()
+        for s in order:
+            urls, _ = await call(self.store.urls_of_sitemap.remote(s, 1 << 30), STORE_DEADLINE_S)
+            candidates.update(urls)
+        kept: dict[str, str] = {}
+        classify, canonicalize = self.fetcher.classify, self.fetcher.canonicalize
+        for s in remaining:
+            keys = [entries_key(s, i) for i in range(rows[s]["chunks"])]
+            for i in range(0, len(keys), 16):  # a chunk holds ENTRY_CHUNK entries: bounded reads
+                for raw in await call(self.store.get.remote(keys[i:i + 16]), STORE_DEADLINE_S):
+                    if raw:
+                        entries = [SitemapEntry(*(list(r) + [None] * 4)[:4]) for r in orjson.loads(raw)
+                                   if isinstance(r, list)]
+                        still_listed(candidates, s, entries, classify, canonicalize, kept)
+        return kept
+
+    async def _delete_targets_of(self, sitemap: str, kept: dict[str, str]) -> int:
+        """Every target attributed to ``sitemap``, in batches until its index is empty; one that
+        ``kept`` names is re-attributed to the sitemap that still lists it."""
         deleted, last_total = 0, None
         while True:
             urls, total = await call(self.store.urls_of_sitemap.remote(sitemap, BATCH * 5), STORE_DEADLINE_S)
             if not urls or total == last_total:  # nothing left, or nothing could be deleted
                 return deleted
             last_total = total
-            by_owner: dict[Any, list[str]] = {}
+            by_owner: dict[Any, tuple[list[str], list[list]]] = {}
             for u in urls:
-                by_owner.setdefault(self._keeper_of(u), []).append(u)
-            refs = [k.delete_targets.remote(group[i:i + BATCH]) for k, group in by_owner.items()
-                    for i in range(0, len(group), BATCH)]
+                drop, move = by_owner.setdefault(self._keeper_of(u), ([], []))
+                (move.append([u, {"sitemap_url": kept[u]}]) if u in kept else drop.append(u))
+            refs = [k.delete_targets.remote(drop[i:i + BATCH]) for k, (drop, _) in by_owner.items()
+                    for i in range(0, len(drop), BATCH)]
+            moves = [k.patch_targets.remote(move[i:i + BATCH]) for k, (_, move) in by_owner.items()
+                     for i in range(0, len(move), BATCH)]
             for answer in await asyncio.gather(*(call(r, WRITE_DEADLINE_S) for r in refs)):
                 deleted += answer.get("deleted", 0)
+            await asyncio.gather(*(call(r, WRITE_DEADLINE_S) for r in moves))
 
     # ---------------------------------------------------------------------------------- status
 

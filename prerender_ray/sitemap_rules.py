@@ -309,6 +309,15 @@ def plan_batch(
     return plan
 
 
+def still_listed(candidates: set[str], listing: str, entries: Iterable[SitemapEntry],
+                 classify: Classify, canonicalize: Canonicalize, into: dict[str, str]) -> None:
+    """Record in ``into`` which of ``candidates`` (targets of a sitemap being deleted) the remaining
+    sitemap ``listing`` still lists, keyed as a walk would; the first listing found keeps a URL."""
+    for url in partition_entries(entries, classify, canonicalize).incoming:
+        if url in candidates and url not in into:
+            into[url] = listing
+
+
 class PruneAction(StrEnum):
     KEEP = "keep"  # still listed: becomes a known key
     DEFER = "defer"  # gone, but no longer a prerender route: left attributed for the repair sweep

@@ -300,6 +300,28 @@ def test_delete_cascades_to_descendants_targets_schedule_rows_and_pages(node, si
     assert httpx.delete(f"{node.url}/sitemaps", params={"url": root}).status_code == 404
 
 
+def test_delete_keeps_the_pages_another_sitemap_still_lists(node, site) -> None:
+    """The same file under a second root name, then that root deleted: the first root still lists
+    every page, so they stay (re-attributed to it), and only what no remaining sitemap lists goes."""
+    first, second = u(site, "/twice/a.xml"), u(site, "/twice/b.xml")
+    pages = [f"https://shop.test/twice/{n}" for n in range(5)]
+    site.put("/twice/a.xml", urlset(*pages))
+    site.put("/twice/b.xml", urlset(*pages, "https://shop.test/twice/only-b"))
+    walk(node.url, first)
+    walk(node.url, second)  # reattaches the five to the second root
+    assert target(node.url, pages[0])["sitemapUrl"] == second
+
+    r = httpx.delete(f"{node.url}/sitemaps", params={"url": second}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["targets"] == 1 and r.json()["reattributed"] == 5
+    for page in pages:
+        assert target(node.url, page)["sitemapUrl"] == first
+        assert schedule(node.url, f"{page}|desktop") is not None
+    assert target(node.url, "https://shop.test/twice/only-b") is None
+    [again] = walk(node.url, first)  # the first root's walk finds its pages where it left them
+    assert again["skipped"] == 5 and again["created"] == 0
+
+
 # --------------------------------------------------------------------------------- odds and ends
 
 
