@@ -143,6 +143,11 @@ class QueueClient:
             )
             return ClaimResult("unavailable", status=resp.status_code)
         self.health.open_circuit(host, now_ms())
+        if resp.status_code in (401, 403):  # nothing will render until an operator acts: say so loudly
+            log.error("claim refused: the node did not accept this worker's credentials", host=host,
+                      status=resp.status_code, hint="give the worker a user with the fleet role "
+                      "(--user and --password-env)", body=resp.text[:300])
+            return ClaimResult("error", status=resp.status_code, detail=resp.text[:300])
         log.warning("claim refused", host=host, status=resp.status_code, body=resp.text[:300])
         return ClaimResult("error", status=resp.status_code, detail=resp.text[:300])
 

@@ -45,9 +45,36 @@ def worker_command(cfg: Any, queue_url: str, chromium: str) -> tuple[list[str], 
     return cmd, env
 
 
+def credentials_problem(cfg: Any, env: dict[str, str]) -> str | None:
+    """Why a worker started with ``env`` could not claim from a node configured by ``cfg``, or None.
+    With ``auth.users`` set every claim needs a user with the fleet (or admin) role: without one the
+    worker would get 401 in a loop and render nothing."""
+    users = cfg.auth.users
+    if not users:
+        return None  # loopback without users: the node trusts its own machine
+    name = env.get("PRERENDER_WORKER_USER", "")
+    fleet = [u.name for u in users if {"fleet", "admin"} & set(u.roles)]
+    hint = f" (users with the fleet role: {', '.join(fleet)})" if fleet else " (no user has the fleet role)"
+    if not name:
+        return ("auth.users is set, so the render queue needs credentials: set PRERENDER_WORKER_USER and "
+                "PRERENDER_WORKER_PASSWORD to a user with the fleet role" + hint)
+    user = next((u for u in users if u.name == name), None)
+    if user is None:
+        return f"PRERENDER_WORKER_USER={name!r} is not one of auth.users" + hint
+    if not {"fleet", "admin"} & set(user.roles):
+        return f"user {name!r} has roles {user.roles}, not fleet" + hint
+    if not env.get("PRERENDER_WORKER_PASSWORD"):
+        return f"PRERENDER_WORKER_PASSWORD is not set (the password of {name!r})"
+    return None
+
+
 def start_worker(cfg: Any, queue_url: str) -> subprocess.Popen | None:
     """Start the worker (in its own session, so a terminal's Ctrl-C reaches it once, through us);
-    None with a message when no Chromium is installed."""
+    None with a message when no Chromium is installed or the worker could not claim."""
+    problem = credentials_problem(cfg, dict(os.environ))
+    if problem is not None:
+        print(f"prerender-ray: {problem}; starting without a render worker", file=sys.stderr, flush=True)
+        return None
     chromium = find_chromium()
     if chromium is None:
         print(

@@ -237,6 +237,28 @@ def test_a_foreground_up_steps_aside_when_down_runs_in_another_shell(tmp_path: P
     assert_nothing_left(record, data, port)
 
 
+def test_with_worker_and_users_but_no_worker_credentials_says_so_at_start(tmp_path: Path) -> None:
+    # Before: the worker started anyway and got 401 in a loop, nothing rendered, nothing said.
+    if find_chromium() is None:
+        pytest.skip("no Chromium: the render worker would not start")
+    data, port = tmp_path / "data", free_port()
+    config = tmp_path / "prerender.yaml"
+    config.write_text(yaml.safe_dump({"auth": {"users": [
+        {"name": "ops", "passwordHash": "pbkdf2_sha256$200000$oSXPlig4O7W6u8gE2junEA==$"
+                                        "77yTRtxp3UYqKV3G7Xq0bvHt8ch4FjxayXwMPXdFzXM=", "roles": ["admin"]}]}}))
+    env_user = os.environ.pop("PRERENDER_WORKER_USER", None)
+    try:
+        with foreground_up(data, port, "--with-worker", "--config", str(config),
+                           until="starting without a render worker") as (proc, record, out):
+            assert "PRERENDER_WORKER_USER" in out and "render worker: pid" not in out
+            assert run("down", "--data-dir", str(data)).returncode == 0
+            finish(proc, timeout=60)
+    finally:
+        if env_user is not None:
+            os.environ["PRERENDER_WORKER_USER"] = env_user
+    assert_nothing_left(record, data, port)
+
+
 def test_a_foreground_up_cleans_up_and_fails_when_its_local_ray_dies(tmp_path: Path) -> None:
     data, port = tmp_path / "data", free_port()
     with foreground_up(data, port) as (proc, record, _):
