@@ -15,7 +15,7 @@ from typing import NoReturn
 
 import yaml
 
-from prerender_ray import configfile
+from prerender_ray import configfile, logs
 from prerender_ray.config import Config
 from prerender_ray.stores import StoreError, check_writable
 
@@ -90,7 +90,9 @@ def cmd_up(args: argparse.Namespace) -> int:
             record = deploy.Record(address=args.address, owns_ray=False, epoch=epoch, started_at=time.time())
         record.write(data_dir)
         deploy.apply_env(record)
-        deploy.connect(record.address, log_to_driver=not args.detach)
+        if not args.detach:
+            _print_logs(data_dir)
+        deploy.connect(record.address)
         controller = deploy.place_controller(data, data_dir, epoch)
         placed = True
         status = deploy.wait_ready(controller, args.timeout)
@@ -100,6 +102,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         return EXIT_FAIL
     for node in status["nodes"]:
         print(f"{node['name']}: {node['url']}  (bots: {node['url']}{cfg.ingress.bot_path_prefix}<url>)")
+    print(f"console: {status['nodes'][0]['url']}/prerender_admin/  logs: {data_dir}/nodes/*/logs/ "
+          f"(`prerender-ray logs --data-dir {data_dir}`)", flush=True)
     print("ready", flush=True)
     if args.detach:
         if args.with_worker:
@@ -281,6 +285,40 @@ def _prompt() -> str:
     return getpass.getpass("password: ")
 
 
+def _print_logs(data_dir: Path) -> None:
+    """The foreground `up` prints every process's lines of this run as they are written: JSON lines
+    when stdout is not a terminal, a compact rendering on one."""
+    tty = sys.stdout.isatty()
+
+    def pump() -> None:
+        for line in logs.follow(lambda: logs.log_files(data_dir)):
+            print(logs.pretty(line) if tty else line, flush=True)
+
+    threading.Thread(target=pump, name="logs", daemon=True).start()
+
+
+# ------------------------------------------------------------------------------------------ logs
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    data_dir = _data_dir(args.data_dir)
+    files = logs.log_files(data_dir, args.node)
+    if not files and not args.follow:
+        _err(f"no logs under {data_dir} (nodes/*/logs/, logs/)" + (f" for node {args.node}" if args.node else ""))
+        return EXIT_FAIL
+    tty = sys.stdout.isatty()
+    show = logs.pretty if tty and not args.json else (lambda line: line)
+    try:
+        for line in logs.read_lines(files, args.lines):
+            print(show(line), flush=True)
+        if args.follow:
+            for line in logs.follow(lambda: logs.log_files(data_dir, args.node)):
+                print(show(line), flush=True)
+    except BrokenPipeError:
+        pass
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------------------------------- render
 
 
@@ -319,6 +357,14 @@ def build_parser() -> argparse.ArgumentParser:
     dn = sub.add_parser("down", help="stop everything `up` started")
     where(dn)
     dn.set_defaults(func=cmd_down)
+
+    lg = sub.add_parser("logs", help="every process's log lines (JSON lines), merged in time order")
+    lg.add_argument("--data-dir", help="deployment data directory (default ./data)")
+    lg.add_argument("--node", help="one node's lines only (`controller` for the controller's)")
+    lg.add_argument("--follow", "-f", action="store_true", help="keep printing new lines")
+    lg.add_argument("--lines", "-n", type=int, help="only the last N lines")
+    lg.add_argument("--json", action="store_true", help="JSON lines even on a terminal")
+    lg.set_defaults(func=cmd_logs)
 
     cfg = sub.add_parser("config", help="validate or print configuration")
     csub = cfg.add_subparsers(dest="config_cmd", required=True)

@@ -12,7 +12,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from prerender_ray import metrics
+from prerender_ray import logs, metrics
 from prerender_ray.nodes import NAMESPACE, actor_name
 from prerender_ray.stores import node_dir
 
@@ -29,6 +29,7 @@ def placement(node_id: str, name: str, *, data_dir: str, node: str, epoch: str,
     env = {
         metrics.ENV: str(node_dir(data_dir, node) / "metrics" / epoch),
         "PRERENDER_NODE": node,
+        logs.LOG_DIR_ENV: str(node_dir(data_dir, node) / "logs"),
     }
     return dict(
         name=name,

@@ -137,13 +137,15 @@ class Controller:
             calls.append(p.keeper.set_membership.remote([n["name"] for n in nodes]))
             calls.append(p.store.set_membership.remote([n["name"] for n in nodes]))
             calls.append(p.sitemapper.set_membership.remote([n["name"] for n in nodes]))
-            starting = time.time() - p.placed_at < STARTUP_GRACE_S
+            if time.time() - p.placed_at < STARTUP_GRACE_S:
+                # Actors still in __init__ (the keeper loads its rows) run these calls when they are
+                # up: Ray queues them. Waiting here only timed out and logged a failure every start.
+                continue
             for ref in calls:
                 try:
                     await call(ref, STATUS_DEADLINE_S)
-                except Exception as e:  # retried every ~20 s; actors still starting are expected to lag
-                    (self.log.info if starting else self.log.warning)(
-                        "membership push failed", node=p.info.name, error=repr(e), starting=starting)
+                except Exception as e:  # retried every ~20 s
+                    self.log.warning("membership push failed", node=p.info.name, error=repr(e))
 
     # -------------------------------------------------------------------------------------- status
 

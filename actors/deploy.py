@@ -289,8 +289,12 @@ def place_controller(config: dict, data_dir: Path, epoch: str) -> Any:
 
     if find_controller() is not None:
         raise DeployError("prerender-ray is already running on this cluster; run `prerender-ray down` first")
+    from prerender_ray.logs import LOG_DIR_ENV
+
     return Controller.options(name=CONTROLLER, namespace=NAMESPACE, lifetime="detached", num_cpus=0,
-                              max_restarts=-1, max_concurrency=100).remote(config, str(data_dir), epoch)
+                              max_restarts=-1, max_concurrency=100,
+                              runtime_env={"env_vars": {LOG_DIR_ENV: str(Path(data_dir) / "logs")}},
+                              ).remote(config, str(data_dir), epoch)
 
 
 def controller_status(controller: Any, timeout: float = 45.0) -> dict:
@@ -300,6 +304,8 @@ def controller_status(controller: Any, timeout: float = 45.0) -> dict:
         return ray.get(controller.status.remote(), timeout=timeout)
     except ray.exceptions.GetTimeoutError:
         raise DeployError(f"the controller did not answer within {timeout:g}s") from None
+    except ray.exceptions.RayActorError:
+        raise DeployError("the controller is gone (stopped by `prerender-ray down`?)") from None
 
 
 def wait_ready(controller: Any, deadline_s: float, *, expect_nodes: int = 1) -> dict:

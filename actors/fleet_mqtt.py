@@ -37,6 +37,7 @@ class StatusBroadcaster:
             self.client.ws_set_options(path=url.path or "/mqtt")
         if cfg.username:
             self.client.username_pw_set(cfg.username, password)
+        self._closing = False
         self.client.on_connect = self._on_connect
         self.client.on_disconnect = self._on_disconnect
         self.client.reconnect_delay_set(1, 30)
@@ -54,7 +55,9 @@ class StatusBroadcaster:
             client.publish(self.topic, current, qos=1, retain=True)
 
     def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason: Any, properties: Any = None) -> None:
-        self.log.warning("mqtt disconnected", reason=str(reason))
+        # Our own disconnect (on close) is routine; a broker that went away is worth a warning.
+        routine = self._closing or not getattr(reason, "is_failure", True)
+        (self.log.info if routine else self.log.warning)("mqtt disconnected", reason=str(reason))
 
     def publish(self, status: str, updated_ms: int) -> None:
         payload = json.dumps({"hostname": self.host, "status": status, "updatedTime": updated_ms}).encode()
@@ -64,6 +67,7 @@ class StatusBroadcaster:
             self.client.publish(self.topic, payload, qos=1, retain=True)
 
     def close(self) -> None:
+        self._closing = True
         try:
             self.client.disconnect()
         finally:

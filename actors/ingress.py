@@ -108,6 +108,8 @@ class IngressReplica:
         self.ctx = NodeContext(cfg=cfg, node=info, data_dir=data_dir, keeper=keeper, leases=leases,
                                store=store, replica=index,
                                findings=_findings(cfg))
+        # What start-up printed as config warnings, as a gauge an operator can alert on.
+        metrics.config_warnings.set(sum(1 for f in self.ctx.findings if f.severity == "warn"))
         self.app = create_asgi(self.ctx)  # the bot path in front of the FastAPI routers
         # The bot path's page reader (a RocksDB secondary, caught up on a timer) and origin client.
         open_serving(self.ctx)

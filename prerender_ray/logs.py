@@ -1,42 +1,202 @@
-"""One logging set-up for every process: structlog, JSON lines when not on a TTY, the node name bound
-into every line."""
+"""One logging set-up for every process: structlog, JSON lines when not on a TTY, the node name and
+process in every line.
+
+A process placed on a node (``PRERENDER_LOG_DIR`` set by its placement) writes its lines, always as
+JSON, to ``<dir>/<process>.log`` instead of stdout: Ray's own log capture would prefix them and add
+colour codes, and its files live in a temp dir nobody can name. `prerender-ray up` prints those
+files as they grow and `prerender-ray logs` reads them (``read_lines`` and ``follow`` below).
+"""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import sys
-from typing import Any
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TextIO
 
 import structlog
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+LOG_DIR_ENV = "PRERENDER_LOG_DIR"
+MAX_FILE_BYTES = 20 * 1024 * 1024  # then the file is rotated to <name>.log.1 (one generation kept)
+
+
+class _RotatingFile:
+    """A line sink that rotates itself at ``MAX_FILE_BYTES``; ``print`` writes and flushes it."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115 (held for the process's life)
+        self._size = self._f.tell()
+
+    def write(self, s: str) -> int:
+        if self._size + len(s) > MAX_FILE_BYTES and self._size:
+            self._f.close()
+            os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+            self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+            self._size = 0
+        self._size += len(s)
+        return self._f.write(s)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+
+class _JsonRecords(logging.Formatter):
+    """Library records (uvicorn, Ray's Python side) as the same JSON objects as ours."""
+
+    def __init__(self, static: dict[str, str]):
+        super().__init__()
+        self.static = static
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {"event": record.getMessage(), "logger": record.name,
+                                "level": record.levelname.lower(), **self.static,
+                                "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+                                + f".{int(record.msecs * 1000):06d}Z"}
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str)
+
+
+_sink: Any = None
 
 
 def setup(node: str = "", *, level: str = "info", json_lines: str = "auto", process: str = "") -> None:
     """Configure structlog (and stdlib logging, for libraries) for this process."""
-    as_json = json_lines == "always" or (json_lines == "auto" and not sys.stdout.isatty())
+    global _sink
+    log_dir = os.environ.get(LOG_DIR_ENV)
+    if log_dir and process:
+        if _sink is None or _sink.path != Path(log_dir) / f"{process}.log":
+            _sink = _RotatingFile(Path(log_dir) / f"{process}.log")
+        out: TextIO = _sink
+    else:
+        out = sys.stdout
+    as_json = out is not sys.stdout or json_lines == "always" or (json_lines == "auto" and not out.isatty())
     renderer: Any = structlog.processors.JSONRenderer() if as_json else structlog.dev.ConsoleRenderer()
+    static = {k: v for k, v in (("node", node), ("process", process)) if v}
+
+    def add_static(_: Any, __: str, event: dict) -> dict:
+        # Not contextvars: an async actor's methods run in tasks whose context is not __init__'s.
+        for k, v in static.items():
+            event.setdefault(k, v)
+        return event
+
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
+            add_static,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS.get(level, logging.INFO)),
-        logger_factory=structlog.PrintLoggerFactory(sys.stdout),
+        logger_factory=structlog.PrintLoggerFactory(out),
         cache_logger_on_first_use=False,
     )
     structlog.contextvars.clear_contextvars()
-    bound = {"node": node} if node else {}
-    if process:
-        bound["process"] = process
-    structlog.contextvars.bind_contextvars(**bound)
-    logging.basicConfig(level=_LEVELS.get(level, logging.INFO), stream=sys.stdout, format="%(message)s")
+    root = logging.getLogger()
+    root.setLevel(_LEVELS.get(level, logging.INFO))
+    if out is not sys.stdout:
+        for h in list(root.handlers):
+            root.removeHandler(h)
+        handler = logging.StreamHandler(out)
+        handler.setFormatter(_JsonRecords(static))
+        root.addHandler(handler)
+    else:
+        logging.basicConfig(level=_LEVELS.get(level, logging.INFO), stream=sys.stdout, format="%(message)s")
     for noisy in ("httpx", "httpcore", "uvicorn.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def get(name: str | None = None) -> Any:
     return structlog.get_logger(name) if name else structlog.get_logger()
+
+
+# ------------------------------------------------------------------------------------ reading
+
+
+def log_files(data_dir: Path, node: str | None = None) -> list[Path]:
+    """Every process's current log file under a data dir (``nodes/<node>/logs/*.log`` and the
+    controller's ``logs/controller.log``), optionally one node's only."""
+    files = sorted((data_dir / "nodes").glob(f"{node or '*'}/logs/*.log"))
+    if node is None or node == "controller":
+        files += sorted((data_dir / "logs").glob("*.log"))
+    return files
+
+
+def _stamp(line: str) -> str:
+    try:
+        return str(json.loads(line).get("timestamp", ""))
+    except (ValueError, AttributeError):
+        return ""
+
+
+def read_lines(files: list[Path], last: int | None = None) -> list[str]:
+    """The lines of ``files`` (with their rotated generation), merged in time order."""
+    lines: list[tuple[str, str]] = []
+    for f in files:
+        for path in (f.with_name(f.name + ".1"), f):
+            try:
+                text = path.read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                continue
+            lines += [(_stamp(line), line) for line in text.splitlines() if line.strip()]
+    lines.sort(key=lambda p: p[0])  # stable: a file's own order is kept for equal stamps
+    out = [line for _, line in lines]
+    return out[-last:] if last else out
+
+
+def follow(find: Any, *, poll_s: float = 0.25, stop: Any = None, from_end: bool = True) -> Iterator[str]:
+    """New lines of the files ``find()`` names as they are written (new files are picked up, a rotated
+    one is reopened), until ``stop()`` is true."""
+    offsets: dict[Path, int] = {}
+    first = True
+    while stop is None or not stop():
+        for f in find():
+            try:
+                size = f.stat().st_size
+            except OSError:
+                continue
+            at = offsets.get(f)
+            if at is None:
+                at = size if (first and from_end) else 0
+            if size < at:  # rotated: the new file starts from 0
+                at = 0
+            if size > at:
+                with open(f, "rb") as fh:
+                    fh.seek(at)
+                    chunk = fh.read(size - at)
+                end = chunk.rfind(b"\n") + 1  # a partial last line waits for its newline
+                at += end
+                for line in chunk[:end].decode("utf-8", errors="replace").splitlines():
+                    if line.strip():
+                        yield line
+            offsets[f] = at
+        first = False
+        time.sleep(poll_s)
+
+
+def pretty(line: str) -> str:
+    """A JSON line for a terminal: time, level, node/process, event, then the other fields."""
+    try:
+        d = json.loads(line)
+    except ValueError:
+        return line
+    if not isinstance(d, dict):
+        return line
+    ts = str(d.pop("timestamp", ""))[11:23]
+    level = str(d.pop("level", "")).upper()
+    where = "/".join(str(d.pop(k)) for k in ("node", "process") if k in d)
+    event = d.pop("event", "")
+    rest = " ".join(f"{k}={v}" for k, v in d.items())
+    return f"{ts} {level:<7} {where:<18} {event} {rest}".rstrip()

@@ -259,6 +259,33 @@ def test_with_worker_and_users_but_no_worker_credentials_says_so_at_start(tmp_pa
     assert_nothing_left(record, data, port)
 
 
+def test_piped_output_is_json_lines_with_node_and_process_and_logs_reads_them(tmp_path: Path) -> None:
+    # Before: Ray's "(Controller pid=...)" prefixes and colour codes on every line, most keeper
+    # lines without a node, a "membership push failed" on every start, and no way to read the logs.
+    data, port = tmp_path / "data", free_port()
+    with foreground_up(data, port) as (proc, record, out):
+        shown = run("logs", "--data-dir", str(data))
+        keeper = run("logs", "--data-dir", str(data), "--node", _node_name(data))
+        assert run("down", "--data-dir", str(data)).returncode == 0
+        out += finish(proc, timeout=60)
+    assert "\x1b[" not in out and "pid=" not in out, out
+    assert "membership push failed" not in out, out
+    assert f"console: http://127.0.0.1:{port}/prerender_admin/" in out
+    ours = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert {"controller", "keeper", "store", "leases", "ingress-0"} <= {d["process"] for d in ours}
+    assert all(d.get("node") for d in ours), [d for d in ours if not d.get("node")]
+    assert shown.returncode == 0
+    lines = [json.loads(line) for line in shown.stdout.splitlines()]
+    assert any(d["event"] == "keeper live" for d in lines)
+    assert {d["process"] for d in (json.loads(x) for x in keeper.stdout.splitlines())} >= {"keeper", "store"}
+    assert "controller" not in {d["process"] for d in (json.loads(x) for x in keeper.stdout.splitlines())}
+
+
+def _node_name(data: Path) -> str:
+    [node] = [p.name for p in (data / "nodes").iterdir() if (p / "logs").is_dir()]
+    return node
+
+
 def test_a_foreground_up_cleans_up_and_fails_when_its_local_ray_dies(tmp_path: Path) -> None:
     data, port = tmp_path / "data", free_port()
     with foreground_up(data, port) as (proc, record, _):
