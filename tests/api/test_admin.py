@@ -597,7 +597,8 @@ def test_pages_are_browsed_with_signed_cursors_and_shown_as_text(node) -> None:
 def test_page_content_never_decodes_a_stored_page_past_the_cap(node) -> None:
     key = "https://shop.test/pages/bomb|desktop"
     now = int(time.time() * 1000)
-    page = Page(cache_key=key, status_code=200, headers={"content-type": "text/html", "content-encoding": "br"},
+    page = Page(cache_key=key, status_code=200,
+                headers={"content-type": "text/html", "content-encoding": "br"},
                 last_cached=now, expires_at=now + 3_600_000, content=brotli_bomb(64))  # 64 MiB of zeros
     ray.get(lookup("store", "node-a").apply.remote([], [(key.encode(), page.encode())]), timeout=30)
     r = call("GET", node.url, "page-content", params={"cacheKey": key}, who="watcher")

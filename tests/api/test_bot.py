@@ -162,7 +162,8 @@ def test_a_stored_bomb_is_never_decoded_for_a_bot(node, site) -> None:
     key = bot(node, url, headers=DEBUG).headers["x-harper-cache-key"]
     now = int(time.time() * 1000)
     bomb = brotli_bomb(64)
-    page = Page(cache_key=key, status_code=200, headers={"content-type": "text/html", "content-encoding": "br"},
+    page = Page(cache_key=key, status_code=200,
+                headers={"content-type": "text/html", "content-encoding": "br"},
                 last_cached=now, expires_at=now + 3_600_000, content=bomb)
     ray.get(lookup("store", "node-a").apply.remote([], [(key.encode(), page.encode())]), timeout=30)
     wait_for(lambda: cache_status(node, url, **{"accept-encoding": "br"}) == "hit", what="the stored page")
