@@ -258,7 +258,7 @@ async def page_content(request: Request, who: Principal = Depends(require("viewe
             return answer({"error": "No cached page under this key", "cacheKey": key}, 404)
         try:
             page = Page.decode(raw)
-            text = decode_body(page.content, page.content_encoding)
+            text = decode_body(page.content, page.content_encoding, ctx.cfg.server.max_html_bytes)
         except (PageDecodeError, EncodingError) as e:
             return answer({"error": f"the stored page cannot be decoded: {e}", "cacheKey": key}, 500)
     return Response(text, status_code=200, headers={

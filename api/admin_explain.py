@@ -86,12 +86,14 @@ async def fetch_schedule_from_peer(client: httpx.AsyncClient, peers: dict[str, N
     try:
         async with asyncio.timeout(timeout_s):
             async with client.stream("POST", url, json={"cacheKey": key},
-                                     headers={**credentials, "accept": "application/json"},
+                                     headers={**credentials, "accept": "application/json",
+                                              "accept-encoding": "identity"},
                                      timeout=timeout_s) as r:
                 if not 200 <= r.status_code < 300:
                     return {"error": f"peer responded {r.status_code}"}
                 raw = bytearray()
-                async for chunk in r.aiter_bytes():
+                # Raw bytes: httpx would inflate a coded answer a whole chunk at a time, uncapped.
+                async for chunk in r.aiter_raw():
                     raw += chunk
                     if len(raw) > PEER_ANSWER_MAX_BYTES:
                         return {"error": f"peer answered more than {PEER_ANSWER_MAX_BYTES} bytes"}

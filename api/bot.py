@@ -205,13 +205,13 @@ class Serving:
         prepared = page.variants.get(accept)
         if prepared is None:
             try:
-                prepared = prepare(meta, page.body, accept)
+                prepared = prepare(meta, page.body, accept, self.cfg.server.max_html_bytes)
             except EncodingError as e:
                 self.child(metrics.serve_errors, "page-encoding").inc()
                 self.warn_sometimes("page-encoding", "stored page cannot be re-coded; serving the origin",
                                     key=req.cache_key, error=str(e))
                 return None
-            page.add_variant(accept, prepared)
+            self.pages.decoded.add_variant(req.cache_key, page, accept, prepared)
         return prepared_reply(prepared, last_cached=meta.last_cached, now=now, request_headers=headers,
                               head=req.method == "HEAD", debug=self.debug(req, out) if debug else None)
 

@@ -190,7 +190,8 @@ class Flow:
                 answer.status, relay_headers(answer.status, answer.headers)):
             self.discover(req.url)
         return origin_reply(answer.status, answer.headers, answer.body, request_headers=headers,
-                            head=req.method == "HEAD", debug=self.s.debug(req, out) if debug else None)
+                            head=req.method == "HEAD", debug=self.s.debug(req, out) if debug else None,
+                            max_bytes=self.cfg.server.max_html_bytes)
 
     def _origin_failed(self, req: BotRequest, e: OriginError, debug: bool, out: Outcome) -> Reply:
         self.s.child(metrics.serve_errors, f"origin-{e.kind}").inc()
@@ -218,7 +219,8 @@ class Flow:
             return self._origin_failed(req, e, debug, out), out
         out.via_staging = answer.via_staging
         return origin_reply(answer.status, answer.headers, answer.body, request_headers=headers,
-                            conditional=False, debug=self.s.debug(req, out) if debug else None), out
+                            conditional=False, debug=self.s.debug(req, out) if debug else None,
+                            max_bytes=self.cfg.server.max_html_bytes), out
 
     # -------------------------------------------------------------------------------- discovery
 

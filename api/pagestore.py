@@ -50,11 +50,15 @@ class StoredPage:
         self.size = len(raw) or len(body)
         self.seen = -1  # the reader generation in which the record was last read
 
-    def add_variant(self, accept_encoding: str | None, prepared: Any) -> None:
-        if len(self.variants) < VARIANTS_PER_PAGE:
-            self.variants[accept_encoding] = prepared
-            if prepared.body is not self.body:
-                self.size += len(prepared.body)
+    def add_variant(self, accept_encoding: str | None, prepared: Any) -> int:
+        """Keep ``prepared`` (when there is room); the bytes it adds to the page's size. Add through
+        ``DecodedPages.add_variant`` when the page is cached, so the cache's budget counts them."""
+        if len(self.variants) >= VARIANTS_PER_PAGE or accept_encoding in self.variants:
+            return 0
+        self.variants[accept_encoding] = prepared
+        added = len(prepared.body) if prepared.body is not self.body else 0
+        self.size += added
+        return added
 
 
 class DecodedPages:
@@ -86,6 +90,17 @@ class DecodedPages:
         self.drop(key)
         self._pages[key] = page
         self.bytes += page.size
+        self._evict()
+
+    def add_variant(self, key: str, page: StoredPage, accept_encoding: str | None, prepared: Any) -> None:
+        """A negotiated form kept with ``page``, counted against the byte budget while the page is
+        the one cached under ``key`` (a decoded form of a small br page can be 20 MB)."""
+        added = page.add_variant(accept_encoding, prepared)
+        if added and self._pages.get(key) is page:
+            self.bytes += added
+            self._evict()
+
+    def _evict(self) -> None:
         while self._pages and (len(self._pages) > self.max_pages or self.bytes > self.max_bytes):
             _, old = self._pages.popitem(last=False)
             self.bytes -= old.size

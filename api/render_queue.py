@@ -4,12 +4,9 @@ queue status and control."""
 from __future__ import annotations
 
 import asyncio
-import gzip
 import json
 import re
-import zlib
 
-import brotli
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -17,6 +14,7 @@ from prerender_ray import logs
 from prerender_ray.auth import Principal
 from prerender_ray.batching import GroupCommit
 from prerender_ray.cachekeys import CacheKeyError
+from prerender_ray.decoding import DecodeError, TooLarge, decoded_size
 from prerender_ray.registry import QUEUE_CONTROL, QUEUE_STATUS, decode_json
 from prerender_ray.results import ENCODINGS, Result, ResultError
 
@@ -67,21 +65,21 @@ def _claims(ctx: NodeContext) -> GroupCommit[int, bytes]:
     return claims
 
 
-def check_encoding(encoding: str, content: bytes | None) -> None:
-    """A content-encoding that does not match the bytes would be served as garbage: refuse it."""
+def check_encoding(encoding: str, content: bytes | None, max_bytes: int) -> None:
+    """A content-encoding that does not match the bytes would be served as garbage, and a body that
+    decodes past ``max_bytes`` would be decoded again for every bot that cannot take its coding: the
+    whole stream is decoded here (streamed, output dropped piece by piece, stopped at the cap)."""
     if encoding not in ENCODINGS:
         raise bad_request(f"unsupported content-encoding {encoding!r}; expected gzip, br or identity")
-    if not content or encoding == "identity":
+    if not content:
         return
     try:
-        if encoding == "gzip":
-            if content[:2] != b"\x1f\x8b":
-                raise ValueError("no gzip header")
-            zlib.decompressobj(wbits=31).decompress(content, 64)
-        else:
-            brotli.Decompressor().process(content[:4096])
-    except (ValueError, zlib.error, brotli.error, gzip.BadGzipFile):
-        raise bad_request(f"the content is not {encoding}-encoded") from None
+        decoded_size(content, encoding, max_bytes)
+    except TooLarge:
+        raise bad_request(f"the content decodes to more than {max_bytes} bytes (server.maxHtmlBytes)",
+                          413) from None
+    except DecodeError as e:
+        raise bad_request(f"the content is not {encoding}-encoded: {e}") from None
 
 
 @router.post("/render_queue/job_result", status_code=204)
@@ -105,7 +103,7 @@ async def job_result(request: Request, who: Principal = Depends(require("fleet")
         raise bad_request(str(e)) from None
     if device not in ctx.rules.supported or ctx.rules.keys.key(url, device) != result.id:
         raise bad_request(f"id {result.id!r} is not a cache key of this service")
-    check_encoding(result.content_encoding, content)
+    check_encoding(result.content_encoding, content, ctx.cfg.server.max_html_bytes)
     keeper, _ = ctx.owner_actors(url)
     from prerender_ray.actors.common import call
 

@@ -78,6 +78,11 @@ class Server(Model):
     )
     data_dir: str = Field("./data", description="Where each node keeps its RocksDB stores.")
     max_body_bytes: int = Field(10 * 1024 * 1024, ge=1024, description="Largest request body accepted (413).")
+    max_html_bytes: int = Field(
+        20 * 1024 * 1024, ge=1024,
+        description="Largest decoded page: a render result whose gzip/br body decodes to more is refused "
+                    "(413); a stored or origin body is never decoded past it for a bot or the admin view.",
+    )
     tls: Tls = Tls()
 
 

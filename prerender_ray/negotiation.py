@@ -12,11 +12,12 @@ from __future__ import annotations
 import gzip
 import math
 import re
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import brotli
+
+from .decoding import MAX_HTML_BYTES, DecodeError, decode
 
 # Codings this module can produce, in the order that breaks a tie between equal q-values.
 PREFERENCE = ("br", "gzip", "identity")
@@ -112,18 +113,19 @@ def choose_encoding(stored: str, accept: AcceptEncoding) -> str:
     return next(c for c in PREFERENCE if accept.q(c) == best)
 
 
-def decode_body(body: bytes, coding: str) -> bytes:
+def decode_body(body: bytes | memoryview, coding: str, max_bytes: int = MAX_HTML_BYTES) -> bytes:
+    """``body`` decoded, streamed and refused (EncodingError) past ``max_bytes`` decoded bytes: a
+    stored page is re-decoded for every client that cannot take its coding. Identity is passed
+    through: there is nothing to expand."""
     coding = normalize_coding(coding)
+    if coding == "identity":
+        return body
+    if coding not in ("gzip", "br"):
+        raise UnsupportedEncoding(f"cannot decode content-encoding {coding!r}")
     try:
-        if coding == "identity":
-            return body
-        if coding == "gzip":
-            return gzip.decompress(body)
-        if coding == "br":
-            return brotli.decompress(body)
-    except (OSError, EOFError, zlib.error, brotli.error) as e:
+        return decode(body, coding, max_bytes)
+    except DecodeError as e:
         raise EncodingError(f"body is not valid {coding}: {e}") from e
-    raise UnsupportedEncoding(f"cannot decode content-encoding {coding!r}")
 
 
 def encode_body(body: bytes, coding: str) -> bytes:
@@ -137,12 +139,12 @@ def encode_body(body: bytes, coding: str) -> bytes:
     raise UnsupportedEncoding(f"cannot encode content-encoding {coding!r}")
 
 
-def transcode(body: bytes, source: str, target: str) -> bytes:
+def transcode(body: bytes, source: str, target: str, max_bytes: int = MAX_HTML_BYTES) -> bytes:
     """``body`` (coded in ``source``) re-coded in ``target``; the same bytes when they agree."""
     source, target = normalize_coding(source), normalize_coding(target)
     if source == target:
         return body
-    return encode_body(decode_body(body, source), target)
+    return encode_body(decode_body(body, source, max_bytes), target)
 
 
 def add_vary(vary: str | None, name: str = "Accept-Encoding") -> str:
@@ -161,7 +163,8 @@ def _weak(etag: str) -> str:
 
 
 def negotiate(
-    headers: Mapping[str, str], body: bytes, accept_encoding: str | None, *, head: bool = False
+    headers: Mapping[str, str], body: bytes, accept_encoding: str | None, *, head: bool = False,
+    max_bytes: int = MAX_HTML_BYTES,
 ) -> tuple[dict[str, str], bytes]:
     """Headers and body to send for ``body``, coded as ``headers['content-encoding']`` says.
 
@@ -169,13 +172,14 @@ def negotiate(
     ``Vary: Accept-Encoding``. A re-coded body gets a weak ETag (other bytes, same content), as
     nginx does, so weak If-None-Match comparison still matches. HEAD gets exactly the GET's headers,
     coding and length included, and no body. An empty body is sent uncoded: there is nothing to
-    decode. Raises UnsupportedEncoding or EncodingError when the stored body cannot be re-coded.
+    decode. Raises UnsupportedEncoding or EncodingError when the stored body cannot be re-coded
+    (over ``max_bytes`` decoded included).
     """
     out = dict(headers)
     source = normalize_coding(out.get("content-encoding"))
     if body:
         target = choose_encoding(source, parse_accept_encoding(accept_encoding))
-        sent = transcode(body, source, target)
+        sent = transcode(body, source, target, max_bytes)
     else:
         target, sent = "identity", body
     if target == "identity":

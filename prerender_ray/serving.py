@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .conditional import conditional_response, is_not_modified, not_modified_headers
+from .decoding import MAX_HTML_BYTES
 from .negotiation import EncodingError, negotiate
 from .origin_rules import relay_headers
 from .pages import PageMeta, freshness
@@ -77,12 +78,14 @@ def _finish(status: int, headers: dict[str, str], body: bytes, request_headers: 
     return Reply(status, headers, body)
 
 
-def prepare(page: PageMeta, body: Body, accept_encoding: str | None) -> Prepared:
+def prepare(page: PageMeta, body: Body, accept_encoding: str | None,
+            max_bytes: int = MAX_HTML_BYTES) -> Prepared:
     """Negotiate a stored page for ``accept_encoding``. Raises EncodingError (UnsupportedEncoding
-    included) when the stored body cannot be re-coded into what the client accepts."""
+    included) when the stored body cannot be re-coded into what the client accepts, or would decode
+    to more than ``max_bytes``."""
     headers = cached_headers(page, 0)
     headers.pop("age", None)
-    headers, sent = negotiate(headers, body, accept_encoding)
+    headers, sent = negotiate(headers, body, accept_encoding, max_bytes=max_bytes)
     return Prepared(page.status_code, headers, sent, asgi_headers(headers),
                     asgi_headers(not_modified_headers(headers)))
 
@@ -111,7 +114,7 @@ def page_reply(page: PageMeta, body: Body, *, now: int, request_headers: Mapping
 
 def origin_reply(status: int, origin_headers: Iterable[tuple[str, str]] | Mapping[str, str], body: bytes, *,
                  request_headers: Mapping[str, str], head: bool = False, conditional: bool = True,
-                 debug: Mapping[str, str] | None = None) -> Reply:
+                 debug: Mapping[str, str] | None = None, max_bytes: int = MAX_HTML_BYTES) -> Reply:
     """An origin answer relayed: the allowed headers (Location on a 3xx), the body negotiated like
     a cached one when its coding is one we can re-code, otherwise relayed as the origin coded it.
     ``conditional`` False leaves validators to the origin (methods other than GET/HEAD)."""
@@ -120,8 +123,9 @@ def origin_reply(status: int, origin_headers: Iterable[tuple[str, str]] | Mappin
         headers.pop("content-length", None)
         return _finish(status, headers, b"", request_headers, debug, conditional)
     try:
-        headers, sent = negotiate(headers, body, request_headers.get("accept-encoding"), head=head)
-    except EncodingError:  # a coding we cannot decode (we asked for gzip): the bot gets it as sent
+        headers, sent = negotiate(headers, body, request_headers.get("accept-encoding"), head=head,
+                                  max_bytes=max_bytes)
+    except EncodingError:  # a coding we cannot decode (or a bomb): the bot gets it as sent
         headers["content-length"] = str(len(body))
         sent = b"" if head else body
     return _finish(status, headers, sent, request_headers, debug, conditional)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 import re
-import zlib
 from collections.abc import AsyncIterable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
@@ -33,6 +32,7 @@ from typing import Literal, NamedTuple
 from lxml import etree
 
 from .config import Sitemap as SitemapConfig
+from .decoding import DecodeError, Decoder
 
 SITEMAP_NS = "http://www.sitemaps.org/schemas/sitemap/0.9"
 MAX_BYTES = 50 * 1024 * 1024  # the sitemap protocol's limits, also cfg.sitemap's defaults
@@ -109,46 +109,21 @@ def _xml_parser(events: tuple[str, ...], tag: tuple[str, ...] | None = None) -> 
 
 
 class _Gunzip:
-    """Inflates a gzip stream (several members allowed) into pieces of at most ``_PIECE`` bytes."""
+    """Inflates a gzip stream (several members allowed, trailing garbage ignored) into pieces of at
+    most ``_PIECE`` bytes; the parser counts them against its own cap."""
 
     def __init__(self) -> None:
-        self._z = zlib.decompressobj(wbits=31)
-        self._started = False  # the current member has consumed input
-        self._members = 0
-        self._pending = b""  # a split magic number between members
-        self._ignoring = False  # trailing garbage after a member is ignored, as gzip(1) does
+        self._d = Decoder("gzip", None, piece=_PIECE, trailing_garbage=True)
 
     def inflate(self, data: bytes) -> Iterator[bytes]:
-        data = self._pending + data if self._pending else data
-        self._pending = b""
-        while data and not self._ignoring:
-            if not self._started:
-                if self._members and len(data) < 2:
-                    self._pending = data
-                    return
-                if self._members and data[:2] != _GZIP_MAGIC:
-                    self._ignoring = True
-                    return
-                self._started = True
-            while True:
-                try:
-                    out = self._z.decompress(data, _PIECE)
-                except zlib.error as e:
-                    raise SitemapError(f"corrupt gzip stream: {e}", "SITEMAP_BAD_GZIP") from None
-                if out:
-                    yield out
-                if self._z.eof:
-                    data = self._z.unused_data
-                    self._z, self._started = zlib.decompressobj(wbits=31), False
-                    self._members += 1
-                    break
-                data = self._z.unconsumed_tail
-                if not data and len(out) < _PIECE:
-                    return  # input used up and nothing left buffered in zlib
+        try:
+            yield from self._d.feed(data)
+        except DecodeError as e:
+            raise SitemapError(str(e), "SITEMAP_BAD_GZIP") from None
 
     @property
     def complete(self) -> bool:
-        return not self._started
+        return self._d.complete
 
 
 class SitemapParser:

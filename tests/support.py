@@ -192,6 +192,25 @@ def post_result(job: dict, **kw: Any) -> httpx.Response:
     return httpx.post(f"{job['callbackOrigin']}/render_queue/job_result", content=body, headers=headers, timeout=30)
 
 
+def brotli_bomb(mib: int) -> bytes:
+    """``mib`` MiB of zeros as brotli (1 GiB is 1.6 KB), compressed a MiB at a time: never held whole."""
+    import brotli as _brotli
+
+    c, chunk = _brotli.Compressor(quality=3), bytes(1 << 20)
+    return b"".join([c.process(chunk) for _ in range(mib)] + [c.finish()])
+
+
+def ingress_peak_rss_mb(node: str = "node-a", replica: int = 0) -> float:
+    """The ingress replica's peak RSS so far (VmHWM: the kernel's high-water mark, never lowered)."""
+    import ray
+
+    from prerender_ray.actors.common import lookup
+
+    pid = ray.get(lookup("ingress", node, replica).status.remote(), timeout=30)["pid"]
+    status = Path(f"/proc/{pid}/status").read_text()
+    return next(int(ln.split()[1]) for ln in status.splitlines() if ln.startswith("VmHWM:")) / 1024
+
+
 def put_target(base: str, url: str, **fields: Any) -> dict:
     r = httpx.put(f"{base}/render_targets", json={"url": url, **fields}, timeout=30)
     assert r.status_code == 200, r.text

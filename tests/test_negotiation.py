@@ -137,6 +137,19 @@ def test_a_corrupt_stored_body_raises_an_encoding_error() -> None:
         decode_body(b"not brotli", "br")
 
 
+def test_a_stored_body_is_never_decoded_past_the_cap() -> None:
+    bomb = brotli.compress(bytes(8 * 1024 * 1024), quality=3)  # 8 MiB of zeros in a few bytes
+    with pytest.raises(EncodingError, match="more than 1048576 bytes"):
+        negotiate({"content-encoding": "br"}, bomb, None, max_bytes=1024 * 1024)
+    with pytest.raises(EncodingError, match="more than"):
+        decode_body(gzip.compress(HTML), "gzip", len(HTML) - 1)
+    assert decode_body(BR, "br", len(HTML)) == HTML  # the cap itself is allowed
+    with pytest.raises(EncodingError):  # a truncated stream no longer decodes to its first part
+        decode_body(GZ[:-4], "gzip")
+    # what is sent as stored is not decoded at all
+    assert negotiate({"content-encoding": "br"}, bomb, "br", max_bytes=1024)[1] == bomb
+
+
 def test_negotiated_responses_vary_on_accept_encoding() -> None:
     headers, _ = negotiate({"content-encoding": "gzip"}, GZ, "gzip")
     assert headers["vary"] == "Accept-Encoding"

@@ -137,6 +137,24 @@ def test_an_origin_coding_we_cannot_decode_is_relayed_as_sent() -> None:
     assert r.headers["content-length"] == "4"
 
 
+def test_an_origin_bomb_is_relayed_as_coded_never_decoded_past_the_cap() -> None:
+    bomb = brotli.compress(bytes(4 * 1024 * 1024), quality=3)
+    r = origin_reply(200, [("content-encoding", "br"), ("content-type", "text/html")], bomb,
+                     request_headers={}, max_bytes=1024 * 1024)
+    assert r.headers["content-encoding"] == "br" and r.body == bomb
+    r = origin_reply(200, [("content-encoding", "br")], brotli.compress(HTML), request_headers={},
+                     max_bytes=len(HTML))
+    assert "content-encoding" not in r.headers and r.body == HTML  # under the cap: decoded as before
+
+
+def test_a_stored_page_past_the_cap_is_not_prepared() -> None:
+    from prerender_ray.negotiation import EncodingError
+
+    with pytest.raises(EncodingError, match="more than"):
+        prepare(page(), gzip.compress(HTML), None, len(HTML) - 1)
+    assert prepare(page(), gzip.compress(HTML), None, len(HTML)).body == HTML
+
+
 def test_a_stored_body_that_is_not_what_its_coding_says_raises() -> None:
     from prerender_ray.negotiation import EncodingError
 

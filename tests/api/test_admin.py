@@ -21,7 +21,7 @@ from prerender_ray.nodes import Ownership
 from prerender_ray.pages import Page
 from prerender_ray.sessions import SESSION_COOKIE
 from tests.sitemap_server import SitemapSite, urlset
-from tests.support import deploy_on, wait_for
+from tests.support import brotli_bomb, deploy_on, wait_for
 
 PASSWORDS = {"ops": "ops-pass", "watcher": "watch-pass", "renderer": "fleet-pass"}
 ROLE = {"ops": "admin", "watcher": "viewer", "renderer": "fleet", None: None}
@@ -592,6 +592,18 @@ def test_pages_are_browsed_with_signed_cursors_and_shown_as_text(node) -> None:
     assert "sandbox" in r.headers["content-security-policy"]
     x = call("POST", node.url, "explain", json={"url": "https://shop.test/pages/00"}).json()
     assert x["rows"]["prerenderedPage"]["fresh"] is True and x["verdict"]["wouldServe"] == "cache"
+
+
+def test_page_content_never_decodes_a_stored_page_past_the_cap(node) -> None:
+    key = "https://shop.test/pages/bomb|desktop"
+    now = int(time.time() * 1000)
+    page = Page(cache_key=key, status_code=200,
+                headers={"content-type": "text/html", "content-encoding": "br"},
+                last_cached=now, expires_at=now + 3_600_000, content=brotli_bomb(64))  # 64 MiB of zeros
+    ray.get(lookup("store", "node-a").apply.remote([], [(key.encode(), page.encode())]), timeout=30)
+    r = call("GET", node.url, "page-content", params={"cacheKey": key}, who="watcher")
+    assert r.status_code == 500 and r.headers["content-type"] == "application/json"
+    assert "decodes to more than 20971520 bytes" in r.json()["error"]
 
 
 def test_sitemaps_and_one_sitemaps_entries_with_their_state(node, site) -> None:

@@ -19,6 +19,7 @@ from prerender_ray.fanout import sum_documents
 from prerender_ray.nodes import NodeInfo
 from prerender_ray.sessions import Cursors, LoginLimiter, SessionTokens, Signer, TokenError, derive_key
 from prerender_ray.urls import UrlError
+from tests.support import brotli_bomb
 
 SECRET = "a-test-secret-of-some-length"
 T0 = 1_800_000_000_000
@@ -272,6 +273,7 @@ async def test_the_proxy_reads_the_owners_row_with_the_callers_credentials_only(
     assert sent.startswith("POST /prerender_admin/schedule ")
     assert "\r\nauthorization: basic b3bzonb3\r\n" in sent.lower()
     assert "cookie" not in sent.lower()
+    assert "\r\naccept-encoding: identity\r\n" in sent.lower()
     assert json.loads(sent.split("\r\n\r\n", 1)[1]) == {"cacheKey": KEY}
     async with FakePeer(http(200, b'{"node": "node-b", "renderSchedule": null}')) as peer:
         assert (await ask(peer.port))["row"] is None  # an authoritative "no row"
@@ -295,6 +297,9 @@ async def test_the_proxy_reads_the_owners_row_with_the_callers_credentials_only(
         (http(302, b""), "peer responded 302"),
         (http(200, b'{"renderSchedule": null, "pad": "' + b"x" * 300_000 + b'"}'), "peer answered more than"),
         (b"this is not HTTP at all\r\n\r\n", "peer fetch failed"),
+        # a 64 MiB brotli bomb is read as the bytes it is, never inflated
+        (http(200, brotli_bomb(64)).replace(b"\r\n\r\n", b"\r\ncontent-encoding: br\r\n\r\n", 1),
+         "peer answered garbage: not JSON"),
     ],
 )
 async def test_a_peer_that_hangs_or_answers_garbage_costs_one_field(reply, error) -> None:

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.api.origin_site import JS_PAGE, OriginSite
-from tests.support import deploy_on, post_result, put_target, schedule, take, wait_for
+from tests.support import brotli_bomb, deploy_on, post_result, put_target, schedule, take, wait_for
 
 DEBUG = {"x-harper-prerender-debug": "1"}
 RN_TOKEN = "render-now-token"
@@ -132,6 +132,47 @@ def test_head_gets_the_headers_of_get_and_no_body(node, site) -> None:
     assert head.status_code == 200 and head.content == b""
     for name in ("content-encoding", "content-length", "content-type", "vary"):
         assert head.headers[name] == get.headers[name]
+
+
+def _no_accept_encoding() -> httpx.Client:
+    client = httpx.Client(timeout=30)
+    del client.headers["accept-encoding"]  # httpx's default names gzip and br
+    return client
+
+
+def test_a_br_page_is_decoded_for_a_bot_that_sends_no_accept_encoding(node, site) -> None:
+    url = f"{site.base}/page/br-plain"
+    render(node, url, encoding="br")
+    with _no_accept_encoding() as client, client.stream("GET", f"{node.url}/p/{url}", headers=DEBUG) as r:
+        raw = b"".join(r.iter_raw())
+    assert r.request.headers.get("accept-encoding") is None
+    assert r.status_code == 200 and r.headers["x-harper-cache"] == "hit"
+    assert "content-encoding" not in r.headers and raw == HTML
+
+
+def test_a_stored_bomb_is_never_decoded_for_a_bot(node, site) -> None:
+    """A page stored before results were checked (or under a larger cap) that decodes past
+    server.maxHtmlBytes: a bot that cannot take br gets the origin's page, not 64 MiB of zeros."""
+    import ray
+
+    from prerender_ray.actors.common import lookup
+    from prerender_ray.pages import Page
+
+    url = f"{site.base}/page/stored-bomb"
+    key = bot(node, url, headers=DEBUG).headers["x-harper-cache-key"]
+    now = int(time.time() * 1000)
+    bomb = brotli_bomb(64)
+    page = Page(cache_key=key, status_code=200,
+                headers={"content-type": "text/html", "content-encoding": "br"},
+                last_cached=now, expires_at=now + 3_600_000, content=bomb)
+    ray.get(lookup("store", "node-a").apply.remote([], [(key.encode(), page.encode())]), timeout=30)
+    wait_for(lambda: cache_status(node, url, **{"accept-encoding": "br"}) == "hit", what="the stored page")
+    with httpx.stream("GET", f"{node.url}/p/{url}", headers={"accept-encoding": "br"}) as r:
+        assert b"".join(r.iter_raw()) == bomb  # sent as stored: nothing decoded
+    with _no_accept_encoding() as client:
+        r = client.get(f"{node.url}/p/{url}", headers=DEBUG)
+    assert r.status_code == 200 and r.headers["x-harper-cache"] == "unreadable"
+    assert r.content == JS_PAGE  # the origin's answer
 
 
 def test_a_page_is_swr_after_expiry_then_the_origin_serves(node, site) -> None:

@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import gzip
 import json
 import time
 
+import brotli
 import httpx
 import pytest
 
+from prerender_ray.pages import Page
 from prerender_ray.timeutil import MINUTE_MS, minute
 from tests.support import (
+    brotli_bomb,
     claim,
     claim_until,
     deploy_on,
+    ingress_peak_rss_mb,
     post_result,
     put_target,
     result_body,
@@ -267,3 +272,73 @@ def test_gzip_bodies_are_stored_as_posted(node) -> None:
     assert page.is_indexable is None and page.status_code == 200
     assert json.loads(json.dumps(page.headers))["content-type"].startswith("text/html")
     assert post_result(jobs[keys[1]]).status_code == 204
+
+
+# ---------------------------------------------------------------------------------- hostile bodies
+
+
+def _post_coded(job: dict, content: bytes, encoding: str) -> httpx.Response:
+    """A result whose body is ``content`` as given, labelled ``encoding``."""
+    body, headers = result_body(job, html=None)
+    meta = json.loads(body)
+    meta["headers"]["content-encoding"] = encoding
+    raw = json.dumps(meta).encode()
+    return httpx.post(f"{job['callbackOrigin']}/render_queue/job_result", content=raw + content,
+                      headers={**headers, "x-metadata-size": str(len(raw))}, timeout=30)
+
+
+def _stored(key: str) -> bytes | None:
+    import ray
+
+    from prerender_ray.actors.common import lookup
+
+    [raw] = ray.get(lookup("store", "node-a").get_pages.remote([key]), timeout=30)
+    return raw
+
+
+@functools.cache
+def _gib_bomb() -> bytes:
+    return brotli_bomb(1024)  # 1 GiB of zeros in 1.6 KB: the old check decoded all of it
+
+
+def test_a_brotli_bomb_is_413_changes_nothing_and_is_never_decoded_whole(node) -> None:
+    keys = due_now(node.url, "https://shop.example/bomb")
+    jobs = take(node.url, keys, timeout=15)
+    bomb = _gib_bomb()
+    assert len(bomb) < 4096
+    before = ingress_peak_rss_mb()
+    r = _post_coded(jobs[keys[0]], bomb, "br")
+    grown = ingress_peak_rss_mb() - before
+    assert r.status_code == 413, r.text
+    assert "decodes to more than 20971520 bytes" in r.json()["error"] and "maxHtmlBytes" in r.json()["error"]
+    # The bound: decoding stops one piece past the 20 MB cap and drops pieces as it goes, so the
+    # replica's peak RSS grows by less than 100 MB (decoding it whole would take 1 GiB).
+    assert grown < 100, f"peak RSS grew by {grown:.0f} MB"
+    assert _stored(keys[0]) is None
+    row = schedule(node.url, keys[0])
+    assert row["nextRenderTime"] == 1 and row["leased"] is True  # the lease is untouched
+    for key in keys:
+        assert post_result(jobs[key]).status_code == 204
+
+
+def test_a_corrupt_gzip_or_truncated_brotli_result_is_400_and_changes_nothing(node) -> None:
+    keys = due_now(node.url, "https://shop.example/corrupt")
+    jobs = take(node.url, keys, timeout=15)
+    job = jobs[keys[0]]
+    html = b"<html><body>" + b"".join(b"<p>%d</p>" % i for i in range(5000)) + b"</body></html>"
+    gz = bytearray(gzip.compress(html))
+    gz[len(gz) // 2:len(gz) // 2 + 16] = bytes(16)  # the header and first blocks are intact
+    r = _post_coded(job, bytes(gz), "gzip")
+    assert r.status_code == 400 and "not gzip-encoded" in r.json()["error"], r.text
+    br = brotli.compress(html)
+    r = _post_coded(job, br[:-8], "br")
+    assert r.status_code == 400 and "not br-encoded: truncated" in r.json()["error"], r.text
+    r = _post_coded(job, gzip.compress(html) + b"<script>", "gzip")
+    assert r.status_code == 400 and "after the end" in r.json()["error"], r.text
+    assert _stored(keys[0]) is None
+    row = schedule(node.url, keys[0])
+    assert row["nextRenderTime"] == 1 and row["leased"] is True
+    assert _post_coded(job, br, "br").status_code == 204  # the whole stream is accepted
+    assert brotli.decompress(Page.decode(_stored(keys[0])).content) == html
+    for key in keys[1:]:
+        assert post_result(jobs[key]).status_code == 204
