@@ -121,6 +121,8 @@ def test_the_explainer_in_prefix_mode() -> None:
     assert other["resolved"]["deviceType"] == "desktop" and other["resolved"]["deviceTypeFellBack"] is True
     assert other["eligibility"]["excludedByPattern"] == "/search/"
     assert other["eligibility"]["prerendered"] is False and other["eligibility"]["domainAllowed"] is False
+    on_port = Explainer(Config.model_validate({"domains": ["shop.test"]})).explain("http://shop.test:8080/a")
+    assert on_port["eligibility"]["domainAllowed"] is False  # `shop.test` allows the default port only
 
 
 def test_the_explainer_in_forwarded_mode_shows_a_route_allowlist_that_differs() -> None:
