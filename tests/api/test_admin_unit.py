@@ -317,6 +317,17 @@ async def test_a_peer_that_is_gone_or_unknown_or_without_credentials() -> None:
         assert (await ask(peer.port, creds={}, open_cluster=True))["row"] is None
 
 
+async def test_the_schedule_proxy_client_keeps_no_cookie(tmp_path) -> None:
+    from prerender_ray.api.admin_explain import _client
+    from prerender_ray.api.context import NodeContext
+    from prerender_ray.origin_policy import NoCookies
+
+    ctx = NodeContext(cfg=Config(), node=NodeInfo("n1", "127.0.0.1", 1), data_dir=str(tmp_path))
+    client = _client(ctx)
+    assert isinstance(client.cookies.jar, NoCookies)  # only the caller's own credentials are sent
+    await client.aclose()
+
+
 def test_only_credentials_are_forwarded() -> None:
     headers = httpx.Headers(
         {
