@@ -114,8 +114,9 @@ async def test_peer_rescue_asks_only_the_owners_address_from_the_node_list(tmp_p
     asgi = create_asgi(ctx)
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi), base_url="http://t") as c:
-            r = await c.get(f"/p/{url}", headers={"host": canary_at, "x-forwarded-host": canary_at,
-                                                  "forwarded": f"host={canary_at}", "x-harper-peer": canary_at})
+            hostile = {"host": canary_at, "x-forwarded-host": canary_at, "forwarded": f"host={canary_at}",
+                       "x-harper-peer": canary_at}
+            r = await c.get(f"/p/{url}", headers=hostile)
         assert r.status_code == 502  # nothing listens on the origin's port 9
     finally:
         from prerender_ray.api.bot import close_serving
