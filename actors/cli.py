@@ -259,6 +259,8 @@ def cmd_config_check(args: argparse.Namespace) -> int:
         print(f"warning: {w}", file=sys.stderr)
     for f in loaded.findings:
         print(f"{f}", file=sys.stderr)
+    for line in configfile.explain_domains(loaded.config):
+        print(line, file=sys.stderr)
     print(yaml.safe_dump(configfile.redact(loaded.config), sort_keys=False), end="")
     return EXIT_OK
 

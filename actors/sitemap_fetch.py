@@ -9,7 +9,9 @@ and its entries encoded as chunk rows, ready to store.
 Fetching follows the reference (one self-identifying User-Agent, the security token header sent even
 when empty, the staging IP pinned for every fetch when configured) and does better: a deadline per
 document, redirects followed only to http(s) and at most ``MAX_REDIRECTS`` times, gzip by content
-whatever the URL or headers say, and any other content encoding refused.
+whatever the URL or headers say, and any other content encoding refused. Every request (the root,
+an index child, each redirect hop) is first checked by the origin policy (``domains``: host and
+port), so the token goes only to an allowed origin; no cookie is kept between fetches.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import httpx
 import xxhash
 
 from prerender_ray.config import Config
+from prerender_ray.origin_policy import NoCookies, OriginPolicy
 from prerender_ray.registry import ENTRY_CHUNK, encode_entries
 from prerender_ray.sitemap_rules import Canonicalize, Classify, Partition, describe_error, partition_entries
 from prerender_ray.sitemaps import SitemapEntry, SitemapError, SitemapParser, snippet
@@ -139,6 +142,7 @@ class Fetcher:
     def __init__(self, cfg: Config, classify: Classify, canonicalize: Canonicalize):
         self.cfg = cfg
         self.classify, self.canonicalize = classify, canonicalize
+        self.policy = OriginPolicy(cfg)
         sm, origin = cfg.sitemap, cfg.origin
         self.deadline_s = sm.fetch_timeout_ms / 1000
         self.staging_ip = origin.staging.ip
@@ -149,7 +153,7 @@ class Fetcher:
         connect = min(origin.connect_timeout_ms / 1000, self.deadline_s)
         self.client = httpx.AsyncClient(
             transport=_transport(self.staging_ip), headers=self.headers, follow_redirects=False,
-            timeout=httpx.Timeout(self.deadline_s, connect=connect), trust_env=False)
+            timeout=httpx.Timeout(self.deadline_s, connect=connect), trust_env=False, cookies=NoCookies())
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -174,6 +178,11 @@ class Fetcher:
                 request = self.client.build_request("GET", current)
             except httpx.InvalidURL as e:
                 raise SitemapFetchError(f"Sitemap fetch failed for {url}: {e}", "SITEMAP_BAD_URL") from None
+            refused = self.policy.request_refusal(request.url.scheme, request.url.raw_host, request.url.port)
+            if refused:
+                hop = "" if current == url else f" (redirected to {current[:200]})"
+                raise SitemapFetchError(f"Sitemap fetch for {url}{hop} refused: {refused}",
+                                        "SITEMAP_HOST_NOT_ALLOWED")
             try:
                 response = await self.client.send(request, stream=True)
             except httpx.HTTPError as e:

@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse
 from prerender_ray.auth import Principal
 from prerender_ray.explain import Explainer, describe_page, describe_suppression, verdict
 from prerender_ray.nodes import NodeInfo
+from prerender_ray.origin_policy import NoCookies
 from prerender_ray.pages import PageDecodeError, decode_meta
 from prerender_ray.registry import RecordError, Target
 from prerender_ray.sessions import SESSION_COOKIE
@@ -65,7 +66,9 @@ def forwardable(headers: Any) -> dict[str, str]:
 def _client(ctx: NodeContext) -> httpx.AsyncClient:
     client = ctx.extras.get("admin-http")
     if client is None or client.is_closed:
-        client = ctx.extras["admin-http"] = httpx.AsyncClient(follow_redirects=False, trust_env=False)
+        # No jar: only the caller's own credentials (``forwardable``) go to the owner.
+        client = ctx.extras["admin-http"] = httpx.AsyncClient(follow_redirects=False, trust_env=False,
+                                                              cookies=NoCookies())
     return client
 
 

@@ -10,8 +10,11 @@ and proxies any host it is asked for:
 - the body is streamed and counted, and refused past ``origin.maxBodyBytes`` (502) without reading
   the rest, so memory stays bounded; a declared ``Content-Length`` over the cap fails before any read;
 - an origin that closes mid-body or breaks the protocol is a 502; a 5xx it answers is relayed;
-- hosts are checked against ``domains`` by the ingress decision; here an empty list is refused
-  outright unless the listener is loopback or ``allowAnyDomain`` is set (defence in depth);
+- hosts are checked against ``domains`` by the ingress decision, and again here by the origin policy
+  (``prerender_ray.origin_policy``) on the URL as httpx will connect to it: host and port must be
+  allowed, an empty list is refused outright unless the listener is loopback or ``allowAnyDomain``
+  is set; a refusal is a 403 naming the origin, before any connection (so before the token is sent);
+- no cookie is kept: one origin's ``Set-Cookie`` is never replayed to a later fetch;
 - staging pinning connects to the configured IP while Host and TLS SNI stay the real host;
 - concurrent misses of one key share one fetch (``collapsed``).
 """
@@ -27,8 +30,8 @@ import httpcore
 import httpx
 
 from prerender_ray import metrics
-from prerender_ray.auth import is_loopback
 from prerender_ray.config import Config
+from prerender_ray.origin_policy import NoCookies, OriginPolicy
 
 MAX_CONNECTIONS = 256
 MAX_KEEPALIVE = 64
@@ -104,7 +107,7 @@ class OriginClient:
                                      write=o.read_timeout_ms / 1000, pool=o.connect_timeout_ms / 1000)
         self.limits = httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_KEEPALIVE,
                                    keepalive_expiry=KEEPALIVE_EXPIRY_S)
-        self.refuse_all = not (cfg.domains or cfg.allow_any_domain or is_loopback(cfg.server.host))
+        self.policy = OriginPolicy(cfg)
         self.max_head = o.max_response_header_bytes
         _set_max_header_bytes(self.max_head)
         self.client = self._client(None)
@@ -115,7 +118,7 @@ class OriginClient:
         transport = _PinnedTransport(ip, self.limits) if ip else httpx.AsyncHTTPTransport(
             limits=self.limits, trust_env=False)
         return httpx.AsyncClient(transport=transport, timeout=self.timeout, follow_redirects=False,
-                                 trust_env=False)
+                                 trust_env=False, cookies=NoCookies())
 
     async def aclose(self) -> None:
         for c in (self.client, *self._pinned.values()):
@@ -126,17 +129,20 @@ class OriginClient:
     async def fetch(self, method: str, url: str, headers: Sequence[tuple[str, str]], *, reason: str,
                     body: bytes | None = None, pin: str | None = None) -> OriginAnswer:
         """One origin request, its body read whole (within the cap). Raises OriginError."""
-        if self.refuse_all:
-            raise OriginError(403, "refused", "origin fetches are off: `domains` is empty on a non-loopback "
-                                              "listener (set domains, or allowAnyDomain: true)")
         client = self.client
+        try:
+            request = client.build_request(method, url, headers=list(headers), content=body)
+        except httpx.InvalidURL as e:
+            raise OriginError(400, "refused", f"not a URL the origin client can fetch: {e}") from None
+        refused = self.policy.request_refusal(request.url.scheme, request.url.raw_host, request.url.port)
+        if refused:
+            raise OriginError(403, "refused", f"origin fetch refused: {refused}")
         if pin:
             client = self._pinned.get(pin) or self._pinned.setdefault(pin, self._client(pin))
         t0 = time.perf_counter()
         status = 0
         try:
             async with asyncio.timeout(self.total_s):
-                request = client.build_request(method, url, headers=list(headers), content=body)
                 response = await client.send(request, stream=True)
                 status = response.status_code
                 head_s = time.perf_counter() - t0

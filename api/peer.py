@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response
 
 from prerender_ray.auth import same_secret
 from prerender_ray.config import PeerRescue
+from prerender_ray.origin_policy import NoCookies
 from prerender_ray.pages import PageMeta
 
 from .context import NodeContext
@@ -122,7 +123,7 @@ class PeerClient:
         if self._client is None:
             # No content decoding: the bytes must arrive exactly as the owner stored them.
             self._client = httpx.AsyncClient(timeout=self.timeout_s, follow_redirects=False, trust_env=False,
-                                             headers={"accept-encoding": "identity"})
+                                             headers={"accept-encoding": "identity"}, cookies=NoCookies())
         return self._client
 
     async def fetch(self, owner: str, base_url: str, key: str) -> PeerPage | str:

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 
 from prerender_ray.auth import Principal
+from prerender_ray.origin_policy import OriginPolicy
 from prerender_ray.registry import (
     ENTRY_CHUNK,
     SITEMAP,
@@ -82,6 +83,9 @@ async def refresh(request: Request, who: Principal = Depends(require("admin"))) 
     ctx: NodeContext = request.app.state.ctx
     body = await read_object(request, allow_empty=True)
     url = sitemap_url(body["url"]) if body.get("url") is not None else None
+    if url is not None and (refused := OriginPolicy(ctx.cfg).url_refusal(url)):
+        # Refused now rather than walked: the fetch would be refused, and no bot could read its pages.
+        raise bad_request(f"sitemap {url} cannot be fetched: {refused}", reason="host-not-allowed", url=url)
     revalidate = _flag(body, "revalidate", False)
     background = _flag(body, "background", ctx.cfg.sitemap.background)
     walker = _walker(ctx)

@@ -602,7 +602,11 @@ class Logging(Model):
 
 class Config(Model):
     domains: list[str] = Field(
-        [], description="Hosts we prerender and fetch; others are refused (empty: any host, loopback only)."
+        [],
+        description="Origins we prerender and fetch (bot misses, sitemaps, redirects); others are refused. "
+        "An entry is `host` (the scheme's default port only: 80 for http, 443 for https), `host:port`, "
+        "or `host:*` (any port); IPv6 as `[::1]`, `[::1]:8080`. Not a URL: no scheme or path "
+        "(empty: any host, loopback only)."
     )
     allow_any_domain: bool = Field(
         False, description="Allow origin fetches to any host with an empty `domains` (open proxy)."
@@ -629,7 +633,9 @@ class Config(Model):
     @field_validator("domains")
     @classmethod
     def _hosts(cls, v: list[str]) -> list[str]:
-        return [d.strip().lower() for d in v if d.strip()]
+        from .origin_policy import parse_entry  # late: it reads hosts through urls, which imports us
+
+        return [parse_entry(d).text for d in v if d.strip()]
 
     @model_validator(mode="after")
     def _keys_parse(self) -> Config:

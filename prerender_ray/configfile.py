@@ -281,6 +281,16 @@ def findings(cfg: Config, prerender_routes: int) -> list[Finding]:
     return out
 
 
+def explain_domains(cfg: Config) -> list[str]:
+    """What each ``domains`` entry lets the service fetch and serve (``config check``)."""
+    from .origin_policy import parse_entry
+
+    if not cfg.domains:
+        return ["domains: empty: any host and port" + (
+            " (allowAnyDomain)" if cfg.allow_any_domain else " while the listener is loopback, else none")]
+    return [f"domains: {d!r} allows {parse_entry(d).describe()}" for d in cfg.domains]
+
+
 def redact(cfg: Config) -> dict:
     """The effective config as plain data, secrets shown only as set/unset."""
     data = cfg.model_dump(mode="json")

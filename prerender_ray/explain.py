@@ -14,15 +14,8 @@ from .config import Config
 from .pages import PageMeta, freshness
 from .registry import Target
 from .routes import Router
-from .urls import UrlError, canonicalize_url, url_host, url_path, whatwg_path
-
-
-def _ascii_domain(domain: str) -> str:
-    """A configured domain as canonical URLs spell their host (IDN as punycode)."""
-    try:
-        return url_host(canonicalize_url(f"http://{domain}/", ()))
-    except UrlError:
-        return domain
+from .origin_policy import compiled
+from .urls import url_host, url_path, whatwg_path
 
 
 class Explainer:
@@ -35,7 +28,7 @@ class Explainer:
         self.keys = KeyFormat.from_config(cfg)
         self.supported = tuple(d.lower() for d in cfg.device_types.supported)
         self.global_allowlist = tuple(cfg.cache_key.query_params)
-        self.domains = tuple(_ascii_domain(d) for d in cfg.domains)
+        self.domains = compiled(tuple(cfg.domains))
         self._route_index = {id(r): i for i, r in enumerate(
             r for r in self.router.routes if r.source == "ingress.routes")}
 
@@ -78,8 +71,8 @@ class Explainer:
             "underGlobalAllowlist": {"allowlist": list(self.global_allowlist), "canonicalUrl": global_url,
                                      "cacheKey": global_key, "differs": global_key != key},
             "eligibility": {"prerendered": verdict.route_class == "prerender", "excludedByPattern": excluded,
-                            "domainAllowed": not self.domains or host in self.domains,
-                            "domains": list(self.domains)},
+                            "domainAllowed": self.domains.url_allowed(canonical),
+                            "domains": [e.text for e in self.domains.entries]},
         }
 
 

@@ -14,10 +14,11 @@ the forwarded-proto header, the device from the first path segment or the header
 allowlist applies. Deliberate differences from the reference (bot-path.md §1.2/1.3, §10):
 
 - a bad prefix-mode target is a 400 with a reason, not a 500;
-- a prefix-mode target must be http(s), and when ``domains`` is set its host must be listed (the
-  reference is an open proxy that sends the security token to any host);
-- forwarded mode refuses a forwarded protocol other than http/https, and a host not in a set
-  ``domains``; like every failed forwarded check these fall through (``NotBot``), as in the reference.
+- a prefix-mode target must be http(s), and when ``domains`` is set its host and port must be allowed
+  (``origin_policy``; the reference is an open proxy that sends the security token to any host);
+- forwarded mode refuses a forwarded protocol other than http/https, and a host or port not allowed
+  by a set ``domains``; like every failed forwarded check these fall through (``NotBot``), as in the
+  reference.
 
 The request path must be the raw one (ASGI ``raw_path``), not percent-decoded; bytes that are not
 UTF-8 survive when it is decoded with ``errors="surrogateescape"``.
@@ -32,8 +33,9 @@ from typing import TYPE_CHECKING
 
 from .cachekeys import KeyFormat
 from .devices import Devices
+from .origin_policy import compiled
 from .routes import Route, RouteClass, Router
-from .urls import UrlError, canonicalize_url, url_host, url_path
+from .urls import UrlError, url_host, url_path
 
 if TYPE_CHECKING:
     from .config import Config
@@ -114,7 +116,7 @@ class Ingress:
         self.host_header = ing.forwarded_host_header.lower()
         self.proto_header = ing.forwarded_proto_header.lower()
         self.default_protocol = ing.default_protocol
-        self.domains = frozenset(_ascii_domain(d) for d in cfg.domains)
+        self.domains = compiled(tuple(cfg.domains))
 
     def resolve(self, method: str, path: str, query: str, headers: Mapping[str, str]) -> Decision:
         """Decide for one request. ``headers`` must answer lower-case names (Starlette's do)."""
@@ -134,8 +136,8 @@ class Ingress:
             url = self.keys.canonicalize(target)
         except UrlError as e:
             return BadBotRequest(e.reason, f"bad target URL after {self.prefix}: {e}")
-        if self.domains and (host := url_host(url)) not in self.domains:
-            return BadBotRequest("host-not-allowed", f"host {host!r} is not one of the configured domains")
+        if self.domains and (why := self.domains.url_refusal(url)):
+            return BadBotRequest("host-not-allowed", why)
         verdict = self.router.classify(url_path(url))
         device = self.devices.sanitize(headers.get(self.device_header))
         return BotRequest(
@@ -167,8 +169,8 @@ class Ingress:
             url = self.keys.canonicalize(target, verdict.allowlist)
         except UrlError as e:
             return NotBot("bad-url", f"cannot rebuild the forwarded URL for {origin_path}: {e}")
-        if self.domains and url_host(url) not in self.domains:
-            return NotBot("host-not-allowed", f"forwarded host {host!r} is not one of the configured domains")
+        if self.domains and (why := self.domains.url_refusal(url)):
+            return NotBot("host-not-allowed", f"forwarded host {host!r}: {why}")
         return BotRequest(
             method, url, device, self.keys.key(url, device), verdict.route_class, verdict.route,
             verdict.allowlist, "forwarded",
@@ -186,11 +188,3 @@ def resolve(
 
 def _first_value(raw: str | None) -> str:
     return raw.split(",", 1)[0].strip() if raw else ""
-
-
-def _ascii_domain(domain: str) -> str:
-    """A configured domain as canonical URLs spell their host (IDN as punycode)."""
-    try:
-        return url_host(canonicalize_url(f"http://{domain}/", ()))
-    except UrlError:
-        return domain

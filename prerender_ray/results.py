@@ -15,7 +15,8 @@ from .registry import Target
 from .schedule import ScheduleRow, backoff_wait, counted_strikes
 from .targets import Rules
 from .timeutil import finite, minute, positive
-from .urls import UrlError, canonicalize_url, url_host, url_path
+from .origin_policy import compiled
+from .urls import UrlError, url_path
 
 OUTCOMES = ("rendered", "redirected", "non-indexable", "error")
 STORED_HEADERS = frozenset(
@@ -98,11 +99,7 @@ class Plan:
 def _domain_ok(url: str | None, domains: list[str]) -> bool:
     if not domains or not url:
         return True
-    try:
-        host = url_host(canonicalize_url(url, ["*"]))
-    except UrlError:
-        return False
-    return host in domains  # url_host has no port already (and keeps an IPv6 literal whole)
+    return compiled(tuple(domains)).url_allowed(url)  # host and port, as the ingress checks them
 
 
 def resolve_outcome(r: Result, indexable: bool | None) -> str:

@@ -7,7 +7,7 @@ running refresh, and when the daily refresh fires. No I/O here: the walk reads a
 the stores and feeds what it read to these functions.
 
 Deliberate differences from the reference:
-- a loc that is not http(s), or (with ``domains`` set) names an unlisted host, is invalid;
+- a loc that is not http(s), or (with ``domains`` set) names a host or port it does not allow, is invalid;
 - the result also counts ``invalid`` entries (with a capped sample) and ``unknownChangefreq``;
 - ``sitemapsDiscovered`` counts distinct documents; repeats and cycles go to ``repeatedChildren``,
   documents past ``sitemap.max_documents`` to ``sitemapsSkipped``;
@@ -37,7 +37,8 @@ from .routes import Classification
 from .schedule import CHANGEFREQ_MS, changefreq_interval
 from .sitemaps import SitemapEntry
 from .timeutil import minute
-from .urls import canonicalize_url, url_host, url_parts, url_path
+from .origin_policy import compiled
+from .urls import url_parts, url_path
 
 Classify = Callable[[str], Classification]
 Canonicalize = Callable[[str | tuple[str, str, str, str], Sequence[str]], str]  # a URL or its url_parts
@@ -110,23 +111,15 @@ def canonicalizer(cfg: Config) -> Canonicalize:
     """The key a bot read computes (``canonicalize_url`` with the cache-key options). Like the ingress,
     it refuses a host outside a non-empty ``domains``: no bot could ever read that target's page."""
     key = KeyFormat.from_config(cfg).canonicalize
-    hosts = frozenset(_ascii_host(d) for d in cfg.domains)
+    domains = compiled(tuple(cfg.domains))
 
     def keyed(url: str, allowlist: Sequence[str]) -> str:
         canonical = key(url, allowlist)
-        if hosts and (host := url_host(canonical)) not in hosts:
-            raise ValueError(f"host {host!r} is not one of the configured domains")
+        if domains and (why := domains.url_refusal(canonical)):
+            raise ValueError(why)
         return canonical
 
     return keyed
-
-
-def _ascii_host(domain: str) -> str:
-    """A configured domain as canonical URLs spell their host (IDN as punycode), as the ingress does."""
-    try:
-        return url_host(canonicalize_url(f"http://{domain}/", ()))
-    except ValueError:
-        return domain
 
 
 def filtered_share(filtered: int, total: int) -> int:

@@ -120,6 +120,20 @@ def test_with_domains_set_a_prefix_target_on_another_host_is_refused() -> None:
     assert isinstance(refused, BadBotRequest) and refused.reason == "host-not-allowed"
 
 
+def test_with_domains_set_a_prefix_target_on_another_port_is_refused_with_the_entry_to_add() -> None:
+    ingress = prefix(domains=["example.com", "127.0.0.1:8080"])
+    assert bot(ingress.resolve("GET", "/p/http://127.0.0.1:8080/a", "", {})).host == "127.0.0.1"
+    assert bot(ingress.resolve("GET", "/p/https://example.com:443/a", "", {})).host == "example.com"
+    for target, words in [("http://127.0.0.1:6379/", "127.0.0.1:6379 is not allowed by domains; add "
+                                                     "'127.0.0.1:6379' or '127.0.0.1:*'"),
+                          ("http://example.com:8080/", "example.com:8080 is not allowed"),
+                          ("http://localhost:8080/", "localhost:8080 is not allowed"),
+                          ("http://[::1]:8080/", "[::1]:8080 is not allowed")]:
+        refused = ingress.resolve("POST", "/p/" + target, "", {})
+        assert isinstance(refused, BadBotRequest) and refused.reason == "host-not-allowed"
+        assert words in refused.message
+
+
 def test_any_method_is_a_bot_request_but_only_get_and_head_are_cacheable() -> None:
     assert bot(prefix().resolve("HEAD", "/p/https://x.com/", "", {})).cacheable
     post = bot(prefix().resolve("POST", "/p/https://x.com/", "", {}))
@@ -249,6 +263,9 @@ def test_a_forwarded_host_outside_the_configured_domains_falls_through() -> None
     assert isinstance(ingress.resolve("GET", "/mobile/product/1", "", HOST), BotRequest)
     decision = ingress.resolve("GET", "/mobile/product/1", "", {"x-forwarded-host": "other.com"})
     assert isinstance(decision, NotBot) and decision.reason == "host-not-allowed"
+    on_port = ingress.resolve("GET", "/mobile/product/1", "", {"x-forwarded-host": "www.example.com:8443"})
+    assert isinstance(on_port, NotBot) and on_port.reason == "host-not-allowed"
+    assert "www.example.com:8443 is not allowed by domains" in on_port.detail
 
 
 def test_a_bad_path_rebuilds_into_a_bad_url_and_falls_through() -> None:

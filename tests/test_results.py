@@ -627,17 +627,24 @@ def test_an_ipv6_host_in_the_allowlist_is_allowed() -> None:
         {"id": f"{url}|desktop", "url": url, "outcome": "rendered", "statusCode": 200, "isIndexable": True},
         b"<html/>",
     )
-    p = planner({"domains": ["[::1]"]}).plan(r, target(url), None, NOW)
-    assert p.page is not None and p.page.is_indexable is True
+    for entry in ("[::1]:8080", "[::1]:*"):
+        p = planner({"domains": [entry]}).plan(r, target(url), None, NOW)
+        assert p.page is not None and p.page.is_indexable is True
+    p = planner({"domains": ["[::1]"]}).plan(r, target(url), None, NOW)  # port 80 only
+    assert p.page is not None and p.page.is_indexable is False
 
 
-def test_a_port_does_not_take_a_host_out_of_the_allowlist() -> None:
+def test_a_port_is_allowed_only_by_an_entry_that_allows_it() -> None:
     url = "https://shop.test:8443/a"
     r = Result.parse(
         {"id": f"{url}|desktop", "url": url, "outcome": "rendered", "statusCode": 200, "isIndexable": True},
         b"<html/>",
     )
-    assert planner(SHOP_ONLY).plan(r, target(url), None, NOW).page.is_indexable is True  # type: ignore[union-attr]
+    refused = planner(SHOP_ONLY).plan(r, target(url), None, NOW)  # `shop.test` allows port 443 only
+    assert refused.page is not None and refused.page.is_indexable is False
+    for entry in ("shop.test:8443", "shop.test:*"):
+        p = planner({"domains": [entry]}).plan(r, target(url), None, NOW)
+        assert p.page.is_indexable is True  # type: ignore[union-attr]
 
 
 # -------------------------------------------------------------------------- the redirect pre-step

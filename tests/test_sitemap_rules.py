@@ -187,14 +187,16 @@ def test_an_empty_urlset_is_not_reconciled_so_its_targets_stay_attributed() -> N
 
 def test_urls_of_a_host_outside_the_configured_domains_are_invalid_and_reported() -> None:
     cfg = Config.model_validate({"domains": ["x.com", "Bücher.de"]})
-    p = _partition(["https://x.com/a", "https://evil.test/a", "https://BÜCHER.de/b"], cfg)
+    p = _partition(["https://x.com/a", "https://evil.test/a", "https://BÜCHER.de/b", "http://x.com:8080/c"],
+                   cfg)
     assert list(p.incoming) == ["https://x.com/a", "https://xn--bcher-kva.de/b"]
     assert [(i.loc, i.message) for i in p.invalid] == [
-        ("https://evil.test/a", "host 'evil.test' is not one of the configured domains")
+        ("https://evil.test/a", "evil.test is not allowed by domains; add 'evil.test' or 'evil.test:*'"),
+        ("http://x.com:8080/c", "x.com:8080 is not allowed by domains; add 'x.com:8080' or 'x.com:*'"),
     ]
     result = RefreshResult()
     result.add_partition(S1, p)
-    assert result.invalid == 1 and result.invalid_sample[0]["loc"] == "https://evil.test/a"
+    assert result.invalid == 2 and result.invalid_sample[0]["loc"] == "https://evil.test/a"
 
 
 def test_without_configured_domains_every_host_is_kept() -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 
 from prerender_ray import logs
+from prerender_ray.origin_policy import NoCookies
 
 from .backoff import HostHealth, Timing, parse_retry_after, result_retry_delay
 from .metrics import WorkerMetrics
@@ -83,6 +84,7 @@ class QueueClient:
                 auth=self.auth,
                 headers=self.headers,
                 follow_redirects=False,
+                cookies=NoCookies(),  # a queue node's Set-Cookie is never replayed
                 timeout=httpx.Timeout(self.claim_timeout_s, connect=5.0),
                 limits=httpx.Limits(max_connections=self.pool_size, max_keepalive_connections=self.pool_size),
             )

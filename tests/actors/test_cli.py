@@ -49,6 +49,8 @@ def test_config_check_prints_the_effective_config_with_secrets_redacted(tmp_path
     ("server:\n  port: eighty\n", "server.port: Input should be a valid integer"),
     ("render:\n  defaultInterval: -60000\n", "render.default_interval: Input should be greater than 0"),
     ("ingress:\n  routes:\n    - {match: prefix, path: /a/, deviceTypes: [watch]}\n", "unknown device type"),
+    ("domains: ['http://127.0.0.1:29930']\n", "domains entry 'http://127.0.0.1:29930' is a URL; write "
+                                              "'127.0.0.1:29930'"),
 ])
 def test_config_check_fails_with_one_line_per_problem(tmp_path: Path, text: str, expected: str) -> None:
     f = tmp_path / "c.yaml"
@@ -57,6 +59,16 @@ def test_config_check_fails_with_one_line_per_problem(tmp_path: Path, text: str,
     assert out.returncode == 1
     assert expected in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_config_check_explains_what_each_domains_entry_allows(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("domains: [Shop.Test, '127.0.0.1:8080', '[::1]:*']\n")
+    out = run("config", "check", str(f))
+    assert out.returncode == 0, out.stderr
+    assert "domains: 'shop.test' allows shop.test: http on port 80 and https on port 443 only" in out.stderr
+    assert "domains: '127.0.0.1:8080' allows 127.0.0.1: http and https on port 8080 only" in out.stderr
+    assert "domains: '[::1]:*' allows [::1]: http and https on any port" in out.stderr
 
 
 def test_config_defaults_prints_a_config_that_loads_back(tmp_path: Path) -> None:

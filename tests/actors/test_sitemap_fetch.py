@@ -22,26 +22,34 @@ def site():
     s.close()
 
 
-def fetcher(**sitemap: object) -> Fetcher:
+@pytest.fixture(scope="module")
+def canary():
+    """Another server on another 127.0.0.1 port, outside ``domains``: it must never be asked."""
+    s = SitemapSite()
+    yield s
+    s.close()
+
+
+def fetcher(domains: list[str] | None = None, **sitemap: object) -> Fetcher:
     cfg = Config.model_validate({
-        "domains": ["shop.test"],
+        "domains": ["shop.test", "127.0.0.1:*"] if domains is None else domains,
         "sitemap": {"fetchTimeoutMs": 1500, "maxBytes": 2 * 1024 * 1024, **sitemap},
         "origin": {"securityToken": {"header": "x-bypass", "value": "s3cret"}},
     })
     return Fetcher(cfg, Router(cfg).classify, canonicalizer(cfg))
 
 
-async def fetch(url: str, **sitemap: object):
-    f = fetcher(**sitemap)
+async def fetch(url: str, domains: list[str] | None = None, **sitemap: object):
+    f = fetcher(domains, **sitemap)
     try:
         return await f.fetch(url)
     finally:
         await f.aclose()
 
 
-async def failure(url: str, **sitemap: object) -> SitemapFetchError:
+async def failure(url: str, domains: list[str] | None = None, **sitemap: object) -> SitemapFetchError:
     with pytest.raises(SitemapFetchError) as e:
-        await fetch(url, **sitemap)
+        await fetch(url, domains, **sitemap)
     return e.value
 
 
@@ -54,7 +62,7 @@ async def test_a_urlset_is_partitioned_and_its_entries_kept_as_chunk_rows(site) 
     part = doc.partition
     assert len(part.incoming) == len(locs) + 1 and part.unknown_changefreq == 1
     assert [bad.message for bad in part.invalid][0] == "missing <loc>"
-    assert "not one of the configured domains" in part.invalid[1].message
+    assert "evil.test is not allowed by domains" in part.invalid[1].message
     assert len(doc.chunks) == 2
     rows = decode_entries(doc.chunks[0]) + decode_entries(doc.chunks[1])
     assert rows[0] == {"loc": locs[0], "lastmod": None, "changefreq": None, "priority": None}
@@ -157,3 +165,44 @@ async def test_an_unknown_content_encoding_is_refused(site) -> None:
 async def test_a_refused_connection_is_a_failure_not_a_crash() -> None:
     e = await failure("http://127.0.0.1:9/none.xml")
     assert "Sitemap fetch failed for http://127.0.0.1:9/none.xml" in str(e) and e.code == "ConnectError"
+
+
+# ------------------------------------------------------------------------------- origin policy
+
+
+async def test_a_sitemap_on_a_port_or_name_outside_domains_is_never_fetched(site, canary) -> None:
+    only_site = ["shop.test", f"127.0.0.1:{site.port}"]
+    canary.put("/canary.xml", urlset("https://shop.test/c"))
+    site.put("/by-name.xml", urlset("https://shop.test/n"))
+    e = await failure(canary.url("/canary.xml"), only_site)
+    assert e.code == "SITEMAP_HOST_NOT_ALLOWED"
+    assert f"127.0.0.1:{canary.port} is not allowed by domains; add '127.0.0.1:{canary.port}'" in str(e)
+    e = await failure(site.url("/by-name.xml", host="localhost"), only_site)  # the same server, another name
+    assert e.code == "SITEMAP_HOST_NOT_ALLOWED" and f"localhost:{site.port} is not allowed" in str(e)
+    assert canary.hits == {} and "/by-name.xml" not in site.hits  # not fetched, so no token sent
+    assert (await fetch(site.url("/by-name.xml"), only_site)).entry_count == 1
+
+
+async def test_a_redirect_to_an_origin_outside_domains_is_refused_before_it_is_followed(site, canary) -> None:
+    canary.put("/lured.xml", urlset("https://shop.test/l"))
+    site.redirect("/lure.xml", canary.url("/lured.xml"))
+    e = await failure(site.url("/lure.xml"), ["shop.test", f"127.0.0.1:{site.port}"])
+    assert e.code == "SITEMAP_HOST_NOT_ALLOWED" and f"redirected to {canary.url('/lured.xml')}" in str(e)
+    assert site.hits["/lure.xml"] == 1 and "/lured.xml" not in canary.hits
+
+
+async def test_an_ipv6_literal_outside_domains_is_refused_by_the_policy(site) -> None:
+    e = await failure(f"http://[::1]:{site.port}/v6.xml", ["127.0.0.1:*"])
+    assert e.code == "SITEMAP_HOST_NOT_ALLOWED" and f"[::1]:{site.port} is not allowed by domains" in str(e)
+
+
+async def test_a_cookie_an_origin_sets_is_not_sent_back(site) -> None:
+    site.put("/cookie.xml", urlset("https://shop.test/k"), headers={"set-cookie": "sid=1; Path=/"})
+    site.put("/after-cookie.xml", urlset("https://shop.test/k2"))
+    f = fetcher()
+    try:
+        await f.fetch(site.url("/cookie.xml"))
+        await f.fetch(site.url("/after-cookie.xml"))
+    finally:
+        await f.aclose()
+    assert "cookie" not in site.headers["/after-cookie.xml"]

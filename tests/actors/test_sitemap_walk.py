@@ -26,9 +26,9 @@ def site():
 
 
 @pytest.fixture(scope="module")
-def node(ray_cluster, tmp_path_factory):
+def node(ray_cluster, tmp_path_factory, site):
     d = deploy_on(ray_cluster, tmp_path_factory.mktemp("walk") / "data", {
-        "domains": ["shop.test"],
+        "domains": ["shop.test", f"127.0.0.1:{site.port}"],
         "sitemap": {"fetchTimeoutMs": 5000, "maxDocuments": CAP},
     })
     yield d

@@ -61,7 +61,7 @@ def node(ray_cluster, tmp_path_factory):
         ray_cluster,
         tmp_path_factory.mktemp("admin") / "data",
         {
-            "domains": ["shop.test", SITE_HOST],
+            "domains": ["shop.test", f"{SITE_HOST}:*"],
             "origin": {"staging": {"ip": "127.0.0.1"}},
             "auth": {"users": users, "maxFailedLoginsPerMinute": 3},
             "render": {"reconcile": {"startDelay": "1h"}},

@@ -122,6 +122,8 @@ def test_the_explainer_in_prefix_mode() -> None:
     assert other["resolved"]["deviceType"] == "desktop" and other["resolved"]["deviceTypeFellBack"] is True
     assert other["eligibility"]["excludedByPattern"] == "/search/"
     assert other["eligibility"]["prerendered"] is False and other["eligibility"]["domainAllowed"] is False
+    on_port = Explainer(Config.model_validate({"domains": ["shop.test"]})).explain("http://shop.test:8080/a")
+    assert on_port["eligibility"]["domainAllowed"] is False  # `shop.test` allows the default port only
 
 
 def test_the_explainer_in_forwarded_mode_shows_a_route_allowlist_that_differs() -> None:
@@ -318,6 +320,17 @@ async def test_a_peer_that_is_gone_or_unknown_or_without_credentials() -> None:
         assert await ask(peer.port, creds={}) == {"error": "no forwardable credentials on this request"}
         assert peer.requests == []
         assert (await ask(peer.port, creds={}, open_cluster=True))["row"] is None
+
+
+async def test_the_schedule_proxy_client_keeps_no_cookie(tmp_path) -> None:
+    from prerender_ray.api.admin_explain import _client
+    from prerender_ray.api.context import NodeContext
+    from prerender_ray.origin_policy import NoCookies
+
+    ctx = NodeContext(cfg=Config(), node=NodeInfo("n1", "127.0.0.1", 1), data_dir=str(tmp_path))
+    client = _client(ctx)
+    assert isinstance(client.cookies.jar, NoCookies)  # only the caller's own credentials are sent
+    await client.aclose()
 
 
 def test_only_credentials_are_forwarded() -> None:

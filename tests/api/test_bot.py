@@ -28,9 +28,25 @@ def site():
 
 
 @pytest.fixture(scope="module")
-def node(ray_cluster, tmp_path_factory, site):
+def other():
+    """A second allowed origin, on another port of the same host."""
+    s = OriginSite().start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def canary():
+    """An origin on another 127.0.0.1 port that `domains` does not allow: it must never be asked."""
+    s = OriginSite().start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def node(ray_cluster, tmp_path_factory, site, other):
     d = deploy_on(ray_cluster, tmp_path_factory.mktemp("bot") / "data", {
-        "domains": ["127.0.0.1", "site.test"],
+        "domains": [f"127.0.0.1:{site.port}", f"127.0.0.1:{other.port}", f"site.test:{site.port}"],
         "origin": {"connectTimeoutMs": 1000, "readTimeoutMs": 1500, "maxBodyBytes": 1024 * 1024,
                    "securityToken": {"value": "s3cret"}, "staging": {"ip": "127.0.0.1"},
                    "ignoredHeaders": ["X-Secret-Internal"]},
@@ -363,6 +379,32 @@ def test_bad_targets_are_a_json_4xx(node, target, status, reason) -> None:
     assert r.json()["error"]
     if reason:
         assert r.json()["reason"] == reason
+
+
+def test_a_bot_reaches_only_the_ports_and_names_domains_allows(node, site, canary) -> None:
+    """An anonymous request for another port of an allowed host (a Redis, an admin port...) is refused
+    before any connection, GET or POST, under another name for the host or as an IPv6 literal."""
+    seen = len(site.seen)
+    for method, url, origin in [
+        ("GET", f"http://127.0.0.1:{canary.port}/page/canary", f"127.0.0.1:{canary.port}"),
+        ("POST", f"http://127.0.0.1:{canary.port}/echo/post", f"127.0.0.1:{canary.port}"),
+        ("GET", f"http://localhost:{site.port}/page/by-name", f"localhost:{site.port}"),
+        ("POST", f"http://localhost:{site.port}/echo/by-name", f"localhost:{site.port}"),
+        ("GET", f"http://[::1]:{site.port}/page/v6", f"[::1]:{site.port}"),
+    ]:
+        r = bot(node, url, method, content=b"a=1" if method == "POST" else None)
+        assert r.status_code == 403 and r.json()["reason"] == "host-not-allowed", (url, r.text)
+        host = origin.rpartition(":")[0]
+        assert r.json()["error"] == f"{origin} is not allowed by domains; add '{origin}' or '{host}:*'"
+    assert canary.seen == [] and len(site.seen) == seen  # nothing fetched, so no token sent anywhere
+
+
+def test_a_cookie_one_origin_sets_is_never_sent_on_a_later_fetch(node, site, other) -> None:
+    r = bot(node, f"{site.base}/page/sets-cookie")  # set-cookie: session=1 (path /page)
+    assert r.status_code == 200 and "set-cookie" not in r.headers and site.hits["/page/sets-cookie"] == 1
+    for origin, path in ((site, "/page/cookie-same-port"), (other, "/page/cookie-other-port")):
+        r = bot(node, f"{origin.base}{path}", headers={"user-agent": "Mozilla/5.0 (compatible; bingbot/2.0)"})
+        assert r.status_code == 200 and "cookie" not in origin.last(path).headers, path
 
 
 def test_unknown_paths_are_a_plain_404_and_the_fleet_api_still_routes(node) -> None:

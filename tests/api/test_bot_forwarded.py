@@ -23,7 +23,7 @@ def site():
 @pytest.fixture(scope="module")
 def node(ray_cluster, tmp_path_factory, site):
     d = deploy_on(ray_cluster, tmp_path_factory.mktemp("fwd") / "data", {
-        "domains": ["127.0.0.1"],
+        "domains": [f"127.0.0.1:{site.port}"],
         "ingress": {"mode": "forwarded", "routes": [
             {"match": "prefix", "path": "/page/", "queryParams": ["ref"]},
             {"match": "prefix", "path": "/echo/", "mode": "passthrough"},
@@ -80,6 +80,8 @@ def test_a_passthrough_route_is_proxied_and_tallied_as_unrouted(node, site) -> N
     {"x-forwarded-host": "user@127.0.0.1"},
     {"x-forwarded-host": "[::1]"},
     {"x-forwarded-host": "not-allowed.example"},  # outside domains
+    {"x-forwarded-host": "127.0.0.1:9"},  # the allowed host on a port domains does not allow
+    {"x-forwarded-host": "127.0.0.1"},  # ... or on its default port
     {"x-forwarded-proto": "ftp"},
     {"x-forwarded-host": ""},
 ])

@@ -80,3 +80,50 @@ def test_batched_observations_equal_one_by_one_observations() -> None:
     _observe_many(h2, values)
     assert [(s.name, s.labels, s.value) for m in one.collect() for s in m.samples if "created" not in s.name] == \
            [(s.name, s.labels, s.value) for m in batched.collect() for s in m.samples if "created" not in s.name]
+
+
+async def test_peer_rescue_asks_only_the_owners_address_from_the_node_list(tmp_path) -> None:
+    """Whatever host or forwarding headers a request carries, the peer read goes to the address the
+    cluster's membership gives for the URL's owner, and the origin policy still guards the fallback."""
+    import asyncio
+
+    asked: dict[str, list[bytes]] = {"owner": [], "canary": []}
+
+    def recorder(name: str):
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                asked[name].append(await reader.readuntil(b"\r\n\r\n"))
+                writer.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+                await writer.drain()
+            except (asyncio.IncompleteReadError, ConnectionError):
+                pass
+            writer.close()
+        return answer
+
+    owner = await asyncio.start_server(recorder("owner"), "127.0.0.1", 0)
+    canary = await asyncio.start_server(recorder("canary"), "127.0.0.1", 0)
+    canary_at = f"127.0.0.1:{canary.sockets[0].getsockname()[1]}"
+    cfg = Config.model_validate({"domains": ["127.0.0.1:9"], "server": {"data_dir": str(tmp_path)},
+                                 "peerRescue": {"enabled": True, "token": "peer-token"}})
+    primary = Store(store_path(tmp_path, "n1", PAGES))
+    ctx = NodeContext(cfg=cfg, node=NodeInfo(name="n1", host="127.0.0.1", port=1, ray_node_id="x"),
+                      data_dir=str(tmp_path))
+    ctx.ownership.update(["n1", "n2"])
+    ctx.peers = {"n1": ctx.node, "n2": NodeInfo("n2", "127.0.0.1", owner.sockets[0].getsockname()[1])}
+    url = next(u for u in (f"http://127.0.0.1:9/p{i}" for i in range(100)) if ctx.owner_of(u) == "n2")
+    asgi = create_asgi(ctx)
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi), base_url="http://t") as c:
+            hostile = {"host": canary_at, "x-forwarded-host": canary_at, "forwarded": f"host={canary_at}",
+                       "x-harper-peer": canary_at}
+            r = await c.get(f"/p/{url}", headers=hostile)
+        assert r.status_code == 502  # nothing listens on the origin's port 9
+    finally:
+        from prerender_ray.api.bot import close_serving
+
+        await close_serving(ctx)
+        primary.close()
+        owner.close()
+        canary.close()
+    assert len(asked["owner"]) == 1 and asked["owner"][0].startswith(b"GET /prerender_peer/page?key=")
+    assert asked["canary"] == []

@@ -59,8 +59,38 @@ async def test_an_empty_allowlist_is_refused_off_loopback_unless_any_domain_is_a
         await closed.fetch("GET", f"{site.base}/page/x", [], reason="miss")
     assert e.value.status == 403 and e.value.kind == "refused"
     await closed.aclose()
-    for open_one in (client(server={"host": "0.0.0.0"}, allowAnyDomain=True), client(domains=["127.0.0.1"],
+    for open_one in (client(server={"host": "0.0.0.0"}, allowAnyDomain=True), client(domains=["127.0.0.1:*"],
                                                                                      server={"host": "0.0.0.0"}),
                      client()):
         assert (await open_one.fetch("GET", f"{site.base}/page/x", [], reason="miss")).status == 200
         await open_one.aclose()
+
+
+async def test_the_client_checks_every_fetch_against_domains_before_it_connects(site) -> None:
+    """Defence in depth behind the ingress decision: host and port as httpx will connect to them."""
+    c = client(domains=[f"127.0.0.1:{site.port}"])
+    token = [("x-harper-renderer-bypass", "s3cret")]
+    try:
+        before = len(site.seen)
+        for url, origin in [("http://127.0.0.1:6379/page/x", "127.0.0.1:6379"),
+                            (f"http://localhost:{site.port}/page/x", f"localhost:{site.port}"),
+                            (f"http://[::1]:{site.port}/page/x", f"[::1]:{site.port}"),
+                            ("http://127.0.0.1/page/x", "127.0.0.1")]:
+            with pytest.raises(OriginError) as e:
+                await c.fetch("POST", url, token, reason="bypass", body=b"a=1")
+            assert e.value.status == 403 and e.value.kind == "refused"
+            assert f"{origin} is not allowed by domains" in str(e.value)
+        assert len(site.seen) == before
+        assert (await c.fetch("GET", f"{site.base}/page/x", token, reason="miss")).status == 200
+    finally:
+        await c.aclose()
+
+
+async def test_no_cookie_is_kept_from_one_fetch_to_the_next(site) -> None:
+    c = client()
+    try:
+        await c.fetch("GET", f"{site.base}/page/cookie", [], reason="miss")  # set-cookie: session=1
+        await c.fetch("GET", f"{site.base}/page/cookie-again", [], reason="miss")
+        assert "cookie" not in site.last("/page/cookie-again").headers
+    finally:
+        await c.aclose()

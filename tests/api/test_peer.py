@@ -122,3 +122,28 @@ def test_owner_metadata_is_validated() -> None:
         assert parse_metadata(bad, KEY) is None, bad
     assert not PeerClient(PeerRescue(enabled=True, token=""), 1).active
     assert not PeerClient(PeerRescue(enabled=False, token="t"), 1).active
+
+
+async def test_the_client_keeps_no_cookie_a_peer_sets() -> None:
+    seen: list[bytes] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                seen.append(await reader.readuntil(b"\r\n\r\n"))
+                writer.write(b"HTTP/1.1 404 Not Found\r\nset-cookie: sid=1; Path=/\r\n"
+                             b"content-length: 0\r\n\r\n")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    base = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    client = PeerClient(PeerRescue(enabled=True, token=TOKEN, timeout_ms=2000), 1024)
+    try:
+        assert await client.fetch("b", base, KEY) == "peer responded 404"
+        assert await client.fetch("b", base, KEY) == "peer responded 404"
+    finally:
+        await client.aclose()
+        server.close()
+    assert len(seen) == 2 and b"cookie" not in seen[1].lower()

@@ -27,9 +27,17 @@ def site():
 
 
 @pytest.fixture(scope="module")
-def node(ray_cluster, tmp_path_factory):
+def canary():
+    """Another sitemap server, on a port `domains` does not allow: it must never be asked."""
+    s = SitemapSite()
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def node(ray_cluster, tmp_path_factory, site):
     d = deploy_on(ray_cluster, tmp_path_factory.mktemp("sitemaps") / "data", {
-        "domains": ["shop.test"],
+        "domains": ["shop.test", f"{HOST}:{site.port}"],
         "origin": {"staging": {"ip": "127.0.0.1"}},
         "sitemap": {"fetchTimeoutMs": 5000, "maxBytes": 1024 * 1024, "node": "node-a",
                     "refreshTime": "03:30", "timezone": "UTC"},
@@ -119,6 +127,42 @@ def test_an_index_with_broken_and_hostile_children_is_walked_and_every_problem_r
     assert sitemap_row(node.url, p("/h/missing.xml")) is None
     roots = [s["url"] for s in httpx.get(f"{node.url}/sitemaps").json()["sitemaps"]]
     assert root in roots and children[0] not in roots
+
+
+def test_a_root_outside_domains_is_refused_at_once_and_never_fetched(node, site, canary) -> None:
+    for url, origin in [(site.url("/c/root.xml"), f"127.0.0.1:{site.port}"),
+                        (f"http://{HOST}:{canary.port}/c/root.xml", f"{HOST}:{canary.port}")]:
+        for background in (True, False):
+            r = httpx.post(f"{node.url}/sitemaps", json={"url": url, "background": background}, timeout=30)
+            assert r.status_code == 400 and r.json()["reason"] == "host-not-allowed", r.text
+            assert f"{origin} is not allowed by domains; add '{origin}'" in r.json()["error"]
+            assert progress(node.url, url) is None
+    assert "/c/root.xml" not in site.hits and canary.hits == {}
+
+
+def test_children_and_redirects_outside_domains_are_recorded_failures_and_never_fetched(node, site,
+                                                                                        canary) -> None:
+    off_port = f"http://{HOST}:{canary.port}/c/child.xml"  # pinned to 127.0.0.1: the canary
+    by_ip = site.url("/c/by-ip.xml")  # the allowed server under a name domains does not list
+    lure = u(site, "/c/lure.xml")
+    site.redirect("/c/lure.xml", f"http://{HOST}:{canary.port}/c/lured.xml")
+    site.put("/c/ok.xml", urlset("https://shop.test/c/ok"))
+    for path in ("/c/child.xml", "/c/lured.xml", "/c/by-ip.xml"):
+        (canary if path != "/c/by-ip.xml" else site).put(path, urlset("https://shop.test/c/bad"))
+    root = u(site, "/c/index.xml")
+    site.put("/c/index.xml", index(off_port, by_ip, lure, u(site, "/c/ok.xml")))
+
+    [result] = walk(node.url, root)
+
+    assert result["state"] == "completed" and result["created"] == 1
+    assert codes(result) == {off_port: "SITEMAP_HOST_NOT_ALLOWED", by_ip: "SITEMAP_HOST_NOT_ALLOWED",
+                             lure: "SITEMAP_HOST_NOT_ALLOWED"}
+    errors = {f["url"]: f["error"] for f in result["failed"]}
+    assert f"{HOST}:{canary.port} is not allowed by domains" in errors[off_port]
+    assert f"127.0.0.1:{site.port} is not allowed by domains" in errors[by_ip]
+    assert f"redirected to http://{HOST}:{canary.port}/c/lured.xml" in errors[lure]
+    assert canary.hits == {} and "/c/by-ip.xml" not in site.hits and site.hits["/c/lure.xml"] == 1
+    assert target(node.url, "https://shop.test/c/bad") is None
 
 
 # ------------------------------------------------------------------------------------ decisions

@@ -178,3 +178,11 @@ async def test_without_discovery_only_the_given_queues_are_claimed(queue: FakeQu
     await c.poll_status()
     await c.close()
     assert list(c.health.hosts) == [queue.base]
+
+
+async def test_the_queue_client_keeps_no_cookie() -> None:
+    from prerender_ray.origin_policy import NoCookies
+
+    c = client("http://127.0.0.1:1")
+    assert isinstance(c.client("http://127.0.0.1:1").cookies.jar, NoCookies)
+    await c.close()
