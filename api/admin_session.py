@@ -253,7 +253,7 @@ async def login(request: Request) -> JSONResponse:
     if not same_origin(request):
         return answer({"error": "cross-origin sign-in refused"}, 403)
     sessions.guard(request)
-    body = await read_object(request, 16 * 1024)
+    body = await read_object(request, 16 * 1024, keys={"username", "password", "bearer"})
     username, password, bearer = body.get("username"), body.get("password"), body.get("bearer", False)
     if not isinstance(username, str) or not username or not isinstance(password, str) or not password:
         raise bad_request("username and password are required (non-empty strings)")

@@ -80,7 +80,7 @@ def _flag(body: dict, name: str, default: bool) -> bool:
 async def refresh(request: Request, who: Principal = Depends(require("admin"))) -> JSONResponse:
     """``{url?, revalidate?, background?}``: walk one root, or every root when ``url`` is absent."""
     ctx: NodeContext = request.app.state.ctx
-    body = await read_object(request, allow_empty=True)
+    body = await read_object(request, keys={"url", "revalidate", "background"}, allow_empty=True)
     url = sitemap_url(body["url"]) if body.get("url") is not None else None
     revalidate = _flag(body, "revalidate", False)
     background = _flag(body, "background", ctx.cfg.sitemap.background)

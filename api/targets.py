@@ -43,7 +43,7 @@ async def put_target(request: Request, who: Principal = Depends(require("admin")
     """Put semantics: (re)activate the URL, one row per device, first render jittered unless
     ``nextRenderTime`` (epoch ms) is given."""
     ctx: NodeContext = request.app.state.ctx
-    body = await read_object(request)
+    body = await read_object(request, keys={"url", "renderInterval", "nextRenderTime", "sitemapUrl"})
     url = _canonical(ctx, body.get("url"))
     item = {
         "url": url,
@@ -86,7 +86,7 @@ async def delete_target(request: Request, url: str = Query(...),
 async def target_action(request: Request, who: Principal = Depends(require("admin"))) -> JSONResponse:
     """``{"action": "revalidate", "urls": [...]}``: every device due now, cached pages expire now."""
     ctx: NodeContext = request.app.state.ctx
-    body = await read_object(request)
+    body = await read_object(request, keys={"action", "urls"})
     if body.get("action") != "revalidate":
         raise bad_request("action must be 'revalidate'")
     urls = body.get("urls")
