@@ -78,7 +78,21 @@ class Server(Model):
     )
     data_dir: str = Field("./data", description="Where each node keeps its RocksDB stores.")
     max_body_bytes: int = Field(10 * 1024 * 1024, ge=1024, description="Largest request body accepted (413).")
+    trusted_proxies: list[str] = Field(
+        [],
+        description="IPs/CIDRs of reverse proxies in front of the ingress: only their `X-Forwarded-For` "
+        "and `X-Forwarded-Proto` are believed (client = right-most untrusted hop); empty: the TCP peer, "
+        "always.",
+    )
     tls: Tls = Tls()
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies(cls, v: list[str]) -> list[str]:
+        from .proxies import parse_networks
+
+        parse_networks(v)  # ValueError names the bad entry
+        return v
 
 
 # -------------------------------------------------------------------------------------------- ingress
