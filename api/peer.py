@@ -89,7 +89,7 @@ class PeerPage:
 def parse_metadata(raw: str | None, key: str) -> PageMeta | None:
     """The owner's page metadata, or None when missing or malformed."""
     try:
-        doc = parse_json(raw or "", what="page metadata")  # depth-bounded: a ValueError, never a RecursionError
+        doc = parse_json(raw or "", what="page metadata")  # depth-bounded: ValueError, never RecursionError
         headers = parse_json(doc.get("headers") or "{}", what="page headers")
         status = doc["statusCode"]
         if not isinstance(status, int) or isinstance(status, bool) or not isinstance(headers, dict):
