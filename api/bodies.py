@@ -71,7 +71,7 @@ async def read_object(request: Request, cap: int = 1024 * 1024, *, keys: Collect
 
 
 def int_field(data: dict, name: str, *, default: int | None = None, minimum: int | None = None,
-              allow_none: bool = False) -> int | None:
+              maximum: int | None = None, allow_none: bool = False) -> int | None:
     """An integer field: ints, integral floats and digit strings; anything else is a 400."""
     if name not in data or (data[name] is None and allow_none):
         return default
@@ -86,4 +86,6 @@ def int_field(data: dict, name: str, *, default: int | None = None, minimum: int
         raise bad_request(f"{name} must be an integer, got {data[name]!r}")
     if minimum is not None and v < minimum:
         raise bad_request(f"{name} must be >= {minimum}")
+    if maximum is not None and v > maximum:
+        raise bad_request(f"{name} must be <= {maximum}")
     return v

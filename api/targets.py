@@ -18,6 +18,7 @@ from .context import NodeContext
 router = APIRouter()
 DEADLINE_S = 30.0
 MAX_URLS = 1000  # per revalidate request, as the hosted recache API allows
+MAX_MS = 2**53 - 1  # times and intervals: exact in JSON for the JS fleet; 2**63 and up was a 500
 
 
 def _canonical(ctx: NodeContext, url: object, *, prerender_only: bool = True) -> str:
@@ -47,8 +48,8 @@ async def put_target(request: Request, who: Principal = Depends(require("admin")
     url = _canonical(ctx, body.get("url"))
     item = {
         "url": url,
-        "renderInterval": int_field(body, "renderInterval", minimum=1, allow_none=True),
-        "nextRenderTime": int_field(body, "nextRenderTime", minimum=1, allow_none=True),
+        "renderInterval": int_field(body, "renderInterval", minimum=1, maximum=MAX_MS, allow_none=True),
+        "nextRenderTime": int_field(body, "nextRenderTime", minimum=1, maximum=MAX_MS, allow_none=True),
     }
     sitemap = body.get("sitemapUrl")
     if sitemap is not None and not isinstance(sitemap, str):

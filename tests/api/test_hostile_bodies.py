@@ -107,6 +107,19 @@ def test_the_accepted_keys_are_named_and_a_known_body_still_works(node, site) ->
     assert r.status_code == 200 and r.json() == []
 
 
+
+@pytest.mark.parametrize("value", [10**300, 2**63, 2**53])
+@pytest.mark.parametrize("field", ["renderInterval", "nextRenderTime"])
+def test_a_huge_number_that_parses_is_a_400_in_a_numeric_field(node, field, value) -> None:
+    """2**63 and up was a 500 from the keeper; past 2**53 the JS fleet could not hold it exactly."""
+    r = httpx.put(f"{node.url}/render_targets", json={"url": TARGET, field: value}, auth=OPS, timeout=30)
+    assert r.status_code == 400 and "must be <= 9007199254740991" in r.json()["error"], r.text
+    assert httpx.get(f"{node.url}/render_targets", params={"url": TARGET}, auth=OPS, timeout=30).status_code == 404
+    r = httpx.post(f"{node.url}/prerender_admin/sitemap", json={"url": "http://127.0.0.1:1/s.xml", "offset": value},
+                   auth=OPS, timeout=30)
+    assert r.status_code == 400, r.text
+
+
 def test_an_admin_route_is_ours_even_under_a_catch_all_route_in_forwarded_mode(node, site) -> None:
     """/render_targets was missing from the hand-written reserved list: a bot-looking PUT was proxied
     to the origin (anonymous, it even reached it with its body)."""
