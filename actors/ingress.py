@@ -134,6 +134,9 @@ class IngressReplica:
         self.server = uvicorn.Server(uvicorn.Config(
             self.app, loop="none", http="httptools", lifespan="on", log_level="warning", access_log=False,
             timeout_keep_alive=30, timeout_graceful_shutdown=5, server_header=False,
+            # Its default believes X-Forwarded-For from any loopback peer; api.auth resolves the client
+            # itself, trusting only server.trustedProxies.
+            proxy_headers=False,
             ssl_certfile=tls.cert_file or None, ssl_keyfile=tls.key_file or None,
         ))
         self._syncer: asyncio.Task | None = None

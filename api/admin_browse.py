@@ -140,7 +140,7 @@ async def sitemap(request: Request, who: Principal = Depends(require("viewer")))
     """``{url, offset?, limit?}``: one stored sitemap, its run row, its target count and a page of its
     entries (``limit`` 1 to ``management.pageSize``)."""
     ctx = ctx_of(request)
-    body = await read_object(request, 64 * 1024)
+    body = await read_object(request, 64 * 1024, keys={"url", "offset", "limit"})
     url = _sitemap_url(body.get("url"))
     size = ctx.cfg.management.page_size
     limit = body_int(body, "limit", default=size, minimum=1, maximum=size)

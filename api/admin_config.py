@@ -31,7 +31,7 @@ from .admin_common import admin_router, answer, call, ctx_of, log
 from .admin_queue import nudge_other_keepers
 from .auth import require
 from .bot import apply_overrides, live_of
-from .bodies import bad_request, read_object
+from .bodies import bad_request, check_keys, read_object
 
 router = admin_router()
 MAX_BODY = 256 * 1024  # a long route list fits
@@ -74,7 +74,10 @@ async def config_override(request: Request, who: Principal = Depends(require("ad
     if not ctx.cfg.management.overrides.enabled:
         return answer({"error": "live overrides are disabled (management.overrides.enabled: false)",
                        "applied": False}, 409)
-    body = await read_object(request, MAX_BODY)
+    body = await read_object(request, MAX_BODY, keys={"set", "clear", "dryRun"})
+    for entry in body.get("set") or ():
+        if isinstance(entry, dict):  # the rest of an entry's shape is plan()'s to judge
+            check_keys(entry, ("path", "value", "note"), "a set entry")
     dry_run = body.get("dryRun", False)
     if type(dry_run) is not bool:
         raise bad_request("dryRun must be true or false")

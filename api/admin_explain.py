@@ -13,7 +13,6 @@ a failure costs the one field and is reported in ``residency.peerError``.
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 import httpx
@@ -22,6 +21,7 @@ from fastapi.responses import JSONResponse
 
 from prerender_ray.auth import Principal
 from prerender_ray.explain import Explainer, describe_page, describe_suppression, verdict
+from prerender_ray.jsonbody import JsonError, parse_json
 from prerender_ray.nodes import NodeInfo
 from prerender_ray.origin_policy import NoCookies
 from prerender_ray.pages import PageDecodeError, decode_meta
@@ -107,8 +107,8 @@ async def fetch_schedule_from_peer(client: httpx.AsyncClient, peers: dict[str, N
     except Exception as e:  # connection refused, reset, TLS, protocol errors: never raised to the caller
         return {"error": f"peer fetch failed: {type(e).__name__}: {str(e)[:200]}"}
     try:
-        doc = json.loads(bytes(raw))
-    except (ValueError, UnicodeDecodeError):
+        doc = parse_json(bytes(raw), what="peer answer")
+    except JsonError:
         return {"error": "peer answered garbage: not JSON"}
     if not isinstance(doc, dict) or "renderSchedule" not in doc:
         return {"error": "peer answered garbage: no renderSchedule"}
@@ -185,7 +185,7 @@ async def explain_live(request: Request, ctx: NodeContext, doc: dict) -> dict:
 async def explain(request: Request, who: Principal = Depends(require("viewer"))) -> JSONResponse:
     """``{url, deviceType?}``: route, allowlist, canonical URL and key, the live rows, residency."""
     ctx = ctx_of(request)
-    body = await read_object(request, 64 * 1024)
+    body = await read_object(request, 64 * 1024, keys={"url", "deviceType"})
     url, device = body.get("url"), body.get("deviceType")
     if not isinstance(url, str) or not url.strip():
         raise bad_request("url is required")

@@ -140,7 +140,7 @@ async def schedule(request: Request, who: Principal = Depends(require("viewer"))
     """This node's schedule row for ``{cacheKey}`` or ``{url, deviceType}``: the leaf the explainer
     proxies to. It never proxies onward (null is an authoritative "no row" only from the owner)."""
     ctx = ctx_of(request)
-    key = key_from(ctx, await read_object(request, 64 * 1024))
+    key = key_from(ctx, await read_object(request, 64 * 1024, keys={"cacheKey", "url", "deviceType"}))
     try:
         return answer(await call(ctx.keeper.schedule_row.remote(key), 3.0))
     except Exception:
@@ -161,7 +161,7 @@ async def queue(request: Request, who: Principal = Depends(require("admin"))) ->
     """``{scope?, paused}``: pause intent for ``all`` or one node (default: this node). ``paused`` is
     true (pause), false (run, even under a cluster pause) or null (a node inherits ``all`` again)."""
     ctx = ctx_of(request)
-    body = await read_object(request, 16 * 1024)
+    body = await read_object(request, 16 * 1024, keys={"scope", "paused"})
     scope = body.get("scope")
     if scope is not None and (not isinstance(scope, str) or not scope):
         raise bad_request('scope must be a node name or "all"')
@@ -219,7 +219,7 @@ async def revalidate(request: Request, who: Principal = Depends(require("admin")
     """``{url, deviceType?}``: that device's key (every scheduled device without ``deviceType``) due
     now on the owning node. 409 without a target: it would render once and be dropped."""
     ctx = ctx_of(request)
-    body = await read_object(request, 64 * 1024)
+    body = await read_object(request, 64 * 1024, keys={"url", "deviceType"})
     url = canonical_url(ctx, body.get("url"))
     device = body.get("deviceType")
     if device is not None:
@@ -250,7 +250,7 @@ async def revalidate(request: Request, who: Principal = Depends(require("admin")
 async def reconcile(request: Request, who: Principal = Depends(require("admin"))) -> JSONResponse:
     """Start a schedule-repair pass on this node (owner-only, scan then write, capped, jittered)."""
     ctx = ctx_of(request)
-    await read_object(request, 1024, allow_empty=True)
+    await read_object(request, 1024, keys=(), allow_empty=True)
     got = await call(ctx.keeper.start_reconcile.remote())
     body = {"node": ctx.node.name, "ownerScopeNote": OWNER_NOTE, **got}
     if not got["started"] and not got["alreadyRunning"]:

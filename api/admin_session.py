@@ -11,8 +11,11 @@ Logout revokes the token cluster-wide: the session id goes into a replicated reg
 adds its own at once and re-reads the rows every ``REVOCATION_REFRESH_S``, so ``principal`` stays a
 synchronous check.
 
-Failed sign-ins (login, and wrong HTTP Basic credentials on any route) are limited per client address
-to ``auth.maxFailedLoginsPerMinute`` per replica; past that the client gets 429 with Retry-After.
+Failed sign-ins (login, and wrong HTTP Basic credentials on any route) are limited per replica to
+``auth.maxFailedLoginsPerMinute`` per (client address, account), and to five times that per address
+across accounts; past that the client gets 429 with Retry-After. The address is the TCP peer unless
+it is one of ``server.trustedProxies`` (``prerender_ray.proxies``), so a rotated X-Forwarded-For buys
+nothing, and one account's wrong password does not lock out the others behind the same address.
 """
 
 from __future__ import annotations
@@ -32,15 +35,15 @@ from prerender_ray.registry import RecordError, decode_json, encode_json
 from prerender_ray.sessions import (
     SESSION_COOKIE,
     Cursors,
-    LoginLimiter,
     SessionClaims,
     SessionTokens,
+    SignInLimiter,
     TokenError,
 )
 from prerender_ray.timeutil import now_ms
 
 from .admin_common import DEADLINE_S, admin_router, answer, call, ctx_of
-from .auth import authenticator
+from .auth import authenticator, client_address, forwarded_https
 from .bodies import bad_request, read_object
 from .context import NodeContext
 
@@ -65,7 +68,7 @@ class Sessions:
             log.warning("no auth.session_secret: sessions and cursors are valid on this replica only")
         self.tokens = SessionTokens(secret, ctx.cfg.auth.session_ttl)
         self.cursors = Cursors(secret)
-        self.limiter = LoginLimiter(ctx.cfg.auth.max_failed_logins_per_minute)
+        self.limiter = SignInLimiter(ctx.cfg.auth.max_failed_logins_per_minute)
         self.revoked: dict[str, int] = {}  # sid -> when the token would have expired
         self._refresher: asyncio.Task | None = None
         self.refreshed_at: float | None = None
@@ -112,20 +115,22 @@ class Sessions:
     # --------------------------------------------------------------------------- failed sign-ins
 
     def client_of(self, request: Request) -> str:
-        return request.client.host if request.client else "unknown"
+        return client_address(request)
 
-    def guard(self, request: Request) -> None:
-        """429 while this client is over its budget of failed sign-ins."""
-        wait = self.limiter.retry_after_ms(self.client_of(request), now_ms())
-        if wait is not None:
+    def guard(self, request: Request, user: str | None) -> None:
+        """429 while this client is over its budget of failed sign-ins for ``user`` (or overall)."""
+        found = self.limiter.retry_after_ms(self.client_of(request), user, now_ms())
+        if found is not None:
+            wait, scope = found
             seconds = max(1, -(-wait // 1000))
-            raise HTTPException(429, detail={"error": "Too many failed sign-ins from this address; retry "
-                                             "later", "retryAfterSeconds": seconds},
+            what = "for this account from this address" if scope == "account" else "from this address"
+            raise HTTPException(429, detail={"error": f"Too many failed sign-ins {what}; retry later",
+                                             "retryAfterSeconds": seconds},
                                 headers={"Retry-After": str(seconds), "cache-control": "no-store"})
 
     def failed(self, request: Request, user: str | None) -> None:
         client = self.client_of(request)
-        self.limiter.failed(client, now_ms())
+        self.limiter.failed(client, user, now_ms())
         log.warning("failed sign-in", client=client, user=(user or "")[:64])
 
     # ------------------------------------------------------------------------------- revocation
@@ -220,7 +225,7 @@ def same_origin(request: Request) -> bool:
 
 def cookie_flags(request: Request, max_age: int) -> dict:
     return {"key": SESSION_COOKIE, "max_age": max_age, "path": "/prerender_admin", "httponly": True,
-            "samesite": "strict", "secure": request.url.scheme == "https"}
+            "samesite": "strict", "secure": forwarded_https(request)}
 
 
 # -------------------------------------------------------------------------------------- the routes
@@ -252,11 +257,11 @@ async def login(request: Request) -> JSONResponse:
                        "without signing in, and nobody else can sign in", "sessionsEnabled": False}, 501)
     if not same_origin(request):
         return answer({"error": "cross-origin sign-in refused"}, 403)
-    sessions.guard(request)
-    body = await read_object(request, 16 * 1024)
+    body = await read_object(request, 16 * 1024, keys={"username", "password", "bearer"})
     username, password, bearer = body.get("username"), body.get("password"), body.get("bearer", False)
     if not isinstance(username, str) or not username or not isinstance(password, str) or not password:
         raise bad_request("username and password are required (non-empty strings)")
+    sessions.guard(request, username)
     if not isinstance(bearer, bool):
         raise bad_request("bearer must be true or false")
     auth = authenticator(ctx)

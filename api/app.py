@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, routing
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from prerender_ray.ingress import reserved_prefixes
 
 from . import admin, health, peer, render_queue, sitemaps, targets
 from .bot import BotMiddleware
@@ -44,4 +47,17 @@ def create_app(ctx: NodeContext) -> FastAPI:
     async def _bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
         return JSONResponse({"error": "bad request", "details": errors}, status_code=400)
+
+    # Every route of ours is kept from the bot path, whatever ingress.routes say (read by api.bot).
+    ctx.extras["reserved-paths"] = reserved_prefixes(route_paths(app))
     return app
+
+
+def route_paths(app: FastAPI) -> Iterator[str]:
+    """The path of every route of ``app``, included routers flattened (FastAPI >= 0.165 keeps them
+    as lazy branches in ``app.routes``; older releases list the routes themselves)."""
+    flatten = getattr(routing, "iter_route_contexts", None)
+    for route in flatten(app.routes) if flatten else app.routes:
+        path = getattr(route, "path", None)
+        if isinstance(path, str):
+            yield path

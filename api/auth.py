@@ -13,6 +13,7 @@ from fastapi import HTTPException, Request
 
 from prerender_ray.auth import LOOPBACK, Principal, is_loopback, verify_password
 from prerender_ray.config import User
+from prerender_ray.proxies import Proxies
 
 from .context import NodeContext
 
@@ -44,22 +45,66 @@ class Authenticator:
         return Principal(name, frozenset(user.roles), "basic")
 
     def principal(self, request: Request) -> Principal | None:
-        header = request.headers.get("authorization", "")
-        scheme, _, value = header.partition(" ")
-        if scheme.lower() == "basic" and value:
-            try:
-                name, _, password = base64.b64decode(value.strip(), validate=True).decode().partition(":")
-            except (ValueError, UnicodeDecodeError):
-                return None
-            return self.check_password(name, password)
+        basic = basic_credentials(request)
+        if basic is not None:
+            return self.check_password(*basic) if basic[0] is not None else None
         sessions = getattr(request.app.state, "sessions", None)
         if sessions is not None:
             found = sessions.principal(request)
             if found is not None:
                 return found
-        if self.open_to_loopback and request.client and is_loopback(request.client.host):
+        if self.open_to_loopback and from_loopback(request):
             return LOOPBACK
         return None
+
+
+def basic_credentials(request: Request) -> tuple[str | None, str] | None:
+    """(user, password) of an HTTP Basic header; user None when it does not decode; None without one."""
+    scheme, _, value = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "basic" or not value:
+        return None
+    try:
+        name, _, password = base64.b64decode(value.strip(), validate=True).decode().partition(":")
+    except (ValueError, UnicodeDecodeError):
+        return None, ""
+    return name, password
+
+
+def proxies_of(ctx: NodeContext) -> Proxies:
+    proxies = ctx.extras.get("proxies")
+    if proxies is None:
+        proxies = ctx.extras["proxies"] = Proxies(ctx.cfg.server.trusted_proxies)
+    return proxies
+
+
+def _peer_and_forwarded(request: Request) -> tuple[str | None, str | None, Proxies]:
+    forwarded = ",".join(request.headers.getlist("x-forwarded-for")) or None
+    return request.client.host if request.client else None, forwarded, proxies_of(request.app.state.ctx)
+
+
+def client_address(request: Request) -> str:
+    """The caller's address: the TCP peer, or behind a trusted proxy the client it forwards for
+    (uvicorn's own proxy-header rewriting is off: it trusted any loopback peer)."""
+    peer, forwarded, proxies = _peer_and_forwarded(request)
+    return proxies.client(peer, forwarded)
+
+
+def from_loopback(request: Request) -> bool:
+    """The caller is on this host: a loopback address, not relayed by a proxy we were not told of
+    (a local reverse proxy must not make every client behind it loopback)."""
+    peer, forwarded, proxies = _peer_and_forwarded(request)
+    if proxies.hides_client(peer, forwarded) or request.headers.get("forwarded"):
+        return False
+    return is_loopback(proxies.client(peer, forwarded))
+
+
+def forwarded_https(request: Request) -> bool:
+    """The client's scheme was https: ours, or the one a trusted proxy forwards."""
+    if request.url.scheme == "https":
+        return True
+    peer, _, proxies = _peer_and_forwarded(request)
+    proto = request.headers.get("x-forwarded-proto", "").split(",")[0].strip().lower()
+    return proxies.trusts(peer) and proto == "https"
 
 
 def authenticator(ctx: NodeContext) -> Authenticator:
@@ -75,13 +120,14 @@ def require(*roles: str) -> Callable[[Request], Any]:
     async def dependency(request: Request) -> Principal:
         ctx: NodeContext = request.app.state.ctx
         sessions = getattr(request.app.state, "sessions", None)  # api.admin_session.Sessions
-        basic = request.headers.get("authorization", "")[:6].lower() == "basic "
+        basic = basic_credentials(request)
+        user = basic[0] if basic else None
         if sessions is not None and basic:
-            sessions.guard(request)  # 429 past auth.maxFailedLoginsPerMinute failed sign-ins
+            sessions.guard(request, user)  # 429 past auth.maxFailedLoginsPerMinute failed sign-ins
         who = authenticator(ctx).principal(request)
         if who is None:
             if sessions is not None and basic:
-                sessions.failed(request, None)
+                sessions.failed(request, user)
             # The console signs in with its own form: no challenge, or the browser would prompt.
             challenge = None if request.headers.get("x-prerender-console") else {
                 "WWW-Authenticate": 'Basic realm="prerender-ray"'}

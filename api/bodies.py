@@ -1,11 +1,18 @@
-"""Request bodies read with a size cap, and JSON answers in the shapes the fleet and admins expect."""
+"""Request bodies read with a size cap, and JSON answers in the shapes the fleet and admins expect.
+
+Every JSON body goes through ``read_object`` (or ``parse_body`` for the fleet's metadata): bounded in
+size and depth before it is parsed (``prerender_ray.jsonbody``), and an object whose keys are declared
+per route, so a typo is a 400 naming it rather than a field silently absent.
+"""
 
 from __future__ import annotations
 
-import json
+from collections.abc import Collection
 from typing import Any
 
 from fastapi import HTTPException, Request
+
+from prerender_ray.jsonbody import JsonError, parse_json, unknown_keys
 
 
 def bad_request(message: str, status: int = 400, **extra: Any) -> HTTPException:
@@ -29,27 +36,42 @@ async def read_body(request: Request, cap: int) -> bytes:
     return b"".join(chunks)
 
 
-async def read_json(request: Request, cap: int = 1024 * 1024, *, allow_empty: bool = False) -> Any:
+def parse_body(data: bytes, what: str = "request body") -> Any:
+    """JSON bytes parsed, or a 400 (not UTF-8, not JSON, nested too deep): never a RecursionError."""
+    try:
+        return parse_json(data, what=what)
+    except JsonError as e:
+        raise bad_request(str(e)) from None
+
+
+def check_keys(obj: dict, keys: Collection[str], what: str = "request body") -> dict:
+    """``obj``, or a 400 naming its keys outside ``keys`` and the accepted ones."""
+    unknown = unknown_keys(obj, keys)
+    if unknown:
+        accepted = sorted(keys)
+        raise bad_request(f"{what} has unknown key{'s' if len(unknown) > 1 else ''} "
+                          f"{', '.join(repr(k) for k in unknown[:10])}; accepted: "
+                          f"{', '.join(accepted) if accepted else 'none'}",
+                          unknownKeys=unknown[:10], acceptedKeys=accepted)
+    return obj
+
+
+async def read_object(request: Request, cap: int = 1024 * 1024, *, keys: Collection[str],
+                      allow_empty: bool = False) -> dict:
+    """The body as a JSON object with no key outside ``keys`` (413 past ``cap`` bytes, else 400)."""
     body = await read_body(request, cap)
     if not body.strip():
         if allow_empty:
             return {}
         raise bad_request("a JSON body is required")
-    try:
-        return json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raise bad_request("request body is not valid JSON") from None
-
-
-async def read_object(request: Request, cap: int = 1024 * 1024, *, allow_empty: bool = False) -> dict:
-    data = await read_json(request, cap, allow_empty=allow_empty)
+    data = parse_body(body)
     if not isinstance(data, dict):
         raise bad_request("request body must be a JSON object")
-    return data
+    return check_keys(data, keys)
 
 
 def int_field(data: dict, name: str, *, default: int | None = None, minimum: int | None = None,
-              allow_none: bool = False) -> int | None:
+              maximum: int | None = None, allow_none: bool = False) -> int | None:
     """An integer field: ints, integral floats and digit strings; anything else is a 400."""
     if name not in data or (data[name] is None and allow_none):
         return default
@@ -64,4 +86,6 @@ def int_field(data: dict, name: str, *, default: int | None = None, minimum: int
         raise bad_request(f"{name} must be an integer, got {data[name]!r}")
     if minimum is not None and v < minimum:
         raise bad_request(f"{name} must be >= {minimum}")
+    if maximum is not None and v > maximum:
+        raise bad_request(f"{name} must be <= {maximum}")
     return v

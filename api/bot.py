@@ -21,7 +21,7 @@ from prerender_ray import logs, metrics
 from prerender_ray.bots import OTHER, BotRegistry
 from prerender_ray.config import Config
 from prerender_ray.configfile import findings
-from prerender_ray.ingress import BadBotRequest, BotRequest, Ingress, NotBot
+from prerender_ray.ingress import RESERVED_PATHS, BadBotRequest, BotRequest, Ingress, NotBot
 from prerender_ray.negotiation import EncodingError
 from prerender_ray.origin_rules import serving_policy
 from prerender_ray.overrides import LiveConfig
@@ -52,7 +52,7 @@ class Serving:
         cfg = ctx.cfg
         self.ctx = ctx
         self.cfg = cfg
-        self.ingress = Ingress(cfg)
+        self.ingress = Ingress(cfg, reserved_of(ctx))
         self.keys = self.ingress.keys
         self.bots = BotRegistry.from_config(cfg)
         self.pages = PageReader.for_node(ctx.data_dir, ctx.node.name, ctx.replica)
@@ -273,6 +273,11 @@ def open_serving(ctx: NodeContext) -> Serving:
     return serving
 
 
+def reserved_of(ctx: NodeContext) -> tuple[str, ...]:
+    """The paths of our own routes (set by api.app when it builds the app), never bot requests."""
+    return ctx.extras.get("reserved-paths", RESERVED_PATHS)
+
+
 def reconfigure(ctx: NodeContext, cfg: Config) -> None:
     """Swap in a config that differs only in live options (routes, default interval, boost): what
     reads the config per request sees it at once; the bot path's route table is rebuilt."""
@@ -282,7 +287,7 @@ def reconfigure(ctx: NodeContext, cfg: Config) -> None:
     serving = ctx.extras.get("serving")
     if serving is not None:
         serving.cfg = serving.flow.cfg = cfg
-        serving.ingress = Ingress(cfg)
+        serving.ingress = Ingress(cfg, reserved_of(ctx))
         serving.keys = serving.ingress.keys
         serving._resolved.clear()
 

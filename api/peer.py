@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from prerender_ray.auth import same_secret
 from prerender_ray.config import PeerRescue
 from prerender_ray.origin_policy import NoCookies
+from prerender_ray.jsonbody import parse_json
 from prerender_ray.pages import PageMeta
 
 from .context import NodeContext
@@ -89,8 +90,8 @@ class PeerPage:
 def parse_metadata(raw: str | None, key: str) -> PageMeta | None:
     """The owner's page metadata, or None when missing or malformed."""
     try:
-        doc = json.loads(raw or "")
-        headers = json.loads(doc.get("headers") or "{}")
+        doc = parse_json(raw or "", what="page metadata")  # depth-bounded: ValueError, never RecursionError
+        headers = parse_json(doc.get("headers") or "{}", what="page headers")
         status = doc["statusCode"]
         if not isinstance(status, int) or isinstance(status, bool) or not isinstance(headers, dict):
             return None

@@ -4,7 +4,6 @@ queue status and control."""
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 
 from fastapi import APIRouter, Depends, Request
@@ -19,7 +18,7 @@ from prerender_ray.registry import QUEUE_CONTROL, QUEUE_STATUS, decode_json
 from prerender_ray.results import ENCODINGS, Result, ResultError
 
 from .auth import require
-from .bodies import bad_request, int_field, read_body, read_object
+from .bodies import bad_request, int_field, parse_body, read_body, read_object
 from .context import NodeContext
 
 router = APIRouter()
@@ -29,6 +28,7 @@ CLAIM_DEADLINE_S = 10.0
 RESULT_DEADLINE_S = 30.0
 SIZE_ERROR = "x-metadata-size must be a positive integer no larger than the request body"
 _DIGITS = re.compile(r"^\s*\d+\s*$")
+CLAIM_KEYS = {"limit"}  # the reference fleet sends exactly {"limit": N}
 
 
 def _ctx(request: Request) -> NodeContext:
@@ -40,7 +40,7 @@ async def claim(request: Request, who: Principal = Depends(require("fleet"))) ->
     """Always 200 with a bare JSON array (the fleet circuit-breaks on anything else); ``[]`` when
     paused, unready or empty, and when the keeper cannot be reached."""
     ctx = _ctx(request)
-    body = await read_object(request, 64 * 1024, allow_empty=True)
+    body = await read_object(request, 64 * 1024, keys=CLAIM_KEYS, allow_empty=True)
     limit = int_field(body, "limit", default=20)
     limit = max(1, min(limit, ctx.cfg.queue.max_claim_limit))
     try:
@@ -90,10 +90,9 @@ async def job_result(request: Request, who: Principal = Depends(require("fleet")
     if raw is None or not _DIGITS.match(raw) or not 0 < int(raw) <= len(body):
         raise bad_request(SIZE_ERROR)
     size = int(raw)
-    try:
-        meta = json.loads(body[:size])
-    except (ValueError, UnicodeDecodeError):
-        raise bad_request("metadata is not valid JSON") from None
+    # Depth-bounded; keys outside §5.1 are ignored here, not refused: the metadata is the fleet's
+    # format, and a newer fleet's extra field must never cost a rendered page.
+    meta = parse_body(body[:size], "metadata")
     content = body[size:] or None
     try:
         result = Result.parse(meta, content)

@@ -81,7 +81,7 @@ def _flag(body: dict, name: str, default: bool) -> bool:
 async def refresh(request: Request, who: Principal = Depends(require("admin"))) -> JSONResponse:
     """``{url?, revalidate?, background?}``: walk one root, or every root when ``url`` is absent."""
     ctx: NodeContext = request.app.state.ctx
-    body = await read_object(request, allow_empty=True)
+    body = await read_object(request, keys={"url", "revalidate", "background"}, allow_empty=True)
     url = sitemap_url(body["url"]) if body.get("url") is not None else None
     if url is not None and (refused := OriginPolicy(ctx.cfg).url_refusal(url)):
         # Refused now rather than walked: the fetch would be refused, and no bot could read its pages.

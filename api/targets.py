@@ -18,6 +18,7 @@ from .context import NodeContext
 router = APIRouter()
 DEADLINE_S = 30.0
 MAX_URLS = 1000  # per revalidate request, as the hosted recache API allows
+MAX_MS = 2**53 - 1  # times and intervals: exact in JSON for the JS fleet; 2**63 and up was a 500
 
 
 def _canonical(ctx: NodeContext, url: object, *, prerender_only: bool = True) -> str:
@@ -43,12 +44,12 @@ async def put_target(request: Request, who: Principal = Depends(require("admin")
     """Put semantics: (re)activate the URL, one row per device, first render jittered unless
     ``nextRenderTime`` (epoch ms) is given."""
     ctx: NodeContext = request.app.state.ctx
-    body = await read_object(request)
+    body = await read_object(request, keys={"url", "renderInterval", "nextRenderTime", "sitemapUrl"})
     url = _canonical(ctx, body.get("url"))
     item = {
         "url": url,
-        "renderInterval": int_field(body, "renderInterval", minimum=1, allow_none=True),
-        "nextRenderTime": int_field(body, "nextRenderTime", minimum=1, allow_none=True),
+        "renderInterval": int_field(body, "renderInterval", minimum=1, maximum=MAX_MS, allow_none=True),
+        "nextRenderTime": int_field(body, "nextRenderTime", minimum=1, maximum=MAX_MS, allow_none=True),
     }
     sitemap = body.get("sitemapUrl")
     if sitemap is not None and not isinstance(sitemap, str):
@@ -86,7 +87,7 @@ async def delete_target(request: Request, url: str = Query(...),
 async def target_action(request: Request, who: Principal = Depends(require("admin"))) -> JSONResponse:
     """``{"action": "revalidate", "urls": [...]}``: every device due now, cached pages expire now."""
     ctx: NodeContext = request.app.state.ctx
-    body = await read_object(request)
+    body = await read_object(request, keys={"action", "urls"})
     if body.get("action") != "revalidate":
         raise bad_request("action must be 'revalidate'")
     urls = body.get("urls")

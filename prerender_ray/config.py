@@ -83,7 +83,21 @@ class Server(Model):
         description="Largest decoded page: a render result whose gzip/br body decodes to more is refused "
                     "(413); a stored or origin body is never decoded past it for a bot or the admin view.",
     )
+    trusted_proxies: list[str] = Field(
+        [],
+        description="IPs/CIDRs of reverse proxies in front of the ingress: only their `X-Forwarded-For` "
+        "and `X-Forwarded-Proto` are believed (client = right-most untrusted hop); empty: the TCP peer, "
+        "always.",
+    )
     tls: Tls = Tls()
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies(cls, v: list[str]) -> list[str]:
+        from .proxies import parse_networks
+
+        parse_networks(v)  # ValueError names the bad entry
+        return v
 
 
 # -------------------------------------------------------------------------------------------- ingress

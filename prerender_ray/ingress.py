@@ -27,7 +27,7 @@ UTF-8 survive when it is decoded with ``errors="surrogateescape"``.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -40,7 +40,9 @@ from .urls import UrlError, url_host, url_path
 if TYPE_CHECKING:
     from .config import Config
 
-# Our own endpoints: never a bot request, whatever the routes say.
+# Our own endpoints: never a bot request, whatever the routes say. The app's routes are added to
+# these at startup (``reserved_prefixes``, from api.app), so a new route cannot be forgotten here;
+# these stay reserved as whole subtrees (an unknown /render_queue/x is ours too, answered 404).
 RESERVED_PATHS = (
     "/prerender_admin",
     "/prerender_peer/page",
@@ -93,18 +95,36 @@ class BadBotRequest:
 Decision = BotRequest | NotBot | BadBotRequest
 
 
-def is_reserved(path: str) -> bool:
-    """True for our own endpoints (the path itself or anything under it)."""
-    if not path.startswith(RESERVED_PATHS):
+def reserved_prefixes(route_paths: Iterable[str], base: Iterable[str] = RESERVED_PATHS) -> tuple[str, ...]:
+    """``base`` plus the static part of each route path (up to its first ``{parameter}`` segment,
+    no trailing slash), sorted, without those under another one. A route whose first segment is a
+    parameter would reserve every path: ValueError."""
+    out = set(base)
+    for path in route_paths:
+        static = path.split("{", 1)[0]
+        if "{" in path:
+            static = static.rpartition("/")[0]  # a segment holding a parameter is not static
+        static = static.rstrip("/")
+        if not static.startswith("/"):
+            raise ValueError(f"route {path!r} would reserve every path from bots")
+        out.add(static)
+    # A prefix under another one adds nothing (is_reserved reserves whole subtrees).
+    return tuple(sorted(p for p in out if not any(p.startswith(q + "/") for q in out)))
+
+
+def is_reserved(path: str, prefixes: tuple[str, ...] = RESERVED_PATHS) -> bool:
+    """True for our own endpoints (a prefix itself or anything under it)."""
+    if not path.startswith(prefixes):
         return False
-    return any(path == p or path.startswith(p + "/") for p in RESERVED_PATHS)
+    return any(path == p or path.startswith(p + "/") for p in prefixes)
 
 
 class Ingress:
     """The ingress options of one config, compiled. Build once per config."""
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, reserved: tuple[str, ...] = RESERVED_PATHS):
         ing = cfg.ingress
+        self.reserved = reserved  # never bot requests: reserved_prefixes() of the app's routes
         self.mode = ing.mode
         self.prefix = ing.bot_path_prefix
         self.router = Router(cfg)
@@ -120,7 +140,7 @@ class Ingress:
 
     def resolve(self, method: str, path: str, query: str, headers: Mapping[str, str]) -> Decision:
         """Decide for one request. ``headers`` must answer lower-case names (Starlette's do)."""
-        if is_reserved(path):
+        if is_reserved(path, self.reserved):
             return NotBot("reserved")
         if self.mode == "prefix":
             return self._prefix(method, path, query, headers)

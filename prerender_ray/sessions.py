@@ -1,4 +1,4 @@
-"""Admin sessions, signed list cursors and the failed-login limiter. Pure: the standard library's
+"""Admin sessions, signed list cursors and the failed-login limiters. Pure: the standard library's
 ``hmac`` and ``hashlib`` only; times are passed in (epoch milliseconds).
 
 A session token is ``<payload>.<signature>``, both base64url without padding: the payload is compact
@@ -20,6 +20,7 @@ import hashlib
 import hmac
 import json
 from collections import OrderedDict, deque
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 SESSION_COOKIE = "prerender_session"
@@ -156,9 +157,9 @@ class LoginLimiter:
         self.limit = max(1, int(limit))
         self.window_ms = window_ms
         self.max_clients = max_clients
-        self._fails: OrderedDict[str, deque[int]] = OrderedDict()
+        self._fails: OrderedDict[Hashable, deque[int]] = OrderedDict()
 
-    def _recent(self, client: str, now: int) -> deque[int] | None:
+    def _recent(self, client: Hashable, now: int) -> deque[int] | None:
         fails = self._fails.get(client)
         if fails is None:
             return None
@@ -169,14 +170,14 @@ class LoginLimiter:
             return None
         return fails
 
-    def retry_after_ms(self, client: str, now: int) -> int | None:
+    def retry_after_ms(self, client: Hashable, now: int) -> int | None:
         """None while the client may try; else how long until it may try again."""
         fails = self._recent(client, now)
         if fails is None or len(fails) < self.limit:
             return None
         return max(1, fails[0] + self.window_ms - now)
 
-    def failed(self, client: str, now: int) -> None:
+    def failed(self, client: Hashable, now: int) -> None:
         fails = self._recent(client, now)
         if fails is None:
             fails = self._fails[client] = deque(maxlen=self.limit)
@@ -187,3 +188,36 @@ class LoginLimiter:
 
     def __len__(self) -> int:
         return len(self._fails)
+
+
+ADDRESS_FACTOR = 5  # the per-address cap across accounts, in multiples of the per-account limit
+ACCOUNT_CHARS = 64  # of an account name kept as a key (a name is whatever a client sends)
+
+
+class SignInLimiter:
+    """Failed sign-ins counted per (address, account), plus a looser cap per address across accounts.
+
+    One account's wrong password (a fleet worker with a stale secret) locks that account from that
+    address only; the admins behind the same address (one proxy, one NAT) go on signing in. Guessing
+    across many account names from one address still stops at ``ADDRESS_FACTOR`` x ``limit``.
+    A refused attempt is not counted: a locked account cannot drag its address over the cap."""
+
+    def __init__(self, limit: int, window_ms: int = 60_000, max_clients: int = 10_000):
+        self.pairs = LoginLimiter(limit, window_ms, max_clients)
+        self.addresses = LoginLimiter(max(1, int(limit)) * ADDRESS_FACTOR, window_ms, max_clients)
+
+    @staticmethod
+    def _pair(address: str, account: str | None) -> tuple[str, str]:
+        return address, (account or "")[:ACCOUNT_CHARS]
+
+    def retry_after_ms(self, address: str, account: str | None, now: int) -> tuple[int, str] | None:
+        """None while (address, account) may try; else (ms to wait, "account" | "address")."""
+        wait = self.pairs.retry_after_ms(self._pair(address, account), now)
+        if wait is not None:
+            return wait, "account"
+        wait = self.addresses.retry_after_ms(address, now)
+        return None if wait is None else (wait, "address")
+
+    def failed(self, address: str, account: str | None, now: int) -> None:
+        self.pairs.failed(self._pair(address, account), now)
+        self.addresses.failed(address, now)

@@ -14,6 +14,7 @@ from prerender_ray.ingress import (
     Ingress,
     NotBot,
     is_reserved,
+    reserved_prefixes,
     resolve,
 )
 
@@ -155,6 +156,28 @@ def test_a_path_that_only_starts_like_a_reserved_one_is_not_reserved() -> None:
     assert not is_reserved("/prerender_administration")
     assert not is_reserved("/metricsx")
     assert not is_reserved("/p/https://x.com/metrics")
+
+
+def test_reserved_prefixes_are_the_static_part_of_each_route_path() -> None:
+    got = reserved_prefixes(["/render_targets", "/sitemaps", "/prerender_admin/", "/prerender_admin/{rest:path}",
+                             "/x/static/{name}", "/y/pre{id}/z", "/queue_control"], base=("/metrics",))
+    assert got == ("/metrics", "/prerender_admin", "/queue_control", "/render_targets", "/sitemaps", "/x/static", "/y")
+    assert reserved_prefixes(["/render_queue/claim", "/healthz"]) == tuple(sorted(RESERVED_PATHS))  # the base covers them
+    for path in ("/render_targets", "/render_targets/x", "/sitemaps", "/y/anything"):
+        assert is_reserved(path, got)
+    assert not is_reserved("/render_targetsx", got) and not is_reserved("/x/staticx", got)
+    with pytest.raises(ValueError, match="every path"):
+        reserved_prefixes(["/{anything:path}"])
+
+
+def test_the_reserved_prefixes_an_ingress_is_given_are_the_ones_it_keeps() -> None:
+    everything = [{"match": "prefix", "path": "/"}]
+    ingress = Ingress(parse({"ingress": {"mode": "forwarded", "deviceTypeSource": "header", "routes": everything},
+                             "domains": ["www.example.com"]}).config,
+                      reserved_prefixes(["/render_targets"]))
+    assert ingress.resolve("PUT", "/render_targets", "", HOST) == NotBot("reserved")
+    assert ingress.resolve("GET", "/healthz", "", HOST) == NotBot("reserved")  # the base stays
+    assert isinstance(ingress.resolve("GET", "/render_targets_page", "", HOST), BotRequest)
 
 
 # --------------------------------------------------------------------------------- forwarded mode

@@ -17,7 +17,16 @@ from prerender_ray.config import Config
 from prerender_ray.explain import Explainer
 from prerender_ray.fanout import sum_documents
 from prerender_ray.nodes import NodeInfo
-from prerender_ray.sessions import Cursors, LoginLimiter, SessionTokens, Signer, TokenError, derive_key
+from prerender_ray.sessions import (
+    ADDRESS_FACTOR,
+    Cursors,
+    LoginLimiter,
+    SessionTokens,
+    Signer,
+    SignInLimiter,
+    TokenError,
+    derive_key,
+)
 from prerender_ray.urls import UrlError
 from tests.support import brotli_bomb
 
@@ -92,6 +101,23 @@ def test_failed_logins_are_bounded_per_client_and_window() -> None:
     lim.failed("10.0.0.2", T0)
     lim.failed("10.0.0.3", T0)
     assert len(lim) == 2  # memory is bounded: the least recent client is forgotten
+
+
+def test_one_accounts_failures_lock_that_account_only_and_the_address_has_a_looser_cap() -> None:
+    lim = SignInLimiter(3, window_ms=60_000)
+    for i in range(3):
+        assert lim.retry_after_ms("10.0.0.1", "renderer", T0 + i) is None
+        lim.failed("10.0.0.1", "renderer", T0 + i)
+    assert lim.retry_after_ms("10.0.0.1", "renderer", T0 + 10) == (60_000 - 10, "account")
+    assert lim.retry_after_ms("10.0.0.1", "ops", T0 + 10) is None  # the admins behind the same address
+    assert lim.retry_after_ms("10.0.0.2", "renderer", T0 + 10) is None
+    # guessing across account names from one address stops at ADDRESS_FACTOR x the limit
+    for i in range(3 * ADDRESS_FACTOR - 3):
+        lim.failed("10.0.0.1", f"guess{i}", T0 + 20)
+    assert lim.retry_after_ms("10.0.0.1", "ops", T0 + 30) == (60_000 - 30, "address")
+    assert lim.retry_after_ms("10.0.0.2", "ops", T0 + 30) is None
+    lim.failed("10.0.0.3", "x" * 10_000, T0)  # an account name is cut before it is kept
+    assert lim.retry_after_ms("10.0.0.3", "x" * 10_000, T0) is None
 
 
 # ----------------------------------------------------------------------------------------- explain
@@ -390,3 +416,21 @@ async def test_without_users_loopback_is_admin_and_login_says_why_not() -> None:
         assert r.status_code == 501 and "auth.users" in r.json()["error"]
         r = await c.get("/prerender_admin/config")
         assert r.status_code == 200 and r.json()["config"]["auth"]["session_secret"] == "<empty>"
+
+
+async def test_loopback_behind_a_proxy_we_were_not_told_of_is_not_trusted() -> None:
+    """With no users, loopback callers are admins: a local reverse proxy relaying a remote client
+    (it says so in X-Forwarded-For) must not make that client one, unless it is a trusted proxy
+    vouching for a loopback client."""
+    async def who(c: httpx.AsyncClient, **headers: str) -> bool:
+        return (await c.get("/prerender_admin/session", headers=headers)).json()["authenticated"]
+
+    async with app_for({}) as c:
+        assert await who(c)
+        assert not await who(c, **{"x-forwarded-for": "203.0.113.9"})
+        assert not await who(c, **{"x-forwarded-for": "127.0.0.1"})  # an untrusted proxy's word is nothing
+        assert not await who(c, forwarded="for=203.0.113.9")
+    async with app_for({"server": {"trustedProxies": ["127.0.0.0/8"]}}) as c:
+        assert await who(c) and await who(c, **{"x-forwarded-for": "127.0.0.5"})
+        assert not await who(c, **{"x-forwarded-for": "203.0.113.9"})
+        assert not await who(c, **{"x-forwarded-for": "127.0.0.5, 203.0.113.9"})

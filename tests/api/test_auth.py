@@ -65,3 +65,20 @@ def test_a_wrong_password_or_garbage_credentials_are_401(node) -> None:
     r = httpx.post(node.url + "/render_queue/claim", json={}, headers={"authorization": "Basic !!!"})
     assert r.status_code == 401
     assert httpx.get(node.url + "/healthz").status_code == 200  # probes stay open
+
+
+def test_the_failed_sign_in_limiter_keys_on_the_peer_and_the_account(node) -> None:
+    """Last in this module (it locks "renderer" for a minute). From 127.0.0.1 with no trusted proxies:
+    a rotated X-Forwarded-For buys no fresh attempts, and the fleet's wrong password locks the fleet
+    account only, not the admins behind the same address."""
+    claim = node.url + "/render_queue/claim"
+    codes = [httpx.post(claim, json={}, auth=("mallory", "guess"), timeout=15,
+                        headers={"x-forwarded-for": f"198.51.100.{i}"}).status_code for i in range(11)]
+    assert codes == [401] * 10 + [429], codes
+    stale = [httpx.post(claim, json={}, **as_user("renderer", "stale"), timeout=15).status_code for _ in range(10)]
+    assert set(stale) <= {401, 429} and stale[-1] == 429, stale  # an earlier test failed it once too
+    r = httpx.post(claim, json={}, **as_user("renderer"), timeout=15)
+    assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1, r.text  # even the right password now
+    assert "for this account" in r.json()["error"]
+    assert httpx.get(node.url + "/prerender_admin/queue-state", **as_user("ops"), timeout=15).status_code == 200
+    assert httpx.get(node.url + "/queue_status", **as_user("watcher"), timeout=15).status_code == 200

@@ -127,3 +127,31 @@ async def test_peer_rescue_asks_only_the_owners_address_from_the_node_list(tmp_p
         canary.close()
     assert len(asked["owner"]) == 1 and asked["owner"][0].startswith(b"GET /prerender_peer/page?key=")
     assert asked["canary"] == []
+
+
+@pytest.mark.parametrize("mode", ["forwarded", "prefix"])
+def test_every_route_of_the_built_app_is_reserved_from_the_bot_path(mode: str) -> None:
+    """Derived from the app itself, so a new route cannot be forgotten: even a catch-all prerender
+    route (or a bot prefix of ``/``) never turns an admin or fleet request into a bot request."""
+    from fastapi.routing import iter_route_contexts
+
+    from prerender_ray.api.app import create_app
+    from prerender_ray.api.bot import reserved_of
+    from prerender_ray.ingress import Ingress, NotBot
+
+    cfg = Config.model_validate({"domains": ["x.example"], "ingress": {
+        "mode": mode, "botPathPrefix": "/", "routes": [{"match": "prefix", "path": "/"}]}})
+    ctx = NodeContext(cfg=cfg, node=NodeInfo("n1", "127.0.0.1", 1), data_dir="/nonexistent")
+    app = create_app(ctx)
+    ingress = Ingress(cfg, reserved_of(ctx))
+    headers = {"x-forwarded-host": "x.example", "user-agent": "Googlebot/2.1"}
+    routes = [(r.path, sorted(r.methods or ["GET"])) for r in iter_route_contexts(app.routes)]
+    assert len(routes) > 30 and ("/render_targets", ["PUT"]) in routes
+    for path, methods in routes:
+        concrete = path.replace("{rest:path}", "a/b").replace("{name}", "x")
+        assert "{" not in concrete, path
+        for method in methods:
+            assert ingress.resolve(method, concrete, "", headers) == NotBot("reserved"), (method, path)
+    page = "/product/1" if mode == "forwarded" else "/https://x.example/product/1"
+    assert type(ingress.resolve("GET", page, "", headers)).__name__ == "BotRequest"  # the rest is not
+    app.state.sessions.close()
