@@ -29,7 +29,9 @@ from prerender_ray.registry import TARGET
 from prerender_ray.replication import Version, hlc_bytes, payload_of, unwrap, wins, wrap_many
 
 VIDX = b"\x00v"  # \x00v <hlc:8> <key>  -> b""
-HPTR = b"\x00h"  # \x00h <key>          -> <hlc:8>
+HPTR = b"\x00h"  # \x00h <key>          -> <hlc:8><live:1> (older versions wrote the hlc alone)
+LIVE = b"\x00c"  # \x00c                -> <live records:8>: pages, or targets in the registry
+_LIVE_FLAG = (b"\x00", b"\x01")
 _HLC = struct.Struct(">Q")
 DBS = ("registry", "pages")
 BATCH_RECORDS = 500
@@ -58,6 +60,42 @@ class Replica:
     def _db(self, name: str) -> Any:
         return self.registry if name == "registry" else self.pages
 
+    # ------------------------------------------------------------------------------ live counts
+
+    def load_live_counts(self) -> None:
+        """Exact counts of live pages and targets, kept in each store under ``LIVE`` and updated in
+        the same write batch as the records they count; a store that has none yet is counted once."""
+        self.live: dict[str, int] = {}
+        for name in DBS:
+            db = self._db(name)
+            raw = db.get(LIVE)
+            if raw is not None and len(raw) == _HLC.size:
+                self.live[name] = _HLC.unpack(raw)[0]
+                continue
+            # the internal families (\x00...) sort before every page key
+            rows = db.items(TARGET) if name == "registry" else db.items(b"", b"\x01")
+            n = sum(1 for _, v in rows if payload_of(v) is not None)
+            self.live[name] = n
+            db.write([(LIVE, _HLC.pack(n))])
+
+    def _counted(self, name: str, keys: list[bytes], payloads: list[bytes | None],
+                 lives: list[bool | None]) -> tuple[bytes, bytes]:
+        """The ``LIVE`` op for a batch writing ``payloads`` at ``keys`` over records whose liveness
+        was ``lives`` (None: unknown, an old pointer: read it)."""
+        db, delta = self._db(name), 0
+        seen: dict[bytes, bool] = {}  # a key written twice in one batch: its first write came before
+        for key, payload, was in zip(keys, payloads, lives):
+            if name == "registry" and not key.startswith(TARGET):
+                continue
+            if key in seen:
+                was = seen[key]
+            elif was is None:
+                was = payload_of(db.get(key)) is not None
+            seen[key] = payload is not None
+            delta += seen[key] - was
+        self.live[name] = max(0, self.live[name] + delta)
+        return LIVE, _HLC.pack(self.live[name])
+
     # -------------------------------------------------------------------------------- committing
 
     def commit_local(self, name: str, ops: list[tuple[bytes, bytes | None]]) -> int:
@@ -66,8 +104,8 @@ class Replica:
         if not ops:
             return 0
         db = self._db(name)
-        olds, helds = self._held(db, name, [key for key, _ in ops])
-        self._commit(db, name, ops, olds, helds)
+        olds, helds, lives = self._held(db, name, [key for key, _ in ops])
+        self._commit(db, name, ops, olds, helds, lives)
         return len(ops)
 
     def commit_absent(self, name: str, ops: list[tuple[bytes, bytes]]) -> list[bytes | None]:
@@ -77,20 +115,22 @@ class Replica:
         if not ops:
             return []
         db = self._db(name)
-        olds, helds = self._held(db, name, [key for key, _ in ops])
+        olds, helds, lives = self._held(db, name, [key for key, _ in ops])
         live = [payload_of(old) for old in olds]
         fresh = [i for i, payload in enumerate(live) if payload is None]
         if len(fresh) < len(ops):
-            ops, olds, helds = ([col[i] for i in fresh] for col in (ops, olds, helds))
+            ops, olds, helds, lives = ([col[i] for i in fresh] for col in (ops, olds, helds, lives))
         if fresh:
-            self._commit(db, name, ops, olds, helds)
+            self._commit(db, name, ops, olds, helds, lives)
         return live
 
-    def _commit(self, db: Any, name: str, ops: list, olds: list, helds: list) -> None:
+    def _commit(self, db: Any, name: str, ops: list, olds: list, helds: list, lives: list) -> None:
         first = self.clock.reserve(len(ops))
         records = wrap_many(self.node, first, [p for _, p in ops])
-        db.write(self._batch(name, [(key, records[i], first + i, payload, olds[i], helds[i])
-                                    for i, (key, payload) in enumerate(ops)]))
+        batch = self._batch(name, [(key, records[i], first + i, payload, olds[i], helds[i])
+                                   for i, (key, payload) in enumerate(ops)])
+        batch.append(self._counted(name, [k for k, _ in ops], [p for _, p in ops], lives))
+        db.write(batch)
         for peer in self.peers:
             self._enqueue(peer, [[name, key, record] for (key, _), record in zip(ops, records)])
 
@@ -99,9 +139,9 @@ class Replica:
         db = self._db(name)
         now = time.time() * 1000
         keys = [key for key, _ in items]
-        olds, helds = self._held(db, name, keys)
-        accepted = []
-        for (key, record), held_hlc, old in zip(items, helds, olds):
+        olds, helds, lives = self._held(db, name, keys)
+        accepted, was = [], []
+        for (key, record), held_hlc, old, live in zip(items, helds, olds, lives):
             version, payload = unwrap(record)
             held = _HLC.unpack(held_hlc)[0] if held_hlc is not None else -1
             if version.hlc < held or (version.hlc == held and not wins(record, old or db.get(key))):
@@ -109,7 +149,11 @@ class Replica:
             self.clock.observe(version)
             metrics.replication_lag_seconds.observe(max(0.0, (now - version.wall_ms) / 1000))
             accepted.append((key, record, version.hlc, payload, old, held_hlc))
-        db.write(self._batch(name, accepted))
+            was.append(live)
+        batch = self._batch(name, accepted)
+        if accepted:
+            batch.append(self._counted(name, [r[0] for r in accepted], [r[3] for r in accepted], was))
+        db.write(batch)
         return len(accepted)
 
     def _batch(self, name: str, rows: list[tuple[bytes, bytes, int, bytes | None, bytes | None, bytes | None]]
@@ -130,7 +174,7 @@ class Replica:
             if held is not None and held != hlc:
                 retired.append((VIDX + held + key, None))
             if not registry:
-                pointers.append((HPTR + key, hlc))
+                pointers.append((HPTR + key, hlc + _LIVE_FLAG[payload is not None]))
             elif key.startswith(TARGET):
                 index(derived, key, old, payload)
             records.append((key, record))
@@ -139,14 +183,16 @@ class Replica:
         return retired + versions + pointers + derived + records
 
     @staticmethod
-    def _held(db: Any, name: str, keys: list[bytes]) -> tuple[list, list]:
-        """(held records, their HLCs as 8 bytes). A registry record is read whole anyway (the
-        by-sitemap index needs it), so its own header gives the version; a page is not: an 8-byte
-        pointer decides the race without reading 30 KB."""
+    def _held(db: Any, name: str, keys: list[bytes]) -> tuple[list, list, list]:
+        """(held records, their HLCs as 8 bytes, whether each is live: None when not known). A
+        registry record is read whole anyway (the by-sitemap index needs it), so its own header gives
+        the version; a page is not: a pointer decides the race without reading 30 KB."""
         if name == "registry":
             olds = db.get_many(keys)
-            return olds, [hlc_bytes(o) for o in olds]
-        return [None] * len(keys), db.get_many([HPTR + key for key in keys])
+            return olds, [hlc_bytes(o) for o in olds], [payload_of(o) is not None for o in olds]
+        pointers = db.get_many([HPTR + key for key in keys])
+        return ([None] * len(keys), [p[:8] if p is not None else None for p in pointers],
+                [False if p is None else (p[8] == 1 if len(p) > 8 else None) for p in pointers])
 
     async def apply_remote(self, records: list[Record]) -> int:
         """Records shipped by a peer (or pulled in a catch-up)."""

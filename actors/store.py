@@ -14,7 +14,7 @@ import ray
 from prerender_ray import logs
 from prerender_ray.config import Config
 from prerender_ray.registry import TARGET, SitemapReader, by_sitemap_prefix, sitemap_of_record
-from prerender_ray.replication import CLOCK_OFFSET_ENV, Clock, payload_of, unwrap, wall_clock
+from prerender_ray.replication import CLOCK_OFFSET_ENV, Clock, payload_of, wall_clock
 from prerender_ray.stores import PAGES, REGISTRY, Store, store_path
 
 from .common import bulk_gc, untraced
@@ -43,6 +43,7 @@ class NodeStore(Replica):
         self._tasks: list = []
         self._sitemap_of = SitemapReader()
         self.log.info("store open", pages=str(self.pages.path), registry=str(self.registry.path))
+        self.load_live_counts()
         self.init_replica(list(peers))
 
     # ------------------------------------------------------------------------------------ writes
@@ -118,12 +119,12 @@ class NodeStore(Replica):
         return out
 
     async def counts(self) -> dict:
-        targets = sum(1 for _, v in self.registry.items(TARGET) if unwrap(v)[1] is not None)
-        return {"targets": targets, "pages": self.pages.estimate_keys()}
+        """Exact: kept with every write (``Replica.load_live_counts``)."""
+        return {"targets": self.live["registry"], "pages": self.live["pages"]}
 
     async def status(self) -> dict:
-        return {"live": True, "pid": os.getpid(), "pages": self.pages.estimate_keys(),
-                "registry": self.registry.estimate_keys(), "replication": self.replication_status()}
+        return {"live": True, "pid": os.getpid(), "pages": self.live["pages"], "targets": self.live["registry"],
+                "replication": self.replication_status()}
 
     async def close(self) -> None:
         for task in [*self._tasks, *self.shippers.values()]:

@@ -6,8 +6,8 @@
   that did not answer, is no longer a member, or whose live status differs from its row.
 - Backlog: due now, in flight, unclaimed, and a 24 h histogram of due times (hour by hour ahead),
   summed over the nodes that answered (``partial`` says when one did not).
-- Table counts (targets, pages) from a per-replica snapshot refreshed at most every
-  ``management.backlogSnapshotInterval``: counting targets is a scan, never done per page view.
+- Table counts (targets, pages): exact, kept by the node's store with every write, asked at most
+  every ``COUNTS_FRESH_MS`` per replica (``countsAsOf`` says when).
 - Leases in flight, and each node's last reconcile.
 """
 
@@ -32,6 +32,7 @@ from .context import NodeContext
 
 router = admin_router()
 COUNTS_WAIT_S = 2.0  # an overview waits this long for a fresh count, then shows the previous one
+COUNTS_FRESH_MS = 2_000  # the store answers counts in O(1): a count is at most this old
 COUNTS_DEADLINE_S = 120.0
 
 
@@ -69,7 +70,7 @@ class CountsSnapshot:
 def counts_of(ctx: NodeContext) -> CountsSnapshot:
     snap = ctx.extras.get("admin-counts")
     if snap is None:
-        snap = ctx.extras["admin-counts"] = CountsSnapshot(ctx.cfg.management.backlog_snapshot_interval)
+        snap = ctx.extras["admin-counts"] = CountsSnapshot(COUNTS_FRESH_MS)
     return snap
 
 
@@ -158,7 +159,7 @@ async def overview(request: Request, who: Principal = Depends(require("viewer"))
                       "jobLeaseTime": cfg.queue.job_lease_time,
                       "defaultRenderInterval": cfg.render.default_interval,
                       "peerTimeoutMs": cfg.management.peer_timeout_ms,
-                      "countsInterval": cfg.management.backlog_snapshot_interval},
+                      "countsInterval": COUNTS_FRESH_MS},
         "reconcile": {n["name"]: n["reconcile"] for n in nodes if n["reconcile"] is not None},
     }
     return answer(body)

@@ -350,9 +350,10 @@ class Management(Model):
     peer_timeout_ms: PositiveDuration = Field(2_500, description="Deadline of admin calls to other nodes.")
     scan_cap: int = Field(20_000, ge=1, description="Cap on rows scanned by admin counts.")
     backlog_snapshot_interval: NonNegDuration = Field(
-        900_000, description="How often the overview's backlog snapshot refreshes (0 = manual)."
+        900_000, description="Accepted for older configs, no effect: the overview's counts are exact and "
+        "at most 2 s old (the store keeps them with every write)."
     )
-    snapshot_table_counts: bool = Field(True, description="Count table rows in the backlog snapshot.")
+    snapshot_table_counts: bool = Field(True, description="Show the exact target and page counts in the overview.")
     page_size: int = Field(50, ge=1, le=1000, description="Rows per page in admin lists.")
 
 

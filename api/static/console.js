@@ -166,7 +166,7 @@
     const b = o.backlog;
     const counts = o.counts || {};
     $('tiles').replaceChildren(
-      tile('Targets', fmtNum(counts.targets), 'targets'), tile('Cached pages (est.)', fmtNum(counts.pages), 'pages'),
+      tile('Targets', fmtNum(counts.targets), 'targets'), tile('Cached pages', fmtNum(counts.pages), 'pages'),
       tile('Due now', fmtNum(b.due), 'due'), tile('In flight', fmtNum(b.inFlight), 'inFlight'),
       tile('Unclaimed', fmtNum(b.unclaimed), 'unclaimed'), tile('Due next 60 min', fmtNum(b.next60m), 'next60m'),
       tile('Due next 24 h', fmtNum(b.next24h), 'next24h'), tile('Rows held', fmtNum(b.held), 'held'));
