@@ -110,6 +110,7 @@ class IngressReplica:
                                findings=_findings(cfg))
         # What start-up printed as config warnings, as a gauge an operator can alert on.
         metrics.config_warnings.set(sum(1 for f in self.ctx.findings if f.severity == "warn"))
+        metrics.prime()
         self.app = create_asgi(self.ctx)  # the bot path in front of the FastAPI routers
         # The bot path's page reader (a RocksDB secondary, caught up on a timer) and origin client.
         open_serving(self.ctx)

@@ -20,9 +20,6 @@ ENV = "PROMETHEUS_MULTIPROC_DIR"
 loop_errors = Counter(
     "prerender_loop_errors_total", "Exceptions survived by a background loop.", ["loop"]
 )
-http_requests = Counter(
-    "prerender_http_requests_total", "HTTP requests answered by the ingress.", ["app", "status"]
-)
 
 # --- queue
 keeper_rows = Gauge("prerender_keeper_rows", "Schedule rows held by the keeper.", multiprocess_mode="livemax")
@@ -85,6 +82,19 @@ sitemap_documents = Counter("prerender_sitemap_documents_total", "Sitemap docume
 sitemap_walks = Counter("prerender_sitemap_walks_total", "Sitemap walks by how they ended.", ["outcome"])
 sitemap_walks_running = Gauge("prerender_sitemap_walks_running", "Sitemap walks running.", multiprocess_mode="livesum")
 config_warnings = Gauge("prerender_config_warnings", "Risky-config findings.", multiprocess_mode="livemax")
+
+
+# Every background loop's name: primed at 0, so a dashboard's error panel has a series before the
+# first error (tests/test_metrics.py checks that each loop_errors label used in the code is listed).
+LOOPS = ("bot-metrics", "controller", "keeper-load", "keeper-overrides", "keeper-publish", "keeper-status",
+         "keeper-verify", "lease-sweep", "page-catch-up", "rebuild", "reconcile", "session-revocations",
+         "sitemap-daily", "sitemap-resume", "unrouted-report")
+
+
+def prime() -> None:
+    """Zero-valued series for the label sets a dashboard queries (absent would read as "no data")."""
+    for loop in LOOPS:
+        loop_errors.labels(loop)
 
 
 def render() -> bytes:

@@ -422,3 +422,29 @@ def test_bot_analytics_and_serve_outcomes_are_metrics(node, site) -> None:
                 and 'prerender_bot_serves_total{bot="Googlebot",cache_status="miss",source="origin"}' in text)
 
     wait_for(seen, what="the bot metrics")
+
+
+def test_every_series_the_grafana_dashboard_queries_exists_on_a_running_node(node, site) -> None:
+    import json
+    import re
+    from pathlib import Path
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    render(node, f"{site.base}/dash/page")  # a claim and a result, then a cache hit
+    bot(node, f"{site.base}/dash/miss")  # an origin fetch
+    dashboard = json.loads((Path(__file__).parents[2] / "docs" / "grafana-dashboard.json").read_text())
+    queried = {name for p in dashboard["panels"] for t in p["targets"]
+               for name in re.findall(r"\bprerender_[a-z_]+", t["expr"])}
+    assert len(queried) >= 10
+    exposed: set[str] = set()
+
+    def scraped() -> bool:  # the bot path flushes its counters every few seconds
+        text = httpx.get(f"{node.url}/metrics", timeout=10).text
+        exposed.update(s.name for f in text_string_to_metric_families(text) for s in f.samples)
+        return queried <= exposed
+
+    try:
+        wait_for(scraped, timeout=20, what="every queried series")
+    finally:
+        assert queried <= exposed, sorted(queried - exposed)
