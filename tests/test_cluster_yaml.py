@@ -26,7 +26,12 @@ def test_cluster_yaml_passes_rays_validation() -> None:
 
 def test_cluster_yaml_installs_prerender_ray_names_nodes_and_uses_token_auth() -> None:
     cfg = load()
-    assert any("pip install" in c and "/opt/prerender" in c for c in cfg["setup_commands"])
+    assert any("pip install" in c and "~/prerender" in c for c in cfg["setup_commands"])
+    # nothing assumes a writable /opt or root, the local venv and data never travel, and
+    # `ray exec` finds prerender-ray on its login shell's PATH
+    assert not any("/opt" in c or "sudo" in c for c in cfg["setup_commands"]) and "/opt" not in str(cfg["file_mounts"])
+    assert {"**/.venv", "data"} <= set(cfg["rsync_exclude"])
+    assert any("bashrc" in c and "prerender-venv/bin" in c for c in cfg["setup_commands"])
     for key in ("head_start_ray_commands", "worker_start_ray_commands"):
         start = " ".join(cfg[key])
         assert "RAY_AUTH_MODE=token" in start
