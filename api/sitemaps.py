@@ -23,6 +23,7 @@ from prerender_ray.registry import (
     sitemap_key,
     sitemap_run_key,
 )
+from prerender_ray.sitemap_rules import first_renders
 from prerender_ray.urls import UrlError, whatwg_path
 
 from .auth import require
@@ -100,7 +101,8 @@ async def refresh(request: Request, who: Principal = Depends(require("admin"))) 
                            "node": ctx.node.name}, 503)
         for s in started:
             s["progress"] = progress_path(s["url"])
-        return answer({"background": True, "sitemaps": started})
+        return answer({"background": True, "sitemaps": started,
+                       "firstRenders": first_renders(revalidate, ctx.cfg.page)})
     from prerender_ray.actors.common import DeadlineExceeded
 
     try:

@@ -302,6 +302,18 @@ def plan_batch(
     return plan
 
 
+def first_renders(revalidate: bool, page: Page) -> dict:
+    """When a walk's new pages get their first render, for the walk's answer: now with
+    ``revalidate``, else at a fixed point within each page's cadence (its changefreq, ``page.ttl``
+    without one), so that no day has a herd."""
+    if revalidate:
+        return {"when": "now", "note": "every listed page is due this minute; the fleet renders them as it claims"}
+    longest = max(changefreq_interval(f, page) for f in (*CHANGEFREQ_MS, None))
+    return {"when": "spread", "defaultCadenceMs": changefreq_interval(None, page), "longestCadenceMs": longest,
+            "note": "a new page's first render falls at a fixed point within its cadence (its changefreq, "
+                    "page.ttl without one); send revalidate: true to render every listed page now"}
+
+
 def still_listed(candidates: set[str], listing: str, entries: Iterable[SitemapEntry],
                  classify: Classify, canonicalize: Canonicalize, into: dict[str, str]) -> None:
     """Record in ``into`` which of ``candidates`` (targets of a sitemap being deleted) the remaining

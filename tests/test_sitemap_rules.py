@@ -693,3 +693,14 @@ def test_the_zone_may_be_given_as_a_tzinfo_and_bad_time_parts_become_zero() -> N
     assert next_daily_refresh("xx:45", "UTC", now) == _ms("2024-06-02T00:45")
     assert next_daily_refresh("25:99", "UTC", now) == _ms("2024-06-02T00:00")
     assert next_daily_refresh("7", "UTC", now) == _ms("2024-06-02T07:00")
+
+
+def test_a_walks_answer_says_when_its_new_pages_first_render() -> None:
+    from prerender_ray.config import Config
+    from prerender_ray.sitemap_rules import first_renders
+
+    page = Config().page
+    assert first_renders(True, page)["when"] == "now"
+    spread = first_renders(False, page)
+    assert spread["when"] == "spread" and spread["defaultCadenceMs"] == page.ttl
+    assert spread["longestCadenceMs"] == 365 * 86_400_000 and "revalidate" in spread["note"]

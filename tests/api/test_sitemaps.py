@@ -55,6 +55,7 @@ def start(base: str, url: str, **body: object) -> dict:
     assert r.status_code == 200, r.text
     doc = r.json()
     assert doc["background"] is True
+    assert doc["firstRenders"]["when"] == ("now" if body.get("revalidate") else "spread")
     return doc["sitemaps"][0]
 
 
