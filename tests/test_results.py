@@ -100,37 +100,57 @@ def test_header_names_are_lowercased_and_absent_values_dropped() -> None:
     assert r.headers == {"content-type": "text/html", "etag": '"1"', "x-count": "3"}
 
 
-@pytest.mark.parametrize(
-    "value, expected",
-    [
-        (200, 200),
-        ("404", 404),
-        (301.0, 301),
-        ("abc", None),
-        (True, None),
-        (None, None),
-        (float("nan"), None),
-        ("", None),
-    ],
-)
-def test_the_status_code_is_read_as_a_number_and_junk_is_absent(value: Any, expected: int | None) -> None:
+@pytest.mark.parametrize("value, expected", [(200, 200), (100, 100), (599, 599), (301.0, 301), (None, None)])
+def test_the_status_code_is_an_integer_from_100_to_599_or_absent(value: Any, expected: int | None) -> None:
     assert Result.parse({"id": KEY, "statusCode": value}, None).status_code == expected
 
 
-@pytest.mark.parametrize(
-    "value, expected", [(True, True), (False, False), ("false", None), (0, None), (None, None)]
-)
-def test_is_indexable_counts_only_as_a_real_boolean(value: Any, expected: bool | None) -> None:
+@pytest.mark.parametrize("value", [99999, -1, 0, 99, 600, 1e300, 200.5, float("nan"), float("inf"), True, False,
+                                   "200", "", "abc", [200], {"code": 200}])
+def test_a_status_code_out_of_range_or_not_a_number_is_refused_by_name(value: Any) -> None:
+    with pytest.raises(ResultError, match="statusCode"):
+        Result.parse({"id": KEY, "statusCode": value}, None)
+
+
+@pytest.mark.parametrize("value", [0, 800, 1500.5, 86_400_000])
+def test_a_render_time_is_a_finite_non_negative_number_of_milliseconds(value: Any) -> None:
+    assert Result.parse({"id": KEY, "renderTime": value}, None).render_time == value
+
+
+@pytest.mark.parametrize("value", [-1, 86_400_001, 1e300, float("nan"), float("-inf"), True, "1500", "fast", [1]])
+def test_a_render_time_out_of_range_or_not_a_number_is_refused_by_name(value: Any) -> None:
+    with pytest.raises(ResultError, match="renderTime"):
+        Result.parse({"id": KEY, "renderTime": value}, None)
+
+
+@pytest.mark.parametrize("value, expected", [(True, True), (False, False), (None, None)])
+def test_is_indexable_is_a_real_boolean(value: Any, expected: bool | None) -> None:
     assert Result.parse({"id": KEY, "isIndexable": value}, None).is_indexable is expected
 
 
-def test_empty_or_non_text_optional_fields_read_as_absent() -> None:
-    r = Result.parse({"id": KEY, "redirectedTo": "", "reason": 5, "error": "boom", "renderTime": "fast"}, b"")
+@pytest.mark.parametrize("field, value", [
+    ("isIndexable", "false"), ("isIndexable", 0), ("reason", 5), ("reason", "x" * 201), ("error", "boom"),
+    ("error", ["TimeoutError"]), ("redirectedTo", 7), ("redirectedTo", "https://x.test/" + "a" * 70_000),
+    ("url", {"href": SRC}), ("url", 5),
+])
+def test_a_field_of_the_wrong_type_or_size_is_refused_by_name(field: str, value: Any) -> None:
+    with pytest.raises(ResultError, match=f"metadata.{field}"):
+        Result.parse({"id": KEY, field: value}, None)
+
+
+@pytest.mark.parametrize("headers", [{"etag": {"v": 1}}, {"ETag": ["a"]}, {"vary": True},
+                                     {"link": "<a>; rel=x\r\nSet-Cookie: s=1"}, {"etag": "x\0"},
+                                     {"cache-control": "x" * 8193}])
+def test_a_header_value_that_is_no_text_or_could_split_a_response_is_refused(headers: dict) -> None:
+    with pytest.raises(ResultError, match="metadata.headers"):
+        Result.parse({"id": KEY, "headers": headers}, None)
+
+
+def test_empty_optional_fields_read_as_absent() -> None:
+    r = Result.parse({"id": KEY, "redirectedTo": "", "reason": None, "error": None, "renderTime": None}, b"")
     assert r.redirected_to is None and r.reason is None and r.error is None and r.render_time is None
     assert r.content is None  # an empty body is no content
-    r = Result.parse(
-        {"id": KEY, "redirectedTo": 7, "error": {"name": "TimeoutError"}, "renderTime": "1500"}, b"x"
-    )
+    r = Result.parse({"id": KEY, "error": {"name": "TimeoutError"}, "renderTime": 1500}, b"x")
     assert r.redirected_to is None and r.error == {"name": "TimeoutError"} and r.render_time == 1500
     assert r.content == b"x"
 

@@ -35,6 +35,13 @@ def node(ray_cluster, tmp_path_factory):
     d.stop()
 
 
+def stored_page(base: str, key: str) -> dict | None:
+    """The stored page's metadata (lastCached, statusCode ...), None when there is none."""
+    r = httpx.get(f"{base}/prerender_admin/pages", params={"prefix": key}, timeout=10)
+    assert r.status_code == 200, r.text
+    return next((p for p in r.json()["pages"] if p["cacheKey"] == key), None)
+
+
 def due_now(base: str, url: str, **kw: object) -> list[str]:
     return put_target(base, url, nextRenderTime=1, **kw)["cacheKeys"]
 
@@ -129,6 +136,22 @@ def test_unknown_outcomes_wrong_encodings_and_huge_bodies_are_refused(node) -> N
     # none of that moved the row or released the lease
     row = schedule(node.url, keys[0])
     assert row["nextRenderTime"] == 1 and row["leased"] is True
+    for key in keys:
+        assert post_result(jobs[key]).status_code == 204
+
+
+@pytest.mark.parametrize("field, values", [("statusCode", [99999, -1, 1e300, "200", True]),
+                                           ("renderTime", [-5, 1e300])])
+def test_out_of_range_result_numbers_are_400_naming_the_field_and_change_nothing(node, field, values) -> None:
+    keys = due_now(node.url, f"https://shop.example/out-of-range/{field}")
+    jobs = take(node.url, keys, timeout=15)
+    for value in values:
+        r = post_result(jobs[keys[0]], **({"status": value} if field == "statusCode" else {field: value}))
+        assert r.status_code == 400, (value, r.text)
+        assert field in r.json()["error"]
+    row = schedule(node.url, keys[0])  # no page, no reschedule, the lease still held
+    assert row["nextRenderTime"] == 1 and row["leased"] is True
+    assert stored_page(node.url, keys[0]) is None
     for key in keys:
         assert post_result(jobs[key]).status_code == 204
 
