@@ -274,11 +274,11 @@ class KeeperOps:
         foreign: dict[str, tuple[list, list]] = {}
 
         def route_row(key: str, row: ScheduleRow | None) -> None:
-            keeper = self._keeper_of(self.rules.url_of(key))
-            if keeper is None:
+            owner = self.ownership.owner(self.rules.url_of(key))  # the one key parser, any layout
+            if owner == self.node:
                 (local_rows.append(row) if row else local_deletes.append(key))
             else:
-                rows, deletes = foreign.setdefault(key.split(self.rules.keys.delimiter)[0], ([], []))
+                rows, deletes = foreign.setdefault(owner, ([], []))
                 (rows.append(row) if row else deletes.append(key))
 
         for url, target in plan.targets.items():
@@ -300,8 +300,8 @@ class KeeperOps:
             await self._store("apply", registry, pages)
         self.write_rows(local_rows)
         self.delete_rows(local_deletes)
-        for url_part, (rows, deletes) in foreign.items():
-            keeper = self._keeper_of(url_part)
+        for owner, (rows, deletes) in foreign.items():
+            keeper = ray.get_actor(actor_name("keeper", owner), namespace=NAMESPACE)
             await call(keeper.apply_rows.remote(rows, deletes), STORE_DEADLINE_S)
         if plan.adopt is not None:
             url, due, interval = plan.adopt

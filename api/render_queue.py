@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from prerender_ray import logs
 from prerender_ray.auth import Principal
 from prerender_ray.batching import GroupCommit
-from prerender_ray.cachekeys import CacheKeyError
+from prerender_ray.cachekeys import DEVICE, CacheKeyError
 from prerender_ray.registry import QUEUE_CONTROL, QUEUE_STATUS, decode_json
 from prerender_ray.results import ENCODINGS, Result, ResultError
 
@@ -103,7 +103,8 @@ async def job_result(request: Request, who: Principal = Depends(require("fleet")
         device = ctx.rules.device_of(result.id)
     except (ResultError, CacheKeyError) as e:
         raise bad_request(str(e)) from None
-    if device not in ctx.rules.supported or ctx.rules.keys.key(url, device) != result.id:
+    if (device or DEVICE in ctx.rules.keys.attributes) and device not in ctx.rules.supported \
+            or ctx.rules.keys.key(url, device) != result.id:  # a [url] layout's keys name no device
         raise bad_request(f"id {result.id!r} is not a cache key of this service")
     check_encoding(result.content_encoding, content)
     keeper, _ = ctx.owner_actors(url)
