@@ -251,8 +251,6 @@ class QueueKeeper(KeeperOps, KeeperRepair, KeeperHandoff):
         t0 = time.perf_counter()
         self._now = now = now_ms()
         self.mirror = {k: u for k, u in self.mirror.items() if u > now}
-        if len(self.recent) > 2 * self.cfg.queue.max_leases:
-            self.recent = {k: e for k, e in self.recent.items() if e + self.recent_ms >= now}
         self.ready = self.ranking.top_k(self.cfg.queue.ready.capacity, now, self._blocked)
         self.cursor = 0
         self.published_at = time.time()

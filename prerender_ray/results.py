@@ -194,6 +194,7 @@ class Planner:
     def __init__(self, rules: Rules):
         self.rules = rules
         self.cfg = rules.cfg
+        self._granted_at: int | None = None  # of the result being planned (see ``plan``)
 
     def destination(self, r: Result) -> str | None:
         """The cache key a redirected result landed on, or None when it is not a redirect."""
@@ -206,7 +207,12 @@ class Planner:
         dest = self.rules.keys.key(url, self.rules.device_of(r.id))
         return None if dest == r.id else dest
 
-    def plan(self, r: Result, target: Target | None, dest_target: Target | None, now: int) -> Plan:
+    def plan(self, r: Result, target: Target | None, dest_target: Target | None, now: int, *,
+             granted_at: int | None = None) -> Plan:
+        """``granted_at``: when the lease this result answers was granted. A strike counts only for a
+        grant issued after the target's last strike, so the devices of one URL claimed in one cycle
+        cost one strike between them (the next cycle's recheck is granted later and counts again)."""
+        self._granted_at = granted_at
         domains = self.cfg.domains
         inspected_non_indexable = r.is_indexable is False
         indexable = r.is_indexable
@@ -266,7 +272,7 @@ class Planner:
         if target.suppressed and indexable is True:
             plan.targets[target.url] = self.rules.reactivated(target)
         elif not target.suppressed and counted_strikes(target.strikes) > 0:
-            plan.targets[target.url] = target.patched(strikes=0)
+            plan.targets[target.url] = target.patched(strikes=0, struck_at=None)
         return plan
 
     def _failure(self, key: str, target: Target | None, now: int, label: str) -> Plan:
@@ -274,8 +280,8 @@ class Planner:
         comes due sooner than the page's cadence. The cached page is left alone."""
         if target is None:
             return Plan("dropped", detail=label, row_deletes=[key])
-        strikes = counted_strikes(target.strikes) + 1
-        plan = Plan(label, detail="fast", targets={target.url: target.patched(strikes=strikes)})
+        strikes, struck = self._strike(target, now)
+        plan = Plan(label, detail="fast", targets={target.url: struck})
         if strikes <= self.cfg.render.failure_retry.fast_retries:
             plan.release = False
             return plan
@@ -287,7 +293,8 @@ class Planner:
 
     def _suppress_source(self, r: Result, target: Target | None, now: int) -> Plan:
         url = target.url if target else self.rules.url_of(r.id)
-        s = self.rules.suppress(target, url, reason=r.reason, status_code=r.status_code, now=now)
+        s = self.rules.suppress(target, url, reason=r.reason, status_code=r.status_code, now=now,
+                                strike=self._counts(target))
         plan = Plan("suppressed", detail=r.reason or "non-indexable")
         if s.deleted:
             plan.targets.update(self._delete_target(target, r.id))
@@ -329,14 +336,27 @@ class Planner:
     def _redirect_strike(self, key: str, target: Target | None, now: int) -> Plan:
         if target is None:
             return Plan("redirect", detail="strike-untargeted", row_deletes=[key])
-        strikes = counted_strikes(target.strikes) + 1
-        if strikes >= self.cfg.render.redirects.max_strikes:
+        strikes, struck = self._strike(target, now)
+        if strikes >= self.cfg.render.redirects.max_strikes and self._counts(target):
             plan = Plan("redirect", detail="retired")
             plan.targets.update(self._delete_target(target, key))
             return plan
         cadence = self.rules.cadence(target.url, target.render_interval)
-        return Plan("redirect", detail="strike", targets={target.url: target.patched(strikes=strikes)},
+        return Plan("redirect", detail="strike", targets={target.url: struck},
                     rows=[ScheduleRow(key, minute(now) + cadence, target.sitemap_url is not None, cadence)])
+
+    def _counts(self, target: Target | None) -> bool:
+        """Does this result's verdict cost ``target`` a strike? Not when the grant it answers was issued
+        before the last strike was taken (that strike came from the same render cycle)."""
+        at = self._granted_at
+        return target is None or target.struck_at is None or at is None or at > target.struck_at
+
+    def _strike(self, target: Target, now: int) -> tuple[int, Target]:
+        """The strike count after this verdict, and the target carrying it."""
+        if not self._counts(target):
+            return counted_strikes(target.strikes), target
+        strikes = counted_strikes(target.strikes) + 1
+        return strikes, target.patched(strikes=strikes, struck_at=now)
 
     def _delete_target(self, target: Target | None, key: str) -> dict[str, Target | None]:
         url = target.url if target else self.rules.url_of(key)

@@ -348,7 +348,7 @@ def test_an_error_on_a_target_backed_key_holds_the_lease_and_leaves_the_row() ->
     )
     p = plan(r, target())
     assert p.outcome == "failed" and p.detail == "fast" and p.release is False
-    assert p.targets == {SRC: target(strikes=1)}  # target kept, strike counted
+    assert p.targets == {SRC: target(strikes=1, struck_at=NOW)}  # target kept, strike counted
     assert p.rows == [] and p.row_deletes == [] and p.page is None and p.page_deletes == []
 
 
@@ -368,7 +368,7 @@ def test_auth_and_transient_verdicts_never_suppress_and_take_the_fast_lane(statu
     r = result(None, outcome="non-indexable", statusCode=status, reason="http-error", isIndexable=False)
     p = plan(r, target(strikes=1))
     assert p.outcome == label and p.detail == "fast" and p.release is False
-    assert p.targets == {SRC: target(strikes=2)}
+    assert p.targets == {SRC: target(strikes=2, struck_at=NOW)}
     assert p.rows == [] and p.page_deletes == [] and p.row_deletes == []  # the cached page is kept
 
 
@@ -380,7 +380,7 @@ def test_past_the_fast_retries_the_slow_lane_reschedules_near_the_cadence_and_re
     [row] = p.rows
     assert NOW < row.next_render_time < NOW + 2 * DAY_MS
     assert row == ScheduleRow(KEY, M + DAY_MS, False, DAY_MS)  # first slow retry = one cadence
-    assert p.targets == {SRC: target(strikes=3)}
+    assert p.targets == {SRC: target(strikes=3, struck_at=NOW)}
     assert p.page is None and p.page_deletes == []  # the page and its expiresAt are not touched
 
 
@@ -511,7 +511,7 @@ def test_a_noindex_verdict_suppresses_every_device_and_deletes_the_cached_pages(
     p = plan(noindex(), t)
     assert p.outcome == "suppressed" and p.release is True
     assert p.targets == {
-        SRC: Target(SRC, "https://shop.test/s.xml", "node-a", 3 * DAY_MS, SUPPRESSED, "noindex", NOW, 1)
+        SRC: Target(SRC, "https://shop.test/s.xml", "node-a", 3 * DAY_MS, SUPPRESSED, "noindex", NOW, 1, NOW)
     }
     assert p.rows == [
         ScheduleRow(f"{SRC}|{d}", M + 7 * DAY_MS, True, 3 * DAY_MS) for d in ("desktop", "mobile")
@@ -567,7 +567,8 @@ def test_consecutive_non_indexable_verdicts_delete_the_target_at_max_strikes() -
 def test_a_verdict_for_an_untargeted_url_creates_a_suppressed_row() -> None:
     p = plan(noindex(), None)
     assert p.targets == {
-        SRC: Target(SRC, state=SUPPRESSED, suppressed_reason="noindex", suppressed_at=NOW, strikes=1)
+        SRC: Target(SRC, state=SUPPRESSED, suppressed_reason="noindex", suppressed_at=NOW, strikes=1,
+                    struck_at=NOW)
     }
     assert [row.cache_key for row in p.rows] == [KEY, f"{SRC}|mobile"]
 
@@ -709,11 +710,11 @@ def test_a_rendered_result_landing_on_the_same_key_is_an_ordinary_render() -> No
 def test_a_redirected_result_landing_on_the_same_key_is_not_a_redirect_and_never_retires_the_target() -> None:
     r = result(None, outcome="redirected", statusCode=301, redirectedTo=SRC + "/")
     p = plan(r, target(strikes=3))  # one more redirect strike would retire it
-    assert p.targets == {SRC: target(strikes=4)}  # a failure strike: kept, backed off
+    assert p.targets == {SRC: target(strikes=4, struck_at=NOW)}  # a failure strike: kept, backed off
     assert p.outcome == "failed" and p.adopt is None
     assert p.rows and p.rows[0].next_render_time > NOW
     fast = plan(r, target())
-    assert fast.release is False and fast.targets == {SRC: target(strikes=1)}
+    assert fast.release is False and fast.targets == {SRC: target(strikes=1, struck_at=NOW)}
 
 
 def test_a_non_indexable_result_with_a_landed_url_suppresses_the_source() -> None:
@@ -765,7 +766,7 @@ def test_a_foreign_destination_is_not_adopted() -> None:
 def test_a_temporary_redirect_keeps_the_source_and_costs_a_strike(status: int | None) -> None:
     p = plan(redirected(status), target(strikes=1, render_interval=2 * DAY_MS))
     assert p.outcome == "redirect" and p.detail == "strike" and p.release is True
-    assert p.targets == {SRC: target(strikes=2, render_interval=2 * DAY_MS)}
+    assert p.targets == {SRC: target(strikes=2, struck_at=NOW, render_interval=2 * DAY_MS)}
     assert p.rows == [ScheduleRow(KEY, M + 2 * DAY_MS, False, 2 * DAY_MS)]
     assert p.page_deletes == [] and p.adopt is None  # its cached page is kept
 
@@ -797,7 +798,7 @@ def test_a_temporary_redirect_of_a_targetless_key_drops_its_row() -> None:
 def test_a_redirect_to_an_unrouted_class_keeps_the_source_with_a_strike() -> None:
     p = plan(redirected(301, "https://shop.test/search/q"), target())
     assert p.detail == "strike" and p.unrouted == "/search/q"
-    assert p.targets == {SRC: target(strikes=1)} and p.adopt is None
+    assert p.targets == {SRC: target(strikes=1, struck_at=NOW)} and p.adopt is None
 
 
 def test_a_redirect_to_an_unclassified_path_in_forwarded_mode_keeps_the_source() -> None:
@@ -856,7 +857,7 @@ def test_a_foreign_landing_that_was_never_inspected_is_not_a_non_indexable_landi
 def test_an_auth_or_transient_landing_keeps_the_source_and_seeds_nothing(status: int, label: str) -> None:
     p = plan(redirected(status, isIndexable=False), target())
     assert p.outcome == label and p.release is False  # fast lane on the source
-    assert p.targets == {SRC: target(strikes=1)}
+    assert p.targets == {SRC: target(strikes=1, struck_at=NOW)}
     assert p.adopt is None and p.suppress_dest is None and p.page_deletes == []
 
 
@@ -869,3 +870,48 @@ def test_a_redirect_never_touches_pages_through_the_plan_itself() -> None:
     for r in (redirected(301), redirected(302), redirected(200, isIndexable=False)):
         p = plan(r, target())
         assert p.page is None and p.refile_key is None
+
+
+# ------------------------------------------------------------- one strike per URL per render cycle
+
+
+def gone(device: str = "desktop") -> Result:
+    return Result.parse({"id": f"{SRC}|{device}", "url": SRC, "outcome": "non-indexable", "statusCode": 404,
+                         "reason": "http-error", "isIndexable": False}, None)
+
+
+def test_two_devices_claimed_in_one_cycle_reporting_404_cost_one_strike_not_a_deletion() -> None:
+    granted = NOW - MINUTE_MS  # both devices were claimed before either result
+    p1 = planner().plan(gone("desktop"), target(), None, NOW, granted_at=granted)
+    struck = p1.targets[SRC]
+    assert struck is not None and struck.strikes == 1 and struck.struck_at == NOW  # gone: max 2 strikes
+    p2 = planner().plan(gone("mobile"), struck, None, NOW + 5, granted_at=granted)
+    assert p2.detail != "deleted" and p2.targets[SRC] is not None
+    assert p2.targets[SRC].strikes == 1 and p2.targets[SRC].suppressed  # type: ignore[union-attr]
+    # the recheck a cycle later is granted after the strike: it counts, and deletes at two
+    p3 = planner().plan(gone(), p2.targets[SRC], None, NOW + 14 * DAY_MS, granted_at=NOW + 14 * DAY_MS - 1)
+    assert p3.targets == {SRC: None} and p3.detail == "deleted"
+
+
+def test_failures_and_redirect_strikes_of_one_cycle_count_once() -> None:
+    granted = NOW - MINUTE_MS
+    failed = result(None, outcome="error", error={"name": "TimeoutError"})
+    t = target(strikes=2, struck_at=NOW - 2 * MINUTE_MS)  # struck before this grant: counts
+    p = planner().plan(failed, t, None, NOW, granted_at=granted)
+    assert p.targets[SRC] == target(strikes=3, struck_at=NOW)
+    again = planner().plan(failed, p.targets[SRC], None, NOW + 1, granted_at=granted)
+    assert again.targets[SRC] == target(strikes=3, struck_at=NOW)
+    temporary = result(None, outcome="redirected", statusCode=302, redirectedTo=DST)
+    t = target(strikes=3, struck_at=NOW)  # max redirect strikes is 4: one more would retire it
+    kept = planner().plan(temporary, t, None, NOW + 1, granted_at=granted)
+    assert kept.targets == {SRC: t} and kept.detail == "strike"
+    retired = planner().plan(temporary, t, None, NOW + 2, granted_at=NOW + 1)
+    assert retired.targets == {SRC: None} and retired.detail == "retired"
+
+
+def test_a_stored_strike_time_round_trips_and_a_render_clears_it() -> None:
+    t = target(strikes=2, struck_at=NOW)
+    assert Target.decode(SRC, t.encode()) == t
+    assert Target.decode(SRC, b'{"strikes": 2, "struck_at": "junk"}').struck_at is None
+    p = planner().plan(page_ok(), t, None, NOW + 1, granted_at=NOW)
+    assert p.targets[SRC] == target(strikes=0, struck_at=None)

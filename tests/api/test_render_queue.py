@@ -290,3 +290,65 @@ def test_gzip_bodies_are_stored_as_posted(node) -> None:
     assert page.is_indexable is None and page.status_code == 200
     assert json.loads(json.dumps(page.headers))["content-type"].startswith("text/html")
     assert post_result(jobs[keys[1]]).status_code == 204
+
+
+# ------------------------------------------------------------------ results bound to their grant
+
+
+def test_a_result_posted_four_times_is_applied_once(node) -> None:
+    keys = due_now(node.url, "https://shop.example/replayed")
+    jobs = take(node.url, keys, timeout=15)
+    assert post_result(jobs[keys[0]], html=b"<html>first</html>").status_code == 204
+    first = stored_page(node.url, keys[0])
+    for _ in range(3):  # a replay (or a retry after a lost 204) is acknowledged, never applied
+        time.sleep(0.02)
+        assert post_result(jobs[keys[0]], html=b"<html>replayed</html>").status_code == 204
+    assert stored_page(node.url, keys[0])["lastCached"] == first["lastCached"]
+    body = httpx.get(f"{node.url}/prerender_admin/page-content", params={"cacheKey": keys[0]}).text
+    assert "first" in body
+    # one lease's non-indexable verdict posted four times is one strike, not a deletion (max 4)
+    for _ in range(4):
+        r = post_result(jobs[keys[1]], outcome="non-indexable", reason="noindex", html=None, isIndexable=False)
+        assert r.status_code == 204
+    target = httpx.get(f"{node.url}/render_targets", params={"url": "https://shop.example/replayed"})
+    assert target.status_code == 200 and target.json()["strikes"] == 1
+
+
+def test_two_devices_reporting_404_in_one_cycle_are_one_strike(node) -> None:
+    url = "https://shop.example/gone-twice"
+    keys = due_now(node.url, url)
+    jobs = take(node.url, keys, timeout=15)
+    for key in keys:  # gone: two strikes delete; both devices were claimed in this cycle
+        r = post_result(jobs[key], outcome="non-indexable", reason="http-error", status=404, html=None,
+                        isIndexable=False)
+        assert r.status_code == 204
+    target = httpx.get(f"{node.url}/render_targets", params={"url": url})
+    assert target.status_code == 200 and target.json()["strikes"] == 1
+    assert target.json()["suppressedReason"] == "http-gone"
+
+
+def test_a_late_result_of_a_previous_holder_never_touches_the_new_lease(node) -> None:
+    url = "https://shop.example/regranted"
+    keys = due_now(node.url, url)
+    a = take(node.url, keys, timeout=15, headers={"x-worker-id": "worker-a"})
+    key = keys[0]
+    for k in keys:
+        assert post_result(a[k], worker="worker-a", html=b"<html>from a</html>").status_code == 204
+    due_now(node.url, url)  # due again: after its release grace the key goes to worker B
+    b = take(node.url, [key], timeout=20, headers={"x-worker-id": "worker-b"})
+    assert schedule(node.url, key)["leased"] is True
+    page = stored_page(node.url, key)
+    late = post_result(a[key], worker="worker-a", html=b"<html>late from a</html>")
+    assert late.status_code == 204  # acknowledged, so the fleet does not circuit-break
+    row = schedule(node.url, key)
+    assert row["leased"] is True and row["nextRenderTime"] == 1  # B's lease and the row untouched
+    assert stored_page(node.url, key)["lastCached"] == page["lastCached"]
+    time.sleep(1.2)  # a fresh publish: B's lease still keeps the key out of it
+    assert key not in {j["id"] for j in claim(node.url, 25) + claim(node.url, 25)}
+    assert post_result(b[key], worker="worker-b", html=b"<html>from b</html>").status_code == 204
+    row = schedule(node.url, key)
+    assert row["leased"] is False and row["nextRenderTime"] > 1
+    body = httpx.get(f"{node.url}/prerender_admin/page-content", params={"cacheKey": key}).text
+    assert "from b" in body
+    if keys[1] in b:
+        assert post_result(b[keys[1]], worker="worker-b").status_code == 204
