@@ -18,7 +18,7 @@ import ray
 
 from prerender_ray import logs, metrics
 from prerender_ray.config import Config
-from prerender_ray.leases import LeaseTable as Table
+from prerender_ray.leases import LeaseTable as Table, read_record
 from prerender_ray.stores import LEASES, Store, store_path
 from prerender_ray.timeutil import now_ms
 
@@ -51,22 +51,14 @@ class LeaseTable:
         for k, v in self.db.items(LEASE):
             key = k[len(LEASE):].decode()
             try:
-                fields = json.loads(v)
-                expires, due, cadence, released, answered = fields[:5]
-                rest = fields[6:]  # fields[5]: when the record was written
-                # a six-field record predates grants: its grant is taken to be lease_time before its
-                # expiry, from any worker, answered if its lease was
-                at = int(rest[0]) if rest and rest[0] is not None else int(expires) - lease_time
-                grant = rest[1] if len(rest) > 1 and rest[1] is not None else \
-                    [at, None, True, int(expires), bool(released or answered)]
-                ends = int(grant[3])
+                lease, grant = read_record(json.loads(v), lease_time)
             except (ValueError, TypeError, IndexError):
                 stale.append(k)
                 continue
-            if max(int(expires), ends) + self.table.remember_ms < now:
+            if max(lease[0], int(grant[3])) + self.table.remember_ms < now:
                 stale.append(k)
                 continue
-            leases.append([key, expires, due, cadence, released, answered, at])
+            leases.append([key, *lease])
             grants.append([key, *grant])
         try:
             misses = json.loads(self.db.get(MISSES) or b"[]")

@@ -437,6 +437,20 @@ class LeaseTable:
             self._holds.append(HoldStart(key, misses.count, leases, misses.hold_until))
 
 
+def read_record(fields: list, lease_time: int) -> tuple[list, list]:
+    """A per-key durable record (see ``actors/leasetable.py``) as (``restore``'s lease row without the
+    key: [expires, due, cadence, released, answered, granted_at], its grant record). A record of the
+    six-field form predates grants: its grant is taken to be ``lease_time`` before its expiry, from any
+    worker, answered if its lease was. Raises ``ValueError`` / ``TypeError`` / ``IndexError``."""
+    expires, due, cadence, released, answered = fields[:5]
+    rest = fields[6:]  # fields[5]: when the record was written
+    at = int(rest[0]) if rest and rest[0] is not None else int(expires) - lease_time
+    grant = rest[1] if len(rest) > 1 and rest[1] is not None else \
+        [at, None, True, int(expires), bool(released or answered)]
+    _grant(grant)  # validate
+    return [int(expires), due, cadence, released, answered, at], list(grant)
+
+
 def _opt_int(value: int | None) -> int | None:
     return None if value is None else int(value)
 

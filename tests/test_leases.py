@@ -398,3 +398,22 @@ def test_an_exported_lease_carries_its_grant_and_the_old_five_field_form_is_adop
     old = table()
     assert old.adopt(K, [T0 + LEASE, None, None, False, False], T0 + 1)
     assert old.begin_result(K, "w9", T0 + 2) == ResultCheck("apply", T0)
+
+
+def test_a_durable_record_of_the_old_six_field_form_still_reads() -> None:
+    from prerender_ray.leases import read_record
+
+    lease, grant = read_record([T0 + LEASE, 5, HOUR_MS, False, False, T0], LEASE)
+    assert lease == [T0 + LEASE, 5, HOUR_MS, False, False, T0]  # granted lease_time before its expiry
+    assert grant == [T0, None, True, T0 + LEASE, False]  # any worker, not answered
+    _, released = read_record([T0 + 5000, None, None, True, True, T0 + 1], LEASE)
+    assert released[4] is True  # its result was processed: a replay stays a duplicate
+    t = table()
+    t.restore(json.dumps({"v": 2, "leases": [[K, *lease]], "grants": [[K, *grant]], "misses": []}).encode())
+    assert t.begin_result(K, "w1", T0 + 1) == ResultCheck("apply", T0)
+    new = [T0 + LEASE, None, None, False, False, T0 + 9, T0, [T0, "w1", False, T0 + LEASE, True]]
+    assert read_record(new, LEASE) == ([T0 + LEASE, None, None, False, False, T0],
+                                       [T0, "w1", False, T0 + LEASE, True])
+    for junk in ([], ["x", 1, 2, 3, 4, 5], [1, None, None, False, False, 0, 1, [1, 5, False, 2, False]]):
+        with pytest.raises((ValueError, TypeError, IndexError)):
+            read_record(junk, LEASE)
