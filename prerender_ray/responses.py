@@ -57,7 +57,8 @@ def device_from_cache_key(
     if "deviceType" not in attributes:
         return None
     try:  # the one key parser: a delimiter that also occurs in URLs still splits right
-        return parse_cache_key(cache_key, delimiter=delimiter, attributes=attributes).get("deviceType") or None
+        parsed = parse_cache_key(cache_key, delimiter=delimiter, attributes=attributes)
+        return parsed.get("deviceType") or None
     except CacheKeyError:
         return None
 

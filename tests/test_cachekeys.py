@@ -137,17 +137,20 @@ def test_a_device_name_holding_the_delimiter_is_refused() -> None:
 
 LAYOUTS = [(d, a) for a in (("url", "deviceType"), ("deviceType", "url"), ("url",))
            for d in ("|", "::", ":", "/", "#", "-")]
-HOSTILE_URLS = ["https://shop.test/", "https://shop.test/a", "https://shop.test/a:b", "https://shop.test/a::b/c",
-                "https://shop.test/a-b#c/d", "https://[::1]:8080/x/y", "https://shop.test/hourly/1"]
+HOSTILE_URLS = ["https://shop.test/", "https://shop.test/a", "https://shop.test/a:b",
+                "https://shop.test/a::b/c", "https://shop.test/a-b#c/d", "https://[::1]:8080/x/y",
+                "https://shop.test/hourly/1"]
 
 
 @pytest.mark.parametrize("delimiter, attributes", LAYOUTS)
-def test_every_key_layout_gives_back_its_url_and_device_wherever_the_delimiter_occurs(delimiter, attributes) -> None:
+def test_every_key_layout_gives_back_its_url_and_device_wherever_the_delimiter_occurs(
+        delimiter: str, attributes: tuple[str, ...]) -> None:
     from prerender_ray.responses import device_from_cache_key
     from prerender_ray.targets import Rules
 
+    devices = {"supported": ["desktop", "mobile"], "default": ["desktop", "mobile"]}
     cfg = parse({"cacheKey": {"delimiter": delimiter, "attributes": list(attributes)},
-                 "deviceTypes": {"supported": ["desktop", "mobile"], "default": ["desktop", "mobile"]}}, {}).config
+                 "deviceTypes": devices}, {}).config
     rules = Rules(cfg)
     for url in HOSTILE_URLS:
         for device in ("desktop", "mobile"):

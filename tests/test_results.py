@@ -105,8 +105,8 @@ def test_the_status_code_is_an_integer_from_100_to_599_or_absent(value: Any, exp
     assert Result.parse({"id": KEY, "statusCode": value}, None).status_code == expected
 
 
-@pytest.mark.parametrize("value", [99999, -1, 0, 99, 600, 1e300, 200.5, float("nan"), float("inf"), True, False,
-                                   "200", "", "abc", [200], {"code": 200}])
+@pytest.mark.parametrize("value", [99999, -1, 0, 99, 600, 1e300, 200.5, float("nan"), float("inf"), True,
+                                   False, "200", "", "abc", [200], {"code": 200}])
 def test_a_status_code_out_of_range_or_not_a_number_is_refused_by_name(value: Any) -> None:
     with pytest.raises(ResultError, match="statusCode"):
         Result.parse({"id": KEY, "statusCode": value}, None)
@@ -117,7 +117,8 @@ def test_a_render_time_is_a_finite_non_negative_number_of_milliseconds(value: An
     assert Result.parse({"id": KEY, "renderTime": value}, None).render_time == value
 
 
-@pytest.mark.parametrize("value", [-1, 86_400_001, 1e300, float("nan"), float("-inf"), True, "1500", "fast", [1]])
+@pytest.mark.parametrize("value", [-1, 86_400_001, 1e300, float("nan"), float("-inf"), True, "1500", "fast",
+                                   [1]])
 def test_a_render_time_out_of_range_or_not_a_number_is_refused_by_name(value: Any) -> None:
     with pytest.raises(ResultError, match="renderTime"):
         Result.parse({"id": KEY, "renderTime": value}, None)

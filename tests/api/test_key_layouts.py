@@ -61,8 +61,8 @@ def test_a_device_first_key_with_a_colon_delimiter_works_end_to_end(cluster) -> 
             row = schedule(d.url, key)
             assert row["leased"] is False and row["effectiveInterval"] == cadence
             assert row["nextRenderTime"] in (minute(before) + cadence, minute(before) + MINUTE_MS + cadence)
-    r = post_result(jobs[keys[gone][0]], worker="w1", outcome="non-indexable", reason="http-error", status=404,
-                    html=None, isIndexable=False)
+    r = post_result(jobs[keys[gone][0]], worker="w1", outcome="non-indexable", reason="http-error",
+                    status=404, html=None, isIndexable=False)
     assert r.status_code == 204
     target = httpx.get(f"{d.url}/render_targets", params={"url": gone}).json()
     assert target["state"] == "suppressed" and target["strikes"] == 1

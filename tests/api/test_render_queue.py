@@ -308,7 +308,8 @@ def test_a_result_posted_four_times_is_applied_once(node) -> None:
     assert "first" in body
     # one lease's non-indexable verdict posted four times is one strike, not a deletion (max 4)
     for _ in range(4):
-        r = post_result(jobs[keys[1]], outcome="non-indexable", reason="noindex", html=None, isIndexable=False)
+        r = post_result(jobs[keys[1]], outcome="non-indexable", reason="noindex", html=None,
+                        isIndexable=False)
         assert r.status_code == 204
     target = httpx.get(f"{node.url}/render_targets", params={"url": "https://shop.example/replayed"})
     assert target.status_code == 200 and target.json()["strikes"] == 1
