@@ -20,6 +20,7 @@ from tests.support import (
     result_body,
     schedule,
     take,
+    wait_for,
 )
 
 DAY = 86_400_000
@@ -313,6 +314,8 @@ def test_a_result_posted_four_times_is_applied_once(node) -> None:
         assert r.status_code == 204
     target = httpx.get(f"{node.url}/render_targets", params={"url": "https://shop.example/replayed"})
     assert target.status_code == 200 and target.json()["strikes"] == 1
+    wait_for(lambda: 'prerender_results_ignored_total{reason="duplicate"}'
+             in httpx.get(f"{node.url}/metrics", timeout=10).text, what="the ignored-results metric")
 
 
 def test_two_devices_reporting_404_in_one_cycle_are_one_strike(node) -> None:
