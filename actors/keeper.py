@@ -54,7 +54,8 @@ class QueueKeeper(KeeperOps, KeeperRepair, KeeperHandoff):
         self.store = store
         self.rules = Rules(cfg)
         self._delimiter = self.rules.keys.delimiter
-        self._url_first = self.rules.keys.attributes[0] == "url"
+        self._appends = self.rules.keys.appends  # <url><delimiter><device>: the URL ends at the last one
+        self._variants = self.rules.keys.variant_delimiter  # device variants share a prefix
         self.db = Store(store_path(data_dir, self.node, SCHEDULE), memtable_bloom=False)  # written blind
         self.ranking = Ranking(self._cadence_for, boost=cfg.queue.ready.sitemap_boost)
         self.phase = "loading"
@@ -113,9 +114,10 @@ class QueueKeeper(KeeperOps, KeeperRepair, KeeperHandoff):
 
     def _route_of(self, key: str) -> Any:
         """The route of a row's URL (its class's cadence). Called for every URL the keeper loads,
-        so it slices the key instead of parsing it: the URL half ends at the first delimiter."""
-        if self._url_first:
-            cut = key.find(self._delimiter)
+        so it slices the key instead of parsing it: the URL half ends at the last delimiter (a delimiter
+        may occur inside URLs; device names never hold it)."""
+        if self._appends:
+            cut = key.rfind(self._delimiter)
             url = key[:cut] if cut >= 0 else key
         else:
             url = self.rules.url_of(key)
@@ -133,7 +135,7 @@ class QueueKeeper(KeeperOps, KeeperRepair, KeeperHandoff):
         self.db.write(encode_many(rows))
         now = now_ms()
         # upsert_many asks for the route once per URL (device variants arrive together)
-        self.ranking.upsert_many(rows, route_of or self._route_of, delimiter=self.rules.keys.delimiter)
+        self.ranking.upsert_many(rows, route_of or self._route_of, delimiter=self._variants)
         if self.touched is not None:
             self.touched.update(r[0] for r in rows)
         if any(r[1] is not None and r[1] <= now for r in rows):
@@ -199,10 +201,10 @@ class QueueKeeper(KeeperOps, KeeperRepair, KeeperHandoff):
                 elif r.cache_key not in self.touched:  # a write during the load is newer than the walk
                     chunk.append((r.cache_key, r.next_render_time, r.from_sitemap, r.effective_interval))
                 if len(chunk) >= LOAD_CHUNK:
-                    self.ranking.upsert_many(chunk, self._route_of, delimiter=self.rules.keys.delimiter)
+                    self.ranking.upsert_many(chunk, self._route_of, delimiter=self._variants)
                     chunk = []
                     await asyncio.sleep(0)  # serve claims while loading
-            self.ranking.upsert_many(chunk, self._route_of, delimiter=self.rules.keys.delimiter)
+            self.ranking.upsert_many(chunk, self._route_of, delimiter=self._variants)
         except Exception as e:
             self.phase = "failed"
             metrics.loop_errors.labels("keeper-load").inc()
@@ -249,8 +251,6 @@ class QueueKeeper(KeeperOps, KeeperRepair, KeeperHandoff):
         t0 = time.perf_counter()
         self._now = now = now_ms()
         self.mirror = {k: u for k, u in self.mirror.items() if u > now}
-        if len(self.recent) > 2 * self.cfg.queue.max_leases:
-            self.recent = {k: e for k, e in self.recent.items() if e + self.recent_ms >= now}
         self.ready = self.ranking.top_k(self.cfg.queue.ready.capacity, now, self._blocked)
         self.cursor = 0
         self.published_at = time.time()

@@ -120,7 +120,6 @@ class KeeperHandoff:
             await call(self.leases.adopt.remote(leases), HANDOFF_DEADLINE_S)
             for key, rec in leases:
                 self.mirror[key] = max(self.mirror.get(key, 0), int(rec[0]))
-                self.recent[key] = max(self.recent.get(key, 0), int(rec[0]))
         self.write_rows(rows)
         self.handoff_report["adopted"] += len(rows)
         return len(rows)

@@ -42,8 +42,6 @@ class KeeperOps:
         self._now = 0
         # Concurrent claims share one LeaseTable call (one actor hop, one RocksDB batch).
         self._grants: GroupCommit[list[tuple], list[tuple]] = GroupCommit(self._grant_batch)
-        self.recent: dict[str, int] = {}  # key -> lease end, for keys this keeper granted
-        self.recent_ms = self.cfg.queue.job_lease_time + 10 * 60_000
         self.planner = Planner(self.rules)
         self.flows = Flow(FLOWS)
         self.ownership = Ownership([self.node])
@@ -157,14 +155,22 @@ class KeeperOps:
 
     # ---------------------------------------------------------------------------------- claims
 
-    async def claim(self, limit: int) -> list[dict]:
+    async def claim(self, limit: int, workers: list[str | None] | None = None) -> list[dict]:
         """Grant up to ``limit`` due jobs in rank order; every grant is exclusive (LeaseTable)."""
+        return [job for job in await self._claim_slots(limit, workers) if job is not None]
+
+    async def _claim_slots(self, limit: int, workers: list[str | None] | None) -> list[dict | None]:
+        """``limit`` slots, slot i for ``workers[i]`` (the claiming x-worker-id: each grant records its
+        worker, so a result from another worker is told apart); a slot left empty is None."""
+        slots: list[dict | None] = [None] * limit
         if self.paused or self.published_at is None:
-            return []
+            return slots
+        workers = workers if workers is not None else [None] * limit
         self._now = now = now_ms()
         jobs: list[dict] = []
         for _ in range(3):
-            want = limit - len(jobs)
+            free = [i for i, job in enumerate(slots) if job is None]
+            want = len(free)
             if self.cursor >= len(self.ready) and self._refill_allowed():
                 self.publish()  # a full set drained inside a second: more due rows are waiting
             cands = []
@@ -184,18 +190,20 @@ class KeeperOps:
             self.pending.update(keys)
             try:
                 answers = await self._grant(
-                    [[h.key, h.due, int(h.interval) if h.interval else self._cadence_for(h.route)] for h in cands])
+                    [[h.key, h.due, int(h.interval) if h.interval else self._cadence_for(h.route),
+                      workers[slot]] for h, slot in zip(cands, free)])
             finally:
                 self.pending.difference_update(keys)
             full = False
-            for (key, expires, refused), h in zip(answers, cands):
+            for (key, expires, refused), h, slot in zip(answers, cands, free):
                 if expires is not None:
                     self.mirror[key] = expires
-                    self.recent[key] = expires
                     url = self.rules.url_of(key)
-                    jobs.append({"id": key, "url": url, "deviceType": self.rules.device_of(key),
-                                 "expiresAt": expires, "callbackOrigin": self.info.url,
-                                 "isFromSitemap": h.from_sitemap})
+                    job = {"id": key, "url": url, "deviceType": self.rules.device_of(key),
+                           "expiresAt": expires, "callbackOrigin": self.info.url,
+                           "isFromSitemap": h.from_sitemap}
+                    slots[slot] = job
+                    jobs.append(job)
                 else:
                     self.mirror[key] = now + 60_000
                     metrics.claim_health.labels(refused or "refused").inc()
@@ -207,15 +215,18 @@ class KeeperOps:
             self.flow("granted", len(jobs))
         else:
             self._report("queued" if self._due_exists(now) else "empty", force=False)
-        return jobs
+        return slots
 
-    async def claim_json(self, limits: list[int]) -> list[bytes]:
+    async def claim_json(self, limits: list[int], workers: list[str | None] | None = None) -> list[bytes]:
         """Claims from several requests at once (an ingress groups concurrent ones): one ranked pass
-        for their sum, dealt out in request order, each answer the JSON array the fleet receives."""
-        jobs = await self.claim(sum(limits))
+        for their sum, dealt out in request order (each request's jobs granted to its worker), each
+        answer the JSON array the fleet receives."""
+        per_slot = [w for limit, w in zip(limits, workers or [None] * len(limits)) for _ in range(limit)]
+        slots = await self._claim_slots(sum(limits), per_slot)
         out, at = [], 0
         for limit in limits:
-            out.append(json.dumps(jobs[at:at + limit], ensure_ascii=False, separators=(",", ":")).encode())
+            jobs = [job for job in slots[at:at + limit] if job is not None]
+            out.append(json.dumps(jobs, ensure_ascii=False, separators=(",", ":")).encode())
             at += limit
         return out
 
@@ -239,22 +250,42 @@ class KeeperOps:
 
     # --------------------------------------------------------------------------------- results
 
-    async def process_result(self, meta: dict, content: bytes | None, forwarded: bool = False) -> dict:
-        """Apply one render result. Raises on failure: the lease is then held (released last)."""
+    async def process_result(self, meta: dict, content: bytes | None, forwarded: bool = False,
+                             worker: str | None = None) -> dict:
+        """Apply one render result, at most once per grant. Raises on failure: the lease is then held
+        (released last) and the grant stays open for the fleet's retry.
+
+        The lease table checks and marks the key's latest grant first: a second result for an answered
+        grant (a replay, or a retry after a lost 204) and a result from another worker than the
+        latest grant's (the key was re-granted: the late result of a previous holder) are acknowledged
+        and change nothing, neither the new lease nor the schedule, strikes or page."""
         r = Result.parse(meta, content)
         now = now_ms()
         url = self.rules.url_of(r.id)
         owner = None if forwarded else self._keeper_of(url)
         if owner is not None:  # the sender's membership view lagged ours: the owner decides (one hop)
-            return await call(owner.process_result.remote(meta, content, True), STORE_DEADLINE_S * 3)
-        if not await self._known(r.id, now):
+            return await call(owner.process_result.remote(meta, content, True, worker), STORE_DEADLINE_S * 3)
+        verdict, granted_at = await call(self.leases.begin_result.remote(r.id, worker), LEASE_DEADLINE_S)
+        if verdict == "unknown":
             return {"refused": f"no lease was granted for {r.id!r}"}
-        dest = self.planner.destination(r)
-        urls = [url] + ([self.rules.url_of(dest)] if dest else [])
-        found = [Target.decode(u, b) if b else None for u, b in zip(urls, await self._store("get_targets", urls))]
-        plan = self.planner.plan(r, found[0], found[1] if dest else None, now)
-        await self._apply(plan, now)
-        await call(self.leases.release.remote(r.id, not plan.release), LEASE_DEADLINE_S)
+        if verdict != "apply":
+            metrics.results_ignored.labels(verdict).inc()
+            self.log.info("render result ignored", key=r.id, why=verdict, worker=worker)
+            return {"ignored": verdict}
+        try:
+            dest = self.planner.destination(r)
+            urls = [url] + ([self.rules.url_of(dest)] if dest else [])
+            found = [Target.decode(u, b) if b else None
+                     for u, b in zip(urls, await self._store("get_targets", urls))]
+            plan = self.planner.plan(r, found[0], found[1] if dest else None, now, granted_at=granted_at)
+            await self._apply(plan, now)
+        except BaseException:
+            try:
+                await call(self.leases.abandon.remote(r.id, granted_at), LEASE_DEADLINE_S)
+            except Exception as e:
+                self.log.warning("could not reopen the grant of a failed result", key=r.id, error=repr(e))
+            raise
+        await call(self.leases.release.remote(r.id, not plan.release, granted_at), LEASE_DEADLINE_S)
         if plan.release:
             self.mirror[r.id] = now + 5_000
         metrics.render_outcomes.labels(plan.outcome, plan.detail).inc()
@@ -274,11 +305,11 @@ class KeeperOps:
         foreign: dict[str, tuple[list, list]] = {}
 
         def route_row(key: str, row: ScheduleRow | None) -> None:
-            keeper = self._keeper_of(self.rules.url_of(key))
-            if keeper is None:
+            owner = self.ownership.owner(self.rules.url_of(key))  # the one key parser, any layout
+            if owner == self.node:
                 (local_rows.append(row) if row else local_deletes.append(key))
             else:
-                rows, deletes = foreign.setdefault(key.split(self.rules.keys.delimiter)[0], ([], []))
+                rows, deletes = foreign.setdefault(owner, ([], []))
                 (rows.append(row) if row else deletes.append(key))
 
         for url, target in plan.targets.items():
@@ -300,8 +331,8 @@ class KeeperOps:
             await self._store("apply", registry, pages)
         self.write_rows(local_rows)
         self.delete_rows(local_deletes)
-        for url_part, (rows, deletes) in foreign.items():
-            keeper = self._keeper_of(url_part)
+        for owner, (rows, deletes) in foreign.items():
+            keeper = ray.get_actor(actor_name("keeper", owner), namespace=NAMESPACE)
             await call(keeper.apply_rows.remote(rows, deletes), STORE_DEADLINE_S)
         if plan.adopt is not None:
             url, due, interval = plan.adopt
@@ -314,14 +345,6 @@ class KeeperOps:
             keeper = self._keeper_of(url)
             await (self.suppress(url, reason, status) if keeper is None else
                    call(keeper.suppress.remote(url, reason, status), STORE_DEADLINE_S))
-
-    async def _known(self, key: str, now: int) -> bool:
-        """Was ``key`` granted recently (a late result is still welcome)? Answered from what this
-        keeper granted; the lease table (the durable record) only when this keeper does not know."""
-        ends = self.recent.get(key)
-        if ends is not None and ends + self.recent_ms >= now:
-            return True
-        return await call(self.leases.known.remote(key), LEASE_DEADLINE_S)
 
     async def apply_rows(self, rows: list[ScheduleRow], deletes: list[str]) -> None:
         """Schedule writes routed here by another node's keeper (this node owns the keys)."""

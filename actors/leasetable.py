@@ -3,7 +3,9 @@ the keeper, of this actor or of the whole node never re-grants work that is in f
 
 The table logic is ``prerender_ray.leases``; this actor adds durability: every grant and release is
 written to the node's lease store before it is acknowledged. Records outlive their lease for a
-while, so a late result can be told apart from one for an id that was never granted.
+while, so a late result can be told apart from one for an id that was never granted, and a replayed
+one from the first (each record holds the key's latest grant: its time, worker and whether a result
+answered it).
 """
 
 from __future__ import annotations
@@ -16,13 +18,15 @@ import ray
 
 from prerender_ray import logs, metrics
 from prerender_ray.config import Config
-from prerender_ray.leases import LeaseTable as Table
+from prerender_ray.leases import LeaseTable as Table, read_record
 from prerender_ray.stores import LEASES, Store, store_path
 from prerender_ray.timeutil import now_ms
 
 from .common import untraced
 
-LEASE = b"l:"  # l:<key> -> [expires, due, cadence, released, answered, granted_at]
+# l:<key> -> [expires, due, cadence, released, answered, written_at, lease_granted_at, grant]; grant is
+# [granted_at, worker, any_worker, ends, answered] (records of the six-field form predate grants)
+LEASE = b"l:"
 MISSES = b"m"  # the miss histories, one JSON document (small; rewritten on each sweep)
 SWEEP_INTERVAL_S = 5.0
 
@@ -37,79 +41,93 @@ class LeaseTable:
         self.cfg = cfg
         self.db = Store(store_path(data_dir, node, LEASES))
         self.table = Table.from_config(cfg.queue, cfg.render)
-        # Keys granted recently (lease expired or released): a late result is still accepted.
-        self.recent_ms = cfg.queue.job_lease_time + 10 * 60_000
-        self.granted: dict[str, int] = {}  # key -> when its latest lease ends (grace included)
         self._restore()
         self._task = asyncio.get_running_loop().create_task(self._sweeper())
 
     def _restore(self) -> None:
         now = now_ms()
-        leases, stale = [], []
+        leases, grants, stale = [], [], []
+        lease_time = self.table.lease_time
         for k, v in self.db.items(LEASE):
             key = k[len(LEASE):].decode()
             try:
-                expires, due, cadence, released, answered, *_ = json.loads(v)
-            except (ValueError, TypeError):
+                lease, grant = read_record(json.loads(v), lease_time)
+            except (ValueError, TypeError, IndexError):
                 stale.append(k)
                 continue
-            if expires + self.recent_ms < now:
+            if max(lease[0], int(grant[3])) + self.table.remember_ms < now:
                 stale.append(k)
                 continue
-            self.granted[key] = expires
-            leases.append([key, expires, due, cadence, released, answered])
+            leases.append([key, *lease])
+            grants.append([key, *grant])
         try:
             misses = json.loads(self.db.get(MISSES) or b"[]")
         except ValueError:
             misses = []
-        self.table.restore(json.dumps({"v": 1, "leases": leases, "misses": misses}).encode())
+        doc = {"v": 2, "leases": leases, "grants": grants, "misses": misses}
+        self.table.restore(json.dumps(doc).encode())
         self.db.write((k, None) for k in stale)
         self.log.info("lease table open", restored=len(leases), in_flight=self.table.occupancy(now))
         metrics.leases_in_flight.set(self.table.occupancy(now))
 
     def _record(self, key: str, now: int) -> tuple[bytes, bytes]:
         """The stored record of ``key`` as the table holds it now; a key without a lease keeps a
-        released record until it ages out, so a late result is still recognised after a restart."""
+        released record with its grant until it ages out, so a late result is still recognised (and a
+        replay still refused) after a restart."""
         lease = self.table.export(key)
         if lease is None:
-            lease = [self.granted.get(key, now), None, None, True, True]
-        return LEASE + key.encode(), json.dumps([*lease, now]).encode()
+            grant = self.table.grant_of(key)
+            ends = grant[3] if grant is not None else now
+            lease = [ends, None, None, True, True, grant[0] if grant else None, grant]
+        expires, due, cadence, released, answered, at, grant = lease
+        record = [expires, due, cadence, released, answered, now, at, grant]
+        return LEASE + key.encode(), json.dumps(record).encode()
 
     # ------------------------------------------------------------------------------------ calls
 
     async def grant_many(self, items: list[list]) -> list[list]:
-        """Exclusive grants for [key, due, cadence]; each answer is [key, expiresAt or None, refusal]
-        (lists: see ``KeeperOps._grant``)."""
+        """Exclusive grants for [key, due, cadence, worker]; each answer is [key, expiresAt or None,
+        refusal] (lists: see ``KeeperOps._grant``)."""
         now = now_ms()
         out, ops = [], []
-        for key, due, cadence in items:
-            g = self.table.grant(key, now, due=due, cadence=cadence)
+        for key, due, cadence, *worker in items:
+            g = self.table.grant(key, now, due=due, cadence=cadence, worker=worker[0] if worker else None)
             out.append([key, g.expires_at, g.refused])
             if g.ok:
-                self.granted[key] = g.expires_at
                 ops.append(self._record(key, now))
         self.db.write(ops)  # durable before anyone hears of the grant
         metrics.leases_in_flight.set(self.table.occupancy(now))
         return out
 
-    async def release(self, key: str, hold: bool = False) -> bool:
-        """A result was processed. ``hold`` (fast retry lane): keep the lease, it is not a miss."""
+    async def begin_result(self, key: str, worker: str | None) -> list:
+        """[verdict, granted_at]: may this result apply to ``key``'s latest grant? Checked and marked
+        in one step (no await in between), so two replays racing each other cannot both pass."""
+        check = self.table.begin_result(key, worker, now_ms())
+        return [check.verdict, check.granted_at]
+
+    async def release(self, key: str, hold: bool = False, granted_at: int | None = None) -> bool:
+        """A result was processed. ``hold`` (fast retry lane): keep the lease, it is not a miss.
+        ``granted_at`` (from ``begin_result``): its grant is answered, and a lease granted since is
+        left alone."""
         now = now_ms()
-        if hold:
+        if granted_at is not None:
+            released = self.table.finish_result(key, granted_at, now, hold=hold)
+        elif hold:
             self.table.note_result(key, now)
             released = False
         else:
             released = self.table.release(key, now)
-            lease = self.table.export(key)
-            self.granted[key] = lease[0] if lease is not None else now
         self.db.write([self._record(key, now)])
         metrics.leases_in_flight.set(self.table.occupancy(now))
         return released
 
+    async def abandon(self, key: str, granted_at: int) -> None:
+        """Applying the result failed: the grant stays open for the fleet's retry."""
+        self.table.abandon_result(key, granted_at)
+
     async def known(self, key: str) -> bool:
         """Was ``key`` granted recently enough that a result for it is expected?"""
-        ends = self.granted.get(key)
-        return ends is not None and ends + self.recent_ms >= now_ms()
+        return self.table.known(key, now_ms())
 
     async def blocked(self) -> list[tuple[str, int]]:
         """(key, until) for every key a grant would refuse now: the keeper's mirror."""
@@ -139,8 +157,6 @@ class LeaseTable:
         """Leases of rows handed to this node: no key in flight is granted twice across the move."""
         now = now_ms()
         taken = [k for k, rec in leases if self.table.adopt(k, rec, now)]
-        for k, rec in leases:
-            self.granted[k] = max(self.granted.get(k, 0), int(rec[0]))
         self.db.write([self._record(k, now) for k in taken])
         metrics.leases_in_flight.set(self.table.occupancy(now))
         return len(taken)
@@ -149,8 +165,7 @@ class LeaseTable:
         """Rows handed to another node: their leases go with them (see ``adopt``)."""
         now = now_ms()
         for key in keys:
-            self.table.release(key, now)
-            self.granted.pop(key, None)
+            self.table.forget(key, now)
         self.db.write((LEASE + k.encode(), None) for k in keys)
 
     async def status(self) -> dict:
@@ -178,11 +193,9 @@ class LeaseTable:
             metrics.claim_health.labels("wedged").inc()
             self.log.warning("key held back: its leases keep expiring without a result", key=hold.key,
                              misses=hold.misses, hold_leases=hold.leases, until=hold.until)
-        forgotten = [k for k, ends in self.granted.items() if ends + self.recent_ms < now]
-        for k in forgotten:
-            del self.granted[k]
         misses = self.table.export_misses()
-        self.db.write([(LEASE + k.encode(), None) for k in forgotten] + [(MISSES, json.dumps(misses).encode())])
+        self.db.write([(LEASE + k.encode(), None) for k in report.forgotten]
+                      + [(MISSES, json.dumps(misses).encode())])
         metrics.leases_in_flight.set(self.table.occupancy(now))
 
     async def close(self) -> None:

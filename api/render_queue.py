@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from prerender_ray import logs
 from prerender_ray.auth import Principal
 from prerender_ray.batching import GroupCommit
-from prerender_ray.cachekeys import CacheKeyError
+from prerender_ray.cachekeys import DEVICE, CacheKeyError
 from prerender_ray.decoding import DecodeError, TooLarge, decoded_size
 from prerender_ray.registry import QUEUE_CONTROL, QUEUE_STATUS, decode_json
 from prerender_ray.results import ENCODINGS, Result, ResultError
@@ -27,6 +27,7 @@ log = logs.get("render_queue")
 CLAIM_DEADLINE_S = 10.0
 RESULT_DEADLINE_S = 30.0
 SIZE_ERROR = "x-metadata-size must be a positive integer no larger than the request body"
+MAX_WORKER_ID = 256
 _DIGITS = re.compile(r"^\s*\d+\s*$")
 CLAIM_KEYS = {"limit"}  # the reference fleet sends exactly {"limit": N}
 
@@ -43,23 +44,30 @@ async def claim(request: Request, who: Principal = Depends(require("fleet"))) ->
     body = await read_object(request, 64 * 1024, keys=CLAIM_KEYS, allow_empty=True)
     limit = int_field(body, "limit", default=20)
     limit = max(1, min(limit, ctx.cfg.queue.max_claim_limit))
-    try:
-        content = await asyncio.wait_for(_claims(ctx).submit(limit), CLAIM_DEADLINE_S)
+    try:  # each grant records the claiming worker: its result is told apart from a previous holder's
+        content = await asyncio.wait_for(_claims(ctx).submit((limit, worker_id(request))), CLAIM_DEADLINE_S)
     except Exception as e:  # a restarting keeper: the node is unready, the fleet idles
         log.warning("claim failed; answering []", error=repr(e), worker=request.headers.get("x-worker-id"))
         content = b"[]"
     return Response(content, media_type="application/json")
 
 
-def _claims(ctx: NodeContext) -> GroupCommit[int, bytes]:
+def worker_id(request: Request) -> str | None:
+    """The fleet's ``x-worker-id`` (sent on every request), bounded: it is stored with each grant."""
+    worker = request.headers.get("x-worker-id")
+    return None if worker is None else worker[:MAX_WORKER_ID]
+
+
+def _claims(ctx: NodeContext) -> GroupCommit[tuple[int, str | None], bytes]:
     """Concurrent claims on this replica share one keeper call (the keeper deals the jobs out in
     arrival order and encodes each answer), so a busy fleet costs one actor hop per batch."""
     claims = ctx.extras.get("claims")
     if claims is None:
         from prerender_ray.actors.common import call
 
-        async def flush(limits: list[int]) -> list[bytes]:
-            return await call(ctx.keeper.claim_json.remote(limits), CLAIM_DEADLINE_S)
+        async def flush(asks: list[tuple[int, str | None]]) -> list[bytes]:
+            limits, workers = [a[0] for a in asks], [a[1] for a in asks]
+            return await call(ctx.keeper.claim_json.remote(limits, workers), CLAIM_DEADLINE_S)
 
         claims = ctx.extras["claims"] = GroupCommit(flush)
     return claims
@@ -100,14 +108,16 @@ async def job_result(request: Request, who: Principal = Depends(require("fleet")
         device = ctx.rules.device_of(result.id)
     except (ResultError, CacheKeyError) as e:
         raise bad_request(str(e)) from None
-    if device not in ctx.rules.supported or ctx.rules.keys.key(url, device) != result.id:
+    if (device or DEVICE in ctx.rules.keys.attributes) and device not in ctx.rules.supported \
+            or ctx.rules.keys.key(url, device) != result.id:  # a [url] layout's keys name no device
         raise bad_request(f"id {result.id!r} is not a cache key of this service")
     check_encoding(result.content_encoding, content, ctx.cfg.server.max_html_bytes)
     keeper, _ = ctx.owner_actors(url)
     from prerender_ray.actors.common import call
 
     try:  # the owner's keeper checks the lease first: an id never granted changes nothing
-        outcome = await call(keeper.process_result.remote(meta, content), RESULT_DEADLINE_S)
+        outcome = await call(keeper.process_result.remote(meta, content, False, worker_id(request)),
+                             RESULT_DEADLINE_S)
     except Exception as e:  # the lease stays held: the job is re-granted when it expires
         log.error("result processing failed; lease held", key=result.id, error=repr(e))
         return JSONResponse({"error": "result processing failed; the lease is held"}, status_code=503)

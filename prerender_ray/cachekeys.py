@@ -133,6 +133,13 @@ class KeyFormat:
         """Whether a key is its URL with a per-device suffix appended (the default shape)."""
         return self.attributes == DEFAULT_ATTRIBUTES
 
+    @property
+    def variant_delimiter(self) -> str | None:
+        """What ends the prefix a URL's device variants share (``<url><delimiter>``, the URL ending at
+        the last delimiter): a bulk walk asks for a URL's route once. None when the layout gives the
+        variants no common prefix."""
+        return self.delimiter if self.appends else None
+
     def suffixes(self, devices: Sequence[str]) -> tuple[str, ...]:
         """What ``key`` appends to a URL for each device when ``appends``: a bulk put builds each
         key with one concatenation."""

@@ -43,6 +43,10 @@ claims = Counter("prerender_claim_jobs_total", "Jobs granted by claims.")
 claim_health = Counter("prerender_claim_health_total", "Claim anomalies.", ["kind"])  # stale, wedged, refused
 leases_in_flight = Gauge("prerender_leases_in_flight", "Live, unreleased leases.", multiprocess_mode="livemax")
 render_outcomes = Counter("prerender_render_outcomes_total", "Posted render results.", ["outcome", "detail"])
+# Results acknowledged but not applied: duplicate (the grant was answered already: a replay or a
+# retry after a lost 204) or superseded (the key was re-granted to another worker since).
+results_ignored = Counter("prerender_results_ignored_total", "Render results acknowledged, not applied.",
+                          ["reason"])
 render_seconds = Histogram(
     "prerender_render_seconds", "Render time reported by the fleet.", ["status_class"],
     buckets=(0.25, 0.5, 1, 2, 4, 8, 15, 30, 60),

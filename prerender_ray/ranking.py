@@ -154,12 +154,14 @@ class Ranking:
         self._put(key, due, ident)
 
     def upsert_many(self, rows: Iterable[tuple[str, Any, bool, Any]], route_of: RouteOf, *,
-                    delimiter: str = "|") -> int:
+                    delimiter: str | None = "|") -> int:
         """``upsert`` for a store walk: rows of (key, due, from_sitemap, interval). Returns the count.
 
         Built for load speed. A walk yields keys in order, so the device variants of a URL arrive
-        together: ``route_of`` is asked once per URL (the text before ``delimiter``), and a row
-        that shares its predecessor's class and due time appends to the same bucket. A device variant
+        together: ``route_of`` is asked once per URL (the text before the last ``delimiter``, for keys
+        laid out ``<url><delimiter><device>``; ``None`` for any other layout, whose variants share no
+        prefix), and a row that shares its predecessor's class and due time appends to the same
+        bucket. A device variant
         that carries its predecessor's very value objects (as ``Rules.put_many`` builds them) skips
         the checks.
         """
@@ -173,13 +175,16 @@ class Ranking:
         for key, due, from_sitemap, interval in rows:
             n += 1
             if bucket is not None and due is raw[0] and from_sitemap is raw[1] and interval is raw[2] \
-                    and url is not None and key.startswith(url) and key not in where:
+                    and url is not None and key.startswith(url) and key.find(delimiter, len(url)) < 0 \
+                    and key not in where:
                 due = last_due  # a device variant of the previous row: same values, same bucket
             else:
                 raw = (due, from_sitemap, interval)
-                if url is None or not key.startswith(url):
-                    cut = key.find(delimiter)
-                    url = key[: cut + 1] if cut >= 0 else None  # a non-key shares no route
+                if url is None or not key.startswith(url) or key.find(delimiter, len(url)) >= 0:
+                    # the URL and its delimiter: a variant's rest holds no further delimiter (a longer
+                    # URL that merely starts with this one does)
+                    cut = key.rfind(delimiter) if delimiter else -1
+                    url = key[: cut + len(delimiter)] if cut >= 0 else None  # a non-key shares no route
                     route = route_of(key)
                 if interval is not None and (type(interval) is not int or interval <= 0):
                     interval = _carried(interval)

@@ -119,6 +119,7 @@ class Target:
     suppressed_reason: str | None = None
     suppressed_at: int | None = None
     strikes: int = 0
+    struck_at: int | None = None  # when the last strike was taken: one strike per render cycle
 
     @property
     def suppressed(self) -> bool:
@@ -131,7 +132,7 @@ class Target:
         fields = (("sitemap_url", self.sitemap_url), ("scheduler_node", self.scheduler_node),
                   ("render_interval", self.render_interval), ("state", self.state),
                   ("suppressed_reason", self.suppressed_reason), ("suppressed_at", self.suppressed_at),
-                  ("strikes", self.strikes or None))
+                  ("strikes", self.strikes or None), ("struck_at", self.struck_at))
         parts = []
         for name, value in fields:
             if value is None:
@@ -152,6 +153,8 @@ class Target:
         kw["render_interval"] = int(ri) if ri is not None and ri > 0 else None
         st = finite(kw.get("strikes"))
         kw["strikes"] = int(st) if st is not None and st > 0 else 0
+        at = finite(kw.get("struck_at"))
+        kw["struck_at"] = int(at) if at is not None and at > 0 else None
         return cls(url=url, **kw)
 
     def patched(self, **changes: Any) -> Target:

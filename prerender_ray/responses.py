@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
+from .cachekeys import CacheKeyError, parse_cache_key
 from .origin_rules import HOP_BY_HOP
 from .pages import PageMeta
 from .routes import Route
@@ -55,10 +56,11 @@ def device_from_cache_key(
     """The device part of a cache key laid out as ``attributes`` joined by ``delimiter``."""
     if "deviceType" not in attributes:
         return None
-    parts = cache_key.split(delimiter)
-    if len(parts) != len(attributes):
+    try:  # the one key parser: a delimiter that also occurs in URLs still splits right
+        parsed = parse_cache_key(cache_key, delimiter=delimiter, attributes=attributes)
+        return parsed.get("deviceType") or None
+    except CacheKeyError:
         return None
-    return parts[list(attributes).index("deviceType")] or None
 
 
 def debug_headers(

@@ -7,6 +7,7 @@ and held when the failure lane says *fast* so the retry waits for the lease to e
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,8 +15,8 @@ from .pages import Page
 from .registry import Target
 from .schedule import ScheduleRow, backoff_wait, counted_strikes
 from .targets import Rules
-from .timeutil import finite, minute, positive
 from .origin_policy import compiled
+from .timeutil import minute, positive
 from .urls import UrlError, url_path
 
 OUTCOMES = ("rendered", "redirected", "non-indexable", "error")
@@ -46,6 +47,8 @@ class Result:
 
     @classmethod
     def parse(cls, meta: Any, content: bytes | None) -> Result:
+        """Validate every field this service reads or stores; a value out of range is a
+        ``ResultError`` naming the field (a 400: the fleet must not retry it as a lease conflict)."""
         if not isinstance(meta, dict):
             raise ResultError("metadata must be a JSON object")
         key = meta.get("id")
@@ -57,27 +60,96 @@ class Result:
         headers = meta.get("headers") or {}
         if not isinstance(headers, dict):
             raise ResultError("metadata.headers must be an object")
-        headers = {str(k).lower(): str(v) for k, v in headers.items() if v is not None}
-        status = finite(meta.get("statusCode"))
         indexable = meta.get("isIndexable")
-        redirected = meta.get("redirectedTo")
+        if indexable is not None and not isinstance(indexable, bool):
+            raise ResultError("metadata.isIndexable must be a boolean")
+        error = meta.get("error")
+        if error is not None and not isinstance(error, dict):
+            raise ResultError("metadata.error must be an object")
+        redirected = _text(meta, "redirectedTo", MAX_TEXT)
         return cls(
             id=key,
-            url=str(meta.get("url") or ""),
-            status_code=int(status) if status is not None else None,
-            headers=headers,
+            url=_text(meta, "url", MAX_TEXT) or "",
+            status_code=_status_code(meta.get("statusCode")),
+            headers=_headers(headers),
             content=content or None,
             outcome=outcome or "",
-            reason=meta.get("reason") if isinstance(meta.get("reason"), str) else None,
-            redirected_to=redirected if isinstance(redirected, str) and redirected else None,
-            is_indexable=indexable if isinstance(indexable, bool) else None,
-            render_time=finite(meta.get("renderTime")),
-            error=meta.get("error") if isinstance(meta.get("error"), dict) else None,
+            reason=_text(meta, "reason", MAX_REASON),
+            redirected_to=redirected or None,
+            is_indexable=indexable,
+            render_time=_render_time(meta.get("renderTime")),
+            error=error,
         )
 
     @property
     def content_encoding(self) -> str:
         return (self.headers.get("content-encoding") or "identity").strip().lower()
+
+
+MAX_TEXT = 64 * 1024  # url / redirectedTo: far above any real URL, far below the body cap
+MAX_REASON = 200
+MAX_HEADER_VALUE = 8192
+MAX_RENDER_TIME_MS = 86_400_000  # a day: the render budget is seconds; more is a broken clock
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _status_code(value: Any) -> int | None:
+    """An HTTP status: an integer 100-599 (an integral float too, as JSON allows), or absent."""
+    if value is None:
+        return None
+    if not _is_number(value) or not math.isfinite(value) or value != int(value) or not 100 <= value <= 599:
+        raise ResultError(f"metadata.statusCode must be an integer from 100 to 599, not {_shown(value)}")
+    return int(value)
+
+
+def _render_time(value: Any) -> float | None:
+    if value is None:
+        return None
+    if not _is_number(value) or not math.isfinite(value) or not 0 <= value <= MAX_RENDER_TIME_MS:
+        raise ResultError(f"metadata.renderTime must be a number of milliseconds from 0 to "
+                          f"{MAX_RENDER_TIME_MS}, not {_shown(value)}")
+    return value
+
+
+def _text(meta: dict, name: str, limit: int) -> str | None:
+    value = meta.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ResultError(f"metadata.{name} must be a string")
+    if len(value) > limit:
+        raise ResultError(f"metadata.{name} is longer than {limit} characters")
+    return value
+
+
+def _headers(headers: dict) -> dict[str, str]:
+    """Lower-cased names; a value is text (a number is written out), absent values dropped. Stored
+    headers are served back to crawlers, so a control character in one is refused, not stored."""
+    out = {}
+    for name, value in headers.items():
+        if value is None:
+            continue
+        if isinstance(value, str):
+            text = value
+        elif _is_number(value) and math.isfinite(value):
+            text = str(value)
+        else:
+            raise ResultError(f"metadata.headers[{_shown(name)}] must be a string")
+        low = name.lower()
+        if low in STORED_HEADERS or low == "content-encoding":
+            if len(text) > MAX_HEADER_VALUE or any(c in text for c in "\r\n\0"):
+                raise ResultError(f"metadata.headers[{_shown(name)}] holds a control character or is "
+                                  f"longer than {MAX_HEADER_VALUE} characters")
+        out[low] = text
+    return out
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 @dataclass
@@ -119,6 +191,7 @@ class Planner:
     def __init__(self, rules: Rules):
         self.rules = rules
         self.cfg = rules.cfg
+        self._granted_at: int | None = None  # of the result being planned (see ``plan``)
 
     def destination(self, r: Result) -> str | None:
         """The cache key a redirected result landed on, or None when it is not a redirect."""
@@ -131,7 +204,12 @@ class Planner:
         dest = self.rules.keys.key(url, self.rules.device_of(r.id))
         return None if dest == r.id else dest
 
-    def plan(self, r: Result, target: Target | None, dest_target: Target | None, now: int) -> Plan:
+    def plan(self, r: Result, target: Target | None, dest_target: Target | None, now: int, *,
+             granted_at: int | None = None) -> Plan:
+        """``granted_at``: when the lease this result answers was granted. A strike counts only for a
+        grant issued after the target's last strike, so the devices of one URL claimed in one cycle
+        cost one strike between them (the next cycle's recheck is granted later and counts again)."""
+        self._granted_at = granted_at
         domains = self.cfg.domains
         inspected_non_indexable = r.is_indexable is False
         indexable = r.is_indexable
@@ -191,7 +269,7 @@ class Planner:
         if target.suppressed and indexable is True:
             plan.targets[target.url] = self.rules.reactivated(target)
         elif not target.suppressed and counted_strikes(target.strikes) > 0:
-            plan.targets[target.url] = target.patched(strikes=0)
+            plan.targets[target.url] = target.patched(strikes=0, struck_at=None)
         return plan
 
     def _failure(self, key: str, target: Target | None, now: int, label: str) -> Plan:
@@ -199,8 +277,8 @@ class Planner:
         comes due sooner than the page's cadence. The cached page is left alone."""
         if target is None:
             return Plan("dropped", detail=label, row_deletes=[key])
-        strikes = counted_strikes(target.strikes) + 1
-        plan = Plan(label, detail="fast", targets={target.url: target.patched(strikes=strikes)})
+        strikes, struck = self._strike(target, now)
+        plan = Plan(label, detail="fast", targets={target.url: struck})
         if strikes <= self.cfg.render.failure_retry.fast_retries:
             plan.release = False
             return plan
@@ -212,7 +290,8 @@ class Planner:
 
     def _suppress_source(self, r: Result, target: Target | None, now: int) -> Plan:
         url = target.url if target else self.rules.url_of(r.id)
-        s = self.rules.suppress(target, url, reason=r.reason, status_code=r.status_code, now=now)
+        s = self.rules.suppress(target, url, reason=r.reason, status_code=r.status_code, now=now,
+                                strike=self._counts(target))
         plan = Plan("suppressed", detail=r.reason or "non-indexable")
         if s.deleted:
             plan.targets.update(self._delete_target(target, r.id))
@@ -254,14 +333,27 @@ class Planner:
     def _redirect_strike(self, key: str, target: Target | None, now: int) -> Plan:
         if target is None:
             return Plan("redirect", detail="strike-untargeted", row_deletes=[key])
-        strikes = counted_strikes(target.strikes) + 1
-        if strikes >= self.cfg.render.redirects.max_strikes:
+        strikes, struck = self._strike(target, now)
+        if strikes >= self.cfg.render.redirects.max_strikes and self._counts(target):
             plan = Plan("redirect", detail="retired")
             plan.targets.update(self._delete_target(target, key))
             return plan
         cadence = self.rules.cadence(target.url, target.render_interval)
-        return Plan("redirect", detail="strike", targets={target.url: target.patched(strikes=strikes)},
+        return Plan("redirect", detail="strike", targets={target.url: struck},
                     rows=[ScheduleRow(key, minute(now) + cadence, target.sitemap_url is not None, cadence)])
+
+    def _counts(self, target: Target | None) -> bool:
+        """Does this result's verdict cost ``target`` a strike? Not when the grant it answers was issued
+        before the last strike was taken (that strike came from the same render cycle)."""
+        at = self._granted_at
+        return target is None or target.struck_at is None or at is None or at > target.struck_at
+
+    def _strike(self, target: Target, now: int) -> tuple[int, Target]:
+        """The strike count after this verdict, and the target carrying it."""
+        if not self._counts(target):
+            return counted_strikes(target.strikes), target
+        strikes = counted_strikes(target.strikes) + 1
+        return strikes, target.patched(strikes=strikes, struck_at=now)
 
     def _delete_target(self, target: Target | None, key: str) -> dict[str, Target | None]:
         url = target.url if target else self.rules.url_of(key)

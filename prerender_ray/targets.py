@@ -181,27 +181,30 @@ class Rules:
         return [ScheduleRow(k, minute(now), target.sitemap_url is not None, None) for k in self.keys_of(target.url)]
 
     def suppress(self, existing: Target | None, url: str, *, reason: str | None, status_code: int | None,
-                 now: int) -> Suppression:
+                 now: int, strike: bool = True) -> Suppression:
         """A non-indexable verdict: recheck later, or delete after too many strikes in a row.
 
         ``http-error`` with 404/410 is *gone*: a longer recheck and fewer strikes. Strikes are one
-        counter shared with failures and redirects."""
+        counter shared with failures and redirects. ``strike=False``: this URL was struck already in
+        this render cycle (another device's verdict): suppressed, but no further strike."""
         s = self.cfg.render.suppression
         gone = reason == "http-error" and status_code in (404, 410)
         recheck, max_strikes = (s.gone.recheck_interval, s.gone.max_strikes) if gone else (
             s.recheck_interval, s.max_strikes)
-        strikes = counted_strikes(existing.strikes if existing else 0) + 1
-        if existing is not None and strikes >= max_strikes:
+        strike = strike or existing is None
+        strikes = counted_strikes(existing.strikes if existing else 0) + (1 if strike else 0)
+        if existing is not None and strike and strikes >= max_strikes:
             return Suppression(None, [], deleted=True)
         base = existing or Target(url=url)
         target = Target(url=url, sitemap_url=base.sitemap_url, scheduler_node=base.scheduler_node,
                         render_interval=base.render_interval, state=SUPPRESSED,
                         suppressed_reason="http-gone" if gone else (reason or None), suppressed_at=now,
-                        strikes=strikes)
+                        strikes=strikes, struck_at=now if strike else base.struck_at)
         cadence = self.cadence(url, target.render_interval)
         rows = [ScheduleRow(k, minute(now) + recheck, target.sitemap_url is not None, cadence)
                 for k in self.keys_of(url)]
         return Suppression(target, rows)
 
     def reactivated(self, target: Target) -> Target:
-        return target.patched(state=None, suppressed_reason=None, suppressed_at=None, strikes=0)
+        return target.patched(state=None, suppressed_reason=None, suppressed_at=None, strikes=0,
+                              struck_at=None)

@@ -174,12 +174,12 @@ def result_body(job: dict, *, outcome: str | None = "rendered", status: int | No
     return raw + content, {"x-metadata-size": str(len(raw)), "content-type": "application/octet-stream"}
 
 
-def take(base: str, keys: list[str], timeout: float = 20) -> dict[str, dict]:
+def take(base: str, keys: list[str], timeout: float = 20, **kw: Any) -> dict[str, dict]:
     """Claim until every key in ``keys`` was granted; other jobs are returned too."""
     got: dict[str, dict] = {}
 
     def step() -> bool:
-        for job in claim(base, 25):
+        for job in claim(base, 25, **kw):
             got[job["id"]] = job
         return all(k in got for k in keys)
 
@@ -187,8 +187,11 @@ def take(base: str, keys: list[str], timeout: float = 20) -> dict[str, dict]:
     return got
 
 
-def post_result(job: dict, **kw: Any) -> httpx.Response:
+def post_result(job: dict, *, worker: str | None = None, **kw: Any) -> httpx.Response:
+    """``worker``: the x-worker-id the reference fleet sends (none when None)."""
     body, headers = result_body(job, **kw)
+    if worker is not None:
+        headers["x-worker-id"] = worker
     return httpx.post(f"{job['callbackOrigin']}/render_queue/job_result", content=body, headers=headers, timeout=30)
 
 

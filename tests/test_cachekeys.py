@@ -131,3 +131,52 @@ def test_a_device_name_holding_the_delimiter_is_refused() -> None:
     with pytest.raises(ValueError, match="delimiter"):
         KeyFormat(delimiter="-").check_devices(["desktop", "smart-tv"])
     KeyFormat().check_devices(["desktop", "smart-tv"])
+
+
+# ------------------------------------------------ every layout: one parser for url, device and owner
+
+LAYOUTS = [(d, a) for a in (("url", "deviceType"), ("deviceType", "url"), ("url",))
+           for d in ("|", "::", ":", "/", "#", "-")]
+HOSTILE_URLS = ["https://shop.test/", "https://shop.test/a", "https://shop.test/a:b",
+                "https://shop.test/a::b/c", "https://shop.test/a-b#c/d", "https://[::1]:8080/x/y",
+                "https://shop.test/hourly/1"]
+
+
+@pytest.mark.parametrize("delimiter, attributes", LAYOUTS)
+def test_every_key_layout_gives_back_its_url_and_device_wherever_the_delimiter_occurs(
+        delimiter: str, attributes: tuple[str, ...]) -> None:
+    from prerender_ray.responses import device_from_cache_key
+    from prerender_ray.targets import Rules
+
+    devices = {"supported": ["desktop", "mobile"], "default": ["desktop", "mobile"]}
+    cfg = parse({"cacheKey": {"delimiter": delimiter, "attributes": list(attributes)},
+                 "deviceTypes": devices}, {}).config
+    rules = Rules(cfg)
+    for url in HOSTILE_URLS:
+        for device in ("desktop", "mobile"):
+            key = rules.keys.key(url, device)
+            assert rules.url_of(key) == url, key
+            want = device if "deviceType" in attributes else None
+            assert (rules.device_of(key) or None) == want, key
+            assert device_from_cache_key(key, delimiter, attributes) == want, key
+
+
+@pytest.mark.parametrize("delimiter, attributes", LAYOUTS)
+def test_a_bulk_ranking_load_asks_each_url_for_its_own_route_in_every_layout(delimiter, attributes) -> None:
+    """A store walk yields keys in key order: with the device first, all desktop rows come together,
+    and with a delimiter inside URLs ``https:`` is no URL. Each row must still get its URL's route."""
+    from prerender_ray.ranking import Ranking
+
+    fmt = KeyFormat(delimiter=delimiter, attributes=attributes)
+    keys = sorted({fmt.key(u, d) for u in HOSTILE_URLS for d in ("desktop", "mobile")})
+    rows = [(k, 1_000, False, None) for k in keys]
+
+    def route_of(key: str) -> str:
+        return fmt.url_of(key)  # a distinct "route" per URL: any sharing across URLs shows
+
+    bulk = Ranking(lambda route: 60_000)
+    bulk.upsert_many(rows, route_of, delimiter=fmt.variant_delimiter)
+    one = Ranking(lambda route: 60_000)
+    for row in rows:
+        one.upsert(*row, route_of(row[0]))
+    assert sorted(bulk.rows()) == sorted(one.rows())

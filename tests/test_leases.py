@@ -7,7 +7,15 @@ import json
 import pytest
 
 from prerender_ray.config import Queue, Render
-from prerender_ray.leases import MISS_MEMORY_MS, RELEASE_GRACE_MS, Grant, HoldStart, LeaseInfo, LeaseTable
+from prerender_ray.leases import (
+    MISS_MEMORY_MS,
+    RELEASE_GRACE_MS,
+    Grant,
+    HoldStart,
+    LeaseInfo,
+    LeaseTable,
+    ResultCheck,
+)
 from prerender_ray.timeutil import DAY_MS, HOUR_MS, MINUTE_MS
 
 LEASE = 10 * MINUTE_MS
@@ -258,7 +266,7 @@ def test_live_leases_and_holds_survive_a_snapshot_and_restore() -> None:
     t.grant("b", now)
     t.release("b", now + 1)
     data = t.snapshot()
-    assert json.loads(data)["v"] == 1
+    assert json.loads(data)["v"] == 2
     restored = table()
     assert restored.restore(data) == 2
     later = now + 2
@@ -279,7 +287,10 @@ def test_a_restored_lease_that_expired_meanwhile_counts_as_a_miss() -> None:
     assert restored.grant(K, T0 + LEASE).ok
 
 
-@pytest.mark.parametrize("junk", [b"", b"[]", b"{}", b'{"v": 2, "leases": [], "misses": []}',
+@pytest.mark.parametrize("junk", [b"", b"[]", b"{}", b'{"v": 3, "leases": [], "misses": []}',
+                                  b'{"v": 2, "leases": [["a", 1, null, null, false, false]], "misses": []}',
+                                  b'{"v": 2, "leases": [], "grants": [["a", 1, 5, 0, 9, 0]], "misses": []}',
+                                  b'{"v": 1, "leases": [["a", 1, null, null, 0, 0, 1]], "misses": []}',
                                   b'{"v": 1, "leases": [["a", "x", null, null, false, false]], "misses": []}',
                                   b'{"v": 1, "leases": [["a"]], "misses": []}', b"\xff"])
 def test_restoring_a_junk_snapshot_raises_and_changes_nothing(junk: bytes) -> None:
@@ -295,3 +306,114 @@ def test_a_table_refuses_nonsense_sizes() -> None:
         table(max_leases=0)
     with pytest.raises(ValueError):
         table(lease_time=0)
+
+
+# ------------------------------------------------------------------ results bound to their grant
+
+
+def test_a_result_answers_its_grant_once_and_a_replay_is_a_duplicate() -> None:
+    t = table()
+    t.grant(K, T0, worker="w1")
+    assert t.begin_result(K, "w1", T0 + 1) == ResultCheck("apply", T0)
+    assert t.begin_result(K, "w1", T0 + 2) == ResultCheck("duplicate", T0)  # racing the first: refused
+    assert t.finish_result(K, T0, T0 + 3, hold=False)
+    for later in (T0 + 4, T0 + RELEASE_GRACE_MS + 10, T0 + LEASE + 5 * MINUTE_MS):  # replayed for minutes
+        assert t.begin_result(K, "w1", later) == ResultCheck("duplicate", T0)
+
+
+def test_an_abandoned_result_may_answer_its_grant_again() -> None:
+    t = table()
+    t.grant(K, T0, worker="w1")
+    assert t.begin_result(K, "w1", T0 + 1).verdict == "apply"
+    t.abandon_result(K, T0)  # applying it failed: the fleet retries
+    assert t.begin_result(K, "w1", T0 + 2).verdict == "apply"
+
+
+def test_a_late_result_of_a_previous_holder_never_touches_the_new_lease() -> None:
+    t = table()
+    t.grant(K, T0, worker="A")
+    regrant = T0 + LEASE  # A's lease expired unanswered; B gets the key
+    assert t.grant(K, regrant, worker="B").ok
+    assert t.begin_result(K, "A", regrant + 1) == ResultCheck("superseded", regrant)
+    assert t.lease_of(K, regrant + 2) is not None and t.occupancy(regrant + 2) == 1  # B's still live
+    assert t.begin_result(K, "B", regrant + 3) == ResultCheck("apply", regrant)
+    assert t.finish_result(K, regrant, regrant + 4, hold=False)
+    assert t.lease_of(K, regrant + 4) is None
+
+
+def test_finishing_an_older_grant_leaves_the_lease_of_a_later_one_alone() -> None:
+    t = table()
+    t.grant(K, T0, worker="A")
+    assert t.begin_result(K, "A", T0 + LEASE - 1).verdict == "apply"  # applying while the lease runs out
+    assert t.grant(K, T0 + LEASE, worker="B").ok
+    assert not t.finish_result(K, T0, T0 + LEASE + 1, hold=False)
+    assert t.lease_of(K, T0 + LEASE + 1) is not None
+    t.finish_result(K, T0, T0 + LEASE + 1, hold=True)
+    assert t.begin_result(K, "B", T0 + LEASE + 2).verdict == "apply"  # B's grant still open
+
+
+def test_a_late_result_of_the_same_holder_still_applies_once_until_it_is_forgotten() -> None:
+    t = table(remember_ms=10 * MINUTE_MS)
+    t.grant(K, T0)
+    assert t.known(K, T0 + LEASE + 10 * MINUTE_MS)
+    assert t.begin_result(K, None, T0 + LEASE + MINUTE_MS).verdict == "apply"  # after its expiry
+    report = t.sweep(T0 + LEASE + 10 * MINUTE_MS + 1)
+    assert report.forgotten == (K,) and not t.known(K, T0 + LEASE + 10 * MINUTE_MS + 1)
+    assert t.begin_result(K, None, T0 + LEASE + 10 * MINUTE_MS + 2).verdict == "unknown"
+
+
+def test_a_key_never_granted_is_unknown() -> None:
+    assert table().begin_result(K, None, T0) == ResultCheck("unknown", None)
+
+
+def test_grants_survive_a_snapshot_and_a_version_1_snapshot_still_loads() -> None:
+    t = table()
+    t.grant(K, T0, worker="w1")
+    t.grant("b", T0, worker="w2")
+    t.begin_result("b", "w2", T0 + 1)
+    t.finish_result("b", T0, T0 + 2, hold=False)
+    restored = table()
+    restored.restore(t.snapshot())
+    assert restored.begin_result("b", "w2", T0 + 3).verdict == "duplicate"
+    assert restored.begin_result(K, "other", T0 + 3).verdict == "superseded"
+    assert restored.begin_result(K, "w1", T0 + 3) == ResultCheck("apply", T0)
+
+    old = json.dumps({"v": 1, "leases": [[K, T0 + LEASE, None, None, False, False],
+                                         ["b", T0 + 5000, None, None, True, False]], "misses": []}).encode()
+    legacy = table()
+    assert legacy.restore(old) == 2
+    assert legacy.lease_of(K, T0 + 1) == LeaseInfo(K, T0 + LEASE, None)
+    assert legacy.begin_result("b", "anyone", T0 + 1).verdict == "duplicate"  # released: answered
+    # any worker, the grant time derived from the expiry
+    assert legacy.begin_result(K, "anyone", T0 + 1) == ResultCheck("apply", T0)
+
+
+def test_an_exported_lease_carries_its_grant_and_the_old_five_field_form_is_adopted() -> None:
+    t = table()
+    t.grant(K, T0, worker="w1")
+    moved = table()
+    assert moved.adopt(K, t.export(K), T0 + 1)
+    assert moved.begin_result(K, "w2", T0 + 2).verdict == "superseded"
+    assert moved.begin_result(K, "w1", T0 + 2) == ResultCheck("apply", T0)
+    old = table()
+    assert old.adopt(K, [T0 + LEASE, None, None, False, False], T0 + 1)
+    assert old.begin_result(K, "w9", T0 + 2) == ResultCheck("apply", T0)
+
+
+def test_a_durable_record_of_the_old_six_field_form_still_reads() -> None:
+    from prerender_ray.leases import read_record
+
+    lease, grant = read_record([T0 + LEASE, 5, HOUR_MS, False, False, T0], LEASE)
+    assert lease == [T0 + LEASE, 5, HOUR_MS, False, False, T0]  # granted lease_time before its expiry
+    assert grant == [T0, None, True, T0 + LEASE, False]  # any worker, not answered
+    _, released = read_record([T0 + 5000, None, None, True, True, T0 + 1], LEASE)
+    assert released[4] is True  # its result was processed: a replay stays a duplicate
+    t = table()
+    t.restore(json.dumps({"v": 2, "leases": [[K, *lease]], "grants": [[K, *grant]], "misses": []}).encode())
+    assert t.begin_result(K, "w1", T0 + 1) == ResultCheck("apply", T0)
+    new = [T0 + LEASE, None, None, False, False, T0 + 9, T0, [T0, "w1", False, T0 + LEASE, True]]
+    assert read_record(new, LEASE) == ([T0 + LEASE, None, None, False, False, T0],
+                                       [T0, "w1", False, T0 + LEASE, True])
+    for junk in ([], ["x", 1, 2, 3, 4, 5], [1, None, None, False, False, 0, 1, [1, 5, False, 2, False]]):
+        with pytest.raises((ValueError, TypeError, IndexError)):
+            read_record(junk, LEASE)

@@ -100,37 +100,58 @@ def test_header_names_are_lowercased_and_absent_values_dropped() -> None:
     assert r.headers == {"content-type": "text/html", "etag": '"1"', "x-count": "3"}
 
 
-@pytest.mark.parametrize(
-    "value, expected",
-    [
-        (200, 200),
-        ("404", 404),
-        (301.0, 301),
-        ("abc", None),
-        (True, None),
-        (None, None),
-        (float("nan"), None),
-        ("", None),
-    ],
-)
-def test_the_status_code_is_read_as_a_number_and_junk_is_absent(value: Any, expected: int | None) -> None:
+@pytest.mark.parametrize("value, expected", [(200, 200), (100, 100), (599, 599), (301.0, 301), (None, None)])
+def test_the_status_code_is_an_integer_from_100_to_599_or_absent(value: Any, expected: int | None) -> None:
     assert Result.parse({"id": KEY, "statusCode": value}, None).status_code == expected
 
 
-@pytest.mark.parametrize(
-    "value, expected", [(True, True), (False, False), ("false", None), (0, None), (None, None)]
-)
-def test_is_indexable_counts_only_as_a_real_boolean(value: Any, expected: bool | None) -> None:
+@pytest.mark.parametrize("value", [99999, -1, 0, 99, 600, 1e300, 200.5, float("nan"), float("inf"), True,
+                                   False, "200", "", "abc", [200], {"code": 200}])
+def test_a_status_code_out_of_range_or_not_a_number_is_refused_by_name(value: Any) -> None:
+    with pytest.raises(ResultError, match="statusCode"):
+        Result.parse({"id": KEY, "statusCode": value}, None)
+
+
+@pytest.mark.parametrize("value", [0, 800, 1500.5, 86_400_000])
+def test_a_render_time_is_a_finite_non_negative_number_of_milliseconds(value: Any) -> None:
+    assert Result.parse({"id": KEY, "renderTime": value}, None).render_time == value
+
+
+@pytest.mark.parametrize("value", [-1, 86_400_001, 1e300, float("nan"), float("-inf"), True, "1500", "fast",
+                                   [1]])
+def test_a_render_time_out_of_range_or_not_a_number_is_refused_by_name(value: Any) -> None:
+    with pytest.raises(ResultError, match="renderTime"):
+        Result.parse({"id": KEY, "renderTime": value}, None)
+
+
+@pytest.mark.parametrize("value, expected", [(True, True), (False, False), (None, None)])
+def test_is_indexable_is_a_real_boolean(value: Any, expected: bool | None) -> None:
     assert Result.parse({"id": KEY, "isIndexable": value}, None).is_indexable is expected
 
 
-def test_empty_or_non_text_optional_fields_read_as_absent() -> None:
-    r = Result.parse({"id": KEY, "redirectedTo": "", "reason": 5, "error": "boom", "renderTime": "fast"}, b"")
+@pytest.mark.parametrize("field, value", [
+    ("isIndexable", "false"), ("isIndexable", 0), ("reason", 5), ("reason", "x" * 201), ("error", "boom"),
+    ("error", ["TimeoutError"]), ("redirectedTo", 7), ("redirectedTo", "https://x.test/" + "a" * 70_000),
+    ("url", {"href": SRC}), ("url", 5),
+])
+def test_a_field_of_the_wrong_type_or_size_is_refused_by_name(field: str, value: Any) -> None:
+    with pytest.raises(ResultError, match=f"metadata.{field}"):
+        Result.parse({"id": KEY, field: value}, None)
+
+
+@pytest.mark.parametrize("headers", [{"etag": {"v": 1}}, {"ETag": ["a"]}, {"vary": True},
+                                     {"link": "<a>; rel=x\r\nSet-Cookie: s=1"}, {"etag": "x\0"},
+                                     {"cache-control": "x" * 8193}])
+def test_a_header_value_that_is_no_text_or_could_split_a_response_is_refused(headers: dict) -> None:
+    with pytest.raises(ResultError, match="metadata.headers"):
+        Result.parse({"id": KEY, "headers": headers}, None)
+
+
+def test_empty_optional_fields_read_as_absent() -> None:
+    r = Result.parse({"id": KEY, "redirectedTo": "", "reason": None, "error": None, "renderTime": None}, b"")
     assert r.redirected_to is None and r.reason is None and r.error is None and r.render_time is None
     assert r.content is None  # an empty body is no content
-    r = Result.parse(
-        {"id": KEY, "redirectedTo": 7, "error": {"name": "TimeoutError"}, "renderTime": "1500"}, b"x"
-    )
+    r = Result.parse({"id": KEY, "error": {"name": "TimeoutError"}, "renderTime": 1500}, b"x")
     assert r.redirected_to is None and r.error == {"name": "TimeoutError"} and r.render_time == 1500
     assert r.content == b"x"
 
@@ -328,7 +349,7 @@ def test_an_error_on_a_target_backed_key_holds_the_lease_and_leaves_the_row() ->
     )
     p = plan(r, target())
     assert p.outcome == "failed" and p.detail == "fast" and p.release is False
-    assert p.targets == {SRC: target(strikes=1)}  # target kept, strike counted
+    assert p.targets == {SRC: target(strikes=1, struck_at=NOW)}  # target kept, strike counted
     assert p.rows == [] and p.row_deletes == [] and p.page is None and p.page_deletes == []
 
 
@@ -348,7 +369,7 @@ def test_auth_and_transient_verdicts_never_suppress_and_take_the_fast_lane(statu
     r = result(None, outcome="non-indexable", statusCode=status, reason="http-error", isIndexable=False)
     p = plan(r, target(strikes=1))
     assert p.outcome == label and p.detail == "fast" and p.release is False
-    assert p.targets == {SRC: target(strikes=2)}
+    assert p.targets == {SRC: target(strikes=2, struck_at=NOW)}
     assert p.rows == [] and p.page_deletes == [] and p.row_deletes == []  # the cached page is kept
 
 
@@ -360,7 +381,7 @@ def test_past_the_fast_retries_the_slow_lane_reschedules_near_the_cadence_and_re
     [row] = p.rows
     assert NOW < row.next_render_time < NOW + 2 * DAY_MS
     assert row == ScheduleRow(KEY, M + DAY_MS, False, DAY_MS)  # first slow retry = one cadence
-    assert p.targets == {SRC: target(strikes=3)}
+    assert p.targets == {SRC: target(strikes=3, struck_at=NOW)}
     assert p.page is None and p.page_deletes == []  # the page and its expiresAt are not touched
 
 
@@ -491,7 +512,7 @@ def test_a_noindex_verdict_suppresses_every_device_and_deletes_the_cached_pages(
     p = plan(noindex(), t)
     assert p.outcome == "suppressed" and p.release is True
     assert p.targets == {
-        SRC: Target(SRC, "https://shop.test/s.xml", "node-a", 3 * DAY_MS, SUPPRESSED, "noindex", NOW, 1)
+        SRC: Target(SRC, "https://shop.test/s.xml", "node-a", 3 * DAY_MS, SUPPRESSED, "noindex", NOW, 1, NOW)
     }
     assert p.rows == [
         ScheduleRow(f"{SRC}|{d}", M + 7 * DAY_MS, True, 3 * DAY_MS) for d in ("desktop", "mobile")
@@ -547,7 +568,8 @@ def test_consecutive_non_indexable_verdicts_delete_the_target_at_max_strikes() -
 def test_a_verdict_for_an_untargeted_url_creates_a_suppressed_row() -> None:
     p = plan(noindex(), None)
     assert p.targets == {
-        SRC: Target(SRC, state=SUPPRESSED, suppressed_reason="noindex", suppressed_at=NOW, strikes=1)
+        SRC: Target(SRC, state=SUPPRESSED, suppressed_reason="noindex", suppressed_at=NOW, strikes=1,
+                    struck_at=NOW)
     }
     assert [row.cache_key for row in p.rows] == [KEY, f"{SRC}|mobile"]
 
@@ -696,11 +718,11 @@ def test_a_rendered_result_landing_on_the_same_key_is_an_ordinary_render() -> No
 def test_a_redirected_result_landing_on_the_same_key_is_not_a_redirect_and_never_retires_the_target() -> None:
     r = result(None, outcome="redirected", statusCode=301, redirectedTo=SRC + "/")
     p = plan(r, target(strikes=3))  # one more redirect strike would retire it
-    assert p.targets == {SRC: target(strikes=4)}  # a failure strike: kept, backed off
+    assert p.targets == {SRC: target(strikes=4, struck_at=NOW)}  # a failure strike: kept, backed off
     assert p.outcome == "failed" and p.adopt is None
     assert p.rows and p.rows[0].next_render_time > NOW
     fast = plan(r, target())
-    assert fast.release is False and fast.targets == {SRC: target(strikes=1)}
+    assert fast.release is False and fast.targets == {SRC: target(strikes=1, struck_at=NOW)}
 
 
 def test_a_non_indexable_result_with_a_landed_url_suppresses_the_source() -> None:
@@ -752,7 +774,7 @@ def test_a_foreign_destination_is_not_adopted() -> None:
 def test_a_temporary_redirect_keeps_the_source_and_costs_a_strike(status: int | None) -> None:
     p = plan(redirected(status), target(strikes=1, render_interval=2 * DAY_MS))
     assert p.outcome == "redirect" and p.detail == "strike" and p.release is True
-    assert p.targets == {SRC: target(strikes=2, render_interval=2 * DAY_MS)}
+    assert p.targets == {SRC: target(strikes=2, struck_at=NOW, render_interval=2 * DAY_MS)}
     assert p.rows == [ScheduleRow(KEY, M + 2 * DAY_MS, False, 2 * DAY_MS)]
     assert p.page_deletes == [] and p.adopt is None  # its cached page is kept
 
@@ -784,7 +806,7 @@ def test_a_temporary_redirect_of_a_targetless_key_drops_its_row() -> None:
 def test_a_redirect_to_an_unrouted_class_keeps_the_source_with_a_strike() -> None:
     p = plan(redirected(301, "https://shop.test/search/q"), target())
     assert p.detail == "strike" and p.unrouted == "/search/q"
-    assert p.targets == {SRC: target(strikes=1)} and p.adopt is None
+    assert p.targets == {SRC: target(strikes=1, struck_at=NOW)} and p.adopt is None
 
 
 def test_a_redirect_to_an_unclassified_path_in_forwarded_mode_keeps_the_source() -> None:
@@ -843,7 +865,7 @@ def test_a_foreign_landing_that_was_never_inspected_is_not_a_non_indexable_landi
 def test_an_auth_or_transient_landing_keeps_the_source_and_seeds_nothing(status: int, label: str) -> None:
     p = plan(redirected(status, isIndexable=False), target())
     assert p.outcome == label and p.release is False  # fast lane on the source
-    assert p.targets == {SRC: target(strikes=1)}
+    assert p.targets == {SRC: target(strikes=1, struck_at=NOW)}
     assert p.adopt is None and p.suppress_dest is None and p.page_deletes == []
 
 
@@ -856,3 +878,48 @@ def test_a_redirect_never_touches_pages_through_the_plan_itself() -> None:
     for r in (redirected(301), redirected(302), redirected(200, isIndexable=False)):
         p = plan(r, target())
         assert p.page is None and p.refile_key is None
+
+
+# ------------------------------------------------------------- one strike per URL per render cycle
+
+
+def gone(device: str = "desktop") -> Result:
+    return Result.parse({"id": f"{SRC}|{device}", "url": SRC, "outcome": "non-indexable", "statusCode": 404,
+                         "reason": "http-error", "isIndexable": False}, None)
+
+
+def test_two_devices_claimed_in_one_cycle_reporting_404_cost_one_strike_not_a_deletion() -> None:
+    granted = NOW - MINUTE_MS  # both devices were claimed before either result
+    p1 = planner().plan(gone("desktop"), target(), None, NOW, granted_at=granted)
+    struck = p1.targets[SRC]
+    assert struck is not None and struck.strikes == 1 and struck.struck_at == NOW  # gone: max 2 strikes
+    p2 = planner().plan(gone("mobile"), struck, None, NOW + 5, granted_at=granted)
+    assert p2.detail != "deleted" and p2.targets[SRC] is not None
+    assert p2.targets[SRC].strikes == 1 and p2.targets[SRC].suppressed  # type: ignore[union-attr]
+    # the recheck a cycle later is granted after the strike: it counts, and deletes at two
+    p3 = planner().plan(gone(), p2.targets[SRC], None, NOW + 14 * DAY_MS, granted_at=NOW + 14 * DAY_MS - 1)
+    assert p3.targets == {SRC: None} and p3.detail == "deleted"
+
+
+def test_failures_and_redirect_strikes_of_one_cycle_count_once() -> None:
+    granted = NOW - MINUTE_MS
+    failed = result(None, outcome="error", error={"name": "TimeoutError"})
+    t = target(strikes=2, struck_at=NOW - 2 * MINUTE_MS)  # struck before this grant: counts
+    p = planner().plan(failed, t, None, NOW, granted_at=granted)
+    assert p.targets[SRC] == target(strikes=3, struck_at=NOW)
+    again = planner().plan(failed, p.targets[SRC], None, NOW + 1, granted_at=granted)
+    assert again.targets[SRC] == target(strikes=3, struck_at=NOW)
+    temporary = result(None, outcome="redirected", statusCode=302, redirectedTo=DST)
+    t = target(strikes=3, struck_at=NOW)  # max redirect strikes is 4: one more would retire it
+    kept = planner().plan(temporary, t, None, NOW + 1, granted_at=granted)
+    assert kept.targets == {SRC: t} and kept.detail == "strike"
+    retired = planner().plan(temporary, t, None, NOW + 2, granted_at=NOW + 1)
+    assert retired.targets == {SRC: None} and retired.detail == "retired"
+
+
+def test_a_stored_strike_time_round_trips_and_a_render_clears_it() -> None:
+    t = target(strikes=2, struck_at=NOW)
+    assert Target.decode(SRC, t.encode()) == t
+    assert Target.decode(SRC, b'{"strikes": 2, "struck_at": "junk"}').struck_at is None
+    p = planner().plan(page_ok(), t, None, NOW + 1, granted_at=NOW)
+    assert p.targets[SRC] == target(strikes=0, struck_at=None)

@@ -311,7 +311,7 @@ def test_a_first_verdict_suppresses_and_rechecks_every_device_in_a_week() -> Non
     existing = Target(URL, SITEMAP, "node-a", 3 * DAY_MS)
     s = suppress(existing)
     assert not s.deleted
-    assert s.target == Target(URL, SITEMAP, "node-a", 3 * DAY_MS, SUPPRESSED, "noindex", NOW, 1)
+    assert s.target == Target(URL, SITEMAP, "node-a", 3 * DAY_MS, SUPPRESSED, "noindex", NOW, 1, NOW)
     # the cadence is filed, not the recheck gap
     assert s.rows == [
         ScheduleRow(f"{URL}|{d}", M + 7 * DAY_MS, True, 3 * DAY_MS) for d in ("desktop", "mobile")
@@ -382,7 +382,7 @@ def test_stored_strikes_are_coerced_before_counting(stored: Any, expected: int) 
 def test_a_verdict_for_an_untargeted_url_creates_a_suppressed_row() -> None:
     s = suppress(None)
     assert s.target == Target(
-        URL, state=SUPPRESSED, suppressed_reason="noindex", suppressed_at=NOW, strikes=1
+        URL, state=SUPPRESSED, suppressed_reason="noindex", suppressed_at=NOW, strikes=1, struck_at=NOW
     )
     assert [row.cache_key for row in s.rows] == [f"{URL}|desktop", f"{URL}|mobile"]
     assert {row.from_sitemap for row in s.rows} == {False} and {row.effective_interval for row in s.rows} == {

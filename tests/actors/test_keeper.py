@@ -67,6 +67,13 @@ def test_restarts_lose_no_row_and_never_regrant_work_in_flight(node) -> None:
         assert post_result(job).status_code == 204
         assert schedule(node.url, job["id"])["nextRenderTime"] > time.time() * 1000
 
+    # ... once: the answered grant is durable, so a replay after another restart applies nothing
+    job = next(iter(in_flight.values()))
+    due = schedule(node.url, job["id"])["nextRenderTime"]
+    restart("leases", node.url)
+    assert post_result(job, outcome="non-indexable", reason="noindex", html=None).status_code == 204
+    assert schedule(node.url, job["id"])["nextRenderTime"] == due
+
 
 def test_the_keeper_writes_its_schedule_blind_while_the_registry_keeps_its_memtable_bloom(node) -> None:
     """The schedule is never read for absent keys (the keeper holds every row), the registry is."""

@@ -25,6 +25,7 @@ from tests.support import (
     result_body,
     schedule,
     take,
+    wait_for,
 )
 
 DAY = 86_400_000
@@ -38,6 +39,13 @@ def node(ray_cluster, tmp_path_factory):
     })
     yield d
     d.stop()
+
+
+def stored_page(base: str, key: str) -> dict | None:
+    """The stored page's metadata (lastCached, statusCode ...), None when there is none."""
+    r = httpx.get(f"{base}/prerender_admin/pages", params={"prefix": key}, timeout=10)
+    assert r.status_code == 200, r.text
+    return next((p for p in r.json()["pages"] if p["cacheKey"] == key), None)
 
 
 def due_now(base: str, url: str, **kw: object) -> list[str]:
@@ -134,6 +142,22 @@ def test_unknown_outcomes_wrong_encodings_and_huge_bodies_are_refused(node) -> N
     # none of that moved the row or released the lease
     row = schedule(node.url, keys[0])
     assert row["nextRenderTime"] == 1 and row["leased"] is True
+    for key in keys:
+        assert post_result(jobs[key]).status_code == 204
+
+
+@pytest.mark.parametrize("field, values", [("statusCode", [99999, -1, 1e300, "200", True]),
+                                           ("renderTime", [-5, 1e300])])
+def test_out_of_range_result_numbers_are_400_naming_the_field_and_change_nothing(node, field, values) -> None:
+    keys = due_now(node.url, f"https://shop.example/out-of-range/{field}")
+    jobs = take(node.url, keys, timeout=15)
+    for value in values:
+        r = post_result(jobs[keys[0]], **({"status": value} if field == "statusCode" else {field: value}))
+        assert r.status_code == 400, (value, r.text)
+        assert field in r.json()["error"]
+    row = schedule(node.url, keys[0])  # no page, no reschedule, the lease still held
+    assert row["nextRenderTime"] == 1 and row["leased"] is True
+    assert stored_page(node.url, keys[0]) is None
     for key in keys:
         assert post_result(jobs[key]).status_code == 204
 
@@ -342,3 +366,68 @@ def test_a_corrupt_gzip_or_truncated_brotli_result_is_400_and_changes_nothing(no
     assert brotli.decompress(Page.decode(_stored(keys[0])).content) == html
     for key in keys[1:]:
         assert post_result(jobs[key]).status_code == 204
+
+
+# ------------------------------------------------------------------ results bound to their grant
+
+
+def test_a_result_posted_four_times_is_applied_once(node) -> None:
+    keys = due_now(node.url, "https://shop.example/replayed")
+    jobs = take(node.url, keys, timeout=15)
+    assert post_result(jobs[keys[0]], html=b"<html>first</html>").status_code == 204
+    first = stored_page(node.url, keys[0])
+    for _ in range(3):  # a replay (or a retry after a lost 204) is acknowledged, never applied
+        time.sleep(0.02)
+        assert post_result(jobs[keys[0]], html=b"<html>replayed</html>").status_code == 204
+    assert stored_page(node.url, keys[0])["lastCached"] == first["lastCached"]
+    body = httpx.get(f"{node.url}/prerender_admin/page-content", params={"cacheKey": keys[0]}).text
+    assert "first" in body
+    # one lease's non-indexable verdict posted four times is one strike, not a deletion (max 4)
+    for _ in range(4):
+        r = post_result(jobs[keys[1]], outcome="non-indexable", reason="noindex", html=None,
+                        isIndexable=False)
+        assert r.status_code == 204
+    target = httpx.get(f"{node.url}/render_targets", params={"url": "https://shop.example/replayed"})
+    assert target.status_code == 200 and target.json()["strikes"] == 1
+    wait_for(lambda: 'prerender_results_ignored_total{reason="duplicate"}'
+             in httpx.get(f"{node.url}/metrics", timeout=10).text, what="the ignored-results metric")
+
+
+def test_two_devices_reporting_404_in_one_cycle_are_one_strike(node) -> None:
+    url = "https://shop.example/gone-twice"
+    keys = due_now(node.url, url)
+    jobs = take(node.url, keys, timeout=15)
+    for key in keys:  # gone: two strikes delete; both devices were claimed in this cycle
+        r = post_result(jobs[key], outcome="non-indexable", reason="http-error", status=404, html=None,
+                        isIndexable=False)
+        assert r.status_code == 204
+    target = httpx.get(f"{node.url}/render_targets", params={"url": url})
+    assert target.status_code == 200 and target.json()["strikes"] == 1
+    assert target.json()["suppressedReason"] == "http-gone"
+
+
+def test_a_late_result_of_a_previous_holder_never_touches_the_new_lease(node) -> None:
+    url = "https://shop.example/regranted"
+    keys = due_now(node.url, url)
+    a = take(node.url, keys, timeout=15, headers={"x-worker-id": "worker-a"})
+    key = keys[0]
+    for k in keys:
+        assert post_result(a[k], worker="worker-a", html=b"<html>from a</html>").status_code == 204
+    due_now(node.url, url)  # due again: after its release grace the key goes to worker B
+    b = take(node.url, [key], timeout=20, headers={"x-worker-id": "worker-b"})
+    assert schedule(node.url, key)["leased"] is True
+    page = stored_page(node.url, key)
+    late = post_result(a[key], worker="worker-a", html=b"<html>late from a</html>")
+    assert late.status_code == 204  # acknowledged, so the fleet does not circuit-break
+    row = schedule(node.url, key)
+    assert row["leased"] is True and row["nextRenderTime"] == 1  # B's lease and the row untouched
+    assert stored_page(node.url, key)["lastCached"] == page["lastCached"]
+    time.sleep(1.2)  # a fresh publish: B's lease still keeps the key out of it
+    assert key not in {j["id"] for j in claim(node.url, 25) + claim(node.url, 25)}
+    assert post_result(b[key], worker="worker-b", html=b"<html>from b</html>").status_code == 204
+    row = schedule(node.url, key)
+    assert row["leased"] is False and row["nextRenderTime"] > 1
+    body = httpx.get(f"{node.url}/prerender_admin/page-content", params={"cacheKey": key}).text
+    assert "from b" in body
+    if keys[1] in b:
+        assert post_result(b[keys[1]], worker="worker-b").status_code == 204
