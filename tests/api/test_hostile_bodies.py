@@ -56,7 +56,7 @@ def node(ray_cluster, tmp_path_factory, site):
     users = [{"name": name, "roles": [role], "passwordHash": hash_password(password, iterations=1000)}
              for (name, password), role in ((OPS, "admin"), (FLEET, "fleet"))]
     d = deploy_on(ray_cluster, tmp_path_factory.mktemp("hostile") / "data", {
-        "domains": ["127.0.0.1"],
+        "domains": [f"127.0.0.1:{site.port}"],
         "ingress": {"mode": "forwarded", "routes": [{"match": "prefix", "path": "/"}]},
         "auth": {"users": users},
         "render": {"reconcile": {"startDelay": "1h"}},
