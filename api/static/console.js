@@ -6,7 +6,9 @@
   const $ = (id) => document.getElementById(id);
   const SVG = 'http://www.w3.org/2000/svg';
   const REFRESH_MS = 10000;
-  const state = { session: null, view: 'overview', timer: null, explained: null, devices: null };
+  const VIEWS = ['overview', 'queue', 'explain', 'sitemaps', 'pages', 'config'];
+  const state = { session: null, view: 'overview', timer: null, explained: null, devices: null,
+    sitemap: null, pages: null };
 
   // ------------------------------------------------------------------------------------ helpers
 
@@ -78,9 +80,24 @@
     stopTimer();
     $('tabs').hidden = true;
     $('who').hidden = true;
-    for (const v of ['overview', 'queue', 'explain']) $(`view-${v}`).hidden = true;
+    for (const v of VIEWS) $(`view-${v}`).hidden = true;
+    forgetData();
     $('view-login').hidden = false;
     $('login-username').focus();
+  }
+
+  // What the last user saw must not linger in the page (hidden is not gone) for the next one.
+  function forgetData() {
+    for (const id of ['nodes', 'queue-nodes', 'sitemaps', 'sitemap-entries', 'pages', 'overrides', 'config-values']) {
+      $(id).tBodies[0].replaceChildren();
+    }
+    for (const id of ['explain-facts', 'sitemap-facts', 'tiles', 'queue-tiles', 'config-warnings']) $(id).replaceChildren();
+    for (const id of ['explain-raw', 'page-view-text', 'override-result']) $(id).textContent = '';
+    for (const id of ['explain-result', 'sitemap-detail', 'page-view']) $(id).hidden = true;
+    state.sitemap = null;
+    state.sitemapAsk = (state.sitemapAsk || 0) + 1;
+    state.pages = null;
+    state.explained = null;
   }
 
   async function loadSession() {
@@ -134,7 +151,7 @@
 
   function show(view) {
     state.view = view;
-    for (const v of ['overview', 'queue', 'explain', 'config']) {
+    for (const v of VIEWS) {
       $(`view-${v}`).hidden = v !== view;
       $(`tab-${v}`).setAttribute('aria-current', v === view ? 'page' : 'false');
     }
@@ -142,6 +159,8 @@
     if (view === 'overview') { loadOverview(); state.timer = setInterval(loadOverview, REFRESH_MS); }
     if (view === 'queue') loadQueue();
     if (view === 'config') loadConfig();
+    if (view === 'sitemaps') loadSitemaps();
+    if (view === 'pages' && !state.pages) listPages();
   }
 
   function stopTimer() { if (state.timer) { clearInterval(state.timer); state.timer = null; } }
@@ -294,7 +313,34 @@
       el('td', { text: row.note || '' }),
       el('td', { class: 'admin-only' }, el('button', { type: 'button', 'data-action': 'clear', text: 'Clear',
         onclick: () => sendOverride({ clear: [row.path] }) })))));
+    if (!ov.rows.length) {
+      $('overrides').tBodies[0].append(el('tr', {}, el('td', { colSpan: 6, class: 'muted', text: 'No live override in force.' })));
+    }
     $('config-warnings').replaceChildren(...c.warnings.map((w) => el('li', { text: `${w.key}: ${w.message}` })));
+    const rows = [];
+    flatten(c.config, '', rows);
+    $('config-values').tBodies[0].replaceChildren(...rows.map(([path, value]) => el('tr', { 'data-option': path },
+      el('td', { class: 'key', text: path }), el('td', {}, el('code', { text: shown(value) })))));
+    filterConfig();
+  }
+
+  // Dotted snake_case paths, as the API sends them and as the README's config reference names them.
+  // Lists stay one value (routes, users), shown as JSON.
+  function flatten(value, path, out) {
+    if (value !== null && typeof value === 'object' && !Array.isArray(value) && Object.keys(value).length) {
+      for (const [k, v] of Object.entries(value)) flatten(v, path ? `${path}.${k}` : k, out);
+    } else {
+      out.push([path, value]);
+    }
+  }
+
+  function shown(value) { return typeof value === 'string' && value !== '' ? value : JSON.stringify(value); }
+
+  function filterConfig() {
+    const needle = $('config-filter').value.trim().toLowerCase();
+    for (const row of $('config-values').tBodies[0].rows) {
+      row.hidden = needle !== '' && !row.textContent.toLowerCase().includes(needle);
+    }
   }
 
   async function sendOverride(body) {
@@ -320,6 +366,169 @@
     const note = $('override-note').value.trim();
     if (note) entry.note = note;
     sendOverride({ set: [entry], dryRun });
+  }
+
+  // sitemaps -------------------------------------------------------------------------------------
+
+  function runText(run) {
+    if (!run) return 'never';
+    const when = run.finishedAt ? `finished ${fmtTime(run.finishedAt)}` : run.startedAt ? `started ${fmtTime(run.startedAt)}` : '';
+    return `${run.state || '?'}${run.trigger ? ` (${run.trigger})` : ''}${run.node ? ` on ${run.node}` : ''}`
+      + `${when ? `, ${when}` : ''}${run.error ? ` - ${run.error}` : ''}`;
+  }
+
+  function progressText(run) {
+    if (!run) return '-';
+    return `${fmtNum(run.sitemapsProcessed)} of ${fmtNum(run.sitemapsDiscovered)} sitemaps; `
+      + `${fmtNum(run.created)} created, ${fmtNum(run.updated)} updated, ${fmtNum(run.removed)} removed`;
+  }
+
+  async function loadSitemaps() {
+    const r = await api('sitemaps');
+    if (!r.ok) { if (r.status !== 401) say(`sitemaps: ${errorOf(r)}`, true); return; }
+    const d = r.data;
+    $('sitemaps-generated').textContent = `from ${d.node}; last refresh of all roots: ${runText(d.lastFullPass)}`;
+    const open = state.sitemap && state.sitemap.url;
+    $('sitemaps').tBodies[0].replaceChildren(...d.sitemaps.map((s) => el('tr',
+      { 'data-sitemap': s.url, class: s.url === open ? 'selected' : '' },
+      el('td', {}, el('button', { type: 'button', class: 'link', text: s.url, onclick: () => openSitemap(s.url, 0) })),
+      el('td', { text: s.isIndex ? 'index' : 'urlset' }), el('td', { class: 'num', text: fmtNum(s.entryCount) }),
+      el('td', { text: fmtTime(s.lastRefreshed) }), el('td', { class: 'run', text: runText(s.refresh) }),
+      el('td', { text: progressText(s.refresh) }))));
+    $('sitemaps-empty').hidden = d.sitemaps.length > 0;
+  }
+
+  async function openSitemap(url, offset) {
+    $('sitemap-error').textContent = '';
+    const ask = state.sitemapAsk = (state.sitemapAsk || 0) + 1;
+    const r = await api('sitemap', { method: 'POST', body: { url, offset } });
+    if (ask !== state.sitemapAsk) return;  // a newer one was asked for meanwhile
+    if (!r.ok) { if (r.status !== 401) $('sitemap-error').textContent = `${url}: ${errorOf(r)}`; return; }
+    const d = r.data;
+    state.sitemap = { url, offset: d.offset, limit: d.limit, nextOffset: d.nextOffset };
+    for (const row of $('sitemaps').tBodies[0].rows) row.classList.toggle('selected', row.dataset.sitemap === url);
+    const s = d.sitemap;
+    $('sitemap-url').textContent = url;
+    const dl = $('sitemap-facts');
+    dl.replaceChildren();
+    fact(dl, 'Kind', s.isIndex ? 'sitemap index' : 'urlset', 'kind');
+    fact(dl, 'Entries', fmtNum(s.entryCount), 'entryCount');
+    if (s.parentUrl) fact(dl, 'Listed in', s.parentUrl, 'parent');
+    if (s.finalUrl && s.finalUrl !== url) fact(dl, 'Fetched from', s.finalUrl, 'finalUrl');
+    fact(dl, 'Last refreshed', fmtTime(s.lastRefreshed), 'lastRefreshed');
+    fact(dl, 'Size', `${fmtNum(s.bytes)} bytes${s.compressed ? ' (compressed)' : ''}`, 'bytes');
+    fact(dl, 'Render targets', d.targetCount ? fmtNum(d.targetCount.count) : s.isIndex ? '- (an index lists sitemaps)' : 'unknown',
+      'targetCount');
+    fact(dl, 'Last run', runText(d.refresh), 'run');
+    if (d.refresh) fact(dl, 'Progress', progressText(d.refresh), 'progress');
+    if (d.degraded) fact(dl, 'Incomplete', d.degraded.join('; '), 'degraded');
+    $('sitemap-entries').tBodies[0].replaceChildren(...d.entries.map((e, i) => {
+      const st = s.isIndex ? 'sitemap' : e.state || 'unknown';
+      const loc = s.isIndex && typeof e.loc === 'string'
+        ? el('button', { type: 'button', class: 'link', text: e.loc, onclick: () => openSitemap(e.loc, 0) })
+        : el('span', { class: 'mono', text: e.loc === null || e.loc === undefined ? '(no loc)' : String(e.loc) });
+      return el('tr', { 'data-entry': String(d.offset + i) },
+        el('td', { class: 'num', text: fmtNum(d.offset + i + 1) }), el('td', {}, loc),
+        el('td', { class: `state state-${st.replace(/ /g, '-')}`, text: s.isIndex ? 'child sitemap' : e.state || 'unknown' }),
+        el('td', { text: e.stateDetail || '' }), el('td', { text: e.lastmod || '' }),
+        el('td', { text: e.changefreq || '' }), el('td', { text: e.priority === null || e.priority === undefined ? '' : String(e.priority) }));
+    }));
+    const last = d.offset + d.entries.length;
+    $('sitemap-range').textContent = d.entries.length
+      ? `entries ${fmtNum(d.offset + 1)}-${fmtNum(last)} of ${fmtNum(s.entryCount)}` : `no entries from ${fmtNum(d.offset + 1)}`;
+    $('sitemap-prev').disabled = d.offset === 0;
+    $('sitemap-next').disabled = d.nextOffset === null || d.nextOffset === undefined;
+    $('sitemap-detail').hidden = false;
+  }
+
+  function pageSitemap(step) {
+    const s = state.sitemap;
+    if (!s) return;
+    if (step > 0 && s.nextOffset !== null && s.nextOffset !== undefined) openSitemap(s.url, s.nextOffset);
+    if (step < 0) openSitemap(s.url, Math.max(0, s.offset - s.limit));
+  }
+
+  // pages ----------------------------------------------------------------------------------------
+
+  function freshness(p) {
+    if (p.error) return ['unreadable', 'expired'];
+    return p.fresh ? ['fresh', 'fresh'] : p.inStaleWhileRevalidate ? ['stale (served while revalidating)', 'stale']
+      : ['expired', 'expired'];
+  }
+
+  function listPages(event) {
+    if (event) event.preventDefault();
+    state.pages = { prefix: $('pages-prefix').value, cursor: null, nextCursor: null, shown: 0 };
+    $('pages-next').disabled = true;
+    loadPages();
+  }
+
+  async function loadPages() {
+    const p = state.pages;
+    $('pages-error').textContent = '';
+    const q = new URLSearchParams({ prefix: p.prefix });
+    if (p.cursor) q.set('cursor', p.cursor);
+    const r = await api(`pages?${q}`);
+    if (state.pages !== p) return;  // a newer listing was asked for meanwhile
+    if (!r.ok) { if (r.status !== 401) $('pages-error').textContent = errorOf(r); return; }
+    const d = r.data;
+    const first = p.shown;
+    p.shown += d.pages.length;
+    p.nextCursor = d.nextCursor;
+    $('pages-next').disabled = !d.nextCursor;
+    const range = p.shown === first + 1 ? `page ${fmtNum(p.shown)}` : `pages ${fmtNum(first + 1)}-${fmtNum(p.shown)}`;
+    const where = `under "${d.prefix || '(any)'}" on ${d.node}`;
+    $('pages-summary').textContent = d.pages.length
+      ? `${range} ${where}${d.truncated ? ', more follow' : ''}; ${fmtNum(d.total)} cached pages on this node in all`
+      : `no cached page ${where}`;
+    $('pages').tBodies[0].replaceChildren(...d.pages.map((pg) => {
+      const [word, cls] = freshness(pg);
+      return el('tr', { 'data-page': pg.cacheKey },
+        el('td', { class: 'key', text: pg.cacheKey }), el('td', { text: pg.deviceType || '-' }),
+        el('td', { class: 'num', text: pg.statusCode === undefined ? '-' : String(pg.statusCode) }),
+        el('td', { text: fmtTime(pg.lastCached) }), el('td', { text: fmtTime(pg.expiresAt) }),
+        el('td', { class: cls, text: pg.error ? `${word}: ${pg.error}` : word }),
+        el('td', { class: 'num', text: pg.bytes === undefined ? '-' : `${fmtNum(pg.bytes)} B` }),
+        el('td', {}, el('button', { type: 'button', 'data-action': 'view', text: 'View HTML',
+          onclick: () => viewPage(pg.cacheKey) })));
+    }));
+  }
+
+  function nextPages() {
+    const p = state.pages;
+    if (!p || !p.nextCursor) return;
+    // a new object per request, so that an answer to an older one is recognised and dropped
+    state.pages = { ...p, cursor: p.nextCursor, nextCursor: null };
+    $('pages-next').disabled = true;
+    loadPages();
+  }
+
+  // The stored body comes back as text/plain and goes into a <pre> as textContent: origin-influenced
+  // markup must never be parsed as HTML in a page that holds an admin session.
+  async function viewPage(key) {
+    $('pages-error').textContent = '';
+    let response;
+    try {
+      response = await fetch(`page-content?${new URLSearchParams({ cacheKey: key })}`, { credentials: 'same-origin',
+        cache: 'no-store', headers: { 'accept': 'text/plain, application/json', 'x-prerender-console': '1' } });
+    } catch (e) {
+      $('pages-error').textContent = `network error: ${e.message}`;
+      return;
+    }
+    if (response.status === 401) { showLogin(); return; }
+    if (!response.ok) {
+      let data = null;
+      try { data = await response.json(); } catch (e) { data = null; }
+      $('pages-error').textContent = `${key}: ${(data && data.error) || `HTTP ${response.status}`}`;
+      return;
+    }
+    const text = await response.text();
+    $('page-view-key').textContent = key;
+    const status = response.headers.get('x-page-status-code');
+    $('page-view-status').textContent = `(stored HTTP ${status || '?'}, ${fmtNum(text.length)} characters)`;
+    $('page-view-text').textContent = text;
+    $('page-view').hidden = false;
+    $('page-view').scrollIntoView();
   }
 
   // explain --------------------------------------------------------------------------------------
@@ -394,6 +603,13 @@
     $('cluster-resume').addEventListener('click', () => setPause('all', false));
     $('explain-form').addEventListener('submit', explain);
     $('config-refresh').addEventListener('click', loadConfig);
+    $('config-filter').addEventListener('input', filterConfig);
+    $('sitemaps-refresh').addEventListener('click', loadSitemaps);
+    $('sitemap-prev').addEventListener('click', () => pageSitemap(-1));
+    $('sitemap-next').addEventListener('click', () => pageSitemap(1));
+    $('pages-form').addEventListener('submit', listPages);
+    $('pages-next').addEventListener('click', nextPages);
+    $('page-view-close').addEventListener('click', () => { $('page-view').hidden = true; $('page-view-text').textContent = ''; });
     $('override-dry').addEventListener('click', () => overrideFromForm(true));
     $('override-form').addEventListener('submit', (event) => { event.preventDefault(); overrideFromForm(false); });
     $('render-now').addEventListener('click', renderNow);
