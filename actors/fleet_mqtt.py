@@ -20,8 +20,10 @@ DEFAULT_PORTS = {"mqtt": 1883, "mqtts": 8883, "ws": 80, "wss": 443}
 
 class StatusBroadcaster:
     def __init__(self, cfg: Mqtt, host: str, node: str, password: str | None, log: Any):
+        self.prefix = cfg.topic_prefix
         self.topic = f"{cfg.topic_prefix}/{host}"
         self.host = host
+        self._stale: set[str] = set()  # topics this node published under a previous name
         self.log = log
         self._current: bytes | None = None
         self._lock = threading.Lock()
@@ -50,7 +52,9 @@ class StatusBroadcaster:
             return
         self.log.info("mqtt connected", topic=self.topic)
         with self._lock:
-            current = self._current
+            current, stale = self._current, list(self._stale)
+        for topic in stale:
+            self._clear(client, topic)
         if current is not None:  # a retained message may have been lost while we were away
             client.publish(self.topic, current, qos=1, retain=True)
 
@@ -58,6 +62,21 @@ class StatusBroadcaster:
         # Our own disconnect (on close) is routine; a broker that went away is worth a warning.
         routine = self._closing or not getattr(reason, "is_failure", True)
         (self.log.info if routine else self.log.warning)("mqtt disconnected", reason=str(reason))
+
+    def forget(self, old_host: str) -> None:
+        """This node published as ``old_host`` before (its host name changed): clear that retained
+        topic, or the reference fleet keeps polling a dead address with its credentials."""
+        topic = f"{self.prefix}/{old_host}"
+        if not old_host or topic == self.topic:
+            return
+        with self._lock:
+            self._stale.add(topic)
+        if self.client.is_connected():
+            self._clear(self.client, topic)
+
+    def _clear(self, client: Any, topic: str) -> None:
+        client.publish(topic, b"", qos=1, retain=True)  # an empty retained message deletes the topic
+        self.log.info("mqtt topic of a previous host name cleared", topic=topic)
 
     def publish(self, status: str, updated_ms: int) -> None:
         payload = json.dumps({"hostname": self.host, "status": status, "updatedTime": updated_ms}).encode()

@@ -140,7 +140,6 @@ class QueueKeeper(KeeperOps, KeeperRepair, KeeperHandoff):
             self.touched.update(r[0] for r in rows)
         if any(r[1] is not None and r[1] <= now for r in rows):
             self.note_work()
-            self._publish_soon()
         self.flow("rescheduled", len(rows))
 
     def _publish_soon(self) -> None:
@@ -151,8 +150,11 @@ class QueueKeeper(KeeperOps, KeeperRepair, KeeperHandoff):
 
     def _publish_now(self) -> None:
         self._publish_pending = False
+        if self.published_at is None:
+            return  # not serving yet: the first publish comes with the load
         try:
             self.publish()
+            self.derive_status()
         except Exception as e:
             metrics.loop_errors.labels("keeper-publish").inc()
             self.log.error("publish failed", error=repr(e))

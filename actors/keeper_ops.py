@@ -52,6 +52,24 @@ class KeeperOps:
             from .fleet_mqtt import StatusBroadcaster
 
             self.mqtt = StatusBroadcaster(m, self.info.host, self.node, m.password or None, self.log)
+            asyncio.get_running_loop().create_task(self._forget_old_host())
+
+    async def _forget_old_host(self) -> None:
+        """The status row names the host this node last announced; a different one is cleared."""
+        for _ in range(30):  # the store may still be starting
+            try:
+                [raw] = await self._store("get", [QUEUE_STATUS + self.node.encode()])
+                break
+            except Exception:
+                await asyncio.sleep(1)
+        else:
+            return
+        try:
+            old = decode_json(raw).get("hostname") if raw else None
+        except Exception:
+            old = None
+        if isinstance(old, str) and old != self.info.host and self.mqtt is not None:
+            self.mqtt.forget(old)
 
     def close_ops(self) -> None:
         if self.mqtt is not None:
@@ -69,15 +87,11 @@ class KeeperOps:
 
     # --------------------------------------------------------------------------------- status
 
-    def _due_exists(self, now: int) -> bool:
-        if self.ready:
-            return True
-        return any((h := self.ranking.get(k)) is not None and h.due is not None and h.due <= now for k in self.mirror)
-
     def note_work(self) -> None:
-        """Work arrived (render-now, revalidate, a due write): empty -> queued only."""
-        if self.reporter.note_work():
-            self._announce()
+        """Work arrived (render-now, revalidate, a due write): publish soon; the status follows what
+        that publish finds grantable (announcing ``queued`` before it flapped back to ``empty`` when
+        the work was not grantable yet)."""
+        self._publish_soon()
 
     def _report(self, status: str, *, force: bool | None = None) -> None:
         if self.reporter.report(status, force=force):
@@ -103,10 +117,14 @@ class KeeperOps:
             self.log.warning("queue status write failed", error=repr(e))
 
     async def refresh_status(self) -> None:
-        """After each publish: derive the status from what is held (never empty mid-load)."""
-        now = now_ms()
+        self.derive_status()
+
+    def derive_status(self) -> None:
+        """After each publish: ``queued`` only while the published ready set holds grantable work
+        (due, not leased, not held), so a fleet told ``queued`` gets jobs when it claims; due rows that
+        are all in flight read ``empty`` until a lease ends (never empty mid-load)."""
         status = derive_status(paused=self.paused, serving=self.published_at is not None,
-                               loading=self.phase != "live", due=1 if self._due_exists(now) else 0)
+                               loading=self.phase != "live", due=len(self.ready))
         if self.reporter.sync(status):
             self._announce()
 
@@ -213,8 +231,8 @@ class KeeperOps:
         if jobs:
             metrics.claims.inc(len(jobs))
             self.flow("granted", len(jobs))
-        else:
-            self._report("queued" if self._due_exists(now) else "empty", force=False)
+        elif self.phase == "live":  # nothing grantable now: the fleet idles until a publish finds work
+            self._report("empty", force=False)
         return slots
 
     async def claim_json(self, limits: list[int], workers: list[str | None] | None = None) -> list[bytes]:
@@ -474,7 +492,7 @@ class KeeperOps:
             return None
         row = self.rules.due_now(Target.decode(url, data), key, now_ms())
         self.write_rows([row])
-        self.note_work()
+        self._publish_now()  # one key: publish at once, so the answer can say whether consumers woke
         return {"cacheKey": key, "nextRenderTime": row.next_render_time, "scheduleOwnedBy": self.node,
                 "wokeLocalConsumers": self.reporter.status == "queued", "node": self.node}
 
@@ -484,8 +502,7 @@ class KeeperOps:
         [data] = await self._store("get_targets", [url])
         row = self.rules.due_now(Target.decode(url, data) if data else None, key, now_ms())
         self.write_rows([row])
-        self.note_work()
-        self.publish()
+        self._publish_now()
         return row.next_render_time
 
     # ------------------------------------------------------------------------------ admin reads

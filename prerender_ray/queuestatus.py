@@ -16,7 +16,7 @@ from typing import Any, Final, Literal, NamedTuple, cast
 Status = Literal["unready", "empty", "queued", "paused"]
 UNREADY: Final = "unready"  # the keeper is not serving, or is loading and has found nothing due yet
 EMPTY: Final = "empty"  # serving, nothing due
-QUEUED: Final = "queued"  # due work exists (including work that is all in flight)
+QUEUED: Final = "queued"  # grantable work exists: due, not leased, not held (a claim gets jobs)
 PAUSED: Final = "paused"  # the resolved intent is paused
 STATUSES: tuple[Status, ...] = (UNREADY, EMPTY, QUEUED, PAUSED)
 
@@ -25,8 +25,9 @@ MISSING: Final = object()  # a request that did not say ``paused`` at all
 
 
 def derive_status(*, paused: bool, serving: bool, loading: bool, due: int) -> Status:
-    """What the node should report. Due work reads ``queued`` even mid-load (a partial queue is
-    safe to serve); ``empty`` is never claimed mid-load, when the keeper cannot vouch for it."""
+    """What the node should report; ``due`` counts grantable rows (due work that is all in flight
+    reads ``empty``: a claim would get nothing). Due work reads ``queued`` even mid-load (a partial
+    queue is safe to serve); ``empty`` is never claimed mid-load, when the keeper cannot vouch for it."""
     if paused:
         return PAUSED
     if not serving:
@@ -66,14 +67,6 @@ class StatusReporter:
         if status == self.status:
             return False
         self.status = status
-        return True
-
-    def note_work(self) -> bool:
-        """A work-arrived hint (render-now, revalidate): ``empty -> queued`` only, never out of
-        ``paused`` or ``unready``."""
-        if self.status != EMPTY:
-            return False
-        self.status = QUEUED
         return True
 
 

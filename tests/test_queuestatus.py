@@ -43,8 +43,8 @@ def test_empty_is_never_reported_mid_load() -> None:
     assert derive_status(paused=False, serving=True, loading=True, due=3) == QUEUED  # partial queues serve
 
 
-def test_due_work_is_queued_even_when_all_of_it_is_in_flight() -> None:
-    # the due count includes leased rows; nothing due at all is empty
+def test_only_grantable_work_is_queued() -> None:
+    # the count is of grantable rows (the keeper's published ready set): work all in flight is empty
     assert derive_status(paused=False, serving=True, loading=False, due=1) == QUEUED
     assert derive_status(paused=False, serving=True, loading=False, due=0) == EMPTY
 
@@ -102,15 +102,6 @@ def test_the_keeper_sync_writes_only_on_change_and_may_lift_a_pause() -> None:
     assert r.sync(PAUSED) is True
     assert [r.sync(PAUSED) for _ in range(3)] == [False] * 3  # a steady pause is not rebroadcast
     assert r.sync(EMPTY) is True and r.status == EMPTY
-
-
-def test_note_work_only_moves_empty_to_queued() -> None:
-    r = StatusReporter(EMPTY)
-    assert r.note_work() is True and r.status == QUEUED
-    assert r.note_work() is False
-    for status in (PAUSED, UNREADY):
-        r = StatusReporter(status)
-        assert r.note_work() is False and r.status == status
 
 
 def test_an_unknown_status_is_refused() -> None:

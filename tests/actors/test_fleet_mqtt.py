@@ -50,8 +50,13 @@ class Subscriber:
         self.client.loop_start()
 
     def _on_message(self, client, userdata, msg) -> None:
+        with self.lock:  # an empty payload clears a retained topic
+            body = json.loads(msg.payload) if msg.payload else {"cleared": True}
+            self.messages.append({"topic": msg.topic, "retain": msg.retain, **body})
+
+    def of(self, topic: str) -> list[dict]:
         with self.lock:
-            self.messages.append({"topic": msg.topic, "retain": msg.retain, **json.loads(msg.payload)})
+            return [m for m in self.messages if m["topic"] == topic]
 
     def last(self) -> dict | None:
         with self.lock:
@@ -85,6 +90,53 @@ def test_every_status_change_is_a_retained_message_a_late_worker_still_gets(ray_
 
         httpx.post(f"{d.url}/render_queue/resume")
         wait_for(lambda: (m := sub.last()) and m["status"] != "paused", timeout=10, what="resumed")
+    finally:
+        sub.close()
+        d.stop()
+
+
+def test_status_says_queued_only_while_a_claim_would_get_work_and_old_host_topics_are_cleared(
+        ray_cluster, tmp_path, broker) -> None:
+    """Before: a revalidate published queued, empty 7 ms later, then queued; due rows that were all
+    leased kept queued retained until their leases ran out (every claim answered []); and the
+    retained topic of the node's previous host name stayed, so the fleet kept polling it."""
+    import ray
+    from prerender_ray.actors.common import lookup
+
+    from prerender_ray.registry import QUEUE_STATUS, encode_json
+    from tests.support import claim, put_target, take
+
+    old = Subscriber(broker)  # a retained message of this node under its previous host name
+    old.client.publish("queue_status/old-host.example", json.dumps(
+        {"hostname": "old-host.example", "status": "queued", "updatedTime": 1}), qos=1, retain=True).wait_for_publish(5)
+    old.close()
+    d = deploy_on(ray_cluster, tmp_path / "data", {"fleet": {"mqtt": {"url": f"mqtt://127.0.0.1:{broker}"}}})
+    sub = Subscriber(broker)
+    topic = "queue_status/127.0.0.1"
+    try:
+        wait_for(lambda: (m := sub.of(topic)) and m[-1]["status"] == "empty", timeout=30, what="empty")
+        seen = len(sub.of(topic))
+        keys = put_target(d.url, "https://flap.test/page", nextRenderTime=1)["cacheKeys"]
+        wait_for(lambda: sub.of(topic)[-1]["status"] == "queued", timeout=10, what="queued")
+        time.sleep(1.5)  # two publishes: a flap would show here
+        assert [m["status"] for m in sub.of(topic)[seen:]] == ["queued"]
+        take(d.url, keys)  # every due row is now leased: nothing to claim
+        wait_for(lambda: sub.of(topic)[-1]["status"] == "empty", timeout=10, what="empty while all is in flight")
+        assert claim(d.url) == []
+
+        store = lookup("store", d.status["nodes"][0]["name"])
+        node = d.status["nodes"][0]["name"]
+        row = encode_json({"hostname": "old-host.example", "node": node, "status": "queued", "updatedTime": 1})
+        ray.get(store.apply.remote([(QUEUE_STATUS + node.encode(), row)]))
+        ray.kill(lookup("keeper", node), no_restart=False)  # restarted: it finds its previous host name
+        wait_for(lambda: any(m.get("cleared") for m in sub.of("queue_status/old-host.example")), timeout=60,
+                 what="the old host's topic cleared")
+        late = Subscriber(broker)
+        try:
+            time.sleep(1)
+            assert late.of("queue_status/old-host.example") == []  # nothing retained under it any more
+        finally:
+            late.close()
     finally:
         sub.close()
         d.stop()
