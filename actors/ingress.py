@@ -18,11 +18,11 @@ from pathlib import Path
 
 import ray
 import uvicorn
+
+from prerender_ray import logs, metrics
 from prerender_ray.api.app import create_asgi
 from prerender_ray.api.bot import apply_overrides, close_serving, open_serving
 from prerender_ray.api.context import NodeContext
-
-from prerender_ray import logs, metrics
 from prerender_ray.config import Config
 from prerender_ray.configfile import findings
 from prerender_ray.nodes import NodeInfo
@@ -30,7 +30,6 @@ from prerender_ray.routes import compile_routes
 from prerender_ray.stores import node_dir
 
 from .common import follow_overrides, read_overrides, untraced
-
 
 PROBE_ATTEMPTS = 10
 

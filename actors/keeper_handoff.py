@@ -15,7 +15,7 @@ from collections import defaultdict
 from typing import Any
 
 from prerender_ray import metrics
-from prerender_ray.nodes import NAMESPACE, CONTROLLER, Ownership, actor_name
+from prerender_ray.nodes import CONTROLLER, NAMESPACE, Ownership, actor_name
 from prerender_ray.schedule import ScheduleRow, UnreadableRow
 
 from .common import call

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from prerender_ray import metrics
-from prerender_ray.registry import TARGET, Target, RecordError
+from prerender_ray.registry import TARGET, RecordError, Target
 from prerender_ray.timeutil import fnv1a32, now_ms
 
 SCAN_CHUNK = 2_000

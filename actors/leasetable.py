@@ -18,7 +18,8 @@ import ray
 
 from prerender_ray import logs, metrics
 from prerender_ray.config import Config
-from prerender_ray.leases import LeaseTable as Table, read_record
+from prerender_ray.leases import LeaseTable as Table
+from prerender_ray.leases import read_record
 from prerender_ray.stores import LEASES, Store, store_path
 from prerender_ray.timeutil import now_ms
 

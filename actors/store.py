@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+
 import ray
 
 from prerender_ray import logs

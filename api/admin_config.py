@@ -30,8 +30,8 @@ from prerender_ray.timeutil import now_ms
 from .admin_common import admin_router, answer, call, ctx_of, log
 from .admin_queue import nudge_other_keepers
 from .auth import require
-from .bot import apply_overrides, live_of
 from .bodies import bad_request, check_keys, read_object
+from .bot import apply_overrides, live_of
 
 router = admin_router()
 MAX_BODY = 256 * 1024  # a long route list fits

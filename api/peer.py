@@ -21,8 +21,8 @@ from fastapi.responses import JSONResponse, Response
 
 from prerender_ray.auth import same_secret
 from prerender_ray.config import PeerRescue
-from prerender_ray.origin_policy import NoCookies
 from prerender_ray.jsonbody import parse_json
+from prerender_ray.origin_policy import NoCookies
 from prerender_ray.pages import PageMeta
 
 from .context import NodeContext

@@ -101,6 +101,7 @@ async def bare_loop(chromium: str, urls: list[str], concurrency: int) -> tuple[f
     """Seconds for goto + content over ``urls`` with ``concurrency`` tabs; and pages whose content
     the script had built by then."""
     from playwright.async_api import async_playwright
+
     from prerender_ray.worker.pool import SWITCHES
 
     args = [s for s in SWITCHES if not s.startswith(("--remote-debugging", "--headless"))]
@@ -168,7 +169,8 @@ async def worker_run(
 
     w.client.claim = timed_claim  # type: ignore[method-assign]
     task = asyncio.create_task(w.run())
-    done = lambda: sum(w.metrics.total[o] for o in ("rendered", "redirected", "non-indexable", "error"))
+    def done():
+        return sum(w.metrics.total[o] for o in ("rendered", "redirected", "non-indexable", "error"))
     deadline = time.monotonic() + 600
     while done() < len(urls) and time.monotonic() < deadline and not task.done():
         await asyncio.sleep(0.05)

@@ -97,9 +97,9 @@ def serve_app(port: int, data_dir: str, config_json: str) -> None:
     """Context: the ingress app itself under plain uvicorn in its own process, outside Ray (another
     secondary reader of the deployment's page store; hits need no actor)."""
     import uvicorn
+
     from prerender_ray.api.app import create_asgi
     from prerender_ray.api.context import NodeContext
-
     from prerender_ray.config import Config
     from prerender_ray.nodes import NodeInfo
 
@@ -194,8 +194,8 @@ def spread_pages(base: str, gz: bytes, n: int, tmp: Path) -> str:
     the keeper writes them), and a wrk script asking for a random one per request; returns the
     script. More pages than the replica keeps decoded, so most hits decode their record."""
     import ray
-    from prerender_ray.actors.common import lookup
 
+    from prerender_ray.actors.common import lookup
     from prerender_ray.pages import Page
     from prerender_ray.timeutil import now_ms
 

@@ -36,8 +36,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_sitemap_parse import SITEMAP_NS, generate, run_bare, run_tuned  # noqa: E402
-from prerender_ray.actors import deploy  # noqa: E402
 
+from prerender_ray.actors import deploy  # noqa: E402
 from prerender_ray.schedule import ScheduleRow  # noqa: E402
 from prerender_ray.stores import Store  # noqa: E402
 

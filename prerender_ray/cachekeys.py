@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from .config import DECODE_RESERVED_ALLOWED
 from .urls import TRAILING_SLASH_MODES, canonicalize_url
@@ -102,7 +102,7 @@ class KeyFormat:
 
     @classmethod
     def from_config(cls, cfg: Config | CacheKey) -> KeyFormat:
-        ck = getattr(cfg, "cache_key", cfg)
+        ck = cast("CacheKey", getattr(cfg, "cache_key", cfg))
         return cls(
             delimiter=ck.delimiter,
             attributes=tuple(ck.attributes),

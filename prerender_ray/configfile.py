@@ -109,11 +109,12 @@ def _get(d: dict, path: str) -> Any:
 
 def _pop(d: dict, path: str) -> Any:
     *parents, leaf = path.split(".")
+    node: Any = d
     for part in parents:
-        d = d.get(part) if isinstance(d, dict) else None
-        if d is None:
+        node = node.get(part) if isinstance(node, dict) else None
+        if node is None:
             return None
-    return d.pop(leaf, None) if isinstance(d, dict) else None
+    return node.pop(leaf, None) if isinstance(node, dict) else None
 
 
 def _set(d: dict, path: str, value: Any) -> None:

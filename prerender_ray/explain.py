@@ -11,10 +11,10 @@ from typing import Any
 
 from .cachekeys import KeyFormat
 from .config import Config
+from .origin_policy import compiled
 from .pages import PageMeta, freshness
 from .registry import Target
 from .routes import Router
-from .origin_policy import compiled
 from .urls import url_host, url_path, whatwg_path
 
 

@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -84,7 +84,7 @@ def setup(node: str = "", *, level: str = "info", json_lines: str = "auto", proc
     renderer: Any = structlog.processors.JSONRenderer() if as_json else structlog.dev.ConsoleRenderer()
     static = {k: v for k, v in (("node", node), ("process", process)) if v}
 
-    def add_static(_: Any, __: str, event: dict) -> dict:
+    def add_static(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
         # Not contextvars: an async actor's methods run in tasks whose context is not __init__'s.
         for k, v in static.items():
             event.setdefault(k, v)

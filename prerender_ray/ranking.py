@@ -171,20 +171,21 @@ class Ranking:
         bucket: _Bucket | None = None  # None: the next row looks its bucket up
         last_due = last_interval = last_sitemap = last_route = None
         raw: tuple = (None, None, None)  # the previous row's values as given
+        delim = delimiter or ""  # without one, ``url`` stays None and no branch below reads it
         n = 0
         for key, due, from_sitemap, interval in rows:
             n += 1
             if bucket is not None and due is raw[0] and from_sitemap is raw[1] and interval is raw[2] \
-                    and url is not None and key.startswith(url) and key.find(delimiter, len(url)) < 0 \
+                    and url is not None and key.startswith(url) and key.find(delim, len(url)) < 0 \
                     and key not in where:
                 due = last_due  # a device variant of the previous row: same values, same bucket
             else:
                 raw = (due, from_sitemap, interval)
-                if url is None or not key.startswith(url) or key.find(delimiter, len(url)) >= 0:
+                if url is None or not key.startswith(url) or key.find(delim, len(url)) >= 0:
                     # the URL and its delimiter: a variant's rest holds no further delimiter (a longer
                     # URL that merely starts with this one does)
                     cut = key.rfind(delimiter) if delimiter else -1
-                    url = key[: cut + len(delimiter)] if cut >= 0 else None  # a non-key shares no route
+                    url = key[: cut + len(delim)] if cut >= 0 else None  # a non-key shares no route
                     route = route_of(key)
                 if interval is not None and (type(interval) is not int or interval <= 0):
                     interval = _carried(interval)

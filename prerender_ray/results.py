@@ -11,11 +11,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .origin_policy import compiled
 from .pages import Page
 from .registry import Target
 from .schedule import ScheduleRow, backoff_wait, counted_strikes
 from .targets import Rules
-from .origin_policy import compiled
 from .timeutil import minute, positive
 from .urls import UrlError, url_path
 

@@ -33,11 +33,11 @@ from pydantic.alias_generators import to_camel
 from .cachekeys import KeyFormat
 from .config import Config, Page
 from .config import Sitemap as SitemapConfig
+from .origin_policy import compiled
 from .routes import Classification
 from .schedule import CHANGEFREQ_MS, changefreq_interval
 from .sitemaps import SitemapEntry
 from .timeutil import minute
-from .origin_policy import compiled
 from .urls import url_parts, url_path
 
 Classify = Callable[[str], Classification]
@@ -113,7 +113,7 @@ def canonicalizer(cfg: Config) -> Canonicalize:
     key = KeyFormat.from_config(cfg).canonicalize
     domains = compiled(tuple(cfg.domains))
 
-    def keyed(url: str, allowlist: Sequence[str]) -> str:
+    def keyed(url: str | tuple[str, str, str, str], allowlist: Sequence[str]) -> str:
         canonical = key(url, allowlist)
         if domains and (why := domains.url_refusal(canonical)):
             raise ValueError(why)
@@ -514,7 +514,7 @@ def _epoch_ms(value: Any) -> float | None:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value) if math.isfinite(value) else None
     try:
-        at = datetime.fromisoformat(value.strip())  # type: ignore[union-attr]
+        at = datetime.fromisoformat(value.strip())
     except (AttributeError, TypeError, ValueError):
         return None
     return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp() * 1000

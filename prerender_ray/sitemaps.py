@@ -183,7 +183,7 @@ class SitemapParser:
         out: list[SitemapEntry] = []
         try:
             if self._sniff:  # a one-byte body never got past gzip detection
-                self._sniff, data = None, self._sniff
+                data, self._sniff = self._sniff, None
                 self._parse(data, out)
             if self.done:
                 return out
@@ -289,7 +289,7 @@ class SitemapParser:
         info = root.getroottree().docinfo
         if info.doctype or info.internalDTD is not None or info.externalDTD is not None:
             raise _doctype_refused()
-        self.kind = local  # type: ignore[assignment]
+        self.kind = local
         child = _ENTRY_OF[local]
         self._entry_tags = frozenset((child, f"{{{SITEMAP_NS}}}{child}"))
 
@@ -368,7 +368,7 @@ _tuple_new = tuple.__new__
 def _entry(el: etree._Element) -> SitemapEntry:
     values: list[str | None] = [None, None, None, None]  # the first of each field wins
     for child in el:
-        i = _FIELD_INDEX.get(child.tag)  # type: ignore[call-overload]
+        i = _FIELD_INDEX.get(child.tag)
         if i is not None and values[i] is None:
             values[i] = child.text
     loc, lastmod, freq, prio = values

@@ -11,6 +11,7 @@ import shutil
 from collections.abc import Iterable, Iterator
 from operator import itemgetter
 from pathlib import Path
+from typing import cast
 
 from rocksdict import AccessType, BlockBasedOptions, Options, Rdict, WriteBatch, WriteOptions
 
@@ -78,10 +79,10 @@ class Store:
 
     # --- reads
     def get(self, key: bytes) -> bytes | None:
-        return self._db.get(key)
+        return cast("bytes | None", self._db.get(key))
 
     def get_many(self, keys: list[bytes]) -> list[bytes | None]:
-        return self._db.get(keys) if keys else []
+        return cast("list[bytes | None]", self._db.get(list(keys))) if keys else []
 
     def exists(self, key: bytes) -> bool:
         return self._db.get(key) is not None
@@ -89,7 +90,8 @@ class Store:
     def items(self, prefix: bytes = b"", start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         """Key-ordered items under ``prefix``, from ``start`` (inclusive) if given."""
         first = start if start is not None and start > prefix else prefix
-        native = self._db.items(from_key=first) if first else self._db.items()  # iterates in Rust
+        # iterates in Rust; raw mode: keys and values are bytes
+        native = cast("Iterator[tuple[bytes, bytes]]", self._db.items(from_key=first) if first else self._db.items())
         if not prefix:
             yield from native
             return

@@ -111,7 +111,8 @@ class Rules:
         router, keys_of, default_devices = self.router, self.keys.key, self.default_devices
         default_interval = self.cfg.render.default_interval
         heads: dict[str | None, str] = {}
-        appends, suffixes = self.keys.appends, {}  # devices -> their key suffixes
+        appends = self.keys.appends
+        suffixes: dict[tuple[str, ...], Any] = {}  # devices -> their key suffixes
         node_part = f',"scheduler_node":{_json_str(node)}' if node is not None else ""
         registry: list[list[bytes]] = []
         rows: list[tuple] = []

@@ -18,10 +18,10 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from prerender_ray.actors import deploy
-from prerender_ray.worker.supervise import find_chromium
 
+from prerender_ray.actors import deploy
 from prerender_ray.nodes import RAY_SYSTEM_CONFIG
+from prerender_ray.worker.supervise import find_chromium
 from tests.support import free_port
 
 CLI = [sys.executable, "-m", "prerender_ray.actors.cli"]

@@ -18,7 +18,7 @@ from prerender_ray.nodes import Ownership
 from prerender_ray.replication import CLOCK_OFFSET_ENV
 from prerender_ray.schedule import ScheduleRow
 from tests.sitemap_server import SitemapSite, urlset
-from tests.support import claim, deploy_on, post_result, put_target, schedule, wait_for
+from tests.support import claim, deploy_on, post_result, put_target, wait_for
 
 URLS = [f"https://cluster.example/p/{i}" for i in range(120)]
 FUTURE = int(time.time() * 1000) + 30 * 86_400_000  # explicit, distinct due times: a re-jitter shows

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import ray
-from prerender_ray.actors.common import lookup
 
+from prerender_ray.actors.common import lookup
 from tests.support import deploy_on, get, wait_for
 
 

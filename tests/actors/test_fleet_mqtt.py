@@ -101,8 +101,8 @@ def test_status_says_queued_only_while_a_claim_would_get_work_and_old_host_topic
     leased kept queued retained until their leases ran out (every claim answered []); and the
     retained topic of the node's previous host name stayed, so the fleet kept polling it."""
     import ray
-    from prerender_ray.actors.common import lookup
 
+    from prerender_ray.actors.common import lookup
     from prerender_ray.registry import QUEUE_STATUS, encode_json
     from tests.support import claim, put_target, take
 

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from prerender_ray.actors.ingress import bind_shared
 
+from prerender_ray.actors.ingress import bind_shared
 from tests.support import free_port
 
 _fork = multiprocessing.get_context("fork")

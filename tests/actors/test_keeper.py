@@ -7,8 +7,8 @@ import time
 
 import pytest
 import ray
-from prerender_ray.actors.common import lookup
 
+from prerender_ray.actors.common import lookup
 from prerender_ray.stores import REGISTRY, SCHEDULE, store_path
 from tests.support import claim, deploy_on, get, post_result, put_target, rocksdb_options, schedule, wait_for
 

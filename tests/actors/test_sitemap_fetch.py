@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from prerender_ray.actors.sitemap_fetch import Fetcher, SitemapFetchError
 
+from prerender_ray.actors.sitemap_fetch import Fetcher, SitemapFetchError
 from prerender_ray.config import Config
 from prerender_ray.registry import ENTRY_CHUNK, decode_entries
 from prerender_ray.routes import Router

@@ -8,8 +8,8 @@ import time
 import httpx
 import pytest
 import ray
-from prerender_ray.actors.common import lookup
 
+from prerender_ray.actors.common import lookup
 from prerender_ray.registry import decode_json, encode_json, sitemap_run_key
 from prerender_ray.timeutil import now_ms
 from tests.sitemap_server import SitemapSite, index, urlset

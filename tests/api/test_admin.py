@@ -14,8 +14,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 import ray
-from prerender_ray.actors.common import lookup
 
+from prerender_ray.actors.common import lookup
 from prerender_ray.auth import hash_password
 from prerender_ray.nodes import Ownership
 from prerender_ray.pages import Page
@@ -469,7 +469,6 @@ async def test_the_owner_rechecks_the_forwarded_credentials(node, targets) -> No
     there, and with no credentials at all (loopback is not trusted once users exist) the proxy is not
     even tried. Either way the row is unknown, never "absent"."""
     from prerender_ray.api.admin_explain import fetch_schedule_from_peer
-
     from prerender_ray.nodes import NodeInfo
 
     peers = {"node-b": NodeInfo("node-b", "127.0.0.1", urlsplit(node.urls["node-b"]).port)}
@@ -655,7 +654,6 @@ async def local(node, targets):
     from prerender_ray.api.app import create_app
     from prerender_ray.api.bot import close_serving
     from prerender_ray.api.context import NodeContext
-
     from prerender_ray.config import Config
     from prerender_ray.nodes import NodeInfo
 

@@ -15,7 +15,6 @@ import pytest
 import ray
 
 from prerender_ray.actors.common import lookup
-
 from prerender_ray.auth import hash_password
 from prerender_ray.pages import Page
 from tests.sitemap_server import SitemapSite, urlset

@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
+
 from prerender_ray.api.admin_common import HeavySlots
 from prerender_ray.api.admin_explain import fetch_schedule_from_peer, forwardable
-
 from prerender_ray.config import Config
 from prerender_ray.explain import Explainer
 from prerender_ray.fanout import sum_documents

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from prerender_ray.api.origin import OriginClient, OriginError
 
+from prerender_ray.api.origin import OriginClient, OriginError
 from prerender_ray.config import Config
 from tests.api.origin_site import JS_PAGE, OriginSite
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from prerender_ray.api.pagestore import DecodedPages, PageReader, StoredPage, UnreadablePage
 
+from prerender_ray.api.pagestore import DecodedPages, PageReader, StoredPage, UnreadablePage
 from prerender_ray.pages import Page, PageMeta
 from prerender_ray.replication import Clock, wrap
 from prerender_ray.stores import Store

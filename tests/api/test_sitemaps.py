@@ -8,8 +8,8 @@ from urllib.parse import quote
 import httpx
 import pytest
 import ray
-from prerender_ray.actors.common import lookup
 
+from prerender_ray.actors.common import lookup
 from prerender_ray.registry import encode_json, sitemap_run_key
 from prerender_ray.sitemap_rules import next_daily_refresh
 from prerender_ray.timeutil import DAY_MS, minute, now_ms

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from email.utils import format_datetime
 
 import pytest
+
 from prerender_ray.worker.backoff import (
     HostHealth,
     Timing,

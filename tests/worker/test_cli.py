@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from prerender_ray.worker.options import find_chromium
 from prerender_ray.worker.pool import group_members
-
 from tests.support import wait_for
 from tests.worker.site import FakeQueue, Origin
 

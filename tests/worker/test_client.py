@@ -9,10 +9,10 @@ import random
 import time
 
 import pytest
+
 from prerender_ray.worker.backoff import HostHealth, Timing
 from prerender_ray.worker.client import QueueClient
 from prerender_ray.worker.outcome import Job, build_metadata, error_verdict, result_body
-
 from tests.support import free_port
 from tests.worker.site import FakeQueue
 

@@ -15,9 +15,9 @@ import time
 import httpx
 import pytest
 import pytest_asyncio
+
 from prerender_ray.worker.main import Worker
 from prerender_ray.worker.options import WorkerOptions, find_chromium
-
 from tests.support import deploy_on, put_target
 from tests.worker.site import Origin
 

@@ -9,6 +9,7 @@ import math
 
 import brotli
 import pytest
+
 from prerender_ray.worker import outcome as oc
 
 RULES = oc.UrlRules()

@@ -10,11 +10,11 @@ import time
 
 import pytest
 from playwright.async_api import async_playwright
+
 from prerender_ray.worker import outcome as oc
 from prerender_ray.worker.options import find_chromium
 from prerender_ray.worker.pool import BrowserPool, group_members
 from prerender_ray.worker.render import Renderer, RenderOptions
-
 from tests.worker.site import Origin
 
 pytestmark = [

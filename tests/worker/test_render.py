@@ -12,9 +12,9 @@ import time
 
 import pytest
 import pytest_asyncio
+
 from prerender_ray.worker.main import Worker
 from prerender_ray.worker.options import WorkerOptions, find_chromium
-
 from tests.worker.site import FakeQueue, Origin, ThirdParty
 
 pytestmark = [
@@ -218,7 +218,8 @@ async def test_pages_that_throw_hang_or_never_settle_end_in_their_budget_and_the
         rig.job("/hang", renderBudget=2000),
         rig.job("/js/after"),
     )
-    get = lambda p: res[rig.url(p) + "|desktop"]
+    def get(p):
+        return res[rig.url(p) + "|desktop"]
     assert get("/throws")["outcome"] == "rendered" and "before the throw" in get("/throws")["html"]
     busy, never, hang = get("/busy"), get("/never-ready"), get("/hang")
     assert (busy["outcome"], busy["error"]["name"], busy["statusCode"]) == ("error", "SettleTimeout", 200)
@@ -293,9 +294,8 @@ async def test_a_lease_that_expires_mid_render_is_never_posted() -> None:
         r.queue.jobs.append(r.job("/slow", key="expires", lease_ms=800))
         await r.render(r.job("/js/after-expiry"))
         deadline = time.monotonic() + 10
-        expired = lambda: (
-            w.metrics.registry.get_sample_value("prerender_worker_results_total", {"result": "expired"}) or 0
-        )
+        def expired():
+            return w.metrics.registry.get_sample_value("prerender_worker_results_total", {"result": "expired"}) or 0
         while expired() < 1 and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         assert expired() == 1
