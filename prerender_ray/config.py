@@ -348,11 +348,6 @@ class Management(Model):
     overrides: LiveOverrides = LiveOverrides()
     proxy_to_owner: bool = Field(True, description="Explain asks the owning node for its schedule row.")
     peer_timeout_ms: PositiveDuration = Field(2_500, description="Deadline of admin calls to other nodes.")
-    scan_cap: int = Field(20_000, ge=1, description="Cap on rows scanned by admin counts.")
-    backlog_snapshot_interval: NonNegDuration = Field(
-        900_000, description="Accepted for older configs, no effect: the overview's counts are exact and "
-        "at most 2 s old (the store keeps them with every write)."
-    )
     snapshot_table_counts: bool = Field(True, description="Show the exact target and page counts in the overview.")
     page_size: int = Field(50, ge=1, le=1000, description="Rows per page in admin lists.")
 
@@ -366,9 +361,6 @@ class Page(Model):
     )
     swr_ttl: NonNegDuration = Field(
         3 * HOUR, description="Stale-while-revalidate: how long after expiry a page is still served."
-    )
-    blob_read_budget_ms: Annotated[int, BeforeValidator(_duration), Field(ge=0, le=2_147_483_647)] = Field(
-        500, description="Deadline to read a cached page body (0 = none)."
     )
 
 
@@ -423,11 +415,6 @@ class Reconcile(Model):
     max_restores: int = Field(5_000, ge=1, description="Cap on rows restored per reconcile pass.")
 
 
-class OrphanSweep(Model):
-    max_deletes: int = Field(5_000, ge=1, description="Cap on targets deleted by one orphan sweep.")
-    dry_run: bool = Field(True, description="Orphan sweeps only report unless told otherwise.")
-
-
 class Render(Model):
     default_interval: PositiveDuration = Field(
         DAY, description="Cadence of targets without a route or stored interval."
@@ -436,15 +423,12 @@ class Render(Model):
     failure_retry: FailureRetry = FailureRetry()
     redirects: Redirects = Redirects()
     reconcile: Reconcile = Reconcile()
-    orphan_sweep: OrphanSweep = OrphanSweep()
 
 
 class Scan(Model):
     collect_cap: int = Field(
         100_000, ge=1, description="Cap on URLs collected by bulk operations (revalidate, sitemap prune)."
     )
-    batch_size: int = Field(100, ge=1, description="Writes per batch in bulk operations.")
-    yield_every: int = Field(200, ge=1, description="Rows between yields to the event loop in long scans.")
 
 
 class Sitemap(Model):
@@ -503,9 +487,6 @@ class Keeper(Model):
     )
     verify_interval: NonNegDuration = Field(
         HOUR, description="How often the keeper verifies its rows against RocksDB (0 = never)."
-    )
-    state_interval: Annotated[int, BeforeValidator(_duration), Field(ge=100)] = Field(
-        5 * SECOND, description="How often the queue-state document refreshes."
     )
 
 
@@ -683,6 +664,16 @@ UNSUPPORTED_PATHS = (
     "queue.ready.sweep_interval",
     "queue.ready.sweep_cap",
     "queue.keeper.enabled",
+    # reference options with nothing to drive here: the overview's counts are exact and live, a page
+    # read is a local RocksDB get, no orphan sweep exists (reconcile repairs), bulk writes batch by
+    # their own sizes, and the queue-state document is computed when asked
+    "management.scan_cap",
+    "management.backlog_snapshot_interval",
+    "page.blob_read_budget_ms",
+    "render.orphan_sweep",
+    "scan.batch_size",
+    "scan.yield_every",
+    "queue.keeper.state_interval",
 )
 # Reference keys that moved (old top-level path -> new path).
 MOVED_PATHS = {

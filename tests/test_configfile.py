@@ -169,3 +169,17 @@ def test_users_need_exactly_one_secret_source() -> None:
 def test_the_model_round_trips_through_its_own_dump() -> None:
     cfg = parse({"ingress": {"routes": [{"match": "prefix", "path": "/c/", "queryParams": ["p"]}]}}, {}).config
     assert Config.model_validate(cfg.model_dump()) == cfg
+
+
+@pytest.mark.parametrize("raw, path", [
+    ({"management": {"scanCap": 5}}, "management.scan_cap"),
+    ({"management": {"backlogSnapshotInterval": "1m"}}, "management.backlog_snapshot_interval"),
+    ({"page": {"blobReadBudgetMs": 100}}, "page.blob_read_budget_ms"),
+    ({"render": {"orphanSweep": {"dryRun": False}}}, "render.orphan_sweep"),
+    ({"scan": {"batchSize": 10, "yieldEvery": 5}}, "scan.batch_size"),
+    ({"queue": {"keeper": {"stateInterval": "1s"}}}, "queue.keeper.state_interval"),
+])
+def test_options_that_would_have_no_effect_are_said_to_be_unsupported(raw, path) -> None:
+    # They used to be accepted and documented, and did nothing.
+    loaded = configfile.parse(raw, {})
+    assert f"{path}: not supported by prerender-ray; ignored" in loaded.warnings
