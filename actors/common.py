@@ -6,6 +6,7 @@ import asyncio
 import gc
 import inspect
 import os
+import time
 import types
 from typing import Any
 
@@ -104,6 +105,43 @@ async def follow_overrides(store: Any, apply: Any, log: Any) -> None:
 
 def lookup(kind: str, node: str, index: int | None = None) -> Any:
     return ray.get_actor(actor_name(kind, node, index), namespace=NAMESPACE)
+
+
+HANDLE_TTL_S = 10.0
+
+
+class Handles:
+    """Named actors of other nodes, looked up at most every ``HANDLE_TTL_S`` each (a lookup is a
+    blocking GCS round trip; it used to be made for every call) and renewed off the event loop at
+    every membership push: a node that came back has new actors under the same names, so a handle
+    is never trusted for long."""
+
+    def __init__(self, kind: str, own: tuple[str, Any] | None = None):
+        self.kind = kind
+        self.own = own  # this node's own actor, never looked up
+        self._cache: dict[str, tuple[float, Any]] = {}
+
+    def get(self, node: str) -> Any:
+        if self.own is not None and node == self.own[0]:
+            return self.own[1]
+        hit = self._cache.get(node)
+        now = time.monotonic()
+        if hit is None or now - hit[0] > HANDLE_TTL_S:
+            hit = self._cache[node] = (now, lookup(self.kind, node))
+        return hit[1]
+
+    async def renew(self, nodes: list[str]) -> None:
+        """Look the members' handles up in a thread; the others are forgotten (one that is not
+        placed yet is looked up when first used)."""
+        fresh: dict[str, tuple[float, Any]] = {}
+        for node in nodes:
+            if self.own is not None and node == self.own[0]:
+                continue
+            try:
+                fresh[node] = (time.monotonic(), await asyncio.to_thread(lookup, self.kind, node))
+            except ValueError:
+                pass
+        self._cache = fresh
 
 
 def process_env_node() -> str:

@@ -15,7 +15,7 @@ from collections import defaultdict
 from typing import Any
 
 from prerender_ray import metrics
-from prerender_ray.nodes import CONTROLLER, NAMESPACE, Ownership, actor_name
+from prerender_ray.nodes import CONTROLLER, NAMESPACE, Ownership
 from prerender_ray.schedule import ScheduleRow, UnreadableRow
 
 from .common import call
@@ -46,7 +46,9 @@ class KeeperHandoff:
 
     async def set_membership(self, names: list[str]) -> dict:
         before = Ownership(self.ownership.names)
-        if not self.ownership.update(names):
+        changed = self.ownership.update(names)
+        await self.keepers.renew([n for n in self.ownership.names if n != self.node])
+        if not changed:
             return {"changed": False}
         self.previous_ownership = before
         departed = [n for n in before.names if n not in self.ownership.names]
@@ -85,8 +87,6 @@ class KeeperHandoff:
 
     async def _handoff(self) -> None:
         """Hand unowned rows to their owners until none are left; retried while an owner is away."""
-        import ray
-
         backoff = 1.0
         self.handoff_report["pending"] = True
         try:
@@ -96,7 +96,7 @@ class KeeperHandoff:
                     return
                 try:
                     for owner, rows in pending.items():
-                        keeper = ray.get_actor(actor_name("keeper", owner), namespace=NAMESPACE)
+                        keeper = self.keepers.get(owner)
                         for i in range(0, len(rows), HANDOFF_BATCH):
                             batch = rows[i:i + HANDOFF_BATCH]
                             keys = [r.cache_key for r in batch]

@@ -13,12 +13,10 @@ import os
 import time
 from typing import Any
 
-import ray
-
 from prerender_ray import metrics
 from prerender_ray.batching import GroupCommit
 from prerender_ray.flow import Flow
-from prerender_ray.nodes import NAMESPACE, Ownership, actor_name
+from prerender_ray.nodes import Ownership
 from prerender_ray.overrides import OVERRIDES_KEY
 from prerender_ray.pages import Page
 from prerender_ray.queuestatus import derive_status, resolve_desired_pause
@@ -27,7 +25,7 @@ from prerender_ray.results import Planner, Result
 from prerender_ray.schedule import ScheduleRow
 from prerender_ray.timeutil import now_ms
 
-from .common import call
+from .common import Handles, call
 
 FLOWS = ("added", "rescheduled", "removed", "granted", "results")
 LEASE_DEADLINE_S = 5.0
@@ -45,6 +43,7 @@ class KeeperOps:
         self.planner = Planner(self.rules)
         self.flows = Flow(FLOWS)
         self.ownership = Ownership([self.node])
+        self.keepers = Handles("keeper")  # other nodes' keepers
         self.status_changed_at = now_ms()
         self.mqtt = None
         m = self.cfg.fleet.mqtt
@@ -83,7 +82,7 @@ class KeeperOps:
 
     def _keeper_of(self, url: str) -> Any:
         owner = self.ownership.owner(url)
-        return None if owner == self.node else ray.get_actor(actor_name("keeper", owner), namespace=NAMESPACE)
+        return None if owner == self.node else self.keepers.get(owner)
 
     # --------------------------------------------------------------------------------- status
 
@@ -350,8 +349,7 @@ class KeeperOps:
         self.write_rows(local_rows)
         self.delete_rows(local_deletes)
         for owner, (rows, deletes) in foreign.items():
-            keeper = ray.get_actor(actor_name("keeper", owner), namespace=NAMESPACE)
-            await call(keeper.apply_rows.remote(rows, deletes), STORE_DEADLINE_S)
+            await call(self.keepers.get(owner).apply_rows.remote(rows, deletes), STORE_DEADLINE_S)
         if plan.adopt is not None:
             url, due, interval = plan.adopt
             item = {"url": url, "nextRenderTime": due, "renderInterval": interval}
@@ -398,7 +396,7 @@ class KeeperOps:
                 owner = self.ownership.owner(url)
                 (mine.append(i) if owner == self.node else foreign.setdefault(owner, []).append(i))
             for owner, idx in foreign.items():
-                keeper = ray.get_actor(actor_name("keeper", owner), namespace=NAMESPACE)
+                keeper = self.keepers.get(owner)
                 items = [{"url": urls[i], "sitemapUrl": sitemaps[i], "renderInterval": intervals[i],
                           "nextRenderTime": dues[i]} for i in idx]
                 answer = await call(keeper.put_targets.remote(items, True, absent_only), STORE_DEADLINE_S * 3)

@@ -21,12 +21,11 @@ import time
 from collections import deque
 from typing import Any
 
-import ray
-
 from prerender_ray import metrics
-from prerender_ray.nodes import NAMESPACE, actor_name
 from prerender_ray.registry import TARGET
 from prerender_ray.replication import Version, hlc_bytes, payload_of, unwrap, wins, wrap_many
+
+from .common import Handles
 
 VIDX = b"\x00v"  # \x00v <hlc:8> <key>  -> b""
 HPTR = b"\x00h"  # \x00h <key>          -> <hlc:8><live:1> (older versions wrote the hlc alone)
@@ -47,6 +46,7 @@ Record = list
 class Replica:
     def init_replica(self, peers: list[str]) -> None:
         self.peers: list[str] = [p for p in peers if p != self.node]
+        self.stores = Handles("store")  # the peers' stores
         self.outbox: dict[str, deque[Record]] = {}
         self.resync_from: dict[str, int] = {}  # peer -> hlc to re-push from (its outbox overflowed)
         self.wake: dict[str, asyncio.Event] = {}
@@ -234,6 +234,7 @@ class Replica:
             self.resync_from.pop(peer, None)
             metrics.replication_pending.labels(peer).set(0)
         self.peers = peers
+        await self.stores.renew(peers)
 
     def _add_peer(self, peer: str) -> None:
         self.outbox[peer] = deque()
@@ -259,7 +260,7 @@ class Replica:
     # ---------------------------------------------------------------------------------- shipping
 
     def _peer_store(self, peer: str) -> Any:
-        return ray.get_actor(actor_name("store", peer), namespace=NAMESPACE)
+        return self.stores.get(peer)
 
     async def _ship(self, peer: str) -> None:
         backoff = 1.0

@@ -50,7 +50,7 @@ from prerender_ray.sitemaps import SitemapEntry
 from prerender_ray.targets import Rules
 from prerender_ray.timeutil import now_ms
 
-from .common import bulk_gc, call, follow_overrides, lookup, read_overrides, untraced
+from .common import Handles, bulk_gc, call, follow_overrides, read_overrides, untraced
 from .sitemap_fetch import Fetcher
 from .sitemap_walk import BATCH, STORE_DEADLINE_S, WRITE_DEADLINE_S, Walk, WalkAborted, WalkEnv
 
@@ -83,7 +83,7 @@ class SitemapWalker:
                    process="sitemapper")
         self.log = logs.get("sitemaps")
         self.store = store
-        self.keepers: dict[str, Any] = {self.node: keeper}
+        self.keepers = Handles("keeper", own=(self.node, keeper))
         self.ownership = Ownership([self.node])
         rules = Rules(cfg)
         classify = rules.router.classify
@@ -119,10 +119,7 @@ class SitemapWalker:
     # --------------------------------------------------------------------------------- cluster
 
     def _keeper(self, owner: str) -> Any:
-        handle = self.keepers.get(owner)
-        if handle is None:
-            handle = self.keepers[owner] = lookup("keeper", owner)
-        return handle
+        return self.keepers.get(owner)
 
     def _keeper_of(self, url: str) -> Any:
         return self._keeper(self.ownership.owner(url))
@@ -136,6 +133,7 @@ class SitemapWalker:
         changed = self.ownership.update(names)
         if changed:
             self.log.info("membership", nodes=list(self.ownership.names))
+        await self.keepers.renew(list(self.ownership.names))
         return {"changed": changed}
 
     async def _startup(self) -> None:
