@@ -505,6 +505,10 @@ class KeeperOps:
 
     # ------------------------------------------------------------------------------ admin reads
 
+    async def due_times(self, keys: list[str]) -> list[int | None]:
+        """When each key's next render is due (epoch ms; None: no row here), from memory."""
+        return [row.next_render_time if (row := self.row(k)) is not None else None for k in keys]
+
     async def schedule_row(self, key: str) -> dict:
         """This node's row for ``key`` (the leaf the explainer proxies to; it never proxies on)."""
         now = now_ms()

@@ -9,6 +9,8 @@ Sitemap rows are the sitemap walker's (``s:<url>`` with the parsed entries in ``
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import Depends, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -132,7 +134,27 @@ async def _entry_states(ctx: NodeContext, entries: list[dict]) -> tuple[list[dic
             item.update(state="scheduled", stateDetail="target, not yet cached")
         else:
             item["state"] = "no target"
-    return out, False
+    return out, not await _due_times(ctx, [(item, url, key) for item, url, key in pending
+                                           if item["state"] == "scheduled"])
+
+
+async def _due_times(ctx: NodeContext, scheduled: list[tuple[dict, str, str]]) -> bool:
+    """``nextRenderTime`` of each scheduled entry (when its first render is due), asked of each
+    owner's keeper in one call; False when an owner did not answer in time (the entries keep no
+    time, and the answer says it is degraded)."""
+    by_owner: dict[Any, list[tuple[dict, str]]] = {}
+    for item, url, key in scheduled:
+        by_owner.setdefault(ctx.owner_actors(url)[0], []).append((item, key))
+    ok = True
+    for keeper, items in by_owner.items():
+        try:
+            dues = await call(keeper.due_times.remote([k for _, k in items]), READ_DEADLINE_S)
+        except Exception:
+            ok = False
+            continue
+        for (item, _), due in zip(items, dues):
+            item["nextRenderTime"] = due
+    return ok
 
 
 @router.post("/sitemap")

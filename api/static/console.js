@@ -430,7 +430,8 @@
       return el('tr', { 'data-entry': String(d.offset + i) },
         el('td', { class: 'num', text: fmtNum(d.offset + i + 1) }), el('td', {}, loc),
         el('td', { class: `state state-${st.replace(/ /g, '-')}`, text: s.isIndex ? 'child sitemap' : e.state || 'unknown' }),
-        el('td', { text: e.stateDetail || '' }), el('td', { text: e.lastmod || '' }),
+        el('td', { text: e.nextRenderTime ? `${e.stateDetail || ''}; first render due ${fmtAgo(e.nextRenderTime - Date.now())}`
+          : e.stateDetail || '' }), el('td', { text: e.lastmod || '' }),
         el('td', { text: e.changefreq || '' }), el('td', { text: e.priority === null || e.priority === undefined ? '' : String(e.priority) }));
     }));
     const last = d.offset + d.entries.length;

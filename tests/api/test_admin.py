@@ -625,6 +625,11 @@ def test_sitemaps_and_one_sitemaps_entries_with_their_state(node, site) -> None:
     assert first["targetCount"]["count"] == 7
     states = {e["loc"]: e["state"] for e in first["entries"]}
     assert states["https://shop.test/sm/0"] == "cached" and states["https://shop.test/sm/1"] == "scheduled"
+    # a scheduled entry says when its first render is due (its owner's schedule row)
+    [scheduled] = [e for e in first["entries"] if e["loc"] == "https://shop.test/sm/1"]
+    explained = call("POST", node.url, "explain", json={"url": "https://shop.test/sm/1"}).json()
+    due = explained["rows"]["renderSchedule"]["nextRenderTime"]  # read from the owner, wherever it is
+    assert isinstance(scheduled["nextRenderTime"], int) and scheduled["nextRenderTime"] == due
     rest = call("POST", node.url, "sitemap", json={"url": root, "offset": 5}).json()
     by_loc = {e["loc"]: e for e in rest["entries"]}
     assert by_loc["https://shop.test/search/x"]["state"] == "filtered"
