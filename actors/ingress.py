@@ -1,8 +1,8 @@
 """IngressReplica: uvicorn serving the FastAPI app inside a Ray actor pinned to its node.
 
 Several replicas per node share one port with SO_REUSEPORT, so the kernel spreads connections over
-them. Not Ray Serve: its proxy costs an actor hop per request (DESIGN.md measured ~340 req/s against
-~6,400-8,600 for uvicorn inside an actor).
+them. Not Ray Serve: its proxy costs an actor hop per request (measured ~340 req/s against
+~6,400-8,600 for uvicorn inside an actor: docs/architecture.md#why-not-ray-serve).
 """
 
 from __future__ import annotations

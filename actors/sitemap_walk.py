@@ -208,7 +208,7 @@ class Walk:
         line = filtered_log(doc.url, part, self.env.cfg.sitemap.filtered_warn_percent)
         if line is not None:
             getattr(self.env.log, line.level)(line.message, sitemap=doc.url)
-        if part.reconciles:  # an empty urlset prunes nothing (kept from the reference, §7.24)
+        if part.reconciles:  # empty: no prune (docs/sitemaps.md#an-empty-urlset-prunes-nothing)
             await self._reconcile(doc.url, part)
 
     # ------------------------------------------------------------------------------- reconcile
@@ -248,7 +248,8 @@ class Walk:
         """One batch of listed URLs. Without ``read`` (revalidate) every URL is put. Otherwise every
         URL is created where it has no target, by the owner's store in the same step as its check
         (most URLs of a first walk are new: no read round trip first); the targets that exist come
-        back and get §1.5's decision (skip, duplicate, reattach) from what they hold."""
+        back and get their decision (skip, duplicate, reattach: docs/sitemaps.md#reconcile-actions) from what
+        they hold."""
         env = self.env
         # in key order, every write of the batch is in key order too: the stores' sorts before their
         # RocksDB writes then only merge runs

@@ -2,7 +2,7 @@
 ``prerender_ray.explain``; this module reads the live rows and, when this node does not own the URL,
 asks the owner for its schedule row over HTTP (the schedule proxy).
 
-The proxy (sitemap-admin.md §2.4, ``fetchScheduleFromPeer``): the destination is a node of the
+The proxy (docs/sitemaps.md#schedule-proxy): the destination is a node of the
 cluster's own membership (``ctx.peers``), never anything from the request; only the caller's
 ``authorization`` header and our session cookie are forwarded; the owner re-checks the caller's role
 on its leaf route ``/prerender_admin/schedule``, which never proxies onward; the whole exchange is

@@ -217,7 +217,7 @@ class Serving:
 
     def debug(self, req: BotRequest, out: Outcome) -> dict[str, str]:
         keys = self.keys
-        bypass = not req.cacheable  # a bypass never names a cache key (§1.9 A)
+        bypass = not req.cacheable  # a bypass never names a cache key (docs/serving.md#cache-statuses)
         return debug_headers(
             cache_status=out.cache_status, source=out.source, cache_key=None if bypass else req.cache_key,
             url=None if bypass else req.url, device_type=req.device, route_class=req.route_class,

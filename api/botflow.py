@@ -1,5 +1,5 @@
 """The bot path when the local cache cannot answer: peer rescue, render-now, the origin fetch,
-bypass for other methods, discovery, and the unrouted report timer (bot-path.md §1.9, §4, §6.3, §7).
+bypass for other methods, discovery, and the unrouted report timer (docs/serving.md#what-is-served-when).
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ class Flow:
 
     def _forward(self, req: BotRequest, headers: dict[str, str], *,
                  strip_validators: bool) -> list[tuple[str, str]]:
-        """Repeated request fields arrive joined by ", ", which RFC 9110 §5.3 makes equivalent."""
+        """Repeated request fields arrive joined by ", ", which RFC 9110 section 5.3 makes equivalent."""
         return origin_request_headers(headers.items(), device_type=req.device, origin=self.cfg.origin,
                                       debug_key=self.s.debug_key, render_now=self.cfg.render_now,
                                       strip_validators=strip_validators)
@@ -203,8 +203,9 @@ class Flow:
 
     async def bypass(self, req: BotRequest, headers: dict[str, str], scope: dict, receive: Any,
                      debug: bool) -> tuple[Reply, Outcome]:
-        """Methods other than GET/HEAD: proxied as they came, body included (§1.9 A); never cached,
-        collapsed or discovered, and the origin handles their validators."""
+        """Methods other than GET/HEAD: proxied as they came, body included (``bypass``:
+        docs/serving.md#cache-statuses); never cached, collapsed or discovered, and the origin handles
+        their validators."""
         out = Outcome("bypass")
         cap = self.cfg.server.max_body_bytes
         body = await _read_body(receive, cap)

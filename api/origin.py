@@ -1,7 +1,7 @@
 """The origin client of one ingress replica: one shared, pooled httpx.AsyncClient (HTTP/1.1
 keep-alive) for every origin fetch of the bot path.
 
-Better than the reference (bot-path.md §4.2, §10), which has no deadlines, relays bodies of any size
+Better than the reference (docs/serving.md#origin-fetch), which has no deadlines, relays bodies of any size
 and proxies any host it is asked for:
 
 - connect and per-read deadlines from ``origin.*TimeoutMs``, plus a whole-fetch deadline (connect +

@@ -5,7 +5,7 @@ the same version.
 
 The NodeStore actor is the only writer. A secondary sees its writes only after
 ``try_catch_up_with_primary()`` (about 0.8 ms when nothing changed, a few ms after many writes:
-DESIGN.md "The bot hot path has no actor hop"), so it catches up on a short timer and after a miss
+docs/architecture.md#the-bot-hot-path-has-no-actor-hop), so it catches up on a short timer and after a miss
 (rate-limited), never per request. Render-now waiters ask for a catch-up too, through the same limit.
 """
 

@@ -1,5 +1,5 @@
-"""Peer page fetch (bot-path.md §7): ``GET /prerender_peer/page?key=<cache key>`` hands this node's
-stored page to another node, and ``PeerClient`` asks the owner of a URL for it.
+"""Peer page fetch (docs/serving.md#peer-page-fetch): ``GET /prerender_peer/page?key=<cache key>`` hands this
+node's stored page to another node, and ``PeerClient`` asks the owner of a URL for it.
 
 A node serves bots from its own copy of the replicated page store; a page that has not replicated yet
 (or does not decode) is fetched from the URL's owner with a short deadline before falling back to the

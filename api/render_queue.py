@@ -98,8 +98,8 @@ async def job_result(request: Request, who: Principal = Depends(require("fleet")
     if raw is None or not _DIGITS.match(raw) or not 0 < int(raw) <= len(body):
         raise bad_request(SIZE_ERROR)
     size = int(raw)
-    # Depth-bounded; keys outside §5.1 are ignored here, not refused: the metadata is the fleet's
-    # format, and a newer fleet's extra field must never cost a rendered page.
+    # Depth-bounded; keys outside docs/fleet-protocol.md#metadata-fields are ignored here, not refused:
+    # the metadata is the fleet's format, and a newer fleet's extra field must never cost a rendered page.
     meta = parse_body(body[:size], "metadata")
     content = body[size:] or None
     try:

@@ -1,4 +1,4 @@
-"""Conditional GET/HEAD (RFC 9110 §13): If-None-Match, then If-Modified-Since, downgrading a 200 to 304.
+"""Conditional GET/HEAD (RFC 9110 sec. 13): If-None-Match, then If-Modified-Since, downgrading a 200 to 304.
 
 Only a 200 is ever downgraded. If-None-Match, when present, decides alone (weak comparison: ``W/``
 is ignored on both sides); If-Modified-Since is consulted only without it. Anything unparseable
@@ -32,7 +32,7 @@ def parse_if_none_match(value: str) -> list[str] | None:
     tags: list[str] = []
     pos, end = 0, len(value)
     while pos < end:
-        if m := _EMPTY_MEMBER.match(value, pos):  # empty list members are allowed (RFC 9110 §5.6.1)
+        if m := _EMPTY_MEMBER.match(value, pos):  # empty list members are allowed (RFC 9110 section 5.6.1)
             pos = m.end()
             continue
         if value[pos:].isspace():

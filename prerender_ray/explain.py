@@ -1,4 +1,4 @@
-"""The URL explainer's pure part (sitemap-admin.md §2.3): for one URL and device, what the ingress
+"""The URL explainer's pure part (docs/sitemaps.md#url-explainer): for one URL and device, what the ingress
 would do with it, read from the config alone: the route it matches, the query allowlist, the
 canonical URL and cache key, the key it would have under the global allowlist, and whether it is
 eligible for prerendering at all. The admin route adds the live rows (target, schedule, page) and

@@ -11,7 +11,7 @@ Prefix mode (``/p/<absolute-url>``): the request's own query is the target's que
 comes from the device header, the global allowlist applies and the class comes from the canonical
 path. Forwarded mode (behind a CDN): the host comes from the forwarded-host header, the scheme from
 the forwarded-proto header, the device from the first path segment or the header, and the route's
-allowlist applies. Deliberate differences from the reference (bot-path.md §1.2/1.3, §10):
+allowlist applies. Deliberate differences from the reference (docs/serving.md#differences-from-the-reference):
 
 - a bad prefix-mode target is a 400 with a reason, not a 500;
 - a prefix-mode target must be http(s), and when ``domains`` is set its host and port must be allowed

@@ -1,4 +1,4 @@
-"""Content-encoding negotiation for a stored body (RFC 9110 §12.5.3), and transcoding between codings.
+"""Content-encoding negotiation for a stored body (RFC 9110 section 12.5.3), and transcoding between codings.
 
 A page is stored once, in the renderer's coding (gzip by default, or br). A request gets that body as
 stored when its ``Accept-Encoding`` allows it and asks for nothing it prefers; otherwise the body is
@@ -21,9 +21,9 @@ from .decoding import MAX_HTML_BYTES, DecodeError, decode
 
 # Codings this module can produce, in the order that breaks a tie between equal q-values.
 PREFERENCE = ("br", "gzip", "identity")
-# RFC 9110 §8.4.1.3: a recipient should treat x-gzip as gzip.
+# RFC 9110 section 8.4.1.3: a recipient should treat x-gzip as gzip.
 _ALIASES = {"x-gzip": "gzip"}
-# Identity is acceptable unless refused (RFC 9110 §12.5.3), but ranks below any coding the client
+# Identity is acceptable unless refused (RFC 9110 section 12.5.3), but ranks below any coding the client
 # lists: "gzip;q=0.5" still gets gzip.
 _IDENTITY_DEFAULT_Q = 0.001
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]+")
@@ -107,7 +107,7 @@ def choose_encoding(stored: str, accept: AcceptEncoding) -> str:
     stored = normalize_coding(stored)
     best = max(accept.q(c) for c in (*PREFERENCE, stored))
     if best <= 0.0:
-        return "identity"  # nothing acceptable: identity is what any client can read (RFC 9110 §12.5.3)
+        return "identity"  # nothing acceptable: identity is what any client can read (RFC 9110 sec. 12.5.3)
     if accept.q(stored) == best:
         return stored
     return next(c for c in PREFERENCE if accept.q(c) == best)

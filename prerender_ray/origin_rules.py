@@ -100,7 +100,7 @@ def origin_request_headers(
 
     Our own first: the device's user agent, the security token under its configured casing (sent
     even when empty), ``accept-encoding: gzip``; then every downstream header not ignored. Headers
-    named by ``Connection`` are hop-by-hop too (RFC 9110 §7.6.1); malformed names and values that
+    named by ``Connection`` are hop-by-hop too (RFC 9110 section 7.6.1); malformed names and values that
     could split a header are dropped."""
     pairs = [(name.lower(), value) for name, value in request_headers]
     ignored = ignored_request_headers(origin, debug_key, render_now)
@@ -193,8 +193,8 @@ def _cache_control_tokens(value: str) -> set[str]:
 def serving_policy(
     render_now: RenderNow, *, route_class: str, method: str, request_headers: Mapping[str, str]
 ) -> ServingPolicy:
-    """The render-now policy (§4.1). Authorized only for a GET on a prerender route with the feature
-    enabled and the header equal to the non-empty token, compared in constant time."""
+    """The render-now policy (docs/serving.md#render-now). Authorized only for a GET on a prerender route
+    with the feature enabled and the header equal to the non-empty token, compared in constant time."""
     header = render_now.header.strip().lower()
     if not (
         render_now.enabled and header and render_now.token and route_class == "prerender" and method == "GET"

@@ -78,7 +78,7 @@ def debug_headers(
     delimiter: str = "|",
     attributes: Sequence[str] = ("url", "deviceType"),
 ) -> dict[str, str]:
-    """The ``x-harper-*`` debug headers (§3.7); each only when its value is known."""
+    """The ``x-harper-*`` debug headers (docs/serving.md#debug-headers); each only when its value is known."""
     device = device_type or (device_from_cache_key(cache_key, delimiter, attributes) if cache_key else None)
     values = {
         "x-harper-device-type": device,

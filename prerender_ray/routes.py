@@ -181,7 +181,7 @@ class Router:
     Prefix mode classifies the CANONICAL path, so every spelling of one key gets one class. Better
     than the reference: with ``trailingSlash: strip`` a stripped path also matches as if it still
     had its slash, so the default exclude ``/search/`` covers ``/p/https://x.com/search/``, whose
-    canonical path is ``/search`` (the reference misses it, bot-path.md §10).
+    canonical path is ``/search`` (the reference misses it; docs/serving.md#route-classes).
     """
 
     def __init__(self, cfg: Config):

@@ -1,8 +1,8 @@
 """The serve decision for one bot request, pure: which answer a cached page or an origin response
 becomes (status, headers, body), given the request's headers.
 
-The order is fixed (bot-path.md §3): the stored or relayed headers -> content-coding negotiation
-(q-values honoured, ``Vary: Accept-Encoding``) -> the conditional downgrade to 304 (a 200 only) ->
+The order is fixed (docs/serving.md#response-headers): the stored or relayed headers -> content-coding
+negotiation (q-values honoured, ``Vary: Accept-Encoding``) -> the conditional downgrade to 304 (a 200 only) ->
 the debug headers, added last so they survive a 304. HEAD gets exactly the GET's headers and no body.
 """
 
@@ -20,14 +20,15 @@ from .origin_rules import relay_headers
 from .pages import PageMeta, freshness
 from .responses import age_seconds, cached_headers
 
-# What x-harper-cache says (§3.7). `unreadable` replaces the reference's blob-* reasons: a page is
-# read in-process from RocksDB, so the only failure is a record that does not decode.
+# What x-harper-cache says (docs/serving.md#cache-statuses). `unreadable` replaces the reference's
+# blob-* reasons: a page is read in-process from RocksDB, so the only failure is a record that does not
+# decode.
 CacheStatus = Literal["hit", "swr", "stale", "miss", "skip", "bypass", "peer-rescue", "unreadable"]
 Source = Literal["cache", "origin", "rendered"]
 SERVED_FROM_CACHE = ("hit", "swr")
-# Statuses that never carry a body (RFC 9110 §6.4.1), so there is nothing to negotiate.
+# Statuses that never carry a body (RFC 9110 section 6.4.1), so there is nothing to negotiate.
 _NO_BODY = frozenset({204, 304})
-_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # a field name (RFC 9110 §5.1)
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # a field name (RFC 9110 section 5.1)
 _BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # controls but tab (what uvicorn refuses)
 # A body may be a view into the stored record: sent without a copy (uvicorn's httptools protocol
 # writes any bytes-like object to the transport).
@@ -158,5 +159,6 @@ def asgi_headers(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
 
 
 def route_label(route_path: str | None, route_class: str | None) -> str:
-    """The route dimension of serve metrics: the matched route's path, else the class (§6.2)."""
+    """The route dimension of serve metrics: the matched route's path, else the class
+    (docs/serving.md#metrics-and-the-unrouted-tally)."""
     return route_path or route_class or "unrouted"

@@ -1,4 +1,4 @@
-"""The pure decisions of sitemap ingestion (reference sitemap-admin.md §1.4 to §1.9).
+"""The pure decisions of sitemap ingestion (docs/sitemaps.md).
 
 What a urlset's entries become (kept, filtered, invalid), what each kept entry does to its target
 (render, create, skip, duplicate, reattach), what the prune scan does to targets that left the
@@ -50,7 +50,8 @@ class InvalidEntry(NamedTuple):
 
 @dataclass(slots=True)
 class Partition:
-    """One urlset split as §1.4: ``incoming`` maps canonical URL -> entry (the last loc wins)."""
+    """One urlset split (docs/sitemaps.md#partitioning-a-urlset): ``incoming`` maps canonical URL ->
+    entry (the last loc wins)."""
 
     incoming: dict[str, SitemapEntry] = field(default_factory=dict)
     filtered: dict[str, int] = field(default_factory=lambda: {"passthrough": 0, "unclassified": 0})
@@ -64,7 +65,8 @@ class Partition:
 
     @property
     def reconciles(self) -> bool:
-        """Only a non-empty urlset is reconciled: an empty one keeps its targets attributed (§7.24)."""
+        """Only a non-empty urlset is reconciled: an empty one keeps its targets attributed
+        (docs/sitemaps.md#an-empty-urlset-prunes-nothing)."""
         return self.total > 0
 
 
@@ -201,8 +203,9 @@ def decide_action(
     known_keys: Collection[str] | None = None,
     revalidate: bool = False,
 ) -> Action:
-    """§1.5's order. ``existing`` is the target's ``sitemapUrl`` (None when unattributed) or
-    ``NO_TARGET``; ``visited`` holds the documents this walk already dequeued, failed ones included."""
+    """The order of docs/sitemaps.md#reconcile-actions. ``existing`` is the target's ``sitemapUrl``
+    (None when unattributed) or ``NO_TARGET``; ``visited`` holds the documents this walk already
+    dequeued, failed ones included."""
     fast = fast_action(url, known_keys=known_keys, revalidate=revalidate)
     if fast is not None:
         return fast
@@ -369,8 +372,9 @@ class PruneScan:
 
 @dataclass(slots=True)
 class RefreshResult:
-    """The §1.7 result of one walk, also its progress snapshot. ``removed`` and ``invalid`` are exact;
-    only their samples are capped. ``failed`` keeps ``failed_cap`` entries and counts the rest."""
+    """The result of one walk (docs/sitemaps.md#result-document), also its progress snapshot. ``removed``
+    and ``invalid`` are exact; only their samples are capped. ``failed`` keeps ``failed_cap`` entries
+    and counts the rest."""
 
     removed_sample_cap: int = 20
     failed_cap: int = 100
@@ -493,8 +497,9 @@ class ClaimCheck(NamedTuple):
 def check_refresh_claim(
     root: str, row: Mapping[str, Any] | BaseException | None, *, now_ms: int, stale_run_ms: int
 ) -> ClaimCheck:
-    """§1.8's advisory guard. ``row`` is the root's progress row, None when absent, or the exception
-    its read raised (a guard that cannot read must not block the work)."""
+    """The advisory guard of docs/sitemaps.md#runs-claims-and-takeover. ``row`` is the root's progress
+    row, None when absent, or the exception its read raised (a guard that cannot read must not block
+    the work)."""
     if isinstance(row, BaseException):
         return ClaimCheck(True, warning=f"refresh row of {root} unreadable ({describe_error(row)})")
     if row is None or row.get("state") != "running":

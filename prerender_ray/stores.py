@@ -15,7 +15,7 @@ from typing import cast
 
 from rocksdict import AccessType, BlockBasedOptions, Options, Rdict, WriteBatch, WriteOptions
 
-# Purposes, one RocksDB each (DESIGN.md "Stores").
+# Purposes, one RocksDB each (docs/architecture.md#stores).
 SCHEDULE = "schedule"  # owner tier, written by the keeper
 LEASES = "leases"  # owner tier, written by the lease table
 PAGES = "pages"  # replicated tier, written by the node store

@@ -1,5 +1,5 @@
-"""Bounded tallies for bot analytics: the unrouted-path report (bot-path.md §6.3) and label budgets
-that keep metric cardinality finite.
+"""Bounded tallies for bot analytics: the unrouted-path report (docs/serving.md#unrouted-tally) and label
+budgets that keep metric cardinality finite.
 
 Bot names may be derived from any User-Agent and paths come from the bots themselves, so neither can
 be a metric label as is: a budget admits the first N distinct values of a dimension for the life of

@@ -1,7 +1,7 @@
 """URL identity: the one canonicalization behind every cache key, schedule row and origin fetch.
 
-``canonicalize_url`` follows the reference (bot-path.md §2.1/2.2) with WHATWG parsing by ada, and
-is better in one respect: it is idempotent for every input, so a canonical URL always canonicalizes
+``canonicalize_url`` follows the reference (docs/serving.md#url-canonicalization) with WHATWG parsing by ada,
+and is better in one respect: it is idempotent for every input, so a canonical URL always canonicalizes
 to itself (the orphan sweep's fixed-point test relies on it). Where the reference is not, our result
 is the reference applied until it stops changing:
 

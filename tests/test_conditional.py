@@ -1,4 +1,5 @@
-"""Conditional requests (§3.5): If-None-Match, If-Modified-Since and the 304 header set."""
+"""Conditional requests: If-None-Match, If-Modified-Since, the 304 headers
+(docs/serving.md#conditional-requests)."""
 
 from __future__ import annotations
 

@@ -79,7 +79,7 @@ def test_prefix_mode_is_prerender_except_excludes_with_the_global_allowlist() ->
 def test_prefix_mode_classifies_the_canonical_path() -> None:
     ingress = prefix(ingress={"excludePathPatterns": ["/private"]})
     assert bot(ingress.resolve("GET", "/p/https://x.com/%70rivate/x", "", {})).route_class == "passthrough"
-    # The stripped slash still counts for a pattern that ends in one (bot-path.md §10, fixed).
+    # The stripped slash still counts for a pattern that ends in one (docs/serving.md#route-classes, fixed).
     assert bot(prefix().resolve("GET", "/p/https://x.com/search/", "", {})).route_class == "passthrough"
 
 

@@ -1,4 +1,4 @@
-"""The lease table (queue-core.md §4 as of v0.93; §10 items 10-23, 26, 31 where they apply to a dict)."""
+"""The lease table and the crash-loop hold (docs/queue.md#leases)."""
 
 from __future__ import annotations
 

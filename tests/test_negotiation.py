@@ -1,4 +1,4 @@
-"""Content-encoding negotiation and transcoding (§3.6, done better: q-values, Vary, HEAD)."""
+"""Content-encoding negotiation and transcoding (docs/serving.md#content-coding: q-values, Vary, HEAD)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Origin fetch rules (§4.1-4.3, §4.5, §6.3): headers out and back, staging, candidacy, render-now."""
+"""Origin fetch rules: headers out and back, staging, candidacy, render-now (docs/serving.md#origin-fetch,
+#discovery, #render-now)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The stored page record: binary round trips, junk rejection, and the freshness rule (§3.2)."""
+"""The stored page record: binary round trips, junk rejection, and freshness (docs/serving.md#freshness)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Queue status and queue control (queue-core.md §6.1-6.3 with v0.93 ``unready``; §10 items 30, 37,
-38, 54)."""
+"""Queue status and queue control, ``unready`` included (docs/queue.md#queue-status-and-control)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The keeper's ranking structure (queue-core.md §3.7, §7.2, §7.7; §10 items 8, 28, 29, 32, 33, 35)."""
+"""The keeper's ranking structure (docs/queue.md#ranking)."""
 
 from __future__ import annotations
 

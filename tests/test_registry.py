@@ -1,5 +1,5 @@
 """Registry records: the Target row's stored form, junk coercion (absent is not zero) and the key
-helpers (queue-core.md §1.2, §10 items 8 and 45)."""
+helpers (docs/queue.md#targets)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The replicated tier's versions: the hybrid logical clock, the record envelope with tombstones, and
-last-writer-wins with a node-name tie-break (DESIGN.md "Many nodes")."""
+last-writer-wins with a node-name tie-break (docs/architecture.md#replication)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Response shaping for cached pages (§3.4) and the debug headers (§3.7)."""
+"""Response shaping for cached pages (docs/serving.md#response-headers) and the debug headers
+(docs/serving.md#debug-headers)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """What a posted render result does, as a pure plan: validation, legacy inference, the decision table,
 the failure lane and its backoff, suppression, the redirect pre-step and the redirect lane
-(queue-core.md §2.5-§2.9, §10 items 40-50 and 56)."""
+(docs/queue.md#result-outcomes)."""
 
 from __future__ import annotations
 

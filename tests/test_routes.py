@@ -138,8 +138,8 @@ def test_prefix_mode_prerenders_everything_but_excludes_with_the_global_allowlis
 
 
 def test_prefix_mode_matches_a_stripped_path_as_if_it_kept_its_slash() -> None:
-    # Deliberate (bot-path.md §10): the reference classifies the canonical `/search` as prerender
-    # because it no longer contains the `/search/` exclude.
+    # Deliberate (docs/serving.md#route-classes): the reference classifies the canonical `/search` as
+    # prerender because it no longer contains the `/search/` exclude.
     r = prefix_router()
     assert r.classify("/search").route_class == "passthrough"
     assert r.classify("/research").route_class == "prerender"

@@ -1,5 +1,5 @@
-"""Schedule rows and rules: encoding, score, backoff ladder, changefreq (queue-core.md §1.3, §2.7, §3.3,
-§3.7, §10 items 8, 34, 45, 56)."""
+"""Schedule rows and rules: encoding, score, backoff ladder, changefreq (docs/queue.md#schedule-rows,
+#failure-lane, #cadence, #ranking)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The serve decision as one pure function: freshness verdicts, negotiation, 304s, debug headers,
-origin relays (bot-path.md §3, §9 items 41-47)."""
+origin relays (docs/serving.md#what-is-served-when)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The pure decisions of sitemap ingestion (sitemap-admin.md §1.4-§1.9, §7 items 5-26)."""
+"""The pure decisions of sitemap ingestion (docs/sitemaps.md)."""
 
 from __future__ import annotations
 

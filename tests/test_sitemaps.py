@@ -1,4 +1,4 @@
-"""Streaming sitemap parsing (sitemap-admin.md §1.3, §7 items 1-4) and hostile input."""
+"""Streaming sitemap parsing and hostile input (docs/sitemaps.md#limits)."""
 
 from __future__ import annotations
 

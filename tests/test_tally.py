@@ -1,4 +1,4 @@
-"""Bounded analytics tallies: the unrouted report (bot-path.md §6.3, §9 item 59) and label budgets."""
+"""Bounded analytics tallies: the unrouted report (docs/serving.md#unrouted-tally) and label budgets."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Scheduling rules for targets: put, restore, due-now, revalidate, suppress, reactivate, identity
-(queue-core.md §1.2, §2.9, §3.2-§3.6, §10 items 4-7, 45-47, 52-53)."""
+(docs/queue.md#targets, #first-render-jitter, #cadence, #who-writes-a-schedule-row,
+#suppression-and-recheck)."""
 
 from __future__ import annotations
 

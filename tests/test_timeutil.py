@@ -1,4 +1,5 @@
-"""Time base, numeric reads and the reference's fnv1a32 (queue-core.md §3.1, §3.2, §5, §10 items 1-9)."""
+"""Time base, numeric reads and the reference's fnv1a32 (docs/queue.md#time-base,
+docs/queue.md#first-render-jitter)."""
 
 from __future__ import annotations
 

@@ -57,7 +57,7 @@ def test_each_expected_output_canonicalizes_to_itself(vector: dict) -> None:
     assert ada_url.URL(expected).href == expected  # and a WHATWG parser reads it back unchanged
 
 
-# ----------------------------------------------------------------------- reference edge cases (§9)
+# ----------------------------------------------------------------------- reference edge cases
 
 
 def test_the_default_allowlist_keeps_only_page_and_drops_the_fragment() -> None:
@@ -260,7 +260,7 @@ def test_with_plus_is_space_a_plus_in_a_key_is_a_space_for_the_allowlist_too() -
     assert canon(out, ("a b",), **on) == out
 
 
-# --------------------------------------------------------------------- idempotence (§2.4a, §10)
+# --------------------------------------------------- idempotence (docs/serving.md#url-canonicalization)
 
 
 def test_escapes_are_normalized_before_sorting_so_one_pass_is_enough() -> None:

@@ -1,4 +1,4 @@
-"""When to claim from which host: the reference fleet's HostHealth (render-fleet-protocol.md §6), as
+"""When to claim from which host: the reference fleet's HostHealth (docs/fleet-protocol.md#host-health), as
 plain functions and a small class over epoch milliseconds, so every rule is unit-tested without I/O.
 
 Per host: ``next_poll_at`` (when work is expected), ``circuit_until`` (error backoff end), ``failures``

@@ -1,6 +1,7 @@
 """The queue side of the fleet protocol: claims with the reference fleet's classification
-(render-fleet-protocol.md §3.2), result posts with its retry rules (§5.2), and queue-status polling
-(our HTTP stand-in for the MQTT broadcast of §4), all feeding one HostHealth.
+(docs/fleet-protocol.md#claim-status-handling), result posts with its retry rules
+(docs/fleet-protocol.md#result-retries), and queue-status polling (our HTTP stand-in for the MQTT
+broadcast: docs/fleet-protocol.md#queue-status), all feeding one HostHealth.
 
 One ``httpx.AsyncClient`` per host (keep-alive, HTTP/1.1), Basic auth and ``x-worker-id`` on every
 request, and a deadline on every call.

@@ -1,7 +1,7 @@
 """The worker loop: claim from every queue host with the fleet's semantics, render a bounded number
 of jobs at once, post each result, and shut down cleanly.
 
-Claim cadence follows the reference fleet (render-fleet-protocol.md §3.3): a claim asks for
+Claim cadence follows the reference fleet (docs/fleet-protocol.md#claim-cadence): a claim asks for
 ``limit`` (= concurrency) jobs; each job waits for a free render slot, and the next claim goes out
 right after the last job of the batch has *started*. A job with under 30 s of lease left when its
 turn comes is skipped silently (the server re-grants it when the lease expires).

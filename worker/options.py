@@ -1,5 +1,5 @@
 """The render worker's options: one dataclass, the command-line flags that fill it, and the defaults
-of the reference render fleet (render-fleet-protocol.md §1) where it has one."""
+of the reference render fleet (docs/fleet-protocol.md#connection-options) where it has one."""
 
 from __future__ import annotations
 

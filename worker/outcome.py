@@ -1,5 +1,6 @@
-"""What a render reports: jobs as claimed, the verdicts of render-fleet-protocol.md §7, and the
-job_result wire format of §5.1. Plain functions over plain data; the browser code only observes.
+"""What a render reports: jobs as claimed, the verdicts (docs/fleet-protocol.md#verdicts), and the
+job_result wire format (docs/fleet-protocol.md#job-result). Plain functions over plain data; the
+browser code only observes.
 
 Comparisons use the shared canonical form (``prerender_ray.urls.canonicalize_url``): ``C*`` keeps
 every query parameter, ``C0`` none.
@@ -109,7 +110,8 @@ def parse_jobs(body: Any) -> tuple[list[Job], list[str]]:
 
 @dataclass(frozen=True)
 class UrlRules:
-    """The two cacheKey knobs the worker must share with the server (§9)."""
+    """The two cacheKey knobs the worker must share with the server
+    (docs/fleet-protocol.md#shared-cache-key-knobs)."""
 
     plus_is_space: bool = False
     trailing_slash: str = "strip"
@@ -222,7 +224,8 @@ def error_verdict(
 
 
 def navigation_error_verdict(name: str, message: str) -> Verdict:
-    """``page.goto`` failed: a redirect loop is non-indexable, anything else an error (§7)."""
+    """``page.goto`` failed: a redirect loop is non-indexable, anything else an error
+    (docs/fleet-protocol.md#verdicts)."""
     v = error_verdict(name, message, phase=NAVIGATION)
     if "ERR_TOO_MANY_REDIRECTS" in message:
         v.is_indexable, v.reason = False, "redirect-loop"
@@ -285,7 +288,8 @@ def is_noindex(robots: tuple[str, ...]) -> bool:
 def document_verdict(
     job: Job, rules: UrlRules, final: Hop, doc: Document, *, honour_status_meta: bool = True
 ) -> Verdict:
-    """The settled 200 document: status meta, client-side redirect, noindex, canonical (§7)."""
+    """The settled 200 document: status meta, client-side redirect, noindex, canonical
+    (docs/fleet-protocol.md#verdicts)."""
     headers = relayed_headers(final.headers)
     redirected_to = None if rules.same_url(doc.url, job.url) else doc.url
     meta_status = _status_meta(doc.status_meta) if honour_status_meta else None
@@ -345,7 +349,7 @@ def resolve_outcome(has_content: bool, redirected_to: str | None, is_indexable: 
 
 
 def build_metadata(job: Job, v: Verdict, render_ms: float, content_encoding: str | None) -> dict[str, Any]:
-    """Exactly the §5.1 fields; absent means unset."""
+    """Exactly the fields of docs/fleet-protocol.md#metadata-fields; absent means unset."""
     headers = dict(v.headers)
     if content_encoding:
         headers["content-type"] = STORED_CONTENT_TYPE

@@ -1,4 +1,4 @@
-"""The bot path end to end (bot-path.md §9 where it applies): real ingress over HTTP on the shared Ray
+"""The bot path end to end (docs/serving.md): real ingress over HTTP on the shared Ray
 cluster, pages produced the way the fleet produces them (claim, post a result), and a real origin site
 on 127.0.0.1 that can be slow, huge, broken or redirecting."""
 
@@ -209,7 +209,7 @@ def test_stored_non_200_and_non_indexable_pages_are_served_as_stored(node, site)
     r = bot(node, url, headers=DEBUG)
     assert r.status_code == 404 and r.content == b"<html>gone</html>" and "age" not in r.headers
     url = f"{site.base}/page/not-indexable"
-    render(node, url, isIndexable=False)  # §5: serving does not check isIndexable
+    render(node, url, isIndexable=False)  # serving ignores it: docs/serving.md#what-is-served-when
     assert bot(node, url, headers=DEBUG).headers["x-harper-indexable"] == "false"
 
 

@@ -1,4 +1,4 @@
-"""The bot path in forwarded mode (behind a CDN, bot-path.md §1.3, §9 items 33-39): the host comes
+"""The bot path in forwarded mode (behind a CDN, docs/serving.md#forwarded-mode): the host comes
 from x-forwarded-host (injection-guarded), the scheme from x-forwarded-proto, routes decide what is
 a bot request; anything else falls through to the routers."""
 
@@ -109,4 +109,4 @@ def test_render_now_with_the_error_fallback_answers_504_after_its_timeout(node, 
     head = httpx.head(f"{node.url}/page/never-rendered", headers={
         "x-forwarded-host": f"127.0.0.1:{site.port}", "x-forwarded-proto": "http", "x-harper-render-now": "rn"},
         timeout=30)
-    assert head.status_code == 200 and "x-harper-render-now" not in head.headers  # GET only (§4.1)
+    assert head.status_code == 200 and "x-harper-render-now" not in head.headers  # GET only (docs/serving.md#render-now)

@@ -1,4 +1,4 @@
-"""Peer page fetch (bot-path.md §7, §9 item 61): the endpoint's checks in order, and the client that
+"""Peer page fetch (docs/serving.md#peer-page-fetch): the endpoint's checks in order, and the client that
 asks an owner node for a page, against a real node over HTTP."""
 
 from __future__ import annotations

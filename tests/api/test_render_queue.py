@@ -1,4 +1,4 @@
-"""The render fleet's protocol through real HTTP, real actors and real RocksDB (queue-core.md §10)."""
+"""The render fleet's protocol through real HTTP, real actors and real RocksDB (docs/fleet-protocol.md)."""
 
 from __future__ import annotations
 

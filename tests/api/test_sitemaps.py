@@ -1,5 +1,5 @@
 """Sitemap ingestion end to end: real HTTP, the real walker, keeper and store on the shared Ray cluster,
-sitemaps served by a local test server (hostile ones included). sitemap-admin.md §1 and §7."""
+sitemaps served by a local test server (hostile ones included). docs/sitemaps.md."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""HostHealth and the backoff arithmetic of the reference fleet (render-fleet-protocol.md §3, §5.2, §6)."""
+"""HostHealth and the backoff arithmetic of the reference fleet (docs/fleet-protocol.md#host-health)."""
 
 from __future__ import annotations
 

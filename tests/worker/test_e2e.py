@@ -4,7 +4,7 @@ render worker, and bots that receive the script-built HTML.
 
 Also: a noindex page ends suppressed, and a 301 retires its source and adopts the destination. The
 noindex page is a discovered target (``PUT /render_targets``), not a sitemap entry: for sitemap jobs the
-reference fleet stores non-indexable pages rather than reporting them (render-fleet-protocol.md §7).
+reference fleet stores non-indexable pages rather than reporting them (docs/fleet-protocol.md#verdicts).
 """
 
 from __future__ import annotations

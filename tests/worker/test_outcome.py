@@ -1,5 +1,5 @@
-"""Jobs, verdicts and the job_result wire format (render-fleet-protocol.md §3.1, §5.1, §7, §9), without
-a browser."""
+"""Jobs, verdicts and the job_result wire format (docs/fleet-protocol.md#claim, #job-result, #verdicts,
+#shared-cache-key-knobs), without a browser."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The worker with a real Chromium against a real origin on 127.0.0.1 and a fake queue: what it reports
-for each kind of page (render-fleet-protocol.md §5.1, §7), what it sends where (§8), and that it keeps
-going through pages that hang, crash or never settle."""
+for each kind of page (docs/fleet-protocol.md#verdicts), what it sends where (#bypass-token), and that
+it keeps going through pages that hang, crash or never settle."""
 
 from __future__ import annotations
 
