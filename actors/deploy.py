@@ -166,7 +166,7 @@ def stop_local_ray(record: Record, grace_s: float = 20.0) -> None:
     except ProcessLookupError:
         pass
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and _alive(record.ray_pid):
+    while time.monotonic() < deadline and pid_alive(record.ray_pid):
         time.sleep(0.2)
     _kill_group(record.ray_pid)
     killed = _strays(record.temp_dir, workers_of=record)
@@ -176,16 +176,16 @@ def stop_local_ray(record: Record, grace_s: float = 20.0) -> None:
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + 5.0  # gone, with their ports, before we say stopped
-    while time.monotonic() < deadline and any(_alive(p) for p in killed):
+    while time.monotonic() < deadline and any(pid_alive(p) for p in killed):
         time.sleep(0.05)
     _reap(record.ray_pid)
 
 
 def local_ray_alive(record: Record) -> bool:
-    return bool(record.ray_pid) and _alive(record.ray_pid)
+    return bool(record.ray_pid) and pid_alive(record.ray_pid)
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

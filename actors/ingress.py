@@ -30,6 +30,7 @@ from prerender_ray.routes import compile_routes
 from prerender_ray.stores import node_dir
 
 from .common import follow_overrides, read_overrides, untraced
+from .deploy import pid_alive
 
 PROBE_ATTEMPTS = 10
 
@@ -65,21 +66,11 @@ def bind_shared(host: str, port: int, *, lock_dir: Path, group: str) -> socket.s
             held = json.loads(record.read_text())
         except (OSError, ValueError):
             held = {}
-        pids = [p for p in held.get("pids", []) if isinstance(p, int) and _alive(p)] \
+        pids = [p for p in held.get("pids", []) if isinstance(p, int) and pid_alive(p)] \
             if held.get("group") == group else []
         sock = bind_socket(host, port, probe=not pids)
         record.write_text(json.dumps({"group": group, "pids": pids + [os.getpid()]}))
         return sock
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def describe_bind_error(e: OSError, host: str, port: int) -> str:

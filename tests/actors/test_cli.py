@@ -229,7 +229,7 @@ def test_a_foreground_up_steps_aside_when_down_runs_in_another_shell(tmp_path: P
     with foreground_up(data, port, "--with-worker", until="render worker: pid") as (proc, record, out):
         worker = int(re.search(r"render worker: pid (\d+)", out).group(1))
         try:
-            assert deploy._alive(worker)
+            assert deploy.pid_alive(worker)
             (data / deploy.RECORD).unlink()  # by hand: `up` writes it back, `down` needs it
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline and not (data / deploy.RECORD).exists():
@@ -238,7 +238,7 @@ def test_a_foreground_up_steps_aside_when_down_runs_in_another_shell(tmp_path: P
             down = run("down", "--data-dir", str(data))
             assert down.returncode == 0, down.stderr
             out = finish(proc, timeout=60)
-            worker_left = deploy._alive(worker)
+            worker_left = deploy.pid_alive(worker)
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(worker, signal.SIGKILL)
