@@ -26,6 +26,7 @@ from prerender_ray.schedule import ScheduleRow
 from prerender_ray.timeutil import now_ms
 
 from .common import Handles, call
+from .store import StoreClient
 
 FLOWS = ("added", "rescheduled", "removed", "granted", "results")
 LEASE_DEADLINE_S = 5.0
@@ -44,6 +45,7 @@ class KeeperOps:
         self.flows = Flow(FLOWS)
         self.ownership = Ownership([self.node])
         self.keepers = Handles("keeper")  # other nodes' keepers
+        self.node_store = StoreClient(self.store, STORE_DEADLINE_S)
         self.status_changed_at = now_ms()
         self.mqtt = None
         m = self.cfg.fleet.mqtt
@@ -57,7 +59,7 @@ class KeeperOps:
         """The status row names the host this node last announced; a different one is cleared."""
         for _ in range(30):  # the store may still be starting
             try:
-                [raw] = await self._store("get", [QUEUE_STATUS + self.node.encode()])
+                [raw] = await self.node_store.get([QUEUE_STATUS + self.node.encode()])
                 break
             except Exception:
                 await asyncio.sleep(1)
@@ -76,9 +78,6 @@ class KeeperOps:
 
     def flow(self, name: str, n: int) -> None:
         self.flows.add(name, n, now_ms())
-
-    async def _store(self, method: str, *args: Any) -> Any:
-        return await call(getattr(self.store, method).remote(*args), STORE_DEADLINE_S)
 
     def _keeper_of(self, url: str) -> Any:
         owner = self.ownership.owner(url)
@@ -111,7 +110,7 @@ class KeeperOps:
 
     async def _write_status(self, row: bytes) -> None:
         try:
-            await self._store("apply", [(QUEUE_STATUS + self.node.encode(), row)])
+            await self.node_store.apply([(QUEUE_STATUS + self.node.encode(), row)])
         except Exception as e:
             self.log.warning("queue status write failed", error=repr(e))
 
@@ -130,7 +129,7 @@ class KeeperOps:
     async def sync_status(self) -> None:
         """Resolve the pause intent (this node's row, then the cluster's), then the status; apply
         changed live config overrides."""
-        rows = await self._store("get", [QUEUE_CONTROL + self.node.encode(), QUEUE_CONTROL + CLUSTER_SCOPE.encode(),
+        rows = await self.node_store.get([QUEUE_CONTROL + self.node.encode(), QUEUE_CONTROL + CLUSTER_SCOPE.encode(),
                                          OVERRIDES_KEY])
         try:  # live config rides on the same read; a failure must not stop pause intent
             self.apply_overrides(rows[2])
@@ -156,9 +155,9 @@ class KeeperOps:
         """Write pause intent (None deletes it: a node inherits the cluster's), then re-resolve."""
         key = QUEUE_CONTROL + scope.encode()
         if paused is None:
-            await self._store("apply", [(key, None)])
+            await self.node_store.apply([(key, None)])
         else:
-            await self._store("apply", [(key, encode_json({"paused": bool(paused), "updatedBy": by,
+            await self.node_store.apply([(key, encode_json({"paused": bool(paused), "updatedBy": by,
                                                           "updatedTime": now_ms()}))])
         await self.sync_status()
         return {"scope": scope, "paused": paused, "inherited": paused is None, "node": self.node,
@@ -293,7 +292,7 @@ class KeeperOps:
             dest = self.planner.destination(r)
             urls = [url] + ([self.rules.url_of(dest)] if dest else [])
             found = [Target.decode(u, b) if b else None
-                     for u, b in zip(urls, await self._store("get_targets", urls))]
+                     for u, b in zip(urls, await self.node_store.get_targets(urls))]
             plan = self.planner.plan(r, found[0], found[1] if dest else None, now, granted_at=granted_at)
             await self._apply(plan, now)
         except BaseException:
@@ -345,7 +344,7 @@ class KeeperOps:
         for key in plan.row_deletes:
             route_row(key, None)
         if registry or pages:
-            await self._store("apply", registry, pages)
+            await self.node_store.apply(registry, pages)
         self.write_rows(local_rows)
         self.delete_rows(local_deletes)
         for owner, (rows, deletes) in foreign.items():
@@ -409,9 +408,9 @@ class KeeperOps:
         registry, rows = self.rules.put_many(urls, sitemaps, intervals, dues, now=now, node=self.node,
                                              routes=routes)
         if not absent_only:
-            await self._store("apply", registry)
+            await self.node_store.apply(registry)
         elif registry:
-            live = await self._store("apply_absent", registry)
+            live = await self.node_store.apply_absent(registry)
             fresh = [i for i, payload in enumerate(live) if payload is None]
             if len(fresh) < len(urls):  # rows only for the targets just created (same now: same dues)
                 held += [[urls[i], payload] for i, payload in enumerate(live) if payload is not None]
@@ -430,41 +429,41 @@ class KeeperOps:
     async def patch_targets(self, items: list[list]) -> dict:
         """Merge fields into existing targets ([url, changes] pairs); never touches schedule rows (the
         render clock)."""
-        found = await self._store("get_targets", [u for u, _ in items])
+        found = await self.node_store.get_targets([u for u, _ in items])
         registry = []
         for (url, changes), data in zip(items, found):
             if data is not None:
                 registry.append([target_key(url), Target.decode(url, data).patched(**changes).encode()])
-        await self._store("apply", registry)
+        await self.node_store.apply(registry)
         return {"patched": len(registry)}
 
     async def delete_targets(self, urls: list[str]) -> dict:
-        found = await self._store("get_targets", urls)
+        found = await self.node_store.get_targets(urls)
         registry, pages, keys = [], [], []
         for url, data in zip(urls, found):
             registry.append((target_key(url), None))
             for key in self.rules.all_keys(url):
                 pages.append((key.encode(), None))
                 keys.append(key)
-        await self._store("apply", registry, pages)
+        await self.node_store.apply(registry, pages)
         self.delete_rows(keys)
         return {"deleted": sum(1 for d in found if d is not None)}
 
     async def suppress(self, url: str, reason: str | None, status: int | None) -> dict:
-        [data] = await self._store("get_targets", [url])
+        [data] = await self.node_store.get_targets([url])
         existing = Target.decode(url, data) if data else None
         s = self.rules.suppress(existing, url, reason=reason, status_code=status, now=now_ms())
         if s.deleted:
             return await self.delete_targets([url])
         pages = [(k.encode(), None) for k in self.rules.all_keys(url)]
-        await self._store("apply", [(target_key(url), s.target.encode())], pages)
+        await self.node_store.apply([(target_key(url), s.target.encode())], pages)
         self.write_rows(s.rows)
         return {"suppressed": url, "strikes": s.target.strikes}
 
     async def revalidate(self, urls: list[str]) -> dict:
         """Every device of each target due now (cadence left to config); cached pages expire now."""
         now = now_ms()
-        found = await self._store("get_targets", urls)
+        found = await self.node_store.get_targets(urls)
         rows, pages = [], []
         for url, data in zip(urls, found):
             if data is None:
@@ -472,12 +471,12 @@ class KeeperOps:
             target = Target.decode(url, data)
             rows += self.rules.revalidate(target, now)
             keys = self.rules.keys_of(url)
-            for key, raw in zip(keys, await self._store("get_pages", keys)):
+            for key, raw in zip(keys, await self.node_store.get_pages(keys)):
                 if raw is not None:
                     page = Page.decode(raw)
                     pages.append((key.encode(), dataclasses.replace(page, expires_at=now).encode()))
         if pages:
-            await self._store("apply", [], pages)
+            await self.node_store.apply([], pages)
         self.write_rows(rows)
         self.note_work()
         return {"revalidating": len(rows), "examined": len(urls)}
@@ -485,7 +484,7 @@ class KeeperOps:
     async def revalidate_key(self, key: str) -> dict | None:
         """Admin: one key due now; None when the URL has no target (it would render once, then drop)."""
         url = self.rules.url_of(key)
-        [data] = await self._store("get_targets", [url])
+        [data] = await self.node_store.get_targets([url])
         if data is None:
             return None
         row = self.rules.due_now(Target.decode(url, data), key, now_ms())
@@ -497,7 +496,7 @@ class KeeperOps:
     async def render_now(self, key: str) -> int:
         """Render-now: the key due this minute (a one-off row when there is no target)."""
         url = self.rules.url_of(key)
-        [data] = await self._store("get_targets", [url])
+        [data] = await self.node_store.get_targets([url])
         row = self.rules.due_now(Target.decode(url, data) if data else None, key, now_ms())
         self.write_rows([row])
         self._publish_now()

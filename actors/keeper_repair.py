@@ -98,7 +98,7 @@ class KeeperRepair:
         cursor: bytes | None = None
         t0 = time.perf_counter()
         while True:  # phase 1: read only; nothing is written while the scan runs
-            chunk = await self._store("scan", TARGET, cursor, SCAN_CHUNK)
+            chunk = await self.node_store.scan(TARGET, cursor, SCAN_CHUNK)
             for k, payload in chunk:
                 examined += 1
                 url = k[len(TARGET):].decode()
@@ -139,6 +139,6 @@ class KeeperRepair:
         has_page: set[str] = set()
         for i in range(0, len(collected), PAGE_CHECK_CHUNK):
             keys = [key for _, key in collected[i:i + PAGE_CHECK_CHUNK]]
-            found = await self._store("has_pages", keys)
+            found = await self.node_store.has_pages(keys)
             has_page.update(k for k, present in zip(keys, found) if present)
         return sorted(collected, key=lambda tk: tk[1] in has_page)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import ray
 
@@ -18,7 +19,7 @@ from prerender_ray.registry import TARGET, SitemapReader, by_sitemap_prefix, sit
 from prerender_ray.replication import CLOCK_OFFSET_ENV, Clock, payload_of, wall_clock
 from prerender_ray.stores import PAGES, REGISTRY, Store, store_path
 
-from .common import bulk_gc, untraced
+from .common import bulk_gc, call, untraced
 from .replica import Replica
 
 Op = tuple[bytes, bytes | None]  # (key, payload) ; payload None = delete
@@ -134,3 +135,33 @@ class NodeStore(Replica):
             db.flush()
             db.close()
 
+
+class StoreClient:
+    """Typed calls to a node's NodeStore, each under one deadline: the methods a caller uses are
+    names tools can follow, not strings (``NodeStore`` above defines each)."""
+
+    def __init__(self, handle: Any, deadline_s: float):
+        self.handle = handle
+        self.deadline_s = deadline_s
+
+    async def apply(self, registry: list[Op], pages: list[Op] | None = None) -> int:
+        ref = self.handle.apply.remote(registry) if pages is None else self.handle.apply.remote(registry, pages)
+        return await call(ref, self.deadline_s)
+
+    async def apply_absent(self, registry: list[Op]) -> list[bytes | None]:
+        return await call(self.handle.apply_absent.remote(registry), self.deadline_s)
+
+    async def get(self, keys: list[bytes]) -> list[bytes | None]:
+        return await call(self.handle.get.remote(keys), self.deadline_s)
+
+    async def get_targets(self, urls: list[str]) -> list[bytes | None]:
+        return await call(self.handle.get_targets.remote(urls), self.deadline_s)
+
+    async def get_pages(self, keys: list[str]) -> list[bytes | None]:
+        return await call(self.handle.get_pages.remote(keys), self.deadline_s)
+
+    async def has_pages(self, keys: list[str]) -> list[bool]:
+        return await call(self.handle.has_pages.remote(keys), self.deadline_s)
+
+    async def scan(self, prefix: bytes, start: bytes | None = None, limit: int = 1000) -> list[tuple[bytes, bytes]]:
+        return await call(self.handle.scan.remote(prefix, start, limit), self.deadline_s)
