@@ -258,3 +258,18 @@ def target(base: str, url: str) -> dict | None:
 
 def sitemap_row(base: str, url: str) -> dict | None:
     return _found(base, "/sitemaps", url=url)
+
+
+def write_page(node_name: str, key: str, html: bytes, *, expires_in: int = 3_600_000) -> None:
+    """A gzip page stored under ``key`` by that node's store, as a result would store it."""
+    import gzip as _gzip
+
+    import ray
+
+    from prerender_ray.actors.common import lookup
+    from prerender_ray.pages import Page
+
+    now = int(time.time() * 1000)
+    page = Page(cache_key=key, status_code=200, headers={"content-type": "text/html", "content-encoding": "gzip"},
+                last_cached=now, expires_at=now + expires_in, is_indexable=True, content=_gzip.compress(html))
+    ray.get(lookup("store", node_name).apply.remote([], [(key.encode(), page.encode())]), timeout=30)

@@ -6,7 +6,6 @@ that hang, answer garbage or are gone, and the heavy-read cap."""
 from __future__ import annotations
 
 import base64
-import gzip
 import re
 import time
 from urllib.parse import urlsplit
@@ -21,7 +20,7 @@ from prerender_ray.nodes import Ownership
 from prerender_ray.pages import Page
 from prerender_ray.sessions import SESSION_COOKIE
 from tests.sitemap_server import SitemapSite, urlset
-from tests.support import brotli_bomb, deploy_on, wait_for
+from tests.support import brotli_bomb, deploy_on, wait_for, write_page
 
 PASSWORDS = {"ops": "ops-pass", "watcher": "watch-pass", "renderer": "fleet-pass"}
 ROLE = {"ops": "admin", "watcher": "viewer", "renderer": "fleet", None: None}
@@ -86,20 +85,6 @@ def put_target(base: str, url: str, **fields: object) -> dict:
     r = httpx.put(f"{base}/render_targets", json={"url": url, **fields}, timeout=30, **auth("ops"))
     assert r.status_code == 200, r.text
     return r.json()
-
-
-def write_page(node_name: str, key: str, html: bytes, *, expires_in: int = 3_600_000) -> None:
-    now = int(time.time() * 1000)
-    page = Page(
-        cache_key=key,
-        status_code=200,
-        headers={"content-type": "text/html", "content-encoding": "gzip"},
-        last_cached=now,
-        expires_at=now + expires_in,
-        is_indexable=True,
-        content=gzip.compress(html),
-    )
-    ray.get(lookup("store", node_name).apply.remote([], [(key.encode(), page.encode())]), timeout=30)
 
 
 @pytest.fixture(scope="module")

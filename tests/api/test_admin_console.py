@@ -6,19 +6,15 @@ kept under test-artifacts/ (git-ignored)."""
 
 from __future__ import annotations
 
-import gzip
 import shutil
 import time
 
 import httpx
 import pytest
-import ray
 
-from prerender_ray.actors.common import lookup
 from prerender_ray.auth import hash_password
-from prerender_ray.pages import Page
 from tests.sitemap_server import SitemapSite, urlset
-from tests.support import REPO, deploy_on
+from tests.support import REPO, deploy_on, write_page
 
 pytestmark = pytest.mark.browser
 CHROMIUM = "/usr/bin/chromium"
@@ -224,20 +220,6 @@ def sign_in(page, node, who: str = "ops", password: str = "ops-pass") -> None:
     page.wait_for_selector("#view-overview:visible")
 
 
-def write_page(key: str, html: bytes) -> None:
-    now = int(time.time() * 1000)
-    page = Page(
-        cache_key=key,
-        status_code=200,
-        headers={"content-type": "text/html", "content-encoding": "gzip"},
-        last_cached=now,
-        expires_at=now + 3_600_000,
-        is_indexable=True,
-        content=gzip.compress(html),
-    )
-    ray.get(lookup("store", "node-a").apply.remote([], [(key.encode(), page.encode())]), timeout=30)
-
-
 def shot(page, name: str) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / name), full_page=True)
@@ -293,7 +275,7 @@ def test_the_sitemaps_tab_lists_the_root_and_its_entries_with_their_state(node, 
         f"{node.url}/sitemaps", json={"url": root, "background": False}, timeout=300, auth=("ops", "ops-pass")
     )
     assert r.status_code == 200, r.text
-    write_page("https://console.test/sm/0|desktop", b"<html>0</html>")
+    write_page("node-a", "https://console.test/sm/0|desktop", b"<html>0</html>")
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     sign_in(page, node, "watcher", "watch-pass")
     page.click("#tab-sitemaps")
@@ -325,7 +307,7 @@ def test_the_pages_tab_lists_cached_pages_and_shows_their_html_as_text(node, bro
     keys = [f"https://console.test/pg/{i}|desktop" for i in range(6)]
     markup = "<html><body><b id=injected>bold</b><script>window.pwned = 1</script></body></html>"
     for k in keys:
-        write_page(k, markup.encode())
+        write_page("node-a", k, markup.encode())
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     problems: list[str] = []
     page.on("pageerror", lambda e: problems.append(str(e)))
