@@ -28,7 +28,7 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# ruff over the tree (pyflakes, import order) and mypy over the pure core (see pyproject.toml).
+# ruff over the tree (pyflakes, import order) and mypy over every module (see pyproject.toml).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy prerender_ray

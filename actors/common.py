@@ -14,8 +14,8 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from prerender_ray import logs, metrics
-from prerender_ray.nodes import NAMESPACE, actor_name
-from prerender_ray.stores import node_dir
+from prerender_ray.identity.nodes import NAMESPACE, actor_name
+from prerender_ray.storage.rocks import node_dir
 
 __all__ = ["NAMESPACE", "actor_name", "placement", "call", "lookup", "untraced", "DeadlineExceeded"]
 
@@ -83,7 +83,7 @@ def untraced(actor: object) -> None:
 async def read_overrides(store: Any, apply: Any, log: Any) -> None:
     """Read the live config overrides row from the node's store and hand it to ``apply`` (a plain or
     an async function); a store that does not answer is logged, and the next read retries."""
-    from prerender_ray.overrides import OVERRIDES_KEY
+    from prerender_ray.config.overrides import OVERRIDES_KEY
 
     try:
         (raw,) = await call(store.get.remote([OVERRIDES_KEY]), 10)
@@ -96,7 +96,7 @@ async def read_overrides(store: Any, apply: Any, log: Any) -> None:
 
 async def follow_overrides(store: Any, apply: Any, log: Any) -> None:
     """``read_overrides`` every ``OVERRIDES_POLL_S``, forever (the first read is the caller's)."""
-    from prerender_ray.overrides import OVERRIDES_POLL_S
+    from prerender_ray.config.overrides import OVERRIDES_POLL_S
 
     while True:
         await asyncio.sleep(OVERRIDES_POLL_S)

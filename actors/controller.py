@@ -12,16 +12,15 @@ from typing import Any
 import ray
 
 from prerender_ray import logs, metrics
-from prerender_ray.config import Config
-from prerender_ray.nodes import NodeInfo, Ownership, actor_name, describe_ray_node, valid_name
-from prerender_ray.stores import node_dir
-
-from .common import DeadlineExceeded, call, placement, untraced
-from .ingress import IngressReplica
-from .keeper import QueueKeeper
-from .leasetable import LeaseTable
-from .sitemapper import SitemapWalker
-from .store import NodeStore
+from prerender_ray.actors.common import DeadlineExceeded, call, placement, untraced
+from prerender_ray.actors.ingress import IngressReplica
+from prerender_ray.actors.keeper.actor import QueueKeeper
+from prerender_ray.actors.leasetable import LeaseTable
+from prerender_ray.actors.store.actor import NodeStore
+from prerender_ray.actors.walker.actor import SitemapWalker
+from prerender_ray.config.model import Config
+from prerender_ray.identity.nodes import NodeInfo, Ownership, actor_name, describe_ray_node, valid_name
+from prerender_ray.storage.rocks import node_dir
 
 WATCH_INTERVAL_S = 2.0
 STATUS_DEADLINE_S = 3.0

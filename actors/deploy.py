@@ -53,7 +53,7 @@ class Record:
 
 def actor_config(cfg: Any, data_dir: Path) -> dict:
     """The config as it travels to the actors: the absolute data dir, passwords only as hashes."""
-    from prerender_ray.auth import resolve_password_hashes
+    from prerender_ray.admin.users import resolve_password_hashes
 
     data = cfg.model_dump()
     data["server"]["data_dir"] = str(data_dir)
@@ -115,7 +115,7 @@ def apply_env(record: Record | None) -> None:
 def start_local_ray(data_dir: Path, epoch: str) -> Record:
     """Start a single-node Ray for this deployment: its own token, temp dir and ports, on loopback.
     ``ray start --block`` in a session of its own supervises the Ray processes; stopping it stops them."""
-    from prerender_ray.nodes import RAY_SYSTEM_CONFIG
+    from prerender_ray.identity.nodes import RAY_SYSTEM_CONFIG
 
     ray_dir = data_dir / "ray"
     ray_dir.mkdir(parents=True, exist_ok=True)
@@ -260,7 +260,7 @@ def connect(address: str, *, log_to_driver: bool = False) -> None:
 
     import ray
 
-    from prerender_ray.nodes import NAMESPACE
+    from prerender_ray.identity.nodes import NAMESPACE
 
     if ray.is_initialized():
         return
@@ -274,7 +274,7 @@ def connect(address: str, *, log_to_driver: bool = False) -> None:
 def find_controller() -> Any | None:
     import ray
 
-    from prerender_ray.nodes import CONTROLLER, NAMESPACE
+    from prerender_ray.identity.nodes import CONTROLLER, NAMESPACE
 
     try:
         return ray.get_actor(CONTROLLER, namespace=NAMESPACE)
@@ -283,9 +283,8 @@ def find_controller() -> Any | None:
 
 
 def place_controller(config: dict, data_dir: Path, epoch: str) -> Any:
-    from prerender_ray.nodes import CONTROLLER, NAMESPACE
-
-    from .controller import Controller
+    from prerender_ray.actors.controller import Controller
+    from prerender_ray.identity.nodes import CONTROLLER, NAMESPACE
 
     if find_controller() is not None:
         raise DeployError("prerender-ray is already running on this cluster; run `prerender-ray down` first")

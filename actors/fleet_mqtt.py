@@ -13,7 +13,7 @@ import threading
 from typing import Any
 from urllib.parse import urlsplit
 
-from prerender_ray.config import Mqtt
+from prerender_ray.config.model import Mqtt
 
 DEFAULT_PORTS = {"mqtt": 1883, "mqtts": 8883, "ws": 80, "wss": 443}
 

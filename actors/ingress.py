@@ -20,17 +20,16 @@ import ray
 import uvicorn
 
 from prerender_ray import logs, metrics
+from prerender_ray.actors.common import follow_overrides, read_overrides, untraced
+from prerender_ray.actors.deploy import pid_alive
 from prerender_ray.api.app import create_asgi
-from prerender_ray.api.bot import apply_overrides, close_serving, open_serving
+from prerender_ray.api.bot.middleware import apply_overrides, close_serving, open_serving
 from prerender_ray.api.context import NodeContext
-from prerender_ray.config import Config
-from prerender_ray.configfile import findings
-from prerender_ray.nodes import NodeInfo
-from prerender_ray.routes import compile_routes
-from prerender_ray.stores import node_dir
-
-from .common import follow_overrides, read_overrides, untraced
-from .deploy import pid_alive
+from prerender_ray.config.loading import findings
+from prerender_ray.config.model import Config
+from prerender_ray.identity.nodes import NodeInfo
+from prerender_ray.identity.routes import compile_routes
+from prerender_ray.storage.rocks import node_dir
 
 PROBE_ATTEMPTS = 10
 

@@ -1,7 +1,7 @@
 """LeaseTable: exclusive render leases for the keys this node owns, persisted so that a restart of
 the keeper, of this actor or of the whole node never re-grants work that is in flight.
 
-The table logic is ``prerender_ray.leases``; this actor adds durability: every grant and release is
+The table logic is ``prerender_ray.queue.leases``; this actor adds durability: every grant and release is
 written to the node's lease store before it is acknowledged. Records outlive their lease for a
 while, so a late result can be told apart from one for an id that was never granted, and a replayed
 one from the first (each record holds the key's latest grant: its time, worker and whether a result
@@ -17,13 +17,12 @@ import os
 import ray
 
 from prerender_ray import logs, metrics
-from prerender_ray.config import Config
-from prerender_ray.leases import LeaseTable as Table
-from prerender_ray.leases import read_record
-from prerender_ray.stores import LEASES, Store, store_path
+from prerender_ray.actors.common import untraced
+from prerender_ray.config.model import Config
+from prerender_ray.queue.leases import LeaseTable as Table
+from prerender_ray.queue.leases import read_record
+from prerender_ray.storage.rocks import LEASES, Store, store_path
 from prerender_ray.timeutil import now_ms
-
-from .common import untraced
 
 # l:<key> -> [expires, due, cadence, released, answered, written_at, lease_granted_at, grant]; grant is
 # [granted_at, worker, any_worker, ends, answered] (records of the six-field form predate grants)

@@ -10,11 +10,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from prerender_ray.ingress import reserved_prefixes
-
-from . import admin, health, peer, render_queue, sitemaps, targets
-from .bot import BotMiddleware
-from .context import NodeContext
+from prerender_ray.api import health, peer, render_queue, sitemaps, targets
+from prerender_ray.api.admin import routes as admin
+from prerender_ray.api.bot.middleware import BotMiddleware
+from prerender_ray.api.context import NodeContext
+from prerender_ray.serving.classify import reserved_prefixes
 
 # No OpenTelemetry: FastAPI's native telemetry (newer releases) checks its providers on every request.
 _NO_TELEMETRY = ({"telemetry": {"tracing": False, "metrics": False, "logs": False}}

@@ -6,9 +6,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from prerender_ray.config import Config
-from prerender_ray.nodes import NodeInfo, Ownership
-from prerender_ray.targets import Rules
+from prerender_ray.config.model import Config
+from prerender_ray.identity.nodes import NodeInfo, Ownership
+from prerender_ray.queue.targets import Rules
 
 # Deadlines (seconds) for control-plane calls from a request handler.
 STATUS_DEADLINE = 2.0

@@ -8,8 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from prerender_ray import metrics
-
-from .context import STATUS_DEADLINE, NodeContext
+from prerender_ray.api.context import STATUS_DEADLINE, NodeContext
 
 router = APIRouter()
 _READY_CACHE_S = 1.0

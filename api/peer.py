@@ -19,14 +19,13 @@ import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from prerender_ray.auth import same_secret
-from prerender_ray.config import PeerRescue
+from prerender_ray.admin.users import same_secret
+from prerender_ray.api.bot.pages import UnreadablePage
+from prerender_ray.api.context import NodeContext
+from prerender_ray.config.model import PeerRescue
 from prerender_ray.jsonbody import parse_json
-from prerender_ray.origin_policy import NoCookies
-from prerender_ray.pages import PageMeta
-
-from .context import NodeContext
-from .pagestore import UnreadablePage
+from prerender_ray.serving.origin_policy import NoCookies
+from prerender_ray.storage.pages import PageMeta
 
 PATH = "/prerender_peer/page"
 META_HEADER = "x-prerender-page"
@@ -64,7 +63,7 @@ async def peer_page(request: Request) -> Response:
     key = request.query_params.get("key")
     if not key:
         return _error(400, "key is required")
-    from .bot import serving_of
+    from prerender_ray.api.bot.middleware import serving_of
 
     reader = serving_of(ctx).pages
     try:

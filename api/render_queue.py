@@ -10,16 +10,15 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from prerender_ray import logs
-from prerender_ray.auth import Principal
+from prerender_ray.admin.users import Principal
+from prerender_ray.api.auth import require
+from prerender_ray.api.bodies import bad_request, int_field, parse_body, read_body, read_object
+from prerender_ray.api.context import NodeContext
 from prerender_ray.batching import GroupCommit
-from prerender_ray.cachekeys import DEVICE, CacheKeyError
 from prerender_ray.decoding import DecodeError, TooLarge, decoded_size
-from prerender_ray.registry import QUEUE_CONTROL, QUEUE_STATUS, decode_json
-from prerender_ray.results import ENCODINGS, Result, ResultError
-
-from .auth import require
-from .bodies import bad_request, int_field, parse_body, read_body, read_object
-from .context import NodeContext
+from prerender_ray.identity.cachekeys import DEVICE, CacheKeyError
+from prerender_ray.queue.results import ENCODINGS, Result, ResultError
+from prerender_ray.storage.registry import QUEUE_CONTROL, QUEUE_STATUS, decode_json
 
 router = APIRouter()
 log = logs.get("render_queue")

@@ -11,9 +11,14 @@ from urllib.parse import quote
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 
-from prerender_ray.auth import Principal
-from prerender_ray.origin_policy import OriginPolicy
-from prerender_ray.registry import (
+from prerender_ray.admin.users import Principal
+from prerender_ray.api.auth import require
+from prerender_ray.api.bodies import bad_request, read_object
+from prerender_ray.api.context import NodeContext
+from prerender_ray.identity.urls import UrlError, whatwg_path
+from prerender_ray.serving.origin_policy import OriginPolicy
+from prerender_ray.sitemaps.rules import first_renders
+from prerender_ray.storage.registry import (
     ENTRY_CHUNK,
     SITEMAP,
     RecordError,
@@ -23,12 +28,6 @@ from prerender_ray.registry import (
     sitemap_key,
     sitemap_run_key,
 )
-from prerender_ray.sitemap_rules import first_renders
-from prerender_ray.urls import UrlError, whatwg_path
-
-from .auth import require
-from .bodies import bad_request, read_object
-from .context import NodeContext
 
 router = APIRouter()
 START_DEADLINE_S = 30.0

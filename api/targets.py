@@ -7,13 +7,12 @@ from collections import defaultdict
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 
-from prerender_ray.auth import Principal
-from prerender_ray.registry import Target
-from prerender_ray.urls import UrlError
-
-from .auth import require
-from .bodies import bad_request, int_field, read_object
-from .context import NodeContext
+from prerender_ray.admin.users import Principal
+from prerender_ray.api.auth import require
+from prerender_ray.api.bodies import bad_request, int_field, read_object
+from prerender_ray.api.context import NodeContext
+from prerender_ray.identity.urls import UrlError
+from prerender_ray.storage.registry import Target
 
 router = APIRouter()
 DEADLINE_S = 30.0

@@ -34,8 +34,8 @@ import httpx  # noqa: E402
 import ray  # noqa: E402
 
 from prerender_ray.actors.common import lookup  # noqa: E402
-from prerender_ray.nodes import Ownership  # noqa: E402
-from prerender_ray.registry import target_key  # noqa: E402
+from prerender_ray.identity.nodes import Ownership  # noqa: E402
+from prerender_ray.storage.registry import target_key  # noqa: E402
 from tests.support import RayCluster, deploy_on, wait_for  # noqa: E402
 
 

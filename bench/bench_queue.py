@@ -31,9 +31,9 @@ os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 import httpx  # noqa: E402
 
 from bench.bench_keeper import cadence_for, corpus, route_of  # noqa: E402
-from prerender_ray.ranking import Ranking  # noqa: E402
-from prerender_ray.schedule import decode_many  # noqa: E402
-from prerender_ray.stores import Store  # noqa: E402
+from prerender_ray.queue.ranking import Ranking  # noqa: E402
+from prerender_ray.queue.schedule import decode_many  # noqa: E402
+from prerender_ray.storage.rocks import Store  # noqa: E402
 
 CANNED = [{"id": f"https://www.example.com/p/{i}|desktop", "url": f"https://www.example.com/p/{i}",
            "deviceType": "desktop", "expiresAt": 1_796_000_000_000, "callbackOrigin": "http://127.0.0.1:9926",

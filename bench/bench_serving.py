@@ -100,8 +100,8 @@ def serve_app(port: int, data_dir: str, config_json: str) -> None:
 
     from prerender_ray.api.app import create_asgi
     from prerender_ray.api.context import NodeContext
-    from prerender_ray.config import Config
-    from prerender_ray.nodes import NodeInfo
+    from prerender_ray.config.model import Config
+    from prerender_ray.identity.nodes import NodeInfo
 
     cfg = Config.model_validate(json.loads(config_json))
     node = NodeInfo(name="node-a", host="127.0.0.1", port=port, ray_node_id="")
@@ -196,7 +196,7 @@ def spread_pages(base: str, gz: bytes, n: int, tmp: Path) -> str:
     import ray
 
     from prerender_ray.actors.common import lookup
-    from prerender_ray.pages import Page
+    from prerender_ray.storage.pages import Page
     from prerender_ray.timeutil import now_ms
 
     store = lookup("store", "node-a")

@@ -38,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_sitemap_parse import SITEMAP_NS, generate, run_bare, run_tuned  # noqa: E402
 
 from prerender_ray.actors import deploy  # noqa: E402
-from prerender_ray.schedule import ScheduleRow  # noqa: E402
-from prerender_ray.stores import Store  # noqa: E402
+from prerender_ray.queue.schedule import ScheduleRow  # noqa: E402
+from prerender_ray.storage.rocks import Store  # noqa: E402
 
 BIN = Path(sys.executable).parent
 GOALS = {"rate": 50_000, "ratio": 0.25, "rss_mb": 400}

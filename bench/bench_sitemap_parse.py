@@ -29,10 +29,10 @@ from typing import BinaryIO
 
 from lxml import etree
 
-from prerender_ray.config import Config
-from prerender_ray.routes import Router
-from prerender_ray.sitemap_rules import canonicalizer, partition_entries
-from prerender_ray.sitemaps import SITEMAP_NS, SitemapParser
+from prerender_ray.config.model import Config
+from prerender_ray.identity.routes import Router
+from prerender_ray.sitemaps.parser import SITEMAP_NS, SitemapParser
+from prerender_ray.sitemaps.rules import canonicalizer, partition_entries
 
 URL_TAG = f"{{{SITEMAP_NS}}}url"
 READ = 64 * 1024

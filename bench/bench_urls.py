@@ -17,7 +17,7 @@ import random
 import time
 from urllib.parse import urlsplit, urlunsplit
 
-from prerender_ray.urls import _fast_parts, canonicalize_url
+from prerender_ray.identity.urls import _fast_parts, canonicalize_url
 
 ALLOWLIST = ("page", "sort", "filter", "q")
 WORDS = ["shoes", "women", "men", "sale", "boots", "running", "jackets", "kids", "outdoor", "home",

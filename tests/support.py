@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from prerender_ray import configfile
+from prerender_ray.config import loading
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -33,7 +33,7 @@ class RayCluster:
         import ray
         from ray.cluster_utils import Cluster
 
-        from prerender_ray.nodes import LABEL_NAME, LABEL_PORT, NAMESPACE, RAY_SYSTEM_CONFIG
+        from prerender_ray.identity.nodes import LABEL_NAME, LABEL_PORT, NAMESPACE, RAY_SYSTEM_CONFIG
 
         port = free_port()
         cluster = Cluster(initialize_head=True, head_node_args={
@@ -49,7 +49,7 @@ class RayCluster:
 
     def add_node(self, name: str, env: dict[str, str] | None = None) -> Any:
         """A simulated node; ``env`` goes to its raylet and so to every process it starts."""
-        from prerender_ray.nodes import LABEL_NAME, LABEL_PORT
+        from prerender_ray.identity.nodes import LABEL_NAME, LABEL_PORT
 
         port = free_port()
         node = self.cluster.add_node(num_cpus=1, object_store_memory=80 * 1024 * 1024,
@@ -108,7 +108,7 @@ def deploy_on(cluster: RayCluster, data_dir: Path, config: dict | None = None, *
     server.pop("dataDir", None)
     server["data_dir"] = str(data_dir)
     raw["server"] = server
-    cfg = deploy.actor_config(configfile.parse(raw).config, data_dir)
+    cfg = deploy.actor_config(loading.parse(raw).config, data_dir)
     old = deploy.find_controller()
     if old is not None:
         deploy.stop_deployment(old)
@@ -267,7 +267,7 @@ def write_page(node_name: str, key: str, html: bytes, *, expires_in: int = 3_600
     import ray
 
     from prerender_ray.actors.common import lookup
-    from prerender_ray.pages import Page
+    from prerender_ray.storage.pages import Page
 
     now = int(time.time() * 1000)
     page = Page(cache_key=key, status_code=200, headers={"content-type": "text/html", "content-encoding": "gzip"},

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
 
-from prerender_ray.nodes import RAY_SYSTEM_CONFIG
+from prerender_ray.identity.nodes import RAY_SYSTEM_CONFIG
 from tests.support import REPO
 
 

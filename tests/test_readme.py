@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from prerender_ray.configfile import reference_markdown
+from prerender_ray.config.loading import reference_markdown
 from tests.support import REPO
 
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"

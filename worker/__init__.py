@@ -8,6 +8,6 @@ status over HTTP), ``outcome`` (verdicts and the wire format), ``pool`` (Chromiu
 worker `prerender-ray up --with-worker` starts).
 """
 
-from .options import WorkerOptions
+from prerender_ray.worker.options import WorkerOptions
 
 __all__ = ["WorkerOptions"]

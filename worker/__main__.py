@@ -3,8 +3,8 @@
 import argparse
 import sys
 
-from .main import main
-from .options import add_arguments
+from prerender_ray.worker.main import main
+from prerender_ray.worker.options import add_arguments
 
 
 def cli(argv: list[str] | None = None) -> int:

@@ -18,11 +18,10 @@ from typing import Any
 import httpx
 
 from prerender_ray import logs
-from prerender_ray.origin_policy import NoCookies
-
-from .backoff import HostHealth, Timing, parse_retry_after, result_retry_delay
-from .metrics import WorkerMetrics
-from .outcome import Job, parse_jobs
+from prerender_ray.serving.origin_policy import NoCookies
+from prerender_ray.worker.backoff import HostHealth, Timing, parse_retry_after, result_retry_delay
+from prerender_ray.worker.metrics import WorkerMetrics
+from prerender_ray.worker.outcome import Job, parse_jobs
 
 log = logs.get("worker.client")
 

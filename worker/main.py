@@ -23,14 +23,13 @@ import time
 from typing import Any
 
 from prerender_ray import logs
-
-from . import outcome as oc
-from .backoff import HostHealth, Timing
-from .client import QueueClient, now_ms
-from .metrics import WorkerMetrics
-from .options import WorkerOptions
-from .pool import BrowserError, BrowserPool, set_subreaper
-from .render import Renderer, RenderOptions
+from prerender_ray.worker import outcome as oc
+from prerender_ray.worker.backoff import HostHealth, Timing
+from prerender_ray.worker.client import QueueClient, now_ms
+from prerender_ray.worker.metrics import WorkerMetrics
+from prerender_ray.worker.options import WorkerOptions
+from prerender_ray.worker.pool import BrowserError, BrowserPool, set_subreaper
+from prerender_ray.worker.render import Renderer, RenderOptions
 
 log = logs.get("worker")
 
@@ -373,7 +372,7 @@ def main(args: Any) -> int:
     """``prerender-ray render``: ``args`` from ``options.add_arguments``."""
     import sys
 
-    from .options import from_args
+    from prerender_ray.worker.options import from_args
 
     try:
         opts = from_args(args)

@@ -2,7 +2,7 @@
 job_result wire format (docs/fleet-protocol.md#job-result). Plain functions over plain data; the
 browser code only observes.
 
-Comparisons use the shared canonical form (``prerender_ray.urls.canonicalize_url``): ``C*`` keeps
+Comparisons use the shared canonical form (``prerender_ray.identity.urls.canonicalize_url``): ``C*`` keeps
 every query parameter, ``C0`` none.
 """
 
@@ -18,7 +18,7 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 import brotli
 
-from prerender_ray.urls import UrlError, canonicalize_url
+from prerender_ray.identity.urls import UrlError, canonicalize_url
 
 RELAYED_HEADERS = (
     "etag",

@@ -21,9 +21,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from prerender_ray import logs
-
-from . import outcome as oc
-from .pool import BrowserError, BrowserPool, Tab
+from prerender_ray.worker import outcome as oc
+from prerender_ray.worker.pool import BrowserError, BrowserPool, Tab
 
 log = logs.get("worker.render")
 

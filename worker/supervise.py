@@ -9,7 +9,7 @@ import subprocess
 import sys
 from typing import Any
 
-from .options import default_concurrency, find_chromium
+from prerender_ray.worker.options import default_concurrency, find_chromium
 
 TOKEN_ENV = "PRERENDER_WORKER_BYPASS_TOKEN"
 STOP_GRACE_S = 25.0  # the worker's drain (12 s) + closing Chromium, with room

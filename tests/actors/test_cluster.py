@@ -14,9 +14,9 @@ import pytest
 import ray
 
 from prerender_ray.actors.common import lookup
-from prerender_ray.nodes import Ownership
-from prerender_ray.replication import CLOCK_OFFSET_ENV
-from prerender_ray.schedule import ScheduleRow
+from prerender_ray.identity.nodes import Ownership
+from prerender_ray.queue.schedule import ScheduleRow
+from prerender_ray.storage.replication import CLOCK_OFFSET_ENV
 from tests.sitemap_server import SitemapSite, urlset
 from tests.support import claim, deploy_on, post_result, put_target, wait_for
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from prerender_ray.auth import hash_password
+from prerender_ray.admin.users import hash_password
 from tests.support import deploy_on
 
 USERS = {"ops": ("admin", "ops-pass"), "watcher": ("viewer", "watch-pass"), "renderer": ("fleet", "fleet-pass")}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from prerender_ray.auth import hash_password
+from prerender_ray.admin.users import hash_password
 from tests.api.origin_site import OriginSite
 from tests.support import deploy_on
 

@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from prerender_ray.nodes import Ownership
+from prerender_ray.identity.nodes import Ownership
 from prerender_ray.timeutil import DAY_MS, HOUR_MS, MINUTE_MS, minute
 from tests.support import claim, deploy_on, post_result, put_target, schedule, wait_for
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from prerender_ray.api.peer import META_HEADER, PeerClient, parse_metadata
-from prerender_ray.config import PeerRescue
+from prerender_ray.config.model import PeerRescue
 from tests.support import claim, deploy_on, free_port, post_result, put_target, wait_for
 
 TOKEN = "peer-secret"

@@ -12,7 +12,7 @@ import brotli
 import httpx
 import pytest
 
-from prerender_ray.pages import Page
+from prerender_ray.storage.pages import Page
 from prerender_ray.timeutil import MINUTE_MS, minute
 from tests.support import (
     brotli_bomb,
@@ -287,7 +287,7 @@ def test_gzip_bodies_are_stored_as_posted(node) -> None:
     import ray
 
     from prerender_ray.actors.common import lookup
-    from prerender_ray.pages import Page
+    from prerender_ray.storage.pages import Page
 
     [raw] = ray.get(lookup("store", "node-a").get_pages.remote([keys[0]]))
     page = Page.decode(raw)

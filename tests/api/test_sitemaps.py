@@ -10,8 +10,8 @@ import pytest
 import ray
 
 from prerender_ray.actors.common import lookup
-from prerender_ray.registry import encode_json, sitemap_run_key
-from prerender_ray.sitemap_rules import next_daily_refresh
+from prerender_ray.sitemaps.rules import next_daily_refresh
+from prerender_ray.storage.registry import encode_json, sitemap_run_key
 from prerender_ray.timeutil import DAY_MS, minute, now_ms
 from tests.sitemap_server import BILLION_LAUGHS, HTML, XXE, SitemapSite, gzip_bomb, index, urlset
 from tests.support import deploy_on, progress, put_target, schedule, sitemap_row, target, wait_for, walk

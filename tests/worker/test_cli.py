@@ -17,7 +17,7 @@ from prerender_ray.worker.pool import group_members
 from tests.support import wait_for
 from tests.worker.site import FakeQueue, Origin
 
-CLI = [sys.executable, "-m", "prerender_ray.actors.cli", "render"]
+CLI = [sys.executable, "-m", "prerender_ray.cli.main", "render"]
 
 
 def test_bad_options_exit_2_with_one_line() -> None:

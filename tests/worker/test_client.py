@@ -181,7 +181,7 @@ async def test_without_discovery_only_the_given_queues_are_claimed(queue: FakeQu
 
 
 async def test_the_queue_client_keeps_no_cookie() -> None:
-    from prerender_ray.origin_policy import NoCookies
+    from prerender_ray.serving.origin_policy import NoCookies
 
     c = client("http://127.0.0.1:1")
     assert isinstance(c.client("http://127.0.0.1:1").cookies.jar, NoCookies)

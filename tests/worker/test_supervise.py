@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prerender_ray.config import Config
+from prerender_ray.config.model import Config
 from prerender_ray.worker.supervise import credentials_problem
 
 HASH = "pbkdf2_sha256$200000$oSXPlig4O7W6u8gE2junEA==$77yTRtxp3UYqKV3G7Xq0bvHt8ch4FjxayXwMPXdFzXM="

@@ -1,0 +1,1 @@
+"""The QueueKeeper actor: the node's schedule rows in memory, their only writer."""

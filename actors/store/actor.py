@@ -1,0 +1,166 @@
+"""NodeStore: the one writer of this node's replicated stores (pages and registry).
+
+Every value is stored in the replication envelope (hybrid-logical-clock version + node), deletes are
+tombstones, so the same write can be applied on every node in any order with one outcome. Derived
+indexes (targets by sitemap) are maintained here, on every write, local or replicated.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import ray
+
+from prerender_ray import logs
+from prerender_ray.actors.common import bulk_gc, call, untraced
+from prerender_ray.actors.store.replication import Replica
+from prerender_ray.config.model import Config
+from prerender_ray.storage.registry import TARGET, SitemapReader, by_sitemap_prefix, sitemap_of_record
+from prerender_ray.storage.replication import CLOCK_OFFSET_ENV, Clock, payload_of, wall_clock
+from prerender_ray.storage.rocks import PAGES, REGISTRY, Store, store_path
+
+Op = tuple[bytes, bytes | None]  # (key, payload) ; payload None = delete
+
+
+@ray.remote
+class NodeStore(Replica):
+    def __init__(self, config: dict, node: str, data_dir: str, peers: list[str] = ()):
+        untraced(self)
+        bulk_gc()
+        cfg = Config.model_validate(config)
+        logs.setup(node, level=cfg.logging.level, json_lines=cfg.logging.json_lines, process="store")
+        self.log = logs.get("store")
+        self.node = node
+        self.cfg = cfg
+        offset = int(os.environ.get(CLOCK_OFFSET_ENV) or 0)
+        self.clock = Clock(node, wall_clock(offset))
+        if offset:
+            self.log.warning("replication clock offset (a testing aid)", offset_ms=offset)
+        self.pages = Store(store_path(data_dir, node, PAGES))
+        self.registry = Store(store_path(data_dir, node, REGISTRY))
+        self.started = time.time()
+        self._tasks: list = []
+        self._sitemap_of = SitemapReader()
+        self.log.info("store open", pages=str(self.pages.path), registry=str(self.registry.path))
+        self.load_live_counts()
+        self.init_replica(list(peers))
+
+    # ------------------------------------------------------------------------------------ writes
+
+    def _index_ops(self, out: list[Op], key: bytes, old: bytes | None, new: bytes | None) -> None:
+        """Keep the targets-by-sitemap index in step with a write of target ``key`` (``old`` is the
+        record held, ``new`` the payload written): the ops go to ``out``."""
+        before = sitemap_of_record(payload_of(old)) if old is not None else None
+        after, prefix = self._sitemap_of(new)
+        if before == after:
+            return
+        url = key[len(TARGET):]  # the same bytes by_sitemap_key would encode
+        if before:
+            out.append((by_sitemap_prefix(before) + url, None))
+        if prefix is not None:
+            out.append((prefix + url, b""))
+
+    async def apply(self, registry: list[Op] = (), pages: list[Op] = ()) -> int:
+        """Local writes (targets, control rows, pages) with fresh versions; every peer gets the same
+        records (see ``Replica``)."""
+        return self.commit_local("registry", registry) + self.commit_local("pages", pages)
+
+    async def apply_absent(self, registry: list[Op]) -> list[bytes | None]:
+        """Registry puts of keys that hold nothing live; per op, None when written, else the payload
+        held (left as it is)."""
+        return self.commit_absent("registry", registry)
+
+    # ------------------------------------------------------------------------------------- reads
+
+    async def get(self, keys: list[bytes]) -> list[bytes | None]:
+        """Registry payloads (None when absent or deleted)."""
+        return [payload_of(v) for v in self.registry.get_many(keys)]
+
+    async def get_targets(self, urls: list[str]) -> list[bytes | None]:
+        return [payload_of(v) for v in self.registry.get_many([TARGET + u.encode() for u in urls])]
+
+    async def scan(self, prefix: bytes, start: bytes | None = None, limit: int = 1000) -> list[tuple[bytes, bytes]]:
+        """Live registry records under ``prefix`` from ``start``, key order, at most ``limit``."""
+        out = []
+        for k, v in self.registry.items(prefix, start):
+            payload = payload_of(v)
+            if payload is not None:
+                out.append((k, payload))
+                if len(out) >= limit:
+                    break
+        return out
+
+    async def urls_of_sitemap(self, sitemap_url: str, limit: int) -> tuple[list[str], int]:
+        """Target URLs attributed to a sitemap (up to ``limit``) and how many there are."""
+        prefix = by_sitemap_prefix(sitemap_url)
+        urls, n = [], 0
+        for k in self.registry.keys(prefix):
+            n += 1
+            if len(urls) < limit:
+                urls.append(k[len(prefix):].decode())
+        return urls, n
+
+    async def get_pages(self, keys: list[str]) -> list[bytes | None]:
+        return [payload_of(v) for v in self.pages.get_many([k.encode() for k in keys])]
+
+    async def has_pages(self, keys: list[str]) -> list[bool]:
+        return [payload_of(v) is not None for v in self.pages.get_many([k.encode() for k in keys])]
+
+    async def page_keys(self, prefix: str, start: str | None, limit: int) -> list[tuple[str, bytes]]:
+        out = []
+        first = start.encode() if start else (prefix.encode() or b"\x01")  # past the version index
+        for k, v in self.pages.items(prefix.encode(), first):
+            payload = payload_of(v)
+            if payload is not None:
+                out.append((k.decode(), payload))
+                if len(out) >= limit:
+                    break
+        return out
+
+    async def counts(self) -> dict:
+        """Exact: kept with every write (``Replica.load_live_counts``)."""
+        return {"targets": self.live["registry"], "pages": self.live["pages"]}
+
+    async def status(self) -> dict:
+        return {"live": True, "pid": os.getpid(), "pages": self.live["pages"], "targets": self.live["registry"],
+                "replication": self.replication_status()}
+
+    async def close(self) -> None:
+        for task in [*self._tasks, *self.shippers.values()]:
+            task.cancel()
+        for db in (self.pages, self.registry):
+            db.flush()
+            db.close()
+
+
+class StoreClient:
+    """Typed calls to a node's NodeStore, each under one deadline: the methods a caller uses are
+    names tools can follow, not strings (``NodeStore`` above defines each)."""
+
+    def __init__(self, handle: Any, deadline_s: float):
+        self.handle = handle
+        self.deadline_s = deadline_s
+
+    async def apply(self, registry: list[Op], pages: list[Op] | None = None) -> int:
+        ref = self.handle.apply.remote(registry) if pages is None else self.handle.apply.remote(registry, pages)
+        return await call(ref, self.deadline_s)
+
+    async def apply_absent(self, registry: list[Op]) -> list[bytes | None]:
+        return await call(self.handle.apply_absent.remote(registry), self.deadline_s)
+
+    async def get(self, keys: list[bytes]) -> list[bytes | None]:
+        return await call(self.handle.get.remote(keys), self.deadline_s)
+
+    async def get_targets(self, urls: list[str]) -> list[bytes | None]:
+        return await call(self.handle.get_targets.remote(urls), self.deadline_s)
+
+    async def get_pages(self, keys: list[str]) -> list[bytes | None]:
+        return await call(self.handle.get_pages.remote(keys), self.deadline_s)
+
+    async def has_pages(self, keys: list[str]) -> list[bool]:
+        return await call(self.handle.has_pages.remote(keys), self.deadline_s)
+
+    async def scan(self, prefix: bytes, start: bytes | None = None, limit: int = 1000) -> list[tuple[bytes, bytes]]:
+        return await call(self.handle.scan.remote(prefix, start, limit), self.deadline_s)

@@ -1,0 +1,370 @@
+"""Replication of the NodeStore's data to every peer (a mixin of ``NodeStore``).
+
+- Every record carries a version (hybrid logical clock + node); a peer applies it only if it is newer
+  than what it holds (last writer wins; deletes are tombstones), so duplicates, reordering and
+  replays are harmless.
+- Each store keeps a version index inside each RocksDB (``\\x00v<hlc><key>``), so "everything written
+  since T" is a range scan: the catch-up of a node that joins or restarts, and the re-push to a peer
+  whose outbox overflowed. The pages store also keeps a pointer ``\\x00h<key> -> hlc`` (a race is
+  decided without reading a 30 KB page); a registry record is small and read anyway, so its own
+  header gives its version (pointers that older versions wrote there are ignored).
+- Local writes go to an in-memory outbox per peer, shipped in batches by one task per peer and
+  retried with backoff while the peer is unreachable. An outbox that grows past its bound is dropped
+  and replaced by a re-push from the version index once the peer answers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import time
+from collections import deque
+from typing import Any
+
+from prerender_ray import metrics
+from prerender_ray.actors.common import Handles
+from prerender_ray.storage.registry import TARGET
+from prerender_ray.storage.replication import Version, hlc_bytes, payload_of, unwrap, wins, wrap_many
+
+VIDX = b"\x00v"  # \x00v <hlc:8> <key>  -> b""
+HPTR = b"\x00h"  # \x00h <key>          -> <hlc:8><live:1> (older versions wrote the hlc alone)
+LIVE = b"\x00c"  # \x00c                -> <live records:8>: pages, or targets in the registry
+_LIVE_FLAG = (b"\x00", b"\x01")
+_HLC = struct.Struct(">Q")
+DBS = ("registry", "pages")
+BATCH_RECORDS = 500
+BATCH_BYTES = 4 * 1024 * 1024
+MAX_PENDING = 200_000
+SHIP_DEADLINE_S = 15.0
+CATCH_UP_MARGIN_MS = 10 * 60_000  # records this much older than the newest held are pulled again
+# [db name, key, enveloped record]: a list, since Ray pickles every tuple of an argument (see
+# KeeperOps._grant) and a batch carries hundreds of records
+Record = list
+
+
+class Replica:
+    def init_replica(self, peers: list[str]) -> None:
+        self.peers: list[str] = [p for p in peers if p != self.node]
+        self.stores = Handles("store")  # the peers' stores
+        self.outbox: dict[str, deque[Record]] = {}
+        self.resync_from: dict[str, int] = {}  # peer -> hlc to re-push from (its outbox overflowed)
+        self.wake: dict[str, asyncio.Event] = {}
+        self.shippers: dict[str, asyncio.Task] = {}
+        self.synced = asyncio.Event()
+        self.sync_report: dict[str, Any] = {"state": "pending"}
+        for peer in self.peers:
+            self._add_peer(peer)
+        self._tasks.append(asyncio.get_running_loop().create_task(self._initial_catch_up()))
+
+    def _db(self, name: str) -> Any:
+        return self.registry if name == "registry" else self.pages
+
+    # ------------------------------------------------------------------------------ live counts
+
+    def load_live_counts(self) -> None:
+        """Exact counts of live pages and targets, kept in each store under ``LIVE`` and updated in
+        the same write batch as the records they count; a store that has none yet is counted once."""
+        self.live: dict[str, int] = {}
+        for name in DBS:
+            db = self._db(name)
+            raw = db.get(LIVE)
+            if raw is not None and len(raw) == _HLC.size:
+                self.live[name] = _HLC.unpack(raw)[0]
+                continue
+            # the internal families (\x00...) sort before every page key
+            rows = db.items(TARGET) if name == "registry" else db.items(b"", b"\x01")
+            n = sum(1 for _, v in rows if payload_of(v) is not None)
+            self.live[name] = n
+            db.write([(LIVE, _HLC.pack(n))])
+
+    def _counted(self, name: str, keys: list[bytes], payloads: list[bytes | None],
+                 lives: list[bool | None]) -> tuple[bytes, bytes]:
+        """The ``LIVE`` op for a batch writing ``payloads`` at ``keys`` over records whose liveness
+        was ``lives`` (None: unknown, an old pointer: read it)."""
+        db, delta = self._db(name), 0
+        seen: dict[bytes, bool] = {}  # a key written twice in one batch: its first write came before
+        for key, payload, was in zip(keys, payloads, lives):
+            if name == "registry" and not key.startswith(TARGET):
+                continue
+            if key in seen:
+                was = seen[key]
+            elif was is None:
+                was = payload_of(db.get(key)) is not None
+            seen[key] = payload is not None
+            delta += seen[key] - was
+        self.live[name] = max(0, self.live[name] + delta)
+        return LIVE, _HLC.pack(self.live[name])
+
+    # -------------------------------------------------------------------------------- committing
+
+    def commit_local(self, name: str, ops: list[tuple[bytes, bytes | None]]) -> int:
+        """This node's writes (payload None deletes): stamped with consecutive fresh versions, written
+        with their index entries, and queued for every peer."""
+        if not ops:
+            return 0
+        db = self._db(name)
+        olds, helds, lives = self._held(db, name, [key for key, _ in ops])
+        self._commit(db, name, ops, olds, helds, lives)
+        return len(ops)
+
+    def commit_absent(self, name: str, ops: list[tuple[bytes, bytes]]) -> list[bytes | None]:
+        """``commit_local`` of the puts whose key holds no live record (absent or deleted); the others
+        are left as they are. Returns, per op, None when written, else the live payload held: a
+        sitemap walk creates its new targets in one call, the check and the write in one step."""
+        if not ops:
+            return []
+        db = self._db(name)
+        olds, helds, lives = self._held(db, name, [key for key, _ in ops])
+        live = [payload_of(old) for old in olds]
+        fresh = [i for i, payload in enumerate(live) if payload is None]
+        if len(fresh) < len(ops):
+            ops, olds, helds, lives = ([col[i] for i in fresh] for col in (ops, olds, helds, lives))
+        if fresh:
+            self._commit(db, name, ops, olds, helds, lives)
+        return live
+
+    def _commit(self, db: Any, name: str, ops: list, olds: list, helds: list, lives: list) -> None:
+        first = self.clock.reserve(len(ops))
+        records = wrap_many(self.node, first, [p for _, p in ops])
+        batch = self._batch(name, [(key, records[i], first + i, payload, olds[i], helds[i])
+                                   for i, (key, payload) in enumerate(ops)])
+        batch.append(self._counted(name, [k for k, _ in ops], [p for _, p in ops], lives))
+        db.write(batch)
+        for peer in self.peers:
+            self._enqueue(peer, [[name, key, record] for (key, _), record in zip(ops, records)])
+
+    def commit_remote(self, name: str, items: list[tuple[bytes, bytes]]) -> int:
+        """A peer's enveloped records, each applied only when newer than what is held."""
+        db = self._db(name)
+        now = time.time() * 1000
+        keys = [key for key, _ in items]
+        olds, helds, lives = self._held(db, name, keys)
+        accepted, was = [], []
+        for (key, record), held_hlc, old, live in zip(items, helds, olds, lives):
+            version, payload = unwrap(record)
+            held = _HLC.unpack(held_hlc)[0] if held_hlc is not None else -1
+            if version.hlc < held or (version.hlc == held and not wins(record, old or db.get(key))):
+                continue
+            self.clock.observe(version)
+            metrics.replication_lag_seconds.observe(max(0.0, (now - version.wall_ms) / 1000))
+            accepted.append((key, record, version.hlc, payload, old, held_hlc))
+            was.append(live)
+        batch = self._batch(name, accepted)
+        if accepted:
+            batch.append(self._counted(name, [r[0] for r in accepted], [r[3] for r in accepted], was))
+        db.write(batch)
+        return len(accepted)
+
+    def _batch(self, name: str, rows: list[tuple[bytes, bytes, int, bytes | None, bytes | None, bytes | None]]
+               ) -> list[tuple[bytes, bytes | None]]:
+        """The write batch for accepted rows of (key, record, hlc, payload, held record, held hlc):
+        each record, its version index entry (the held version's entry removed), the page pointer,
+        and derived indexes. One loop for a whole batch: a sitemap walk writes thousands of rows."""
+        registry = name == "registry"
+        retired: list[tuple[bytes, bytes | None]] = []
+        versions: list[tuple[bytes, bytes | None]] = []
+        pointers: list[tuple[bytes, bytes | None]] = []
+        derived: list[tuple[bytes, bytes | None]] = []
+        records: list[tuple[bytes, bytes | None]] = []
+        index, pack = self._index_ops, _HLC.pack
+        for key, record, version, payload, old, held in rows:
+            hlc = pack(version)
+            versions.append((VIDX + hlc + key, b""))
+            if held is not None and held != hlc:
+                retired.append((VIDX + held + key, None))
+            if not registry:
+                pointers.append((HPTR + key, hlc + _LIVE_FLAG[payload is not None]))
+            elif key.startswith(TARGET):
+                index(derived, key, old, payload)
+            records.append((key, record))
+        # family after family, each in key order when the rows are (a walk sorts its batches): the
+        # sort before the RocksDB write then only merges runs
+        return retired + versions + pointers + derived + records
+
+    @staticmethod
+    def _held(db: Any, name: str, keys: list[bytes]) -> tuple[list, list, list]:
+        """(held records, their HLCs as 8 bytes, whether each is live: None when not known). A
+        registry record is read whole anyway (the by-sitemap index needs it), so its own header gives
+        the version; a page is not: a pointer decides the race without reading 30 KB."""
+        if name == "registry":
+            olds = db.get_many(keys)
+            return olds, [hlc_bytes(o) for o in olds], [payload_of(o) is not None for o in olds]
+        pointers = db.get_many([HPTR + key for key in keys])
+        return ([None] * len(keys), [p[:8] if p is not None else None for p in pointers],
+                [False if p is None else (p[8] == 1 if len(p) > 8 else None) for p in pointers])
+
+    async def apply_remote(self, records: list[Record]) -> int:
+        """Records shipped by a peer (or pulled in a catch-up)."""
+        by_db: dict[str, list[tuple[bytes, bytes]]] = {n: [] for n in DBS}
+        for name, key, record in records:
+            by_db[name].append((key, record))
+        return sum(self.commit_remote(n, items) for n, items in by_db.items() if items)
+
+    async def since(self, name: str, hlc: int, after: bytes | None, limit: int = BATCH_RECORDS) -> dict:
+        """Records of one store with a version at or after ``hlc``, in version order, from the index
+        position ``after`` (exclusive); answers ``{records, next}`` within a byte budget."""
+        db = self._db(name)
+        start = after + b"\x00" if after else VIDX + _HLC.pack(hlc)
+        out: list[Record] = []
+        size = 0
+        nxt = None
+        for ikey, _ in db.items(VIDX, start):
+            key = ikey[len(VIDX) + _HLC.size:]
+            record = db.get(key)
+            nxt = ikey
+            if record is None:
+                continue
+            out.append([name, key, record])
+            size += len(record) + len(key)
+            if len(out) >= limit or size >= BATCH_BYTES:
+                return {"records": out, "next": nxt}
+        return {"records": out, "next": None}
+
+    # -------------------------------------------------------------------------------- membership
+
+    async def set_membership(self, names: list[str]) -> None:
+        peers = [n for n in names if n != self.node]
+        for peer in peers:
+            if peer not in self.outbox:
+                self._add_peer(peer)
+        for peer in [p for p in self.outbox if p not in peers]:
+            self.shippers.pop(peer).cancel()
+            del self.outbox[peer], self.wake[peer]
+            self.resync_from.pop(peer, None)
+            metrics.replication_pending.labels(peer).set(0)
+        self.peers = peers
+        await self.stores.renew(peers)
+
+    def _add_peer(self, peer: str) -> None:
+        self.outbox[peer] = deque()
+        self.wake[peer] = asyncio.Event()
+        self.shippers[peer] = asyncio.get_running_loop().create_task(self._ship(peer))
+        if peer not in self.peers:
+            self.peers.append(peer)
+
+    def _enqueue(self, peer: str, records: list[Record]) -> None:
+        box = self.outbox.get(peer)
+        if box is None:
+            return
+        if len(box) + len(records) > MAX_PENDING:  # bounded memory: re-push from the index later
+            oldest = min((unwrap(r)[0].hlc for _, _, r in box), default=unwrap(records[0][2])[0].hlc)
+            self.resync_from[peer] = min(self.resync_from.get(peer, oldest), oldest)
+            box.clear()
+            self.log.warning("replication outbox overflowed; will re-push from the index", peer=peer)
+        else:
+            box.extend(records)
+        metrics.replication_pending.labels(peer).set(len(box))
+        self.wake[peer].set()
+
+    # ---------------------------------------------------------------------------------- shipping
+
+    def _peer_store(self, peer: str) -> Any:
+        return self.stores.get(peer)
+
+    async def _ship(self, peer: str) -> None:
+        backoff = 1.0
+        box = self.outbox[peer]
+        while True:
+            if not box and peer not in self.resync_from:
+                self.wake[peer].clear()
+                await self.wake[peer].wait()
+            try:
+                if peer in self.resync_from:
+                    await self._repush(peer)
+                batch, size = [], 0
+                while box and len(batch) < BATCH_RECORDS and size < BATCH_BYTES:
+                    rec = box.popleft()
+                    batch.append(rec)
+                    size += len(rec[2])
+                if batch:
+                    try:
+                        await asyncio.wait_for(self._peer_store(peer).apply_remote.remote(batch), SHIP_DEADLINE_S)
+                    except BaseException:
+                        box.extendleft(reversed(batch))  # keep order; retried after the backoff
+                        raise
+                metrics.replication_pending.labels(peer).set(len(box))
+                backoff = 1.0
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                self.log.info("peer unreachable; retrying", peer=peer, pending=len(box), error=type(e).__name__,
+                              retry_s=backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+    async def _repush(self, peer: str) -> None:
+        """After an overflow: ship everything written since the oldest dropped record."""
+        since = self.resync_from[peer]
+        target = self._peer_store(peer)
+        for name in DBS:
+            after = None
+            while True:
+                page = await self.since(name, since, after)
+                if page["records"]:
+                    await asyncio.wait_for(target.apply_remote.remote(page["records"]), SHIP_DEADLINE_S)
+                after = page["next"]
+                if after is None:
+                    break
+        del self.resync_from[peer]
+
+    # --------------------------------------------------------------------------------- catch-up
+
+    def newest_hlc(self) -> int:
+        newest = 0
+        for name in DBS:
+            last = self._db(name).last_key(VIDX)  # the index's last key holds the newest version
+            if last is not None:
+                newest = max(newest, _HLC.unpack_from(last, len(VIDX))[0])
+        return newest
+
+    async def _initial_catch_up(self) -> None:
+        """Before the keeper loads: pull what peers hold that this node missed while away (all of it
+        for a new node). Two passes, the second from a margin before the first began, so records
+        that reached the peer during the first pass are not missed."""
+        t0 = time.time()
+        newest = self.newest_hlc()
+        since = max(0, newest - (CATCH_UP_MARGIN_MS << 16)) if newest else 0
+        pulled = 0
+        source = None
+        for peer in sorted(self.peers):
+            try:
+                began = self.clock.now().hlc
+                pulled = await self._pull(peer, since)
+                pulled += await self._pull(peer, max(0, began - (CATCH_UP_MARGIN_MS << 16)))
+                source = peer
+                break
+            except Exception as e:
+                self.log.warning("catch-up from a peer failed; trying the next", peer=peer, error=repr(e))
+        self.sync_report = {"state": "synced", "from": source, "records": pulled, "since": since,
+                            "ms": round((time.time() - t0) * 1000), "peers": list(self.peers)}
+        if self.peers and source is None:
+            self.sync_report["state"] = "no-peer-answered"
+        self.log.info("replica catch-up", **self.sync_report)
+        self.synced.set()
+
+    async def _pull(self, peer: str, since: int) -> int:
+        target = self._peer_store(peer)
+        n = 0
+        for name in DBS:
+            after = None
+            while True:
+                page = await asyncio.wait_for(target.since.remote(name, since, after), SHIP_DEADLINE_S)
+                n += await self.apply_remote(page["records"])
+                after = page["next"]
+                if after is None:
+                    break
+        return n
+
+    async def wait_synced(self, timeout: float) -> dict:
+        try:
+            await asyncio.wait_for(self.synced.wait(), timeout)
+        except asyncio.TimeoutError:
+            return {"state": "timeout", **self.sync_report}
+        return self.sync_report
+
+    def replication_status(self) -> dict:
+        return {"sync": self.sync_report, "pending": {p: len(b) for p, b in self.outbox.items()},
+                "resyncing": sorted(self.resync_from)}
+
+
+__all__ = ["Replica", "Version", "VIDX", "HPTR"]

@@ -1,0 +1,1 @@
+"""The SitemapWalker actor: background sitemap walks, their fetches and progress."""

@@ -1,0 +1,510 @@
+"""SitemapWalker: one per node; runs sitemap walks in the background and records their progress.
+
+A walk runs as a task of the walker of the node that was asked (walker/walk.py does the walking).
+Its progress row ``r:<root>`` (state, node, runId, counts, updatedAt after every document) is written
+through the node store, so it is replicated and readable on any node. The claim on a root is
+advisory, as in the reference: a running row younger than ``sitemap.staleRunMs`` refuses a second
+walk; an older one is taken over, and the walk whose row was taken stops at its next document.
+Ray restarts a dead walker (max_restarts=-1): at start it resumes every run whose row still says
+running on this node (only one walker per node exists, so such a run is dead), refresh-all jobs
+included (their row ``r:all`` keeps the roots left). The daily refresh is a timer in the walker of
+``sitemap.node``. Deleting a sitemap cascades to its descendants, their targets, rows and pages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import ray
+
+from prerender_ray import logs, metrics
+from prerender_ray.actors.common import Handles, bulk_gc, call, follow_overrides, read_overrides, untraced
+from prerender_ray.actors.walker.fetch import Fetcher
+from prerender_ray.actors.walker.walk import (
+    BATCH,
+    STORE_DEADLINE_S,
+    WRITE_DEADLINE_S,
+    Walk,
+    WalkAborted,
+    WalkEnv,
+)
+from prerender_ray.config.model import Config
+from prerender_ray.config.overrides import LiveConfig
+from prerender_ray.identity.nodes import CONTROLLER, NAMESPACE, NodeInfo, Ownership
+from prerender_ray.queue.targets import Rules
+from prerender_ray.sitemaps.parser import SitemapEntry
+from prerender_ray.sitemaps.rules import (
+    ClaimCheck,
+    canonicalizer,
+    check_refresh_claim,
+    daily_refresh_key,
+    describe_error,
+    next_daily_refresh,
+    still_listed,
+)
+from prerender_ray.storage.registry import (
+    SITEMAP,
+    SITEMAP_RUN,
+    RecordError,
+    decode_json,
+    encode_json,
+    entries_key,
+    sitemap_key,
+    sitemap_run_key,
+)
+from prerender_ray.timeutil import now_ms
+
+ALL = "all"  # the refresh-all job's row: r:all (a root URL always has a scheme, so never "all")
+SCAN_PAGE = 1000
+
+
+@dataclass
+class Run:
+    root: str
+    walk: Walk
+    run_id: str
+    trigger: str
+    started_at: int = field(default_factory=now_ms)
+    task: asyncio.Task | None = None
+    taken_over_from: str | None = None
+    cancel_reason: str | None = None
+
+
+@ray.remote
+class SitemapWalker:
+    def __init__(self, config: dict, node: dict, data_dir: str, store: Any, keeper: Any):
+        untraced(self)
+        bulk_gc()
+        cfg = Config.model_validate(config)
+        self.cfg = cfg
+        self.info = NodeInfo(**node)
+        self.node = self.info.name
+        logs.setup(self.node, level=cfg.logging.level, json_lines=cfg.logging.json_lines,
+                   process="sitemapper")
+        self.log = logs.get("sitemaps")
+        self.store = store
+        self.keepers = Handles("keeper", own=(self.node, keeper))
+        self.ownership = Ownership([self.node])
+        rules = Rules(cfg)
+        classify = rules.router.classify
+        self.fetcher = Fetcher(cfg, classify, canonicalizer(cfg))
+        self.env = WalkEnv(cfg, self.node, store, self._keeper_of, self.fetcher, classify, self.log,
+                           self._sole_keeper)
+        self.runs: dict[str, Run] = {}
+        self.all_task: asyncio.Task | None = None
+        self.next_daily: int | None = None
+        loop = asyncio.get_running_loop()
+        self.live = LiveConfig(cfg)  # the file's config, and live overrides on top of it
+        self._tasks = [loop.create_task(self._startup()), loop.create_task(self._daily()),
+                       loop.create_task(self._overrides_syncer())]
+
+    # ----------------------------------------------------------------------------- live config
+
+    async def apply_overrides(self, raw: bytes | None) -> bool:
+        """New walks classify and key entries with the live routes (walks running keep theirs)."""
+        cfg = self.live.changed(raw, self.log)
+        if cfg is None:
+            return False
+        classify = Rules(cfg).router.classify
+        self.cfg = cfg
+        self.fetcher.cfg, self.fetcher.classify, self.fetcher.canonicalize = cfg, classify, canonicalizer(cfg)
+        self.env = dataclasses.replace(self.env, cfg=cfg, classify=classify)
+        self.log.info("live config applied", overrides=self.live.names())
+        return True
+
+    async def _overrides_syncer(self) -> None:
+        await read_overrides(self.store, self.apply_overrides, self.log)
+        await follow_overrides(self.store, self.apply_overrides, self.log)
+
+    # --------------------------------------------------------------------------------- cluster
+
+    def _keeper(self, owner: str) -> Any:
+        return self.keepers.get(owner)
+
+    def _keeper_of(self, url: str) -> Any:
+        return self._keeper(self.ownership.owner(url))
+
+    def _sole_keeper(self) -> Any:
+        """A single node owns every URL: a walk's batch needs no grouping by owner."""
+        names = self.ownership.names
+        return self._keeper(names[0]) if len(names) == 1 else None
+
+    async def set_membership(self, names: list[str]) -> dict:
+        changed = self.ownership.update(names)
+        if changed:
+            self.log.info("membership", nodes=list(self.ownership.names))
+        await self.keepers.renew(list(self.ownership.names))
+        return {"changed": changed}
+
+    async def _startup(self) -> None:
+        """Learn the membership (a restarted walker missed the pushes), then resume dead runs."""
+        try:
+            controller = ray.get_actor(CONTROLLER, namespace=NAMESPACE)
+            nodes = await call(controller.nodes_info.remote(), 10)
+            self.ownership.update([n["name"] for n in nodes])
+        except Exception as e:
+            self.log.warning("membership unknown at start; this node only until the controller pushes it",
+                             error=repr(e))
+        for attempt in range(30):
+            try:
+                await self._resume()
+                return
+            except Exception as e:  # the store may still be starting
+                if attempt == 29:
+                    metrics.loop_errors.labels("sitemap-resume").inc()
+                    self.log.error("could not resume sitemap walks", error=repr(e))
+                await asyncio.sleep(1)
+
+    async def _resume(self) -> None:
+        mine: dict[str, dict] = {}
+        for k, v in await self._scan(SITEMAP_RUN):
+            try:
+                row = decode_json(v)
+            except RecordError:
+                continue
+            if row.get("state") == "running" and row.get("node") == self.node:
+                mine[k[len(SITEMAP_RUN):].decode()] = row
+        job = mine.pop(ALL, None)
+        left: list[str] = []
+        if job is not None:
+            roots = [r for r in job.get("roots") or [] if isinstance(r, str)]
+            done = job.get("done") if isinstance(job.get("done"), int) else 0
+            left = roots[done:]
+            self.log.warning("resuming a refresh-all after a restart", roots=len(left))
+            self.all_task = asyncio.get_running_loop().create_task(
+                self._run_all(left, bool(job.get("revalidate")), str(job.get("trigger") or "resumed"),
+                              done=done, total=roots))
+        for root, row in mine.items():
+            if root in left or root in self.runs:
+                continue
+            self.log.warning("resuming a sitemap walk after a restart", root=root)
+            note = f"Resuming the refresh of {root} after a restart of this walker"
+            await self._launch(root, bool(row.get("revalidate")), "resumed", ClaimCheck(True, warning=note))
+
+    # ------------------------------------------------------------------------------------ runs
+
+    async def _claim(self, root: str) -> ClaimCheck:
+        run = self.runs.get(root)
+        if run is not None:
+            ago = max(0, round((now_ms() - run.started_at) / 1000))
+            reason = f"a refresh on {self.node} is already running (started {ago}s ago)"
+            return ClaimCheck(False, reason=reason)
+        try:
+            [raw] = await call(self.store.get.remote([sitemap_run_key(root)]), STORE_DEADLINE_S)
+            row: Any = decode_json(raw) if raw else None
+        except Exception as e:  # a guard that cannot read must not block the work
+            row = e
+        if isinstance(row, dict) and row.get("state") == "running" and row.get("node") == self.node:
+            # Only this walker runs walks on this node, and it has no task for the root: it died.
+            return ClaimCheck(True, warning=f"Taking over the refresh of {root} left by a restart of "
+                                            "this walker")
+        return check_refresh_claim(root, row, now_ms=now_ms(), stale_run_ms=self.cfg.sitemap.stale_run_ms)
+
+    async def _launch(self, root: str, revalidate: bool, trigger: str, check: ClaimCheck) -> Run:
+        run = Run(root, Walk(self.env, root, revalidate=revalidate, progress=self._progress),
+                  run_id=secrets.token_hex(8), trigger=trigger)
+        if check.warning:  # a takeover (or an unreadable row): the row says which
+            self.log.warning(check.warning, root=root)
+            run.taken_over_from = check.warning
+        self.runs[root] = run
+        try:
+            await self._write(run, "running")
+        except Exception:
+            self.runs.pop(root, None)
+            raise
+        run.task = asyncio.get_running_loop().create_task(self._run(run))
+        return run
+
+    async def _run(self, run: Run) -> dict:
+        metrics.sitemap_walks_running.inc()
+        try:
+            result = await run.walk.run()
+        except WalkAborted as e:
+            metrics.sitemap_walks.labels("aborted").inc()
+            self.log.warning("sitemap walk stopped", root=run.root, reason=str(e))
+            return {"url": run.root, "state": "aborted", "error": str(e), **run.walk.result.as_dict()}
+        except asyncio.CancelledError:
+            if run.cancel_reason:  # deleted: say so; on shutdown the row stays running, to be resumed
+                await self._quiet_write(run, "failed", error=run.cancel_reason, finishedAt=now_ms())
+            raise
+        except Exception as e:
+            metrics.sitemap_walks.labels("failed").inc()
+            error = describe_error(e)
+            self.log.error("sitemap walk failed", root=run.root, error=error)
+            await self._quiet_write(run, "failed", error=error, finishedAt=now_ms())
+            return {"url": run.root, "state": "failed", "error": error, **run.walk.result.as_dict()}
+        finally:
+            metrics.sitemap_walks_running.dec()
+            if self.runs.get(run.root) is run:
+                del self.runs[run.root]
+        done = now_ms()
+        await self._quiet_write(run, "completed", finishedAt=done, lastRefreshed=done)
+        metrics.sitemap_walks.labels("completed").inc()
+        doc = result.as_dict()
+        self.log.info("sitemap walk completed", root=run.root, ms=done - run.started_at,
+                      **{k: doc[k] for k in ("sitemapsProcessed", "created", "updated", "skipped",
+                                             "duplicates", "removed", "deferred", "invalid")},
+                      failed=len(doc["failed"]))
+        return {"url": run.root, "state": "completed", **doc}
+
+    def _row(self, run: Run, state: str, **extra: Any) -> bytes:
+        row = {"root": run.root, "state": state, "node": self.node, "runId": run.run_id,
+               "trigger": run.trigger, "revalidate": run.walk.revalidate, "startedAt": run.started_at,
+               "updatedAt": now_ms(),
+               "current": run.walk.current, "takenOverFrom": run.taken_over_from,
+               **run.walk.result.as_dict(), **extra}
+        return encode_json(row)
+
+    async def _write(self, run: Run, state: str, **extra: Any) -> None:
+        await call(self.store.apply.remote([(sitemap_run_key(run.root), self._row(run, state, **extra))]),
+                   STORE_DEADLINE_S)
+
+    async def _quiet_write(self, run: Run, state: str, **extra: Any) -> None:
+        try:
+            await self._write(run, state, **extra)
+        except Exception as e:
+            self.log.warning("sitemap progress write failed", root=run.root, error=repr(e))
+
+    async def _progress(self, walk: Walk) -> None:
+        """After each document: stop if another walker took the run over, else bump the row."""
+        run = self.runs.get(walk.root)
+        if run is None or run.walk is not walk:
+            raise WalkAborted("the run is no longer registered")
+        try:
+            [raw] = await call(self.store.get.remote([sitemap_run_key(walk.root)]), STORE_DEADLINE_S)
+            row = decode_json(raw) if raw else {}
+        except Exception:
+            row = {}
+        if row.get("runId") not in (None, run.run_id):
+            raise WalkAborted(f"taken over by a walk on {row.get('node') or 'another node'}")
+        await self._quiet_write(run, "running")
+
+    # ---------------------------------------------------------------------------------- refresh
+
+    async def start(self, url: str, revalidate: bool = False) -> dict:
+        """Background walk of one root: the claim is taken before answering."""
+        check = await self._claim(url)
+        if not check.allowed:
+            metrics.sitemap_walks.labels("refused").inc()
+            return {"url": url, "started": False, "reason": check.reason}
+        await self._launch(url, revalidate, "manual", check)
+        return {"url": url, "started": True}
+
+    async def refresh(self, url: str, revalidate: bool = False) -> dict:
+        """Blocking walk of one root: the result document (a refused claim is answered, not waited)."""
+        check = await self._claim(url)
+        if not check.allowed:
+            metrics.sitemap_walks.labels("refused").inc()
+            return {"url": url, "state": "refused", "started": False, "reason": check.reason}
+        run = await self._launch(url, revalidate, "manual", check)
+        assert run.task is not None
+        return await asyncio.shield(run.task)
+
+    async def start_all(self, revalidate: bool = False) -> dict:
+        """Refresh-all in the background: roots only; one root is claimed now, several sequentially."""
+        roots = await self._roots()
+        if len(roots) == 1:
+            return {"sitemaps": [await self.start(roots[0], revalidate)]}
+        if roots:
+            if self.all_task is not None and not self.all_task.done():
+                reason = f"a refresh-all is already running on {self.node}"
+                return {"sitemaps": [{"url": r, "started": False, "reason": reason} for r in roots]}
+            self.all_task = asyncio.get_running_loop().create_task(self._run_all(roots, revalidate, "manual"))
+        return {"sitemaps": [{"url": r, "started": True} for r in roots]}
+
+    async def refresh_all(self, revalidate: bool = False) -> list[dict]:
+        out = []
+        for root in await self._roots():
+            out.append(await self.refresh(root, revalidate))
+        return out
+
+    async def _run_all(self, roots: list[str], revalidate: bool, trigger: str, *, done: int = 0,
+                       total: list[str] | None = None) -> None:
+        """Roots one after another, each claimed just in time (a refused one is skipped)."""
+        everything = total or roots
+        started = now_ms()
+
+        async def mark(state: str, n: int, **extra: Any) -> None:
+            row = {"state": state, "node": self.node, "trigger": trigger, "revalidate": revalidate,
+                   "roots": everything, "done": n, "startedAt": started, "updatedAt": now_ms(), **extra}
+            try:
+                await call(self.store.apply.remote([(sitemap_run_key(ALL), encode_json(row))]),
+                           STORE_DEADLINE_S)
+            except Exception as e:
+                self.log.warning("refresh-all row write failed", error=repr(e))
+
+        await mark("running", done)
+        for i, root in enumerate(roots, start=done + 1):
+            try:
+                check = await self._claim(root)
+                if not check.allowed:
+                    self.log.info("refresh-all skips a root", root=root, reason=check.reason)
+                else:
+                    run = await self._launch(root, revalidate, trigger, check)
+                    await asyncio.shield(run.task)  # type: ignore[arg-type]
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                self.log.error("refresh-all root failed", root=root, error=describe_error(e))
+            await mark("running", i)
+        finished = now_ms()
+        await mark("completed", len(everything), finishedAt=finished, lastRefreshed=finished)
+
+    async def _daily(self) -> None:
+        """The daily refresh of every root, on the node named by sitemap.node only."""
+        sm = self.cfg.sitemap
+        if daily_refresh_key(sm, self.node) is None:
+            return
+        self.log.info("daily sitemap refresh armed", at=sm.refresh_time, timezone=sm.timezone)
+        while True:
+            try:
+                self.next_daily = fire = next_daily_refresh(sm.refresh_time, sm.timezone, now_ms())
+                while (left := fire - now_ms()) > 0:
+                    await asyncio.sleep(min(left / 1000, 60))  # short naps follow wall-clock jumps
+                if self.all_task is not None and not self.all_task.done():
+                    self.log.info("daily sitemap refresh skipped: a refresh-all is running")
+                    continue
+                self.all_task = asyncio.get_running_loop().create_task(
+                    self._run_all(await self._roots(), False, "daily"))
+                await asyncio.shield(self.all_task)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                metrics.loop_errors.labels("sitemap-daily").inc()
+                self.log.error("daily sitemap refresh failed", error=repr(e))
+                await asyncio.sleep(60)
+
+    # ----------------------------------------------------------------------------------- reads
+
+    async def _scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        out: list[tuple[bytes, bytes]] = []
+        start: bytes | None = None
+        while True:
+            page = await call(self.store.scan.remote(prefix, start, SCAN_PAGE), STORE_DEADLINE_S)
+            out += page
+            if len(page) < SCAN_PAGE:
+                return out
+            start = page[-1][0] + b"\x00"
+
+    async def _sitemaps(self) -> dict[str, dict]:
+        rows = {}
+        for k, v in await self._scan(SITEMAP):
+            try:
+                rows[k[len(SITEMAP):].decode()] = decode_json(v)
+            except (RecordError, UnicodeDecodeError):
+                continue
+        return rows
+
+    async def _roots(self) -> list[str]:
+        """Rows with no parentUrl (rows from before parentUrl existed count as roots)."""
+        return sorted(url for url, row in (await self._sitemaps()).items() if not row.get("parentUrl"))
+
+    # ---------------------------------------------------------------------------------- delete
+
+    async def delete(self, url: str) -> dict:
+        """The cascade: descendants (by parentUrl, cycle-safe), every target attributed to any of
+        them (with its schedule rows and pages), then their rows. Refresh rows are kept."""
+        rows = await self._sitemaps()
+        if url not in rows:
+            return {"url": url, "deleted": False}
+        children: dict[str, list[str]] = {}
+        for child, row in rows.items():
+            parent = row.get("parentUrl")
+            if isinstance(parent, str) and child != parent:
+                children.setdefault(parent, []).append(child)
+        order, seen = [url], {url}
+        for s in order:  # breadth-first; grows while iterating
+            for child in sorted(children.get(s, ())):
+                if child not in seen:
+                    seen.add(child)
+                    order.append(child)
+        for s in order:
+            run = self.runs.get(s)
+            if run is not None and run.task is not None:
+                run.cancel_reason = f"sitemap {url} was deleted"
+                run.task.cancel()
+        kept = await self._listed_elsewhere(order, rows)
+        targets = 0
+        for s in order:
+            targets += await self._delete_targets_of(s, kept)
+        ops: list[tuple[bytes, bytes | None]] = []
+        for s in order:
+            chunks = rows[s].get("chunks") if isinstance(rows[s].get("chunks"), int) else 0
+            ops += [(entries_key(s, i), None) for i in range(chunks)]
+            ops.append((sitemap_key(s), None))
+        await call(self.store.apply.remote(ops), STORE_DEADLINE_S)
+        self.log.info("sitemap deleted", url=url, sitemaps=len(order), targets=targets,
+                      reattributed=len(kept))
+        return {"url": url, "deleted": True, "sitemaps": order, "targets": targets,
+                "reattributed": len(kept)}
+
+    async def _listed_elsewhere(self, order: list[str], rows: dict[str, dict]) -> dict[str, str]:
+        """Targets of the sitemaps being deleted that a remaining sitemap still lists, with that
+        sitemap: they are re-attributed, not deleted (the same file under two root names)."""
+        gone = set(order)
+        remaining = sorted(u for u, row in rows.items() if u not in gone and not row.get("isIndex")
+                           and isinstance(row.get("chunks"), int) and row["chunks"] > 0)
+        if not remaining:
+            return {}
+        candidates: set[str] = set()
+        for s in order:
+            urls, _ = await call(self.store.urls_of_sitemap.remote(s, 1 << 30), STORE_DEADLINE_S)
+            candidates.update(urls)
+        kept: dict[str, str] = {}
+        classify, canonicalize = self.fetcher.classify, self.fetcher.canonicalize
+        for s in remaining:
+            keys = [entries_key(s, i) for i in range(rows[s]["chunks"])]
+            for i in range(0, len(keys), 16):  # a chunk holds ENTRY_CHUNK entries: bounded reads
+                for raw in await call(self.store.get.remote(keys[i:i + 16]), STORE_DEADLINE_S):
+                    if raw:
+                        entries = [SitemapEntry(*(list(r) + [None] * 4)[:4]) for r in orjson.loads(raw)
+                                   if isinstance(r, list)]
+                        still_listed(candidates, s, entries, classify, canonicalize, kept)
+        return kept
+
+    async def _delete_targets_of(self, sitemap: str, kept: dict[str, str]) -> int:
+        """Every target attributed to ``sitemap``, in batches until its index is empty; one that
+        ``kept`` names is re-attributed to the sitemap that still lists it."""
+        deleted, last_total = 0, None
+        while True:
+            urls, total = await call(self.store.urls_of_sitemap.remote(sitemap, BATCH * 5), STORE_DEADLINE_S)
+            if not urls or total == last_total:  # nothing left, or nothing could be deleted
+                return deleted
+            last_total = total
+            by_owner: dict[Any, tuple[list[str], list[list]]] = {}
+            for u in urls:
+                drop, move = by_owner.setdefault(self._keeper_of(u), ([], []))
+                (move.append([u, {"sitemap_url": kept[u]}]) if u in kept else drop.append(u))
+            refs = [k.delete_targets.remote(drop[i:i + BATCH]) for k, (drop, _) in by_owner.items()
+                    for i in range(0, len(drop), BATCH)]
+            moves = [k.patch_targets.remote(move[i:i + BATCH]) for k, (_, move) in by_owner.items()
+                     for i in range(0, len(move), BATCH)]
+            for answer in await asyncio.gather(*(call(r, WRITE_DEADLINE_S) for r in refs)):
+                deleted += answer.get("deleted", 0)
+            await asyncio.gather(*(call(r, WRITE_DEADLINE_S) for r in moves))
+
+    # ---------------------------------------------------------------------------------- status
+
+    async def status(self) -> dict:
+        return {"live": True, "pid": os.getpid(), "node": self.node,
+                "running": [{"root": r.root, "runId": r.run_id, "current": r.walk.current,
+                             "startedAt": r.started_at} for r in self.runs.values()],
+                "refreshAllRunning": self.all_task is not None and not self.all_task.done(),
+                "nextDailyRefresh": self.next_daily}
+
+    async def close(self) -> None:
+        """Stop walks without marking them: their rows stay running and the next start resumes them."""
+        tasks = [*self._tasks, *(r.task for r in self.runs.values() if r.task is not None)]
+        if self.all_task is not None:
+            tasks.append(self.all_task)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.fetcher.aclose()
+

@@ -1,0 +1,362 @@
+"""One walk of one root sitemap: breadth-first over indexes, each urlset reconciled against targets.
+
+Runs inside the node's SitemapWalker (walker/actor.py), which owns the runs, their progress rows and
+takeover. The walk writes targets through the keeper of each URL's owner node, in batches of
+``BATCH`` URLs, one call per owner and batch, a few batches of a document in flight at once: a batch
+is created where no target exists (the owner's store checks and writes in one step), and only the
+targets that exist come back for a decision and perhaps a second call. Documents are reconciled one
+after another (a later document's DUPLICATE decision must see an earlier one's writes), while the
+next document is already being fetched and parsed and the last one's row is being written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from operator import itemgetter
+from typing import Any
+
+from prerender_ray import metrics
+from prerender_ray.actors.common import call
+from prerender_ray.actors.walker.fetch import Document, Fetcher
+from prerender_ray.config.model import Config
+from prerender_ray.identity.urls import UrlError, whatwg_path
+from prerender_ray.sitemaps.rules import (
+    NO_TARGET,
+    Action,
+    BatchPlan,
+    Classify,
+    InvalidEntry,
+    Partition,
+    PruneScan,
+    RefreshResult,
+    fast_actions,
+    filtered_log,
+    plan_batch,
+)
+from prerender_ray.storage.registry import (
+    RecordError,
+    Target,
+    decode_json,
+    encode_json,
+    entries_key,
+    sitemap_key,
+)
+from prerender_ray.timeutil import now_ms
+
+BATCH = 2000  # URLs per write call (one owner)
+IN_FLIGHT = 3  # batches of one document in flight: keeps the store and the keepers busy together
+HEARTBEAT_S = 5.0  # a long document still bumps updatedAt this often
+STORE_DEADLINE_S = 30.0
+WRITE_DEADLINE_S = 120.0
+_URL = itemgetter(0)  # (url, entry) pairs sort by URL
+
+
+class WalkAborted(Exception):
+    """The run was taken over by another walker (or cancelled): stop without touching its row."""
+
+
+@dataclass
+class WalkEnv:
+    """What a walk needs from its walker."""
+
+    cfg: Config
+    node: str
+    store: Any
+    keeper_of: Callable[[str], Any]  # canonical URL -> the owner node's keeper
+    fetcher: Fetcher
+    classify: Classify
+    log: Any
+    sole_keeper: Callable[[], Any] = lambda: None  # the keeper when one node owns every URL, else None
+
+
+Progress = Callable[["Walk"], Awaitable[None]]
+
+
+class Walk:
+    def __init__(self, env: WalkEnv, root: str, *, revalidate: bool, progress: Progress):
+        self.env = env
+        self.root = root
+        self.revalidate = revalidate
+        self.progress = progress
+        self.result = RefreshResult.from_config(env.cfg.sitemap)
+        self.visited: set[str] = set()  # documents dequeued so far, failed ones included
+        self.current: str | None = None
+        self.last_progress = time.monotonic()
+
+    # --------------------------------------------------------------------------------------- BFS
+
+    async def run(self) -> RefreshResult:
+        """Walk the root; a failing root raises, a failing child is recorded and the walk goes on."""
+        cap = self.env.cfg.sitemap.max_documents
+        result = self.result
+        queue: deque[tuple[str, str | None]] = deque([(self.root, None)])
+        discovered = {self.root}
+        result.sitemaps_discovered = 1
+        ahead: dict[str, asyncio.Task] = {}  # the next document, fetched while this one reconciles
+        finishing: asyncio.Task | None = None  # the last urlset's row, written while the next one starts
+        visited = self.visited  # every document dequeued (each once: ``discovered``), failed ones too
+        try:
+            while queue:
+                _stopped(finishing)
+                if len(visited) >= cap:
+                    result.sitemaps_skipped = len(queue)
+                    self.env.log.error("sitemap walk hit sitemap.maxDocuments", root=self.root, cap=cap,
+                                       skipped=len(queue))
+                    break
+                url, parent = queue.popleft()
+                visited.add(url)
+                self.current = url
+                fetching = ahead.pop(url, None) or asyncio.create_task(self.env.fetcher.fetch(url))
+                try:
+                    try:
+                        doc = await fetching
+                    finally:  # one parse at a time: two at once contend for the GIL and delay the first
+                        self._fetch_next(queue, ahead, len(visited) < cap)
+                    _stopped(finishing)  # taken over while this one was fetched: stop before it writes
+                    if doc.is_index:
+                        await self._index(doc, parent, queue, discovered)
+                        self._fetch_next(queue, ahead, len(visited) < cap)
+                    else:
+                        await self._urlset(doc)
+                        finishing = asyncio.create_task(self._finish(url, doc, parent, finishing))
+                        continue
+                    error = None
+                except (WalkAborted, asyncio.CancelledError):
+                    raise
+                except Exception as e:
+                    error = e
+                await self._settle(url, error)
+            if finishing is not None:
+                await finishing
+        finally:
+            pending = [*ahead.values(), *([finishing] if finishing is not None else [])]
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        self.current = None
+        return result
+
+    def _fetch_next(self, queue: deque, ahead: dict[str, asyncio.Task], allowed: bool) -> None:
+        if allowed and queue and queue[0][0] not in ahead:
+            ahead[queue[0][0]] = asyncio.create_task(self.env.fetcher.fetch(queue[0][0]))
+
+    async def _finish(self, url: str, doc: Document, parent: str | None, previous: asyncio.Task | None) -> None:
+        """A reconciled urlset's row, then its count and progress, after those of the document before
+        it: the next document reconciles meanwhile (it neither reads nor writes this row)."""
+        if previous is not None:
+            await previous
+        error = None
+        try:
+            await self._put_row(doc, parent)
+        except (WalkAborted, asyncio.CancelledError):
+            raise
+        except Exception as e:
+            error = e
+        await self._settle(url, error)
+
+    async def _settle(self, url: str, error: Exception | None) -> None:
+        """A document is done: counted ok, or recorded as failed (a failing root fails the walk), then
+        the progress row is bumped."""
+        if error is None:
+            metrics.sitemap_documents.labels("ok").inc()
+        else:
+            metrics.sitemap_documents.labels("failed").inc()
+            if url == self.root:
+                raise error
+            self.result.add_failed(url, error)
+            self.env.log.error("sitemap child failed", root=self.root, url=url,
+                               error=self.result.failed[-1]["error"] if self.result.failed else str(error))
+        self.result.sitemaps_processed += 1
+        await self._progress()
+
+    async def _progress(self) -> None:
+        self.last_progress = time.monotonic()
+        await self.progress(self)
+
+    async def _index(self, doc: Document, parent: str | None, queue: deque, discovered: set[str]) -> None:
+        """Children are enqueued once per walk: a repeat or a cycle is counted, never fetched again."""
+        invalid: list[InvalidEntry] = []
+        for entry in doc.children:
+            loc = entry.loc
+            if not loc:
+                invalid.append(InvalidEntry(loc, "missing <loc>"))
+                continue
+            try:
+                whatwg_path(loc)
+            except UrlError:
+                invalid.append(InvalidEntry(loc, "not a valid absolute http(s) URL"))
+                continue
+            if loc in discovered:
+                self.result.repeated_children += 1
+                continue
+            discovered.add(loc)
+            queue.append((loc, doc.url))
+            self.result.sitemaps_discovered += 1
+        self.result.add_invalid(doc.url, invalid)
+        await self._put_row(doc, parent)
+
+    async def _urlset(self, doc: Document) -> None:
+        """Reconcile; the caller writes the row after it: a document that fails midway keeps its
+        previous row."""
+        part = doc.partition or Partition()
+        self.result.add_partition(doc.url, part)
+        line = filtered_log(doc.url, part, self.env.cfg.sitemap.filtered_warn_percent)
+        if line is not None:
+            getattr(self.env.log, line.level)(line.message, sitemap=doc.url)
+        if part.reconciles:  # empty: no prune (docs/sitemaps.md#an-empty-urlset-prunes-nothing)
+            await self._reconcile(doc.url, part)
+
+    # ------------------------------------------------------------------------------- reconcile
+
+    async def _reconcile(self, sitemap: str, part: Partition) -> None:
+        env, result = self.env, self.result
+        cap = env.cfg.scan.collect_cap
+        # Phase A: the prune scan over the targets attributed to this document (no write meanwhile).
+        urls, total = await call(env.store.urls_of_sitemap.remote(sitemap, cap), STORE_DEADLINE_S)
+        scan = PruneScan(sitemap, part.incoming, env.classify, cap)
+        for url in urls:
+            scan.add(url)
+        unexamined = total - len(urls)
+        result.add_prune(scan)
+        if unexamined > 0 and not scan.truncated:  # more attributed than one read returns: next walk
+            result.truncated_scans.append({"sitemapUrl": sitemap, "examined": total,
+                                           "collected": len(scan.departed)})
+        if scan.truncated or unexamined > 0:
+            env.log.error("prune scan truncated; the rest is unlinked by the next walk", sitemap=sitemap,
+                          examined=total, collected=len(scan.departed))
+        if scan.departed:
+            await self._write_many(sitemap, [], [], [], [(u, {"sitemap_url": None}) for u in scan.departed])
+            result.add_removed(scan.departed)
+            metrics.sitemap_entries.labels("removed").inc(len(scan.departed))
+        # Phase B: every listed URL's action; reads and writes in batches.
+        renders, reads = fast_actions(part.incoming, known_keys=scan.known_keys, revalidate=self.revalidate)
+        skipped = len(part.incoming) - len(reads) - len(renders)
+        result.count(Action.SKIP, skipped)
+        metrics.sitemap_entries.labels("skipped").inc(skipped)
+        gate = asyncio.Semaphore(IN_FLIGHT)
+        batches = [(reads[i:i + BATCH], True) for i in range(0, len(reads), BATCH)]
+        batches += [(renders[i:i + BATCH], False) for i in range(0, len(renders), BATCH)]
+        await asyncio.gather(*(self._batch(sitemap, items, read, gate) for items, read in batches))
+
+    async def _batch(self, sitemap: str, items: list[tuple[str, Any]], read: bool,
+                     gate: asyncio.Semaphore) -> None:
+        """One batch of listed URLs. Without ``read`` (revalidate) every URL is put. Otherwise every
+        URL is created where it has no target, by the owner's store in the same step as its check
+        (most URLs of a first walk are new: no read round trip first); the targets that exist come
+        back and get their decision (skip, duplicate, reattach: docs/sitemaps.md#reconcile-actions) from what
+        they hold."""
+        env = self.env
+        # in key order, every write of the batch is in key order too: the stores' sorts before their
+        # RocksDB writes then only merge runs
+        items = sorted(items, key=_URL)
+        async with gate:
+            kw = {"visited": self.visited, "revalidate": self.revalidate, "page_cfg": env.cfg.page,
+                  "now_ms": now_ms()}
+            plan = plan_batch(sitemap, items, None, **kw)
+            if not read:
+                await self._write_many(sitemap, plan.urls, plan.intervals, plan.dues, plan.patches)
+                counts = plan.counts
+            else:
+                held = await self._create_absent(sitemap, plan)
+                counts = {Action.CREATE: len(items) - len(held)}
+                if held:
+                    entries = dict(items)
+                    rest = plan_batch(sitemap, [(url, entries[url]) for url, _ in held],
+                                      [_attribution(url, data) for url, data in held], **kw)
+                    await self._write_many(sitemap, rest.urls, rest.intervals, rest.dues, rest.patches)
+                    for action, n in rest.counts.items():
+                        counts[action] = counts.get(action, 0) + n
+            for action, n in counts.items():
+                if n:
+                    self.result.count(action, n)
+                    metrics.sitemap_entries.labels(action.value).inc(n)
+        if time.monotonic() - self.last_progress > HEARTBEAT_S:
+            await self._progress()
+
+    async def _create_absent(self, sitemap: str, plan: BatchPlan) -> list[list]:
+        """Create the targets of a plan of creates where none exists (one call per owner, all owners at
+        once); returns the [url, stored payload] of those that exist, untouched."""
+        calls = [keeper.put_listed.remote(sitemap, u, iv, d, False, True)
+                 for keeper, (u, iv, d) in self._by_owner(plan.urls, plan.intervals, plan.dues).items()]
+        answers = await asyncio.gather(*(call(ref, WRITE_DEADLINE_S) for ref in calls))
+        return [pair for answer in answers for pair in answer["held"]]
+
+    def _by_owner(self, urls: list[str], intervals: list[int], dues: list[int | None]
+                  ) -> dict[Any, tuple[list, list, list]]:
+        sole = self.env.sole_keeper()
+        if sole is not None:
+            return {sole: (urls, intervals, dues)} if urls else {}
+        keeper_of = self.env.keeper_of
+        puts: dict[Any, tuple[list, list, list]] = {}
+        for url, interval, due in zip(urls, intervals, dues):
+            keeper = keeper_of(url)
+            cols = puts.get(keeper)
+            if cols is None:
+                cols = puts[keeper] = ([], [], [])
+            cols[0].append(url)
+            cols[1].append(interval)
+            cols[2].append(due)
+        return puts
+
+    async def _write_many(self, sitemap: str, urls: list[str], intervals: list[int], dues: list[int | None],
+                          patches: list[tuple[str, dict]]) -> None:
+        """Puts of URLs listed by ``sitemap`` (as columns) and patches: one call per owner and batch,
+        all owners at once; a failed call fails the document."""
+        keeper_of = self.env.keeper_of
+        puts = self._by_owner(urls, intervals, dues)
+        by_owner: dict[Any, list] = {}
+        for url, change in patches:
+            by_owner.setdefault(keeper_of(url), []).append([url, change])  # a list: see KeeperOps._grant
+        calls = []
+        for keeper, (u, iv, d) in puts.items():
+            calls += [keeper.put_listed.remote(sitemap, u[i:i + BATCH], iv[i:i + BATCH], d[i:i + BATCH])
+                      for i in range(0, len(u), BATCH)]
+        for keeper, q in by_owner.items():
+            calls += [keeper.patch_targets.remote(q[i:i + BATCH]) for i in range(0, len(q), BATCH)]
+        if calls:
+            await asyncio.gather(*(call(ref, WRITE_DEADLINE_S) for ref in calls))
+
+    # ------------------------------------------------------------------------------------- rows
+
+    async def _put_row(self, doc: Document, parent: str | None) -> None:
+        """The document's row and, when its body changed, its entry chunks (stale chunks deleted)."""
+        store = self.env.store
+        [raw] = await call(store.get.remote([sitemap_key(doc.url)]), STORE_DEADLINE_S)
+        try:
+            old = decode_json(raw) if raw else {}
+        except RecordError:
+            old = {}
+        old_chunks = old.get("chunks") if isinstance(old.get("chunks"), int) else 0
+        ops: list[tuple[bytes, bytes | None]] = []
+        if old.get("digest") != doc.digest or old_chunks != len(doc.chunks):
+            ops += [(entries_key(doc.url, i), chunk) for i, chunk in enumerate(doc.chunks)]
+            ops += [(entries_key(doc.url, i), None) for i in range(len(doc.chunks), old_chunks)]
+        row = {"url": doc.url, "isIndex": doc.is_index, "entryCount": doc.entry_count,
+               "lastRefreshed": now_ms(), "parentUrl": parent, "chunks": len(doc.chunks),
+               "digest": doc.digest, "bytes": doc.size,
+               "compressed": doc.compressed, "fetchMs": round(doc.seconds * 1000)}
+        if doc.final_url != doc.url:
+            row["finalUrl"] = doc.final_url
+        ops.append((sitemap_key(doc.url), encode_json(row)))
+        await call(store.apply.remote(ops), STORE_DEADLINE_S)
+
+
+def _stopped(finishing: asyncio.Task | None) -> None:
+    """Raise what stopped the last document's row and progress (a takeover), once it has."""
+    if finishing is not None and finishing.done():
+        finishing.result()
+
+
+def _attribution(url: str, data: bytes | None) -> Any:
+    """A stored target's sitemapUrl (None when unattributed), NO_TARGET when absent or unreadable
+    (an unreadable row is replaced by the put, as a missing one would be)."""
+    if data is None:
+        return NO_TARGET
+    try:
+        return Target.decode(url, data).sitemap_url
+    except RecordError:
+        return NO_TARGET

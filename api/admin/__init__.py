@@ -1,0 +1,1 @@
+"""The admin API under /prerender_admin and its console."""

@@ -1,0 +1,1 @@
+"""The bot path: middleware, the cache hit, the miss (peer rescue, render-now, origin), page reads."""

@@ -1,0 +1,289 @@
+"""The bot path when the local cache cannot answer: peer rescue, render-now, the origin fetch,
+bypass for other methods, discovery, and the unrouted report timer (docs/serving.md#what-is-served-when).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+from prerender_ray import logs, metrics
+from prerender_ray.api.bot.origin import OriginError
+from prerender_ray.api.bot.pages import StoredPage
+from prerender_ray.identity.urls import UrlError
+from prerender_ray.serving.answer import Reply, error_reply, origin_reply, verdict
+from prerender_ray.serving.classify import BotRequest
+from prerender_ray.serving.origin_rules import (
+    ServingPolicy,
+    is_prerender_candidate,
+    origin_request_headers,
+    relay_headers,
+    staging_ip,
+)
+from prerender_ray.timeutil import now_ms
+
+if TYPE_CHECKING:
+    from prerender_ray.api.bot.middleware import Serving
+
+log = logs.get("bot")
+RENDER_NOW_CALL_S = 5.0  # the owner keeper's render_now call
+DISCOVERY_CALL_S = 10.0
+DISCOVERY_MEMO = 10_000  # URLs known to have a target (or just put), per replica
+DISCOVERY_MEMO_TTL_S = 600.0
+
+
+class Outcome:
+    """What happened to one bot request, for debug headers and metrics."""
+
+    __slots__ = ("cache_status", "indexable", "last_cached", "render_now", "source", "via_staging")
+
+    def __init__(self, cache_status: str, source: str = "origin") -> None:
+        self.cache_status = cache_status
+        self.source = source
+        self.last_cached: int | None = None
+        self.indexable: bool | None = None
+        self.via_staging = False
+        self.render_now: str | None = None  # hit | timeout
+
+
+class Flow:
+    def __init__(self, serving: Serving):
+        self.s = serving
+        self.cfg = serving.cfg
+        self.ctx = serving.ctx
+        self._known: dict[str, float] = {}  # url -> monotonic time it was found or put
+        self._tasks: set[asyncio.Task] = set()
+        self._timer: asyncio.Task | None = None
+
+    def start(self) -> None:
+        if self.s.report_unrouted and self._timer is None:
+            self._timer = asyncio.get_running_loop().create_task(self._report_loop())
+
+    def stop(self) -> None:
+        for t in (self._timer, *self._tasks):
+            if t is not None:
+                t.cancel()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ----------------------------------------------------------------------------- not servable
+
+    async def not_served(self, req: BotRequest, headers: dict[str, str], now: int, debug: bool,
+                         policy: ServingPolicy, status: str,
+                         found: StoredPage | None) -> tuple[Reply, Outcome]:
+        if found is None and status in ("miss", "unreadable"):  # not here (yet), or not readable here
+            rescued = await self._peer_rescue(req, headers, now, debug)
+            if rescued is not None:
+                return rescued
+        if policy.authorized and policy.miss_mode == "prerender":
+            return await self._render_now(req, headers, debug, status, found)
+        out = Outcome(status)
+        return await self.from_origin(req, headers, debug, out, reason=status), out
+
+    # ------------------------------------------------------------------------------ peer rescue
+
+    async def _peer_rescue(self, req: BotRequest, headers: dict[str, str], now: int,
+                           debug: bool) -> tuple[Reply, Outcome] | None:
+        """A page the owner holds but this node has not received yet (replication lag)."""
+        peer = self.s.peer
+        if not peer.active:
+            return None
+        owner = self.ctx.owner_of(req.url)
+        info = self.ctx.peers.get(owner)
+        if owner == self.ctx.node.name or info is None:
+            return None
+        t0 = time.perf_counter()
+        got = await peer.fetch(owner, info.url, req.cache_key)
+        if isinstance(got, str):
+            self.s.child(metrics.serve_errors, "peer-rescue").inc()
+            log.info("peer rescue failed", key=req.cache_key, owner=owner, reason=got)
+            return None
+        if verdict(got.meta, now, self.s.swr_ttl) not in ("hit", "swr"):
+            return None
+        out = Outcome("peer-rescue", "cache")
+        reply = self.s.cached(req, StoredPage(b"", got.meta, got.body), now, headers, out, debug)
+        if reply is None:
+            return None
+        ms = round((time.perf_counter() - t0) * 1000, 1)
+        log.info("peer rescue", key=req.cache_key, owner=owner, ms=ms)
+        return reply, out
+
+    # ------------------------------------------------------------------------------- render-now
+
+    async def _render_now(self, req: BotRequest, headers: dict[str, str], debug: bool, status: str,
+                          found: StoredPage | None) -> tuple[Reply, Outcome]:
+        """Make the key due now on its owner, then watch the local page store for a page cached
+        after this request began, until the deadline; then ``renderNow.fallback``."""
+        from prerender_ray.actors.common import call
+
+        rn = self.cfg.render_now
+        since = now_ms()
+        deadline = time.monotonic() + rn.timeout_ms / 1000
+        keeper, _ = self.ctx.owner_actors(req.url)
+        try:
+            await call(keeper.render_now.remote(req.cache_key), min(RENDER_NOW_CALL_S, rn.timeout_ms / 1000))
+            asked = True
+        except Exception as e:  # the owner is away: no render is coming, fall back at once
+            asked = False
+            self.s.child(metrics.serve_errors, "render-now-call").inc()
+            log.warning("render-now call failed", key=req.cache_key, error=repr(e))
+        pages = self.s.pages
+        while asked and time.monotonic() < deadline:
+            await asyncio.sleep(min(rn.poll_interval_ms / 1000, max(0.0, deadline - time.monotonic())))
+            pages.catch_up()
+            try:
+                fresh = pages.get(req.cache_key)
+            except Exception:
+                fresh = None
+            if fresh is not None and fresh.meta.last_cached is not None and fresh.meta.last_cached >= since:
+                out = Outcome(status, "rendered")
+                out.render_now = "hit"
+                reply = self.s.cached(req, fresh, now_ms(), headers, out, debug)
+                if reply is not None:
+                    return reply, out
+                break
+        out = Outcome(status)
+        out.render_now = "timeout"
+        if rn.fallback == "error":
+            reply = error_reply(504, "the page was not rendered in time")
+            if debug:
+                reply.headers.update(self.s.debug(req, out))
+            return reply, out
+        if rn.fallback == "stale" and found is not None:
+            out.source = "cache"
+            reply = self.s.cached(req, found, now_ms(), headers, out, debug)
+            if reply is not None:
+                return reply, out
+            out.source = "origin"
+        return await self.from_origin(req, headers, debug, out, reason="render-timeout"), out
+
+    # ----------------------------------------------------------------------------------- origin
+
+    def _forward(self, req: BotRequest, headers: dict[str, str], *,
+                 strip_validators: bool) -> list[tuple[str, str]]:
+        """Repeated request fields arrive joined by ", ", which RFC 9110 section 5.3 makes equivalent."""
+        return origin_request_headers(headers.items(), device_type=req.device, origin=self.cfg.origin,
+                                      debug_key=self.s.debug_key, render_now=self.cfg.render_now,
+                                      strip_validators=strip_validators)
+
+    async def from_origin(self, req: BotRequest, headers: dict[str, str], debug: bool, out: Outcome, *,
+                          reason: str) -> Reply:
+        """GET the canonical URL (a HEAD too: one fetch serves both), shared by concurrent misses
+        of the same key. Validators are not forwarded: the origin sends the full page, and a bot's
+        If-None-Match is answered here against it, so one answer fits every waiter."""
+        pin = staging_ip(self.cfg.origin.staging, headers)
+        forward = self._forward(req, headers, strip_validators=True)
+        client = self.s.origin
+        try:
+            answer, leader = await client.collapsed(
+                (req.cache_key, pin),
+                lambda: client.fetch("GET", req.url, forward, reason=reason, pin=pin))
+        except OriginError as e:
+            return self._origin_failed(req, e, debug, out)
+        out.via_staging = answer.via_staging
+        if leader and req.route_class == "prerender" and is_prerender_candidate(
+                answer.status, relay_headers(answer.status, answer.headers)):
+            self.discover(req.url)
+        return origin_reply(answer.status, answer.headers, answer.body, request_headers=headers,
+                            head=req.method == "HEAD", debug=self.s.debug(req, out) if debug else None,
+                            max_bytes=self.cfg.server.max_html_bytes)
+
+    def _origin_failed(self, req: BotRequest, e: OriginError, debug: bool, out: Outcome) -> Reply:
+        self.s.child(metrics.serve_errors, f"origin-{e.kind}").inc()
+        self.s.warn_sometimes(f"origin-{e.kind}", "origin fetch failed", url=req.url, error=str(e))
+        reply = error_reply(e.status, str(e), reason=f"origin-{e.kind}")
+        if debug:
+            reply.headers.update(self.s.debug(req, out))
+        return reply
+
+    async def bypass(self, req: BotRequest, headers: dict[str, str], scope: dict, receive: Any,
+                     debug: bool) -> tuple[Reply, Outcome]:
+        """Methods other than GET/HEAD: proxied as they came, body included (``bypass``:
+        docs/serving.md#cache-statuses); never cached, collapsed or discovered, and the origin handles
+        their validators."""
+        out = Outcome("bypass")
+        cap = self.cfg.server.max_body_bytes
+        body = await _read_body(receive, cap)
+        if body is None:
+            return error_reply(413, f"request body is larger than {cap} bytes"), out
+        pin = staging_ip(self.cfg.origin.staging, headers)
+        forward = self._forward(req, headers, strip_validators=False)
+        try:
+            answer = await self.s.origin.fetch(req.method, req.url, forward, reason="bypass", body=body,
+                                               pin=pin)
+        except OriginError as e:
+            return self._origin_failed(req, e, debug, out), out
+        out.via_staging = answer.via_staging
+        return origin_reply(answer.status, answer.headers, answer.body, request_headers=headers,
+                            conditional=False, debug=self.s.debug(req, out) if debug else None,
+                            max_bytes=self.cfg.server.max_html_bytes), out
+
+    # -------------------------------------------------------------------------------- discovery
+
+    def discover(self, url: str) -> None:
+        """A prerender-route page the origin served as indexable HTML: make it a target, unless one
+        exists (a suppressed one included: it must not be revived by bot traffic)."""
+        now = time.monotonic()
+        seen = self._known.get(url)
+        if seen is not None and now - seen < DISCOVERY_MEMO_TTL_S:
+            return
+        if len(self._known) >= DISCOVERY_MEMO:
+            self._known.clear()
+        self._known[url] = now  # also keeps a burst of misses to one check
+        self._spawn(self._put_target(url))
+
+    async def _put_target(self, url: str) -> None:
+        from prerender_ray.actors.common import call
+
+        try:
+            canonical = self.ctx.rules.canonical(url)
+            if self.ctx.rules.route_class(canonical) != "prerender":
+                return
+            [existing] = await call(self.ctx.store.get_targets.remote([canonical]), DISCOVERY_CALL_S)
+            if existing is not None:
+                return
+            keeper, _ = self.ctx.owner_actors(canonical)
+            await call(keeper.put_targets.remote([{"url": canonical}]), DISCOVERY_CALL_S)
+            metrics.discovered.inc()
+            log.info("discovered", url=canonical, owner=self.ctx.owner_of(canonical))
+        except UrlError:
+            return
+        except Exception as e:  # try again on a later miss
+            self._known.pop(url, None)
+            self.s.child(metrics.serve_errors, "discovery").inc()
+            log.warning("discovery failed", url=url, error=repr(e))
+
+    # --------------------------------------------------------------------------- unrouted report
+
+    async def _report_loop(self) -> None:
+        interval = self.cfg.ingress.report.interval / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                tally = self.s.unrouted
+                for line in tally.lines(tally.drain()):
+                    log.warning(line, node=self.ctx.node.name, replica=self.ctx.replica)
+            except Exception as e:
+                metrics.loop_errors.labels("unrouted-report").inc()
+                log.error("unrouted report failed", error=repr(e))
+
+
+async def _read_body(receive: Any, cap: int) -> bytes | None:
+    """The request body, or None past ``cap`` bytes."""
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > cap:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)

@@ -1,0 +1,215 @@
+"""The origin client of one ingress replica: one shared, pooled httpx.AsyncClient (HTTP/1.1
+keep-alive) for every origin fetch of the bot path.
+
+Better than the reference (docs/serving.md#origin-fetch), which has no deadlines, relays bodies of any size
+and proxies any host it is asked for:
+
+- connect and per-read deadlines from ``origin.*TimeoutMs``, plus a whole-fetch deadline (connect +
+  two reads) so an origin that drips a byte at a time cannot hold a request forever: 504;
+- redirects are never followed; the 3xx is relayed with its ``Location``;
+- the body is streamed and counted, and refused past ``origin.maxBodyBytes`` (502) without reading
+  the rest, so memory stays bounded; a declared ``Content-Length`` over the cap fails before any read;
+- an origin that closes mid-body or breaks the protocol is a 502; a 5xx it answers is relayed;
+- hosts are checked against ``domains`` by the ingress decision, and again here by the origin policy
+  (``prerender_ray.serving.origin_policy``) on the URL as httpx will connect to it: host and port must be
+  allowed, an empty list is refused outright unless the listener is loopback or ``allowAnyDomain``
+  is set; a refusal is a 403 naming the origin, before any connection (so before the token is sent);
+- no cookie is kept: one origin's ``Set-Cookie`` is never replayed to a later fetch;
+- staging pinning connects to the configured IP while Host and TLS SNI stay the real host;
+- concurrent misses of one key share one fetch (``collapsed``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from dataclasses import dataclass
+
+import httpcore
+import httpx
+
+from prerender_ray import metrics
+from prerender_ray.config.model import Config
+from prerender_ray.serving.origin_policy import NoCookies, OriginPolicy
+
+MAX_CONNECTIONS = 256
+MAX_KEEPALIVE = 64
+KEEPALIVE_EXPIRY_S = 30.0
+
+
+class OriginError(Exception):
+    """An origin fetch that produced no relayable answer; ``status`` is what the bot gets."""
+
+    def __init__(self, status: int, kind: str, message: str):
+        super().__init__(message)
+        self.status = status  # 502, 504, or 403 for a refused host
+        self.kind = kind  # metric label: timeout, connect, (head-)too-large, protocol, refused, error
+
+
+@dataclass(slots=True)
+class OriginAnswer:
+    status: int
+    headers: list[tuple[str, str]]  # as received (latin-1 decoded), names in any case
+    body: bytes
+    via_staging: bool
+    seconds: float  # to the response head
+
+
+class _PinnedBackend(httpcore.AsyncNetworkBackend):
+    """Connect every TCP stream to one IP; TLS SNI and Host stay the URL's host (httpcore takes both
+    from the request URL), as a DNS override would."""
+
+    def __init__(self, ip: str):
+        self.ip = ip
+        self._inner = httpcore.AnyIOBackend()
+
+    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
+                          local_address: str | None = None,
+                          socket_options=None) -> httpcore.AsyncNetworkStream:
+        return await self._inner.connect_tcp(self.ip, port, timeout, local_address, socket_options)
+
+    async def connect_unix_socket(self, path: str, timeout: float | None = None,
+                                  socket_options=None) -> httpcore.AsyncNetworkStream:
+        return await self._inner.connect_unix_socket(path, timeout, socket_options)
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
+class _PinnedTransport(httpx.AsyncHTTPTransport):
+    def __init__(self, ip: str, limits: httpx.Limits):
+        super().__init__(limits=limits, trust_env=False)
+        # httpx has no public hook for the network backend: swap its pool for one that has it.
+        self._pool = httpcore.AsyncConnectionPool(
+            ssl_context=httpx.create_ssl_context(trust_env=False),
+            max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=limits.keepalive_expiry,
+            network_backend=_PinnedBackend(ip),
+        )
+
+
+def _set_max_header_bytes(n: int) -> None:
+    """httpcore reads a response head of at most this many bytes (h11's incomplete-event cap).
+    It is a class attribute, so it applies to the whole process: only the ingress fetches origins."""
+    from httpcore._async.http11 import AsyncHTTP11Connection
+
+    AsyncHTTP11Connection.MAX_INCOMPLETE_EVENT_SIZE = n
+
+
+class OriginClient:
+    def __init__(self, cfg: Config):
+        o = cfg.origin
+        self.cap = o.max_body_bytes
+        self.total_s = (o.connect_timeout_ms + 2 * o.read_timeout_ms) / 1000
+        self.timeout = httpx.Timeout(connect=o.connect_timeout_ms / 1000, read=o.read_timeout_ms / 1000,
+                                     write=o.read_timeout_ms / 1000, pool=o.connect_timeout_ms / 1000)
+        self.limits = httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_KEEPALIVE,
+                                   keepalive_expiry=KEEPALIVE_EXPIRY_S)
+        self.policy = OriginPolicy(cfg)
+        self.max_head = o.max_response_header_bytes
+        _set_max_header_bytes(self.max_head)
+        self.client = self._client(None)
+        self._pinned: dict[str, httpx.AsyncClient] = {}  # staging IP -> client (config allows one)
+        self._inflight: dict[Hashable, asyncio.Future] = {}
+
+    def _client(self, ip: str | None) -> httpx.AsyncClient:
+        transport = _PinnedTransport(ip, self.limits) if ip else httpx.AsyncHTTPTransport(
+            limits=self.limits, trust_env=False)
+        return httpx.AsyncClient(transport=transport, timeout=self.timeout, follow_redirects=False,
+                                 trust_env=False, cookies=NoCookies())
+
+    async def aclose(self) -> None:
+        for c in (self.client, *self._pinned.values()):
+            await c.aclose()
+
+    # -------------------------------------------------------------------------------------- fetch
+
+    async def fetch(self, method: str, url: str, headers: Sequence[tuple[str, str]], *, reason: str,
+                    body: bytes | None = None, pin: str | None = None) -> OriginAnswer:
+        """One origin request, its body read whole (within the cap). Raises OriginError."""
+        client = self.client
+        try:
+            request = client.build_request(method, url, headers=list(headers), content=body)
+        except httpx.InvalidURL as e:
+            raise OriginError(400, "refused", f"not a URL the origin client can fetch: {e}") from None
+        refused = self.policy.request_refusal(request.url.scheme, request.url.raw_host, request.url.port)
+        if refused:
+            raise OriginError(403, "refused", f"origin fetch refused: {refused}")
+        if pin:
+            client = self._pinned.get(pin) or self._pinned.setdefault(pin, self._client(pin))
+        t0 = time.perf_counter()
+        status = 0
+        try:
+            async with asyncio.timeout(self.total_s):
+                response = await client.send(request, stream=True)
+                status = response.status_code
+                head_s = time.perf_counter() - t0
+                try:
+                    self._check_head(response)
+                    content = await self._read(response)
+                finally:
+                    await response.aclose()
+        except OriginError:
+            raise
+        except (TimeoutError, httpx.TimeoutException) as e:
+            raise OriginError(504, "timeout",
+                              f"the origin did not answer in time ({type(e).__name__})") from None
+        except httpx.ConnectError as e:
+            raise OriginError(502, "connect", f"cannot connect to the origin: {e}") from None
+        except (httpx.RemoteProtocolError, httpx.LocalProtocolError, httpx.NetworkError) as e:
+            raise OriginError(502, "protocol", f"the origin broke the connection: {e}") from None
+        except httpx.HTTPError as e:
+            raise OriginError(502, "error", f"origin fetch failed: {type(e).__name__}: {e}") from None
+        finally:
+            metrics.origin_fetch_seconds.labels(str(status), reason).observe(time.perf_counter() - t0)
+        raw = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in response.headers.raw]
+        return OriginAnswer(status, raw, content, pin is not None, head_s)
+
+    def _check_head(self, response: httpx.Response) -> None:
+        """h11 bounds the head it buffers only approximately (one read past the cap): be exact."""
+        size = sum(len(k) + len(v) + 4 for k, v in response.headers.raw)
+        if size > self.max_head:
+            raise OriginError(502, "head-too-large", f"the origin's response head ({size} bytes) is over "
+                                                     f"the {self.max_head}-byte cap")
+
+    async def _read(self, response: httpx.Response) -> bytes:
+        """The raw (still content-coded) body, refused past the cap without reading the rest."""
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.cap:
+            raise OriginError(502, "too-large", f"the origin body ({declared} bytes) is over the "
+                                                f"{self.cap}-byte cap")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in response.aiter_raw():
+            size += len(chunk)
+            if size > self.cap:
+                raise OriginError(502, "too-large", f"the origin body is over the {self.cap}-byte cap")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    # ----------------------------------------------------------------------------------- collapse
+
+    async def collapsed(self, key: Hashable,
+                        start: Callable[[], Awaitable[OriginAnswer]]) -> tuple[OriginAnswer, bool]:
+        """One fetch per ``key`` at a time: the first caller starts it, later ones wait for the same
+        answer. The fetch runs as its own task, so a bot that hangs up cancels only its wait.
+        Returns (answer, whether this caller started the fetch). Raises OriginError."""
+        future = self._inflight.get(key)
+        leader = future is None
+        if future is None:
+            future = asyncio.ensure_future(start())
+            self._inflight[key] = future
+            future.add_done_callback(lambda f, k=key: self._settled(k, f))
+        return await asyncio.shield(future), leader
+
+    def _settled(self, key: Hashable, future: asyncio.Future) -> None:
+        if self._inflight.get(key) is future:
+            del self._inflight[key]
+        if not future.cancelled():
+            future.exception()  # retrieved: a fetch nobody waits for any more must not warn
+
+    @property
+    def inflight(self) -> int:
+        return len(self._inflight)

@@ -1,0 +1,239 @@
+"""The ingress side of the page store: a RocksDB *secondary* instance of this node's pages database,
+read in the ingress process, so a cache hit costs a RocksDB get (microseconds) and no actor call;
+decoding the record and negotiating it are kept with the page (``DecodedPages``) for the next read of
+the same version.
+
+The NodeStore actor is the only writer. A secondary sees its writes only after
+``try_catch_up_with_primary()`` (about 0.8 ms when nothing changed, a few ms after many writes:
+docs/architecture.md#the-bot-hot-path-has-no-actor-hop), so it catches up on a short timer and after a miss
+(rate-limited), never per request. Render-now waiters ask for a catch-up too, through the same limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from rocksdict import AccessType, Options, Rdict
+
+from prerender_ray import logs, metrics
+from prerender_ray.storage.pages import PageDecodeError, PageMeta, decode_meta
+from prerender_ray.storage.replication import EnvelopeError, payload_of
+from prerender_ray.storage.rocks import PAGES, node_dir, store_path
+
+CATCH_UP_INTERVAL_S = 0.25  # the timer: a page written by a result is served within about this
+MISS_CATCH_UP_GAP_S = 0.05  # at most one extra catch-up per this long, however many misses
+DECODED_MAX_PAGES = 4096  # decoded pages kept per replica (validated against the store every read)
+DECODED_MAX_BYTES = 64 * 1024 * 1024
+VARIANTS_PER_PAGE = 4  # negotiated forms kept per page (one per distinct Accept-Encoding value)
+log = logs.get("pagestore")
+
+
+class UnreadablePage(Exception):
+    """A stored record that does not decode (counted; the request falls back to the origin)."""
+
+
+class StoredPage:
+    """A page as read from the store: its metadata, its body, and the negotiated forms already
+    served (``prerender_ray.serving.answer.Prepared`` by Accept-Encoding value)."""
+
+    __slots__ = ("body", "meta", "raw", "seen", "size", "variants")
+
+    def __init__(self, raw: bytes, meta: PageMeta, body: bytes | memoryview):
+        self.raw = raw  # the stored record: a later read equal to it is this same version
+        self.meta = meta
+        self.body = body  # a view of the record's tail (no copy), or the bytes of a peer's page
+        self.variants: dict[str | None, Any] = {}
+        self.size = len(raw) or len(body)
+        self.seen = -1  # the reader generation in which the record was last read
+
+    def add_variant(self, accept_encoding: str | None, prepared: Any) -> int:
+        """Keep ``prepared`` (when there is room); the bytes it adds to the page's size. Add through
+        ``DecodedPages.add_variant`` when the page is cached, so the cache's budget counts them."""
+        if len(self.variants) >= VARIANTS_PER_PAGE or accept_encoding in self.variants:
+            return 0
+        self.variants[accept_encoding] = prepared
+        added = len(prepared.body) if prepared.body is not self.body else 0
+        self.size += added
+        return added
+
+
+class DecodedPages:
+    """LRU of decoded pages. A decoded page is reused only while it is what the store holds: within
+    one reader generation (between two catch-ups a secondary's view cannot change), or after a new
+    read returned the very record it was decoded from (a memcmp). A new version is served the moment
+    the reader sees it."""
+
+    def __init__(self, max_pages: int = DECODED_MAX_PAGES, max_bytes: int = DECODED_MAX_BYTES):
+        self.max_pages = max_pages
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._pages: OrderedDict[str, StoredPage] = OrderedDict()
+
+    def peek(self, key: str) -> StoredPage | None:
+        return self._pages.get(key)
+
+    def lookup(self, key: str, raw: bytes) -> StoredPage | None:
+        page = self._pages.get(key)
+        if page is None:
+            return None
+        if page.raw != raw:
+            self.drop(key)
+            return None
+        self._pages.move_to_end(key)
+        return page
+
+    def add(self, key: str, page: StoredPage) -> None:
+        self.drop(key)
+        self._pages[key] = page
+        self.bytes += page.size
+        self._evict()
+
+    def add_variant(self, key: str, page: StoredPage, accept_encoding: str | None, prepared: Any) -> None:
+        """A negotiated form kept with ``page``, counted against the byte budget while the page is
+        the one cached under ``key`` (a decoded form of a small br page can be 20 MB)."""
+        added = page.add_variant(accept_encoding, prepared)
+        if added and self._pages.get(key) is page:
+            self.bytes += added
+            self._evict()
+
+    def _evict(self) -> None:
+        while self._pages and (len(self._pages) > self.max_pages or self.bytes > self.max_bytes):
+            _, old = self._pages.popitem(last=False)
+            self.bytes -= old.size
+
+    def drop(self, key: str) -> None:
+        old = self._pages.pop(key, None)
+        if old is not None:
+            self.bytes -= old.size
+
+
+class PageReader:
+    def __init__(self, primary: Path, secondary: Path, *, interval_s: float = CATCH_UP_INTERVAL_S,
+                 miss_gap_s: float = MISS_CATCH_UP_GAP_S):
+        self.primary = primary
+        self.secondary = secondary
+        self.interval_s = interval_s
+        self.miss_gap_s = miss_gap_s
+        self._db: Rdict | None = None
+        self._caught_up = 0.0  # monotonic time of the last catch-up (or open)
+        self._task: asyncio.Task | None = None
+        self.catch_ups = 0
+        self.open_error: str | None = None
+        self.decoded = DecodedPages()
+        self.generation = 0  # bumped by every catch-up that ran
+        self._open()
+
+    @classmethod
+    def for_node(cls, data_dir: str, node: str, replica: int, **kw: float) -> PageReader:
+        # One secondary directory per replica: it holds the instance's own info log and state.
+        secondary = node_dir(data_dir, node) / "ingress" / f"pages-{replica}"
+        return cls(store_path(data_dir, node, PAGES), secondary, **kw)
+
+    # --------------------------------------------------------------------------------- lifecycle
+
+    @property
+    def ready(self) -> bool:
+        return self._db is not None
+
+    def _open(self) -> bool:
+        """Open the secondary once the primary exists (the store actor may start after us)."""
+        if self._db is not None:
+            return True
+        if not (self.primary / "CURRENT").exists():
+            self.open_error = f"{self.primary} does not exist yet"
+            return False
+        opts = Options(raw_mode=True)
+        opts.create_if_missing(False)
+        # A secondary must keep every table file open: the primary may delete one it has compacted
+        # away before the secondary reads it (RocksDB wiki, "Secondary instance").
+        opts.set_max_open_files(-1)
+        self.secondary.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db = Rdict(str(self.primary), opts, access_type=AccessType.secondary(str(self.secondary)))
+        except Exception as e:  # rocksdict raises bare Exception
+            self.open_error = f"cannot open {self.primary} as a secondary: {e}"
+            return False
+        self.open_error = None
+        self._caught_up = time.monotonic()
+        log.info("page reader open", primary=str(self.primary))
+        return True
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._timer())
+
+    async def _timer(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                self.catch_up(force=True)
+            except Exception as e:  # never let the timer die: the replica would serve a frozen view
+                metrics.loop_errors.labels("page-catch-up").inc()
+                log.error("page catch-up failed", error=repr(e))
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        if self._db is not None:
+            try:
+                self._db.close()
+            except Exception as e:  # closing at shutdown: nothing left to protect
+                log.warning("page reader close failed", error=repr(e))
+            self._db = None
+
+    # ------------------------------------------------------------------------------------- reads
+
+    def catch_up(self, *, force: bool = False) -> bool:
+        """Replay the primary's new writes. Without ``force`` at most once per ``miss_gap_s``;
+        returns whether it ran."""
+        now = time.monotonic()
+        if not force and now - self._caught_up < self.miss_gap_s:
+            return False
+        self._caught_up = now
+        if self._db is None:
+            return self._open()
+        self._db.try_catch_up_with_primary()
+        self.catch_ups += 1
+        self.generation += 1  # the view may have changed: every decoded page is re-read once
+        return True
+
+    def get(self, key: str) -> StoredPage | None:
+        """The page stored under ``key``, or None. Raises UnreadablePage."""
+        db = self._db
+        if db is None:
+            return None
+        page = self.decoded.peek(key)
+        if page is not None and page.seen == self.generation:
+            return page  # read since the last catch-up: the store cannot hold anything else
+        raw = db.get(key.encode())
+        if raw is None:
+            self.decoded.drop(key)
+            return None
+        page = self.decoded.lookup(key, raw)
+        if page is not None:
+            page.seen = self.generation
+            return page
+        try:
+            payload = payload_of(raw)
+            if payload is None:  # a tombstone: deleted
+                return None
+            meta, body = decode_meta(payload)
+        except (EnvelopeError, PageDecodeError) as e:
+            raise UnreadablePage(f"page {key!r}: {e}") from None
+        # The payload is the record's tail and the body the payload's: serve a view of the record.
+        page = StoredPage(raw, meta, memoryview(raw)[len(raw) - body.nbytes:] if body.nbytes else b"")
+        page.seen = self.generation
+        self.decoded.add(key, page)
+        return page
+
+    def get_after_miss(self, key: str) -> StoredPage | None:
+        """``get``, and on a miss one rate-limited catch-up and a second look."""
+        found = self.get(key)
+        if found is None and self.catch_up():
+            found = self.get(key)
+        return found

@@ -1,0 +1,1 @@
+"""The ``prerender-ray`` command line: up, status, down, logs, config, render."""

@@ -1,0 +1,81 @@
+"""Users, roles and passwords: salted PBKDF2 hashes, constant-time checks, loopback-only default."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import ipaddress
+import os
+import secrets
+from dataclasses import dataclass
+from typing import Mapping
+
+from prerender_ray.config.model import Auth
+
+ITERATIONS = 200_000
+PREFIX = "pbkdf2_sha256"
+
+
+def hash_password(password: str, *, iterations: int = ITERATIONS, salt: bytes | None = None) -> str:
+    salt = salt or secrets.token_bytes(16)
+    digest = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731
+    return f"{PREFIX}${iterations}${b64(salt)}${b64(digest)}"
+
+
+def verify_password(password: str, encoded: str) -> bool:
+    try:
+        scheme, iterations, salt, digest = encoded.split("$")
+        if scheme != PREFIX:
+            return False
+        calc = hashlib.pbkdf2_hmac("sha256", password.encode(), base64.b64decode(salt), int(iterations))
+        return hmac.compare_digest(calc, base64.b64decode(digest))
+    except (ValueError, TypeError):
+        return False
+
+
+def same_secret(given: str | None, expected: str | None) -> bool:
+    """Constant-time comparison that never matches an empty secret."""
+    if not given or not expected:
+        return False
+    return hmac.compare_digest(hashlib.sha256(given.encode()).digest(), hashlib.sha256(expected.encode()).digest())
+
+
+def is_loopback(host: str | None) -> bool:
+    if not host:
+        return False
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+@dataclass(frozen=True)
+class Principal:
+    name: str
+    roles: frozenset[str]
+    via: str  # "basic" | "bearer" | "session" | "loopback"
+
+    def has(self, role: str) -> bool:
+        # admin may do everything a viewer or the fleet may do.
+        return role in self.roles or "admin" in self.roles
+
+
+LOOPBACK = Principal("loopback", frozenset({"admin", "viewer", "fleet"}), "loopback")
+
+
+def resolve_password_hashes(auth: Auth, env: Mapping[str, str] | None = None) -> list[dict]:
+    """Users with their password as a hash only: a ``passwordEnv`` is read (where the CLI runs) and
+    hashed, so plain passwords never travel to the actors or sit in a file or a log."""
+    env = os.environ if env is None else env
+    out = []
+    for u in auth.users:
+        if u.password_hash:
+            h = u.password_hash
+        elif env.get(u.password_env):
+            h = hash_password(env[u.password_env], iterations=50_000)
+        else:
+            continue  # cannot sign in; config loading already warned
+        out.append({"name": u.name, "password_hash": h, "roles": list(u.roles)})
+    return out

@@ -1,0 +1,691 @@
+"""The one configuration model: every option, its default and its constraints.
+
+Snake_case is the canonical spelling; the reference plugin's camelCase names are accepted as aliases
+so an existing deployment's options carry over. Durations are milliseconds (ints), or strings such as
+``"30s"``, ``"6h"`` and ``"7d"``. Loading from YAML, unknown-key reporting and the environment secrets
+live in ``config/loading.py``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+SECOND = 1_000
+MINUTE = 60 * SECOND
+HOUR = 60 * MINUTE
+DAY = 24 * HOUR
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_MS = {"ms": 1, "s": SECOND, "m": MINUTE, "h": HOUR, "d": DAY, None: 1}
+
+
+def _duration(value: Any) -> Any:
+    """Accept ``90000`` or ``"90s"``; anything else is left for the int validator to reject."""
+    if isinstance(value, str):
+        m = _DURATION.match(value)
+        if m:
+            return int(float(m.group(1)) * _UNIT_MS[m.group(2)])
+    return value
+
+
+Duration = Annotated[int, BeforeValidator(_duration)]
+PositiveDuration = Annotated[int, BeforeValidator(_duration), Field(gt=0)]
+NonNegDuration = Annotated[int, BeforeValidator(_duration), Field(ge=0)]
+NonEmptyStr = Annotated[str, Field(min_length=1)]
+
+DECODE_RESERVED_ALLOWED = frozenset(":,@;$'()!*")
+ROLES = ("admin", "viewer", "fleet")
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        validate_default=True,
+        loc_by_alias=False,
+    )
+
+
+# --------------------------------------------------------------------------------------------- server
+
+
+class Tls(Model):
+    cert_file: str = Field(
+        "",
+        description="TLS certificate for the ingress (https callbackOrigin, as the reference fleet expects off loopback).",
+    )
+    key_file: str = Field("", description="TLS private key for the ingress.")
+
+
+class Server(Model):
+    host: str = Field("127.0.0.1", description="Address the ingress binds on every node.")
+    port: int = Field(
+        9926, ge=1, le=65535, description="Ingress port (a `prerender-port` node label overrides)."
+    )
+    replicas: int = Field(2, ge=1, le=32, description="Ingress replicas per node, sharing the port.")
+    node_name: str = Field(
+        "", description="Stable node name; default the host name; `prerender-node` label wins."
+    )
+    advertise_host: str = Field(
+        "", description="Host the fleet and peers use for this node; default its Ray IP."
+    )
+    data_dir: str = Field("./data", description="Where each node keeps its RocksDB stores.")
+    max_body_bytes: int = Field(10 * 1024 * 1024, ge=1024, description="Largest request body accepted (413).")
+    max_html_bytes: int = Field(
+        20 * 1024 * 1024, ge=1024,
+        description="Largest decoded page: a render result whose gzip/br body decodes to more is refused "
+                    "(413); a stored or origin body is never decoded past it for a bot or the admin view.",
+    )
+    trusted_proxies: list[str] = Field(
+        [],
+        description="IPs/CIDRs of reverse proxies in front of the ingress: only their `X-Forwarded-For` "
+        "and `X-Forwarded-Proto` are believed (client = right-most untrusted hop); empty: the TCP peer, "
+        "always.",
+    )
+    tls: Tls = Tls()
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies(cls, v: list[str]) -> list[str]:
+        from prerender_ray.serving.proxies import parse_networks
+
+        parse_networks(v)  # ValueError names the bad entry
+        return v
+
+
+# -------------------------------------------------------------------------------------------- ingress
+
+
+class Report(Model):
+    enabled: bool = Field(
+        True, description="Tally bot requests served without prerendering (unrouted paths)."
+    )
+    interval: Annotated[int, BeforeValidator(_duration), Field(ge=1000)] = Field(
+        300_000, description="How often the unrouted tally is logged and reset."
+    )
+    max_buckets: int = Field(
+        200, ge=1, description="Distinct path buckets per class before further ones only count as overflow."
+    )
+    top_n: int = Field(20, ge=1, description="Buckets listed per log line.")
+
+
+class Ingress(Model):
+    mode: Literal["prefix", "forwarded"] = Field(
+        "prefix",
+        description="How bots reach us: `prefix` (`/p/<absolute-url>`) or `forwarded` (behind a CDN).",
+    )
+    bot_path_prefix: NonEmptyStr = Field(
+        "/p/", description="Prefix mode: path prefix before the absolute target URL."
+    )
+    device_type_source: Literal["header", "path"] = Field(
+        "header", description="Forwarded mode: device from a header or from the first path segment."
+    )
+    device_type_header: NonEmptyStr = Field(
+        "x-device-type",
+        description="Header naming the device type (unknown values fall back to the first supported).",
+    )
+    forwarded_host_header: NonEmptyStr = Field(
+        "x-forwarded-host",
+        description="Forwarded mode: header with the original host (validated against injection).",
+    )
+    forwarded_proto_header: NonEmptyStr = Field(
+        "x-forwarded-proto", description="Forwarded mode: header with the original scheme."
+    )
+    default_protocol: Literal["https", "http"] = Field(
+        "https", description="Forwarded mode: scheme when the protocol header is absent."
+    )
+    # Entries are compiled (and bad ones dropped with a warning) by prerender_ray.identity.routes.
+    routes: list[Any] = Field(
+        default_factory=list,
+        description="Ordered `{match: exact|prefix|contains, path, mode?, queryParams?, renderInterval?, deviceTypes?}`; first match wins.",
+    )
+    exclude_path_patterns: list[Any] = Field(
+        default_factory=lambda: ["/search/"],
+        description="Substrings whose paths are always proxied (passthrough), checked before `routes`.",
+    )
+    report: Report = Report()
+
+    @field_validator("bot_path_prefix")
+    @classmethod
+    def _rooted(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError("must start with '/'")
+        return v
+
+
+class DeviceTypes(Model):
+    supported: Annotated[list[NonEmptyStr], Field(min_length=1)] = Field(
+        ["desktop", "mobile", "tablet"],
+        description="Device types the service knows; the first is the fallback.",
+    )
+    default: list[NonEmptyStr] = Field(
+        ["desktop", "mobile"], description="Devices scheduled for every target."
+    )
+
+    @field_validator("supported")
+    @classmethod
+    def _lower(cls, v: list[str]) -> list[str]:
+        out = [d.lower() for d in v]
+        if len(set(out)) != len(out):
+            raise ValueError("device types must be unique")
+        return out
+
+    @model_validator(mode="after")
+    def _default_supported(self) -> DeviceTypes:
+        unknown = [d for d in self.default if d.lower() not in self.supported]
+        if unknown:
+            raise ValueError(f"default device types {unknown} are not in supported {self.supported}")
+        return self
+
+
+class CacheKey(Model):
+    delimiter: NonEmptyStr = Field(
+        "|", description="Joins the key attributes. Changing any cacheKey option re-keys everything."
+    )
+    attributes: Annotated[list[Literal["url", "deviceType"]], Field(min_length=1)] = Field(
+        ["url", "deviceType"], description="Attribute order of a cache key."
+    )
+    query_params: list[str] = Field(
+        ["page"], description="Global query allowlist (prefix mode): `[*]` keeps all, `[]` drops all."
+    )
+    decode_reserved: list[str] = Field(
+        [":", ",", "@"],
+        description="Reserved characters whose escapes are decoded, from `: , @ ; $ ' ( ) ! *`.",
+    )
+    trailing_slash: Literal["strip", "preserve"] = Field(
+        "strip", description="`strip` one trailing slash (never the root) or `preserve` it."
+    )
+    plus_is_space: bool = Field(False, description="Fold `%20` to `+` in query values before sorting.")
+
+    @field_validator("attributes")
+    @classmethod
+    def _attributes(cls, v: list[str]) -> list[str]:
+        if "url" not in v or len(set(v)) != len(v):
+            raise ValueError("must name url once, and each attribute at most once")
+        return v
+
+    @field_validator("decode_reserved")
+    @classmethod
+    def _reserved(cls, v: list[str]) -> list[str]:
+        bad = [c for c in v if c not in DECODE_RESERVED_ALLOWED]
+        if bad:
+            raise ValueError(
+                f"{bad} not allowed; only characters from {''.join(sorted(DECODE_RESERVED_ALLOWED))}"
+            )
+        return v
+
+
+# --------------------------------------------------------------------------------------------- origin
+
+
+class SecurityToken(Model):
+    header: NonEmptyStr = Field(
+        "x-harper-renderer-bypass", description="Header carrying the security token on origin fetches."
+    )
+    value: str = Field(
+        "",
+        json_schema_extra={"secret": True},
+        description="Security token sent to the origin (secret; prefer valueEnv).",
+    )
+    value_env: str = Field("", description="Environment variable holding the security token.")
+
+
+class Staging(Model):
+    ip: str = Field("", description="Pin origin fetches of requests carrying the staging header to this IP.")
+    header: str = Field("x-harper-staging", description="Request header that turns staging pinning on.")
+
+    @field_validator("ip")
+    @classmethod
+    def _ip(cls, v: str) -> str:
+        if v:
+            ipaddress.ip_address(v)  # ValueError names the problem
+        return v
+
+
+_UA_TAIL = "HarperProxy/1.0"
+
+
+class UserAgents(Model):
+    model_config = ConfigDict(extra="allow")  # one entry per supported device type
+    desktop: str = (
+        "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) HeadlessChrome/W.X.Y.Z "
+        f"Safari/537.36 {_UA_TAIL}"
+    )
+    mobile: str = (
+        "Mozilla/5.0 (Linux; Android 11; Pixel 5) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/W.X.Y.Z "
+        f"Mobile Safari/537.36 {_UA_TAIL}"
+    )
+    tablet: str = (
+        "Mozilla/5.0 (Linux; Android 7.0; Pixel C Build/NRD90M; wv) AppleWebKit/537.36 (KHTML, like Gecko) "
+        f"Version/4.0 Chrome/52.0.2743.98 Safari/537.36 {_UA_TAIL}"
+    )
+
+    def for_device(self, device: str) -> str:
+        if device in type(self).model_fields:
+            return getattr(self, device) or self.desktop
+        return (self.model_extra or {}).get(device) or self.desktop
+
+
+class Origin(Model):
+    security_token: SecurityToken = SecurityToken()
+    staging: Staging = Staging()
+    user_agents: UserAgents = Field(
+        UserAgents(), description="User agent per device type for origin fetches (desktop is the fallback)."
+    )
+    ignored_headers: list[str] = Field([], description="Bot request headers never forwarded to the origin.")
+    max_response_header_bytes: int = Field(
+        65536, ge=16384, le=1048576, description="Largest origin response head accepted."
+    )
+    connect_timeout_ms: PositiveDuration = Field(5_000, description="Deadline to connect to the origin.")
+    read_timeout_ms: PositiveDuration = Field(
+        15_000, description="Deadline for each read from the origin (headers and body)."
+    )
+    max_body_bytes: int = Field(20 * 1024 * 1024, ge=1024, description="Largest origin body relayed.")
+
+
+class DebugHeader(Model):
+    key: NonEmptyStr = Field(
+        "x-harper-prerender-debug",
+        description="Request header that adds the x-harper-* debug headers to a response.",
+    )
+
+
+class RenderNow(Model):
+    enabled: bool = Field(False, description="Let authorized bot requests render a page on demand.")
+    header: str = Field("x-harper-render-now", description="Request header carrying the render-now token.")
+    token: str = Field(
+        "",
+        json_schema_extra={"secret": True},
+        description="Render-now token (secret; prefer valueEnv); empty disables the feature.",
+    )
+    value_env: str = Field("", description="Environment variable holding the render-now token.")
+    miss_header: str = Field(
+        "x-harper-render-miss", description="Request header choosing `prerender` or `origin` on a miss."
+    )
+    default_miss_mode: Literal["prerender", "origin"] = Field(
+        "prerender", description="Miss mode of an authorized request without the miss header."
+    )
+    timeout_ms: Annotated[int, BeforeValidator(_duration), Field(ge=1)] = Field(
+        30_000, description="How long a render-now request waits for the render."
+    )
+    poll_interval_ms: Annotated[int, BeforeValidator(_duration), Field(ge=10)] = Field(
+        250, description="How often a render-now request looks for the new page."
+    )
+    fallback: Literal["origin", "stale", "error"] = Field(
+        "origin", description="After the timeout: `origin`, `stale` (the cached page) or `error` (504)."
+    )
+
+
+class PeerRescue(Model):
+    enabled: bool = Field(
+        False, description="Fetch a page from its owner when the local copy is missing or unreadable."
+    )
+    header: NonEmptyStr = Field("x-harper-peer-token", description="Header carrying the peer token.")
+    token: str = Field(
+        "",
+        json_schema_extra={"secret": True},
+        description="Peer token (secret; prefer valueEnv); empty disables peer rescue.",
+    )
+    value_env: str = Field("", description="Environment variable holding the peer token.")
+    timeout_ms: PositiveDuration = Field(500, description="Deadline of a peer page fetch.")
+
+
+class LiveOverrides(Model):
+    enabled: bool = Field(
+        True, description="Admins may change the live options (routes, default interval, sitemap boost) at runtime."
+    )
+
+
+class Management(Model):
+    enabled: bool = Field(True, description="Serve the admin API and console.")
+    overrides: LiveOverrides = LiveOverrides()
+    proxy_to_owner: bool = Field(True, description="Explain asks the owning node for its schedule row.")
+    peer_timeout_ms: PositiveDuration = Field(2_500, description="Deadline of admin calls to other nodes.")
+    snapshot_table_counts: bool = Field(True, description="Show the exact target and page counts in the overview.")
+    page_size: int = Field(50, ge=1, le=1000, description="Rows per page in admin lists.")
+
+
+class Page(Model):
+    ttl: PositiveDuration = Field(
+        DAY, description="Render interval for sitemap entries without a usable changefreq."
+    )
+    min_ttl: PositiveDuration = Field(
+        6 * HOUR, description="Floor for changefreq-derived intervals (`hourly` and `always` become this)."
+    )
+    swr_ttl: NonNegDuration = Field(
+        3 * HOUR, description="Stale-while-revalidate: how long after expiry a page is still served."
+    )
+
+
+# --------------------------------------------------------------------------------------------- render
+
+
+class Gone(Model):
+    recheck_interval: PositiveDuration = Field(
+        14 * DAY, description="Recheck interval of a target suppressed for 404/410."
+    )
+    max_strikes: int = Field(
+        2, ge=1, description="Consecutive 404/410 verdicts before the target is deleted."
+    )
+
+
+class Suppression(Model):
+    recheck_interval: PositiveDuration = Field(
+        7 * DAY, description="Recheck interval of a suppressed (non-indexable) target."
+    )
+    max_strikes: int = Field(
+        4, ge=1, description="Consecutive non-indexable verdicts before the target is deleted."
+    )
+    gone: Gone = Gone()
+
+
+class FailureRetry(Model):
+    fast_retries: int = Field(2, ge=0, description="Failures retried at lease expiry before backing off.")
+    backoff_factor: float = Field(2, ge=1, description="Growth of the wait per further failure.")
+    max_backoff: PositiveDuration = Field(
+        7 * DAY, description="Longest wait after failures (never below the page's cadence)."
+    )
+    non_sitemap_penalty: float = Field(
+        4, ge=1, description="Extra factor for failing pages not listed in a sitemap."
+    )
+
+
+class Redirects(Model):
+    max_strikes: int = Field(
+        4, ge=1, description="Temporary redirects in a row before the source target is retired."
+    )
+
+
+class Reconcile(Model):
+    enabled: bool = Field(True, description="Periodically restore schedule rows missing for owned targets.")
+    interval: Annotated[int, BeforeValidator(_duration), Field(ge=1000)] = Field(
+        6 * HOUR, description="How often reconcile runs."
+    )
+    start_delay: NonNegDuration = Field(5 * MINUTE, description="Delay of the first reconcile after start.")
+    start_jitter: NonNegDuration = Field(
+        5 * MINUTE, description="Per-node stagger added to the first reconcile."
+    )
+    max_restores: int = Field(5_000, ge=1, description="Cap on rows restored per reconcile pass.")
+
+
+class Render(Model):
+    default_interval: PositiveDuration = Field(
+        DAY, description="Cadence of targets without a route or stored interval."
+    )
+    suppression: Suppression = Suppression()
+    failure_retry: FailureRetry = FailureRetry()
+    redirects: Redirects = Redirects()
+    reconcile: Reconcile = Reconcile()
+
+
+class Scan(Model):
+    collect_cap: int = Field(
+        100_000, ge=1, description="Cap on URLs collected by bulk operations (revalidate, sitemap prune)."
+    )
+
+
+class Sitemap(Model):
+    refresh_time: NonEmptyStr = Field(
+        "12:00", description="Local time (HH:MM) of the daily refresh of every root sitemap."
+    )
+    timezone: NonEmptyStr = Field("America/New_York", description="IANA time zone of refreshTime.")
+    filtered_warn_percent: int = Field(
+        50, ge=0, le=100, description="Share of entries filtered by routes that logs an error."
+    )
+    node: str = Field("", description="Node that runs the daily refresh of every root; empty disables it.")
+    background: bool = Field(True, description="Sitemap walks run in the background by default.")
+    stale_run_ms: PositiveDuration = Field(
+        10 * MINUTE, description="A running walk without progress for this long may be taken over."
+    )
+    removed_sample_cap: int = Field(20, ge=0, description="URLs listed in a result's removedSample.")
+    failed_cap: int = Field(
+        100, ge=0, description="Failed children listed in a result (the rest are counted)."
+    )
+    user_agent: NonEmptyStr = Field("HarperSitemapCrawler/1.0", description="User agent of sitemap fetches.")
+    max_bytes: int = Field(50 * 1024 * 1024, ge=1024, description="Cap on one document, decompressed.")
+    max_entries: int = Field(50_000, ge=1, description="Cap on entries per document.")
+    max_documents: int = Field(1_000, ge=1, description="Cap on documents per walk.")
+    fetch_timeout_ms: PositiveDuration = Field(60_000, description="Deadline of one sitemap document fetch.")
+
+    @field_validator("refresh_time")
+    @classmethod
+    def _hhmm(cls, v: str) -> str:
+        if not re.fullmatch(r"([01]?\d|2[0-3]):[0-5]\d", v.strip()):
+            raise ValueError("must be HH:MM")
+        return v.strip()
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone(cls, v: str) -> str:
+        from zoneinfo import ZoneInfo
+
+        try:
+            ZoneInfo(v)
+        except Exception as e:
+            raise ValueError(f"unknown time zone {v!r}") from e
+        return v
+
+
+# ---------------------------------------------------------------------------------------------- queue
+
+
+class Ready(Model):
+    capacity: int = Field(5_000, ge=0, description="Size of the ready set published by the keeper.")
+    sitemap_boost: float = Field(2, ge=1, description="Score multiplier of sitemap-listed pages.")
+
+
+class Keeper(Model):
+    publish_interval: Annotated[int, BeforeValidator(_duration), Field(ge=100)] = Field(
+        SECOND, description="How often the keeper publishes the ready set."
+    )
+    verify_interval: NonNegDuration = Field(
+        HOUR, description="How often the keeper verifies its rows against RocksDB (0 = never)."
+    )
+
+
+class Queue(Model):
+    job_lease_time: Annotated[int, BeforeValidator(_duration), Field(ge=2 * MINUTE)] = Field(
+        10 * MINUTE,
+        description="Lease of a claimed job (minimum 2 minutes: the fleet skips jobs with < 30 s left).",
+    )
+    status_sync_interval: Annotated[int, BeforeValidator(_duration), Field(ge=SECOND)] = Field(
+        MINUTE, description="How often a node re-resolves its pause intent and status."
+    )
+    max_claim_limit: int = Field(25, ge=1, le=1000, description="Largest `limit` a claim may ask for.")
+    max_leases: int = Field(4_096, ge=1, description="Capacity of a node's lease table.")
+    ready: Ready = Ready()
+    keeper: Keeper = Keeper()
+
+
+# ---------------------------------------------------------------------------------------------- fleet
+
+
+class Mqtt(Model):
+    url: str = Field("", description="Broker URL, e.g. mqtt://127.0.0.1:1883; empty disables the broadcast.")
+    topic_prefix: NonEmptyStr = Field(
+        "queue_status", description="Topic prefix: status goes to `<prefix>/<host>`, retained."
+    )
+    username: str = Field("", description="Broker user name.")
+    password: str = Field("", description="Broker password (secret; prefer passwordEnv).")
+    password_env: str = Field("", description="Environment variable holding the broker password.")
+    client_id: str = Field("", description="Client id prefix (default `prerender-ray-<node>`).")
+
+    @field_validator("url")
+    @classmethod
+    def _scheme(cls, v: str) -> str:
+        if v and not re.match(r"^(mqtt|mqtts|ws|wss)://[^/\s]+", v):
+            raise ValueError("must be mqtt://, mqtts://, ws:// or wss:// with a host")
+        return v
+
+
+class Fleet(Model):
+    mqtt: Mqtt = Mqtt()
+
+
+# ----------------------------------------------------------------------------------------------- auth
+
+
+class User(Model):
+    name: NonEmptyStr
+    password_env: str = ""
+    password_hash: str = ""
+    roles: Annotated[list[Literal["admin", "viewer", "fleet"]], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _one_secret(self) -> User:
+        if bool(self.password_env) == bool(self.password_hash):
+            raise ValueError(f"user {self.name!r} needs exactly one of passwordEnv or passwordHash")
+        if self.password_hash and not self.password_hash.startswith("pbkdf2_sha256$"):
+            raise ValueError("passwordHash must come from `prerender-ray config hash-password`")
+        return self
+
+
+class Auth(Model):
+    users: list[User] = Field(
+        [],
+        description="`{name, passwordEnv | passwordHash, roles: [admin|viewer|fleet]}`; none = loopback only.",
+    )
+    session_secret: str = Field(
+        "",
+        json_schema_extra={"secret": True},
+        description="Key signing admin sessions and cursors (secret; prefer sessionSecretEnv); empty: "
+        "a random key per deployment, made by `prerender-ray up`.",
+    )
+    session_secret_env: str = Field("", description="Env var holding the cookie-signing key; default random.")
+    session_ttl: PositiveDuration = Field(12 * HOUR, description="Lifetime of an admin session cookie.")
+    max_failed_logins_per_minute: int = Field(
+        10, ge=1, description="Failed logins allowed per client and minute."
+    )
+
+
+# -------------------------------------------------------------------------------------------- the rest
+
+
+class Bot(Model):
+    name: NonEmptyStr
+    match: NonEmptyStr
+
+
+class Analytics(Model):
+    enabled: bool = Field(True, description="Count bot requests by bot name.")
+    record_unmatched: bool = Field(
+        True, description="Also count requests whose user agent matches no known bot."
+    )
+    derive_unknown_bots: bool = Field(
+        True, description="Derive a bot name from an unknown bot-like user agent."
+    )
+    # None = the built-in registry (prerender_ray.serving.bots.DEFAULT_BOTS); a list replaces it wholesale.
+    bots: list[Bot] | None = Field(
+        None, description="`{name, match}` bot registry replacing the built-in one (null = built-in)."
+    )
+
+
+class Logging(Model):
+    level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Log level of every process."
+    )
+    json_lines: Literal["auto", "always", "never"] = Field(
+        "auto", description="JSON lines (`auto`: when not on a TTY)."
+    )
+
+
+class Config(Model):
+    domains: list[str] = Field(
+        [],
+        description="Origins we prerender and fetch (bot misses, sitemaps, redirects); others are refused. "
+        "An entry is `host` (the scheme's default port only: 80 for http, 443 for https), `host:port`, "
+        "or `host:*` (any port); IPv6 as `[::1]`, `[::1]:8080`. Not a URL: no scheme or path "
+        "(empty: any host, loopback only)."
+    )
+    allow_any_domain: bool = Field(
+        False, description="Allow origin fetches to any host with an empty `domains` (open proxy)."
+    )
+    server: Server = Server()
+    ingress: Ingress = Ingress()
+    device_types: DeviceTypes = DeviceTypes()
+    cache_key: CacheKey = CacheKey()
+    origin: Origin = Origin()
+    debug_header: DebugHeader = DebugHeader()
+    render_now: RenderNow = RenderNow()
+    peer_rescue: PeerRescue = PeerRescue()
+    management: Management = Management()
+    page: Page = Page()
+    render: Render = Render()
+    scan: Scan = Scan()
+    sitemap: Sitemap = Sitemap()
+    queue: Queue = Queue()
+    fleet: Fleet = Fleet()
+    auth: Auth = Auth()
+    analytics: Analytics = Analytics()
+    logging: Logging = Logging()
+
+    @field_validator("domains")
+    @classmethod
+    def _hosts(cls, v: list[str]) -> list[str]:
+        from prerender_ray.serving.origin_policy import (
+            parse_entry,  # late: it reads hosts through urls, which imports us
+        )
+
+        return [parse_entry(d).text for d in v if d.strip()]
+
+    @model_validator(mode="after")
+    def _keys_parse(self) -> Config:
+        clash = [d for d in self.device_types.supported if self.cache_key.delimiter in d]
+        if clash:
+            raise ValueError(f"device types {clash} contain the cache key delimiter {self.cache_key.delimiter!r}")
+        return self
+
+
+# Secret leaves: shown only as set/unset, filled from their *_env variable at load time.
+SECRET_PATHS = {  # secret leaf -> the option naming its environment variable
+    "origin.security_token.value": "origin.security_token.value_env",
+    "render_now.token": "render_now.value_env",
+    "peer_rescue.token": "peer_rescue.value_env",
+    "fleet.mqtt.password": "fleet.mqtt.password_env",
+    "auth.session_secret": "auth.session_secret_env",
+}
+# Reference options that this design does not implement; accepted with a warning, never an error.
+UNSUPPORTED_PATHS = (
+    "invalidation",
+    "crawl_stats",
+    "render.demand",
+    "management.analytics",
+    "management.overrides.subscribe",
+    "management.overrides.sync_interval",
+    "sitemap.worker_index",
+    "queue.claim_floor",
+    "queue.claim_scan_cap",
+    "queue.ready.enabled",
+    "queue.ready.sweep_interval",
+    "queue.ready.sweep_cap",
+    "queue.keeper.enabled",
+    # reference options with nothing to drive here: the overview's counts are exact and live, a page
+    # read is a local RocksDB get, no orphan sweep exists (reconcile repairs), bulk writes batch by
+    # their own sizes, and the queue-state document is computed when asked
+    "management.scan_cap",
+    "management.backlog_snapshot_interval",
+    "page.blob_read_budget_ms",
+    "render.orphan_sweep",
+    "scan.batch_size",
+    "scan.yield_every",
+    "queue.keeper.state_interval",
+)
+# Reference keys that moved (old top-level path -> new path).
+MOVED_PATHS = {
+    "bot_path_prefix": "ingress.bot_path_prefix",
+    "exclude_path_patterns": "ingress.exclude_path_patterns",
+    "url.query_params": "cache_key.query_params",
+    "security_token": "origin.security_token",
+    "staging": "origin.staging",
+    "user_agents": "origin.user_agents",
+    "ignored_headers": "origin.ignored_headers",
+    "sitemap_user_agent": "sitemap.user_agent",
+    "crawl_stats.bots": "analytics.bots",
+}

@@ -1,0 +1,1 @@
+"""What names a page and a node: URLs, cache keys, devices, route classes, ownership."""

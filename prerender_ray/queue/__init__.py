@@ -1,0 +1,1 @@
+"""The render queue's rules: schedule rows, ranking, leases, result plans, target writes, status."""

@@ -1,0 +1,547 @@
+"""The keeper's in-memory queue: every owned schedule row, grouped into classes, ranked on demand.
+
+A class is (route, carried cadence, sitemap flag). Within a class the cadence and the boost are
+constant, so a row's score only grows with lateness: ordering a class by due time orders it by score,
+and the class head is its best row. Top-K is then a k-way merge over class heads instead of a sort of
+every row.
+
+Memory is the constraint (250,000 rows in about 200 bytes each), so a row is not an object. A row is
+its cache-key string, held once, referenced twice: from the ``_where`` dict (key -> its bucket) and
+from the bucket itself, a sorted list of the keys of one class due at one instant. Due time, cadence,
+flag and route live on the bucket and its class, shared by every row in them. A bulk upsert appends
+to buckets that are not due yet and sorts each it disordered once, when it comes due or is read
+(``_settle``): a sitemap ingest puts a million rows into future buckets nobody reads for hours.
+
+Scores are computed at minute resolution (``now`` floored to the minute) so they are stable within a
+minute; ties break on due time, then cache key, so the order is total and the brute-force oracle at
+the bottom pins the merge exactly.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from bisect import bisect_left, bisect_right, insort
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from itertools import accumulate, chain, filterfalse, islice
+from typing import Any, NamedTuple
+
+from prerender_ray.queue.schedule import cadence_of, score
+from prerender_ray.timeutil import HOUR_MS, MINUTE_MS, finite, minute, positive
+
+Route = Hashable  # an opaque route label from the caller (None = no route matched)
+CadenceFor = Callable[[Route], Any]  # route -> its configured cadence in ms
+RouteOf = Callable[[str], Route]  # cache key -> route
+IsLeased = Callable[[str], bool]
+Ready = tuple[str, int, float, bool]  # cache key, due at, score, from sitemap
+
+LATENESS_EDGES = (0.25, 1.0, 2.0, 4.0)  # in cadences; five bins: [0, .25) ... [4, inf)
+_HORIZONS = (("next15m", 15 * MINUTE_MS), ("next60m", HOUR_MS), ("next24h", 24 * HOUR_MS))
+_HIST_HOURS = 24
+
+
+class Held(NamedTuple):
+    """One held row as the keeper sees it."""
+
+    key: str
+    due: int | None
+    from_sitemap: bool
+    interval: float | None  # the carried cadence; None when absent or junk
+    route: Route
+
+
+class _Class:
+    __slots__ = ("buckets", "cadence", "carried", "dues", "ordered", "route", "sitemap", "undated")
+
+    def __init__(self, route: Route, carried: float | None, sitemap: bool, cadence: float | None):
+        self.route = route
+        self.carried = carried
+        self.sitemap = sitemap
+        self.cadence = cadence  # what scores divide by; None = raw lateness (config gave junk)
+        self.buckets: dict[int, _Bucket] = {}
+        self.dues: list[int] = []  # due instants with a bucket; sorted when ``ordered``
+        self.ordered = True
+        self.undated: _Bucket | None = None  # rows with no due time: held, never due
+
+    def sorted_dues(self) -> list[int]:
+        if not self.ordered:
+            self.dues.sort()  # mostly appends in order, so near-linear
+            self.ordered = True
+        return self.dues
+
+
+class _Tie(tuple):
+    """Buckets of different classes tied on score and due time: walked as one run, merged by key."""
+
+    __slots__ = ()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(chain.from_iterable(tuple.__iter__(self))))
+
+
+class _Bucket(list):
+    """The sorted cache keys of one class due at one instant (``due`` None: never due)."""
+
+    __slots__ = ("cls", "due")
+
+    cls: _Class
+    due: int | None
+
+
+def _new_bucket(cls: _Class, due: int | None) -> _Bucket:
+    """A third of a Python ``__init__``'s cost (an ingest makes a bucket for most new rows)."""
+    bucket = _Bucket()
+    bucket.cls, bucket.due = cls, due
+    return bucket
+
+
+def _due_value(due: Any) -> int | None:
+    n = finite(due)
+    return None if n is None else int(n)
+
+
+def _carried(interval: Any) -> float | None:
+    if interval is None:
+        return None
+    return interval if type(interval) is int and interval > 0 else positive(interval)
+
+
+def _score(cls: _Class, due: int, now_min: int, boost: float) -> float:
+    """``schedule.score`` specialised to a class (int due, positive or absent cadence): same floats."""
+    lateness = now_min - due if now_min > due else 0
+    ratio = lateness / cls.cadence if cls.cadence is not None else float(lateness)
+    return ratio * boost if cls.sitemap else ratio
+
+
+class Ranking:
+    """Every held row, ranked by the reference's score. Not thread-safe: one actor owns it."""
+
+    def __init__(self, cadence_for: CadenceFor, *, boost: float = 2.0):
+        self._cadence_for = cadence_for
+        self._boost = boost
+        self._where: dict[str, _Bucket] = {}
+        # future buckets a bulk upsert left out of key order (id -> bucket): each is sorted once, when
+        # it comes due (before a merge) or is read; never one in the plan (see upsert_many)
+        self._unsorted: dict[int, _Bucket] = {}
+        self._classes: dict[tuple[Route, float | None, bool], _Class] = {}
+        # top_k's cached merge: valid for one minute, from _plan_now until the next due instant
+        self._plan: list[Iterable[str]] | None = None
+        self._plan_complete = False
+        self._plan_min = self._plan_now = 0
+        self._plan_next: float = 0
+        self._plan_want = 0
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._where
+
+    # ------------------------------------------------------------------------------------- rows
+
+    def upsert(self, key: str, due: Any, from_sitemap: bool, interval: Any, route: Route = None) -> None:
+        """Hold ``key`` with these values, replacing what was held. A junk ``interval`` (0, -1,
+        NaN, text) is held as none, so the row's cadence comes from its route's config."""
+        if due is not None and type(due) is not int:
+            due = _due_value(due)
+        ident = (route, _carried(interval), bool(from_sitemap))
+        old = self._where.get(key)
+        if old is not None:
+            o = old.cls
+            if old.due == due and (o.route, o.carried, o.sitemap) == ident:
+                return
+            key = self._take_out(key, old)  # reuse the held string: one copy per row
+        self._put(key, due, ident)
+
+    def upsert_many(self, rows: Iterable[tuple[str, Any, bool, Any]], route_of: RouteOf, *,
+                    delimiter: str | None = "|") -> int:
+        """``upsert`` for a store walk: rows of (key, due, from_sitemap, interval). Returns the count.
+
+        Built for load speed. A walk yields keys in order, so the device variants of a URL arrive
+        together: ``route_of`` is asked once per URL (the text before the last ``delimiter``, for keys
+        laid out ``<url><delimiter><device>``; ``None`` for any other layout, whose variants share no
+        prefix), and a row that shares its predecessor's class and due time appends to the same
+        bucket. A device variant
+        that carries its predecessor's very value objects (as ``Rules.put_many`` builds them) skips
+        the checks.
+        """
+        where, classes, unsorted = self._where, self._classes, self._unsorted
+        url: str | None = None
+        route: Route = None
+        bucket: _Bucket | None = None  # None: the next row looks its bucket up
+        last_due = last_interval = last_sitemap = last_route = None
+        raw: tuple = (None, None, None)  # the previous row's values as given
+        delim = delimiter or ""  # without one, ``url`` stays None and no branch below reads it
+        n = 0
+        for key, due, from_sitemap, interval in rows:
+            n += 1
+            if bucket is not None and due is raw[0] and from_sitemap is raw[1] and interval is raw[2] \
+                    and url is not None and key.startswith(url) and key.find(delim, len(url)) < 0 \
+                    and key not in where:
+                due = last_due  # a device variant of the previous row: same values, same bucket
+            else:
+                raw = (due, from_sitemap, interval)
+                if url is None or not key.startswith(url) or key.find(delim, len(url)) >= 0:
+                    # the URL and its delimiter: a variant's rest holds no further delimiter (a longer
+                    # URL that merely starts with this one does)
+                    cut = key.rfind(delimiter) if delimiter else -1
+                    url = key[: cut + len(delim)] if cut >= 0 else None  # a non-key shares no route
+                    route = route_of(key)
+                if interval is not None and (type(interval) is not int or interval <= 0):
+                    interval = _carried(interval)
+                if from_sitemap is not True and from_sitemap is not False:
+                    from_sitemap = bool(from_sitemap)
+                if due is not None and type(due) is not int:
+                    due = _due_value(due)
+                if key in where:
+                    self.upsert(key, due, from_sitemap, interval, route)
+                    bucket = None
+                    continue
+                if due != last_due or interval != last_interval or from_sitemap is not last_sitemap \
+                        or route is not last_route or bucket is None:
+                    last_due, last_interval, last_sitemap, last_route = due, interval, from_sitemap, route
+                    cls = classes.get((route, interval, from_sitemap))
+                    found = None if cls is None or due is None else cls.buckets.get(due)
+                    if found is None:  # a new class or bucket
+                        bucket = self._put(key, due, (route, interval, from_sitemap))
+                        continue
+                    bucket = found
+            if bucket[-1] < key:
+                bucket.append(key)
+            elif due is None or due >= self._plan_next:  # not due before the next merge: sort it then
+                unsorted[id(bucket)] = bucket
+                bucket.append(key)
+            else:
+                insort(bucket, key)
+            where[key] = bucket
+        return n
+
+    def remove(self, key: str) -> bool:
+        bucket = self._where.pop(key, None)
+        if bucket is None:
+            return False
+        self._take_out(key, bucket)
+        return True
+
+    def get(self, key: str) -> Held | None:
+        bucket = self._where.get(key)
+        if bucket is None:
+            return None
+        cls = bucket.cls
+        return Held(key, bucket.due, cls.sitemap, cls.carried, cls.route)
+
+    def rows(self) -> Iterator[Held]:
+        self._settle()
+        for cls in list(self._classes.values()):
+            buckets = [*cls.buckets.values(), *([cls.undated] if cls.undated else [])]
+            for bucket in buckets:
+                for key in bucket:
+                    yield Held(key, bucket.due, cls.sitemap, cls.carried, cls.route)
+
+    def drop_where(self, predicate: Callable[[str], bool]) -> int:
+        """Remove every row whose key matches (rows this node no longer owns). Returns the count."""
+        doomed = [key for key in self._where if predicate(key)]
+        for key in doomed:
+            self.remove(key)
+        return len(doomed)
+
+    def reclassify(self, cadence_for: CadenceFor, *, route_of: RouteOf | None = None,
+                   boost: float | None = None) -> int:
+        """Apply a config change in memory, no reload. A new default or route cadence re-prices the
+        classes of rows without a carried cadence; a new route list (``route_of``) may also move
+        rows between routes. Returns how many rows moved."""
+        self._cadence_for = cadence_for
+        self._plan = None
+        if boost is not None:
+            self._boost = boost
+        for cls in self._classes.values():
+            if cls.carried is None:
+                cls.cadence = positive(cadence_for(cls.route))
+        if route_of is None:
+            return 0
+        moves = [(row, r) for row in self.rows() if (r := route_of(row.key)) != row.route]
+        for row, r in moves:
+            self.upsert(row.key, row.due, row.from_sitemap, row.interval, r)
+        return len(moves)
+
+    def _put(self, key: str, due: int | None, ident: tuple[Route, float | None, bool]) -> _Bucket:
+        cls = self._classes.get(ident)
+        if cls is None:
+            route, carried, sitemap = ident
+            cadence = carried if carried is not None else positive(self._cadence_for(route))
+            cls = self._classes[ident] = _Class(route, carried, sitemap, cadence)
+        bucket = cls.undated if due is None else cls.buckets.get(due)
+        if bucket is None:
+            bucket = _new_bucket(cls, due)
+            if due is None:
+                cls.undated = bucket
+            else:
+                cls.buckets[due] = bucket
+                if cls.ordered and cls.dues and due < cls.dues[-1]:
+                    cls.ordered = False
+                cls.dues.append(due)
+                if due < self._plan_next:  # a bucket the plan does not know: due, or due sooner
+                    if due <= self._plan_now:
+                        self._plan = None
+                    else:
+                        self._plan_next = due
+        if not bucket or bucket[-1] < key:
+            bucket.append(key)
+        else:
+            insort(bucket, key)
+        self._where[key] = bucket
+        return bucket
+
+    def _settle(self, now: int | None = None) -> None:
+        """Sort the disordered buckets due at ``now`` or before (all of them when None)."""
+        unsorted = self._unsorted
+        if not unsorted:
+            return
+        if now is None:
+            ready = list(unsorted)
+        else:
+            ready = [i for i, b in unsorted.items() if b.due is not None and b.due <= now]
+        for i in ready:
+            unsorted.pop(i).sort()
+
+    def _take_out(self, key: str, bucket: _Bucket) -> str:
+        """Take ``key`` out of its bucket, dropping an emptied bucket and class; returns the held string."""
+        if self._unsorted and (disordered := self._unsorted.pop(id(bucket), None)) is not None:
+            disordered.sort()
+        i = bisect_left(bucket, key)
+        held = bucket[i]
+        del bucket[i]
+        if not bucket:
+            cls = bucket.cls
+            if bucket.due is None:
+                cls.undated = None
+            else:
+                del cls.buckets[bucket.due]
+                dues = cls.sorted_dues()
+                del dues[bisect_left(dues, bucket.due)]
+            if not cls.buckets and cls.undated is None:
+                del self._classes[(cls.route, cls.carried, cls.sitemap)]
+        return held
+
+    # ---------------------------------------------------------------------------------- ranking
+
+    def top_k(self, k: int, now: int, is_leased: IsLeased | None = None) -> list[str]:
+        """Cache keys of the best ``k`` due rows, best first, leased keys skipped.
+
+        The merge (``_merge``) orders buckets, not rows, and its order only changes when the minute
+        does, a due bucket appears, or config changes; so it is kept as a plan and each call walks
+        it, filtering leased keys, at C speed. Buckets are live lists: rows that leave or join a
+        planned bucket are seen without a rebuild. A plan that runs short is rebuilt deeper.
+        """
+        if k <= 0:
+            return []
+        plan = self._plan
+        if plan is None or self._plan_min != minute(now) or not self._plan_now <= now < self._plan_next:
+            self._plan_want = 2 * k
+            plan = self._replan(now)
+        while True:
+            keys: Iterable[str] = chain.from_iterable(plan)
+            if is_leased is not None:
+                keys = filterfalse(is_leased, keys)
+            out = list(islice(keys, k))
+            if len(out) >= k or self._plan_complete:
+                return out
+            self._plan_want *= 2
+            plan = self._replan(now)
+
+    def _replan(self, now: int) -> list[Iterable[str]]:
+        self._settle(now)  # the merge reads the buckets due by now
+        plan, self._plan_complete, self._plan_next = self._merge(now, self._plan_want)
+        self._plan, self._plan_min, self._plan_now = plan, minute(now), now
+        return plan
+
+    def _merge(self, now: int, want: int) -> tuple[list[Iterable[str]], bool, float]:
+        """K-way merge over class heads on (-score, due): buckets in rank order until they hold at
+        least ``want`` rows. Returns (plan, whether it holds every due row, next due instant).
+
+        The current class keeps emitting, without heap traffic, while its next bucket still beats
+        every other head (found by galloping). Buckets of different classes that tie on score and
+        due become one ``_Tie`` entry, merged by key when walked.
+        """
+        now_min = minute(now)
+        boost = self._boost
+        heap = []
+        horizon: float = math.inf
+        for cls in self._classes.values():
+            if cls.buckets:
+                dues = cls.sorted_dues()
+                end = bisect_right(dues, now)
+                if end < len(dues) and dues[end] < horizon:
+                    horizon = dues[end]
+                if end:
+                    due = dues[0]
+                    heap.append((-_score(cls, due, now_min, boost), due, cls.buckets[due][0], 0, end, cls))
+        heapq.heapify(heap)
+        heappop, heappush = heapq.heappop, heapq.heappush
+        plan: list[Iterable[str]] = []
+        rows = 0
+        while heap and rows < want:
+            neg, due, _, pos, end, cls = heappop(heap)
+            if heap and heap[0][0] == neg and heap[0][1] == due:
+                group = [(pos, end, cls)]
+                while heap and heap[0][0] == neg and heap[0][1] == due:
+                    group.append(heappop(heap)[3:])
+                tied = [c.buckets[due] for _, _, c in group]
+                plan.append(_Tie(tied))
+                rows += sum(map(len, tied))
+                for pos, end, cls in group:
+                    if pos + 1 < end:
+                        nxt = cls.dues[pos + 1]
+                        heappush(heap, (-_score(cls, nxt, now_min, boost), nxt, cls.buckets[nxt][0],
+                                        pos + 1, end, cls))
+                continue
+            dues, buckets = cls.dues, cls.buckets
+            stop = _run_end(cls, pos + 1, end, now_min, boost, heap[0][:2]) if heap else end
+            if stop == pos + 1:
+                bucket = buckets[due]
+                plan.append(bucket)
+                rows += len(bucket)
+            else:
+                run = list(map(buckets.__getitem__, dues[pos:stop]))
+                plan.extend(run)
+                rows += sum(map(len, run))
+            if stop < end:
+                nxt = dues[stop]
+                heappush(heap, (-_score(cls, nxt, now_min, boost), nxt, buckets[nxt][0], stop, end, cls))
+        return plan, not heap, horizon
+
+    def score_of(self, key: str, now: int) -> float | None:
+        """The score ``top_k`` ranks ``key`` by (0 when not yet due); None when not held or undated."""
+        bucket = self._where.get(key)
+        if bucket is None or bucket.due is None:
+            return None
+        return _score(bucket.cls, bucket.due, minute(now), self._boost)
+
+    def entries(self, keys: Iterable[str], now: int) -> list[Ready]:
+        """(key, due, score, from_sitemap) for held keys, in the given order: the ready set's report."""
+        now_min, boost, out = minute(now), self._boost, []
+        for key in keys:
+            bucket = self._where.get(key)
+            if bucket is not None and bucket.due is not None:
+                cls = bucket.cls
+                out.append((key, bucket.due, _score(cls, bucket.due, now_min, boost), cls.sitemap))
+        return out
+
+    # ------------------------------------------------------------------------------ queue state
+
+    def state(self, now: int, leased: Iterable[str] = ()) -> dict[str, Any]:
+        """Exact queue-state counts.
+
+        ``now``: rows due (split sitemap / discovered) and how many of them are in ``leased``.
+        ``coming``: rows due in (now, now + 15 min / 60 min / 24 h], and per hour ahead (hour i is
+        (now + i h, now + (i+1) h]). ``lateness``: due rows by lateness in cadences (a row is in
+        the bin of the highest edge with lateness >= edge x cadence), per lane and per route.
+        ``dueHistogram``: hourly counts of due times in [now - 24 h, now + 24 h). ``classes``: rows,
+        due rows and oldest due time per class. Within a class each count is a range of due times,
+        so it comes from prefix sums of bucket sizes and a bisect, not from a walk over rows.
+        """
+        now_min = minute(now)
+        nbins = len(LATENESS_EDGES) + 1
+        due_sitemap = due_discovered = undated = before = after = 0
+        coming = dict.fromkeys((name for name, _ in _HORIZONS), 0)
+        by_hour = [0] * _HIST_HOURS
+        hist = [0] * (2 * _HIST_HOURS)
+        late_sitemap, late_discovered = [0] * nbins, [0] * nbins
+        late_by_route: dict[str, list[int]] = {}
+        hour_edges = [now + h * HOUR_MS for h in range(_HIST_HOURS + 1)]
+        hist_edges = [now + (h - _HIST_HOURS) * HOUR_MS for h in range(2 * _HIST_HOURS + 1)]
+        classes = []
+        for cls in self._classes.values():
+            dues = cls.sorted_dues()
+            prefix = list(accumulate(map(len, map(cls.buckets.__getitem__, dues)), initial=0))
+            total = prefix[-1]
+            class_due = prefix[bisect_right(dues, now)]
+            # rows at least edge x cadence late; raw lateness (no cadence) counts in ms
+            cadence = cls.cadence or 1
+            thresholds = (now_min - edge * cadence for edge in LATENESS_EDGES)
+            at_least = [class_due, *(prefix[bisect_right(dues, t)] for t in thresholds), 0]
+            late = late_sitemap if cls.sitemap else late_discovered
+            label = "default" if cls.route is None else str(cls.route)
+            lanes = late_by_route.setdefault(label, [0] * nbins)
+            for i in range(nbins):
+                n = at_least[i] - at_least[i + 1]
+                late[i] += n
+                lanes[i] += n
+            for name, span in _HORIZONS:
+                coming[name] += prefix[bisect_right(dues, now + span)] - class_due
+            counts = [prefix[bisect_right(dues, edge)] for edge in hour_edges]  # (a, b] hours ahead
+            for h in range(_HIST_HOURS):
+                by_hour[h] += counts[h + 1] - counts[h]
+            counts = [prefix[bisect_left(dues, edge)] for edge in hist_edges]  # [a, b) around now
+            before += counts[0]
+            after += total - counts[-1]
+            for h in range(2 * _HIST_HOURS):
+                hist[h] += counts[h + 1] - counts[h]
+            if cls.sitemap:
+                due_sitemap += class_due
+            else:
+                due_discovered += class_due
+            held_undated = len(cls.undated) if cls.undated else 0
+            undated += held_undated
+            classes.append({"route": label, "cadence": cls.cadence, "carried": cls.carried is not None,
+                            "fromSitemap": cls.sitemap, "rows": total + held_undated, "due": class_due,
+                            "oldestDue": dues[0] if dues else None})
+        where = self._where
+        in_flight = sum(1 for key in set(leased)
+                        if (b := where.get(key)) is not None and b.due is not None and b.due <= now)
+        classes.sort(key=lambda c: (c["route"], c["fromSitemap"], c["cadence"] or 0, c["carried"]))
+        return {
+            "held": len(where),
+            "undated": undated,
+            "now": {"due": due_sitemap + due_discovered, "dueSitemap": due_sitemap,
+                    "dueDiscovered": due_discovered, "leased": in_flight},
+            "coming": {**coming, "byHour": by_hour},
+            "lateness": {"edges": list(LATENESS_EDGES), "sitemap": late_sitemap,
+                         "discovered": late_discovered, "byRoute": late_by_route},
+            "dueHistogram": {"binMs": HOUR_MS, "fromMs": now - _HIST_HOURS * HOUR_MS, "bins": hist,
+                             "before": before, "after": after},
+            "classes": classes,
+        }
+
+
+def _run_end(cls: _Class, lo: int, end: int, now_min: int, boost: float, limit: tuple[float, int]) -> int:
+    """First index in ``[lo, end)`` of ``cls.dues`` whose (-score, due) is not ahead of ``limit``.
+
+    (-score, due) strictly increases along a class, so gallop (1, 2, 4 ... steps) then bisect: a run
+    of r buckets costs O(log r) scores, and the common case, classes taking turns, costs one.
+    """
+    dues = cls.dues
+
+    def rank(due: int) -> tuple[float, int]:
+        return -_score(cls, due, now_min, boost), due
+
+    step = 1
+    while lo < end:
+        probe = min(lo + step, end) - 1
+        if rank(dues[probe]) >= limit:
+            return bisect_left(dues, limit, lo, probe, key=rank)
+        lo = probe + 1
+        step *= 2
+    return end
+
+
+def top_k_bruteforce(
+    rows: Iterable[Held | tuple[str, Any, bool, Any, Route]],
+    k: int,
+    now: int,
+    *,
+    cadence_for: CadenceFor,
+    boost: float = 2.0,
+    is_leased: IsLeased | None = None,
+) -> list[Ready]:
+    """The oracle: score every due row with ``schedule.score`` at minute resolution, sort, take k."""
+    now_min = minute(now)
+    scored = []
+    for key, due, from_sitemap, interval, route in rows:
+        at = _due_value(due)
+        if at is None or at > now or (is_leased is not None and is_leased(key)):
+            continue
+        cadence = cadence_of(interval, cadence_for(route))
+        scored.append((-score(at, now_min, cadence, bool(from_sitemap), boost), at, key, bool(from_sitemap)))
+    scored.sort()
+    return [(key, due, -neg, flag) for neg, due, key, flag in scored[:k]]

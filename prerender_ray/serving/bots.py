@@ -1,0 +1,201 @@
+"""Bot names for analytics: which crawler sent a request, from its User-Agent.
+
+The registry is one case-insensitive regex over every match string, longest first, each followed by
+``/ ; )``, whitespace or the end (so ``googleother`` cannot match ``GoogleOther-Image``, which has
+its own entry). There is no leading boundary: ``yeti`` also matches inside ``Spaghettiyeti/1``. The
+leftmost match wins, and the longest entry at that position. A UA the registry misses is labelled
+with the name it declares (``deriveUnknownBots``), else ``other``. Names only label traffic; they
+never change what a request is served.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from prerender_ray.config.model import Config
+
+OTHER = "other"
+DEBUG = "debug"
+DEBUG_HEADER = ("harper", "pre-render")  # the reference's marker for its own test traffic
+MEMO_SIZE = 1000
+
+
+class BotEntry(NamedTuple):
+    name: str
+    match: str
+
+
+# Match strings are what a request User-Agent carries (robots.txt-only tokens such as
+# Google-Extended never appear in a request). Display names follow the reference's registry.
+DEFAULT_BOTS: tuple[BotEntry, ...] = (
+    # search engines
+    BotEntry("Googlebot-Image", "googlebot-image"),
+    BotEntry("Googlebot-Video", "googlebot-video"),
+    BotEntry("Google InspectionTool", "google-inspectiontool"),
+    BotEntry("GoogleOther-Image", "googleother-image"),
+    BotEntry("GoogleOther-Video", "googleother-video"),
+    BotEntry("GoogleOther", "googleother"),
+    BotEntry("Storebot-Google", "storebot-google"),
+    BotEntry("AdsBot-Google", "adsbot-google"),
+    BotEntry("Googlebot", "googlebot"),
+    BotEntry("Bingbot", "bingbot"),
+    BotEntry("DuckDuckBot", "duckduckbot-https"),
+    BotEntry("DuckDuckBot", "duckduckbot"),
+    BotEntry("Applebot", "applebot"),
+    BotEntry("YandexBot", "yandexbot"),
+    BotEntry("Baidu Spider", "baiduspider"),
+    BotEntry("SeznamBot", "seznambot"),
+    BotEntry("Naver Yeti", "yeti"),
+    BotEntry("Sogou Spider", "sogou"),
+    BotEntry("PetalBot", "petalbot"),
+    # AI crawlers and assistants
+    BotEntry("GPTBot", "gptbot"),
+    BotEntry("OAI-SearchBot", "oai-searchbot"),
+    BotEntry("ChatGPT-User", "chatgpt-user"),
+    BotEntry("ClaudeBot", "claudebot"),
+    BotEntry("Claude-User", "claude-user"),
+    BotEntry("Claude-SearchBot", "claude-searchbot"),
+    BotEntry("PerplexityBot", "perplexitybot"),
+    BotEntry("Perplexity-User", "perplexity-user"),
+    BotEntry("Google-CloudVertexBot", "google-cloudvertexbot"),
+    BotEntry("CCBot", "ccbot"),
+    BotEntry("Bytespider", "bytespider"),
+    BotEntry("Meta-ExternalAgent", "meta-externalagent"),
+    BotEntry("Meta-ExternalFetcher", "meta-externalfetcher"),
+    BotEntry("FacebookBot", "facebookbot"),
+    BotEntry("Amazonbot", "amazonbot"),
+    BotEntry("DuckAssistBot", "duckassistbot"),
+    BotEntry("MistralAI-User", "mistralai-user"),
+    # SEO and site-audit tools
+    BotEntry("AhrefsBot", "ahrefsbot"),
+    BotEntry("SemrushBot", "semrushbot"),
+    BotEntry("MJ12bot", "mj12bot"),
+    BotEntry("Rogerbot", "rogerbot"),
+    BotEntry("DotBot", "dotbot"),
+    BotEntry("Screaming Frog", "screaming frog seo spider"),
+    BotEntry("Botify", "botify"),
+    BotEntry("Deepcrawl", "deepcrawl"),
+    BotEntry("OnCrawl", "oncrawl"),
+    BotEntry("Sitebulb", "sitebulb"),
+    # link previews (they render shared pages, so they see the prerendered HTML)
+    BotEntry("facebookexternalhit", "facebookexternalhit"),
+    BotEntry("Twitterbot", "twitterbot"),
+    BotEntry("LinkedInBot", "linkedinbot"),
+    BotEntry("Slackbot", "slackbot-linkexpanding"),
+    BotEntry("Slackbot", "slackbot"),
+    BotEntry("Discordbot", "discordbot"),
+    BotEntry("TelegramBot", "telegrambot"),
+    BotEntry("Pinterestbot", "pinterestbot"),
+)
+
+
+class BotRegistry:
+    """A compiled registry with a bounded memo per User-Agent. Build one per config."""
+
+    def __init__(
+        self, bots: Iterable[Any] | None = None, *, derive_unknown: bool = True, memo_size: int = MEMO_SIZE
+    ):
+        entries = [e for e in map(_entry, DEFAULT_BOTS if bots is None else bots) if e is not None]
+        entries.sort(key=lambda e: -len(e.match))  # stable: equal lengths keep their order
+        # Later entries win on a shared match string, as in the reference.
+        self._names = {e.match.lower(): e.name for e in entries}
+        alternation = "|".join(re.escape(e.match) for e in entries)
+        self._regex = re.compile(f"({alternation})(?=[/;)\\s]|\\Z)", re.IGNORECASE) if entries else None
+        self.derive_unknown = derive_unknown
+        self._memo = lru_cache(maxsize=memo_size)(self._resolve)
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> BotRegistry:
+        return cls(cfg.analytics.bots, derive_unknown=cfg.analytics.derive_unknown_bots)
+
+    def name(self, user_agent: str | None) -> str:
+        """The bot name for a User-Agent: a registry name, a derived name, or ``other``."""
+        if not user_agent:
+            return OTHER
+        return self._memo(user_agent)
+
+    def name_for(self, headers: Mapping[str, str]) -> str:
+        """``debug`` for the ``harper: pre-render`` marker, else ``name(user-agent)``."""
+        if headers.get(DEBUG_HEADER[0]) == DEBUG_HEADER[1]:
+            return DEBUG
+        return self.name(headers.get("user-agent"))
+
+    def _resolve(self, user_agent: str) -> str:
+        if self._regex is not None:
+            m = self._regex.search(user_agent)
+            if m is not None:
+                return self._names.get(m.group(1).lower(), OTHER)
+        if self.derive_unknown:
+            return derive_bot_name(user_agent) or OTHER
+        return OTHER
+
+
+def _entry(raw: Any) -> BotEntry | None:
+    if isinstance(raw, Mapping):
+        name, match = raw.get("name"), raw.get("match")
+    else:
+        name, match = getattr(raw, "name", None), getattr(raw, "match", None)
+    if isinstance(name, str) and isinstance(match, str) and match:
+        return BotEntry(name, match)
+    return None
+
+
+# ------------------------------------------------------------------------------------- derivation
+
+# Words that name a browser, engine or platform, never a crawler: a UA reducing to these only is a
+# browser, not a self-identification.
+_GENERIC = frozenset({
+    "mozilla", "applewebkit", "webkit", "khtml", "gecko", "presto", "like", "compatible", "version",
+    "chrome", "chromium", "crios", "headlesschrome", "safari", "firefox", "fxios", "opera", "opr",
+    "edg", "edge", "edga", "edgios", "msie", "trident", "samsungbrowser", "ucbrowser",
+    "windows", "win64", "wow64", "x11", "linux", "ubuntu", "android", "iphone", "ipad", "ipod",
+    "macintosh", "mac", "os", "x", "nt", "cpu", "u", "wv", "mobile", "tablet", "arm64", "x86_64", "intel",
+})
+_BARE_KEYWORDS = frozenset({"bot", "bots", "robot", "robots", "crawler", "crawlers", "spider", "spiders",
+                            "slurp"})
+_LINKISH = re.compile(r"://|@|www\.", re.IGNORECASE)
+_URL_OR_EMAIL = re.compile(r"\+?(?:https?://|www\.)\S+|\S+@\S+", re.IGNORECASE)
+_COMPATIBLE_SLOT = re.compile(r"\bcompatible;\s*([^;()]+)", re.IGNORECASE)
+_LEADING_PRODUCT = re.compile(r"([A-Za-z][A-Za-z0-9 ._-]{0,49}?)\s*/")
+_KEYWORD_TOKEN = re.compile(
+    r"(?<![A-Za-z0-9._-])[A-Za-z][A-Za-z0-9._-]*?(?:bot|crawler|spider|slurp)[A-Za-z0-9._-]*", re.IGNORECASE
+)
+_NAME_SHAPE = re.compile(r"[A-Za-z][A-Za-z0-9 ._-]{1,39}")
+_VERSION_TAIL = re.compile(r"\s+v?\d[\d.~_]*\Z")
+
+
+def derive_bot_name(user_agent: str) -> str | None:
+    """The name a self-identifying crawler declares, or None.
+
+    Candidates, most reliable first: the ``compatible; Name/1.0`` slot, a leading product token
+    (``CCBot/2.0``, ``Screaming Frog SEO Spider/21.4``), then any token holding bot, crawler, spider
+    or slurp. URLs and e-mail addresses are removed first, so ``+http://x/bot.html`` names nothing.
+    """
+    text = _URL_OR_EMAIL.sub(" ", user_agent) if _LINKISH.search(user_agent) else user_agent
+    slot = _COMPATIBLE_SLOT.search(text)
+    if slot and (name := _clean(slot.group(1))):
+        return name
+    head = _LEADING_PRODUCT.match(text)
+    if head and (name := _clean(head.group(1))):
+        return name
+    for token in _KEYWORD_TOKEN.finditer(text):
+        if name := _clean(token.group(0)):
+            return name
+    return None
+
+
+def _clean(candidate: str) -> str | None:
+    """A candidate cut at ``/``, without a trailing version; None unless it looks like a name."""
+    name = _VERSION_TAIL.sub("", candidate.partition("/")[0].strip())
+    if not _NAME_SHAPE.fullmatch(name):
+        return None
+    words = name.lower().split()
+    if len(words) > 4 or all(w in _GENERIC for w in words):
+        return None
+    if len(words) == 1 and words[0] in _BARE_KEYWORDS:
+        return None
+    return name

@@ -1,0 +1,210 @@
+"""The ingress decision: is an HTTP request a bot request, and for which page?
+
+``Ingress.resolve`` is a pure function of (method, raw path, raw query, headers) for one config. It
+never raises; it returns one of:
+
+- ``BotRequest``: canonical URL, device, cache key, route class, route and allowlist;
+- ``NotBot``: not ours to serve, the request goes on to the other handlers (admin, fleet, REST);
+- ``BadBotRequest``: a prefix-mode request whose target is unusable, answered with a 400.
+
+Prefix mode (``/p/<absolute-url>``): the request's own query is the target's query, the device
+comes from the device header, the global allowlist applies and the class comes from the canonical
+path. Forwarded mode (behind a CDN): the host comes from the forwarded-host header, the scheme from
+the forwarded-proto header, the device from the first path segment or the header, and the route's
+allowlist applies. Deliberate differences from the reference (docs/serving.md#differences-from-the-reference):
+
+- a bad prefix-mode target is a 400 with a reason, not a 500;
+- a prefix-mode target must be http(s), and when ``domains`` is set its host and port must be allowed
+  (``origin_policy``; the reference is an open proxy that sends the security token to any host);
+- forwarded mode refuses a forwarded protocol other than http/https, and a host or port not allowed
+  by a set ``domains``; like every failed forwarded check these fall through (``NotBot``), as in the
+  reference.
+
+The request path must be the raw one (ASGI ``raw_path``), not percent-decoded; bytes that are not
+UTF-8 survive when it is decoded with ``errors="surrogateescape"``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from prerender_ray.identity.cachekeys import KeyFormat
+from prerender_ray.identity.devices import Devices
+from prerender_ray.identity.routes import Route, RouteClass, Router
+from prerender_ray.identity.urls import UrlError, url_host, url_path
+from prerender_ray.serving.origin_policy import compiled
+
+if TYPE_CHECKING:
+    from prerender_ray.config.model import Config
+
+# Our own endpoints: never a bot request, whatever the routes say. The app's routes are added to
+# these at startup (``reserved_prefixes``, from api.app), so a new route cannot be forgotten here;
+# these stay reserved as whole subtrees (an unknown /render_queue/x is ours too, answered 404).
+RESERVED_PATHS = (
+    "/prerender_admin",
+    "/prerender_peer/page",
+    "/render_queue",
+    "/queue_status",
+    "/healthz",
+    "/readyz",
+    "/metrics",
+)
+# The host-injection guard: a bare ASCII host and an optional numeric port. It refuses paths,
+# userinfo, schemes, IPv6 brackets, underscores and IDN; the port range is checked by the parser.
+_FORWARDED_HOST = re.compile(r"[A-Za-z0-9.\-]+(?::[0-9]+)?", re.ASCII)
+_SCHEMES = ("http", "https")
+
+
+@dataclass(frozen=True, slots=True)
+class BotRequest:
+    method: str
+    url: str  # canonical: the url half of the key and the URL fetched from the origin
+    device: str
+    cache_key: str
+    route_class: RouteClass
+    route: Route | None
+    allowlist: tuple[str, ...]
+    mode: str  # "prefix" | "forwarded"
+
+    @property
+    def cacheable(self) -> bool:
+        """Only GET and HEAD read the cache; other methods are proxied to the origin (bypass)."""
+        return self.method in ("GET", "HEAD")
+
+    @property
+    def host(self) -> str:
+        return url_host(self.url)
+
+
+@dataclass(frozen=True, slots=True)
+class NotBot:
+    # reserved | not-prefixed | no-device | unclassified | bad-host | bad-proto | bad-url | host-not-allowed
+    reason: str
+    detail: str = ""  # worth a warning line when set
+
+
+@dataclass(frozen=True, slots=True)
+class BadBotRequest:
+    reason: str  # a UrlError reason, or host-not-allowed
+    message: str
+
+
+Decision = BotRequest | NotBot | BadBotRequest
+
+
+def reserved_prefixes(route_paths: Iterable[str], base: Iterable[str] = RESERVED_PATHS) -> tuple[str, ...]:
+    """``base`` plus the static part of each route path (up to its first ``{parameter}`` segment,
+    no trailing slash), sorted, without those under another one. A route whose first segment is a
+    parameter would reserve every path: ValueError."""
+    out = set(base)
+    for path in route_paths:
+        static = path.split("{", 1)[0]
+        if "{" in path:
+            static = static.rpartition("/")[0]  # a segment holding a parameter is not static
+        static = static.rstrip("/")
+        if not static.startswith("/"):
+            raise ValueError(f"route {path!r} would reserve every path from bots")
+        out.add(static)
+    # A prefix under another one adds nothing (is_reserved reserves whole subtrees).
+    return tuple(sorted(p for p in out if not any(p.startswith(q + "/") for q in out)))
+
+
+def is_reserved(path: str, prefixes: tuple[str, ...] = RESERVED_PATHS) -> bool:
+    """True for our own endpoints (a prefix itself or anything under it)."""
+    if not path.startswith(prefixes):
+        return False
+    return any(path == p or path.startswith(p + "/") for p in prefixes)
+
+
+class Ingress:
+    """The ingress options of one config, compiled. Build once per config."""
+
+    def __init__(self, cfg: Config, reserved: tuple[str, ...] = RESERVED_PATHS):
+        ing = cfg.ingress
+        self.reserved = reserved  # never bot requests: reserved_prefixes() of the app's routes
+        self.mode = ing.mode
+        self.prefix = ing.bot_path_prefix
+        self.router = Router(cfg)
+        self.keys = KeyFormat.from_config(cfg)
+        self.devices = Devices.from_config(cfg)
+        self.keys.check_devices(self.devices.supported)
+        self.device_from_path = ing.device_type_source == "path"
+        self.device_header = ing.device_type_header.lower()
+        self.host_header = ing.forwarded_host_header.lower()
+        self.proto_header = ing.forwarded_proto_header.lower()
+        self.default_protocol = ing.default_protocol
+        self.domains = compiled(tuple(cfg.domains))
+
+    def resolve(self, method: str, path: str, query: str, headers: Mapping[str, str]) -> Decision:
+        """Decide for one request. ``headers`` must answer lower-case names (Starlette's do)."""
+        if is_reserved(path, self.reserved):
+            return NotBot("reserved")
+        if self.mode == "prefix":
+            return self._prefix(method, path, query, headers)
+        return self._forwarded(method, path, query, headers)
+
+    def _prefix(self, method: str, path: str, query: str, headers: Mapping[str, str]) -> Decision:
+        if not path.startswith(self.prefix):
+            return NotBot("not-prefixed")
+        target = path[len(self.prefix):]
+        if query:
+            target = f"{target}?{query}"
+        try:
+            url = self.keys.canonicalize(target)
+        except UrlError as e:
+            return BadBotRequest(e.reason, f"bad target URL after {self.prefix}: {e}")
+        if self.domains and (why := self.domains.url_refusal(url)):
+            return BadBotRequest("host-not-allowed", why)
+        verdict = self.router.classify(url_path(url))
+        device = self.devices.sanitize(headers.get(self.device_header))
+        return BotRequest(
+            method, url, device, self.keys.key(url, device), verdict.route_class, verdict.route,
+            verdict.allowlist, "prefix",
+        )
+
+    def _forwarded(self, method: str, path: str, query: str, headers: Mapping[str, str]) -> Decision:
+        if self.device_from_path:
+            device, origin_path = self.devices.from_path(path)
+            if device is None:
+                return NotBot("no-device")
+        else:
+            device, origin_path = self.devices.sanitize(headers.get(self.device_header)), path
+        verdict = self.router.classify(origin_path)
+        if verdict.route_class == "unclassified" and not self.device_from_path:
+            # Header mode: only a route marks a request as bot traffic; the rest is REST.
+            return NotBot("unclassified")
+        host = _first_value(headers.get(self.host_header))
+        if not host or _FORWARDED_HOST.fullmatch(host) is None:
+            return NotBot("bad-host", f"missing or invalid {self.host_header}: {host!r} for {origin_path}")
+        proto = _first_value(headers.get(self.proto_header)).lower() or self.default_protocol
+        if proto not in _SCHEMES:
+            return NotBot("bad-proto", f"{self.proto_header} {proto!r} is not http or https")
+        target = f"{proto}://{host}{origin_path}"
+        if query:
+            target = f"{target}?{query}"
+        try:
+            url = self.keys.canonicalize(target, verdict.allowlist)
+        except UrlError as e:
+            return NotBot("bad-url", f"cannot rebuild the forwarded URL for {origin_path}: {e}")
+        if self.domains and (why := self.domains.url_refusal(url)):
+            return NotBot("host-not-allowed", f"forwarded host {host!r}: {why}")
+        return BotRequest(
+            method, url, device, self.keys.key(url, device), verdict.route_class, verdict.route,
+            verdict.allowlist, "forwarded",
+        )
+
+
+def resolve(
+    method: str, path: str, query: str, headers: Mapping[str, str], ingress: Ingress | Config
+) -> Decision:
+    """``Ingress.resolve``; given a Config it compiles one first (build an Ingress once on hot paths)."""
+    if not isinstance(ingress, Ingress):
+        ingress = Ingress(ingress)
+    return ingress.resolve(method, path, query, headers)
+
+
+def _first_value(raw: str | None) -> str:
+    return raw.split(",", 1)[0].strip() if raw else ""

@@ -1,0 +1,104 @@
+"""Bounded tallies for bot analytics: the unrouted-path report (docs/serving.md#unrouted-tally) and label
+budgets that keep metric cardinality finite.
+
+Bot names may be derived from any User-Agent and paths come from the bots themselves, so neither can
+be a metric label as is: a budget admits the first N distinct values of a dimension for the life of
+the process and folds the rest into one overflow label.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prerender_ray.serving.origin_rules import bucket_for_unrouted
+
+OVERFLOW = "overflow"  # the unrouted overflow bucket (as the reference)
+LABEL_OVERFLOW = "~overflow"  # any other dimension past its budget (the reference's crawl overflow)
+
+
+class LabelBudget:
+    """The first ``limit`` distinct values pass; later new ones become ``overflow``."""
+
+    def __init__(self, limit: int, overflow: str = LABEL_OVERFLOW):
+        self.limit = limit
+        self.overflow = overflow
+        self._seen: set[str] = set()
+
+    def __call__(self, value: str) -> str:
+        if value in self._seen:
+            return value
+        if len(self._seen) >= self.limit:
+            return self.overflow
+        self._seen.add(value)
+        return value
+
+
+@dataclass
+class Bucket:
+    count: int
+    first_ms: int
+    last_ms: int
+    sample_path: str
+
+
+@dataclass
+class ClassTally:
+    buckets: dict[str, Bucket] = field(default_factory=dict)
+    overflowed: int = 0
+
+
+class UnroutedTally:
+    """Bot requests served without prerendering, per class and path bucket, drained every interval.
+
+    Once a class holds ``max_buckets`` distinct buckets, further new buckets only count as overflow
+    (nothing is evicted). ``record`` returns the bucket's metric label: the bucket, or ``overflow``
+    once the lifetime label budget of the class is spent."""
+
+    CLASSES = ("unclassified", "passthrough")
+
+    def __init__(self, max_buckets: int = 200, top_n: int = 20):
+        self.max_buckets = max_buckets
+        self.top_n = top_n
+        self._tally: dict[str, ClassTally] = {}
+        self._labels = {c: LabelBudget(max_buckets, OVERFLOW) for c in self.CLASSES}
+
+    def record(self, route_class: str, path: object, now_ms: int, source: str = "cdn") -> str | None:
+        """Count one request; None for a class that is not tallied (prerender)."""
+        if route_class not in self.CLASSES:
+            return None
+        bucket = bucket_for_unrouted(path, source)
+        tally = self._tally.setdefault(route_class, ClassTally())
+        found = tally.buckets.get(bucket)
+        if found is not None:
+            found.count += 1
+            found.last_ms = now_ms
+        elif len(tally.buckets) >= self.max_buckets:
+            tally.overflowed += 1
+        else:
+            tally.buckets[bucket] = Bucket(1, now_ms, now_ms, path if isinstance(path, str) else "/")
+        return self._labels[route_class](bucket)
+
+    def peek(self) -> dict[str, ClassTally]:
+        return self._tally
+
+    def drain(self) -> dict[str, ClassTally]:
+        """Take the report and start a new one."""
+        report, self._tally = self._tally, {}
+        return report
+
+    def lines(self, report: dict[str, ClassTally]) -> list[str]:
+        """One warning line per class with rows (top N by count), and one for overflow."""
+        out = []
+        for cls, tally in report.items():
+            rows = sorted(tally.buckets.items(), key=lambda kv: -kv[1].count)
+            if rows:
+                total = sum(b.count for _, b in rows)
+                shown = ", ".join(f"{name} x{b.count} (e.g. {b.sample_path})"
+                                  for name, b in rows[: self.top_n])
+                more = f" +{len(rows) - self.top_n} more bucket(s)" if len(rows) > self.top_n else ""
+                out.append(f"{cls}: {total} request(s) served without prerendering across {len(rows)} "
+                           f"path bucket(s) - {shown}{more}")
+            if tally.overflowed:
+                out.append(f"{cls}: {tally.overflowed} request(s) in new path buckets past the cap of "
+                           f"{self.max_buckets} ({OVERFLOW})")
+        return out

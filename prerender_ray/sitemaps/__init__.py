@@ -1,0 +1,1 @@
+"""Sitemap ingestion: the streaming parser and the pure reconcile rules."""

@@ -1,0 +1,1 @@
+"""Stores and their records: RocksDB, the replicated registry, versioned envelopes, page records."""

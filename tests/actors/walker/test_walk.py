@@ -1,0 +1,99 @@
+"""The walk's document pipeline (actors/walker/walk.py) on a real deployment: the document cap, and
+consecutive urlsets whose rows are written while the next one reconciles."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+import ray
+
+from prerender_ray.actors.common import lookup
+from prerender_ray.storage.registry import decode_json, encode_json, sitemap_run_key
+from prerender_ray.timeutil import now_ms
+from tests.sitemap_server import SitemapSite, index, urlset
+from tests.support import deploy_on, progress, schedule, sitemap_row, target, wait_for, walk
+
+CAP = 4  # sitemap.maxDocuments of this deployment: the index and three children
+
+
+@pytest.fixture(scope="module")
+def site():
+    s = SitemapSite()
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def node(ray_cluster, tmp_path_factory, site):
+    d = deploy_on(ray_cluster, tmp_path_factory.mktemp("walk") / "data", {
+        "domains": ["shop.test", f"127.0.0.1:{site.port}"],
+        "sitemap": {"fetchTimeoutMs": 5000, "maxDocuments": CAP},
+    })
+    yield d
+    d.stop()
+
+
+def test_the_document_cap_leaves_the_rest_unfetched_and_every_taken_document_complete(node, site) -> None:
+    children = [site.url(f"/cap/{i}.xml") for i in range(6)]
+    for i in range(6):  # consecutive children share a URL: each later one is a duplicate of the earlier
+        site.put(f"/cap/{i}.xml", urlset(f"https://shop.test/cap/{i}", f"https://shop.test/cap/{i + 1}"))
+    root = site.url("/cap/index.xml")
+    site.put("/cap/index.xml", index(*children))
+
+    [result] = walk(node.url, root)
+
+    assert result["state"] == "completed"
+    assert result["sitemapsDiscovered"] == 7
+    assert (result["sitemapsProcessed"], result["sitemapsSkipped"]) == (CAP, 3)
+    assert (result["created"], result["duplicates"]) == (4, 2)
+    assert [site.hits.get(f"/cap/{i}.xml", 0) for i in range(6)] == [1, 1, 1, 0, 0, 0]  # never fetched
+    for i in range(4):  # the first claimer wins, in document order
+        t = target(node.url, f"https://shop.test/cap/{i}")
+        assert t["sitemapUrl"] == children[max(i - 1, 0)]
+        assert schedule(node.url, f"https://shop.test/cap/{i}|desktop") is not None
+    assert target(node.url, "https://shop.test/cap/4") is None
+    # Every taken child's row is written (after its reconcile, while the next one ran), with its parent.
+    for i in range(3):
+        row = sitemap_row(node.url, children[i])
+        assert row["sitemap"]["parentUrl"] == root and row["sitemap"]["entryCount"] == 2
+    assert sitemap_row(node.url, children[3]) is None
+    done = progress(node.url, root)
+    assert done["state"] == "completed" and done["sitemapsProcessed"] == CAP
+
+
+def test_a_urlset_root_is_one_document_with_its_row(node, site) -> None:
+    root = site.url("/solo.xml")
+    site.put("/solo.xml", urlset("https://shop.test/solo/1", "https://shop.test/solo/2"))
+
+    [result] = walk(node.url, root)
+
+    assert result["state"] == "completed" and result["created"] == 2
+    assert result["sitemapsProcessed"] == result["sitemapsDiscovered"] == 1
+    row = sitemap_row(node.url, root)
+    assert row["sitemap"]["parentUrl"] is None and row["sitemap"]["entryCount"] == 2
+
+
+def test_a_walk_taken_over_midway_stops_at_its_next_document_and_leaves_the_row_alone(node, site) -> None:
+    kids = [site.url(f"/lost/{i}.xml") for i in range(6)]
+    for i in range(6):
+        site.delayed(f"/lost/{i}.xml", urlset(f"https://shop.test/lost/{i}"), 2.0)  # room to take over
+    root = site.url("/lost/index.xml")
+    site.put("/lost/index.xml", index(*kids))
+    r = httpx.post(f"{node.url}/sitemaps", json={"url": root}, timeout=30)
+    assert r.json()["sitemaps"][0]["started"] is True
+    wait_for(lambda: (progress(node.url, root) or {}).get("sitemapsProcessed", 0) >= 2,
+             timeout=30, interval=0.05, what="the index and the first child")
+    # Another walker takes the run over (its fresh row): this walk must stop without touching it.
+    store, walker = lookup("store", "node-a"), lookup("sitemapper", "node-a")
+    theirs = {"state": "running", "node": "node-x", "runId": "elsewhere", "updatedAt": now_ms()}
+    ray.get(store.apply.remote([(sitemap_run_key(root), encode_json(theirs))]))
+    wait_for(lambda: not any(run["root"] == root for run in ray.get(walker.status.remote())["running"]),
+             timeout=30, what="the walk to stop")
+    time.sleep(0.5)
+    [raw] = ray.get(store.get.remote([sitemap_run_key(root)]))
+    assert decode_json(raw) == theirs
+    created = [target(node.url, f"https://shop.test/lost/{i}") is not None for i in range(6)]
+    assert created == [True, True, False, False, False, False]  # kids[2] was fetched, never written
+    assert [site.hits.get(f"/lost/{i}.xml", 0) for i in range(4, 6)] == [0, 0]

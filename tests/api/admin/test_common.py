@@ -1,0 +1,436 @@
+"""The admin API's pure parts and the schedule proxy against fake peers (the outside world: a peer
+that hangs, answers garbage, errors or is gone). No Ray."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from prerender_ray.admin.explain import Explainer
+from prerender_ray.admin.fanout import sum_documents
+from prerender_ray.admin.sessions import (
+    ADDRESS_FACTOR,
+    Cursors,
+    LoginLimiter,
+    SessionTokens,
+    Signer,
+    SignInLimiter,
+    TokenError,
+    derive_key,
+)
+from prerender_ray.api.admin.common import HeavySlots
+from prerender_ray.api.admin.explain import fetch_schedule_from_peer, forwardable
+from prerender_ray.config.model import Config
+from prerender_ray.identity.nodes import NodeInfo
+from prerender_ray.identity.urls import UrlError
+from tests.support import brotli_bomb
+
+SECRET = "a-test-secret-of-some-length"
+T0 = 1_800_000_000_000
+
+
+# ------------------------------------------------------------------------------------------ tokens
+
+
+def test_a_session_token_round_trips_and_expires() -> None:
+    tokens = SessionTokens(SECRET, 60_000)
+    token, claims = tokens.issue("ops", T0, "sid-1")
+    assert tokens.verify(token, T0 + 59_999) == claims
+    assert claims.expires_at == T0 + 60_000
+    with pytest.raises(TokenError, match="expired"):
+        tokens.verify(token, T0 + 60_000)
+
+
+@pytest.mark.parametrize(
+    "mangle",
+    [
+        lambda t: t[:-2] + ("AA" if not t.endswith("AA") else "BB"),  # signature changed
+        lambda t: "eyJzdWIiOiJhZG1pbiJ9" + t[t.index(".") :],  # payload swapped
+        lambda t: t.replace(".", ""),  # no separator
+        lambda t: t + ".x",  # extra part
+        lambda t: "",
+        lambda t: "not a token at all",
+        lambda t: "%%%.%%%",
+        lambda t: "A" * 5000,
+    ],
+)
+def test_a_tampered_or_foreign_token_is_refused(mangle) -> None:
+    tokens = SessionTokens(SECRET, 60_000)
+    token, _ = tokens.issue("ops", T0, "sid-1")
+    with pytest.raises(TokenError):
+        tokens.verify(mangle(token), T0)
+
+
+def test_a_token_of_another_deployment_or_purpose_is_refused() -> None:
+    token, _ = SessionTokens("another-secret-entirely", 60_000).issue("ops", T0, "s")
+    with pytest.raises(TokenError, match="signature"):
+        SessionTokens(SECRET, 60_000).verify(token, T0)
+    cursor = Cursors(SECRET).issue("pages", "k")
+    with pytest.raises(TokenError):  # a cursor is not a session, though both come from one secret
+        SessionTokens(SECRET, 60_000).verify(cursor, T0)
+    signed_but_incomplete = Signer(derive_key(SECRET, "admin-session/v1")).seal({"sub": "ops"})
+    with pytest.raises(TokenError, match="incomplete"):
+        SessionTokens(SECRET, 60_000).verify(signed_but_incomplete, T0)
+
+
+def test_cursors_are_bound_to_their_listing() -> None:
+    cursors = Cursors(SECRET)
+    c = cursors.issue("pages\x00https://a/", "https://a/x|desktop")
+    assert cursors.read(c, "pages\x00https://a/") == "https://a/x|desktop"
+    with pytest.raises(TokenError, match="another list"):
+        cursors.read(c, "pages\x00https://b/")
+    with pytest.raises(TokenError):
+        cursors.read("eyJzIjoicGFnZXMiLCJwIjoiIn0.AAAA", "pages")  # never issued
+    with pytest.raises(TokenError):
+        Cursors("other-secret-of-enough-length").read(c, "pages\x00https://a/")
+
+
+def test_failed_logins_are_bounded_per_client_and_window() -> None:
+    lim = LoginLimiter(3, window_ms=60_000, max_clients=2)
+    for i in range(3):
+        assert lim.retry_after_ms("10.0.0.1", T0 + i) is None
+        lim.failed("10.0.0.1", T0 + i)
+    assert lim.retry_after_ms("10.0.0.1", T0 + 10) == 60_000 - 10
+    assert lim.retry_after_ms("10.0.0.2", T0 + 10) is None  # another client is not affected
+    assert lim.retry_after_ms("10.0.0.1", T0 + 60_001) is None  # the oldest failure aged out
+    lim.failed("10.0.0.2", T0)
+    lim.failed("10.0.0.3", T0)
+    assert len(lim) == 2  # memory is bounded: the least recent client is forgotten
+
+
+def test_one_accounts_failures_lock_that_account_only_and_the_address_has_a_looser_cap() -> None:
+    lim = SignInLimiter(3, window_ms=60_000)
+    for i in range(3):
+        assert lim.retry_after_ms("10.0.0.1", "renderer", T0 + i) is None
+        lim.failed("10.0.0.1", "renderer", T0 + i)
+    assert lim.retry_after_ms("10.0.0.1", "renderer", T0 + 10) == (60_000 - 10, "account")
+    assert lim.retry_after_ms("10.0.0.1", "ops", T0 + 10) is None  # the admins behind the same address
+    assert lim.retry_after_ms("10.0.0.2", "renderer", T0 + 10) is None
+    # guessing across account names from one address stops at ADDRESS_FACTOR x the limit
+    for i in range(3 * ADDRESS_FACTOR - 3):
+        lim.failed("10.0.0.1", f"guess{i}", T0 + 20)
+    assert lim.retry_after_ms("10.0.0.1", "ops", T0 + 30) == (60_000 - 30, "address")
+    assert lim.retry_after_ms("10.0.0.2", "ops", T0 + 30) is None
+    lim.failed("10.0.0.3", "x" * 10_000, T0)  # an account name is cut before it is kept
+    assert lim.retry_after_ms("10.0.0.3", "x" * 10_000, T0) is None
+
+
+# ----------------------------------------------------------------------------------------- explain
+
+
+def test_the_explainer_in_prefix_mode() -> None:
+    x = Explainer(Config.model_validate({"domains": ["shop.test"]})).explain(
+        "HTTPS://Shop.Test/a/b/?utm=1&page=2#frag", "Mobile"
+    )
+    assert x["resolved"] == {
+        "deviceType": "mobile",
+        "deviceTypeFellBack": False,
+        "hostname": "shop.test",
+        "canonicalUrl": "https://shop.test/a/b?page=2",
+        "cacheKey": "https://shop.test/a/b?page=2|mobile",
+    }
+    assert x["allowlist"] == {"used": ["page"], "source": "cacheKey.queryParams"}
+    assert x["underGlobalAllowlist"]["differs"] is False
+    assert x["eligibility"] == {
+        "prerendered": True,
+        "excludedByPattern": None,
+        "domainAllowed": True,
+        "domains": ["shop.test"],
+    }
+    other = Explainer(Config.model_validate({"domains": ["shop.test"]})).explain(
+        "https://else.test/search/x", "watch"
+    )
+    assert other["resolved"]["deviceType"] == "desktop" and other["resolved"]["deviceTypeFellBack"] is True
+    assert other["eligibility"]["excludedByPattern"] == "/search/"
+    assert other["eligibility"]["prerendered"] is False and other["eligibility"]["domainAllowed"] is False
+    on_port = Explainer(Config.model_validate({"domains": ["shop.test"]})).explain("http://shop.test:8080/a")
+    assert on_port["eligibility"]["domainAllowed"] is False  # `shop.test` allows the default port only
+
+
+def test_the_explainer_in_forwarded_mode_shows_a_route_allowlist_that_differs() -> None:
+    cfg = Config.model_validate(
+        {
+            "ingress": {
+                "mode": "forwarded",
+                "routes": [{"match": "prefix", "path": "/p/", "queryParams": ["color"]}],
+            }
+        }
+    )
+    x = Explainer(cfg).explain("https://shop.test/p/1?color=red&page=3", None)
+    assert x["ingress"]["routeClass"] == "prerender" and x["ingress"]["route"]["path"] == "/p/"
+    assert x["allowlist"] == {"used": ["color"], "source": "ingress.routes[0].queryParams"}
+    assert x["resolved"]["canonicalUrl"] == "https://shop.test/p/1?color=red"
+    assert x["underGlobalAllowlist"]["canonicalUrl"] == "https://shop.test/p/1?page=3"
+    assert x["underGlobalAllowlist"]["differs"] is True
+    un = Explainer(cfg).explain("https://shop.test/about?x=1", None)
+    assert un["ingress"]["routeClass"] == "unclassified" and un["allowlist"]["used"] == ["*"]
+
+
+@pytest.mark.parametrize("bad", ["not a url", "/relative", "ftp://x.test/", "https://", "http://a b/"])
+def test_the_explainer_refuses_what_is_not_an_absolute_http_url(bad) -> None:
+    with pytest.raises(UrlError):
+        Explainer(Config()).explain(bad)
+
+
+def test_cluster_sums_add_counts_and_series_but_not_times() -> None:
+    a = {
+        "now": {"due": 2, "status": "queued", "leased": 1},
+        "coming": {"byHour": [1, 2, 3], "next24h": 6},
+        "dueHistogram": {"binMs": 3_600_000, "fromMs": 5, "bins": [1, 1]},
+        "flag": True,
+    }
+    b = {
+        "now": {"due": 3, "status": "empty"},
+        "coming": {"byHour": [1, 1, 1, 4], "next24h": 7},
+        "dueHistogram": {"binMs": 3_600_000, "fromMs": 9, "bins": [0, 2]},
+    }
+    s = sum_documents([a, b])
+    assert s["now"] == {"due": 5, "leased": 1}
+    assert s["coming"] == {"byHour": [2, 3, 4, 4], "next24h": 13}
+    assert s["dueHistogram"] == {"binMs": 3_600_000, "fromMs": 5, "bins": [1, 3]}
+    assert "flag" not in s
+
+
+async def test_heavy_slots_refuse_the_third_and_free_on_error() -> None:
+    from fastapi import HTTPException
+
+    slots = HeavySlots(2)
+    async with slots.slot(), slots.slot():
+        with pytest.raises(HTTPException) as e:
+            async with slots.slot():
+                pass
+        assert e.value.status_code == 429 and e.value.headers["Retry-After"] == "1"
+    with pytest.raises(RuntimeError):
+        async with slots.slot():
+            raise RuntimeError("boom")
+    assert slots.in_use == 0
+
+
+# ------------------------------------------------------------------------------ the schedule proxy
+
+
+class FakePeer:
+    """A raw TCP peer: answers each request with ``reply`` (bytes), or never answers."""
+
+    def __init__(self, reply: bytes | None):
+        self.reply = reply
+        self.requests: list[bytes] = []
+        self.server: asyncio.base_events.Server | None = None
+        self.tasks: set[asyncio.Task] = set()
+
+    async def __aenter__(self) -> FakePeer:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.server.close()
+        for t in self.tasks:
+            t.cancel()
+
+    @property
+    def port(self) -> int:
+        return self.server.sockets[0].getsockname()[1]
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.tasks.add(asyncio.current_task())
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = [
+                int(ln.split(b":")[1])
+                for ln in head.split(b"\r\n")
+                if ln.lower().startswith(b"content-length")
+            ]
+            body = await reader.readexactly(length[0]) if length else b""
+            self.requests.append(head + body)
+            if self.reply is None:
+                await asyncio.sleep(3600)  # a peer that hangs
+            writer.write(self.reply)
+            await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+
+def http(status: int, body: bytes, ctype: str = "application/json") -> bytes:
+    return (
+        f"HTTP/1.1 {status} X\r\ncontent-type: {ctype}\r\ncontent-length: {len(body)}\r\n"
+        "connection: close\r\n\r\n"
+    ).encode() + body
+
+
+KEY = "https://shop.test/a|desktop"
+CREDS = {"authorization": "Basic b3BzOnB3"}
+
+
+async def ask(
+    port: int,
+    *,
+    owner: str = "node-b",
+    creds: dict | None = None,
+    timeout: float = 0.5,
+    open_cluster: bool = False,
+) -> dict:
+    peers = {"node-a": NodeInfo("node-a", "127.0.0.1", 1), "Node-B": NodeInfo("Node-B", "127.0.0.1", port)}
+    async with httpx.AsyncClient(trust_env=False) as client:
+        return await asyncio.wait_for(
+            fetch_schedule_from_peer(
+                client,
+                peers,
+                owner,
+                KEY,
+                CREDS if creds is None else creds,
+                timeout,
+                open_cluster=open_cluster,
+            ),
+            60,
+        )
+
+
+async def test_the_proxy_reads_the_owners_row_with_the_callers_credentials_only() -> None:
+    row = {"cacheKey": KEY, "nextRenderTime": 123}
+    async with FakePeer(http(200, json.dumps({"node": "node-b", "renderSchedule": row}).encode())) as peer:
+        got = await ask(peer.port)
+    assert got["row"] == row and got["node"] == "node-b"
+    sent = peer.requests[0].decode()
+    assert sent.startswith("POST /prerender_admin/schedule ")
+    assert "\r\nauthorization: basic b3bzonb3\r\n" in sent.lower()
+    assert "cookie" not in sent.lower()
+    assert "\r\naccept-encoding: identity\r\n" in sent.lower()
+    assert json.loads(sent.split("\r\n\r\n", 1)[1]) == {"cacheKey": KEY}
+    async with FakePeer(http(200, b'{"node": "node-b", "renderSchedule": null}')) as peer:
+        assert (await ask(peer.port))["row"] is None  # an authoritative "no row"
+
+
+@pytest.mark.parametrize(
+    "reply, error",
+    [
+        (None, "peer timed out"),
+        (http(200, b"<html>surprise</html>", "text/html"), "peer answered garbage: not JSON"),
+        (http(200, b'["a list"]'), "peer answered garbage: no renderSchedule"),
+        (
+            http(200, b'{"renderSchedule": {"cacheKey": "https://other.test/|desktop"}}'),
+            "peer answered garbage: renderSchedule is not a row for this key",
+        ),
+        (
+            http(200, b'{"renderSchedule": 5}'),
+            "peer answered garbage: renderSchedule is not a row for this key",
+        ),
+        (http(401, b'{"error": "Authentication required"}'), "peer responded 401"),
+        (http(302, b""), "peer responded 302"),
+        (http(200, b'{"renderSchedule": null, "pad": "' + b"x" * 300_000 + b'"}'), "peer answered more than"),
+        (b"this is not HTTP at all\r\n\r\n", "peer fetch failed"),
+        # a 64 MiB brotli bomb is read as the bytes it is, never inflated
+        (http(200, brotli_bomb(64)).replace(b"\r\n\r\n", b"\r\ncontent-encoding: br\r\n\r\n", 1),
+         "peer answered garbage: not JSON"),
+    ],
+)
+async def test_a_peer_that_hangs_or_answers_garbage_costs_one_field(reply, error) -> None:
+    async with FakePeer(reply) as peer:
+        got = await ask(peer.port, timeout=0.5)
+    assert "row" not in got and got["error"].startswith(error), got
+
+
+async def test_a_peer_that_is_gone_or_unknown_or_without_credentials() -> None:
+    async with FakePeer(None) as peer:
+        port = peer.port
+    gone = await ask(port)  # nothing listens there any more
+    assert gone["error"].startswith("peer fetch failed: ConnectError"), gone
+    assert await ask(port, owner="node-z") == {"error": 'unknown node "node-z"'}
+    async with FakePeer(http(200, b'{"renderSchedule": null}')) as peer:
+        assert await ask(peer.port, creds={}) == {"error": "no forwardable credentials on this request"}
+        assert peer.requests == []
+        assert (await ask(peer.port, creds={}, open_cluster=True))["row"] is None
+
+
+async def test_the_schedule_proxy_client_keeps_no_cookie(tmp_path) -> None:
+    from prerender_ray.api.admin.explain import _client
+    from prerender_ray.api.context import NodeContext
+    from prerender_ray.serving.origin_policy import NoCookies
+
+    ctx = NodeContext(cfg=Config(), node=NodeInfo("n1", "127.0.0.1", 1), data_dir=str(tmp_path))
+    client = _client(ctx)
+    assert isinstance(client.cookies.jar, NoCookies)  # only the caller's own credentials are sent
+    await client.aclose()
+
+
+def test_only_credentials_are_forwarded() -> None:
+    headers = httpx.Headers(
+        {
+            "authorization": "Bearer t",
+            "cookie": "a=1; prerender_session=tok; b=2",
+            "x-forwarded-for": "1.2.3.4",
+            "host": "evil.test",
+        }
+    )
+    assert forwardable(headers) == {"authorization": "Bearer t", "cookie": "prerender_session=tok"}
+    assert forwardable(httpx.Headers({"cookie": "other=1"})) == {}
+
+
+# ------------------------------------------------------------------ the app without Ray (no actors)
+
+
+@contextlib.asynccontextmanager
+async def app_for(config: dict) -> AsyncIterator[httpx.AsyncClient]:
+    """The real app of one replica, with no actors behind it (none of these routes reach one)."""
+    from prerender_ray.api.app import create_app
+    from prerender_ray.api.bot.middleware import close_serving
+    from prerender_ray.api.context import NodeContext
+
+    cfg = Config.model_validate(config)
+    ctx = NodeContext(cfg=cfg, node=NodeInfo("node-a", "127.0.0.1", 1), data_dir="/nonexistent")
+    app = create_app(ctx)
+    transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 1))
+    async with httpx.AsyncClient(transport=transport, base_url="http://a") as client:
+        yield client
+    await close_serving(ctx)
+    app.state.sessions.close()
+
+
+async def test_with_management_off_every_admin_route_is_404() -> None:
+    async with app_for({"management": {"enabled": False}}) as c:
+        for method, path in (
+            ("GET", "/prerender_admin/"),
+            ("GET", "/prerender_admin"),
+            ("GET", "/prerender_admin/session"),
+            ("POST", "/prerender_admin/login"),
+            ("GET", "/prerender_admin/overview"),
+            ("GET", "/prerender_admin/static/console.js"),
+            ("GET", "/prerender_admin/nothing"),
+        ):
+            r = await c.request(method, path, json={})
+            assert r.status_code == 404 and r.json() == {"error": "Management API is disabled"}, path
+            assert r.headers["cache-control"] == "no-store"
+
+
+async def test_without_users_loopback_is_admin_and_login_says_why_not() -> None:
+    async with app_for({}) as c:
+        s = (await c.get("/prerender_admin/session")).json()
+        assert s["authenticated"] and s["via"] == "loopback" and s["sessionsEnabled"] is False
+        r = await c.post("/prerender_admin/login", json={"username": "a", "password": "b"})
+        assert r.status_code == 501 and "auth.users" in r.json()["error"]
+        r = await c.get("/prerender_admin/config")
+        assert r.status_code == 200 and r.json()["config"]["auth"]["session_secret"] == "<empty>"
+
+
+async def test_loopback_behind_a_proxy_we_were_not_told_of_is_not_trusted() -> None:
+    """With no users, loopback callers are admins: a local reverse proxy relaying a remote client
+    (it says so in X-Forwarded-For) must not make that client one, unless it is a trusted proxy
+    vouching for a loopback client."""
+    async def who(c: httpx.AsyncClient, **headers: str) -> bool:
+        return (await c.get("/prerender_admin/session", headers=headers)).json()["authenticated"]
+
+    async with app_for({}) as c:
+        assert await who(c)
+        assert not await who(c, **{"x-forwarded-for": "203.0.113.9"})
+        assert not await who(c, **{"x-forwarded-for": "127.0.0.1"})  # an untrusted proxy's word is nothing
+        assert not await who(c, forwarded="for=203.0.113.9")
+    async with app_for({"server": {"trustedProxies": ["127.0.0.0/8"]}}) as c:
+        assert await who(c) and await who(c, **{"x-forwarded-for": "127.0.0.5"})
+        assert not await who(c, **{"x-forwarded-for": "203.0.113.9"})
+        assert not await who(c, **{"x-forwarded-for": "127.0.0.5, 203.0.113.9"})

@@ -1,0 +1,157 @@
+"""The bot path's per-replica machinery without Ray: the app served in-process over ASGI with a real
+page store in a temp dir (a RocksDB primary written as the NodeStore writes it), batched metrics and
+the remembered ingress decisions."""
+
+from __future__ import annotations
+
+import gzip
+import time
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry, Histogram
+
+from prerender_ray.api.app import create_asgi
+from prerender_ray.api.bot.middleware import _observe_many, serving_of
+from prerender_ray.api.context import NodeContext
+from prerender_ray.config.model import Config
+from prerender_ray.identity.nodes import NodeInfo
+from prerender_ray.storage.pages import Page
+from prerender_ray.storage.replication import Clock, wrap
+from prerender_ray.storage.rocks import PAGES, Store, store_path
+
+URL = "https://x.example/a"
+HTML = b"<html><body>" + b"<p>x</p>" * 100 + b"</body></html>"
+
+
+@pytest.fixture
+async def app(tmp_path):
+    cfg = Config.model_validate({"domains": ["x.example"], "server": {"data_dir": str(tmp_path)}})
+    primary = Store(store_path(tmp_path, "n1", PAGES))
+    now = int(time.time() * 1000)
+    page = Page(cache_key=f"{URL}|desktop", status_code=200, content=gzip.compress(HTML), last_cached=now - 2_000,
+                expires_at=now + 60_000, headers={"content-type": "text/html", "content-encoding": "gzip",
+                                                   "etag": '"e1"'})
+    primary.put(page.cache_key.encode(), wrap(Clock("n1").now(), page.encode()))
+    ctx = NodeContext(cfg=cfg, node=NodeInfo(name="n1", host="127.0.0.1", port=1, ray_node_id="x"),
+                      data_dir=str(tmp_path))
+    asgi = create_asgi(ctx)
+    yield asgi, ctx
+    from prerender_ray.api.bot.middleware import close_serving
+
+    await close_serving(ctx)
+    primary.close()
+
+
+async def test_hits_and_304s_are_served_in_process_and_counted_in_batches(app) -> None:
+    asgi, ctx = app
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi), base_url="http://t") as c:
+        for _ in range(3):
+            r = await c.get(f"/p/{URL}", headers={"accept-encoding": "gzip", "user-agent": "Googlebot/2.1"})
+            assert r.status_code == 200 and r.content == HTML and int(r.headers["age"]) >= 2
+        r = await c.get(f"/p/{URL}", headers={"if-none-match": 'W/"e1"', "accept-encoding": "gzip"})
+        assert r.status_code == 304 and r.content == b""
+        assert (await c.get("/p/https://elsewhere.example/")).status_code == 403
+        assert (await c.get("/healthz")).status_code == 200  # not a bot request: the routers answer
+    serving = serving_of(ctx)
+    pending = {labels: n for (metric, labels), n in serving._pending.items() if metric._name.endswith("bot_requests")}
+    assert pending[("Googlebot", "desktop")] == 3
+    serving.flush()
+    assert serving._pending == {} and serving._observed == {}
+
+
+async def test_ingress_decisions_are_remembered_per_input(app) -> None:
+    _, ctx = app
+    serving = serving_of(ctx)
+    one = serving.resolve("GET", f"/p/{URL}", "", {"x-device-type": "mobile"})
+    assert serving.resolve("GET", f"/p/{URL}", "", {"x-device-type": "mobile", "other": "x"}) is one
+    assert serving.resolve("GET", f"/p/{URL}", "", {}) is not one
+    assert one.cache_key == f"{URL}|mobile"
+
+
+def test_batched_observations_equal_one_by_one_observations() -> None:
+    values = [0.0, 59.9, 60, 61, 3600, 86_400 * 30, 5, 600.0001]
+    buckets = (60, 600, 3600, 6 * 3600)
+    one, batched = CollectorRegistry(), CollectorRegistry()
+    h1 = Histogram("age", "a", buckets=buckets, registry=one)
+    h2 = Histogram("age", "a", buckets=buckets, registry=batched)
+    for v in values:
+        h1.observe(v)
+    _observe_many(h2, values)
+    assert [(s.name, s.labels, s.value) for m in one.collect() for s in m.samples if "created" not in s.name] == \
+           [(s.name, s.labels, s.value) for m in batched.collect() for s in m.samples if "created" not in s.name]
+
+
+async def test_peer_rescue_asks_only_the_owners_address_from_the_node_list(tmp_path) -> None:
+    """Whatever host or forwarding headers a request carries, the peer read goes to the address the
+    cluster's membership gives for the URL's owner, and the origin policy still guards the fallback."""
+    import asyncio
+
+    asked: dict[str, list[bytes]] = {"owner": [], "canary": []}
+
+    def recorder(name: str):
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                asked[name].append(await reader.readuntil(b"\r\n\r\n"))
+                writer.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+                await writer.drain()
+            except (asyncio.IncompleteReadError, ConnectionError):
+                pass
+            writer.close()
+        return answer
+
+    owner = await asyncio.start_server(recorder("owner"), "127.0.0.1", 0)
+    canary = await asyncio.start_server(recorder("canary"), "127.0.0.1", 0)
+    canary_at = f"127.0.0.1:{canary.sockets[0].getsockname()[1]}"
+    cfg = Config.model_validate({"domains": ["127.0.0.1:9"], "server": {"data_dir": str(tmp_path)},
+                                 "peerRescue": {"enabled": True, "token": "peer-token"}})
+    primary = Store(store_path(tmp_path, "n1", PAGES))
+    ctx = NodeContext(cfg=cfg, node=NodeInfo(name="n1", host="127.0.0.1", port=1, ray_node_id="x"),
+                      data_dir=str(tmp_path))
+    ctx.ownership.update(["n1", "n2"])
+    ctx.peers = {"n1": ctx.node, "n2": NodeInfo("n2", "127.0.0.1", owner.sockets[0].getsockname()[1])}
+    url = next(u for u in (f"http://127.0.0.1:9/p{i}" for i in range(100)) if ctx.owner_of(u) == "n2")
+    asgi = create_asgi(ctx)
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi), base_url="http://t") as c:
+            hostile = {"host": canary_at, "x-forwarded-host": canary_at, "forwarded": f"host={canary_at}",
+                       "x-harper-peer": canary_at}
+            r = await c.get(f"/p/{url}", headers=hostile)
+        assert r.status_code == 502  # nothing listens on the origin's port 9
+    finally:
+        from prerender_ray.api.bot.middleware import close_serving
+
+        await close_serving(ctx)
+        primary.close()
+        owner.close()
+        canary.close()
+    assert len(asked["owner"]) == 1 and asked["owner"][0].startswith(b"GET /prerender_peer/page?key=")
+    assert asked["canary"] == []
+
+
+@pytest.mark.parametrize("mode", ["forwarded", "prefix"])
+def test_every_route_of_the_built_app_is_reserved_from_the_bot_path(mode: str) -> None:
+    """Derived from the app itself, so a new route cannot be forgotten: even a catch-all prerender
+    route (or a bot prefix of ``/``) never turns an admin or fleet request into a bot request."""
+    from fastapi.routing import iter_route_contexts
+
+    from prerender_ray.api.app import create_app
+    from prerender_ray.api.bot.middleware import reserved_of
+    from prerender_ray.serving.classify import Ingress, NotBot
+
+    cfg = Config.model_validate({"domains": ["x.example"], "ingress": {
+        "mode": mode, "botPathPrefix": "/", "routes": [{"match": "prefix", "path": "/"}]}})
+    ctx = NodeContext(cfg=cfg, node=NodeInfo("n1", "127.0.0.1", 1), data_dir="/nonexistent")
+    app = create_app(ctx)
+    ingress = Ingress(cfg, reserved_of(ctx))
+    headers = {"x-forwarded-host": "x.example", "user-agent": "Googlebot/2.1"}
+    routes = [(r.path, sorted(r.methods or ["GET"])) for r in iter_route_contexts(app.routes)]
+    assert len(routes) > 30 and ("/render_targets", ["PUT"]) in routes
+    for path, methods in routes:
+        concrete = path.replace("{rest:path}", "a/b").replace("{name}", "x")
+        assert "{" not in concrete, path
+        for method in methods:
+            assert ingress.resolve(method, concrete, "", headers) == NotBot("reserved"), (method, path)
+    page = "/product/1" if mode == "forwarded" else "/https://x.example/product/1"
+    assert type(ingress.resolve("GET", page, "", headers)).__name__ == "BotRequest"  # the rest is not
+    app.state.sessions.close()

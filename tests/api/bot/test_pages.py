@@ -1,0 +1,140 @@
+"""The ingress page reader against a real RocksDB primary written as the NodeStore writes it
+(replication envelope around Page.encode), read through a real secondary instance."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from prerender_ray.api.bot.pages import DecodedPages, PageReader, StoredPage, UnreadablePage
+from prerender_ray.storage.pages import Page, PageMeta
+from prerender_ray.storage.replication import Clock, wrap
+from prerender_ray.storage.rocks import Store
+
+KEY = "https://x.com/a|desktop"
+
+
+def record(clock: Clock, content: bytes, **kw) -> bytes:
+    page = Page(cache_key=KEY, status_code=200, headers={"content-type": "text/html"}, content=content,
+                last_cached=1, expires_at=2, **kw)
+    return wrap(clock.now(), page.encode())
+
+
+@pytest.fixture
+def paths(tmp_path):
+    return tmp_path / "pages", tmp_path / "secondary"
+
+
+def test_the_reader_opens_once_the_primary_exists_and_sees_writes_after_a_catch_up(paths) -> None:
+    primary_path, secondary = paths
+    reader = PageReader(primary_path, secondary, miss_gap_s=0.0)
+    assert not reader.ready and reader.get(KEY) is None
+    primary = Store(primary_path)
+    clock = Clock("n1")
+    primary.put(KEY.encode(), record(clock, b"v1"))
+    assert reader.catch_up(force=True) and reader.ready
+    assert bytes(reader.get(KEY).body) == b"v1"
+    primary.put(KEY.encode(), record(clock, b"v2"))
+    assert bytes(reader.get(KEY).body) == b"v1"  # a secondary: nothing new until it catches up
+    reader.catch_up(force=True)
+    assert bytes(reader.get(KEY).body) == b"v2"
+    primary.put(KEY.encode(), wrap(clock.now(), None))  # a tombstone
+    assert reader.get_after_miss(KEY) is not None  # the first look still sees v2...
+    reader.catch_up(force=True)
+    assert reader.get(KEY) is None  # ...the deleted page is gone after a catch-up
+    reader.close()
+    primary.close()
+
+
+def test_a_miss_catches_up_at_most_once_per_gap(paths) -> None:
+    primary_path, secondary = paths
+    primary = Store(primary_path)
+    reader = PageReader(primary_path, secondary, miss_gap_s=3600.0)
+    primary.put(KEY.encode(), record(Clock("n1"), b"late"))
+    assert reader.get_after_miss(KEY) is None  # opened just now: the gap has not passed
+    reader.miss_gap_s = 0.0
+    assert bytes(reader.get_after_miss(KEY).body) == b"late"
+    reader.close()
+    primary.close()
+
+
+def test_a_decoded_page_is_reused_while_its_record_is_unchanged(paths) -> None:
+    primary_path, secondary = paths
+    primary = Store(primary_path)
+    clock = Clock("n1")
+    primary.put(KEY.encode(), record(clock, b"x" * 1000))
+    reader = PageReader(primary_path, secondary)
+    first, again = reader.get(KEY), reader.get(KEY)
+    assert first is again and first.meta.status_code == 200 and isinstance(first.body, memoryview)
+    primary.put(KEY.encode(), record(clock, b"y" * 1000))
+    reader.catch_up(force=True)
+    fresh = reader.get(KEY)
+    assert fresh is not first and bytes(fresh.body) == b"y" * 1000
+    reader.close()
+    primary.close()
+
+
+def test_a_record_that_does_not_decode_is_unreadable(paths) -> None:
+    primary_path, secondary = paths
+    primary = Store(primary_path)
+    primary.put(KEY.encode(), wrap(Clock("n1").now(), b"not a page"))
+    primary.put(b"garbage", b"\x00\x01")
+    reader = PageReader(primary_path, secondary)
+    with pytest.raises(UnreadablePage):
+        reader.get(KEY)
+    with pytest.raises(UnreadablePage):
+        reader.get("garbage")
+    reader.close()
+    primary.close()
+
+
+def test_the_decoded_cache_is_bounded_by_pages_and_bytes() -> None:
+    meta = PageMeta(cache_key=KEY, status_code=200)
+    cache = DecodedPages(max_pages=3, max_bytes=250)
+    for i in range(5):
+        cache.add(f"k{i}", StoredPage(bytes([i]) * 100, meta, b""))
+    assert cache.bytes <= 250 and cache.lookup("k0", bytes([0]) * 100) is None
+    assert cache.lookup("k4", bytes([4]) * 100) is not None
+    assert cache.lookup("k4", b"other") is None and cache.lookup("k4", bytes([4]) * 100) is None
+
+
+class _Prepared:
+    def __init__(self, body: bytes):
+        self.body = body
+
+
+def test_every_negotiated_form_of_a_cached_page_counts_against_the_byte_budget() -> None:
+    meta = PageMeta(cache_key=KEY, status_code=200)
+    cache = DecodedPages(max_pages=10, max_bytes=1000)
+    pages = {k: StoredPage(k.encode() * 50, meta, b"coded") for k in ("k0", "k1")}  # 100 bytes each
+    for k, page in pages.items():
+        cache.add(k, page)
+    assert cache.bytes == 200
+    # a small br page decoded for a bot without br: its decoded form is what takes the memory
+    cache.add_variant("k0", pages["k0"], None, _Prepared(b"d" * 300))
+    cache.add_variant("k0", pages["k0"], "br", _Prepared(pages["k0"].body))  # served as stored: free
+    cache.add_variant("k0", pages["k0"], None, _Prepared(b"d" * 300))  # already held: not twice
+    assert cache.bytes == 500 == sum(p.size for p in pages.values())
+    cache.add_variant("k1", pages["k1"], "gzip;q=0", _Prepared(b"d" * 600))  # over budget: k0 goes
+    assert cache.peek("k0") is None and cache.peek("k1") is pages["k1"] and cache.bytes == 700
+    # a page no longer cached (or a peer's) keeps its form without touching the budget
+    cache.add_variant("k0", pages["k0"], "identity", _Prepared(b"d" * 100))
+    assert cache.bytes == 700
+    cache.drop("k1")
+    assert cache.bytes == 0
+
+
+async def test_the_timer_catches_up_on_its_own(paths) -> None:
+    primary_path, secondary = paths
+    primary = Store(primary_path)
+    reader = PageReader(primary_path, secondary, interval_s=0.02)
+    reader.start()
+    primary.put(KEY.encode(), record(Clock("n1"), b"timed"))
+    for _ in range(200):
+        if reader.get(KEY) is not None:
+            break
+        await asyncio.sleep(0.02)
+    assert bytes(reader.get(KEY).body) == b"timed"
+    reader.close()
+    primary.close()

@@ -1,0 +1,308 @@
+"""The command line, end to end: a real local Ray started by `up`, real HTTP, then `down`."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from prerender_ray.actors import deploy
+from prerender_ray.identity.nodes import RAY_SYSTEM_CONFIG
+from prerender_ray.worker.supervise import find_chromium
+from tests.support import free_port
+
+CLI = [sys.executable, "-m", "prerender_ray.cli.main"]
+
+
+def run(*args: str, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def test_config_check_prints_the_effective_config_with_secrets_redacted(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("origin:\n  securityToken:\n    valueEnv: BYPASS_TOKEN\nqueue:\n  maxClaimLimit: 10\n")
+    out = run("config", "check", str(f), env={"BYPASS_TOKEN": "hunter2"})
+    assert out.returncode == 0, out.stderr
+    shown = yaml.safe_load(out.stdout)
+    assert shown["queue"]["max_claim_limit"] == 10
+    assert shown["origin"]["security_token"]["value"] == "<set: 7 chars>"
+    assert "hunter2" not in out.stdout + out.stderr
+    assert "warn: domains" in out.stderr
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("server: [oops\n", "not valid YAML"),
+    ("server:\n  port: eighty\n", "server.port: Input should be a valid integer"),
+    ("render:\n  defaultInterval: -60000\n", "render.default_interval: Input should be greater than 0"),
+    ("ingress:\n  routes:\n    - {match: prefix, path: /a/, deviceTypes: [watch]}\n", "unknown device type"),
+    ("domains: ['http://127.0.0.1:29930']\n", "domains entry 'http://127.0.0.1:29930' is a URL; write "
+                                              "'127.0.0.1:29930'"),
+])
+def test_config_check_fails_with_one_line_per_problem(tmp_path: Path, text: str, expected: str) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    out = run("config", "check", str(f))
+    assert out.returncode == 1
+    assert expected in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_config_check_explains_what_each_domains_entry_allows(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("domains: [Shop.Test, '127.0.0.1:8080', '[::1]:*']\n")
+    out = run("config", "check", str(f))
+    assert out.returncode == 0, out.stderr
+    assert "domains: 'shop.test' allows shop.test: http on port 80 and https on port 443 only" in out.stderr
+    assert "domains: '127.0.0.1:8080' allows 127.0.0.1: http and https on port 8080 only" in out.stderr
+    assert "domains: '[::1]:*' allows [::1]: http and https on any port" in out.stderr
+
+
+def test_config_defaults_prints_a_config_that_loads_back(tmp_path: Path) -> None:
+    out = run("config", "defaults", "--camel")
+    assert out.returncode == 0
+    f = tmp_path / "d.yaml"
+    f.write_text(out.stdout)
+    assert run("config", "check", str(f)).returncode == 0
+    assert "jobLeaseTime: 600000" in out.stdout
+
+
+def test_up_refuses_bad_input_before_starting_anything(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("queue: {jobLeaseTime: 5}\n")
+    data = tmp_path / "data"
+    out = run("up", "--config", str(bad), "--data-dir", str(data), "--detach")
+    assert out.returncode == 2
+    assert "queue.job_lease_time" in out.stderr
+    assert not (data / deploy.RECORD).exists()
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    out = run("up", "--data-dir", str(blocker / "data"), "--detach")
+    assert out.returncode == 2 and "not writable" in out.stderr
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        out = run("up", "--data-dir", str(data), "--port", str(port), "--detach")
+    assert out.returncode == 1 and f"port {port}" in out.stderr and "in use" in out.stderr
+    assert not (data / deploy.RECORD).exists()
+
+
+def ray_system_configs(pids: list[int]) -> list[dict]:
+    """The system config each GCS server among ``pids`` was started with (Ray passes it base64 JSON)."""
+    found = []
+    for pid in pids:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith("gcs_server"):
+            found += [json.loads(base64.b64decode(a.split("=", 1)[1]))
+                      for a in argv if a.startswith("--config_list=")]
+    return found
+
+
+def test_up_serves_status_reports_and_down_leaves_nothing_running(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    port = free_port()
+    out = run("up", "--data-dir", str(data), "--port", str(port), "--detach")
+    assert out.returncode == 0, out.stdout + out.stderr
+    base = f"http://127.0.0.1:{port}"
+    assert base in out.stdout
+    record = deploy.Record.read(data)
+    assert record is not None and record.owns_ray
+    try:
+        assert httpx.get(f"{base}/healthz").json()["ok"] is True
+        ready = httpx.get(f"{base}/readyz")
+        assert ready.status_code == 200 and ready.json()["keeper"]["phase"] == "live"
+        metrics = httpx.get(f"{base}/metrics").text
+        assert "prerender_keeper_live 1.0" in metrics
+
+        st = run("status", "--data-dir", str(data), "--json")
+        assert st.returncode == 0, st.stderr
+        status = json.loads(st.stdout)
+        [node] = status["nodes"]
+        assert node["url"] == base and node["healthy"] is True
+        assert node["keeper"]["state"] == "live" and node["keeper"]["rows"] == 0
+        assert node["ingressReplicas"] == {"up": 2, "configured": 2}
+        assert node["leasesInFlight"] == 0
+        assert node["queueStatus"] in ("empty", "unready")
+        running = deploy.our_processes(record, data)
+        assert running, "expected the deployment's processes to be found"
+        [gcs_config] = ray_system_configs(running)
+        assert gcs_config.items() >= RAY_SYSTEM_CONFIG.items(), gcs_config
+
+        again = run("up", "--data-dir", str(data), "--port", str(free_port()), "--detach")
+        assert again.returncode == 1 and "already running" in again.stderr
+    finally:
+        down = run("down", "--data-dir", str(data))
+    assert down.returncode == 0, down.stderr
+    assert deploy.our_processes(record, data) == []
+    assert deploy.port_free("127.0.0.1", port)
+    assert not (data / deploy.RECORD).exists()
+    after = run("status", "--data-dir", str(data), "--json")
+    assert after.returncode == 1 and json.loads(after.stdout)["healthy"] is False
+
+
+@contextlib.contextmanager
+def foreground_up(data: Path, port: int, *args: str,
+                  until: str = "ready") -> Iterator[tuple[subprocess.Popen, deploy.Record, str]]:
+    """`up` in the foreground, as `make run` starts it, once it has printed ``until``; whatever
+    the test leaves running is stopped afterwards."""
+    proc = subprocess.Popen([*CLI, "up", "--data-dir", str(data), "--port", str(port), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        out = ""
+        while time.monotonic() < deadline and until not in out:
+            line = proc.stdout.readline()
+            if not line and proc.poll() is not None:
+                break
+            out += line
+        assert until in out, out
+        record = deploy.Record.read(data)
+        assert record is not None and record.owns_ray
+        assert httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200
+        yield proc, record, out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        if (data / deploy.RECORD).exists():
+            run("down", "--data-dir", str(data))
+
+
+def finish(proc: subprocess.Popen, timeout: float) -> str:
+    """What the foreground `up` printed until it exited."""
+    try:
+        rest, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"`up` still running after {timeout:g}s")
+    return rest
+
+
+def assert_nothing_left(record: deploy.Record, data: Path, port: int) -> None:
+    left = {pid: describe(pid) for pid in deploy.our_processes(record, data)}
+    assert left == {}
+    assert deploy.port_free("127.0.0.1", port)
+    assert not (data / deploy.RECORD).exists()
+
+
+def describe(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+    except OSError:
+        return "(gone)"
+
+
+def test_a_foreground_up_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
+    data, port = tmp_path / "data", free_port()
+    with foreground_up(data, port) as (proc, record, _):
+        proc.send_signal(signal.SIGINT)
+        out = finish(proc, timeout=120)
+    assert proc.returncode == 0, out
+    assert "stopping ..." in out and "stopped" in out
+    assert_nothing_left(record, data, port)
+
+
+def test_a_foreground_up_steps_aside_when_down_runs_in_another_shell(tmp_path: Path) -> None:
+    # Before: `up` sat on until Ray's GCS reconnect timeout aborted it (exit 1, a minute later),
+    # leaving its render worker (own session) claiming from a node that was gone.
+    if find_chromium() is None:
+        pytest.skip("no Chromium: the render worker would not start")
+    data, port = tmp_path / "data", free_port()
+    with foreground_up(data, port, "--with-worker", until="render worker: pid") as (proc, record, out):
+        worker = int(re.search(r"render worker: pid (\d+)", out).group(1))
+        try:
+            assert deploy.pid_alive(worker)
+            (data / deploy.RECORD).unlink()  # by hand: `up` writes it back, `down` needs it
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not (data / deploy.RECORD).exists():
+                time.sleep(0.1)
+            assert deploy.Record.read(data) == record
+            down = run("down", "--data-dir", str(data))
+            assert down.returncode == 0, down.stderr
+            out = finish(proc, timeout=60)
+            worker_left = deploy.pid_alive(worker)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(worker, signal.SIGKILL)
+    assert proc.returncode == 0, out
+    assert "stopped by `prerender-ray down`" in out
+    assert "GCS" not in out
+    assert not worker_left
+    assert_nothing_left(record, data, port)
+
+
+def test_with_worker_and_users_but_no_worker_credentials_says_so_at_start(tmp_path: Path) -> None:
+    # Before: the worker started anyway and got 401 in a loop, nothing rendered, nothing said.
+    if find_chromium() is None:
+        pytest.skip("no Chromium: the render worker would not start")
+    data, port = tmp_path / "data", free_port()
+    config = tmp_path / "prerender.yaml"
+    config.write_text(yaml.safe_dump({"auth": {"users": [
+        {"name": "ops", "passwordHash": "pbkdf2_sha256$200000$oSXPlig4O7W6u8gE2junEA==$"
+                                        "77yTRtxp3UYqKV3G7Xq0bvHt8ch4FjxayXwMPXdFzXM=", "roles": ["admin"]}]}}))
+    env_user = os.environ.pop("PRERENDER_WORKER_USER", None)
+    try:
+        with foreground_up(data, port, "--with-worker", "--config", str(config),
+                           until="starting without a render worker") as (proc, record, out):
+            assert "PRERENDER_WORKER_USER" in out and "render worker: pid" not in out
+            assert run("down", "--data-dir", str(data)).returncode == 0
+            finish(proc, timeout=60)
+    finally:
+        if env_user is not None:
+            os.environ["PRERENDER_WORKER_USER"] = env_user
+    assert_nothing_left(record, data, port)
+
+
+def test_piped_output_is_json_lines_with_node_and_process_and_logs_reads_them(tmp_path: Path) -> None:
+    # Before: Ray's "(Controller pid=...)" prefixes and colour codes on every line, most keeper
+    # lines without a node, a "membership push failed" on every start, and no way to read the logs.
+    data, port = tmp_path / "data", free_port()
+    with foreground_up(data, port) as (proc, record, out):
+        shown = run("logs", "--data-dir", str(data))
+        keeper = run("logs", "--data-dir", str(data), "--node", _node_name(data))
+        assert run("down", "--data-dir", str(data)).returncode == 0
+        out += finish(proc, timeout=60)
+    assert "\x1b[" not in out and "pid=" not in out, out
+    assert "membership push failed" not in out, out
+    assert f"console: http://127.0.0.1:{port}/prerender_admin/" in out
+    ours = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert {"controller", "keeper", "store", "leases", "ingress-0"} <= {d["process"] for d in ours}
+    assert all(d.get("node") for d in ours), [d for d in ours if not d.get("node")]
+    assert shown.returncode == 0
+    lines = [json.loads(line) for line in shown.stdout.splitlines()]
+    assert any(d["event"] == "keeper live" for d in lines)
+    assert {d["process"] for d in (json.loads(x) for x in keeper.stdout.splitlines())} >= {"keeper", "store"}
+    assert "controller" not in {d["process"] for d in (json.loads(x) for x in keeper.stdout.splitlines())}
+
+
+def _node_name(data: Path) -> str:
+    [node] = [p.name for p in (data / "nodes").iterdir() if (p / "logs").is_dir()]
+    return node
+
+
+def test_a_foreground_up_cleans_up_and_fails_when_its_local_ray_dies(tmp_path: Path) -> None:
+    data, port = tmp_path / "data", free_port()
+    with foreground_up(data, port) as (proc, record, _):
+        os.killpg(record.ray_pid, signal.SIGKILL)
+        out = finish(proc, timeout=60)
+    assert proc.returncode == 1, out
+    assert "the local Ray exited unexpectedly" in out
+    assert_nothing_left(record, data, port)

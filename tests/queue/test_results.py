@@ -1,0 +1,925 @@
+"""What a posted render result does, as a pure plan: validation, legacy inference, the decision table,
+the failure lane and its backoff, suppression, the redirect pre-step and the redirect lane
+(docs/queue.md#result-outcomes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from prerender_ray.config.loading import parse
+from prerender_ray.queue.results import Plan, Planner, Result, ResultError, resolve_outcome
+from prerender_ray.queue.schedule import ScheduleRow
+from prerender_ray.queue.targets import Rules
+from prerender_ray.storage.registry import SUPPRESSED, Target
+from prerender_ray.timeutil import DAY_MS, HOUR_MS, MINUTE_MS, minute
+
+NOW = 1_780_000_123_456  # deliberately not on a minute
+M = minute(NOW)
+SRC = "https://shop.test/old"
+KEY = f"{SRC}|desktop"
+DST = "https://shop.test/new"
+DKEY = f"{DST}|desktop"
+HOURLY = "https://shop.test/hourly/p1"
+ROUTES = {"ingress": {"routes": [{"match": "prefix", "path": "/hourly/", "renderInterval": 6 * HOUR_MS}]}}
+
+
+def planner(raw: dict | None = None) -> Planner:
+    return Planner(Rules(parse(raw if raw is not None else ROUTES, {}).config))
+
+
+def result(content: bytes | None = None, **meta: Any) -> Result:
+    return Result.parse({"id": KEY, "url": SRC, **meta}, content)
+
+
+def target(url: str = SRC, **kw: Any) -> Target:
+    return Target(url=url, **kw)
+
+
+def plan(
+    r: Result,
+    t: Target | None = None,
+    dest: Target | None = None,
+    *,
+    p: Planner | None = None,
+    now: int = NOW,
+) -> Plan:
+    return (p or planner()).plan(r, t, dest, now)
+
+
+def page_ok(**kw: Any) -> Result:
+    return result(b"<html>ok</html>", outcome="rendered", statusCode=200, **kw)
+
+
+# ------------------------------------------------------------------------------------- parsing
+
+
+@pytest.mark.parametrize("meta", [None, [], "x", 5, [{"id": KEY}]])
+def test_metadata_that_is_not_an_object_is_refused(meta: Any) -> None:
+    with pytest.raises(ResultError, match="metadata must be a JSON object"):
+        Result.parse(meta, None)
+
+
+@pytest.mark.parametrize("meta", [{}, {"id": ""}, {"id": 5}, {"id": None}, {"id": ["a|desktop"]}])
+def test_metadata_without_a_job_id_is_refused(meta: dict) -> None:
+    with pytest.raises(ResultError, match="metadata.id"):
+        Result.parse(meta, None)
+
+
+@pytest.mark.parametrize("outcome", ["exploded", "", "RENDERED", 1, ["rendered"]])
+def test_an_unknown_outcome_is_refused(outcome: Any) -> None:
+    with pytest.raises(ResultError, match="unknown outcome"):
+        Result.parse({"id": KEY, "outcome": outcome}, None)
+
+
+@pytest.mark.parametrize("headers", [["content-type"], "content-type: text/html", 5])
+def test_headers_that_are_not_an_object_are_refused(headers: Any) -> None:
+    with pytest.raises(ResultError, match="headers"):
+        Result.parse({"id": KEY, "headers": headers}, None)
+
+
+def test_a_result_error_is_a_value_error_for_the_http_layer() -> None:
+    assert issubclass(ResultError, ValueError)
+
+
+def test_a_minimal_result_parses_with_every_optional_field_absent() -> None:
+    r = Result.parse({"id": KEY}, None)
+    assert r.id == KEY and r.url == "" and r.outcome == "" and r.headers == {}
+    assert r.status_code is None and r.is_indexable is None and r.redirected_to is None
+    assert r.reason is None and r.error is None and r.render_time is None and r.content is None
+    assert r.content_encoding == "identity"
+
+
+def test_header_names_are_lowercased_and_absent_values_dropped() -> None:
+    r = Result.parse(
+        {"id": KEY, "headers": {"Content-Type": "text/html", "ETag": '"1"', "Vary": None, "X-Count": 3}}, None
+    )
+    assert r.headers == {"content-type": "text/html", "etag": '"1"', "x-count": "3"}
+
+
+@pytest.mark.parametrize("value, expected", [(200, 200), (100, 100), (599, 599), (301.0, 301), (None, None)])
+def test_the_status_code_is_an_integer_from_100_to_599_or_absent(value: Any, expected: int | None) -> None:
+    assert Result.parse({"id": KEY, "statusCode": value}, None).status_code == expected
+
+
+@pytest.mark.parametrize("value", [99999, -1, 0, 99, 600, 1e300, 200.5, float("nan"), float("inf"), True,
+                                   False, "200", "", "abc", [200], {"code": 200}])
+def test_a_status_code_out_of_range_or_not_a_number_is_refused_by_name(value: Any) -> None:
+    with pytest.raises(ResultError, match="statusCode"):
+        Result.parse({"id": KEY, "statusCode": value}, None)
+
+
+@pytest.mark.parametrize("value", [0, 800, 1500.5, 86_400_000])
+def test_a_render_time_is_a_finite_non_negative_number_of_milliseconds(value: Any) -> None:
+    assert Result.parse({"id": KEY, "renderTime": value}, None).render_time == value
+
+
+@pytest.mark.parametrize("value", [-1, 86_400_001, 1e300, float("nan"), float("-inf"), True, "1500", "fast",
+                                   [1]])
+def test_a_render_time_out_of_range_or_not_a_number_is_refused_by_name(value: Any) -> None:
+    with pytest.raises(ResultError, match="renderTime"):
+        Result.parse({"id": KEY, "renderTime": value}, None)
+
+
+@pytest.mark.parametrize("value, expected", [(True, True), (False, False), (None, None)])
+def test_is_indexable_is_a_real_boolean(value: Any, expected: bool | None) -> None:
+    assert Result.parse({"id": KEY, "isIndexable": value}, None).is_indexable is expected
+
+
+@pytest.mark.parametrize("field, value", [
+    ("isIndexable", "false"), ("isIndexable", 0), ("reason", 5), ("reason", "x" * 201), ("error", "boom"),
+    ("error", ["TimeoutError"]), ("redirectedTo", 7), ("redirectedTo", "https://x.test/" + "a" * 70_000),
+    ("url", {"href": SRC}), ("url", 5),
+])
+def test_a_field_of_the_wrong_type_or_size_is_refused_by_name(field: str, value: Any) -> None:
+    with pytest.raises(ResultError, match=f"metadata.{field}"):
+        Result.parse({"id": KEY, field: value}, None)
+
+
+@pytest.mark.parametrize("headers", [{"etag": {"v": 1}}, {"ETag": ["a"]}, {"vary": True},
+                                     {"link": "<a>; rel=x\r\nSet-Cookie: s=1"}, {"etag": "x\0"},
+                                     {"cache-control": "x" * 8193}])
+def test_a_header_value_that_is_no_text_or_could_split_a_response_is_refused(headers: dict) -> None:
+    with pytest.raises(ResultError, match="metadata.headers"):
+        Result.parse({"id": KEY, "headers": headers}, None)
+
+
+def test_empty_optional_fields_read_as_absent() -> None:
+    r = Result.parse({"id": KEY, "redirectedTo": "", "reason": None, "error": None, "renderTime": None}, b"")
+    assert r.redirected_to is None and r.reason is None and r.error is None and r.render_time is None
+    assert r.content is None  # an empty body is no content
+    r = Result.parse({"id": KEY, "error": {"name": "TimeoutError"}, "renderTime": 1500}, b"x")
+    assert r.redirected_to is None and r.error == {"name": "TimeoutError"} and r.render_time == 1500
+    assert r.content == b"x"
+
+
+def test_the_content_encoding_comes_from_the_posted_headers() -> None:
+    assert (
+        Result.parse({"id": KEY, "headers": {"Content-Encoding": " GZIP "}}, b"x").content_encoding == "gzip"
+    )
+    assert Result.parse({"id": KEY, "headers": {}}, b"x").content_encoding == "identity"
+
+
+# ------------------------------------------------------------------------------ legacy inference
+
+
+def legacy(content: bytes | None = None, **meta: Any) -> Result:
+    return result(content, **meta)
+
+
+@pytest.mark.parametrize(
+    "r, indexable, expected",
+    [
+        (legacy(b"<html/>", statusCode=200), None, "rendered"),
+        (legacy(None, statusCode=200, isIndexable=True), True, "rendered"),  # an isIndexable-only result
+        (legacy(b"<html/>", statusCode=200, redirectedTo=DST), None, "rendered"),  # first match wins
+        (legacy(None, statusCode=301, redirectedTo=DST), None, "redirected"),
+        (legacy(None, statusCode=200, isIndexable=False), False, "non-indexable"),
+        (legacy(b"<html/>", statusCode=404), None, "error"),  # content without a 200 is not a render
+        (legacy(None), None, "error"),
+    ],
+)
+def test_a_result_without_an_outcome_is_inferred_like_the_reference(
+    r: Result, indexable: bool | None, expected: str
+) -> None:
+    assert resolve_outcome(r, indexable) == expected
+
+
+def test_a_posted_outcome_is_never_second_guessed() -> None:
+    r = result(None, outcome="error", statusCode=200, isIndexable=True)
+    assert resolve_outcome(r, True) == "error"
+
+
+def test_the_inference_uses_the_domain_coerced_verdict() -> None:
+    r = legacy(None, statusCode=200, isIndexable=True)
+    assert resolve_outcome(r, False) == "non-indexable"
+
+
+# ---------------------------------------------------------------------------------- destination
+
+
+@pytest.mark.parametrize(
+    "landed",
+    [
+        SRC,
+        SRC + "/",
+        SRC + "#top",
+        SRC + "?utm_source=x",
+        "HTTPS://SHOP.TEST/old",
+        "https://shop.test:443/old",
+    ],
+)
+def test_a_landed_url_that_canonicalizes_to_the_same_key_is_not_a_redirect(landed: str) -> None:
+    assert planner().destination(result(redirectedTo=landed)) is None
+
+
+def test_the_destination_key_keeps_the_device_of_the_job() -> None:
+    p = planner()
+    assert p.destination(result(redirectedTo=DST + "/?utm_source=x")) == DKEY
+    mobile = Result.parse({"id": f"{SRC}|mobile", "redirectedTo": DST}, None)
+    assert p.destination(mobile) == f"{DST}|mobile"
+    assert p.destination(result(redirectedTo=DST + "?page=2&b=1")) == f"{DST}?page=2|desktop"
+
+
+@pytest.mark.parametrize("landed", ["not a url", "/relative", "ftp://shop.test/x"])
+def test_an_unparseable_landed_url_is_no_destination(landed: str) -> None:
+    assert planner().destination(result(redirectedTo=landed)) is None
+
+
+def test_no_redirect_is_no_destination() -> None:
+    assert planner().destination(result()) is None
+
+
+# -------------------------------------------------------------------------------------- rendered
+
+
+def test_a_rendered_result_stores_the_page_and_reschedules_relative_to_completion() -> None:
+    r = page_ok(
+        headers={"Content-Type": "text/html", "ETag": '"e"', "Set-Cookie": "a=b", "Content-Encoding": "gzip"},
+        isIndexable=True,
+    )
+    p = plan(r, target(sitemap_url="https://shop.test/sitemap.xml"))
+    assert p.outcome == "rendered" and p.release is True
+    assert p.rows == [ScheduleRow(KEY, M + DAY_MS, True, DAY_MS)]
+    assert p.page is not None and p.page.cache_key == KEY and p.page.content == b"<html>ok</html>"
+    assert p.page.status_code == 200 and p.page.last_cached == NOW and p.page.expires_at == M + DAY_MS
+    assert p.page.is_indexable is True
+    assert p.page.headers == {
+        "content-type": "text/html",
+        "etag": '"e"',
+        "content-encoding": "gzip",
+        "x-harper-rendered": "1",
+    }  # never set-cookie
+    assert p.targets == {} and p.row_deletes == [] and p.page_deletes == []
+    assert p.adopt is None and p.suppress_dest is None and p.refile_key is None
+
+
+def test_identity_content_is_stored_without_a_content_encoding_header() -> None:
+    p = plan(page_ok(headers={"content-type": "text/html"}), target())
+    assert p.page is not None and "content-encoding" not in p.page.headers
+    assert p.page.is_indexable is None
+
+
+def test_a_rendered_result_reschedules_at_the_route_cadence_over_the_stored_one() -> None:
+    hourly = f"{HOURLY}|desktop"
+    r = Result.parse({"id": hourly, "url": HOURLY, "outcome": "rendered", "statusCode": 200}, b"<html/>")
+    p = plan(r, target(HOURLY, render_interval=7 * DAY_MS))
+    assert p.rows == [ScheduleRow(hourly, M + 6 * HOUR_MS, False, 6 * HOUR_MS)]
+    assert p.page is not None and p.page.expires_at == M + 6 * HOUR_MS
+
+
+def test_a_rendered_result_keeps_the_stored_cadence_when_the_route_sets_none() -> None:
+    p = plan(page_ok(), target(render_interval=7 * DAY_MS))
+    assert p.rows == [ScheduleRow(KEY, M + 7 * DAY_MS, False, 7 * DAY_MS)]
+
+
+@pytest.mark.parametrize("junk", [None, 0, -5])
+def test_a_rendered_result_falls_back_to_the_default_cadence(junk: Any) -> None:
+    p = plan(page_ok(), target(render_interval=junk))
+    assert p.rows == [ScheduleRow(KEY, M + DAY_MS, False, DAY_MS)]
+
+
+def test_a_rendered_result_without_a_target_stores_the_page_and_drops_the_one_off_row() -> None:
+    p = plan(page_ok(), None)
+    assert p.outcome == "rendered" and p.release is True
+    assert p.page is not None and p.page.cache_key == KEY
+    assert p.rows == [] and p.row_deletes == [KEY] and p.targets == {}
+
+
+def test_a_rendered_result_without_content_still_reschedules() -> None:
+    p = plan(result(None, outcome="rendered", statusCode=200, isIndexable=True), target())
+    assert p.page is None and p.rows == [ScheduleRow(KEY, M + DAY_MS, False, DAY_MS)]
+
+
+def test_a_successful_render_resets_the_strike_counter() -> None:
+    p = plan(page_ok(), target(strikes=3))
+    assert p.targets == {SRC: target(strikes=0)}
+
+
+def test_a_successful_render_of_a_target_without_strikes_writes_no_target() -> None:
+    assert plan(page_ok(), target(strikes=0)).targets == {}
+
+
+def test_strike_counts_stored_as_text_still_count() -> None:
+    assert plan(page_ok(), target(strikes="2")).targets == {SRC: target(strikes=0)}  # type: ignore[arg-type]
+
+
+def test_an_indexable_render_of_a_suppressed_target_reactivates_it() -> None:
+    t = target(
+        state=SUPPRESSED,
+        suppressed_reason="noindex",
+        suppressed_at=NOW - DAY_MS,
+        strikes=2,
+        render_interval=7 * DAY_MS,
+        sitemap_url="https://shop.test/s.xml",
+    )
+    p = plan(page_ok(isIndexable=True), t)
+    assert p.targets == {SRC: target(render_interval=7 * DAY_MS, sitemap_url="https://shop.test/s.xml")}
+    assert p.page is not None  # and the content is cached
+    assert p.rows == [ScheduleRow(KEY, M + 7 * DAY_MS, True, 7 * DAY_MS)]  # only this device moves
+
+
+def test_a_render_of_a_suppressed_target_without_an_indexable_verdict_keeps_it_suppressed() -> None:
+    t = target(state=SUPPRESSED, suppressed_reason="noindex", strikes=2)
+    p = plan(page_ok(), t)
+    assert p.targets == {}  # neither lifted nor reset
+    assert p.rows == [ScheduleRow(KEY, M + DAY_MS, False, DAY_MS)]
+
+
+def test_a_legacy_rendered_result_lands_in_the_rendered_branch() -> None:
+    p = plan(result(b"<html/>", statusCode=200), target(strikes=1))
+    assert p.outcome == "rendered" and p.page is not None and p.targets == {SRC: target()}
+
+
+def test_the_rendered_page_is_filed_with_the_time_the_result_completed() -> None:
+    later = NOW + 3 * HOUR_MS + 17
+    p = plan(page_ok(), target(), now=later)
+    assert p.rows[0].next_render_time == minute(later) + DAY_MS and p.page.last_cached == later  # type: ignore[union-attr]
+
+
+# ------------------------------------------------------------------------------ the failure lane
+
+
+def test_an_error_on_a_target_backed_key_holds_the_lease_and_leaves_the_row() -> None:
+    r = result(
+        None, outcome="error", error={"name": "TimeoutError", "message": "settle", "phase": "navigation"}
+    )
+    p = plan(r, target())
+    assert p.outcome == "failed" and p.detail == "fast" and p.release is False
+    assert p.targets == {SRC: target(strikes=1, struck_at=NOW)}  # target kept, strike counted
+    assert p.rows == [] and p.row_deletes == [] and p.page is None and p.page_deletes == []
+
+
+@pytest.mark.parametrize(
+    "status, label",
+    [
+        (401, "auth-failure"),
+        (403, "auth-failure"),
+        (408, "transient"),
+        (429, "transient"),
+        (500, "transient"),
+        (503, "transient"),
+        (599, "transient"),
+    ],
+)
+def test_auth_and_transient_verdicts_never_suppress_and_take_the_fast_lane(status: int, label: str) -> None:
+    r = result(None, outcome="non-indexable", statusCode=status, reason="http-error", isIndexable=False)
+    p = plan(r, target(strikes=1))
+    assert p.outcome == label and p.detail == "fast" and p.release is False
+    assert p.targets == {SRC: target(strikes=2, struck_at=NOW)}
+    assert p.rows == [] and p.page_deletes == [] and p.row_deletes == []  # the cached page is kept
+
+
+@pytest.mark.parametrize("status", [401, 503])
+def test_past_the_fast_retries_the_slow_lane_reschedules_near_the_cadence_and_releases(status: int) -> None:
+    r = result(None, outcome="non-indexable", statusCode=status, isIndexable=False)
+    p = plan(r, target(strikes=2))
+    assert p.detail == "slow" and p.release is True
+    [row] = p.rows
+    assert NOW < row.next_render_time < NOW + 2 * DAY_MS
+    assert row == ScheduleRow(KEY, M + DAY_MS, False, DAY_MS)  # first slow retry = one cadence
+    assert p.targets == {SRC: target(strikes=3, struck_at=NOW)}
+    assert p.page is None and p.page_deletes == []  # the page and its expiresAt are not touched
+
+
+def test_a_failure_on_a_targetless_key_drops_its_row_and_releases() -> None:
+    for r in (result(None, outcome="error"), result(None, outcome="non-indexable", statusCode=503)):
+        p = plan(r, None)
+        assert p.outcome == "dropped" and p.release is True
+        assert p.row_deletes == [KEY] and p.rows == [] and p.targets == {} and p.page_deletes == []
+
+
+def test_a_legacy_result_with_nothing_to_show_is_an_error() -> None:
+    p = plan(result(None, statusCode=500), target())
+    assert p.outcome == "failed" and p.release is False
+
+
+def test_a_failing_sitemap_page_files_its_cadence_not_the_backoff() -> None:
+    t = target(sitemap_url="https://shop.test/s.xml", strikes=5)
+    [row] = plan(result(None, outcome="error"), t).rows
+    assert row.effective_interval == DAY_MS and row.from_sitemap is True
+    assert row.next_render_time == M + 7 * DAY_MS  # strikes 6 -> capped at maxBackoff
+
+
+def failing_wait(
+    strikes_before: int, *, sitemap: bool, interval: int = DAY_MS, raw: dict | None = None
+) -> int | None:
+    """The wait the failure lane files for a target that already had ``strikes_before`` strikes."""
+    t = target(
+        render_interval=interval,
+        sitemap_url="https://shop.test/s.xml" if sitemap else None,
+        strikes=strikes_before,
+    )
+    p = plan(result(None, outcome="error"), t, p=planner(raw or {}))
+    return p.rows[0].next_render_time - M if p.rows else None
+
+
+@pytest.mark.parametrize(
+    "interval, sitemap, waits",
+    [
+        (24 * HOUR_MS, True, [None, None, 24, 48, 96, 168, 168]),
+        (24 * HOUR_MS, False, [None, None, 24, 168, 168]),
+        (6 * HOUR_MS, False, [None, None, 6, 48, 96, 168, 168]),
+        (6 * HOUR_MS, True, [None, None, 6, 12, 24, 48, 96, 168, 168]),
+    ],
+)
+def test_the_backoff_ladder_matches_the_reference_table(interval: int, sitemap: bool, waits: list) -> None:
+    got = [failing_wait(s, sitemap=sitemap, interval=interval) for s in range(len(waits))]
+    assert got == [w if w is None else w * HOUR_MS for w in waits]
+
+
+def test_a_cap_below_the_cadence_never_makes_a_failing_page_come_due_more_often() -> None:
+    raw = {"render": {"failureRetry": {"maxBackoff": "24h"}}}
+    assert {failing_wait(s, sitemap=False, interval=2 * DAY_MS, raw=raw) for s in range(2, 8)} == {2 * DAY_MS}
+
+
+def test_with_no_fast_retries_the_first_failure_waits_one_cadence_then_two() -> None:
+    raw = {"render": {"failureRetry": {"fastRetries": 0}}}
+    assert failing_wait(0, sitemap=True, raw=raw) == DAY_MS
+    assert failing_wait(1, sitemap=True, raw=raw) == 2 * DAY_MS
+    p = plan(result(None, outcome="error"), target(), p=planner(raw))
+    assert p.release is True and p.detail == "slow"
+
+
+def test_a_backoff_factor_of_one_is_flat() -> None:
+    raw = {"render": {"failureRetry": {"backoffFactor": 1}}}
+    assert {failing_wait(s, sitemap=True, raw=raw) for s in range(2, 10)} == {DAY_MS}
+    # the penalty still applies to a discovered page from the second escalation on
+    assert [failing_wait(s, sitemap=False, raw=raw) for s in (2, 3)] == [DAY_MS, 4 * DAY_MS]
+
+
+def test_float_factors_give_whole_minutes_within_the_cap() -> None:
+    raw = {"render": {"failureRetry": {"backoffFactor": 1.7, "nonSitemapPenalty": 2.3}}}
+    for s in range(2, 12):
+        wait = failing_wait(s, sitemap=False, interval=7 * HOUR_MS, raw=raw)
+        assert wait is not None and type(wait) is int and wait % MINUTE_MS == 0 and wait <= 7 * DAY_MS
+
+
+@given(
+    interval=st.integers(min_value=1, max_value=400 * DAY_MS),
+    strikes=st.integers(min_value=0, max_value=60),
+    sitemap=st.booleans(),
+    fast=st.integers(min_value=0, max_value=4),
+    factor=st.floats(min_value=1, max_value=10),
+    penalty=st.floats(min_value=1, max_value=10),
+    cap=st.integers(min_value=1, max_value=30 * DAY_MS),
+)
+def test_the_backoff_never_comes_due_sooner_than_the_cadence(
+    interval: int, strikes: int, sitemap: bool, fast: int, factor: float, penalty: float, cap: int
+) -> None:
+    raw = {
+        "render": {
+            "defaultInterval": interval,
+            "failureRetry": {
+                "fastRetries": fast,
+                "backoffFactor": factor,
+                "nonSitemapPenalty": penalty,
+                "maxBackoff": cap,
+            },
+        }
+    }
+    p = planner(raw)
+    t = target(sitemap_url="https://shop.test/s.xml" if sitemap else None, strikes=strikes)
+    got = p.plan(result(None, outcome="error"), t, None, NOW)
+    if strikes + 1 <= fast:
+        assert got.rows == [] and got.release is False
+        return
+    [row] = got.rows
+    wait = row.next_render_time - M
+    assert wait >= interval  # never sooner than the cadence
+    assert wait <= max(interval, cap)
+    assert row.effective_interval == interval  # the cadence is filed, not the wait
+    # and one more failure never shortens it
+    again = p.plan(result(None, outcome="error"), t.patched(strikes=strikes + 1), None, NOW)
+    assert again.rows[0].next_render_time >= row.next_render_time
+
+
+# ---------------------------------------------------------------------------------- suppression
+
+
+def noindex(**kw: Any) -> Result:
+    return result(
+        None,
+        **{"outcome": "non-indexable", "statusCode": 200, "reason": "noindex", "isIndexable": False, **kw},
+    )
+
+
+def test_a_noindex_verdict_suppresses_every_device_and_deletes_the_cached_pages() -> None:
+    t = target(render_interval=3 * DAY_MS, sitemap_url="https://shop.test/s.xml", scheduler_node="node-a")
+    p = plan(noindex(), t)
+    assert p.outcome == "suppressed" and p.release is True
+    assert p.targets == {
+        SRC: Target(SRC, "https://shop.test/s.xml", "node-a", 3 * DAY_MS, SUPPRESSED, "noindex", NOW, 1, NOW)
+    }
+    assert p.rows == [
+        ScheduleRow(f"{SRC}|{d}", M + 7 * DAY_MS, True, 3 * DAY_MS) for d in ("desktop", "mobile")
+    ]
+    assert sorted(p.page_deletes) == sorted(f"{SRC}|{d}" for d in ("desktop", "mobile", "tablet"))
+    assert p.row_deletes == [f"{SRC}|tablet"]  # a device no longer configured keeps no row
+
+
+def test_a_404_or_410_http_error_is_gone_rechecked_in_14_days() -> None:
+    for status in (404, 410):
+        p = plan(noindex(statusCode=status, reason="http-error"), target())
+        t = p.targets[SRC]
+        assert t is not None and t.suppressed_reason == "http-gone" and t.strikes == 1
+        assert {row.next_render_time for row in p.rows} == {M + 14 * DAY_MS}
+
+
+def test_other_http_errors_are_suppressed_for_a_week() -> None:
+    p = plan(noindex(statusCode=400, reason="http-error"), target())
+    assert p.targets[SRC].suppressed_reason == "http-error"  # type: ignore[union-attr]
+    assert {row.next_render_time for row in p.rows} == {M + 7 * DAY_MS}
+
+
+def test_only_http_error_verdicts_are_classified_by_status() -> None:
+    p = plan(noindex(statusCode=404, reason="noindex"), target())
+    assert p.targets[SRC].suppressed_reason == "noindex"  # type: ignore[union-attr]
+    assert {row.next_render_time for row in p.rows} == {M + 7 * DAY_MS}
+
+
+def test_a_gone_target_is_deleted_at_two_strikes() -> None:
+    p = plan(noindex(statusCode=410, reason="http-error"), target(strikes=1))
+    assert p.outcome == "suppressed" and p.detail == "deleted"
+    assert p.targets == {SRC: None} and p.rows == []
+
+
+def test_strikes_are_shared_across_verdict_classes() -> None:
+    # one failure strike, then a gone verdict: 2 >= gone.maxStrikes
+    after_failure = plan(result(None, outcome="error"), target()).targets[SRC]
+    assert after_failure is not None and after_failure.strikes == 1
+    p = plan(noindex(statusCode=404, reason="http-error"), after_failure)
+    assert p.targets == {SRC: None}
+
+
+def test_consecutive_non_indexable_verdicts_delete_the_target_at_max_strikes() -> None:
+    t: Target | None = target()
+    for expected in (1, 2, 3):
+        p = plan(noindex(), t)
+        t = p.targets[SRC]
+        assert t is not None and t.strikes == expected and t.suppressed
+    p = plan(noindex(), t)
+    assert p.targets == {SRC: None} and p.rows == [] and p.detail == "deleted"
+
+
+def test_a_verdict_for_an_untargeted_url_creates_a_suppressed_row() -> None:
+    p = plan(noindex(), None)
+    assert p.targets == {
+        SRC: Target(SRC, state=SUPPRESSED, suppressed_reason="noindex", suppressed_at=NOW, strikes=1,
+                    struck_at=NOW)
+    }
+    assert [row.cache_key for row in p.rows] == [KEY, f"{SRC}|mobile"]
+
+
+def test_the_creating_verdict_never_deletes_even_at_one_max_strike() -> None:
+    p = plan(noindex(), None, p=planner({"render": {"suppression": {"maxStrikes": 1}}}))
+    assert p.targets[SRC] is not None and p.targets[SRC].strikes == 1  # type: ignore[union-attr]
+    p = plan(noindex(), target(), p=planner({"render": {"suppression": {"maxStrikes": 1}}}))
+    assert p.targets == {SRC: None}
+
+
+def test_a_suppression_without_a_reason_stores_none() -> None:
+    p = plan(result(None, outcome="non-indexable", statusCode=200), target())
+    assert p.targets[SRC].suppressed_reason is None and p.detail == "non-indexable"  # type: ignore[union-attr]
+
+
+def test_a_suppressed_target_rechecks_only_the_route_devices() -> None:
+    raw = {"ingress": {"routes": [{"match": "prefix", "path": "/m/", "deviceTypes": ["mobile"]}]}}
+    url = "https://shop.test/m/1"
+    r = Result.parse(
+        {
+            "id": f"{url}|mobile",
+            "url": url,
+            "outcome": "non-indexable",
+            "statusCode": 200,
+            "reason": "noindex",
+        },
+        None,
+    )
+    p = planner(raw).plan(r, target(url), None, NOW)
+    assert [row.cache_key for row in p.rows] == [f"{url}|mobile"]
+    assert sorted(p.row_deletes) == [f"{url}|desktop", f"{url}|tablet"]
+
+
+def test_a_legacy_non_indexable_result_suppresses() -> None:
+    p = plan(result(None, statusCode=200, isIndexable=False, reason="canonical-mismatch"), target())
+    assert p.outcome == "suppressed" and p.targets[SRC].suppressed_reason == "canonical-mismatch"  # type: ignore[union-attr]
+
+
+# ---------------------------------------------------------------------------- domain allowlist
+
+
+SHOP_ONLY = {"domains": ["shop.test"]}
+
+
+def test_a_host_outside_the_allowlist_is_never_indexable() -> None:
+    url = "https://other.test/a"
+    r = Result.parse(
+        {"id": f"{url}|desktop", "url": url, "outcome": "rendered", "statusCode": 200, "isIndexable": True},
+        b"<html/>",
+    )
+    p = planner(SHOP_ONLY).plan(r, target(url), None, NOW)
+    assert p.page is not None and p.page.is_indexable is False
+    # and the legacy inference sees the coerced verdict: no content and "not indexable" is a suppression
+    legacy_r = Result.parse(
+        {"id": f"{url}|desktop", "url": url, "statusCode": 200, "isIndexable": True}, None
+    )
+    assert planner(SHOP_ONLY).plan(legacy_r, target(url), None, NOW).outcome == "suppressed"
+
+
+def test_an_allowed_host_keeps_the_posted_verdict() -> None:
+    p = plan(page_ok(isIndexable=True), target(), p=planner(SHOP_ONLY))
+    assert p.page is not None and p.page.is_indexable is True
+
+
+def test_the_allowlist_checks_the_landed_url_when_there_is_one() -> None:
+    r = page_ok(isIndexable=True, redirectedTo=SRC + "/")  # same key, allowed host
+    assert plan(r, target(), p=planner(SHOP_ONLY)).page.is_indexable is True  # type: ignore[union-attr]
+    r = page_ok(isIndexable=True, redirectedTo="https://other.test/x")
+    p = plan(r, target(), p=planner(SHOP_ONLY))
+    assert p.page is not None and p.page.is_indexable is False
+
+
+def test_an_ipv6_host_in_the_allowlist_is_allowed() -> None:
+    url = "http://[::1]:8080/a"
+    r = Result.parse(
+        {"id": f"{url}|desktop", "url": url, "outcome": "rendered", "statusCode": 200, "isIndexable": True},
+        b"<html/>",
+    )
+    for entry in ("[::1]:8080", "[::1]:*"):
+        p = planner({"domains": [entry]}).plan(r, target(url), None, NOW)
+        assert p.page is not None and p.page.is_indexable is True
+    p = planner({"domains": ["[::1]"]}).plan(r, target(url), None, NOW)  # port 80 only
+    assert p.page is not None and p.page.is_indexable is False
+
+
+def test_a_port_is_allowed_only_by_an_entry_that_allows_it() -> None:
+    url = "https://shop.test:8443/a"
+    r = Result.parse(
+        {"id": f"{url}|desktop", "url": url, "outcome": "rendered", "statusCode": 200, "isIndexable": True},
+        b"<html/>",
+    )
+    refused = planner(SHOP_ONLY).plan(r, target(url), None, NOW)  # `shop.test` allows port 443 only
+    assert refused.page is not None and refused.page.is_indexable is False
+    for entry in ("shop.test:8443", "shop.test:*"):
+        p = planner({"domains": [entry]}).plan(r, target(url), None, NOW)
+        assert p.page.is_indexable is True  # type: ignore[union-attr]
+
+
+# -------------------------------------------------------------------------- the redirect pre-step
+
+
+def test_a_rendered_client_side_redirect_is_refiled_under_the_destination_key() -> None:
+    r = page_ok(redirectedTo=DST + "?utm_source=x", isIndexable=True)
+    dest = target(DST, render_interval=2 * DAY_MS)
+    p = plan(r, target(), dest)
+    assert p.outcome == "rendered" and p.detail == "refiled" and p.refile_key == DKEY
+    assert p.page is not None and p.page.cache_key == DKEY and p.page.expires_at == M + 2 * DAY_MS
+    assert p.rows == [ScheduleRow(DKEY, M + 2 * DAY_MS, False, 2 * DAY_MS)]  # the destination's own cadence
+    assert p.targets == {SRC: None}  # the source retires with every device
+    assert p.release is True  # released under metadata.id by the keeper; no destination lease exists
+
+
+def test_a_refile_onto_a_destination_without_a_target_drops_its_row() -> None:
+    p = plan(page_ok(redirectedTo=DST), target(), None)
+    assert p.page is not None and p.page.cache_key == DKEY
+    assert p.rows == [] and p.row_deletes == [DKEY] and p.targets == {SRC: None}
+
+
+def test_a_refile_from_a_targetless_one_off_still_retires_the_source_row() -> None:
+    p = plan(page_ok(redirectedTo=DST), None, None)
+    assert p.refile_key == DKEY
+    assert p.targets == {SRC: None}  # the keeper deletes every device's row and page of the source
+
+
+def test_a_refile_reactivates_a_suppressed_destination_on_an_indexable_render() -> None:
+    dest = target(DST, state=SUPPRESSED, suppressed_reason="noindex", strikes=1)
+    p = plan(page_ok(redirectedTo=DST, isIndexable=True), target(), dest)
+    assert p.targets == {SRC: None, DST: target(DST)}
+
+
+def test_a_rendered_redirect_to_an_unrouted_class_keeps_the_source_and_discards_the_content() -> None:
+    p = plan(page_ok(redirectedTo="https://shop.test/search/shoes"), target(strikes=2))
+    assert p.outcome == "rendered" and p.detail == "landed-unrouted" and p.unrouted == "/search/shoes"
+    assert p.page is None and p.refile_key is None
+    assert p.rows == [ScheduleRow(KEY, M + DAY_MS, False, DAY_MS)]
+    assert p.targets == {SRC: target()}  # kept (strikes reset as for any render)
+
+
+def test_a_rendered_result_landing_on_the_same_key_is_an_ordinary_render() -> None:
+    p = plan(page_ok(redirectedTo=SRC + "/?utm_medium=mail"), target())
+    assert p.detail == "rendered" and p.page is not None and p.page.cache_key == KEY
+    assert SRC not in p.targets and p.refile_key is None
+
+
+def test_a_redirected_result_landing_on_the_same_key_is_not_a_redirect_and_never_retires_the_target() -> None:
+    r = result(None, outcome="redirected", statusCode=301, redirectedTo=SRC + "/")
+    p = plan(r, target(strikes=3))  # one more redirect strike would retire it
+    assert p.targets == {SRC: target(strikes=4, struck_at=NOW)}  # a failure strike: kept, backed off
+    assert p.outcome == "failed" and p.adopt is None
+    assert p.rows and p.rows[0].next_render_time > NOW
+    fast = plan(r, target())
+    assert fast.release is False and fast.targets == {SRC: target(strikes=1, struck_at=NOW)}
+
+
+def test_a_non_indexable_result_with_a_landed_url_suppresses_the_source() -> None:
+    p = plan(noindex(redirectedTo=DST), target())
+    assert p.outcome == "suppressed" and p.targets[SRC] is not None and p.suppress_dest is None
+
+
+# ---------------------------------------------------------------------------- the redirect lane
+
+
+def redirected(status: int | None = 301, to: str = DST, **kw: Any) -> Result:
+    return result(None, outcome="redirected", statusCode=status, redirectedTo=to, reason="redirect", **kw)
+
+
+@pytest.mark.parametrize("status", [301, 308])
+def test_a_permanent_redirect_retires_the_source_and_adopts_the_destination_due_now(status: int) -> None:
+    p = plan(redirected(status, DST + "/?utm_source=x"), target(render_interval=3 * DAY_MS, strikes=1))
+    assert p.outcome == "redirect" and p.detail == "permanent" and p.release is True
+    assert p.targets == {SRC: None}
+    assert p.adopt == (DST, M, 3 * DAY_MS)  # due this minute, the source's stored cadence inherited
+    assert p.rows == [] and p.suppress_dest is None
+
+
+@pytest.mark.parametrize("stored", [None, 0, -1])
+def test_an_adopted_destination_inherits_no_cadence_when_the_source_had_none(stored: Any) -> None:
+    p = plan(redirected(), target(render_interval=stored))
+    assert p.adopt == (DST, M, None)
+
+
+def test_a_permanent_redirect_from_a_targetless_one_off_retires_its_row_and_adopts() -> None:
+    p = plan(redirected(), None)
+    assert p.targets == {SRC: None} and p.adopt == (DST, M, None)
+
+
+@pytest.mark.parametrize(
+    "existing", [target(DST), target(DST, state=SUPPRESSED, suppressed_reason="noindex")]
+)
+def test_an_existing_or_suppressed_destination_is_never_resurrected(existing: Target) -> None:
+    p = plan(redirected(), target(), existing)
+    assert p.targets == {SRC: None} and p.adopt is None and DST not in p.targets
+
+
+def test_a_foreign_destination_is_not_adopted() -> None:
+    p = plan(redirected(to="https://elsewhere.test/x"), target(), p=planner(SHOP_ONLY))
+    assert p.targets == {SRC: None} and p.adopt is None
+
+
+@pytest.mark.parametrize("status", [302, 303, 307, 200, None])
+def test_a_temporary_redirect_keeps_the_source_and_costs_a_strike(status: int | None) -> None:
+    p = plan(redirected(status), target(strikes=1, render_interval=2 * DAY_MS))
+    assert p.outcome == "redirect" and p.detail == "strike" and p.release is True
+    assert p.targets == {SRC: target(strikes=2, struck_at=NOW, render_interval=2 * DAY_MS)}
+    assert p.rows == [ScheduleRow(KEY, M + 2 * DAY_MS, False, 2 * DAY_MS)]
+    assert p.page_deletes == [] and p.adopt is None  # its cached page is kept
+
+
+def test_a_temporary_redirect_strike_reschedules_at_the_route_cadence() -> None:
+    hourly = f"{HOURLY}|desktop"
+    r = Result.parse(
+        {"id": hourly, "url": HOURLY, "outcome": "redirected", "statusCode": 302, "redirectedTo": DST}, None
+    )
+    p = planner().plan(r, target(HOURLY, render_interval=DAY_MS), None, NOW)
+    assert p.rows == [ScheduleRow(hourly, M + 6 * HOUR_MS, False, 6 * HOUR_MS)]
+
+
+def test_max_strikes_temporary_redirects_retire_the_source() -> None:
+    t: Target | None = target()
+    for expected in (1, 2, 3):
+        p = plan(redirected(302), t)
+        t = p.targets[SRC]
+        assert t is not None and t.strikes == expected
+    p = plan(redirected(302), t)
+    assert p.detail == "retired" and p.targets == {SRC: None} and p.rows == []
+
+
+def test_a_temporary_redirect_of_a_targetless_key_drops_its_row() -> None:
+    p = plan(redirected(307), None)
+    assert p.row_deletes == [KEY] and p.targets == {} and p.release is True
+
+
+def test_a_redirect_to_an_unrouted_class_keeps_the_source_with_a_strike() -> None:
+    p = plan(redirected(301, "https://shop.test/search/q"), target())
+    assert p.detail == "strike" and p.unrouted == "/search/q"
+    assert p.targets == {SRC: target(strikes=1, struck_at=NOW)} and p.adopt is None
+
+
+def test_a_redirect_to_an_unclassified_path_in_forwarded_mode_keeps_the_source() -> None:
+    raw = {
+        "ingress": {
+            "mode": "forwarded",
+            "routes": [
+                {"match": "prefix", "path": "/cart", "mode": "passthrough"},
+                {"match": "prefix", "path": "/"},
+            ],
+        }
+    }
+    # first match wins: "/" serves everything but the passthrough route
+    p = plan(redirected(301, "https://shop.test/cart/1"), target(), p=planner(raw))
+    assert p.detail == "strike" and p.unrouted == "/cart/1"
+    raw = {"ingress": {"mode": "forwarded", "routes": [{"match": "prefix", "path": "/old"}]}}
+    p = plan(redirected(301, "https://shop.test/elsewhere"), target(), p=planner(raw))
+    assert p.detail == "strike" and p.unrouted == "/elsewhere"
+
+
+def test_a_non_indexable_landing_retires_the_source_and_suppresses_the_destination() -> None:
+    r = redirected(200, isIndexable=False)
+    r.reason = "noindex"
+    p = plan(r, target())
+    assert p.detail == "to-non-indexable" and p.targets == {SRC: None}
+    assert p.suppress_dest == (DST, "noindex", 200) and p.adopt is None
+
+
+def test_a_non_indexable_404_landing_passes_its_status_on_for_the_gone_class() -> None:
+    r = result(
+        None, outcome="redirected", statusCode=404, redirectedTo=DST, isIndexable=False, reason="http-error"
+    )
+    assert plan(r, target()).suppress_dest == (DST, "http-error", 404)
+
+
+def test_a_non_indexable_landing_from_a_targetless_key_retires_its_row() -> None:
+    p = plan(redirected(200, isIndexable=False), None)
+    assert p.targets == {SRC: None} and p.suppress_dest is not None
+
+
+def test_a_non_indexable_foreign_landing_suppresses_nothing() -> None:
+    r = redirected(200, "https://elsewhere.test/x", isIndexable=False)
+    p = plan(r, target(), p=planner(SHOP_ONLY))
+    assert p.targets == {SRC: None} and p.suppress_dest is None
+
+
+def test_a_foreign_landing_that_was_never_inspected_is_not_a_non_indexable_landing() -> None:
+    # the domain coercion makes it "not indexable", but only the browser's own verdict counts here
+    p = plan(redirected(302, "https://elsewhere.test/x"), target(), p=planner(SHOP_ONLY))
+    assert p.detail == "strike" and p.suppress_dest is None
+
+
+@pytest.mark.parametrize(
+    "status, label", [(401, "auth-failure"), (403, "auth-failure"), (503, "transient"), (429, "transient")]
+)
+def test_an_auth_or_transient_landing_keeps_the_source_and_seeds_nothing(status: int, label: str) -> None:
+    p = plan(redirected(status, isIndexable=False), target())
+    assert p.outcome == label and p.release is False  # fast lane on the source
+    assert p.targets == {SRC: target(strikes=1, struck_at=NOW)}
+    assert p.adopt is None and p.suppress_dest is None and p.page_deletes == []
+
+
+def test_a_legacy_redirect_result_takes_the_redirect_lane() -> None:
+    p = plan(result(None, statusCode=301, redirectedTo=DST), target())
+    assert p.detail == "permanent" and p.adopt == (DST, M, None)
+
+
+def test_a_redirect_never_touches_pages_through_the_plan_itself() -> None:
+    for r in (redirected(301), redirected(302), redirected(200, isIndexable=False)):
+        p = plan(r, target())
+        assert p.page is None and p.refile_key is None
+
+
+# ------------------------------------------------------------- one strike per URL per render cycle
+
+
+def gone(device: str = "desktop") -> Result:
+    return Result.parse({"id": f"{SRC}|{device}", "url": SRC, "outcome": "non-indexable", "statusCode": 404,
+                         "reason": "http-error", "isIndexable": False}, None)
+
+
+def test_two_devices_claimed_in_one_cycle_reporting_404_cost_one_strike_not_a_deletion() -> None:
+    granted = NOW - MINUTE_MS  # both devices were claimed before either result
+    p1 = planner().plan(gone("desktop"), target(), None, NOW, granted_at=granted)
+    struck = p1.targets[SRC]
+    assert struck is not None and struck.strikes == 1 and struck.struck_at == NOW  # gone: max 2 strikes
+    p2 = planner().plan(gone("mobile"), struck, None, NOW + 5, granted_at=granted)
+    assert p2.detail != "deleted" and p2.targets[SRC] is not None
+    assert p2.targets[SRC].strikes == 1 and p2.targets[SRC].suppressed  # type: ignore[union-attr]
+    # the recheck a cycle later is granted after the strike: it counts, and deletes at two
+    p3 = planner().plan(gone(), p2.targets[SRC], None, NOW + 14 * DAY_MS, granted_at=NOW + 14 * DAY_MS - 1)
+    assert p3.targets == {SRC: None} and p3.detail == "deleted"
+
+
+def test_failures_and_redirect_strikes_of_one_cycle_count_once() -> None:
+    granted = NOW - MINUTE_MS
+    failed = result(None, outcome="error", error={"name": "TimeoutError"})
+    t = target(strikes=2, struck_at=NOW - 2 * MINUTE_MS)  # struck before this grant: counts
+    p = planner().plan(failed, t, None, NOW, granted_at=granted)
+    assert p.targets[SRC] == target(strikes=3, struck_at=NOW)
+    again = planner().plan(failed, p.targets[SRC], None, NOW + 1, granted_at=granted)
+    assert again.targets[SRC] == target(strikes=3, struck_at=NOW)
+    temporary = result(None, outcome="redirected", statusCode=302, redirectedTo=DST)
+    t = target(strikes=3, struck_at=NOW)  # max redirect strikes is 4: one more would retire it
+    kept = planner().plan(temporary, t, None, NOW + 1, granted_at=granted)
+    assert kept.targets == {SRC: t} and kept.detail == "strike"
+    retired = planner().plan(temporary, t, None, NOW + 2, granted_at=NOW + 1)
+    assert retired.targets == {SRC: None} and retired.detail == "retired"
+
+
+def test_a_stored_strike_time_round_trips_and_a_render_clears_it() -> None:
+    t = target(strikes=2, struck_at=NOW)
+    assert Target.decode(SRC, t.encode()) == t
+    assert Target.decode(SRC, b'{"strikes": 2, "struck_at": "junk"}').struck_at is None
+    p = planner().plan(page_ok(), t, None, NOW + 1, granted_at=NOW)
+    assert p.targets[SRC] == target(strikes=0, struck_at=None)

@@ -1,0 +1,41 @@
+"""Bounded analytics tallies: the unrouted report (docs/serving.md#unrouted-tally) and label budgets."""
+
+from __future__ import annotations
+
+from prerender_ray.serving.tally import LABEL_OVERFLOW, OVERFLOW, LabelBudget, UnroutedTally
+
+
+def test_a_label_budget_admits_the_first_values_then_folds_the_rest() -> None:
+    budget = LabelBudget(2)
+    assert [budget(v) for v in ("a", "b", "c", "a", "d", "b")] == ["a", "b", LABEL_OVERFLOW, "a", LABEL_OVERFLOW, "b"]
+
+
+def test_unrouted_buckets_count_per_class_with_first_sample_and_times() -> None:
+    t = UnroutedTally(max_buckets=10)
+    assert t.record("unclassified", "/help/contact", 1) == "/help/*"
+    assert t.record("unclassified", "/help/faq", 5) == "/help/*"
+    assert t.record("passthrough", "/foo", 2) == "/foo"
+    assert t.record("unclassified", "/", 3) == "/"
+    assert t.record("prerender", "/x", 4) is None  # never tallied
+    b = t.peek()["unclassified"].buckets["/help/*"]
+    assert (b.count, b.first_ms, b.last_ms, b.sample_path) == (2, 1, 5, "/help/contact")
+    assert t.record("unclassified", "/x/y", 6, source="redirect") == "/x/* (redirect)"
+
+
+def test_buckets_past_the_cap_only_count_as_overflow_and_labels_stay_bounded() -> None:
+    t = UnroutedTally(max_buckets=2)
+    labels = [t.record("unclassified", f"/s{i}/x", i) for i in range(5)]
+    assert labels == ["/s0/*", "/s1/*", OVERFLOW, OVERFLOW, OVERFLOW]
+    assert t.peek()["unclassified"].overflowed == 3 and len(t.peek()["unclassified"].buckets) == 2
+    assert t.record("unclassified", "/s0/again", 9) == "/s0/*"  # known buckets keep counting
+
+
+def test_draining_resets_and_reports_top_buckets_by_count() -> None:
+    t = UnroutedTally(max_buckets=1, top_n=1)
+    for path in ("/a/1", "/a/2", "/b"):
+        t.record("unclassified", path, 0)
+    lines = t.lines(t.drain())
+    assert lines[0].startswith("unclassified: 2 request(s) served without prerendering across 1 path bucket(s)")
+    assert "/a/* x2 (e.g. /a/1)" in lines[0]
+    assert "1 request(s) in new path buckets past the cap of 1" in lines[1]
+    assert t.peek() == {} and t.lines(t.drain()) == []
