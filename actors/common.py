@@ -14,14 +14,11 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from prerender_ray import logs, metrics
-from prerender_ray.identity.nodes import NAMESPACE, actor_name
+from prerender_ray.identity.nodes import CONTROLLER, NAMESPACE, actor_name
+from prerender_ray.rpc import DeadlineExceeded, call
 from prerender_ray.storage.rocks import node_dir
 
 __all__ = ["NAMESPACE", "actor_name", "placement", "call", "lookup", "untraced", "DeadlineExceeded"]
-
-
-class DeadlineExceeded(TimeoutError):
-    """An actor call that did not answer within its deadline."""
 
 
 def placement(node_id: str, name: str, *, data_dir: str, node: str, epoch: str,
@@ -43,14 +40,6 @@ def placement(node_id: str, name: str, *, data_dir: str, node: str, epoch: str,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
         runtime_env={"env_vars": env},
     )
-
-
-async def call(ref: Any, timeout: float) -> Any:
-    """Await an ObjectRef with a deadline; the caller decides what a timeout means."""
-    try:
-        return await asyncio.wait_for(ref, timeout)
-    except asyncio.TimeoutError:
-        raise DeadlineExceeded(f"no answer within {timeout:g}s") from None
 
 
 BULK_GC_THRESHOLD = (50_000, 20, 20)
@@ -104,31 +93,47 @@ async def follow_overrides(store: Any, apply: Any, log: Any) -> None:
 
 
 def lookup(kind: str, node: str, index: int | None = None) -> Any:
+    """A named actor's handle: a blocking GCS round trip, so never on an event loop (``Handles``)."""
     return ray.get_actor(actor_name(kind, node, index), namespace=NAMESPACE)
+
+
+async def lookup_async(kind: str, node: str, index: int | None = None) -> Any:
+    return await asyncio.to_thread(lookup, kind, node, index)
+
+
+async def member_names(timeout: float = 10.0) -> list[str]:
+    """The controller's current node list (a restarted actor missed the membership pushes)."""
+    controller = await asyncio.to_thread(ray.get_actor, CONTROLLER, namespace=NAMESPACE)
+    nodes: list[dict] = await call(controller.nodes_info.remote(), timeout)
+    return [n["name"] for n in nodes]
 
 
 HANDLE_TTL_S = 10.0
 
 
 class Handles:
-    """Named actors of other nodes, looked up at most every ``HANDLE_TTL_S`` each (a lookup is a
-    blocking GCS round trip; it used to be made for every call) and renewed off the event loop at
-    every membership push: a node that came back has new actors under the same names, so a handle
-    is never trusted for long."""
+    """Named actors of other nodes by node name, the one handle cache: a lookup runs off the event
+    loop, a handle is trusted for ``HANDLE_TTL_S`` at most, and every membership push renews the
+    members' handles and forgets the others (a node that came back has new actors under the same
+    names). ``wrap`` turns a handle into its typed client."""
 
-    def __init__(self, kind: str, own: tuple[str, Any] | None = None):
+    def __init__(self, kind: str, own: tuple[str, Any] | None = None, wrap: Any = None):
         self.kind = kind
-        self.own = own  # this node's own actor, never looked up
+        self.own = own  # this node's own actor (or client), never looked up
+        self.wrap = wrap or (lambda handle: handle)
         self._cache: dict[str, tuple[float, Any]] = {}
 
-    def get(self, node: str) -> Any:
+    async def get(self, node: str) -> Any:
         if self.own is not None and node == self.own[0]:
             return self.own[1]
         hit = self._cache.get(node)
         now = time.monotonic()
         if hit is None or now - hit[0] > HANDLE_TTL_S:
-            hit = self._cache[node] = (now, lookup(self.kind, node))
+            hit = self._cache[node] = (now, self.wrap(await lookup_async(self.kind, node)))
         return hit[1]
+
+    async def of(self, node: str) -> Any:  # rpc.Peers
+        return await self.get(node)
 
     async def renew(self, nodes: list[str]) -> None:
         """Look the members' handles up in a thread; the others are forgotten (one that is not
@@ -138,7 +143,7 @@ class Handles:
             if self.own is not None and node == self.own[0]:
                 continue
             try:
-                fresh[node] = (time.monotonic(), await asyncio.to_thread(lookup, self.kind, node))
+                fresh[node] = (time.monotonic(), self.wrap(await lookup_async(self.kind, node)))
             except ValueError:
                 pass
         self._cache = fresh

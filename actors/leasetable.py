@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from typing import Any
 
 import ray
 
 from prerender_ray import logs, metrics
-from prerender_ray.actors.common import untraced
+from prerender_ray.actors.common import call, untraced
 from prerender_ray.config.model import Config
 from prerender_ray.queue.leases import LeaseTable as Table
 from prerender_ray.queue.leases import read_record
@@ -31,17 +32,18 @@ MISSES = b"m"  # the miss histories, one JSON document (small; rewritten on each
 SWEEP_INTERVAL_S = 5.0
 
 
-@ray.remote
-class LeaseTable:
-    def __init__(self, config: dict, node: str, data_dir: str):
-        untraced(self)
-        cfg = Config.model_validate(config)
-        logs.setup(node, level=cfg.logging.level, json_lines=cfg.logging.json_lines, process="leases")
-        self.log = logs.get("leases")
+class Leases:
+    """The durable lease table, plain: the core table and the node's lease store (``rpc.LeaseApi``).
+    The actor below only starts it; the keeper's tests use it as it is, without Ray."""
+
+    def __init__(self, cfg: Config, db: Store, log: Any):
+        self.log = log
         self.cfg = cfg
-        self.db = Store(store_path(data_dir, node, LEASES))
+        self.db = db
         self.table = Table.from_config(cfg.queue, cfg.render)
         self._restore()
+
+    def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._sweeper())
 
     def _restore(self) -> None:
@@ -87,7 +89,7 @@ class LeaseTable:
 
     async def grant_many(self, items: list[list]) -> list[list]:
         """Exclusive grants for [key, due, cadence, worker]; each answer is [key, expiresAt or None,
-        refusal] (lists: see ``KeeperOps._grant``)."""
+        refusal] (lists: see ``Claims.grant``)."""
         now = now_ms()
         out, ops = [], []
         for key, due, cadence, *worker in items:
@@ -199,7 +201,59 @@ class LeaseTable:
         metrics.leases_in_flight.set(self.table.occupancy(now))
 
     async def close(self) -> None:
-        self._task.cancel()
+        task = getattr(self, "_task", None)
+        if task is not None:
+            task.cancel()
         self.sweep()
         self.db.flush()
         self.db.close()
+
+
+@ray.remote
+class LeaseTable(Leases):
+    def __init__(self, config: dict, node: str, data_dir: str):
+        untraced(self)
+        cfg = Config.model_validate(config)
+        logs.setup(node, level=cfg.logging.level, json_lines=cfg.logging.json_lines, process="leases")
+        super().__init__(cfg, Store(store_path(data_dir, node, LEASES)), logs.get("leases"))
+        self.start()
+
+
+class LeaseClient:
+    """Typed calls to a node's LeaseTable actor (``rpc.LeaseApi``), each under a deadline: the hand-off's
+    bulk calls (a batch of keys moving to another node) get a longer one."""
+
+    def __init__(self, handle: Any, deadline_s: float = 5.0, bulk_deadline_s: float = 30.0):
+        self.handle = handle
+        self.deadline_s = deadline_s
+        self.bulk_deadline_s = bulk_deadline_s
+
+    async def grant_many(self, items: list[list]) -> list[list]:
+        return await call(self.handle.grant_many.remote(items), self.deadline_s)
+
+    async def begin_result(self, key: str, worker: str | None) -> list:
+        return await call(self.handle.begin_result.remote(key, worker), self.deadline_s)
+
+    async def release(self, key: str, hold: bool = False, granted_at: int | None = None) -> bool:
+        return await call(self.handle.release.remote(key, hold, granted_at), self.deadline_s)
+
+    async def abandon(self, key: str, granted_at: int) -> None:
+        return await call(self.handle.abandon.remote(key, granted_at), self.deadline_s)
+
+    async def blocked(self) -> list[tuple[str, int]]:
+        return await call(self.handle.blocked.remote(), self.deadline_s)
+
+    async def lease_of(self, key: str) -> dict | None:
+        return await call(self.handle.lease_of.remote(key), self.deadline_s)
+
+    async def export_keys(self, keys: list[str]) -> list[tuple[str, list]]:
+        return await call(self.handle.export_keys.remote(keys), self.bulk_deadline_s)
+
+    async def adopt(self, leases: list[tuple[str, list]]) -> int:
+        return await call(self.handle.adopt.remote(leases), self.bulk_deadline_s)
+
+    async def forget(self, keys: list[str]) -> None:
+        return await call(self.handle.forget.remote(keys), self.bulk_deadline_s)
+
+    async def status(self) -> dict:
+        return await call(self.handle.status.remote(), self.deadline_s)

@@ -1,4 +1,4 @@
-"""Membership changes for the keeper (a mixin of ``QueueKeeper``).
+"""Membership changes for the keeper.
 
 When a node joins, every keeper stops serving the rows it no longer owns at once (they leave the
 ranking), then hands them over to their new owner with their leases: the rows keep their due times
@@ -11,114 +11,97 @@ the departed slice, keys without a cached page first).
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from prerender_ray import metrics
-from prerender_ray.actors.common import call
-from prerender_ray.identity.nodes import CONTROLLER, NAMESPACE, Ownership
-from prerender_ray.queue.schedule import ScheduleRow, UnreadableRow
+from prerender_ray.actors.keeper.claims import Claims
+from prerender_ray.actors.keeper.rows import Rows
+from prerender_ray.identity.nodes import Ownership
+from prerender_ray.queue.schedule import ScheduleRow
+from prerender_ray.rpc import LeaseApi, Peers
 
 HANDOFF_BATCH = 1_000
-HANDOFF_DEADLINE_S = 30.0
+MAX_BACKOFF_S = 30.0
 
 
-class KeeperHandoff:
-    def init_handoff(self) -> None:
-        self.previous_ownership: Ownership | None = None
-        self.handoff_task: asyncio.Task | None = None
-        self.handoff_report: dict[str, Any] = {"handedOff": 0, "adopted": 0, "pending": False}
-
-    def owns(self, key: str) -> bool:
-        return len(self.ownership.names) <= 1 or self.ownership.owner(self.rules.url_of(key)) == self.node
+class Handoff:
+    def __init__(self, rows: Rows, claims: Claims, leases: LeaseApi, peers: Peers, ownership: Ownership,
+                 node: str, log: Any, members: Callable[[], Awaitable[list[str]]] | None = None):
+        self.rows = rows
+        self.claims = claims
+        self.leases = leases
+        self.peers = peers
+        self.ownership = ownership
+        self.node = node
+        self.log = log
+        self.members = members  # the controller's node list (None: membership comes by push only)
+        self.previous: Ownership | None = None  # the membership before the last change
+        self.task: asyncio.Task | None = None
+        self.report: dict[str, Any] = {"handedOff": 0, "adopted": 0, "pending": False}
+        self.on_departed: Callable[[list[str]], None] = lambda departed: None  # rebuild their slice
 
     async def fetch_membership(self) -> None:
         """On a (re)start: the controller's current node list, which may be newer than our arguments."""
-        import ray
-
+        if self.members is None:
+            return
         try:
-            controller = ray.get_actor(CONTROLLER, namespace=NAMESPACE)
-            nodes = await call(controller.nodes_info.remote(), 10)
-            self.ownership.update([n["name"] for n in nodes])
+            self.ownership.update(await self.members())
         except Exception as e:
             self.log.info("membership from arguments (controller not reachable)", error=type(e).__name__)
 
     async def set_membership(self, names: list[str]) -> dict:
         before = Ownership(self.ownership.names)
         changed = self.ownership.update(names)
-        await self.keepers.renew([n for n in self.ownership.names if n != self.node])
+        await self.peers.renew([n for n in self.ownership.names if n != self.node])
         if not changed:
             return {"changed": False}
-        self.previous_ownership = before
+        self.previous = before
         departed = [n for n in before.names if n not in self.ownership.names]
-        released = self.ranking.drop_where(lambda k: not self.owns(k))  # stop granting them now
+        released = self.rows.ranking.drop_where(lambda k: not self.rows.owns(k))  # stop granting them now
         self.log.info("membership", nodes=list(self.ownership.names), departed=departed, releasing=released)
-        self.kick_handoff()
-        if departed and self.phase == "live":
-            asyncio.get_running_loop().create_task(self._rebuild(departed))
+        self.kick()
+        if departed and self.rows.live:
+            self.on_departed(departed)
         return {"changed": True, "releasing": released, "departed": departed}
 
-    async def _rebuild(self, departed: list[str]) -> None:
-        while self.reconciling:  # a running pass may predate the change: run ours after it
-            await asyncio.sleep(1)
-        try:
-            await self.reconcile(departed=departed)
-        except Exception as e:
-            metrics.loop_errors.labels("rebuild").inc()
-            self.log.error("rebuilding a departed node's slice failed", departed=departed, error=repr(e))
+    def kick(self) -> None:
+        if self.task is None or self.task.done():
+            self.task = asyncio.get_running_loop().create_task(self.run())
 
-    def kick_handoff(self) -> None:
-        if self.handoff_task is None or self.handoff_task.done():
-            self.handoff_task = asyncio.get_running_loop().create_task(self._handoff())
-
-    def _unowned(self) -> dict[str, list[ScheduleRow]]:
-        by_owner: dict[str, list[ScheduleRow]] = defaultdict(list)
-        if len(self.ownership.names) <= 1:
-            return by_owner
-        for k, v in self.db.items():
-            key = k.decode()
-            if not self.owns(key):
-                try:
-                    by_owner[self.ownership.owner(self.rules.url_of(key))].append(ScheduleRow.decode(key, v))
-                except (UnreadableRow, ValueError):
-                    continue
-        return by_owner
-
-    async def _handoff(self) -> None:
+    async def run(self) -> None:
         """Hand unowned rows to their owners until none are left; retried while an owner is away."""
         backoff = 1.0
-        self.handoff_report["pending"] = True
+        self.report["pending"] = True
         try:
             while True:
-                pending = self._unowned()
+                pending = self.rows.unowned()
                 if not pending:
                     return
                 try:
                     for owner, rows in pending.items():
-                        keeper = self.keepers.get(owner)
+                        keeper = await self.peers.of(owner)
                         for i in range(0, len(rows), HANDOFF_BATCH):
                             batch = rows[i:i + HANDOFF_BATCH]
                             keys = [r.cache_key for r in batch]
-                            leases = await call(self.leases.export_keys.remote(keys), HANDOFF_DEADLINE_S)
-                            await call(keeper.adopt.remote(batch, leases), HANDOFF_DEADLINE_S)
-                            self.db.write((k.encode(), None) for k in keys if not self.owns(k))
-                            await call(self.leases.forget.remote(keys), HANDOFF_DEADLINE_S)
-                            self.handoff_report["handedOff"] += len(batch)
+                            leases = await self.leases.export_keys(keys)
+                            await keeper.adopt(batch, leases)
+                            self.rows.forget_stored(keys)
+                            await self.leases.forget(keys)
+                            self.report["handedOff"] += len(batch)
                             await asyncio.sleep(0)
                     backoff = 1.0
                 except Exception as e:
                     self.log.warning("hand-off incomplete; retrying", error=repr(e), retry_s=backoff)
                     await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 30.0)
+                    backoff = min(backoff * 2, MAX_BACKOFF_S)
         finally:
-            self.handoff_report["pending"] = False
+            self.report["pending"] = False
 
     async def adopt(self, rows: list[ScheduleRow], leases: list) -> int:
         """Rows handed over by their previous owner: their due times kept, their leases with them."""
         if leases:
-            await call(self.leases.adopt.remote(leases), HANDOFF_DEADLINE_S)
-            for key, rec in leases:
-                self.mirror[key] = max(self.mirror.get(key, 0), int(rec[0]))
-        self.write_rows(rows)
-        self.handoff_report["adopted"] += len(rows)
+            await self.leases.adopt(leases)
+            self.claims.note_adopted(leases)
+        self.rows.write(rows)
+        self.report["adopted"] += len(rows)
         return len(rows)

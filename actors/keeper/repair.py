@@ -3,7 +3,7 @@
 A target whose rows went missing never renders again and nothing reports it. Reconcile walks the
 replicated targets (read-only phase), counts the owned keys without a row, and only then writes the
 missing ones back (jittered over the cadence, so a mass repair is not a herd; keys with no cached
-page first), at most ``render.reconcile.maxRestores`` per pass. A mixin of ``QueueKeeper``.
+page first), at most ``render.reconcile.maxRestores`` per pass.
 """
 
 from __future__ import annotations
@@ -13,92 +13,122 @@ import time
 from typing import Any
 
 from prerender_ray import metrics
+from prerender_ray.actors.keeper.handoff import Handoff
+from prerender_ray.actors.keeper.rows import Compiled, Rows
+from prerender_ray.identity.nodes import Ownership
+from prerender_ray.rpc import StoreApi
 from prerender_ray.storage.registry import TARGET, RecordError, Target
 from prerender_ray.timeutil import fnv1a32, now_ms
 
 SCAN_CHUNK = 2_000
 PAGE_CHECK_CHUNK = 500
+WRITE_CHUNK = 1_000
 
 
-class KeeperRepair:
-    def init_repair(self) -> None:
-        self.reconciling = False
-        self.last_reconcile: dict | None = None
-        if self.cfg.render.reconcile.enabled:
-            self._tasks.append(asyncio.get_running_loop().create_task(self._reconciler()))
+class Repair:
+    def __init__(self, rows: Rows, conf: Compiled, store: StoreApi, handoff: Handoff, ownership: Ownership,
+                 node: str, log: Any):
+        self.rows = rows
+        self.conf = conf
+        self.store = store
+        self.handoff = handoff
+        self.ownership = ownership
+        self.node = node
+        self.log = log
+        self.running = False
+        self.last: dict | None = None
+        self._admin_task: asyncio.Task | None = None
+        self._rebuilds: set[asyncio.Task] = set()
 
-    async def _reconciler(self) -> None:
-        rc = self.cfg.render.reconcile
+    async def timer(self) -> None:
+        """Every ``render.reconcile.interval``, after a start delay staggered by node name."""
+        rc = self.conf.cfg.render.reconcile
         stagger = fnv1a32(self.node) % max(1, rc.start_jitter)
         await asyncio.sleep((rc.start_delay + stagger) / 1000)
         while True:
-            if self.phase == "live":
+            if self.rows.live:
                 try:
                     await self.reconcile()
                 except Exception as e:
                     metrics.loop_errors.labels("reconcile").inc()
                     self.log.error("reconcile failed", error=repr(e))
-            await asyncio.sleep(rc.interval / 1000)
+            await asyncio.sleep(self.conf.cfg.render.reconcile.interval / 1000)
 
-    async def reconcile_status(self) -> dict:
+    def rebuild_soon(self, departed: list[str]) -> None:
+        """The slice of departed nodes: their rows died with them."""
+        task = asyncio.get_running_loop().create_task(self._rebuild(departed))
+        self._rebuilds.add(task)
+        task.add_done_callback(self._rebuilds.discard)
+
+    async def _rebuild(self, departed: list[str]) -> None:
+        while self.running:  # a running pass may predate the change: run ours after it
+            await asyncio.sleep(1)
+        try:
+            await self.reconcile(departed=departed)
+        except Exception as e:
+            metrics.loop_errors.labels("rebuild").inc()
+            self.log.error("rebuilding a departed node's slice failed", departed=departed, error=repr(e))
+
+    def status(self) -> dict:
         """For the admin overview: the switch, the cadence, whether a pass runs, the last pass."""
-        rc = self.cfg.render.reconcile
+        rc = self.conf.cfg.render.reconcile
         return {"node": self.node, "enabled": rc.enabled, "interval": rc.interval,
-                "maxRestores": rc.max_restores, "running": self.reconciling, "lastRun": self.last_reconcile}
+                "maxRestores": rc.max_restores, "running": self.running, "lastRun": self.last}
 
-    async def start_reconcile(self) -> dict:
+    def start(self) -> dict:
         """Admin trigger: start a pass in the background and answer at once (the pass shares the
         timer's overlap guard: a second trigger while one runs starts nothing)."""
-        task = getattr(self, "_admin_reconcile", None)
-        if self.reconciling or (task is not None and not task.done()):
-            return {"started": False, "alreadyRunning": True, "lastRun": self.last_reconcile}
-        if self.phase != "live":
-            return {"started": False, "alreadyRunning": False, "reason": f"the keeper is {self.phase}",
-                    "lastRun": self.last_reconcile}
+        task = self._admin_task
+        if self.running or (task is not None and not task.done()):
+            return {"started": False, "alreadyRunning": True, "lastRun": self.last}
+        if not self.rows.live:
+            return {"started": False, "alreadyRunning": False, "reason": f"the keeper is {self.rows.phase}",
+                    "lastRun": self.last}
 
         async def run() -> None:
             try:
                 await self.reconcile()
-            except Exception as e:  # recorded in last_reconcile by reconcile() itself
+            except Exception as e:  # recorded in self.last by reconcile() itself
                 metrics.loop_errors.labels("reconcile").inc()
                 self.log.error("reconcile failed", error=repr(e))
 
-        self._admin_reconcile = asyncio.get_running_loop().create_task(run())
-        return {"started": True, "alreadyRunning": False, "lastRun": self.last_reconcile}
+        self._admin_task = asyncio.get_running_loop().create_task(run())
+        return {"started": True, "alreadyRunning": False, "lastRun": self.last}
 
     async def reconcile(self, *, departed: list[str] | None = None) -> dict:
         """One pass. ``departed``: only URLs that were owned by these nodes before a membership
         change (their rows died with them); None: every owned target."""
-        if self.reconciling:
+        if self.running:
             return {"skipped": True, "reason": "a reconcile pass is already running on this node",
-                    "lastRun": self.last_reconcile}
-        if self.phase != "live":
-            return {"skipped": True, "reason": f"the keeper is {self.phase}", "lastRun": self.last_reconcile}
-        self.reconciling = True
+                    "lastRun": self.last}
+        if not self.rows.live:
+            return {"skipped": True, "reason": f"the keeper is {self.rows.phase}", "lastRun": self.last}
+        self.running = True
         started = now_ms()
         run: dict[str, Any] = {"node": self.node, "startedAt": started}
         try:
-            run.update(await self._reconcile_pass(departed))
+            run.update(await self._pass(departed))
         except Exception as e:
             run["error"] = repr(e)
             raise
         finally:
             run["finishedAt"] = now_ms()
-            self.last_reconcile = run
-            self.reconciling = False
+            self.last = run
+            self.running = False
         level = self.log.warning if run.get("restored") or run.get("truncated") else self.log.info
         level("reconcile", **{k: v for k, v in run.items() if k != "node"})
         return run
 
-    async def _reconcile_pass(self, departed: list[str] | None) -> dict:
-        cap = self.cfg.render.reconcile.max_restores
-        previous = getattr(self, "previous_ownership", None)
+    async def _pass(self, departed: list[str] | None) -> dict:
+        rules = self.conf.rules
+        cap = self.conf.cfg.render.reconcile.max_restores
+        previous = self.handoff.previous
         examined = owned = missing = 0
         collected: list[tuple[Target, str]] = []
         cursor: bytes | None = None
         t0 = time.perf_counter()
         while True:  # phase 1: read only; nothing is written while the scan runs
-            chunk = await self.node_store.scan(TARGET, cursor, SCAN_CHUNK)
+            chunk = await self.store.scan(TARGET, cursor, SCAN_CHUNK)
             for k, payload in chunk:
                 examined += 1
                 url = k[len(TARGET):].decode()
@@ -107,7 +137,7 @@ class KeeperRepair:
                 if departed is not None and (previous is None or previous.owner(url) not in departed):
                     continue
                 owned += 1
-                keys = [key for key in self.rules.keys_of(url) if key not in self.ranking]
+                keys = [key for key in rules.keys_of(url) if key not in self.rows.ranking]
                 if not keys:
                     continue
                 try:
@@ -124,9 +154,9 @@ class KeeperRepair:
             await asyncio.sleep(0)
         collected = await self._pageless_first(collected)
         now = now_ms()
-        rows = [self.rules.restore_row(target, key, now) for target, key in collected]
-        for i in range(0, len(rows), 1000):  # phase 2: the writes
-            self.write_rows(rows[i:i + 1000])
+        rows = [rules.restore_row(target, key, now) for target, key in collected]
+        for i in range(0, len(rows), WRITE_CHUNK):  # phase 2: the writes
+            self.rows.write(rows[i:i + WRITE_CHUNK])
             await asyncio.sleep(0)
         metrics.reconcile_rows.labels("missing").inc(missing)
         metrics.reconcile_rows.labels("restored").inc(len(rows))
@@ -139,6 +169,6 @@ class KeeperRepair:
         has_page: set[str] = set()
         for i in range(0, len(collected), PAGE_CHECK_CHUNK):
             keys = [key for _, key in collected[i:i + PAGE_CHECK_CHUNK]]
-            found = await self.node_store.has_pages(keys)
+            found = await self.store.has_pages(keys)
             has_page.update(k for k, present in zip(keys, found) if present)
         return sorted(collected, key=lambda tk: tk[1] in has_page)

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import ray
 
-from prerender_ray import logs
+from prerender_ray import logs, rpc
 from prerender_ray.actors.common import bulk_gc, call, untraced
 from prerender_ray.actors.store.replication import Replica
 from prerender_ray.config.model import Config
@@ -143,11 +144,11 @@ class StoreClient:
         self.handle = handle
         self.deadline_s = deadline_s
 
-    async def apply(self, registry: list[Op], pages: list[Op] | None = None) -> int:
+    async def apply(self, registry: Sequence[rpc.Op], pages: Sequence[rpc.Op] | None = None) -> int:
         ref = self.handle.apply.remote(registry) if pages is None else self.handle.apply.remote(registry, pages)
         return await call(ref, self.deadline_s)
 
-    async def apply_absent(self, registry: list[Op]) -> list[bytes | None]:
+    async def apply_absent(self, registry: Sequence[rpc.Op]) -> list[bytes | None]:
         return await call(self.handle.apply_absent.remote(registry), self.deadline_s)
 
     async def get(self, keys: list[bytes]) -> list[bytes | None]:
@@ -164,3 +165,7 @@ class StoreClient:
 
     async def scan(self, prefix: bytes, start: bytes | None = None, limit: int = 1000) -> list[tuple[bytes, bytes]]:
         return await call(self.handle.scan.remote(prefix, start, limit), self.deadline_s)
+
+    async def wait_synced(self, timeout: float) -> dict:
+        """Until the store caught up with its peers, or ``timeout``: this call's deadline follows it."""
+        return await call(self.handle.wait_synced.remote(timeout), timeout + 10)

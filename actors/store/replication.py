@@ -38,7 +38,7 @@ MAX_PENDING = 200_000
 SHIP_DEADLINE_S = 15.0
 CATCH_UP_MARGIN_MS = 10 * 60_000  # records this much older than the newest held are pulled again
 # [db name, key, enveloped record]: a list, since Ray pickles every tuple of an argument (see
-# KeeperOps._grant) and a batch carries hundreds of records
+# Claims.grant) and a batch carries hundreds of records
 Record = list
 
 
@@ -258,8 +258,8 @@ class Replica:
 
     # ---------------------------------------------------------------------------------- shipping
 
-    def _peer_store(self, peer: str) -> Any:
-        return self.stores.get(peer)
+    async def _peer_store(self, peer: str) -> Any:
+        return await self.stores.get(peer)
 
     async def _ship(self, peer: str) -> None:
         backoff = 1.0
@@ -278,7 +278,7 @@ class Replica:
                     size += len(rec[2])
                 if batch:
                     try:
-                        await asyncio.wait_for(self._peer_store(peer).apply_remote.remote(batch), SHIP_DEADLINE_S)
+                        await asyncio.wait_for((await self._peer_store(peer)).apply_remote.remote(batch), SHIP_DEADLINE_S)
                     except BaseException:
                         box.extendleft(reversed(batch))  # keep order; retried after the backoff
                         raise
@@ -295,7 +295,7 @@ class Replica:
     async def _repush(self, peer: str) -> None:
         """After an overflow: ship everything written since the oldest dropped record."""
         since = self.resync_from[peer]
-        target = self._peer_store(peer)
+        target = await self._peer_store(peer)
         for name in DBS:
             after = None
             while True:
@@ -343,7 +343,7 @@ class Replica:
         self.synced.set()
 
     async def _pull(self, peer: str, since: int) -> int:
-        target = self._peer_store(peer)
+        target = await self._peer_store(peer)
         n = 0
         for name in DBS:
             after = None

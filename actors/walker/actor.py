@@ -24,7 +24,15 @@ import orjson
 import ray
 
 from prerender_ray import logs, metrics
-from prerender_ray.actors.common import Handles, bulk_gc, call, follow_overrides, read_overrides, untraced
+from prerender_ray.actors.common import (
+    Handles,
+    bulk_gc,
+    call,
+    follow_overrides,
+    member_names,
+    read_overrides,
+    untraced,
+)
 from prerender_ray.actors.walker.fetch import Fetcher
 from prerender_ray.actors.walker.walk import (
     BATCH,
@@ -36,7 +44,7 @@ from prerender_ray.actors.walker.walk import (
 )
 from prerender_ray.config.model import Config
 from prerender_ray.config.overrides import LiveConfig
-from prerender_ray.identity.nodes import CONTROLLER, NAMESPACE, NodeInfo, Ownership
+from prerender_ray.identity.nodes import NodeInfo, Ownership
 from prerender_ray.queue.targets import Rules
 from prerender_ray.sitemaps.parser import SitemapEntry
 from prerender_ray.sitemaps.rules import (
@@ -94,8 +102,8 @@ class SitemapWalker:
         rules = Rules(cfg)
         classify = rules.router.classify
         self.fetcher = Fetcher(cfg, classify, canonicalizer(cfg))
-        self.env = WalkEnv(cfg, self.node, store, self._keeper_of, self.fetcher, classify, self.log,
-                           self._sole_keeper)
+        self.env = WalkEnv(cfg, self.node, store, self.ownership.owner, self.keepers.get, self.fetcher,
+                           classify, self.log, self._sole_owner)
         self.runs: dict[str, Run] = {}
         self.all_task: asyncio.Task | None = None
         self.next_daily: int | None = None
@@ -124,16 +132,10 @@ class SitemapWalker:
 
     # --------------------------------------------------------------------------------- cluster
 
-    def _keeper(self, owner: str) -> Any:
-        return self.keepers.get(owner)
-
-    def _keeper_of(self, url: str) -> Any:
-        return self._keeper(self.ownership.owner(url))
-
-    def _sole_keeper(self) -> Any:
+    def _sole_owner(self) -> str | None:
         """A single node owns every URL: a walk's batch needs no grouping by owner."""
         names = self.ownership.names
-        return self._keeper(names[0]) if len(names) == 1 else None
+        return names[0] if len(names) == 1 else None
 
     async def set_membership(self, names: list[str]) -> dict:
         changed = self.ownership.update(names)
@@ -145,9 +147,7 @@ class SitemapWalker:
     async def _startup(self) -> None:
         """Learn the membership (a restarted walker missed the pushes), then resume dead runs."""
         try:
-            controller = ray.get_actor(CONTROLLER, namespace=NAMESPACE)
-            nodes = await call(controller.nodes_info.remote(), 10)
-            self.ownership.update([n["name"] for n in nodes])
+            self.ownership.update(await member_names())
         except Exception as e:
             self.log.warning("membership unknown at start; this node only until the controller pushes it",
                              error=repr(e))
@@ -477,13 +477,14 @@ class SitemapWalker:
             if not urls or total == last_total:  # nothing left, or nothing could be deleted
                 return deleted
             last_total = total
-            by_owner: dict[Any, tuple[list[str], list[list]]] = {}
+            by_owner: dict[str, tuple[list[str], list[list]]] = {}
             for u in urls:
-                drop, move = by_owner.setdefault(self._keeper_of(u), ([], []))
+                drop, move = by_owner.setdefault(self.ownership.owner(u), ([], []))
                 (move.append([u, {"sitemap_url": kept[u]}]) if u in kept else drop.append(u))
-            refs = [k.delete_targets.remote(drop[i:i + BATCH]) for k, (drop, _) in by_owner.items()
+            keepers = {owner: await self.keepers.get(owner) for owner in by_owner}
+            refs = [keepers[o].delete_targets.remote(drop[i:i + BATCH]) for o, (drop, _) in by_owner.items()
                     for i in range(0, len(drop), BATCH)]
-            moves = [k.patch_targets.remote(move[i:i + BATCH]) for k, (_, move) in by_owner.items()
+            moves = [keepers[o].patch_targets.remote(move[i:i + BATCH]) for o, (_, move) in by_owner.items()
                      for i in range(0, len(move), BATCH)]
             for answer in await asyncio.gather(*(call(r, WRITE_DEADLINE_S) for r in refs)):
                 deleted += answer.get("deleted", 0)

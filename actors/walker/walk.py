@@ -66,11 +66,12 @@ class WalkEnv:
     cfg: Config
     node: str
     store: Any
-    keeper_of: Callable[[str], Any]  # canonical URL -> the owner node's keeper
+    owner_of: Callable[[str], str]  # canonical URL -> the owner node's name
+    keeper: Callable[[str], Awaitable[Any]]  # node name -> its keeper (a handle lookup off the loop)
     fetcher: Fetcher
     classify: Classify
     log: Any
-    sole_keeper: Callable[[], Any] = lambda: None  # the keeper when one node owns every URL, else None
+    sole_owner: Callable[[], str | None] = lambda: None  # the node when one node owns every URL, else None
 
 
 Progress = Callable[["Walk"], Awaitable[None]]
@@ -280,23 +281,24 @@ class Walk:
     async def _create_absent(self, sitemap: str, plan: BatchPlan) -> list[list]:
         """Create the targets of a plan of creates where none exists (one call per owner, all owners at
         once); returns the [url, stored payload] of those that exist, untouched."""
-        calls = [keeper.put_listed.remote(sitemap, u, iv, d, False, True)
-                 for keeper, (u, iv, d) in self._by_owner(plan.urls, plan.intervals, plan.dues).items()]
+        keeper = self.env.keeper
+        calls = [(await keeper(owner)).put_listed.remote(sitemap, u, iv, d, False, True)
+                 for owner, (u, iv, d) in self._by_owner(plan.urls, plan.intervals, plan.dues).items()]
         answers = await asyncio.gather(*(call(ref, WRITE_DEADLINE_S) for ref in calls))
         return [pair for answer in answers for pair in answer["held"]]
 
     def _by_owner(self, urls: list[str], intervals: list[int], dues: list[int | None]
-                  ) -> dict[Any, tuple[list, list, list]]:
-        sole = self.env.sole_keeper()
+                  ) -> dict[str, tuple[list, list, list]]:
+        sole = self.env.sole_owner()
         if sole is not None:
             return {sole: (urls, intervals, dues)} if urls else {}
-        keeper_of = self.env.keeper_of
-        puts: dict[Any, tuple[list, list, list]] = {}
+        owner_of = self.env.owner_of
+        puts: dict[str, tuple[list, list, list]] = {}
         for url, interval, due in zip(urls, intervals, dues):
-            keeper = keeper_of(url)
-            cols = puts.get(keeper)
+            owner = owner_of(url)
+            cols = puts.get(owner)
             if cols is None:
-                cols = puts[keeper] = ([], [], [])
+                cols = puts[owner] = ([], [], [])
             cols[0].append(url)
             cols[1].append(interval)
             cols[2].append(due)
@@ -306,16 +308,18 @@ class Walk:
                           patches: list[tuple[str, dict]]) -> None:
         """Puts of URLs listed by ``sitemap`` (as columns) and patches: one call per owner and batch,
         all owners at once; a failed call fails the document."""
-        keeper_of = self.env.keeper_of
+        owner_of, keeper_of = self.env.owner_of, self.env.keeper
         puts = self._by_owner(urls, intervals, dues)
-        by_owner: dict[Any, list] = {}
+        by_owner: dict[str, list] = {}
         for url, change in patches:
-            by_owner.setdefault(keeper_of(url), []).append([url, change])  # a list: see KeeperOps._grant
+            by_owner.setdefault(owner_of(url), []).append([url, change])  # lists: msgpack, not pickle
         calls = []
-        for keeper, (u, iv, d) in puts.items():
+        for owner, (u, iv, d) in puts.items():
+            keeper = await keeper_of(owner)
             calls += [keeper.put_listed.remote(sitemap, u[i:i + BATCH], iv[i:i + BATCH], d[i:i + BATCH])
                       for i in range(0, len(u), BATCH)]
-        for keeper, q in by_owner.items():
+        for owner, q in by_owner.items():
+            keeper = await keeper_of(owner)
             calls += [keeper.patch_targets.remote(q[i:i + BATCH]) for i in range(0, len(q), BATCH)]
         if calls:
             await asyncio.gather(*(call(ref, WRITE_DEADLINE_S) for ref in calls))

@@ -4,7 +4,7 @@ key parsing and the fan-out to every node's actors."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from ray.exceptions import RayError
 
-from prerender_ray import logs
+from prerender_ray import logs, rpc
 from prerender_ray.api.bodies import bad_request
 from prerender_ray.api.context import NodeContext
 from prerender_ray.identity.cachekeys import CacheKeyError
@@ -62,10 +62,9 @@ def answer(body: object, status: int = 200, headers: dict | None = None) -> JSON
     return JSONResponse(body, status_code=status, headers={**NO_STORE, **(headers or {})})
 
 
-async def call(ref: object, timeout: float = DEADLINE_S) -> Any:
-    from prerender_ray.actors.common import call as _call
-
-    return await _call(ref, timeout)
+async def call(ref: Awaitable[Any], timeout: float = DEADLINE_S) -> Any:
+    """``rpc.call`` with the admin API's default deadline."""
+    return await rpc.call(ref, timeout)
 
 
 def ctx_of(request: Request) -> NodeContext:

@@ -686,7 +686,7 @@ def with_fake_owner(ctx, port: int) -> str:
 
 @pytest.mark.parametrize("peer", ["hangs", "garbage", "gone"])
 async def test_explain_survives_an_owner_that_hangs_lies_or_is_gone(local, peer) -> None:
-    from tests.api.test_admin_unit import FakePeer, http
+    from tests.api.admin.test_common import FakePeer, http
 
     ctx, client = local
     reply = {"hangs": None, "garbage": http(200, b"<html>not json</html>", "text/html"), "gone": None}[peer]

@@ -1,0 +1,277 @@
+"""The QueueKeeper without Ray: its parts, wired once, the load and the loops.
+
+Parts (each a module of this package, each taking what it needs in its constructor): ``Rows`` (the
+schedule rows and their funnel), ``Claims`` (the ready set and grants), ``Status`` (queue status and
+pause), ``Targets`` (target writes), ``Results`` (result apply), ``Handoff`` (membership changes) and
+``Repair`` (reconcile). The other actors are reached through the typed interfaces of
+``prerender_ray.rpc``, so tests run a keeper against a real lease table and an in-memory store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import os
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from prerender_ray import metrics
+from prerender_ray.actors.keeper.claims import Claims
+from prerender_ray.actors.keeper.handoff import Handoff
+from prerender_ray.actors.keeper.repair import Repair
+from prerender_ray.actors.keeper.results import Results
+from prerender_ray.actors.keeper.rows import Compiled, Rows
+from prerender_ray.actors.keeper.status import Status
+from prerender_ray.actors.keeper.targets import Targets
+from prerender_ray.config.model import Config
+from prerender_ray.config.overrides import OVERRIDES_KEY, LiveConfig
+from prerender_ray.identity.nodes import NodeInfo, Ownership
+from prerender_ray.rpc import LeaseApi, Peers, StoreApi
+from prerender_ray.storage.rocks import Store
+from prerender_ray.timeutil import now_ms
+
+STORE_SYNC_S = 300.0
+FREEZE_EVERY_S = 300.0
+LEASE_TABLE_TRIES = 30
+
+
+class Keeper:
+    def __init__(self, cfg: Config, info: NodeInfo, db: Store, *, store: StoreApi, leases: LeaseApi,
+                 peers: Peers, log: Any, members: Sequence[str] = (),
+                 fetch_members: Callable[[], Awaitable[list[str]]] | None = None,
+                 broadcaster: Any = None, after_load: Callable[[], None] = lambda: None):
+        self.info = info
+        self.node = info.name
+        self.log = log
+        self.store = store
+        self.leases = leases
+        self.live_config = LiveConfig(cfg)  # the file's config, and live overrides on top of it
+        self.conf = Compiled(cfg)
+        self.ownership = Ownership([self.node])
+        self.ownership.update(list(members))
+        self.after_load = after_load  # e.g. freeze the loaded rows out of the cyclic GC
+        self.rows = Rows(db, self.conf, self.ownership, self.node, log)
+        self.claims = Claims(self.rows, self.conf, leases, info.url, log)
+        self.status = Status(self.rows, self.claims, store, info, log, broadcaster,
+                             status_sync_ms=cfg.queue.status_sync_interval)
+        self.targets = Targets(self.rows, self.conf, store, peers, self.ownership, self.node)
+        self.results = Results(self.rows, self.claims, self.targets, self.conf, leases, store, peers,
+                               self.ownership, self.node, log)
+        self.handoff = Handoff(self.rows, self.claims, leases, peers, self.ownership, self.node, log,
+                               fetch_members)
+        self.repair = Repair(self.rows, self.conf, store, self.handoff, self.ownership, self.node, log)
+        # the few edges that point back up, wired here once
+        self.rows.on_due = self.claims.publish_soon
+        self.claims.on_published = self.status.derive
+        self.claims.on_idle = self.status.idle
+        self.status.on_overrides = self.apply_overrides
+        self.targets.publish_now = self.claims.publish_now
+        self.targets.woke = lambda: self.status.current == "queued"
+        self.handoff.on_departed = self.repair.rebuild_soon
+        self.loaded_at: float | None = None
+        self._frozen_at = time.monotonic()
+        self.tasks: list[asyncio.Task] = []
+
+    @property
+    def cfg(self) -> Config:
+        return self.conf.cfg
+
+    def start(self) -> None:
+        """The load and the loops, on the running event loop."""
+        loop = asyncio.get_running_loop()
+        self.tasks = [loop.create_task(self.load()), loop.create_task(self._publisher()),
+                      loop.create_task(self._status_syncer()), loop.create_task(self._verifier())]
+        if self.cfg.render.reconcile.enabled:
+            self.tasks.append(loop.create_task(self.repair.timer()))
+        if self.status.mqtt is not None:
+            self.tasks.append(loop.create_task(self.status.forget_old_host()))
+
+    # ------------------------------------------------------------------------------ live config
+
+    def apply_overrides(self, raw: bytes | None) -> dict:
+        """Apply the stored live overrides (``o:config``) if they changed: new rules, and the rows
+        held reclassified in memory (route cadences, routes, default interval, sitemap boost)."""
+        cfg = self.live_config.changed(raw, self.log)
+        if self.live_config.error:
+            metrics.loop_errors.labels("keeper-overrides").inc()
+        if cfg is None:
+            return {"changed": False}
+        t0 = time.perf_counter()
+        self.conf.swap(cfg)
+        moved = self.rows.reclassify()
+        if self.claims.serving:
+            self.claims.publish()
+        ms = round((time.perf_counter() - t0) * 1000, 1)
+        self.log.warning("live config applied", moved=moved, rows=len(self.rows), ms=ms,
+                         overrides=self.live_config.names())
+        return {"changed": True, "moved": moved, "ms": ms}
+
+    async def read_overrides(self) -> None:
+        try:
+            (raw,) = await self.store.get([OVERRIDES_KEY])
+            self.apply_overrides(raw)
+        except Exception as e:
+            self.log.warning("config overrides not read", error=repr(e)[:300])
+
+    # ------------------------------------------------------------------------------------- load
+
+    async def load(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            # Replicated data first: a node that joins or restarts catches up from a peer.
+            sync = await self.store.wait_synced(STORE_SYNC_S)
+            if sync.get("state") != "synced":
+                self.log.warning("loading before the store caught up", sync=sync)
+            await self.handoff.fetch_membership()
+            await self.read_overrides()  # classify the rows with the live config, not the file's
+            await self._restore_mirror()
+            unowned = await self.rows.load()
+        except Exception as e:
+            self.rows.phase = "failed"
+            metrics.loop_errors.labels("keeper-load").inc()
+            self.log.error("keeper load failed", error=repr(e))
+            return
+        self.after_load()
+        rows = self.rows
+        rows.load_ms = (time.perf_counter() - t0) * 1000
+        self.loaded_at = time.time()
+        rows.phase = "live"
+        metrics.keeper_rows.set(len(rows))
+        metrics.keeper_live.set(1)
+        metrics.keeper_load_seconds.set(rows.load_ms / 1000)
+        self.log.info("keeper live", rows=len(rows), load_ms=round(rows.load_ms, 1), unreadable=rows.unreadable)
+        self.claims.publish()
+        await self.status.sync()
+        if unowned:
+            self.handoff.kick()
+
+    async def _restore_mirror(self) -> None:
+        for _ in range(LEASE_TABLE_TRIES):
+            try:
+                self.claims.restore_mirror(await asyncio.wait_for(self.leases.blocked(), 10))
+                return
+            except Exception as e:  # the lease table may still be starting
+                self.log.info("waiting for the lease table", error=type(e).__name__)
+                await asyncio.sleep(1)
+        raise RuntimeError("the lease table did not answer")
+
+    # ------------------------------------------------------------------------------------ loops
+
+    async def _publisher(self) -> None:
+        interval = self.cfg.queue.keeper.publish_interval / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.claims.publish()
+                self.status.derive()
+                if time.monotonic() - self._frozen_at > FREEZE_EVERY_S:
+                    # rows added since the load (sitemaps, discovery): keep them out of full GC passes
+                    gc.freeze()
+                    self._frozen_at = time.monotonic()
+            except Exception as e:
+                metrics.loop_errors.labels("keeper-publish").inc()
+                self.log.error("publish failed", error=repr(e))
+
+    async def _status_syncer(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.queue.status_sync_interval / 1000)
+            try:
+                await self.status.sync()
+                metrics.queue_due.set(self.rows.ranking.state(now_ms())["now"]["due"] if self.rows.live else 0)
+            except Exception as e:
+                metrics.loop_errors.labels("keeper-status").inc()
+                self.log.error("status sync failed", error=repr(e))
+
+    async def _verifier(self) -> None:
+        interval = self.cfg.queue.keeper.verify_interval / 1000
+        if interval <= 0:
+            return
+        while True:
+            await asyncio.sleep(interval)
+            if not self.rows.live:
+                continue
+            try:
+                await self.rows.verify()
+            except Exception as e:
+                metrics.loop_errors.labels("keeper-verify").inc()
+                self.log.error("verification walk failed", error=repr(e))
+
+    # ------------------------------------------------- what other keepers ask (rpc.KeeperApi)
+
+    async def process_result(self, meta: dict, content: bytes | None, forwarded: bool = False,
+                             worker: str | None = None) -> dict:
+        return await self.results.process(meta, content, forwarded, worker)
+
+    async def apply_rows(self, rows: list, deletes: list[str]) -> None:
+        await self.targets.apply_rows(rows, deletes)
+
+    async def put_targets(self, items: list[dict], forwarded: bool = False, absent_only: bool = False) -> dict:
+        return await self.targets.put_targets(items, forwarded, absent_only)
+
+    async def suppress(self, url: str, reason: str | None, status: int | None) -> dict:
+        return await self.targets.suppress(url, reason, status)
+
+    async def adopt(self, rows: list, leases: list) -> int:
+        return await self.handoff.adopt(rows, leases)
+
+    # ------------------------------------------------------------------------------------ reads
+
+    def state(self) -> dict:
+        rows = self.rows
+        return {"phase": rows.phase, "live": rows.live, "rows": len(rows), "pid": os.getpid(),
+                "loadMs": rows.load_ms, "queueStatus": self.status.current, "paused": self.claims.paused,
+                "reason": None if rows.live else f"keeper is {rows.phase}"}
+
+    def due_times(self, keys: list[str]) -> list[int | None]:
+        """When each key's next render is due (epoch ms; None: no row here), from memory."""
+        return [row.next_render_time if (row := self.rows.row(k)) is not None else None for k in keys]
+
+    async def schedule_row(self, key: str) -> dict:
+        """This node's row for ``key`` (the leaf the explainer proxies to; it never proxies on)."""
+        now = now_ms()
+        row = self.rows.row(key)
+        lease = await self.leases.lease_of(key)
+        described = None
+        if row is not None:
+            due = row.next_render_time
+            described = {"cacheKey": key, "nextRenderTime": due, "fromSitemap": row.from_sitemap,
+                         "effectiveInterval": row.effective_interval,
+                         "dueInMs": None if due is None else due - now,
+                         "overdue": None if due is None else due <= now,
+                         "leased": lease is not None and lease.get("leaseExpiresAt") is not None,
+                         "leaseExpiresAt": (lease or {}).get("leaseExpiresAt"), "heldUntil": (lease or {}).get("heldUntil"),
+                         "score": self.rows.ranking.score_of(key, now)}
+        return {"node": self.node, "renderSchedule": described, "checkedAt": now}
+
+    async def queue_state(self) -> tuple[int, dict]:
+        now = now_ms()
+        rows, claims = self.rows, self.claims
+        trust = {"live": rows.live, "phase": rows.phase, "exact": rows.exact,
+                 "unreadableRows": rows.unreadable, "loadMs": rows.load_ms, "publishMs": claims.publish_ms,
+                 "publishedAt": int(claims.published_at * 1000) if claims.published_at else None,
+                 "verify": rows.verify_report, "stateAt": now}
+        live_now = {"status": self.status.current, "paused": claims.paused}
+        if not rows.live:
+            return 503, {"error": f"the keeper is {rows.phase}; counts are not exact yet", "reason": rows.phase,
+                         "node": self.node, "trust": trust, "now": live_now}
+        leases = await self.leases.status()
+        st = rows.ranking.state(now, leased=list(claims.mirror))
+        due = st["now"]["due"]
+        doc = {
+            "node": self.node, "generatedAt": now,
+            "now": {**st["now"], **live_now, "inFlight": leases["inFlight"],
+                    "unclaimed": max(0, due - st["now"]["leased"]), "held": st["held"]},
+            "coming": st["coming"], "lateness": st["lateness"], "dueHistogram": st["dueHistogram"],
+            "classes": st["classes"][:200], "listsTruncated": len(st["classes"]) > 200,
+            "flow": rows.flows.report(now), "leases": leases, "trust": trust,
+        }
+        return 200, json.loads(json.dumps(doc, default=str))
+
+    async def close(self) -> None:
+        for t in self.tasks:
+            t.cancel()
+        self.status.close()
+        self.rows.db.flush()
+        self.rows.db.close()

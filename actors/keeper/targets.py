@@ -1,0 +1,178 @@
+"""The keeper's target writes: put, patch, delete, suppress, revalidate and render-now.
+
+Each writes the replicated target rows (and pages to drop) through the node's store, then the schedule
+rows through the keeper's funnel. Items this node does not own (the caller's membership view lagged)
+go on to their owners' keepers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from prerender_ray.actors.keeper.rows import Compiled, Rows
+from prerender_ray.identity.nodes import Ownership
+from prerender_ray.queue.schedule import ScheduleRow
+from prerender_ray.rpc import Peers, StoreApi
+from prerender_ray.storage.pages import Page
+from prerender_ray.storage.registry import Target, target_key
+from prerender_ray.timeutil import now_ms
+
+
+class Targets:
+    def __init__(self, rows: Rows, conf: Compiled, store: StoreApi, peers: Peers, ownership: Ownership,
+                 node: str):
+        self.rows = rows
+        self.conf = conf
+        self.store = store
+        self.peers = peers
+        self.ownership = ownership
+        self.node = node
+        self.publish_now: Callable[[], None] = lambda: None
+        self.woke: Callable[[], bool] = lambda: False  # did the last publish wake this node's consumers
+
+    async def put_targets(self, items: list[dict], forwarded: bool = False, absent_only: bool = False) -> dict:
+        """Put semantics for canonical URLs: (re)activate, one jittered row per device.
+
+        ``absent_only``: create only the targets that do not exist; the answer's ``held`` lists the
+        others as [url, stored payload], untouched (a sitemap walk decides about those)."""
+        return await self._put([it["url"] for it in items], [it.get("sitemapUrl") for it in items],
+                               [it.get("renderInterval") for it in items],
+                               [it.get("nextRenderTime") for it in items], forwarded, absent_only)
+
+    async def put_listed(self, sitemap_url: str, urls: list[str], intervals: list[int],
+                         dues: list[int | None], forwarded: bool = False, absent_only: bool = False) -> dict:
+        """``put_targets`` for URLs listed by one sitemap, as columns (what a sitemap walk sends:
+        no dict per URL to build, ship and read)."""
+        return await self._put(urls, [sitemap_url] * len(urls), intervals, dues, forwarded, absent_only)
+
+    async def _put(self, urls: list, sitemaps: list, intervals: list, dues: list,
+                   forwarded: bool, absent_only: bool) -> dict:
+        written, held = 0, []
+        if len(self.ownership.names) > 1 and not forwarded:
+            foreign: dict[str, list[int]] = {}
+            mine = []
+            for i, url in enumerate(urls):
+                owner = self.ownership.owner(url)
+                (mine.append(i) if owner == self.node else foreign.setdefault(owner, []).append(i))
+            for owner, idx in foreign.items():
+                items = [{"url": urls[i], "sitemapUrl": sitemaps[i], "renderInterval": intervals[i],
+                          "nextRenderTime": dues[i]} for i in idx]
+                answer = await (await self.peers.of(owner)).put_targets(items, True, absent_only)
+                written += answer["written"]
+                held += answer.get("held", [])
+            if foreign:
+                urls, sitemaps, intervals, dues = (_pick(col, mine) for col in (urls, sitemaps, intervals, dues))
+        now = now_ms()
+        rules = self.conf.rules
+        routes: dict[str, Any] = {}  # found while building the rows: ranking them asks no router again
+        registry, rows = rules.put_many(urls, sitemaps, intervals, dues, now=now, node=self.node, routes=routes)
+        if not absent_only:
+            await self.store.apply(registry)
+        elif registry:
+            live = await self.store.apply_absent(registry)
+            fresh = [i for i, payload in enumerate(live) if payload is None]
+            if len(fresh) < len(urls):  # rows only for the targets just created (same now: same dues)
+                held += [[urls[i], payload] for i, payload in enumerate(live) if payload is not None]
+                urls, sitemaps, intervals, dues = (_pick(col, fresh) for col in (urls, sitemaps, intervals, dues))
+                routes = {}
+                _, rows = rules.put_many(urls, sitemaps, intervals, dues, now=now, node=self.node, routes=routes)
+        self.rows.write(rows, lambda key: routes[key] if key in routes else self.rows.route_of(key))
+        self.rows.flow("added", len(urls))
+        out: dict[str, Any] = {"written": written + len(urls)}
+        if absent_only:
+            out["held"] = held
+        return out
+
+    async def patch_targets(self, items: list[list]) -> dict:
+        """Merge fields into existing targets ([url, changes] pairs); never touches schedule rows (the
+        render clock)."""
+        found = await self.store.get_targets([u for u, _ in items])
+        registry: list[Any] = []
+        for (url, changes), data in zip(items, found):
+            if data is not None:
+                registry.append([target_key(url), Target.decode(url, data).patched(**changes).encode()])
+        await self.store.apply(registry)
+        return {"patched": len(registry)}
+
+    async def delete_targets(self, urls: list[str]) -> dict:
+        found = await self.store.get_targets(urls)
+        registry: list[tuple[bytes, bytes | None]] = []
+        pages: list[tuple[bytes, bytes | None]] = []
+        keys = []
+        for url in urls:
+            registry.append((target_key(url), None))
+            for key in self.conf.rules.all_keys(url):
+                pages.append((key.encode(), None))
+                keys.append(key)
+        await self.store.apply(registry, pages)
+        self.rows.delete(keys)
+        return {"deleted": sum(1 for d in found if d is not None)}
+
+    async def suppress(self, url: str, reason: str | None, status: int | None) -> dict:
+        [data] = await self.store.get_targets([url])
+        existing = Target.decode(url, data) if data else None
+        rules = self.conf.rules
+        s = rules.suppress(existing, url, reason=reason, status_code=status, now=now_ms())
+        if s.deleted or s.target is None:
+            return await self.delete_targets([url])
+        pages: list[tuple[bytes, bytes | None]] = [(k.encode(), None) for k in rules.all_keys(url)]
+        await self.store.apply([(target_key(url), s.target.encode())], pages)
+        self.rows.write(s.rows)
+        return {"suppressed": url, "strikes": s.target.strikes}
+
+    async def revalidate(self, urls: list[str]) -> dict:
+        """Every device of each target due now (cadence left to config); cached pages expire now."""
+        now = now_ms()
+        rules = self.conf.rules
+        found = await self.store.get_targets(urls)
+        rows: list[ScheduleRow] = []
+        pages: list[tuple[bytes, bytes | None]] = []
+        for url, data in zip(urls, found):
+            if data is None:
+                continue
+            target = Target.decode(url, data)
+            rows += rules.revalidate(target, now)
+            keys = rules.keys_of(url)
+            for key, raw in zip(keys, await self.store.get_pages(keys)):
+                if raw is not None:
+                    page = Page.decode(raw)
+                    pages.append((key.encode(), dataclasses.replace(page, expires_at=now).encode()))
+        if pages:
+            await self.store.apply([], pages)
+        self.rows.write(rows)
+        self.rows.on_due()
+        return {"revalidating": len(rows), "examined": len(urls)}
+
+    async def revalidate_key(self, key: str) -> dict | None:
+        """Admin: one key due now; None when the URL has no target (it would render once, then drop)."""
+        rules = self.conf.rules
+        url = rules.url_of(key)
+        [data] = await self.store.get_targets([url])
+        if data is None:
+            return None
+        row = rules.due_now(Target.decode(url, data), key, now_ms())
+        self.rows.write([row])
+        self.publish_now()  # one key: publish at once, so the answer can say whether consumers woke
+        return {"cacheKey": key, "nextRenderTime": row.next_render_time, "scheduleOwnedBy": self.node,
+                "wokeLocalConsumers": self.woke(), "node": self.node}
+
+    async def render_now(self, key: str) -> int | None:
+        """Render-now: the key due this minute (a one-off row when there is no target)."""
+        rules = self.conf.rules
+        url = rules.url_of(key)
+        [data] = await self.store.get_targets([url])
+        row = rules.due_now(Target.decode(url, data) if data else None, key, now_ms())
+        self.rows.write([row])
+        self.publish_now()
+        return row.next_render_time
+
+    async def apply_rows(self, rows: list[ScheduleRow], deletes: list[str]) -> None:
+        """Schedule writes routed here by another node's keeper (this node owns the keys)."""
+        self.rows.write(rows)
+        self.rows.delete(deletes)
+
+
+def _pick(col: list, idx: list[int]) -> list[Any]:
+    return [col[i] for i in idx]

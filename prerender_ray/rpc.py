@@ -1,0 +1,100 @@
+"""Calls between a node's processes: the deadline every call carries, and the typed interface of each
+actor that plain code depends on.
+
+The actors' clients (``actors/leasetable.py``, ``actors/store/actor.py``, ``actors/keeper/client.py``)
+implement these interfaces over Ray handles; the keeper's parts are written against the interfaces,
+so their tests run them against in-process implementations without Ray. No Ray import here: an
+ObjectRef is awaitable, which is all ``call`` needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Sequence
+from typing import Protocol, TypeVar
+
+T = TypeVar("T")
+Op = Sequence[bytes | None]  # (key, payload) as a tuple or a list; payload None = delete
+
+
+class DeadlineExceeded(TimeoutError):
+    """An actor call that did not answer within its deadline."""
+
+
+async def call(ref: Awaitable[T], timeout: float) -> T:
+    """Await an actor call (an ObjectRef, or any awaitable) with a deadline; the caller decides what a
+    timeout means."""
+    try:
+        return await asyncio.wait_for(ref, timeout)
+    except asyncio.TimeoutError:
+        raise DeadlineExceeded(f"no answer within {timeout:g}s") from None
+
+
+class StoreApi(Protocol):
+    """The node's replicated stores (the NodeStore actor): registry rows and pages."""
+
+    async def apply(self, registry: Sequence[Op], pages: Sequence[Op] | None = None) -> int: ...
+
+    async def apply_absent(self, registry: Sequence[Op]) -> list[bytes | None]: ...
+
+    async def get(self, keys: list[bytes]) -> list[bytes | None]: ...
+
+    async def get_targets(self, urls: list[str]) -> list[bytes | None]: ...
+
+    async def get_pages(self, keys: list[str]) -> list[bytes | None]: ...
+
+    async def has_pages(self, keys: list[str]) -> list[bool]: ...
+
+    async def scan(self, prefix: bytes, start: bytes | None = None,
+                   limit: int = 1000) -> list[tuple[bytes, bytes]]: ...
+
+    async def wait_synced(self, timeout: float) -> dict: ...
+
+
+class LeaseApi(Protocol):
+    """The node's lease table (the LeaseTable actor): exclusive grants and their results."""
+
+    async def grant_many(self, items: list[list]) -> list[list]: ...
+
+    async def begin_result(self, key: str, worker: str | None) -> list: ...
+
+    async def release(self, key: str, hold: bool = False, granted_at: int | None = None) -> bool: ...
+
+    async def abandon(self, key: str, granted_at: int) -> None: ...
+
+    async def blocked(self) -> list[tuple[str, int]]: ...
+
+    async def lease_of(self, key: str) -> dict | None: ...
+
+    async def export_keys(self, keys: list[str]) -> list[tuple[str, list]]: ...
+
+    async def adopt(self, leases: list[tuple[str, list]]) -> int: ...
+
+    async def forget(self, keys: list[str]) -> None: ...
+
+    async def status(self) -> dict: ...
+
+
+class KeeperApi(Protocol):
+    """What one node's keeper asks of another's: the owner of a key decides about it."""
+
+    async def process_result(self, meta: dict, content: bytes | None, forwarded: bool = False,
+                             worker: str | None = None) -> dict: ...
+
+    async def apply_rows(self, rows: list, deletes: list[str]) -> None: ...
+
+    async def put_targets(self, items: list[dict], forwarded: bool = False,
+                          absent_only: bool = False) -> dict: ...
+
+    async def suppress(self, url: str, reason: str | None, status: int | None) -> dict: ...
+
+    async def adopt(self, rows: list, leases: list) -> int: ...
+
+
+class Peers(Protocol):
+    """Other nodes' keepers by node name (a handle cache that forgets on membership change)."""
+
+    async def of(self, node: str) -> KeeperApi: ...
+
+    async def renew(self, nodes: list[str]) -> None: ...
+

@@ -1,0 +1,99 @@
+"""In-process stand-ins for the actors a keeper talks to, implementing the same typed interfaces
+(``prerender_ray.rpc``) as the real clients: a node store in dicts, and other nodes' keepers as plain
+``Keeper`` objects. The lease table is the real one (``actors.leasetable.Leases``) on a temp RocksDB."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from prerender_ray import logs
+from prerender_ray.actors.keeper.keeper import Keeper
+from prerender_ray.actors.leasetable import Leases
+from prerender_ray.config.model import Config
+from prerender_ray.identity.nodes import NodeInfo
+from prerender_ray.rpc import Op
+from prerender_ray.storage.registry import target_key
+from prerender_ray.storage.rocks import Store
+
+
+class MemoryStore:
+    """``rpc.StoreApi`` over two dicts (registry and pages), with the NodeStore's read semantics."""
+
+    def __init__(self) -> None:
+        self.registry: dict[bytes, bytes] = {}
+        self.pages: dict[bytes, bytes] = {}
+        self.calls: list[str] = []
+
+    @staticmethod
+    def _write(db: dict[bytes, bytes], ops: Sequence[Op]) -> int:
+        for key, payload in ops:
+            assert isinstance(key, bytes)
+            if payload is None:
+                db.pop(key, None)
+            else:
+                db[key] = payload
+        return len(ops)
+
+    async def apply(self, registry: Sequence[Op], pages: Sequence[Op] | None = None) -> int:
+        self.calls.append("apply")
+        return self._write(self.registry, registry) + self._write(self.pages, pages or [])
+
+    async def apply_absent(self, registry: Sequence[Op]) -> list[bytes | None]:
+        out: list[bytes | None] = []
+        for key, payload in registry:
+            assert isinstance(key, bytes) and payload is not None
+            held = self.registry.get(key)
+            if held is None:
+                self.registry[key] = payload
+            out.append(held)
+        return out
+
+    async def get(self, keys: list[bytes]) -> list[bytes | None]:
+        return [self.registry.get(k) for k in keys]
+
+    async def get_targets(self, urls: list[str]) -> list[bytes | None]:
+        return [self.registry.get(target_key(u)) for u in urls]
+
+    async def get_pages(self, keys: list[str]) -> list[bytes | None]:
+        return [self.pages.get(k.encode()) for k in keys]
+
+    async def has_pages(self, keys: list[str]) -> list[bool]:
+        return [k.encode() in self.pages for k in keys]
+
+    async def scan(self, prefix: bytes, start: bytes | None = None, limit: int = 1000) -> list[tuple[bytes, bytes]]:
+        keys = sorted(k for k in self.registry if k.startswith(prefix) and (start is None or k >= start))
+        return [(k, self.registry[k]) for k in keys[:limit]]
+
+    async def wait_synced(self, timeout: float) -> dict:
+        return {"state": "synced"}
+
+
+class LocalPeers:
+    """``rpc.Peers``: the other nodes' keepers, in this process."""
+
+    def __init__(self) -> None:
+        self.keepers: dict[str, Keeper] = {}
+        self.renewed: list[list[str]] = []
+
+    async def of(self, node: str) -> Any:
+        return self.keepers[node]
+
+    async def renew(self, nodes: list[str]) -> None:
+        self.renewed.append(list(nodes))
+
+
+def make_keeper(tmp: Path, cfg: Config, node: str = "node-a", *, store: MemoryStore | None = None,
+                peers: LocalPeers | None = None, members: Sequence[str] = ()) -> Keeper:
+    """A keeper of ``node`` with its own schedule and lease RocksDBs under ``tmp``; not started (tests
+    drive ``load``, publishes and calls themselves)."""
+    log = logs.get("keeper-test")
+    root = tmp / node
+    root.mkdir(parents=True, exist_ok=True)
+    leases = Leases(cfg, Store(root / "leases"), log)
+    peers = peers if peers is not None else LocalPeers()
+    keeper = Keeper(cfg, NodeInfo(node, "127.0.0.1", 9926), Store(root / "schedule"), store=store or MemoryStore(),
+                    leases=leases, peers=peers, log=log, members=members)
+    peers.keepers[node] = keeper
+    return keeper

@@ -1,0 +1,79 @@
+"""Claims without Ray: the published ready set dealt out as exclusive grants (docs/queue.md#leases)."""
+
+from __future__ import annotations
+
+import json
+
+from tests.actors.keeper.conftest import SITE, close
+
+
+async def put_due(keeper, *paths: str, due: int = 1) -> list[str]:
+    urls = [SITE + p for p in paths]
+    await keeper.targets.put_targets([{"url": u, "nextRenderTime": due} for u in urls])
+    return urls
+
+
+async def test_a_claim_grants_each_due_key_once_with_what_the_fleet_needs(keepers) -> None:
+    k = keepers()
+    await k.load()
+    urls = await put_due(k, "/a", "/b", "/c")
+    k.claims.publish()
+    jobs = await k.claims.claim(100)
+    keys = {key for u in urls for key in k.conf.rules.keys_of(u)}
+    assert {j["id"] for j in jobs} == keys and len(jobs) == len(keys)
+    job = jobs[0]
+    assert job["url"] == k.conf.rules.url_of(job["id"]) and job["deviceType"] == k.conf.rules.device_of(job["id"])
+    assert job["callbackOrigin"] == "http://127.0.0.1:9926" and job["isFromSitemap"] is False
+    assert job["expiresAt"] > 0
+    for key in keys:
+        assert (await k.leases.lease_of(key))["leaseExpiresAt"] == next(j for j in jobs if j["id"] == key)["expiresAt"]
+    k.claims.publish()
+    assert await k.claims.claim(100) == []  # every key is leased: nothing is granted twice
+    assert k.status.current == "empty"
+
+
+async def test_claim_json_deals_one_ranked_pass_out_in_request_order(keepers) -> None:
+    k = keepers()
+    await k.load()
+    await put_due(k, "/a", "/b")
+    k.claims.publish()
+    first, second = (json.loads(b) for b in await k.claims.claim_json([1, 2], ["w1", "w2"]))
+    assert len(first) == 1 and len(second) == 2
+    assert not {j["id"] for j in first} & {j["id"] for j in second}
+
+
+async def test_rows_not_due_yet_are_not_granted(keepers) -> None:
+    k = keepers()
+    await k.load()
+    await put_due(k, "/later", due=2**50)
+    k.claims.publish()
+    assert await k.claims.claim(10) == []
+
+
+async def test_a_paused_node_grants_nothing_until_resumed(keepers) -> None:
+    k = keepers()
+    await k.load()
+    await put_due(k, "/a")
+    answer = await k.status.set_pause("node-a", True, "test")
+    assert answer["local"] == {"status": "paused", "paused": True, "source": "node"}
+    k.claims.publish()
+    assert await k.claims.claim(10) == []
+    await k.status.set_pause("node-a", None, "test")  # inherit: no cluster row, so not paused
+    k.claims.publish()
+    assert len(await k.claims.claim(10)) == 2
+
+
+async def test_a_restarted_keeper_never_regrants_a_key_in_flight(keepers, tmp_path) -> None:
+    k = keepers()
+    await k.load()
+    await put_due(k, "/a")
+    k.claims.publish()
+    granted = await k.claims.claim(1)
+    assert len(granted) == 1
+    await close(k)
+    again = keepers()  # the same directories: the rows and the leases come back from RocksDB
+    await again.load()
+    assert len(again.rows) == 2
+    again.claims.publish()
+    jobs = await again.claims.claim(10)
+    assert [j["id"] for j in jobs] != [] and granted[0]["id"] not in {j["id"] for j in jobs}

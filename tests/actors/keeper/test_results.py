@@ -1,0 +1,111 @@
+"""Result apply without Ray: one posted result, at most once per grant, written where the plan says
+(docs/queue.md#result-outcomes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from prerender_ray.identity.nodes import Ownership
+from prerender_ray.storage.pages import Page
+from prerender_ray.storage.registry import Target, target_key
+from prerender_ray.timeutil import now_ms
+from tests.actors.keeper.conftest import SITE
+from tests.actors.keeper.test_claims import put_due
+
+HTML = b"<html><body>rendered</body></html>"
+
+
+def rendered(key: str, url: str, **kw) -> dict:
+    return {"id": key, "url": url, "statusCode": 200, "outcome": "rendered", "renderTime": 120,
+            "headers": {"content-type": "text/html; charset=utf-8"}, **kw}
+
+
+async def claimed(keeper, path: str, worker: str | None = None) -> dict:
+    await put_due(keeper, path)
+    keeper.claims.publish()
+    [job] = [j for j in await keeper.claims.claim(10, [worker] * 10) if j["deviceType"] == "desktop"]
+    return job
+
+
+async def test_a_rendered_result_stores_the_page_moves_the_row_on_and_ends_the_lease(keepers) -> None:
+    k = keepers()
+    await k.load()
+    job = await claimed(k, "/p")
+    before = now_ms()
+    answer = await k.results.process(rendered(job["id"], job["url"]), HTML)
+    assert answer["outcome"] == "rendered"
+    page = Page.decode(k.store.pages[job["id"].encode()])  # type: ignore[attr-defined]
+    assert page.cache_key == job["id"]
+    assert k.rows.row(job["id"]).next_render_time > before  # the next render is a cadence away
+    lease = await k.leases.lease_of(job["id"])
+    assert lease is None or lease["leaseExpiresAt"] is None
+
+
+async def test_a_replayed_result_is_acknowledged_and_changes_nothing(keepers) -> None:
+    k = keepers()
+    await k.load()
+    job = await claimed(k, "/p")
+    await k.results.process(rendered(job["id"], job["url"]), HTML)
+    stored, due = k.store.pages[job["id"].encode()], k.rows.row(job["id"]).next_render_time  # type: ignore[attr-defined]
+    again = await k.results.process(rendered(job["id"], job["url"]), b"<html>a replay</html>")
+    assert "ignored" in again
+    assert k.store.pages[job["id"].encode()] == stored and k.rows.row(job["id"]).next_render_time == due  # type: ignore[attr-defined]
+
+
+async def test_a_result_from_another_worker_than_the_grants_is_ignored(keepers) -> None:
+    k = keepers()
+    await k.load()
+    job = await claimed(k, "/p", worker="w1")
+    answer = await k.results.process(rendered(job["id"], job["url"]), HTML, worker="w2")
+    assert "ignored" in answer
+    assert job["id"].encode() not in k.store.pages  # type: ignore[attr-defined]
+    assert (await k.results.process(rendered(job["id"], job["url"]), HTML, worker="w1"))["outcome"] == "rendered"
+
+
+async def test_a_result_for_a_key_never_granted_is_refused(keepers) -> None:
+    k = keepers()
+    await k.load()
+    key = k.conf.rules.keys_of(SITE + "/never")[0]
+    assert "refused" in await k.results.process(rendered(key, SITE + "/never"), HTML)
+
+
+async def test_a_noindex_page_ends_suppressed_with_its_rows_parked(keepers) -> None:
+    k = keepers()
+    await k.load()
+    job = await claimed(k, "/hidden")
+    meta = {"id": job["id"], "url": job["url"], "statusCode": 200, "outcome": "non-indexable",
+            "reason": "noindex", "isIndexable": False}
+    await k.results.process(meta, HTML)
+    target = Target.decode(job["url"], k.store.registry[target_key(job["url"])])  # type: ignore[attr-defined]
+    assert target.state == "suppressed" and target.suppressed_reason == "noindex"
+
+
+async def test_a_failed_write_reopens_the_grant_for_the_fleets_retry(keepers) -> None:
+    k = keepers()
+    await k.load()
+    job = await claimed(k, "/p")
+    real = k.store.apply
+
+    async def broken(*args, **kw):
+        raise RuntimeError("the store is away")
+
+    k.results.store.apply = broken  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        await k.results.process(rendered(job["id"], job["url"]), HTML)
+    k.results.store.apply = real  # type: ignore[method-assign]
+    assert (await k.results.process(rendered(job["id"], job["url"]), HTML))["outcome"] == "rendered"
+
+
+async def test_a_result_posted_to_a_node_that_does_not_own_the_key_is_applied_by_its_owner(keepers) -> None:
+    a = keepers("node-a", members=("node-a", "node-b"))
+    b = keepers("node-b", members=("node-a", "node-b"))
+    await a.load()
+    await b.load()
+    owners = Ownership(["node-a", "node-b"])
+    path = next(p for p in (f"/p{i}" for i in range(100)) if owners.owner(SITE + p) == "node-b")
+    await put_due(a, path)  # a does not own it: the put goes on to b
+    assert len(a.rows) == 0 and len(b.rows) == 2
+    b.claims.publish()
+    [job] = [j for j in await b.claims.claim(10) if j["deviceType"] == "desktop"]
+    assert (await a.results.process(rendered(job["id"], job["url"]), HTML))["outcome"] == "rendered"
+    assert b.rows.row(job["id"]).next_render_time > now_ms() and len(a.rows) == 0
