@@ -72,7 +72,7 @@ def untraced(actor: object) -> None:
 async def read_overrides(store: Any, apply: Any, log: Any) -> None:
     """Read the live config overrides row from the node's store and hand it to ``apply`` (a plain or
     an async function); a store that does not answer is logged, and the next read retries."""
-    from prerender_ray.config.overrides import OVERRIDES_KEY
+    from prerender_ray.storage.keys import OVERRIDES_KEY
 
     try:
         (raw,) = await call(store.get.remote([OVERRIDES_KEY]), 10)

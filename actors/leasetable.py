@@ -20,19 +20,17 @@ import ray
 from prerender_ray import logs, metrics
 from prerender_ray.actors.common import call, untraced
 from prerender_ray.config.model import Config
-from prerender_ray.queue.leases import LeaseTable as Table
-from prerender_ray.queue.leases import read_record
+from prerender_ray.queue.leases import Leases, read_record
+from prerender_ray.storage.keys import LEASE, MISSES
 from prerender_ray.storage.rocks import LEASES, Store, store_path
 from prerender_ray.timeutil import now_ms
 
 # l:<key> -> [expires, due, cadence, released, answered, written_at, lease_granted_at, grant]; grant is
 # [granted_at, worker, any_worker, ends, answered] (records of the six-field form predate grants)
-LEASE = b"l:"
-MISSES = b"m"  # the miss histories, one JSON document (small; rewritten on each sweep)
 SWEEP_INTERVAL_S = 5.0
 
 
-class Leases:
+class DurableLeases:
     """The durable lease table, plain: the core table and the node's lease store (``rpc.LeaseApi``).
     The actor below only starts it; the keeper's tests use it as it is, without Ray."""
 
@@ -40,7 +38,7 @@ class Leases:
         self.log = log
         self.cfg = cfg
         self.db = db
-        self.table = Table.from_config(cfg.queue, cfg.render)
+        self.table = Leases.from_config(cfg.queue, cfg.render)
         self._restore()
 
     def start(self) -> None:
@@ -210,7 +208,7 @@ class Leases:
 
 
 @ray.remote
-class LeaseTable(Leases):
+class LeaseTable(DurableLeases):
     def __init__(self, config: dict, node: str, data_dir: str):
         untraced(self)
         cfg = Config.model_validate(config)

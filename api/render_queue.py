@@ -18,7 +18,8 @@ from prerender_ray.batching import GroupCommit
 from prerender_ray.decoding import DecodeError, TooLarge, decoded_size
 from prerender_ray.identity.cachekeys import DEVICE, CacheKeyError
 from prerender_ray.queue.results import ENCODINGS, Result, ResultError
-from prerender_ray.storage.registry import QUEUE_CONTROL, QUEUE_STATUS, decode_json
+from prerender_ray.storage.keys import QUEUE_CONTROL, QUEUE_STATUS
+from prerender_ray.storage.registry import decode_json
 
 router = APIRouter()
 log = logs.get("render_queue")

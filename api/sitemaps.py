@@ -18,9 +18,9 @@ from prerender_ray.api.context import NodeContext
 from prerender_ray.identity.urls import UrlError, whatwg_path
 from prerender_ray.serving.origin_policy import OriginPolicy
 from prerender_ray.sitemaps.rules import first_renders
+from prerender_ray.storage.keys import SITEMAP
 from prerender_ray.storage.registry import (
     ENTRY_CHUNK,
-    SITEMAP,
     RecordError,
     decode_entries,
     decode_json,

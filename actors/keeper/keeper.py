@@ -26,9 +26,10 @@ from prerender_ray.actors.keeper.rows import Compiled, Rows
 from prerender_ray.actors.keeper.status import Status
 from prerender_ray.actors.keeper.targets import Targets
 from prerender_ray.config.model import Config
-from prerender_ray.config.overrides import OVERRIDES_KEY, LiveConfig
+from prerender_ray.config.overrides import LiveConfig
 from prerender_ray.identity.nodes import NodeInfo, Ownership
 from prerender_ray.rpc import LeaseApi, Peers, StoreApi
+from prerender_ray.storage.keys import OVERRIDES_KEY
 from prerender_ray.storage.rocks import Store
 from prerender_ray.timeutil import now_ms
 

@@ -17,7 +17,8 @@ from prerender_ray.actors.keeper.handoff import Handoff
 from prerender_ray.actors.keeper.rows import Compiled, Rows
 from prerender_ray.identity.nodes import Ownership
 from prerender_ray.rpc import StoreApi
-from prerender_ray.storage.registry import TARGET, RecordError, Target
+from prerender_ray.storage.keys import TARGET
+from prerender_ray.storage.registry import RecordError, Target
 from prerender_ray.timeutil import fnv1a32, now_ms
 
 SCAN_CHUNK = 2_000

@@ -15,12 +15,12 @@ from typing import Any
 from prerender_ray import metrics
 from prerender_ray.actors.keeper.claims import Claims
 from prerender_ray.actors.keeper.rows import Rows
-from prerender_ray.config.overrides import OVERRIDES_KEY
 from prerender_ray.identity.nodes import NodeInfo
 from prerender_ray.queue.status import Status as QueueStatus
 from prerender_ray.queue.status import StatusReporter, derive_status, resolve_desired_pause
 from prerender_ray.rpc import StoreApi
-from prerender_ray.storage.registry import QUEUE_CONTROL, QUEUE_STATUS, decode_json, encode_json
+from prerender_ray.storage.keys import OVERRIDES_KEY, QUEUE_CONTROL, QUEUE_STATUS
+from prerender_ray.storage.registry import decode_json, encode_json
 from prerender_ray.timeutil import now_ms
 
 CLUSTER_SCOPE = "all"

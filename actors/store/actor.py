@@ -18,7 +18,8 @@ from prerender_ray import logs, rpc
 from prerender_ray.actors.common import bulk_gc, call, untraced
 from prerender_ray.actors.store.replication import Replica
 from prerender_ray.config.model import Config
-from prerender_ray.storage.registry import TARGET, SitemapReader, by_sitemap_prefix, sitemap_of_record
+from prerender_ray.storage.keys import TARGET
+from prerender_ray.storage.registry import SitemapReader, by_sitemap_prefix, sitemap_of_record
 from prerender_ray.storage.replication import CLOCK_OFFSET_ENV, Clock, payload_of, wall_clock
 from prerender_ray.storage.rocks import PAGES, REGISTRY, Store, store_path
 

@@ -23,12 +23,9 @@ from typing import Any
 
 from prerender_ray import metrics
 from prerender_ray.actors.common import Handles
-from prerender_ray.storage.registry import TARGET
+from prerender_ray.storage.keys import HPTR, LIVE, TARGET, VIDX
 from prerender_ray.storage.replication import Version, hlc_bytes, payload_of, unwrap, wins, wrap_many
 
-VIDX = b"\x00v"  # \x00v <hlc:8> <key>  -> b""
-HPTR = b"\x00h"  # \x00h <key>          -> <hlc:8><live:1> (older versions wrote the hlc alone)
-LIVE = b"\x00c"  # \x00c                -> <live records:8>: pages, or targets in the registry
 _LIVE_FLAG = (b"\x00", b"\x01")
 _HLC = struct.Struct(">Q")
 DBS = ("registry", "pages")

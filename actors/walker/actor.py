@@ -56,9 +56,8 @@ from prerender_ray.sitemaps.rules import (
     next_daily_refresh,
     still_listed,
 )
+from prerender_ray.storage.keys import SITEMAP, SITEMAP_RUN
 from prerender_ray.storage.registry import (
-    SITEMAP,
-    SITEMAP_RUN,
     RecordError,
     decode_json,
     encode_json,

@@ -34,10 +34,10 @@ from prerender_ray.api.context import NodeContext
 from prerender_ray.api.sitemaps import public_sitemap, root_rows
 from prerender_ray.identity.urls import UrlError, whatwg_path
 from prerender_ray.serving.negotiation import EncodingError, decode_body
+from prerender_ray.storage.keys import SITEMAP_RUN
 from prerender_ray.storage.pages import Page, PageDecodeError, decode_meta
 from prerender_ray.storage.registry import (
     ENTRY_CHUNK,
-    SITEMAP_RUN,
     RecordError,
     Target,
     decode_entries,

@@ -23,13 +23,13 @@ from prerender_ray.api.bot.middleware import apply_overrides, live_of
 from prerender_ray.config.loading import redact
 from prerender_ray.config.overrides import (
     LIVE_PATHS,
-    OVERRIDES_KEY,
     OVERRIDES_POLL_S,
     OverrideError,
     Overrides,
     camel_path,
     plan,
 )
+from prerender_ray.storage.keys import OVERRIDES_KEY
 from prerender_ray.timeutil import now_ms
 
 router = admin_router()

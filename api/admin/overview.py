@@ -26,7 +26,7 @@ from prerender_ray.api.admin.queue import CLUSTER, registry_rows
 from prerender_ray.api.auth import require
 from prerender_ray.api.context import NodeContext
 from prerender_ray.queue.status import resolve_desired_pause
-from prerender_ray.storage.registry import QUEUE_CONTROL, QUEUE_STATUS
+from prerender_ray.storage.keys import QUEUE_CONTROL, QUEUE_STATUS
 from prerender_ray.timeutil import now_ms
 
 router = admin_router()

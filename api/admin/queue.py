@@ -32,7 +32,8 @@ from prerender_ray.api.bodies import bad_request, read_object
 from prerender_ray.api.context import NodeContext
 from prerender_ray.identity.urls import UrlError
 from prerender_ray.queue.status import MISSING, PauseRequestError, validate_admin_pause
-from prerender_ray.storage.registry import QUEUE_CONTROL, QUEUE_STATUS, RecordError, decode_json
+from prerender_ray.storage.keys import QUEUE_CONTROL, QUEUE_STATUS
+from prerender_ray.storage.registry import RecordError, decode_json
 from prerender_ray.timeutil import now_ms
 
 router = admin_router()

@@ -43,10 +43,10 @@ from prerender_ray.api.admin.common import DEADLINE_S, admin_router, answer, cal
 from prerender_ray.api.auth import authenticator, client_address, forwarded_https
 from prerender_ray.api.bodies import bad_request, read_object
 from prerender_ray.api.context import NodeContext
+from prerender_ray.storage.keys import REVOKED
 from prerender_ray.storage.registry import RecordError, decode_json, encode_json
 from prerender_ray.timeutil import now_ms
 
-REVOKED = b"x:"  # x:<session id> -> {"exp", "user", "revokedAt"} (registry, replicated)
 REVOCATION_REFRESH_S = 2.0
 FAILED_LOGIN_DELAY_S = 0.3
 CONSOLE_HEADER = "x-prerender-console"

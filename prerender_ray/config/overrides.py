@@ -26,7 +26,6 @@ from pydantic import ValidationError
 from prerender_ray.config.model import Config
 from prerender_ray.identity.routes import Route, compile_routes
 
-OVERRIDES_KEY = b"o:config"  # in the replicated registry
 OVERRIDES_POLL_S = 5  # ingress replicas and sitemap walkers re-read the row this often
 LIVE_PATHS = (
     "ingress.routes",

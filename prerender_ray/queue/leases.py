@@ -123,7 +123,7 @@ class _Misses:
         self.last = last  # expiry of the latest missed lease
 
 
-class LeaseTable:
+class Leases:
     def __init__(self, *, lease_time: int, max_leases: int, fast_retries: int, default_cadence: int,
                  grace_ms: int = RELEASE_GRACE_MS, remember_ms: int = REMEMBER_MS):
         if lease_time <= 0 or max_leases <= 0 or default_cadence <= 0:
@@ -144,7 +144,7 @@ class LeaseTable:
         self._holds: list[HoldStart] = []
 
     @classmethod
-    def from_config(cls, queue: Queue, render: Render) -> LeaseTable:
+    def from_config(cls, queue: Queue, render: Render) -> Leases:
         return cls(lease_time=queue.job_lease_time, max_leases=queue.max_leases,
                    fast_retries=render.failure_retry.fast_retries, default_cadence=render.default_interval,
                    remember_ms=queue.job_lease_time + REMEMBER_MS)

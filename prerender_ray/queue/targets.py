@@ -17,7 +17,8 @@ from prerender_ray.identity.cachekeys import KeyFormat
 from prerender_ray.identity.routes import Router
 from prerender_ray.identity.urls import url_path
 from prerender_ray.queue.schedule import ScheduleRow, counted_strikes
-from prerender_ray.storage.registry import SUPPRESSED, TARGET, Target
+from prerender_ray.storage.keys import TARGET
+from prerender_ray.storage.registry import SUPPRESSED, Target
 from prerender_ray.timeutil import initial_render_time, jittered_minute, minute, positive
 
 

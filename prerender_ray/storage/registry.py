@@ -11,16 +11,14 @@ from typing import Any
 
 import orjson
 
+from prerender_ray.storage.keys import (
+    SITEMAP,
+    SITEMAP_ENTRIES,
+    SITEMAP_RUN,
+    TARGET,
+    TARGET_BY_SITEMAP,
+)
 from prerender_ray.timeutil import finite
-
-# Key prefixes (one RocksDB, one prefix per kind).
-TARGET = b"t:"
-QUEUE_CONTROL = b"c:"
-QUEUE_STATUS = b"q:"
-SITEMAP = b"s:"
-SITEMAP_RUN = b"r:"
-TARGET_BY_SITEMAP = b"i:"  # i:<sitemap url>\x00<target url> -> b"" (index; derived, node-local)
-SITEMAP_ENTRIES = b"e:"  # e:<sitemap url>\x00<chunk number> -> a chunk of the document's parsed entries
 
 SUPPRESSED = "suppressed"
 

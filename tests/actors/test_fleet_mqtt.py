@@ -103,7 +103,8 @@ def test_status_says_queued_only_while_a_claim_would_get_work_and_old_host_topic
     import ray
 
     from prerender_ray.actors.common import lookup
-    from prerender_ray.storage.registry import QUEUE_STATUS, encode_json
+    from prerender_ray.storage.keys import QUEUE_STATUS
+    from prerender_ray.storage.registry import encode_json
     from tests.support import claim, put_target, take
 
     old = Subscriber(broker)  # a retained message of this node under its previous host name

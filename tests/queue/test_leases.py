@@ -13,7 +13,7 @@ from prerender_ray.queue.leases import (
     Grant,
     HoldStart,
     LeaseInfo,
-    LeaseTable,
+    Leases,
     ResultCheck,
 )
 from prerender_ray.timeutil import DAY_MS, HOUR_MS, MINUTE_MS
@@ -23,9 +23,9 @@ T0 = 1_780_000_000_123  # not second-aligned: expiries are exact ms
 K = "https://shop.test/p|desktop"
 
 
-def table(**kw: int) -> LeaseTable:
+def table(**kw: int) -> Leases:
     args = {"lease_time": LEASE, "max_leases": 64, "fast_retries": 2, "default_cadence": DAY_MS, **kw}
-    return LeaseTable(**args)
+    return Leases(**args)
 
 
 def test_a_fresh_table_holds_no_leases() -> None:
@@ -37,7 +37,7 @@ def test_a_fresh_table_holds_no_leases() -> None:
 
 
 def test_from_config_takes_the_queue_and_render_settings() -> None:
-    t = LeaseTable.from_config(Queue(job_lease_time=3 * MINUTE_MS, max_leases=7), Render())
+    t = Leases.from_config(Queue(job_lease_time=3 * MINUTE_MS, max_leases=7), Render())
     assert (t.lease_time, t.max_leases, t.hold_after, t.default_cadence) == (3 * MINUTE_MS, 7, 4, DAY_MS)
 
 
@@ -157,7 +157,7 @@ def test_the_oldest_lease_is_the_in_flight_one_that_expires_first() -> None:
     assert [lease.key for lease in t.in_flight(T0 + 2)] == ["b"]
 
 
-def expire_unanswered(t: LeaseTable, key: str, now: int, *, cadence: int | None = None) -> int:
+def expire_unanswered(t: Leases, key: str, now: int, *, cadence: int | None = None) -> int:
     """Grant ``key`` as soon as it may be granted at or after ``now`` and let the lease run out
     with no result; returns the time it expired."""
     grant = t.grant(key, t.hold_of(key, now) or now, cadence=cadence)

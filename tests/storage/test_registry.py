@@ -10,14 +10,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prerender_ray.storage.registry import (
+from prerender_ray.storage.keys import (
     QUEUE_CONTROL,
     QUEUE_STATUS,
     SITEMAP,
     SITEMAP_RUN,
-    SUPPRESSED,
     TARGET,
     TARGET_BY_SITEMAP,
+)
+from prerender_ray.storage.registry import (
+    SUPPRESSED,
     RecordError,
     Target,
     by_sitemap_key,

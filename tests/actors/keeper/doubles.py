@@ -1,6 +1,6 @@
 """In-process stand-ins for the actors a keeper talks to, implementing the same typed interfaces
 (``prerender_ray.rpc``) as the real clients: a node store in dicts, and other nodes' keepers as plain
-``Keeper`` objects. The lease table is the real one (``actors.leasetable.Leases``) on a temp RocksDB."""
+``Keeper`` objects. The lease table is the real one (``actors.leasetable.DurableLeases``) on a temp RocksDB."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 from prerender_ray import logs
 from prerender_ray.actors.keeper.keeper import Keeper
-from prerender_ray.actors.leasetable import Leases
+from prerender_ray.actors.leasetable import DurableLeases
 from prerender_ray.config.model import Config
 from prerender_ray.identity.nodes import NodeInfo
 from prerender_ray.rpc import Op
@@ -91,7 +91,7 @@ def make_keeper(tmp: Path, cfg: Config, node: str = "node-a", *, store: MemorySt
     log = logs.get("keeper-test")
     root = tmp / node
     root.mkdir(parents=True, exist_ok=True)
-    leases = Leases(cfg, Store(root / "leases"), log)
+    leases = DurableLeases(cfg, Store(root / "leases"), log)
     peers = peers if peers is not None else LocalPeers()
     keeper = Keeper(cfg, NodeInfo(node, "127.0.0.1", 9926), Store(root / "schedule"), store=store or MemoryStore(),
                     leases=leases, peers=peers, log=log, members=members)

@@ -101,7 +101,8 @@ def test_reconcile_restores_missing_rows_jittered_and_pageless_keys_first(node) 
 
 
 def test_a_restarted_keeper_and_ingress_come_back_with_the_live_overrides(node) -> None:
-    from prerender_ray.config.overrides import OVERRIDES_KEY, Overrides
+    from prerender_ray.config.overrides import Overrides
+    from prerender_ray.storage.keys import OVERRIDES_KEY
 
     route = {"match": "prefix", "path": "/live-crash/", "renderInterval": 7_200_000}
     url = "https://crash.example/live-crash/1"

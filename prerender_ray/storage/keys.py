@@ -1,0 +1,36 @@
+"""Every RocksDB key prefix, in one place: which store holds it, what the key and the value are.
+
+A node has four stores (``rocks.py``): ``registry`` and ``pages`` (replicated), ``schedule`` and
+``leases`` (owner tier). Within a store each kind of record has its own prefix; none is a prefix of
+another (``tests/storage/test_keys.py``), so a prefix scan reads one kind only.
+"""
+
+from __future__ import annotations
+
+# --- registry (replicated; every value in the replication envelope, see replication.py)
+TARGET = b"t:"  # t:<url> -> the target record (registry.py)
+QUEUE_CONTROL = b"c:"  # c:<node> or c:all -> pause intent {"paused", "updatedBy", "updatedTime"}
+QUEUE_STATUS = b"q:"  # q:<node> -> the last announced queue status {"hostname", "status", ...}
+SITEMAP = b"s:"  # s:<sitemap url> -> the sitemap document's row
+SITEMAP_RUN = b"r:"  # r:<root url> or r:all -> the progress of a walk
+TARGET_BY_SITEMAP = b"i:"  # i:<sitemap url>\x00<target url> -> b"" (index; derived, node-local)
+SITEMAP_ENTRIES = b"e:"  # e:<sitemap url>\x00<chunk number> -> a chunk of the document's parsed entries
+OVERRIDES_KEY = b"o:config"  # the live config overrides (config/overrides.py)
+REVOKED = b"x:"  # x:<session id> -> {"exp", "user", "revokedAt"} (signed-out admin sessions)
+
+# --- registry and pages: the replication bookkeeping, below every record prefix (\x00 sorts first)
+VIDX = b"\x00v"  # \x00v <hlc:8> <key> -> b"" (records by version: what a peer has not seen yet)
+HPTR = b"\x00h"  # \x00h <key> -> <hlc:8><live:1> (older versions wrote the hlc alone)
+LIVE = b"\x00c"  # \x00c -> <live records:8>: pages, or targets in the registry
+
+# --- pages (replicated): <cache key> -> the page record (pages.py); no prefix of its own
+
+# --- schedule (owner tier, the keeper's): <cache key> -> the schedule row (queue/schedule.py)
+
+# --- leases (owner tier, the lease table's)
+LEASE = b"l:"  # l:<cache key> -> [expires, due, cadence, released, answered, written_at, granted_at, grant]
+MISSES = b"m"  # the miss histories, one JSON document (small; rewritten on each sweep)
+
+REGISTRY_PREFIXES = (TARGET, QUEUE_CONTROL, QUEUE_STATUS, SITEMAP, SITEMAP_RUN, TARGET_BY_SITEMAP,
+                     SITEMAP_ENTRIES, OVERRIDES_KEY, REVOKED, VIDX, HPTR, LIVE)
+LEASE_PREFIXES = (LEASE, MISSES)
