@@ -6,9 +6,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from prerender_ray.config.compiled import CompiledConfig
 from prerender_ray.config.model import Config
 from prerender_ray.identity.nodes import NodeInfo, Ownership
-from prerender_ray.queue.targets import Rules
 
 # Deadlines (seconds) for control-plane calls from a request handler.
 STATUS_DEADLINE = 2.0
@@ -34,8 +34,13 @@ class NodeContext:
         if not self.ownership.names:
             self.ownership.update([self.node.name])
         self.peers.setdefault(self.node.name, self.node)
-        self.rules = Rules(self.cfg)
+        self.compile(self.cfg)
         self._remote: dict[str, Any] = {}
+
+    def compile(self, cfg: Config) -> None:
+        """This replica's config version, compiled once (``CompiledConfig``), swapped in one step."""
+        self.compiled = CompiledConfig(cfg)
+        self.cfg, self.rules = cfg, self.compiled.rules
 
     def owner_of(self, url: str) -> str:
         return self.ownership.owner(url)

@@ -61,6 +61,7 @@ class SitemapSite:
     def __init__(self) -> None:
         site = self
         self.routes: dict[str, Any] = {}
+        self.slow: dict[str, bytes] = {}  # delayed documents, by path
         self.hits: dict[str, int] = {}
         self.headers: dict[str, dict[str, str]] = {}
         self.lock = threading.Lock()
@@ -121,6 +122,13 @@ class SitemapSite:
             h._send(200, body, "application/xml")  # type: ignore[attr-defined]
 
         self.routes[path] = slow
+        self.slow[path] = body
+
+    def hurry(self) -> None:
+        """Every delayed document answers at once from now on (a later test walks every root)."""
+        for path, body in self.slow.items():
+            self.put(path, body)
+        self.slow.clear()
 
     def endless(self, path: str) -> None:
         """A sitemap body that never ends (a 2 GB sitemap, streamed): valid entries, forever."""

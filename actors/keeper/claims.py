@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from prerender_ray import metrics
-from prerender_ray.actors.keeper.rows import Compiled, Rows
+from prerender_ray.actors.keeper.rows import CurrentConfig, Rows
 from prerender_ray.batching import GroupCommit
 from prerender_ray.rpc import LeaseApi
 from prerender_ray.timeutil import now_ms
@@ -25,7 +25,7 @@ REFUSED_BACKOFF_MS = 60_000  # a key the table refused is not offered again for 
 
 
 class Claims:
-    def __init__(self, rows: Rows, conf: Compiled, leases: LeaseApi, callback_origin: str, log: Any):
+    def __init__(self, rows: Rows, conf: CurrentConfig, leases: LeaseApi, callback_origin: str, log: Any):
         self.rows = rows
         self.conf = conf
         self.leases = leases

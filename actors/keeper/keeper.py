@@ -22,7 +22,7 @@ from prerender_ray.actors.keeper.claims import Claims
 from prerender_ray.actors.keeper.handoff import Handoff
 from prerender_ray.actors.keeper.repair import Repair
 from prerender_ray.actors.keeper.results import Results
-from prerender_ray.actors.keeper.rows import Compiled, Rows
+from prerender_ray.actors.keeper.rows import CurrentConfig, Rows
 from prerender_ray.actors.keeper.status import Status
 from prerender_ray.actors.keeper.targets import Targets
 from prerender_ray.config.model import Config
@@ -49,7 +49,7 @@ class Keeper:
         self.store = store
         self.leases = leases
         self.live_config = LiveConfig(cfg)  # the file's config, and live overrides on top of it
-        self.conf = Compiled(cfg)
+        self.conf = CurrentConfig(cfg)
         self.ownership = Ownership([self.node])
         self.ownership.update(list(members))
         self.after_load = after_load  # e.g. freeze the loaded rows out of the cyclic GC

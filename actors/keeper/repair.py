@@ -14,7 +14,7 @@ from typing import Any
 
 from prerender_ray import metrics
 from prerender_ray.actors.keeper.handoff import Handoff
-from prerender_ray.actors.keeper.rows import Compiled, Rows
+from prerender_ray.actors.keeper.rows import CurrentConfig, Rows
 from prerender_ray.identity.nodes import Ownership
 from prerender_ray.rpc import StoreApi
 from prerender_ray.storage.keys import TARGET
@@ -27,7 +27,7 @@ WRITE_CHUNK = 1_000
 
 
 class Repair:
-    def __init__(self, rows: Rows, conf: Compiled, store: StoreApi, handoff: Handoff, ownership: Ownership,
+    def __init__(self, rows: Rows, conf: CurrentConfig, store: StoreApi, handoff: Handoff, ownership: Ownership,
                  node: str, log: Any):
         self.rows = rows
         self.conf = conf

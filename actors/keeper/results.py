@@ -11,7 +11,7 @@ from typing import Any
 
 from prerender_ray import metrics
 from prerender_ray.actors.keeper.claims import Claims
-from prerender_ray.actors.keeper.rows import Compiled, Rows
+from prerender_ray.actors.keeper.rows import CurrentConfig, Rows
 from prerender_ray.actors.keeper.targets import Targets
 from prerender_ray.identity.nodes import Ownership
 from prerender_ray.queue.results import Plan, Result
@@ -24,7 +24,7 @@ RELEASE_GRACE_MS = 5_000  # a released key is not offered again at once (the lea
 
 
 class Results:
-    def __init__(self, rows: Rows, claims: Claims, targets: Targets, conf: Compiled, leases: LeaseApi,
+    def __init__(self, rows: Rows, claims: Claims, targets: Targets, conf: CurrentConfig, leases: LeaseApi,
                  store: StoreApi, peers: Peers, ownership: Ownership, node: str, log: Any):
         self.rows = rows
         self.claims = claims

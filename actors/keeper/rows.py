@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from prerender_ray import metrics
+from prerender_ray.config.compiled import CompiledConfig
 from prerender_ray.config.model import Config
 from prerender_ray.identity.nodes import Ownership
 from prerender_ray.queue.flow import Flow
@@ -27,21 +28,31 @@ HEAD_REPAIR = 64
 FLOWS = ("added", "rescheduled", "removed", "granted", "results")
 
 
-class Compiled:
-    """The config the keeper runs on (the file's plus live overrides) and what is compiled from it;
-    a live change swaps all of it in one step."""
+class CurrentConfig:
+    """The config the keeper's parts run on (the file's plus live overrides), compiled once per
+    version; a live change swaps it for all of them in one step."""
 
     def __init__(self, cfg: Config):
         self.swap(cfg)
 
     def swap(self, cfg: Config) -> None:
-        self.cfg = cfg
-        self.rules = Rules(cfg)
-        self.planner = Planner(self.rules)
+        self.compiled = CompiledConfig(cfg)
+
+    @property
+    def cfg(self) -> Config:
+        return self.compiled.cfg
+
+    @property
+    def rules(self) -> Rules:
+        return self.compiled.rules
+
+    @property
+    def planner(self) -> Planner:
+        return self.compiled.planner
 
 
 class Rows:
-    def __init__(self, db: Store, conf: Compiled, ownership: Ownership, node: str, log: Any):
+    def __init__(self, db: Store, conf: CurrentConfig, ownership: Ownership, node: str, log: Any):
         self.db = db
         self.conf = conf
         self.ownership = ownership

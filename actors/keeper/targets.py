@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from prerender_ray.actors.keeper.rows import Compiled, Rows
+from prerender_ray.actors.keeper.rows import CurrentConfig, Rows
 from prerender_ray.identity.nodes import Ownership
 from prerender_ray.queue.schedule import ScheduleRow
 from prerender_ray.rpc import Peers, StoreApi
@@ -21,7 +21,7 @@ from prerender_ray.timeutil import now_ms
 
 
 class Targets:
-    def __init__(self, rows: Rows, conf: Compiled, store: StoreApi, peers: Peers, ownership: Ownership,
+    def __init__(self, rows: Rows, conf: CurrentConfig, store: StoreApi, peers: Peers, ownership: Ownership,
                  node: str):
         self.rows = rows
         self.conf = conf

@@ -42,10 +42,10 @@ from prerender_ray.actors.walker.walk import (
     WalkAborted,
     WalkEnv,
 )
+from prerender_ray.config.compiled import CompiledConfig
 from prerender_ray.config.model import Config
 from prerender_ray.config.overrides import LiveConfig
 from prerender_ray.identity.nodes import NodeInfo, Ownership
-from prerender_ray.queue.targets import Rules
 from prerender_ray.sitemaps.parser import SitemapEntry
 from prerender_ray.sitemaps.rules import (
     ClaimCheck,
@@ -98,8 +98,7 @@ class SitemapWalker:
         self.store = store
         self.keepers = Handles("keeper", own=(self.node, keeper))
         self.ownership = Ownership([self.node])
-        rules = Rules(cfg)
-        classify = rules.router.classify
+        classify = CompiledConfig(cfg).router.classify
         self.fetcher = Fetcher(cfg, classify, canonicalizer(cfg))
         self.env = WalkEnv(cfg, self.node, store, self.ownership.owner, self.keepers.get, self.fetcher,
                            classify, self.log, self._sole_owner)
@@ -118,7 +117,7 @@ class SitemapWalker:
         cfg = self.live.changed(raw, self.log)
         if cfg is None:
             return False
-        classify = Rules(cfg).router.classify
+        classify = CompiledConfig(cfg).router.classify
         self.cfg = cfg
         self.fetcher.cfg, self.fetcher.classify, self.fetcher.canonicalize = cfg, classify, canonicalizer(cfg)
         self.env = dataclasses.replace(self.env, cfg=cfg, classify=classify)

@@ -41,10 +41,7 @@ READ_DEADLINE_S = 3.0  # per live row, as the reference's readWithTimeout
 
 
 def explainer(ctx: NodeContext) -> Explainer:
-    found = ctx.extras.get("admin-explainer")
-    if found is None:
-        found = ctx.extras["admin-explainer"] = Explainer(ctx.cfg)
-    return found
+    return ctx.compiled.explainer
 
 
 # ----------------------------------------------------------------------------------- the proxy

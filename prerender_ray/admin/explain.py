@@ -21,11 +21,11 @@ from prerender_ray.storage.registry import Target
 class Explainer:
     """The config-only part of the explainer; build once per config."""
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, *, router: Router | None = None, keys: KeyFormat | None = None):
         self.cfg = cfg
         self.mode = cfg.ingress.mode
-        self.router = Router(cfg)
-        self.keys = KeyFormat.from_config(cfg)
+        self.router = router or Router(cfg)  # shared when built by CompiledConfig
+        self.keys = keys or KeyFormat.from_config(cfg)
         self.supported = tuple(d.lower() for d in cfg.device_types.supported)
         self.global_allowlist = tuple(cfg.cache_key.query_params)
         self.domains = compiled(tuple(cfg.domains))

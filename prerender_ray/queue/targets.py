@@ -42,10 +42,10 @@ class Suppression:
 class Rules:
     """The scheduling rules of one config; build once per config."""
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, *, router: Router | None = None, keys: KeyFormat | None = None):
         self.cfg = cfg
-        self.router = Router(cfg)
-        self.keys = KeyFormat.from_config(cfg)
+        self.router = router or Router(cfg)  # shared when built by CompiledConfig
+        self.keys = keys or KeyFormat.from_config(cfg)
         self.supported = tuple(cfg.device_types.supported)
         self.default_devices = tuple(cfg.device_types.default)
 

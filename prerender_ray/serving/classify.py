@@ -122,13 +122,14 @@ def is_reserved(path: str, prefixes: tuple[str, ...] = RESERVED_PATHS) -> bool:
 class Ingress:
     """The ingress options of one config, compiled. Build once per config."""
 
-    def __init__(self, cfg: Config, reserved: tuple[str, ...] = RESERVED_PATHS):
+    def __init__(self, cfg: Config, reserved: tuple[str, ...] = RESERVED_PATHS, *,
+                 router: Router | None = None, keys: KeyFormat | None = None):
         ing = cfg.ingress
         self.reserved = reserved  # never bot requests: reserved_prefixes() of the app's routes
         self.mode = ing.mode
         self.prefix = ing.bot_path_prefix
-        self.router = Router(cfg)
-        self.keys = KeyFormat.from_config(cfg)
+        self.router = router or Router(cfg)  # shared when built by CompiledConfig
+        self.keys = keys or KeyFormat.from_config(cfg)
         self.devices = Devices.from_config(cfg)
         self.keys.check_devices(self.devices.supported)
         self.device_from_path = ing.device_type_source == "path"

@@ -210,16 +210,6 @@ def describe(pid: int) -> str:
         return "(gone)"
 
 
-def test_a_foreground_up_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
-    data, port = tmp_path / "data", free_port()
-    with foreground_up(data, port) as (proc, record, _):
-        proc.send_signal(signal.SIGINT)
-        out = finish(proc, timeout=120)
-    assert proc.returncode == 0, out
-    assert "stopping ..." in out and "stopped" in out
-    assert_nothing_left(record, data, port)
-
-
 def test_a_foreground_up_steps_aside_when_down_runs_in_another_shell(tmp_path: Path) -> None:
     # Before: `up` sat on until Ray's GCS reconnect timeout aborted it (exit 1, a minute later),
     # leaving its render worker (own session) claiming from a node that was gone.
@@ -271,15 +261,20 @@ def test_with_worker_and_users_but_no_worker_credentials_says_so_at_start(tmp_pa
     assert_nothing_left(record, data, port)
 
 
-def test_piped_output_is_json_lines_with_node_and_process_and_logs_reads_them(tmp_path: Path) -> None:
+def test_piped_output_is_json_lines_logs_reads_them_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
     # Before: Ray's "(Controller pid=...)" prefixes and colour codes on every line, most keeper
     # lines without a node, a "membership push failed" on every start, and no way to read the logs.
+    # One start of a local Ray for both (each costs the suite ~20 s); `down` from another shell is
+    # the worker tests' way to stop.
     data, port = tmp_path / "data", free_port()
     with foreground_up(data, port) as (proc, record, out):
         shown = run("logs", "--data-dir", str(data))
         keeper = run("logs", "--data-dir", str(data), "--node", _node_name(data))
-        assert run("down", "--data-dir", str(data)).returncode == 0
-        out += finish(proc, timeout=60)
+        proc.send_signal(signal.SIGINT)
+        out += finish(proc, timeout=120)
+    assert proc.returncode == 0, out
+    assert "stopping ..." in out and "stopped" in out
+    assert_nothing_left(record, data, port)
     assert "\x1b[" not in out and "pid=" not in out, out
     assert "membership push failed" not in out, out
     assert f"console: http://127.0.0.1:{port}/prerender_admin/" in out
