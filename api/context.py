@@ -35,7 +35,7 @@ class NodeContext:
             self.ownership.update([self.node.name])
         self.peers.setdefault(self.node.name, self.node)
         self.compile(self.cfg)
-        self._remote: dict[str, Any] = {}
+        self._handles: dict[str, Any] = {}  # kind -> Handles
 
     def compile(self, cfg: Config) -> None:
         """This replica's config version, compiled once (``CompiledConfig``), swapped in one step."""
@@ -45,20 +45,21 @@ class NodeContext:
     def owner_of(self, url: str) -> str:
         return self.ownership.owner(url)
 
-    def owner_actors(self, url: str) -> tuple[Any, Any]:
-        """(keeper, lease table) of the node that owns ``url``."""
+    async def keeper_of(self, url: str) -> Any:
+        """The keeper of the node that owns ``url`` (this node's own without a lookup)."""
         owner = self.ownership.owner(url)
-        if owner == self.node.name:
-            return self.keeper, self.leases
-        return self.actor("keeper", owner), self.actor("leases", owner)
+        return self.keeper if owner == self.node.name else await self.actor("keeper", owner)
 
     def forget_remote(self) -> None:
-        self._remote.clear()
+        """Membership changed or a call failed: look every other node's actors up afresh."""
+        self._handles.clear()
 
-    def actor(self, kind: str, node: str) -> Any:
-        from prerender_ray.actors.common import lookup
+    async def actor(self, kind: str, node: str) -> Any:
+        """A named actor of ``node``, through the one handle cache (``actors.common.Handles``: the
+        lookup runs off the event loop, a handle is trusted for seconds)."""
+        handles = self._handles.get(kind)
+        if handles is None:
+            from prerender_ray.actors.common import Handles  # Ray only where a request needs an actor
 
-        handle = self._remote.get(f"{kind}:{node}")
-        if handle is None:
-            handle = self._remote[f"{kind}:{node}"] = lookup(kind, node)
-        return handle
+            handles = self._handles[kind] = Handles(kind)
+        return await handles.get(node)

@@ -112,7 +112,7 @@ async def job_result(request: Request, who: Principal = Depends(require("fleet")
             or ctx.rules.keys.key(url, device) != result.id:  # a [url] layout's keys name no device
         raise bad_request(f"id {result.id!r} is not a cache key of this service")
     check_encoding(result.content_encoding, content, ctx.cfg.server.max_html_bytes)
-    keeper, _ = ctx.owner_actors(url)
+    keeper = await ctx.keeper_of(url)
     from prerender_ray.actors.common import call
 
     try:  # the owner's keeper checks the lease first: an id never granted changes nothing

@@ -6,6 +6,7 @@ while a walk keeps the walker busy.
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -48,8 +49,8 @@ async def _call(ref: object, timeout: float) -> object:
     return await call(ref, timeout)
 
 
-def _walker(ctx: NodeContext) -> object:
-    return ctx.actor("sitemapper", ctx.node.name)
+async def _walker(ctx: NodeContext) -> Any:
+    return await ctx.actor("sitemapper", ctx.node.name)
 
 
 def sitemap_url(value: object) -> str:
@@ -88,7 +89,7 @@ async def refresh(request: Request, who: Principal = Depends(require("admin"))) 
         raise bad_request(f"sitemap {url} cannot be fetched: {refused}", reason="host-not-allowed", url=url)
     revalidate = _flag(body, "revalidate", False)
     background = _flag(body, "background", ctx.cfg.sitemap.background)
-    walker = _walker(ctx)
+    walker = await _walker(ctx)
     if background:
         try:
             if url is None:
@@ -166,7 +167,7 @@ async def delete(request: Request, url: str = Query(...),
                  who: Principal = Depends(require("admin"))) -> JSONResponse:
     ctx: NodeContext = request.app.state.ctx
     url = sitemap_url(url)
-    result = await _call(_walker(ctx).delete.remote(url), DELETE_DEADLINE_S)
+    result = await _call((await _walker(ctx)).delete.remote(url), DELETE_DEADLINE_S)
     if not result["deleted"]:
         return answer({"error": f"No sitemap stored under {url}", "url": url}, 404)
     return answer(result)

@@ -54,7 +54,7 @@ async def put_target(request: Request, who: Principal = Depends(require("admin")
     if sitemap is not None and not isinstance(sitemap, str):
         raise bad_request("sitemapUrl must be a string or null")
     item["sitemapUrl"] = sitemap or None
-    keeper, _ = ctx.owner_actors(url)
+    keeper = await ctx.keeper_of(url)
     await _call(keeper.put_targets.remote([item]))
     return JSONResponse({"url": url, "owner": ctx.owner_of(url), "cacheKeys": ctx.rules.keys_of(url)})
 
@@ -75,7 +75,7 @@ async def delete_target(request: Request, url: str = Query(...),
                         who: Principal = Depends(require("admin"))) -> JSONResponse:
     ctx: NodeContext = request.app.state.ctx
     canonical = _canonical(ctx, url, prerender_only=False)
-    keeper, _ = ctx.owner_actors(canonical)
+    keeper = await ctx.keeper_of(canonical)
     result = await _call(keeper.delete_targets.remote([canonical]))
     if not result["deleted"]:
         return JSONResponse({"error": "No target for this URL", "url": canonical}, status_code=404)
@@ -98,7 +98,7 @@ async def target_action(request: Request, who: Principal = Depends(require("admi
         by_owner[ctx.owner_of(canonical)].append(canonical)
     total = {"revalidating": 0, "examined": 0}
     for owner, group in by_owner.items():
-        keeper, _ = ctx.owner_actors(group[0])
+        keeper = await ctx.keeper_of(group[0])
         result = await _call(keeper.revalidate.remote(group))
         for k in total:
             total[k] += result[k]

@@ -143,7 +143,7 @@ async def _due_times(ctx: NodeContext, scheduled: list[tuple[dict, str, str]]) -
     time, and the answer says it is degraded)."""
     by_owner: dict[Any, list[tuple[dict, str]]] = {}
     for item, url, key in scheduled:
-        by_owner.setdefault(ctx.owner_actors(url)[0], []).append((item, key))
+        by_owner.setdefault(await ctx.keeper_of(url), []).append((item, key))
     ok = True
     for keeper, items in by_owner.items():
         try:

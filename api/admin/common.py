@@ -172,9 +172,9 @@ async def fan_out(ctx: NodeContext, kind: str, method: str, *args: Any,
         try:
             if name == ctx.node.name:
                 handle = {"keeper": ctx.keeper, "leases": ctx.leases, "store": ctx.store}.get(kind)
-                handle = handle if handle is not None else ctx.actor(kind, name)
+                handle = handle if handle is not None else await ctx.actor(kind, name)
             else:
-                handle = ctx.actor(kind, name)
+                handle = await ctx.actor(kind, name)
             return True, await call(getattr(handle, method).remote(*args), deadline)
         except ValueError:  # ray.get_actor: no such actor (not placed yet, or the node is gone)
             return False, f"no {kind} on {name}"

@@ -183,7 +183,7 @@ async def queue(request: Request, who: Principal = Depends(require("admin"))) ->
     if write.scope not in (CLUSTER, ctx.node.name) and write.scope in ctx.peers:
         # The node's own keeper writes its intent and applies it at once.
         try:
-            keeper = ctx.actor("keeper", write.scope)
+            keeper = await ctx.actor("keeper", write.scope)
             result = await call(keeper.set_pause.remote(write.scope, write.paused, by), peer_timeout_s(ctx))
             applied_on = write.scope
         except Exception as e:
@@ -206,7 +206,7 @@ async def nudge_other_keepers(ctx: NodeContext) -> None:
     others = [n for n in member_names(ctx) if n != ctx.node.name]
     for name in others:
         try:
-            await call(ctx.actor("keeper", name).sync_status.remote(), peer_timeout_s(ctx))
+            await call((await ctx.actor("keeper", name)).sync_status.remote(), peer_timeout_s(ctx))
         except Exception as e:
             log.info("pause nudge not delivered", node=name, error=type(e).__name__)
 
@@ -228,7 +228,7 @@ async def revalidate(request: Request, who: Principal = Depends(require("admin")
         keys = [ctx.rules.keys.key(url, device.lower())]
     else:
         keys = ctx.rules.keys_of(url)
-    keeper, _ = ctx.owner_actors(url)
+    keeper = await ctx.keeper_of(url)
     owner = ctx.owner_of(url)
     try:
         done = [await call(keeper.revalidate_key.remote(k)) for k in keys]

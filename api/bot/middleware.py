@@ -26,10 +26,9 @@ from prerender_ray.api.peer import PeerClient
 from prerender_ray.config.loading import findings
 from prerender_ray.config.model import Config
 from prerender_ray.config.overrides import LiveConfig
-from prerender_ray.queue.targets import Rules
 from prerender_ray.serving.answer import Reply, error_reply, prepare, prepared_reply, route_label, verdict
 from prerender_ray.serving.bots import OTHER, BotRegistry
-from prerender_ray.serving.classify import RESERVED_PATHS, BadBotRequest, BotRequest, Ingress, NotBot
+from prerender_ray.serving.classify import RESERVED_PATHS, BadBotRequest, BotRequest, NotBot
 from prerender_ray.serving.negotiation import EncodingError
 from prerender_ray.serving.origin_rules import serving_policy
 from prerender_ray.serving.responses import debug_headers, debug_requested
@@ -51,7 +50,7 @@ class Serving:
         cfg = ctx.cfg
         self.ctx = ctx
         self.cfg = cfg
-        self.ingress = Ingress(cfg, reserved_of(ctx))
+        self.ingress = ctx.compiled.ingress(reserved_of(ctx))
         self.keys = self.ingress.keys
         self.bots = BotRegistry.from_config(cfg)
         self.pages = PageReader.for_node(ctx.data_dir, ctx.node.name, ctx.replica)
@@ -280,13 +279,12 @@ def reserved_of(ctx: NodeContext) -> tuple[str, ...]:
 def reconfigure(ctx: NodeContext, cfg: Config) -> None:
     """Swap in a config that differs only in live options (routes, default interval, boost): what
     reads the config per request sees it at once; the bot path's route table is rebuilt."""
-    ctx.cfg, ctx.rules = cfg, Rules(cfg)
+    ctx.compile(cfg)
     ctx.findings = findings(cfg, ctx.rules.router.compiled.prerender_count)
-    ctx.extras.pop("admin-explainer", None)  # built per config, on the next explain
     serving = ctx.extras.get("serving")
     if serving is not None:
         serving.cfg = serving.flow.cfg = cfg
-        serving.ingress = Ingress(cfg, reserved_of(ctx))
+        serving.ingress = ctx.compiled.ingress(reserved_of(ctx))
         serving.keys = serving.ingress.keys
         serving._resolved.clear()
 

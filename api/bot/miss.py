@@ -123,8 +123,8 @@ class Flow:
         rn = self.cfg.render_now
         since = now_ms()
         deadline = time.monotonic() + rn.timeout_ms / 1000
-        keeper, _ = self.ctx.owner_actors(req.url)
         try:
+            keeper = await self.ctx.keeper_of(req.url)
             await call(keeper.render_now.remote(req.cache_key), min(RENDER_NOW_CALL_S, rn.timeout_ms / 1000))
             asked = True
         except Exception as e:  # the owner is away: no render is coming, fall back at once
@@ -246,7 +246,7 @@ class Flow:
             [existing] = await call(self.ctx.store.get_targets.remote([canonical]), DISCOVERY_CALL_S)
             if existing is not None:
                 return
-            keeper, _ = self.ctx.owner_actors(canonical)
+            keeper = await self.ctx.keeper_of(canonical)
             await call(keeper.put_targets.remote([{"url": canonical}]), DISCOVERY_CALL_S)
             metrics.discovered.inc()
             log.info("discovered", url=canonical, owner=self.ctx.owner_of(canonical))
