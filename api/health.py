@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse, Response
 
 from prerender_ray import metrics
 from prerender_ray.api.context import STATUS_DEADLINE, NodeContext
+from prerender_ray.rpc import DeadlineExceeded, call
 
 router = APIRouter()
 _READY_CACHE_S = 1.0
@@ -25,8 +26,6 @@ async def readiness(ctx: NodeContext) -> tuple[bool, dict]:
     cached = ctx.extras.get("ready")
     if cached and time.monotonic() - cached[0] < _READY_CACHE_S:
         return cached[1], cached[2]
-    from prerender_ray.actors.common import DeadlineExceeded, call
-
     body: dict = {"node": ctx.node.name}
     ready = True
     for name, handle in (("store", ctx.store), ("leases", ctx.leases), ("keeper", ctx.keeper)):

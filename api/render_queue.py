@@ -18,6 +18,7 @@ from prerender_ray.batching import GroupCommit
 from prerender_ray.decoding import DecodeError, TooLarge, decoded_size
 from prerender_ray.identity.cachekeys import DEVICE, CacheKeyError
 from prerender_ray.queue.results import ENCODINGS, Result, ResultError
+from prerender_ray.rpc import call
 from prerender_ray.storage.keys import QUEUE_CONTROL, QUEUE_STATUS
 from prerender_ray.storage.registry import decode_json
 
@@ -63,8 +64,6 @@ def _claims(ctx: NodeContext) -> GroupCommit[tuple[int, str | None], bytes]:
     arrival order and encodes each answer), so a busy fleet costs one actor hop per batch."""
     claims = ctx.extras.get("claims")
     if claims is None:
-        from prerender_ray.actors.common import call
-
         async def flush(asks: list[tuple[int, str | None]]) -> list[bytes]:
             limits, workers = [a[0] for a in asks], [a[1] for a in asks]
             return await call(ctx.keeper.claim_json.remote(limits, workers), CLAIM_DEADLINE_S)
@@ -113,8 +112,6 @@ async def job_result(request: Request, who: Principal = Depends(require("fleet")
         raise bad_request(f"id {result.id!r} is not a cache key of this service")
     check_encoding(result.content_encoding, content, ctx.cfg.server.max_html_bytes)
     keeper = await ctx.keeper_of(url)
-    from prerender_ray.actors.common import call
-
     try:  # the owner's keeper checks the lease first: an id never granted changes nothing
         outcome = await call(keeper.process_result.remote(meta, content, False, worker_id(request)),
                              RESULT_DEADLINE_S)
@@ -127,8 +124,6 @@ async def job_result(request: Request, who: Principal = Depends(require("fleet")
 
 
 async def _set_pause(ctx: NodeContext, paused: bool | None, who: Principal) -> JSONResponse:
-    from prerender_ray.actors.common import call
-
     result = await call(ctx.keeper.set_pause.remote(ctx.node.name, paused, who.name or "render_queue-api"), 10)
     return JSONResponse(result)
 
@@ -146,8 +141,6 @@ async def resume(request: Request, who: Principal = Depends(require("fleet"))) -
 
 
 async def _rows(ctx: NodeContext, prefix: bytes) -> list[dict]:
-    from prerender_ray.actors.common import call
-
     rows = await call(ctx.store.scan.remote(prefix, None, 10_000), 10)
     return [{"scope" if prefix == QUEUE_CONTROL else "node": k[len(prefix):].decode(), **decode_json(v)}
             for k, v in rows]

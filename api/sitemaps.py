@@ -17,6 +17,7 @@ from prerender_ray.api.auth import require
 from prerender_ray.api.bodies import bad_request, read_object
 from prerender_ray.api.context import NodeContext
 from prerender_ray.identity.urls import UrlError, whatwg_path
+from prerender_ray.rpc import call
 from prerender_ray.serving.origin_policy import OriginPolicy
 from prerender_ray.sitemaps.rules import first_renders
 from prerender_ray.storage.keys import SITEMAP
@@ -41,12 +42,6 @@ NO_STORE = {"cache-control": "no-store"}
 
 def answer(body: object, status: int = 200) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers=NO_STORE)
-
-
-async def _call(ref: object, timeout: float) -> object:
-    from prerender_ray.actors.common import call
-
-    return await call(ref, timeout)
 
 
 async def _walker(ctx: NodeContext) -> Any:
@@ -93,9 +88,9 @@ async def refresh(request: Request, who: Principal = Depends(require("admin"))) 
     if background:
         try:
             if url is None:
-                started = (await _call(walker.start_all.remote(revalidate), START_DEADLINE_S))["sitemaps"]
+                started = (await call(walker.start_all.remote(revalidate), START_DEADLINE_S))["sitemaps"]
             else:
-                started = [await _call(walker.start.remote(url, revalidate), START_DEADLINE_S)]
+                started = [await call(walker.start.remote(url, revalidate), START_DEADLINE_S)]
         except Exception as e:  # a dead or restarting walker: nothing was started
             return answer({"error": "the sitemap walker did not answer", "reason": type(e).__name__,
                            "node": ctx.node.name}, 503)
@@ -107,9 +102,9 @@ async def refresh(request: Request, who: Principal = Depends(require("admin"))) 
 
     try:
         if url is None:
-            results = await _call(walker.refresh_all.remote(revalidate), BLOCKING_DEADLINE_S)
+            results = await call(walker.refresh_all.remote(revalidate), BLOCKING_DEADLINE_S)
         else:
-            results = [await _call(walker.refresh.remote(url, revalidate), BLOCKING_DEADLINE_S)]
+            results = [await call(walker.refresh.remote(url, revalidate), BLOCKING_DEADLINE_S)]
     except DeadlineExceeded:
         return answer({"error": f"the walk did not finish within {BLOCKING_DEADLINE_S:g}s; it goes on in the "
                        "background", "progress": progress_path(url) if url else None}, 504)
@@ -126,7 +121,7 @@ async def refresh_progress(request: Request, root: str = Query(...),
     """The progress row of a root's walk (``root=all``: the last refresh-all)."""
     ctx: NodeContext = request.app.state.ctx
     key = root if root == "all" else sitemap_url(root)
-    [raw] = await _call(ctx.store.get.remote([sitemap_run_key(key)]), READ_DEADLINE_S)
+    [raw] = await call(ctx.store.get.remote([sitemap_run_key(key)]), READ_DEADLINE_S)
     if raw is None:
         return answer({"error": f"No refresh recorded for {key}", "root": key}, 404)
     return answer(decode_json(raw))
@@ -142,7 +137,7 @@ async def read(request: Request, url: str | None = Query(None), offset: int = Qu
     if url is None:
         return answer(await _roots(ctx))
     url = sitemap_url(url)
-    [raw, run] = await _call(ctx.store.get.remote([sitemap_key(url), sitemap_run_key(url)]), READ_DEADLINE_S)
+    [raw, run] = await call(ctx.store.get.remote([sitemap_key(url), sitemap_run_key(url)]), READ_DEADLINE_S)
     if raw is None:
         return answer({"error": f"No sitemap stored under {url}", "url": url}, 404)
     row = decode_json(raw)
@@ -151,7 +146,7 @@ async def read(request: Request, url: str | None = Query(None), offset: int = Qu
     chunks = row.get("chunks") if isinstance(row.get("chunks"), int) else 0
     keys = [entries_key(url, i) for i in range(first, min(last + 1, chunks))]
     entries: list[dict] = []
-    for data in (await _call(ctx.store.get.remote(keys), READ_DEADLINE_S) if keys else []):
+    for data in (await call(ctx.store.get.remote(keys), READ_DEADLINE_S) if keys else []):
         try:
             entries += decode_entries(data) if data else []
         except RecordError:
@@ -167,7 +162,7 @@ async def delete(request: Request, url: str = Query(...),
                  who: Principal = Depends(require("admin"))) -> JSONResponse:
     ctx: NodeContext = request.app.state.ctx
     url = sitemap_url(url)
-    result = await _call((await _walker(ctx)).delete.remote(url), DELETE_DEADLINE_S)
+    result = await call((await _walker(ctx)).delete.remote(url), DELETE_DEADLINE_S)
     if not result["deleted"]:
         return answer({"error": f"No sitemap stored under {url}", "url": url}, 404)
     return answer(result)
@@ -185,7 +180,7 @@ async def root_rows(ctx: NodeContext) -> list[dict]:
     rows: list[dict] = []
     start: bytes | None = None
     while True:
-        page = await _call(ctx.store.scan.remote(SITEMAP, start, SCAN_PAGE), READ_DEADLINE_S)
+        page = await call(ctx.store.scan.remote(SITEMAP, start, SCAN_PAGE), READ_DEADLINE_S)
         for _, v in page:
             try:
                 row = decode_json(v)
@@ -202,7 +197,7 @@ async def root_rows(ctx: NodeContext) -> list[dict]:
 async def _roots(ctx: NodeContext) -> dict:
     rows = await root_rows(ctx)
     keys = [sitemap_run_key(r["url"]) for r in rows]
-    runs = await _call(ctx.store.get.remote(keys), READ_DEADLINE_S) if keys else []
+    runs = await call(ctx.store.get.remote(keys), READ_DEADLINE_S) if keys else []
     for row, run in zip(rows, runs):
         state = decode_json(run) if run else None
         row["refresh"] = None if state is None else {

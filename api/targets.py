@@ -12,6 +12,7 @@ from prerender_ray.api.auth import require
 from prerender_ray.api.bodies import bad_request, int_field, read_object
 from prerender_ray.api.context import NodeContext
 from prerender_ray.identity.urls import UrlError
+from prerender_ray.rpc import call
 from prerender_ray.storage.registry import Target
 
 router = APIRouter()
@@ -32,12 +33,6 @@ def _canonical(ctx: NodeContext, url: object, *, prerender_only: bool = True) ->
     return canonical
 
 
-async def _call(ref: object) -> object:
-    from prerender_ray.actors.common import call
-
-    return await call(ref, DEADLINE_S)
-
-
 @router.put("/render_targets")
 async def put_target(request: Request, who: Principal = Depends(require("admin"))) -> JSONResponse:
     """Put semantics: (re)activate the URL, one row per device, first render jittered unless
@@ -55,7 +50,7 @@ async def put_target(request: Request, who: Principal = Depends(require("admin")
         raise bad_request("sitemapUrl must be a string or null")
     item["sitemapUrl"] = sitemap or None
     keeper = await ctx.keeper_of(url)
-    await _call(keeper.put_targets.remote([item]))
+    await call(keeper.put_targets.remote([item]), DEADLINE_S)
     return JSONResponse({"url": url, "owner": ctx.owner_of(url), "cacheKeys": ctx.rules.keys_of(url)})
 
 
@@ -64,7 +59,7 @@ async def get_target(request: Request, url: str = Query(...),
                      who: Principal = Depends(require("viewer"))) -> JSONResponse:
     ctx: NodeContext = request.app.state.ctx
     canonical = _canonical(ctx, url, prerender_only=False)
-    [data] = await _call(ctx.store.get_targets.remote([canonical]))
+    [data] = await call(ctx.store.get_targets.remote([canonical]), DEADLINE_S)
     if data is None:
         return JSONResponse({"error": "No target for this URL", "url": canonical}, status_code=404)
     return JSONResponse(Target.decode(canonical, data).as_json())
@@ -76,7 +71,7 @@ async def delete_target(request: Request, url: str = Query(...),
     ctx: NodeContext = request.app.state.ctx
     canonical = _canonical(ctx, url, prerender_only=False)
     keeper = await ctx.keeper_of(canonical)
-    result = await _call(keeper.delete_targets.remote([canonical]))
+    result = await call(keeper.delete_targets.remote([canonical]), DEADLINE_S)
     if not result["deleted"]:
         return JSONResponse({"error": "No target for this URL", "url": canonical}, status_code=404)
     return JSONResponse({"url": canonical, "deleted": True})
@@ -99,7 +94,7 @@ async def target_action(request: Request, who: Principal = Depends(require("admi
     total = {"revalidating": 0, "examined": 0}
     for owner, group in by_owner.items():
         keeper = await ctx.keeper_of(group[0])
-        result = await _call(keeper.revalidate.remote(group))
+        result = await call(keeper.revalidate.remote(group), DEADLINE_S)
         for k in total:
             total[k] += result[k]
     return JSONResponse(total)
