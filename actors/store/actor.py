@@ -16,7 +16,7 @@ import ray
 
 from prerender_ray import logs, rpc
 from prerender_ray.actors.common import bulk_gc, call, untraced
-from prerender_ray.actors.store.replication import Replica
+from prerender_ray.actors.store.replication import Replication
 from prerender_ray.config.model import Config
 from prerender_ray.storage.keys import TARGET
 from prerender_ray.storage.registry import SitemapReader, by_sitemap_prefix, sitemap_of_record
@@ -27,7 +27,7 @@ Op = tuple[bytes, bytes | None]  # (key, payload) ; payload None = delete
 
 
 @ray.remote
-class NodeStore(Replica):
+class NodeStore(Replication):
     def __init__(self, config: dict, node: str, data_dir: str, peers: list[str] = ()):
         untraced(self)
         bulk_gc()
@@ -47,7 +47,7 @@ class NodeStore(Replica):
         self._sitemap_of = SitemapReader()
         self.log.info("store open", pages=str(self.pages.path), registry=str(self.registry.path))
         self.load_live_counts()
-        self.init_replica(list(peers))
+        self.init_replication(list(peers))
 
     # ------------------------------------------------------------------------------------ writes
 
@@ -66,7 +66,7 @@ class NodeStore(Replica):
 
     async def apply(self, registry: list[Op] = (), pages: list[Op] = ()) -> int:
         """Local writes (targets, control rows, pages) with fresh versions; every peer gets the same
-        records (see ``Replica``)."""
+        records (see ``Replication``)."""
         return self.commit_local("registry", registry) + self.commit_local("pages", pages)
 
     async def apply_absent(self, registry: list[Op]) -> list[bytes | None]:
@@ -122,7 +122,7 @@ class NodeStore(Replica):
         return out
 
     async def counts(self) -> dict:
-        """Exact: kept with every write (``Replica.load_live_counts``)."""
+        """Exact: kept with every write (``Replication.load_live_counts``)."""
         return {"targets": self.live["registry"], "pages": self.live["pages"]}
 
     async def status(self) -> dict:

@@ -39,8 +39,8 @@ CATCH_UP_MARGIN_MS = 10 * 60_000  # records this much older than the newest held
 Record = list
 
 
-class Replica:
-    def init_replica(self, peers: list[str]) -> None:
+class Replication:
+    def init_replication(self, peers: list[str]) -> None:
         self.peers: list[str] = [p for p in peers if p != self.node]
         self.stores = Handles("store")  # the peers' stores
         self.outbox: dict[str, deque[Record]] = {}
@@ -364,4 +364,4 @@ class Replica:
                 "resyncing": sorted(self.resync_from)}
 
 
-__all__ = ["Replica", "Version", "VIDX", "HPTR"]
+__all__ = ["Replication", "Version"]
