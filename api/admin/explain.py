@@ -42,7 +42,7 @@ READ_DEADLINE_S = 3.0  # per live row, as the reference's readWithTimeout
 
 def explainer(ctx: NodeContext) -> Explainer:
     found = ctx.extras.get("admin-explainer")
-    if found is None:
+    if found is None or found.cfg is not ctx.cfg:  # built per config: a live change builds the next
         found = ctx.extras["admin-explainer"] = Explainer(ctx.cfg)
     return found
 
