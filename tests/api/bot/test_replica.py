@@ -5,6 +5,7 @@ swaps the whole state in one assignment, leaving the state a request already hol
 from __future__ import annotations
 
 import ast
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
@@ -114,6 +115,7 @@ async def test_a_config_change_swaps_the_whole_state_in_one_assignment(tmp_path)
         assert ctx.state is new
     finally:
         await close_replica(ctx)
+        await asyncio.sleep(0)  # its timers finish cancelling: no pending task is left to the collector
     assert type(ctx.state) is Compiled and ctx.cfg is new.cfg
 
 
