@@ -23,7 +23,7 @@ from prerender_ray import logs, metrics
 from prerender_ray.actors.common import follow_overrides, read_overrides, untraced
 from prerender_ray.actors.deploy import pid_alive
 from prerender_ray.api.app import create_asgi
-from prerender_ray.api.bot.middleware import apply_overrides, close_serving, open_serving
+from prerender_ray.api.bot.replica import apply_overrides, close_replica, open_replica
 from prerender_ray.api.context import NodeContext
 from prerender_ray.config.loading import findings
 from prerender_ray.config.model import Config
@@ -102,7 +102,7 @@ class IngressReplica:
         metrics.prime()
         self.app = create_asgi(self.ctx)  # the bot path in front of the FastAPI routers
         # The bot path's page reader (a RocksDB secondary, caught up on a timer) and origin client.
-        open_serving(self.ctx)
+        open_replica(self.ctx)
         self.server: uvicorn.Server | None = None
         self.task: asyncio.Task | None = None
         # The first sibling to bind probes; the others and restarts share the port. The group is
@@ -166,7 +166,7 @@ class IngressReplica:
                 await asyncio.wait_for(asyncio.shield(self.task), 10)
             except (asyncio.TimeoutError, Exception):
                 self.task.cancel()
-        await close_serving(self.ctx)
+        await close_replica(self.ctx)
 
 
 def _findings(cfg: Config) -> list:

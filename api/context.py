@@ -3,44 +3,86 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from prerender_ray.config.compiled import CompiledConfig
+from prerender_ray.config.loading import findings
 from prerender_ray.config.model import Config
+from prerender_ray.config.overrides import LiveConfig
 from prerender_ray.identity.nodes import NodeInfo, Ownership
+from prerender_ray.queue.targets import Rules
 
 # Deadlines (seconds) for control-plane calls from a request handler.
 STATUS_DEADLINE = 2.0
 CALL_DEADLINE = 5.0
 
 
-@dataclass
-class NodeContext:
-    cfg: Config
-    node: NodeInfo
-    data_dir: str
-    keeper: Any = None  # actor handles (None in tests that need no Ray)
-    leases: Any = None
-    store: Any = None
-    replica: int = 0
-    findings: list = field(default_factory=list)
-    ownership: Ownership = field(default_factory=Ownership)
-    peers: dict[str, NodeInfo] = field(default_factory=dict)
-    started: float = field(default_factory=time.time)
-    extras: dict[str, Any] = field(default_factory=dict)
+@dataclass(frozen=True, eq=False)
+class ReplicaConfig:
+    """The config a replica runs: one version compiled once (``CompiledConfig``), its findings and
+    the live overrides. Replaced whole when a live option changes: once the bot path is open, by a
+    ``prerender_ray.api.bot.replica.ReplicaState``, which extends it with the services built from it."""
 
-    def __post_init__(self) -> None:
+    compiled: CompiledConfig
+    findings: list
+    live: LiveConfig  # the file's config plus the overrides row: one per replica, carried over
+
+    @property
+    def cfg(self) -> Config:
+        return self.compiled.cfg
+
+    @property
+    def rules(self) -> Rules:
+        return self.compiled.rules
+
+    @classmethod
+    def of(cls, cfg: Config, live: LiveConfig, found: list | None = None) -> ReplicaConfig:
+        """``found`` are the config's findings when the caller has them; else they are derived."""
+        compiled = CompiledConfig(cfg)
+        if found is None:
+            found = findings(cfg, compiled.router.compiled.prerender_count)
+        return cls(compiled, found, live)
+
+
+class NodeContext:
+    def __init__(self, cfg: Config, node: NodeInfo, data_dir: str, keeper: Any = None, leases: Any = None,
+                 store: Any = None, replica: int = 0, findings: list | None = None,
+                 ownership: Ownership | None = None, peers: dict[str, NodeInfo] | None = None,
+                 started: float | None = None, extras: dict[str, Any] | None = None):
+        self.node = node
+        self.data_dir = data_dir
+        self.keeper = keeper  # actor handles (None in tests that need no Ray)
+        self.leases = leases
+        self.store = store
+        self.replica = replica
+        self.ownership = ownership if ownership is not None else Ownership()
+        self.peers = peers if peers is not None else {}
+        self.started = time.time() if started is None else started
+        self.extras = extras if extras is not None else {}
         if not self.ownership.names:
             self.ownership.update([self.node.name])
         self.peers.setdefault(self.node.name, self.node)
-        self.compile(self.cfg)
+        # Everything read from the config is read through this one reference, so a config change
+        # is one assignment (``prerender_ray.api.bot.replica.reconfigure``).
+        self.state: ReplicaConfig = ReplicaConfig(CompiledConfig(cfg), list(findings or []), LiveConfig(cfg))
         self._handles: dict[str, Any] = {}  # kind -> Handles
 
-    def compile(self, cfg: Config) -> None:
-        """This replica's config version, compiled once (``CompiledConfig``), swapped in one step."""
-        self.compiled = CompiledConfig(cfg)
-        self.cfg, self.rules = cfg, self.compiled.rules
+    @property
+    def cfg(self) -> Config:
+        return self.state.cfg
+
+    @property
+    def rules(self) -> Rules:
+        return self.state.rules
+
+    @property
+    def findings(self) -> list:
+        return self.state.findings
+
+    @property
+    def compiled(self) -> CompiledConfig:
+        return self.state.compiled
 
     def owner_of(self, url: str) -> str:
         return self.ownership.owner(url)

@@ -30,6 +30,7 @@ from prerender_ray.api.admin.common import (
 from prerender_ray.api.admin.overview import counts_of
 from prerender_ray.api.auth import require
 from prerender_ray.api.bodies import bad_request, read_object
+from prerender_ray.api.bot.replica import opened
 from prerender_ray.api.context import NodeContext
 from prerender_ray.api.sitemaps import public_sitemap, root_rows
 from prerender_ray.identity.urls import UrlError, whatwg_path
@@ -298,17 +299,16 @@ async def unrouted(request: Request, who: Principal = Depends(require("viewer"))
     prerendering, by path bucket). Only forwarded mode tallies; the tally is reset every
     ``ingress.report.interval`` when it is logged."""
     ctx = ctx_of(request)
-    serving = ctx.extras.get("serving")
+    state = opened(ctx)
     rep = ctx.cfg.ingress.report
     body = {"node": ctx.node.name, "replica": ctx.replica, "perReplica": True, "interval": rep.interval,
-            "enabled": bool(serving is not None and getattr(serving, "report_unrouted", False)),
+            "enabled": bool(state is not None and state.services.report_unrouted),
             "report": {"overflowed": {}, "unclassified": [], "passthrough": []}}
-    tally = getattr(serving, "unrouted", None)
-    if tally is None:
+    if state is None:
         body["available"] = False
         return answer(body)
     body["available"] = True
-    for cls, t in tally.peek().items():
+    for cls, t in state.services.unrouted.peek().items():
         rows = sorted(t.buckets.items(), key=lambda kv: (-kv[1].count, kv[0]))
         body["report"][cls] = [{"bucket": name, "count": b.count, "samplePath": b.sample_path,
                                 "firstMs": b.first_ms, "lastMs": b.last_ms} for name, b in rows]

@@ -19,7 +19,7 @@ from prerender_ray.api.admin.common import admin_router, answer, call, ctx_of, l
 from prerender_ray.api.admin.queue import nudge_other_keepers
 from prerender_ray.api.auth import require
 from prerender_ray.api.bodies import bad_request, check_keys, read_object
-from prerender_ray.api.bot.middleware import apply_overrides, live_of
+from prerender_ray.api.bot.replica import apply_overrides
 from prerender_ray.config.loading import redact
 from prerender_ray.config.overrides import (
     LIVE_PATHS,
@@ -47,7 +47,7 @@ async def config(request: Request, who: Principal = Depends(require("viewer"))) 
                               "password_hash": "<set>" if u.password_hash else "<empty>"}
                              for u in ctx.cfg.auth.users]
     compiled = ctx.rules.router.compiled
-    live = live_of(ctx)
+    live = ctx.state.live
     try:
         rows = Overrides.decode(live.raw).rows()
     except OverrideError:
@@ -80,7 +80,7 @@ async def config_override(request: Request, who: Principal = Depends(require("ad
     dry_run = body.get("dryRun", False)
     if type(dry_run) is not bool:
         raise bad_request("dryRun must be true or false")
-    live = live_of(ctx)
+    live = ctx.state.live
     (raw,) = await call(ctx.store.get.remote([OVERRIDES_KEY]))
     try:
         current = Overrides.decode(raw)

@@ -41,7 +41,7 @@ READ_DEADLINE_S = 3.0  # per live row, as the reference's readWithTimeout
 
 
 def explainer(ctx: NodeContext) -> Explainer:
-    return ctx.compiled.explainer
+    return ctx.compiled.explainer  # built once per config version
 
 
 # ----------------------------------------------------------------------------------- the proxy

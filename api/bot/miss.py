@@ -1,17 +1,23 @@
-"""The bot path when the local cache cannot answer: peer rescue, render-now, the origin fetch,
-bypass for other methods, discovery, and the unrouted report timer (docs/serving.md#what-is-served-when).
+"""The bot path when the local cache cannot answer: peer rescue, render-now, the origin fetch, bypass
+for other methods, and discovery (docs/serving.md#what-is-served-when).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prerender_ray import logs, metrics
-from prerender_ray.api.bot.origin import OriginError
-from prerender_ray.api.bot.pages import StoredPage
+from prerender_ray.api.bot.counters import Counters
+from prerender_ray.api.bot.hit import Hit, Outcome
+from prerender_ray.api.bot.origin import OriginClient, OriginError
+from prerender_ray.api.bot.pages import PageReader, StoredPage
+from prerender_ray.api.bot.peer import PeerClient
+from prerender_ray.api.context import NodeContext
+from prerender_ray.config.model import Config
 from prerender_ray.identity.urls import UrlError
+from prerender_ray.rpc import call
 from prerender_ray.serving.answer import Reply, error_reply, origin_reply, verdict
 from prerender_ray.serving.classify import BotRequest
 from prerender_ray.serving.origin_rules import (
@@ -23,9 +29,6 @@ from prerender_ray.serving.origin_rules import (
 )
 from prerender_ray.timeutil import now_ms
 
-if TYPE_CHECKING:
-    from prerender_ray.api.bot.middleware import Serving
-
 log = logs.get("bot")
 RENDER_NOW_CALL_S = 5.0  # the owner keeper's render_now call
 DISCOVERY_CALL_S = 10.0
@@ -33,42 +36,22 @@ DISCOVERY_MEMO = 10_000  # URLs known to have a target (or just put), per replic
 DISCOVERY_MEMO_TTL_S = 600.0
 
 
-class Outcome:
-    """What happened to one bot request, for debug headers and metrics."""
+class Miss:
+    """Answers what the cache cannot, under one config (built per config by ``api/bot/replica.py``;
+    the clients, the page reader, the counters and the discovery memo outlive it)."""
 
-    __slots__ = ("cache_status", "indexable", "last_cached", "render_now", "source", "via_staging")
-
-    def __init__(self, cache_status: str, source: str = "origin") -> None:
-        self.cache_status = cache_status
-        self.source = source
-        self.last_cached: int | None = None
-        self.indexable: bool | None = None
-        self.via_staging = False
-        self.render_now: str | None = None  # hit | timeout
-
-
-class Flow:
-    def __init__(self, serving: Serving):
-        self.s = serving
-        self.cfg = serving.cfg
-        self.ctx = serving.ctx
-        self._known: dict[str, float] = {}  # url -> monotonic time it was found or put
-        self._tasks: set[asyncio.Task] = set()
-        self._timer: asyncio.Task | None = None
-
-    def start(self) -> None:
-        if self.s.report_unrouted and self._timer is None:
-            self._timer = asyncio.get_running_loop().create_task(self._report_loop())
-
-    def stop(self) -> None:
-        for t in (self._timer, *self._tasks):
-            if t is not None:
-                t.cancel()
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def __init__(self, ctx: NodeContext, cfg: Config, *, hit: Hit, pages: PageReader, origin: OriginClient,
+                 peer: PeerClient, counters: Counters, discovery: Discovery):
+        self.ctx = ctx
+        self.cfg = cfg
+        self.hit = hit
+        self.pages = pages
+        self.origin = origin
+        self.peer = peer
+        self.counters = counters
+        self.discovery = discovery
+        self.swr_ttl = cfg.page.swr_ttl
+        self.debug_key = cfg.debug_header.key.strip().lower()
 
     # ----------------------------------------------------------------------------- not servable
 
@@ -89,7 +72,7 @@ class Flow:
     async def _peer_rescue(self, req: BotRequest, headers: dict[str, str], now: int,
                            debug: bool) -> tuple[Reply, Outcome] | None:
         """A page the owner holds but this node has not received yet (replication lag)."""
-        peer = self.s.peer
+        peer = self.peer
         if not peer.active:
             return None
         owner = self.ctx.owner_of(req.url)
@@ -99,13 +82,13 @@ class Flow:
         t0 = time.perf_counter()
         got = await peer.fetch(owner, info.url, req.cache_key)
         if isinstance(got, str):
-            self.s.child(metrics.serve_errors, "peer-rescue").inc()
+            self.counters.child(metrics.serve_errors, "peer-rescue").inc()
             log.info("peer rescue failed", key=req.cache_key, owner=owner, reason=got)
             return None
-        if verdict(got.meta, now, self.s.swr_ttl) not in ("hit", "swr"):
+        if verdict(got.meta, now, self.swr_ttl) not in ("hit", "swr"):
             return None
         out = Outcome("peer-rescue", "cache")
-        reply = self.s.cached(req, StoredPage(b"", got.meta, got.body), now, headers, out, debug)
+        reply = self.hit.cached(req, StoredPage(b"", got.meta, got.body), now, headers, out, debug)
         if reply is None:
             return None
         ms = round((time.perf_counter() - t0) * 1000, 1)
@@ -118,8 +101,6 @@ class Flow:
                           found: StoredPage | None) -> tuple[Reply, Outcome]:
         """Make the key due now on its owner, then watch the local page store for a page cached
         after this request began, until the deadline; then ``renderNow.fallback``."""
-        from prerender_ray.actors.common import call
-
         rn = self.cfg.render_now
         since = now_ms()
         deadline = time.monotonic() + rn.timeout_ms / 1000
@@ -129,9 +110,9 @@ class Flow:
             asked = True
         except Exception as e:  # the owner is away: no render is coming, fall back at once
             asked = False
-            self.s.child(metrics.serve_errors, "render-now-call").inc()
+            self.counters.child(metrics.serve_errors, "render-now-call").inc()
             log.warning("render-now call failed", key=req.cache_key, error=repr(e))
-        pages = self.s.pages
+        pages = self.pages
         while asked and time.monotonic() < deadline:
             await asyncio.sleep(min(rn.poll_interval_ms / 1000, max(0.0, deadline - time.monotonic())))
             pages.catch_up()
@@ -142,7 +123,7 @@ class Flow:
             if fresh is not None and fresh.meta.last_cached is not None and fresh.meta.last_cached >= since:
                 out = Outcome(status, "rendered")
                 out.render_now = "hit"
-                reply = self.s.cached(req, fresh, now_ms(), headers, out, debug)
+                reply = self.hit.cached(req, fresh, now_ms(), headers, out, debug)
                 if reply is not None:
                     return reply, out
                 break
@@ -151,11 +132,11 @@ class Flow:
         if rn.fallback == "error":
             reply = error_reply(504, "the page was not rendered in time")
             if debug:
-                reply.headers.update(self.s.debug(req, out))
+                reply.headers.update(self.hit.debug(req, out))
             return reply, out
         if rn.fallback == "stale" and found is not None:
             out.source = "cache"
-            reply = self.s.cached(req, found, now_ms(), headers, out, debug)
+            reply = self.hit.cached(req, found, now_ms(), headers, out, debug)
             if reply is not None:
                 return reply, out
             out.source = "origin"
@@ -167,7 +148,7 @@ class Flow:
                  strip_validators: bool) -> list[tuple[str, str]]:
         """Repeated request fields arrive joined by ", ", which RFC 9110 section 5.3 makes equivalent."""
         return origin_request_headers(headers.items(), device_type=req.device, origin=self.cfg.origin,
-                                      debug_key=self.s.debug_key, render_now=self.cfg.render_now,
+                                      debug_key=self.debug_key, render_now=self.cfg.render_now,
                                       strip_validators=strip_validators)
 
     async def from_origin(self, req: BotRequest, headers: dict[str, str], debug: bool, out: Outcome, *,
@@ -177,7 +158,7 @@ class Flow:
         If-None-Match is answered here against it, so one answer fits every waiter."""
         pin = staging_ip(self.cfg.origin.staging, headers)
         forward = self._forward(req, headers, strip_validators=True)
-        client = self.s.origin
+        client = self.origin
         try:
             answer, leader = await client.collapsed(
                 (req.cache_key, pin),
@@ -187,17 +168,17 @@ class Flow:
         out.via_staging = answer.via_staging
         if leader and req.route_class == "prerender" and is_prerender_candidate(
                 answer.status, relay_headers(answer.status, answer.headers)):
-            self.discover(req.url)
+            self.discovery.discover(req.url)
         return origin_reply(answer.status, answer.headers, answer.body, request_headers=headers,
-                            head=req.method == "HEAD", debug=self.s.debug(req, out) if debug else None,
+                            head=req.method == "HEAD", debug=self.hit.debug(req, out) if debug else None,
                             max_bytes=self.cfg.server.max_html_bytes)
 
     def _origin_failed(self, req: BotRequest, e: OriginError, debug: bool, out: Outcome) -> Reply:
-        self.s.child(metrics.serve_errors, f"origin-{e.kind}").inc()
-        self.s.warn_sometimes(f"origin-{e.kind}", "origin fetch failed", url=req.url, error=str(e))
+        self.counters.child(metrics.serve_errors, f"origin-{e.kind}").inc()
+        self.counters.warn_sometimes(f"origin-{e.kind}", "origin fetch failed", url=req.url, error=str(e))
         reply = error_reply(e.status, str(e), reason=f"origin-{e.kind}")
         if debug:
-            reply.headers.update(self.s.debug(req, out))
+            reply.headers.update(self.hit.debug(req, out))
         return reply
 
     async def bypass(self, req: BotRequest, headers: dict[str, str], scope: dict, receive: Any,
@@ -213,16 +194,34 @@ class Flow:
         pin = staging_ip(self.cfg.origin.staging, headers)
         forward = self._forward(req, headers, strip_validators=False)
         try:
-            answer = await self.s.origin.fetch(req.method, req.url, forward, reason="bypass", body=body,
-                                               pin=pin)
+            answer = await self.origin.fetch(req.method, req.url, forward, reason="bypass", body=body,
+                                             pin=pin)
         except OriginError as e:
             return self._origin_failed(req, e, debug, out), out
         out.via_staging = answer.via_staging
         return origin_reply(answer.status, answer.headers, answer.body, request_headers=headers,
-                            conditional=False, debug=self.s.debug(req, out) if debug else None,
+                            conditional=False, debug=self.hit.debug(req, out) if debug else None,
                             max_bytes=self.cfg.server.max_html_bytes), out
 
-    # -------------------------------------------------------------------------------- discovery
+
+class Discovery:
+    """Makes targets of pages the origin served on prerender routes; its memo and tasks live as long
+    as the replica."""
+
+    def __init__(self, ctx: NodeContext, counters: Counters):
+        self.ctx = ctx
+        self.counters = counters
+        self._known: dict[str, float] = {}  # url -> monotonic time it was found or put
+        self._tasks: set[asyncio.Task] = set()
+
+    def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def discover(self, url: str) -> None:
         """A prerender-route page the origin served as indexable HTML: make it a target, unless one
@@ -237,8 +236,6 @@ class Flow:
         self._spawn(self._put_target(url))
 
     async def _put_target(self, url: str) -> None:
-        from prerender_ray.actors.common import call
-
         try:
             canonical = self.ctx.rules.canonical(url)
             if self.ctx.rules.route_class(canonical) != "prerender":
@@ -254,22 +251,8 @@ class Flow:
             return
         except Exception as e:  # try again on a later miss
             self._known.pop(url, None)
-            self.s.child(metrics.serve_errors, "discovery").inc()
+            self.counters.child(metrics.serve_errors, "discovery").inc()
             log.warning("discovery failed", url=url, error=repr(e))
-
-    # --------------------------------------------------------------------------- unrouted report
-
-    async def _report_loop(self) -> None:
-        interval = self.cfg.ingress.report.interval / 1000
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                tally = self.s.unrouted
-                for line in tally.lines(tally.drain()):
-                    log.warning(line, node=self.ctx.node.name, replica=self.ctx.replica)
-            except Exception as e:
-                metrics.loop_errors.labels("unrouted-report").inc()
-                log.error("unrouted report failed", error=repr(e))
 
 
 async def _read_body(receive: Any, cap: int) -> bytes | None:

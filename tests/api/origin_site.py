@@ -44,6 +44,14 @@ class OriginSite:
             self.port = self._server.sockets[0].getsockname()[1]
             ready.set()
             self._loop.run_forever()
+            # Handlers still parked (a hanging route) end here, on a loop that still runs: left to the
+            # collector they would close their writers on a closed loop, an unraisable error at some
+            # later collection (during an unrelated ast.parse, CPython 3.11.7 then fails that parse).
+            tasks = asyncio.all_tasks(self._loop)
+            for task in tasks:
+                task.cancel()
+            self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            self._loop.close()
 
         self._thread = threading.Thread(target=run, name="origin-site", daemon=True)
         self._thread.start()

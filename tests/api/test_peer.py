@@ -12,7 +12,7 @@ import threading
 import httpx
 import pytest
 
-from prerender_ray.api.peer import META_HEADER, PeerClient, parse_metadata
+from prerender_ray.api.bot.peer import META_HEADER, PeerClient, parse_metadata
 from prerender_ray.config.model import PeerRescue
 from tests.support import claim, deploy_on, free_port, post_result, put_target, wait_for
 

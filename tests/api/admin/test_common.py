@@ -379,7 +379,7 @@ def test_only_credentials_are_forwarded() -> None:
 async def app_for(config: dict) -> AsyncIterator[httpx.AsyncClient]:
     """The real app of one replica, with no actors behind it (none of these routes reach one)."""
     from prerender_ray.api.app import create_app
-    from prerender_ray.api.bot.middleware import close_serving
+    from prerender_ray.api.bot.replica import close_replica
     from prerender_ray.api.context import NodeContext
 
     cfg = Config.model_validate(config)
@@ -388,7 +388,7 @@ async def app_for(config: dict) -> AsyncIterator[httpx.AsyncClient]:
     transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 1))
     async with httpx.AsyncClient(transport=transport, base_url="http://a") as client:
         yield client
-    await close_serving(ctx)
+    await close_replica(ctx)
     app.state.sessions.close()
 
 

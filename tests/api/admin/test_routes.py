@@ -642,7 +642,7 @@ async def local(node, targets):
     """This test process runs one more replica of node-a's app, with node-a's real actors, and a
     membership that names a fake node-z (the outside world) as the owner of some URLs."""
     from prerender_ray.api.app import create_app
-    from prerender_ray.api.bot.middleware import close_serving
+    from prerender_ray.api.bot.replica import close_replica
     from prerender_ray.api.context import NodeContext
     from prerender_ray.config.model import Config
     from prerender_ray.identity.nodes import NodeInfo
@@ -666,7 +666,7 @@ async def local(node, targets):
     )
     yield ctx, client
     await client.aclose()
-    await close_serving(ctx)
+    await close_replica(ctx)
     app.state.sessions.close()
     http = ctx.extras.get("admin-http")
     if http is not None:
@@ -732,10 +732,10 @@ async def test_a_third_heavy_read_on_a_replica_gets_429(local) -> None:
 
 
 async def test_unrouted_peeks_at_this_replicas_tally(local) -> None:
-    from prerender_ray.api.bot.middleware import serving_of
+    from prerender_ray.api.bot.replica import open_replica
 
     ctx, client = local
-    tally = serving_of(ctx).unrouted
+    tally = open_replica(ctx).services.unrouted
     for path in ("/search/shoes", "/search/hats", "/cart"):
         tally.record("passthrough", path, 1_000)
     doc = (await client.get("/prerender_admin/unrouted")).json()

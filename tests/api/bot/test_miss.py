@@ -12,7 +12,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
 from prerender_ray.api.app import create_asgi
-from prerender_ray.api.bot.middleware import _observe_many, serving_of
+from prerender_ray.api.bot.counters import _observe_many
+from prerender_ray.api.bot.replica import close_replica, open_replica, reserved_of
 from prerender_ray.api.context import NodeContext
 from prerender_ray.config.model import Config
 from prerender_ray.identity.nodes import NodeInfo
@@ -37,9 +38,7 @@ async def app(tmp_path):
                       data_dir=str(tmp_path))
     asgi = create_asgi(ctx)
     yield asgi, ctx
-    from prerender_ray.api.bot.middleware import close_serving
-
-    await close_serving(ctx)
+    await close_replica(ctx)
     primary.close()
 
 
@@ -53,16 +52,16 @@ async def test_hits_and_304s_are_served_in_process_and_counted_in_batches(app) -
         assert r.status_code == 304 and r.content == b""
         assert (await c.get("/p/https://elsewhere.example/")).status_code == 403
         assert (await c.get("/healthz")).status_code == 200  # not a bot request: the routers answer
-    serving = serving_of(ctx)
-    pending = {labels: n for (metric, labels), n in serving._pending.items() if metric._name.endswith("bot_requests")}
+    counters = open_replica(ctx).services.counters
+    pending = {labels: n for (metric, labels), n in counters._pending.items() if metric._name.endswith("bot_requests")}
     assert pending[("Googlebot", "desktop")] == 3
-    serving.flush()
-    assert serving._pending == {} and serving._observed == {}
+    counters.flush()
+    assert counters._pending == {} and counters._observed == {}
 
 
 async def test_ingress_decisions_are_remembered_per_input(app) -> None:
     _, ctx = app
-    serving = serving_of(ctx)
+    serving = open_replica(ctx)
     one = serving.resolve("GET", f"/p/{URL}", "", {"x-device-type": "mobile"})
     assert serving.resolve("GET", f"/p/{URL}", "", {"x-device-type": "mobile", "other": "x"}) is one
     assert serving.resolve("GET", f"/p/{URL}", "", {}) is not one
@@ -119,9 +118,7 @@ async def test_peer_rescue_asks_only_the_owners_address_from_the_node_list(tmp_p
             r = await c.get(f"/p/{url}", headers=hostile)
         assert r.status_code == 502  # nothing listens on the origin's port 9
     finally:
-        from prerender_ray.api.bot.middleware import close_serving
-
-        await close_serving(ctx)
+        await close_replica(ctx)
         primary.close()
         owner.close()
         canary.close()
@@ -136,7 +133,6 @@ def test_every_route_of_the_built_app_is_reserved_from_the_bot_path(mode: str) -
     from fastapi.routing import iter_route_contexts
 
     from prerender_ray.api.app import create_app
-    from prerender_ray.api.bot.middleware import reserved_of
     from prerender_ray.serving.classify import Ingress, NotBot
 
     cfg = Config.model_validate({"domains": ["x.example"], "ingress": {

@@ -1,0 +1,84 @@
+"""A bot request the local cache answers: one RocksDB get in this process (``api/bot/pages.py``), then
+pure shaping (``prerender_ray.serving.answer``). What the cache cannot answer goes to ``api/bot/miss.py``.
+"""
+
+from __future__ import annotations
+
+from prerender_ray import metrics
+from prerender_ray.api.bot.counters import Counters
+from prerender_ray.api.bot.pages import PageReader, StoredPage, UnreadablePage
+from prerender_ray.config.model import Config
+from prerender_ray.identity.cachekeys import KeyFormat
+from prerender_ray.serving.answer import Reply, prepare, prepared_reply, verdict
+from prerender_ray.serving.classify import BotRequest
+from prerender_ray.serving.negotiation import EncodingError
+from prerender_ray.serving.responses import debug_headers
+
+
+class Outcome:
+    """What happened to one bot request, for debug headers and metrics."""
+
+    __slots__ = ("cache_status", "indexable", "last_cached", "render_now", "source", "via_staging")
+
+    def __init__(self, cache_status: str, source: str = "origin") -> None:
+        self.cache_status = cache_status
+        self.source = source
+        self.last_cached: int | None = None
+        self.indexable: bool | None = None
+        self.via_staging = False
+        self.render_now: str | None = None  # hit | timeout
+
+
+class Hit:
+    """Reads and shapes stored pages under one config (built per config by ``api/bot/replica.py``)."""
+
+    def __init__(self, cfg: Config, keys: KeyFormat, pages: PageReader, counters: Counters):
+        self.keys = keys
+        self.pages = pages
+        self.counters = counters
+        self.swr_ttl = cfg.page.swr_ttl
+        self.max_html_bytes = cfg.server.max_html_bytes
+
+    def look(self, req: BotRequest, now: int, *, skip: bool) -> tuple[str, StoredPage | None]:
+        """The cache status of ``req`` (``verdict``, or ``unreadable``) and the page found, if any."""
+        found = None
+        if not skip:
+            try:
+                found = self.pages.get_after_miss(req.cache_key)
+            except UnreadablePage as e:
+                self.counters.child(metrics.serve_errors, "page-unreadable").inc()
+                self.counters.warn_sometimes("page-unreadable", "unreadable page; serving the origin",
+                                             error=str(e))
+                return "unreadable", None
+        return verdict(found.meta if found is not None else None, now, self.swr_ttl, skip=skip), found
+
+    def cached(self, req: BotRequest, page: StoredPage, now: int, headers: dict[str, str], out: Outcome,
+               debug: bool) -> Reply | None:
+        """A stored page as the reply, or None when its body cannot be re-coded (counted). The
+        negotiated form is kept with the page for the next request with the same Accept-Encoding."""
+        meta = page.meta
+        out.last_cached = meta.last_cached
+        out.indexable = meta.is_indexable
+        accept = headers.get("accept-encoding")
+        prepared = page.variants.get(accept)
+        if prepared is None:
+            try:
+                prepared = prepare(meta, page.body, accept, self.max_html_bytes)
+            except EncodingError as e:
+                self.counters.child(metrics.serve_errors, "page-encoding").inc()
+                self.counters.warn_sometimes("page-encoding", "stored page cannot be re-coded; serving the origin",
+                                             key=req.cache_key, error=str(e))
+                return None
+            self.pages.decoded.add_variant(req.cache_key, page, accept, prepared)
+        return prepared_reply(prepared, last_cached=meta.last_cached, now=now, request_headers=headers,
+                              head=req.method == "HEAD", debug=self.debug(req, out) if debug else None)
+
+    def debug(self, req: BotRequest, out: Outcome) -> dict[str, str]:
+        keys = self.keys
+        bypass = not req.cacheable  # a bypass never names a cache key (docs/serving.md#cache-statuses)
+        return debug_headers(
+            cache_status=out.cache_status, source=out.source, cache_key=None if bypass else req.cache_key,
+            url=None if bypass else req.url, device_type=req.device, route_class=req.route_class,
+            route=req.route, last_cached=out.last_cached, is_indexable=out.indexable,
+            via_staging=out.via_staging, delimiter=keys.delimiter, attributes=keys.attributes,
+        )

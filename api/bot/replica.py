@@ -1,0 +1,174 @@
+"""One ingress replica's bot path: its state, built from the config in one place, and its lifecycle.
+
+``ReplicaState`` is the replica's config (``prerender_ray.api.context.ReplicaConfig``: the compiled
+config, its findings, the live overrides) plus what the bot path builds from it: the ingress decision (its route
+table and key format) with its memo, and the hit and miss paths. It sits in ``ctx.state``, where
+every reader of the config finds it, and a change of the live options (routes, default interval,
+boost) builds a new one and swaps it in with one assignment: a request holds the state it started
+with to the end. ``Services`` is what outlives a config change (the page reader, the pooled origin
+and peer clients, the counters, the analytics tallies, the discovery memo); each new state is given
+the same one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from prerender_ray import logs, metrics
+from prerender_ray.api.bot.counters import Counters
+from prerender_ray.api.bot.hit import Hit
+from prerender_ray.api.bot.miss import Discovery, Miss
+from prerender_ray.api.bot.origin import OriginClient
+from prerender_ray.api.bot.pages import PageReader
+from prerender_ray.api.bot.peer import PeerClient
+from prerender_ray.api.context import NodeContext, ReplicaConfig
+from prerender_ray.config.model import Config
+from prerender_ray.serving.bots import BotRegistry
+from prerender_ray.serving.classify import RESERVED_PATHS, Ingress
+from prerender_ray.serving.tally import LabelBudget, UnroutedTally
+
+log = logs.get("bot")
+BOT_LABELS = 200  # distinct bot names kept as metric labels; the rest count as ~overflow
+RESOLVED_MEMO = 16_384  # ingress decisions remembered per state (cleared when full)
+
+
+class Services:
+    """What a replica keeps whatever config it runs. Built from the config it started with: none of
+    what they read is a live option (``prerender_ray.config.overrides.LIVE_PATHS``)."""
+
+    def __init__(self, ctx: NodeContext):
+        cfg = ctx.cfg
+        self.ctx = ctx
+        self.bots = BotRegistry.from_config(cfg)  # its memo of User-Agents is kept too
+        self.pages = PageReader.for_node(ctx.data_dir, ctx.node.name, ctx.replica)
+        self.origin = OriginClient(cfg)
+        self.peer = PeerClient(cfg.peer_rescue, cfg.origin.max_body_bytes)
+        self.counters = Counters()
+        self.bot_label = LabelBudget(BOT_LABELS)
+        rep = cfg.ingress.report
+        self.report_unrouted = rep.enabled and cfg.ingress.mode == "forwarded"
+        self.report_interval_s = rep.interval / 1000
+        self.unrouted = UnroutedTally(rep.max_buckets, rep.top_n)
+        self.discovery = Discovery(ctx, self.counters)
+        self._report: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self.pages.start()
+        if self.report_unrouted:
+            self._report = asyncio.get_running_loop().create_task(self._report_loop())
+        self.counters.start()
+
+    async def close(self) -> None:
+        if self._report is not None:
+            self._report.cancel()
+        self.discovery.stop()
+        self.counters.close()
+        self.pages.close()
+        await self.origin.aclose()
+        await self.peer.aclose()
+
+    async def _report_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.report_interval_s)
+            try:
+                tally = self.unrouted
+                for line in tally.lines(tally.drain()):
+                    log.warning(line, node=self.ctx.node.name, replica=self.ctx.replica)
+            except Exception as e:
+                metrics.loop_errors.labels("unrouted-report").inc()
+                log.error("unrouted report failed", error=repr(e))
+
+
+@dataclass(frozen=True, eq=False)
+class ReplicaState(ReplicaConfig):
+    ingress: Ingress
+    hit: Hit
+    miss: Miss
+    services: Services
+    debug_key: str
+    analytics: bool
+    record_unmatched: bool
+    resolved: dict[tuple, Any] = field(default_factory=dict)  # decisions under this config only
+
+    def resolve(self, method: str, path: str, query: str, headers: dict[str, str]) -> Any:
+        """The ingress decision, remembered: it is a pure function of these inputs (the only
+        headers it reads are the device, forwarded-host and forwarded-proto ones)."""
+        ing = self.ingress
+        key = (method, path, query, headers.get(ing.device_header), headers.get(ing.host_header),
+               headers.get(ing.proto_header))
+        memo = self.resolved
+        decision = memo.get(key)
+        if decision is None:
+            if len(memo) >= RESOLVED_MEMO:
+                memo.clear()
+            decision = memo[key] = ing.resolve(method, path, query, headers)
+        return decision
+
+
+def build(ctx: NodeContext, current: ReplicaConfig, services: Services) -> ReplicaState:
+    """The bot path's state under ``current``: everything built from the config is built here, and
+    what outlives a config change comes in as ``services``."""
+    cfg: Config = current.cfg
+    ingress = current.compiled.ingress(reserved_of(ctx))
+    hit = Hit(cfg, ingress.keys, services.pages, services.counters)
+    miss = Miss(ctx, cfg, hit=hit, pages=services.pages, origin=services.origin, peer=services.peer,
+                counters=services.counters, discovery=services.discovery)
+    return ReplicaState(
+        compiled=current.compiled, findings=current.findings, live=current.live,
+        ingress=ingress, hit=hit, miss=miss, services=services,
+        debug_key=cfg.debug_header.key.strip().lower(), analytics=cfg.analytics.enabled,
+        record_unmatched=cfg.analytics.record_unmatched,
+    )
+
+
+def reserved_of(ctx: NodeContext) -> tuple[str, ...]:
+    """The paths of our own routes (set by api.app when it builds the app), never bot requests."""
+    return ctx.extras.get("reserved-paths", RESERVED_PATHS)
+
+
+# ---------------------------------------------------------------------------------------- lifecycle
+
+
+def open_replica(ctx: NodeContext) -> ReplicaState:
+    """The replica's bot path, built and started on first use (the replica opens it at start-up)."""
+    state = ctx.state
+    if isinstance(state, ReplicaState):
+        return state
+    services = Services(ctx)
+    opened = ctx.state = build(ctx, state, services)
+    services.start()
+    return opened
+
+
+def opened(ctx: NodeContext) -> ReplicaState | None:
+    """The bot path if it is open, without opening it."""
+    state = ctx.state
+    return state if isinstance(state, ReplicaState) else None
+
+
+async def close_replica(ctx: NodeContext) -> None:
+    state = ctx.state
+    if isinstance(state, ReplicaState):
+        ctx.state = ReplicaConfig(state.compiled, state.findings, state.live)
+        await state.services.close()
+
+
+def reconfigure(ctx: NodeContext, cfg: Config) -> None:
+    """Swap in a config that differs only in live options: what reads the config per request sees
+    it at once, and the bot path's ingress decision is rebuilt (with an empty memo)."""
+    state = ctx.state
+    current = ReplicaConfig.of(cfg, state.live)
+    ctx.state = build(ctx, current, state.services) if isinstance(state, ReplicaState) else current
+
+
+def apply_overrides(ctx: NodeContext, raw: bytes | None) -> bool:
+    """Apply the stored live overrides (``o:config``) to this replica if they changed."""
+    live = ctx.state.live
+    cfg = live.changed(raw, log)
+    if cfg is None:
+        return False
+    reconfigure(ctx, cfg)
+    log.info("live config applied", replica=ctx.replica, overrides=live.names())
+    return True
