@@ -199,6 +199,9 @@ def finish(proc: subprocess.Popen, timeout: float) -> str:
 def assert_nothing_left(record: deploy.Record, data: Path, port: int) -> None:
     left = {pid: describe(pid) for pid in deploy.our_processes(record, data)}
     assert left == {}
+    deadline = time.monotonic() + 5  # a process killed just now releases its socket a moment later
+    while not deploy.port_free("127.0.0.1", port) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert deploy.port_free("127.0.0.1", port)
     assert not (data / deploy.RECORD).exists()
 
