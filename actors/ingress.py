@@ -108,7 +108,7 @@ class IngressReplica:
         # The first sibling to bind probes; the others and restarts share the port. The group is
         # this deployment's epoch on this node (the metrics dir names both).
         group = os.environ.get(metrics.ENV, "") or f"{info.name}:{os.getppid()}"
-        sock = None
+        sock: socket.socket | None = None
         for attempt in range(PROBE_ATTEMPTS):  # a previous deployment's replica may still be exiting
             try:
                 sock = bind_shared(cfg.server.host, info.port, lock_dir=node_dir(data_dir, info.name),
@@ -120,6 +120,7 @@ class IngressReplica:
                     self.log.error("ingress cannot start", error=self.error)
                     return
                 time.sleep(0.5)
+        assert sock is not None  # the loop binds or returns
         tls = cfg.server.tls
         self.server = uvicorn.Server(uvicorn.Config(
             self.app, loop="none", http="httptools", lifespan="on", log_level="warning", access_log=False,

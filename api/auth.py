@@ -46,7 +46,8 @@ class Authenticator:
     def principal(self, request: Request) -> Principal | None:
         basic = basic_credentials(request)
         if basic is not None:
-            return self.check_password(*basic) if basic[0] is not None else None
+            user, password = basic
+            return self.check_password(user, password) if user is not None else None
         sessions = getattr(request.app.state, "sessions", None)
         if sessions is not None:
             found = sessions.principal(request)

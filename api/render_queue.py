@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from typing import cast
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
@@ -43,7 +44,7 @@ async def claim(request: Request, who: Principal = Depends(require("fleet"))) ->
     paused, unready or empty, and when the keeper cannot be reached."""
     ctx = _ctx(request)
     body = await read_object(request, 64 * 1024, keys=CLAIM_KEYS, allow_empty=True)
-    limit = int_field(body, "limit", default=20)
+    limit = cast(int, int_field(body, "limit", default=20))  # None only when allow_none
     limit = max(1, min(limit, ctx.cfg.queue.max_claim_limit))
     try:  # each grant records the claiming worker: its result is told apart from a previous holder's
         content = await asyncio.wait_for(_claims(ctx).submit((limit, worker_id(request))), CLAIM_DEADLINE_S)

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 from prerender_ray.admin.users import Principal
 from prerender_ray.api.admin import browse, config, explain, overview, queue, session
 from prerender_ray.api.admin.common import NO_STORE, AdminRoute, answer, management_enabled
 from prerender_ray.api.auth import require
+from prerender_ray.api.context import NodeContext
 
 MODULES = (session, queue, overview, explain, browse, config)
 STATIC = Path(__file__).resolve().parent / "static"
@@ -92,7 +93,7 @@ async def unknown(rest: str, request: Request, who: Principal = Depends(require(
     return answer({"error": f"Unknown route: {rest}"}, 404)
 
 
-def install(app: object, ctx: object) -> None:
+def install(app: FastAPI, ctx: NodeContext) -> None:
     """Mount the admin API and give the app its session verifier (``api.auth`` consults it)."""
     app.state.sessions = session.Sessions(ctx)
     app.include_router(router)
