@@ -15,6 +15,7 @@ import zlib
 from collections.abc import Iterator
 
 import brotli
+import xxhash
 
 MAX_HTML_BYTES = 20 * 1024 * 1024  # the default cap on a decoded page (``server.maxHtmlBytes``)
 PIECE = 256 * 1024  # most output asked of the decompressor per step (brotli may exceed it by half)
@@ -162,3 +163,19 @@ def decoded_size(data: bytes | memoryview, coding: str, limit: int | None = MAX_
         pass
     d.finish()
     return d.size
+
+
+def decoded_digest(data: bytes | memoryview, coding: str, limit: int | None = MAX_HTML_BYTES) -> str:
+    """A content hash of the decoded bytes (xxh3-128, hex): the same for the same page whatever its
+    coding and on every node. Streams like ``decoded_size``; raises as ``decode``."""
+    h = xxhash.xxh3_128()
+    if coding == "identity":
+        if limit is not None and len(data) > limit:
+            raise TooLarge(limit)
+        h.update(data)
+        return h.hexdigest()
+    d = Decoder(coding, limit)
+    for piece in d.feed(data):
+        h.update(piece)
+    d.finish()
+    return h.hexdigest()

@@ -68,7 +68,12 @@ class Results:
             dest = planner.destination(r)
             urls = [url] + ([rules.url_of(dest)] if dest else [])
             found = [Target.decode(u, b) if b else None for u, b in zip(urls, await self.store.get_targets(urls))]
-            plan = planner.plan(r, found[0], found[1] if dest else None, now, granted_at=granted_at)
+            stored = None
+            if r.content:  # the stored pages' validators: an identical render keeps its Last-Modified
+                keys = [r.id] + ([dest] if dest else [])
+                stored = dict(zip(keys, await self.store.page_headers(keys)))
+            plan = planner.plan(r, found[0], found[1] if dest else None, now, granted_at=granted_at,
+                                stored=stored)
             await self.apply(plan)
         except BaseException:
             try:

@@ -19,6 +19,7 @@ from prerender_ray.actors.common import bulk_gc, call, untraced
 from prerender_ray.actors.store.replication import Replication
 from prerender_ray.config.model import Config
 from prerender_ray.storage.keys import TARGET
+from prerender_ray.storage.pages import PageDecodeError, decode_meta
 from prerender_ray.storage.registry import SitemapReader, by_sitemap_prefix, sitemap_of_record
 from prerender_ray.storage.replication import CLOCK_OFFSET_ENV, Clock, payload_of, wall_clock
 from prerender_ray.storage.rocks import PAGES, REGISTRY, Store, store_path
@@ -110,6 +111,17 @@ class NodeStore(Replication):
     async def has_pages(self, keys: list[str]) -> list[bool]:
         return [payload_of(v) is not None for v in self.pages.get_many([k.encode() for k in keys])]
 
+    async def page_headers(self, keys: list[str]) -> list[dict[str, str] | None]:
+        """The stored headers of each page (its validators among them), without its body."""
+        out: list[dict[str, str] | None] = []
+        for v in self.pages.get_many([k.encode() for k in keys]):
+            payload = payload_of(v)
+            try:
+                out.append(decode_meta(payload)[0].headers if payload is not None else None)
+            except PageDecodeError:
+                out.append(None)
+        return out
+
     async def page_keys(self, prefix: str, start: str | None, limit: int) -> list[tuple[str, bytes]]:
         out = []
         first = start.encode() if start else (prefix.encode() or b"\x01")  # past the version index
@@ -163,6 +175,9 @@ class StoreClient:
 
     async def has_pages(self, keys: list[str]) -> list[bool]:
         return await call(self.handle.has_pages.remote(keys), self.deadline_s)
+
+    async def page_headers(self, keys: list[str]) -> list[dict[str, str] | None]:
+        return await call(self.handle.page_headers.remote(keys), self.deadline_s)
 
     async def scan(self, prefix: bytes, start: bytes | None = None, limit: int = 1000) -> list[tuple[bytes, bytes]]:
         return await call(self.handle.scan.remote(prefix, start, limit), self.deadline_s)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from email.utils import formatdate
 from typing import Any
 
+from prerender_ray.decoding import DecodeError, TooLarge, decoded_digest
 from prerender_ray.identity.urls import UrlError, url_path
 from prerender_ray.queue.schedule import ScheduleRow, backoff_wait, counted_strikes
 from prerender_ray.queue.targets import Rules
@@ -22,6 +24,9 @@ from prerender_ray.timeutil import minute, positive
 OUTCOMES = ("rendered", "redirected", "non-indexable", "error")
 STORED_HEADERS = frozenset(
     {"etag", "last-modified", "link", "x-robots-tag", "retry-after", "cache-control", "content-type", "vary"})
+# The rendered page's own validators replace the origin's (those of the app shell, which change on a
+# deploy only): the ETag is a hash of the decoded rendered bytes, Last-Modified when they last changed.
+ORIGIN_VALIDATORS = frozenset({"etag", "last-modified"})
 ENCODINGS = ("gzip", "br", "identity")
 
 
@@ -192,6 +197,7 @@ class Planner:
         self.rules = rules
         self.cfg = rules.cfg
         self._granted_at: int | None = None  # of the result being planned (see ``plan``)
+        self._stored: dict[str, dict[str, str] | None] = {}
 
     def destination(self, r: Result) -> str | None:
         """The cache key a redirected result landed on, or None when it is not a redirect."""
@@ -205,11 +211,13 @@ class Planner:
         return None if dest == r.id else dest
 
     def plan(self, r: Result, target: Target | None, dest_target: Target | None, now: int, *,
-             granted_at: int | None = None) -> Plan:
+             granted_at: int | None = None, stored: dict[str, dict[str, str] | None] | None = None) -> Plan:
         """``granted_at``: when the lease this result answers was granted. A strike counts only for a
         grant issued after the target's last strike, so the devices of one URL claimed in one cycle
-        cost one strike between them (the next cycle's recheck is granted later and counts again)."""
+        cost one strike between them (the next cycle's recheck is granted later and counts again).
+        ``stored``: the headers of the pages stored now, by cache key (for their validators)."""
         self._granted_at = granted_at
+        self._stored = stored or {}
         domains = self.cfg.domains
         inspected_non_indexable = r.is_indexable is False
         indexable = r.is_indexable
@@ -256,10 +264,11 @@ class Planner:
         due = minute(now) + interval
         plan = Plan("rendered", detail="rendered")
         if r.content and not discard:
-            headers = {k: v for k, v in r.headers.items() if k in STORED_HEADERS}
+            headers = {k: v for k, v in r.headers.items() if k in STORED_HEADERS and k not in ORIGIN_VALIDATORS}
             if r.content_encoding != "identity":
                 headers["content-encoding"] = r.content_encoding
             headers["x-harper-rendered"] = "1"
+            headers.update(self.validators(key, r, now))
             plan.page = Page(cache_key=key, status_code=r.status_code or 200, headers=headers,
                              content=r.content, last_cached=now, expires_at=due, is_indexable=indexable)
         if target is None:
@@ -271,6 +280,19 @@ class Planner:
         elif not target.suppressed and counted_strikes(target.strikes) > 0:
             plan.targets[target.url] = target.patched(strikes=0, struck_at=None)
         return plan
+
+    def validators(self, key: str, r: Result, now: int) -> dict[str, str]:
+        """ETag from the decoded rendered bytes; Last-Modified kept while they stay the same."""
+        assert r.content is not None
+        try:
+            digest = decoded_digest(r.content, r.content_encoding, self.cfg.server.max_html_bytes)
+        except (DecodeError, TooLarge):  # the ingress checked the stream; stored bytes still name it
+            digest = decoded_digest(r.content, "identity", None)
+        etag = f'"{digest}"'
+        before = self._stored.get(key) or {}
+        if before.get("etag") == etag and before.get("last-modified"):
+            return {"etag": etag, "last-modified": before["last-modified"]}
+        return {"etag": etag, "last-modified": formatdate(now / 1000, usegmt=True)}
 
     def _failure(self, key: str, target: Target | None, now: int, label: str) -> Plan:
         """The failure lane: fast retries hold the lease until it expires; then a backoff that never

@@ -4,6 +4,7 @@ the failure lane and its backoff, suppression, the redirect pre-step and the red
 
 from __future__ import annotations
 
+from email.utils import formatdate
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from prerender_ray.config.loading import parse
+from prerender_ray.decoding import decoded_digest
 from prerender_ray.queue.results import Plan, Planner, Result, ResultError, resolve_outcome
 from prerender_ray.queue.schedule import ScheduleRow
 from prerender_ray.queue.targets import Rules
@@ -249,7 +251,8 @@ def test_a_rendered_result_stores_the_page_and_reschedules_relative_to_completio
     assert p.page.is_indexable is True
     assert p.page.headers == {
         "content-type": "text/html",
-        "etag": '"e"',
+        "etag": f'"{decoded_digest(b"<html>ok</html>", "identity", None)}"',  # the rendered page's, not the shell's
+        "last-modified": formatdate(NOW / 1000, usegmt=True),
         "content-encoding": "gzip",
         "x-harper-rendered": "1",
     }  # never set-cookie
@@ -923,3 +926,40 @@ def test_a_stored_strike_time_round_trips_and_a_render_clears_it() -> None:
     assert Target.decode(SRC, b'{"strikes": 2, "struck_at": "junk"}').struck_at is None
     p = planner().plan(page_ok(), t, None, NOW + 1, granted_at=NOW)
     assert p.targets[SRC] == target(strikes=0, struck_at=None)
+
+
+# ------------------------------------------------------------------------------- validators
+
+
+def rendered_as(content: bytes, coding: str = "identity") -> Result:
+    headers = {"content-type": "text/html", "etag": '"shell"', "last-modified": "Mon, 01 Jan 2024 00:00:00 GMT"}
+    if coding != "identity":
+        headers["content-encoding"] = coding
+    return result(content, outcome="rendered", statusCode=200, headers=headers)
+
+
+def test_the_etag_is_the_rendered_pages_own_the_same_in_any_coding() -> None:
+    import gzip
+
+    import brotli
+
+    html = b"<html><body>the rendered page</body></html>"
+    tags = {plan(rendered_as(c, coding), target()).page.headers["etag"]  # type: ignore[union-attr]
+            for c, coding in ((html, "identity"), (gzip.compress(html), "gzip"), (brotli.compress(html), "br"))}
+    assert len(tags) == 1 and tags != {'"shell"'}
+    other = plan(rendered_as(html + b" "), target()).page.headers["etag"]  # type: ignore[union-attr]
+    assert other not in tags
+
+
+def test_last_modified_stays_while_the_rendered_bytes_stay_and_moves_when_they_change() -> None:
+    html = b"<html><body>v1</body></html>"
+    first = plan(rendered_as(html), target()).page
+    assert first is not None and first.headers["last-modified"] == formatdate(NOW / 1000, usegmt=True)
+    later = NOW + DAY_MS
+    same = planner().plan(rendered_as(html), target(), None, later, stored={KEY: first.headers}).page
+    assert same is not None and same.headers["etag"] == first.headers["etag"]
+    assert same.headers["last-modified"] == first.headers["last-modified"]  # a 304 stays honest
+    changed = planner().plan(rendered_as(b"<html><body>v2</body></html>"), target(), None, later,
+                             stored={KEY: first.headers}).page
+    assert changed is not None and changed.headers["etag"] != first.headers["etag"]
+    assert changed.headers["last-modified"] == formatdate(later / 1000, usegmt=True)

@@ -16,6 +16,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
+from prerender_ray.queue.leases import RELEASE_GRACE_MS
 from prerender_ray.worker.main import Worker
 from prerender_ray.worker.options import WorkerOptions, find_chromium
 from tests.support import deploy_on, put_target
@@ -155,3 +156,42 @@ async def _counted(worker, outcome: str, n: int = 1) -> bool:
 async def _suppressed(client: httpx.AsyncClient, node, url: str) -> dict | None:
     t = await target(client, node, url)
     return t if t and t.get("state") == "suppressed" else None
+
+
+async def test_validators_are_the_rendered_pages_own_and_move_only_when_it_changes(node, site, worker) -> None:
+    """The shell's ETag never reaches a bot; a re-render of the same page keeps ETag and
+    Last-Modified (a crawler's 304 stays honest) and a changed page gets new ones."""
+    text = {"now": "first version"}
+    site.extra["/live/v"] = lambda req: (200, {"content-type": "text/html; charset=utf-8", "etag": '"shell"',
+                                               "last-modified": "Mon, 01 Jan 2024 00:00:00 GMT",
+                                               "cache-control": "no-cache"},  # Chromium asks every time
+                                         f"<html><body><p>{text['now']}</p></body></html>".encode())
+    url = site.base + "/live/v"
+    async with httpx.AsyncClient(timeout=60) as client:
+        put_target(node.url, url, nextRenderTime=1)
+        first = await until(lambda: _hit(client, node, url), what="the first render")
+        assert first.headers["etag"] not in ('"shell"', 'W/"shell"')
+        assert first.headers["last-modified"] != "Mon, 01 Jan 2024 00:00:00 GMT"
+
+        async def rerendered() -> httpx.Response:
+            stamp = (await _hit(client, node, url)).headers["x-harper-cache-timestamp"]
+            # due again once the last lease's release grace is over (a claim inside it is refused, and
+            # a refused key waits a minute)
+            await asyncio.sleep(RELEASE_GRACE_MS / 1000 + 0.5)
+            put_target(node.url, url, nextRenderTime=1)
+            return await until(lambda: _newer(client, node, url, stamp), what="a re-render")
+
+        same = await rerendered()
+        assert same.headers["etag"] == first.headers["etag"]
+        assert same.headers["last-modified"] == first.headers["last-modified"]
+        text["now"] = "second version"
+        changed = await rerendered()
+        assert changed.headers["etag"] != first.headers["etag"] and "second version" in changed.text
+        again = await bot(client, node, url, **{"if-none-match": first.headers["etag"]})
+        assert again.status_code == 200 and "second version" in again.text
+        assert (await bot(client, node, url, **{"if-none-match": changed.headers["etag"]})).status_code == 304
+
+
+async def _newer(client: httpx.AsyncClient, node, url: str, stamp: str) -> httpx.Response | None:
+    hit = await _hit(client, node, url)
+    return hit if hit is not None and hit.headers["x-harper-cache-timestamp"] != stamp else None

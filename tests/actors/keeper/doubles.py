@@ -14,6 +14,7 @@ from prerender_ray.actors.leasetable import DurableLeases
 from prerender_ray.config.model import Config
 from prerender_ray.identity.nodes import NodeInfo
 from prerender_ray.rpc import Op
+from prerender_ray.storage.pages import decode_meta
 from prerender_ray.storage.registry import target_key
 from prerender_ray.storage.rocks import Store
 
@@ -61,6 +62,9 @@ class MemoryStore:
 
     async def has_pages(self, keys: list[str]) -> list[bool]:
         return [k.encode() in self.pages for k in keys]
+
+    async def page_headers(self, keys: list[str]) -> list[dict[str, str] | None]:
+        return [decode_meta(self.pages[k.encode()])[0].headers if k.encode() in self.pages else None for k in keys]
 
     async def scan(self, prefix: bytes, start: bytes | None = None, limit: int = 1000) -> list[tuple[bytes, bytes]]:
         keys = sorted(k for k in self.registry if k.startswith(prefix) and (start is None or k >= start))

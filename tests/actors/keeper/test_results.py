@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from prerender_ray.actors.keeper import results as results_part
 from prerender_ray.identity.nodes import Ownership
 from prerender_ray.storage.pages import Page
 from prerender_ray.storage.registry import Target, target_key
@@ -109,3 +110,28 @@ async def test_a_result_posted_to_a_node_that_does_not_own_the_key_is_applied_by
     [job] = [j for j in await b.claims.claim(10) if j["deviceType"] == "desktop"]
     assert (await a.results.process(rendered(job["id"], job["url"]), HTML))["outcome"] == "rendered"
     assert b.rows.row(job["id"]).next_render_time > now_ms() and len(a.rows) == 0
+
+
+async def test_an_identical_render_keeps_its_validators_and_a_changed_one_gets_new_ones(keepers, monkeypatch) -> None:
+    k = keepers()
+    await k.load()
+    k.leases.table.grace_ms = 0  # type: ignore[attr-defined]  # re-granted at once: no release grace
+    job = await claimed(k, "/v")
+    shell = {"etag": '"the-app-shell"', "last-modified": "Mon, 01 Jan 2024 00:00:00 GMT"}
+    await k.results.process(rendered(job["id"], job["url"], headers={"content-type": "text/html", **shell}), HTML)
+    first = Page.decode(k.store.pages[job["id"].encode()]).headers  # type: ignore[attr-defined]
+    assert first["etag"] != shell["etag"] and first["last-modified"] != shell["last-modified"]
+
+    async def again(content: bytes) -> dict:
+        k.claims.mirror.pop(job["id"], None)  # the keeper's copy of that grace
+        later = now_ms() + 3_600_000  # an hour on: a Last-Modified of now would differ
+        monkeypatch.setattr(results_part, "now_ms", lambda: later)
+        await k.targets.revalidate_key(job["id"])
+        [j] = [j for j in await k.claims.claim(10) if j["id"] == job["id"]]
+        await k.results.process(rendered(j["id"], j["url"], headers={"content-type": "text/html", **shell}), content)
+        return Page.decode(k.store.pages[job["id"].encode()]).headers  # type: ignore[attr-defined]
+
+    same = await again(HTML)
+    assert same["etag"] == first["etag"] and same["last-modified"] == first["last-modified"]
+    changed = await again(HTML.replace(b"rendered", b"changed"))
+    assert changed["etag"] != first["etag"]
