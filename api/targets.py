@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import defaultdict
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -11,6 +12,7 @@ from prerender_ray.admin.users import Principal
 from prerender_ray.api.auth import require
 from prerender_ray.api.bodies import bad_request, int_field, read_object
 from prerender_ray.api.context import NodeContext
+from prerender_ray.config.model import duration_ms
 from prerender_ray.identity.urls import UrlError
 from prerender_ray.rpc import call
 from prerender_ray.storage.registry import Target
@@ -18,6 +20,9 @@ from prerender_ray.storage.registry import Target
 router = APIRouter()
 DEADLINE_S = 30.0
 MAX_URLS = 1000  # per revalidate request, as the hosted recache API allows
+DEFAULT_WITHIN_MS = 3_600_000  # a paced revalidation spreads over an hour unless told
+MAX_WITHIN_MS = 7 * 86_400_000
+PACED_DEADLINE_S = 120.0  # a node scans every target under the prefix (2,000 per store call)
 MAX_MS = 2**53 - 1  # times and intervals: exact in JSON for the JS fleet; 2**63 and up was a 500
 
 
@@ -79,11 +84,20 @@ async def delete_target(request: Request, url: str = Query(...),
 
 @router.post("/render_targets")
 async def target_action(request: Request, who: Principal = Depends(require("admin"))) -> JSONResponse:
-    """``{"action": "revalidate", "urls": [...]}``: every device due now, cached pages expire now."""
+    """``{"action": "revalidate", "urls": [...]}``: every device due now, cached pages expire now.
+    ``{"action": "revalidate", "prefix": "https://site/blog/", "within": "2h"}`` (or ``"all": true``):
+    every target under the prefix due over the window, paced, on every node (``revalidate_paced``)."""
     ctx: NodeContext = request.app.state.ctx
-    body = await read_object(request, keys={"action", "urls"})
+    body = await read_object(request, keys={"action", "urls", "prefix", "all", "within"})
     if body.get("action") != "revalidate":
         raise bad_request("action must be 'revalidate'")
+    given = [k for k in ("urls", "prefix", "all") if body.get(k) not in (None, False)]
+    if len(given) != 1:
+        raise bad_request("give exactly one of urls, prefix or all: true")
+    if given[0] != "urls":
+        return await _revalidate_paced(ctx, body)
+    if "within" in body:
+        raise bad_request("within paces a prefix or the whole site; urls are due now")
     urls = body.get("urls")
     if not isinstance(urls, list) or not urls or len(urls) > MAX_URLS:
         raise bad_request(f"urls must be a list of 1 to {MAX_URLS} URLs")
@@ -98,3 +112,41 @@ async def target_action(request: Request, who: Principal = Depends(require("admi
         for k in total:
             total[k] += result[k]
     return JSONResponse(total)
+
+
+async def _revalidate_paced(ctx: NodeContext, body: dict) -> JSONResponse:
+    if body.get("all") not in (None, True):
+        raise bad_request("all must be true")
+    prefix = "" if body.get("all") else _prefix(body.get("prefix"))
+    try:
+        within = duration_ms(body.get("within", DEFAULT_WITHIN_MS))
+    except ValueError as e:
+        raise bad_request(f"within: {e}") from None
+    if not 0 <= within <= MAX_WITHIN_MS:
+        raise bad_request(f"within must be between 0 and {MAX_WITHIN_MS // 86_400_000} days")
+
+    async def one(node: str) -> tuple[str, dict | str]:
+        try:
+            keeper = ctx.keeper if node == ctx.node.name else await ctx.actor("keeper", node)
+            return node, await call(keeper.revalidate_prefix.remote(prefix, within), PACED_DEADLINE_S)
+        except Exception as e:  # the others still pace theirs; the answer says which did not
+            return node, f"{type(e).__name__}: {str(e)[:200]}"
+
+    answers = dict(await asyncio.gather(*(one(n) for n in ctx.ownership.names)))
+    done = {n: a for n, a in answers.items() if isinstance(a, dict)}
+    doc = {"prefix": prefix, "within": within, "targets": sum(a["targets"] for a in done.values()),
+           "revalidating": sum(a["revalidating"] for a in done.values()),
+           "nodes": {n: (a if isinstance(a, str) else {"targets": a["targets"], "revalidating": a["revalidating"]})
+                     for n, a in answers.items()}}
+    return JSONResponse(doc, status_code=200 if len(done) == len(answers) else 503)
+
+
+def _prefix(value: object) -> str:
+    """A URL prefix as given: absolute http(s), with a host, at most 2,048 characters."""
+    if not isinstance(value, str) or not value.strip():
+        raise bad_request("prefix must be an absolute http(s) URL prefix, like https://shop.example/blog/")
+    prefix = value.strip()
+    scheme, sep, rest = prefix.partition("://")
+    if not sep or scheme.lower() not in ("http", "https") or not rest.split("/", 1)[0] or len(prefix) > 2048:
+        raise bad_request("prefix must be an absolute http(s) URL prefix, like https://shop.example/blog/")
+    return scheme.lower() + "://" + rest.split("/", 1)[0].lower() + rest[len(rest.split("/", 1)[0]):]

@@ -93,6 +93,9 @@ class QueueKeeper:
     async def revalidate(self, urls: list[str]) -> dict:
         return await self.keeper.targets.revalidate(urls)
 
+    async def revalidate_prefix(self, prefix: str, within: int) -> dict:
+        return await self.keeper.targets.revalidate_prefix(prefix, within)
+
     async def revalidate_key(self, key: str) -> dict | None:
         return await self.keeper.targets.revalidate_key(key)
 

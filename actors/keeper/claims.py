@@ -40,6 +40,7 @@ class Claims:
         self.paused = False
         self._now = 0
         self._publish_pending = False
+        self._soon: asyncio.TimerHandle | None = None
         # Concurrent claims share one lease-table call (one actor hop, one RocksDB batch).
         self._grants: GroupCommit[list[list], list[list]] = GroupCommit(self._grant_batch)
         self.on_published: Callable[[], None] = lambda: None  # the status follows each publish
@@ -83,7 +84,12 @@ class Claims:
         """Due work was written: publish within ~50 ms instead of at the next tick (coalesced)."""
         if self.published_at is not None and not self._publish_pending:
             self._publish_pending = True
-            asyncio.get_running_loop().call_later(PUBLISH_SOON_S, self.publish_now)
+            self._soon = asyncio.get_running_loop().call_later(PUBLISH_SOON_S, self.publish_now)
+
+    def close(self) -> None:
+        """No publish after the keeper closed its store."""
+        if self._soon is not None:
+            self._soon.cancel()
 
     def restore_mirror(self, blocked: list[tuple[str, int]]) -> None:
         self.mirror = dict(blocked)

@@ -273,6 +273,7 @@ class Keeper:
     async def close(self) -> None:
         for t in self.tasks:
             t.cancel()
+        self.claims.close()
         self.status.close()
         self.rows.db.flush()
         self.rows.db.close()

@@ -7,6 +7,7 @@ go on to their owners' keepers.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -15,9 +16,12 @@ from prerender_ray.actors.keeper.rows import CurrentConfig, Rows
 from prerender_ray.identity.nodes import Ownership
 from prerender_ray.queue.schedule import ScheduleRow
 from prerender_ray.rpc import Peers, StoreApi
+from prerender_ray.storage.keys import TARGET
 from prerender_ray.storage.pages import Page
-from prerender_ray.storage.registry import Target, target_key
+from prerender_ray.storage.registry import RecordError, Target, target_key
 from prerender_ray.timeutil import now_ms
+
+SCAN_CHUNK = 2_000
 
 
 class Targets:
@@ -144,6 +148,40 @@ class Targets:
         self.rows.write(rows)
         self.rows.on_due()
         return {"revalidating": len(rows), "examined": len(urls)}
+
+    async def revalidate_prefix(self, prefix: str, within: int) -> dict:
+        """Every target this node owns whose URL starts with ``prefix`` ("" = all) due within
+        ``within`` ms, paced by key (``paced_due``); rows only, the pages stay served until their
+        re-render (expiring them would rewrite and re-replicate every page). Never delays a row."""
+        now = now_ms()
+        rules = self.conf.rules
+        start = TARGET + prefix.encode()
+        cursor: bytes | None = None
+        matched = written = 0
+        while True:
+            chunk = await self.store.scan(start, cursor, SCAN_CHUNK)
+            rows: list[ScheduleRow] = []
+            for k, payload in chunk:
+                url = k[len(TARGET):].decode()
+                if self.ownership.owner(url) != self.node:
+                    continue
+                try:
+                    target = Target.decode(url, payload)
+                except RecordError:
+                    continue
+                matched += 1
+                rows += rules.revalidate_paced(target, now, within, self._due_of)
+            self.rows.write(rows)
+            written += len(rows)
+            if len(chunk) < SCAN_CHUNK:
+                break
+            cursor = chunk[-1][0] + b"\x00"
+            await asyncio.sleep(0)
+        return {"node": self.node, "targets": matched, "revalidating": written}
+
+    def _due_of(self, key: str) -> int | None:
+        row = self.rows.row(key)
+        return row.next_render_time if row is not None else None
 
     async def revalidate_key(self, key: str) -> dict | None:
         """Admin: one key due now; None when the URL has no target (it would render once, then drop)."""

@@ -33,6 +33,14 @@ def _duration(value: Any) -> Any:
     return value
 
 
+def duration_ms(value: Any) -> int:
+    """``90000`` or ``"90s"`` (ms, s, m, h, d) as milliseconds; ValueError for anything else."""
+    ms = _duration(value)
+    if isinstance(ms, bool) or not isinstance(ms, int):
+        raise ValueError(f"not a duration: {value!r} (milliseconds, or a number with ms, s, m, h or d)")
+    return ms
+
+
 Duration = Annotated[int, BeforeValidator(_duration)]
 PositiveDuration = Annotated[int, BeforeValidator(_duration), Field(gt=0)]
 NonNegDuration = Annotated[int, BeforeValidator(_duration), Field(ge=0)]

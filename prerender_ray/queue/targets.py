@@ -7,7 +7,7 @@ jittered over the cadence, all device variants of a URL on one slot.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any
@@ -19,7 +19,7 @@ from prerender_ray.identity.urls import url_path
 from prerender_ray.queue.schedule import ScheduleRow, counted_strikes
 from prerender_ray.storage.keys import TARGET
 from prerender_ray.storage.registry import SUPPRESSED, Target
-from prerender_ray.timeutil import initial_render_time, jittered_minute, minute, positive
+from prerender_ray.timeutil import fnv1a32, initial_render_time, jittered_minute, minute, positive
 
 
 def _target_head(sitemap_url: str | None, node_part: str) -> str:
@@ -182,6 +182,18 @@ class Rules:
         """Bulk revalidate: every device due now, cadence left to config (filed as absent)."""
         return [ScheduleRow(k, minute(now), target.sitemap_url is not None, None) for k in self.keys_of(target.url)]
 
+    def revalidate_paced(self, target: Target, now: int, within: int,
+                         held: Callable[[str], int | None]) -> list[ScheduleRow]:
+        """A paced revalidation: every device due within ``within`` ms of ``now`` (``paced_due``),
+        never later than it is due already (``held``: the key's current due time, or None)."""
+        rows = []
+        for key in self.keys_of(target.url):
+            due = paced_due(key, now, within)
+            current = held(key)
+            if current is None or current > due:
+                rows.append(ScheduleRow(key, due, target.sitemap_url is not None, None))
+        return rows
+
     def suppress(self, existing: Target | None, url: str, *, reason: str | None, status_code: int | None,
                  now: int, strike: bool = True) -> Suppression:
         """A non-indexable verdict: recheck later, or delete after too many strikes in a row.
@@ -210,3 +222,12 @@ class Rules:
     def reactivated(self, target: Target) -> Target:
         return target.patched(state=None, suppressed_reason=None, suppressed_at=None, strikes=0,
                               struck_at=None)
+
+
+def paced_due(key: str, now: int, within: int) -> int:
+    """A due time in [now, now + within), by the key's hash: the keys of a paced revalidation (of a
+    prefix, or the whole site) come due evenly over the window, whichever node owns them, and the
+    same key always lands on the same minute of it."""
+    if within <= 0:
+        return minute(now)
+    return minute(now + fnv1a32(key) % within)

@@ -507,3 +507,31 @@ def test_put_many_reports_each_urls_route_under_its_first_rows_key() -> None:
     assert list(routes) == [R.keys_of(u)[0] for u in urls]
     assert routes == {R.keys_of(u)[0]: R.router.first_match(url_path(u)) for u in urls}
     assert routes[R.keys_of(urls[1])[0]] is not None and routes[R.keys_of(urls[0])[0]] is None
+
+
+# ------------------------------------------------------------------------- paced revalidation
+
+
+def test_paced_due_times_are_flat_over_the_window_and_stable_per_key() -> None:
+    from prerender_ray.queue.targets import paced_due
+
+    now, within = 1_780_000_123_456, 2 * 3_600_000
+    keys = [f"https://shop.test/p/{i}|desktop" for i in range(12_000)]
+    dues = [paced_due(k, now, within) for k in keys]
+    assert all(minute(now) <= d < now + within for d in dues)
+    buckets = [0] * 12  # ten minutes each
+    for d in dues:
+        buckets[min(11, (d - minute(now)) // 600_000)] += 1
+    assert max(buckets) < 1.15 * 1000 and min(buckets) > 0.85 * 1000  # no herd: ~1,000 in each
+    assert dues == [paced_due(k, now, within) for k in keys]  # the same minute on every node
+    assert paced_due(keys[0], now, 0) == minute(now)
+
+
+def test_a_paced_revalidation_never_delays_a_row_already_due_sooner() -> None:
+    r = rules()
+    t = Target(url="https://shop.test/a")
+    now = 1_780_000_000_000
+    soon = {k: minute(now) for k in r.keys_of(t.url)}
+    assert r.revalidate_paced(t, now, 3_600_000, soon.get) == []
+    rows = r.revalidate_paced(t, now, 3_600_000, lambda key: None)
+    assert {row.cache_key for row in rows} == set(r.keys_of(t.url)) and all(row.effective_interval is None for row in rows)

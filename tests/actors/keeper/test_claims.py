@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from prerender_ray.timeutil import minute, now_ms
 from tests.actors.keeper.conftest import SITE, close
 
 
@@ -77,3 +78,22 @@ async def test_a_restarted_keeper_never_regrants_a_key_in_flight(keepers, tmp_pa
     again.claims.publish()
     jobs = await again.claims.claim(10)
     assert [j["id"] for j in jobs] != [] and granted[0]["id"] not in {j["id"] for j in jobs}
+
+
+async def test_a_paced_revalidation_makes_a_prefix_due_over_its_window_and_nothing_else(keepers) -> None:
+    k = keepers()
+    await k.load()
+    later = 2**50
+    blog = await put_due(k, *(f"/blog/{i}" for i in range(60)), due=later)
+    shop = await put_due(k, *(f"/shop/{i}" for i in range(20)), due=later)
+    now = now_ms()
+    answer = await k.targets.revalidate_prefix(SITE + "/blog/", 2 * 3_600_000)
+    assert answer == {"node": "node-a", "targets": 60, "revalidating": 120}
+    dues = [k.rows.row(key).next_render_time for u in blog for key in k.conf.rules.keys_of(u)]
+    assert all(minute(now) <= d < now + 2 * 3_600_000 for d in dues)
+    assert len({d // 600_000 for d in dues}) >= 8  # spread over the two hours, not one herd minute
+    assert all(k.rows.row(key).next_render_time == later for u in shop for key in k.conf.rules.keys_of(u))
+    again = await k.targets.revalidate_prefix(SITE + "/blog/", 2 * 3_600_000)
+    assert again["revalidating"] == 0  # due within the window already: nothing delayed, nothing rewritten
+    sooner = 40 + sum(1 for d in dues if d > minute(now_ms()))  # /shop/, and what of /blog/ is not due yet
+    assert (await k.targets.revalidate_prefix("", 0))["revalidating"] == sooner  # the whole site, now

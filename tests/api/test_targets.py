@@ -1,0 +1,57 @@
+"""Render targets over HTTP (api/targets.py), on a real node: the paced revalidation of a prefix or
+the whole site, and the refusals of bad input."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from prerender_ray.timeutil import minute, now_ms
+from tests.support import deploy_on, put_target, schedule
+
+SITE = "https://shop.test"
+LATER = 2**50
+
+
+@pytest.fixture(scope="module")
+def node(ray_cluster, tmp_path_factory):
+    d = deploy_on(ray_cluster, tmp_path_factory.mktemp("targets") / "data", {})
+    yield d
+    d.stop()
+
+
+def revalidate(node, **body) -> httpx.Response:
+    return httpx.post(f"{node.url}/render_targets", json={"action": "revalidate", **body}, timeout=60)
+
+
+def test_a_prefix_is_made_due_over_the_window_it_is_given(node) -> None:
+    for i in range(30):
+        put_target(node.url, f"{SITE}/docs/{i}", nextRenderTime=LATER)
+    put_target(node.url, f"{SITE}/other", nextRenderTime=LATER)
+    before = now_ms()
+    r = revalidate(node, prefix=f"{SITE.upper()}/docs/", within="2h")  # scheme and host in any case
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    assert doc["targets"] == 30 and doc["revalidating"] == 60 and doc["within"] == 7_200_000
+    assert doc["prefix"] == f"{SITE}/docs/" and set(doc["nodes"]) == {"node-a"}
+    dues = [schedule(node.url, f"{SITE}/docs/{i}|desktop")["nextRenderTime"] for i in range(30)]
+    assert all(minute(before) <= d < before + 7_200_000 for d in dues) and len(set(dues)) > 10
+    assert schedule(node.url, f"{SITE}/other|desktop")["nextRenderTime"] == LATER
+
+
+@pytest.mark.parametrize("body, message", [
+    ({}, "exactly one of"),
+    ({"urls": [f"{SITE}/a"], "prefix": f"{SITE}/"}, "exactly one of"),
+    ({"prefix": "/docs/"}, "absolute http(s) URL prefix"),
+    ({"prefix": "ftp://shop.test/"}, "absolute http(s) URL prefix"),
+    ({"prefix": f"{SITE}/", "within": "soon"}, "within: not a duration"),
+    ({"prefix": f"{SITE}/", "within": -5}, "within must be between"),
+    ({"all": True, "within": "8d"}, "within must be between"),
+    ({"all": "yes"}, "all must be true"),
+    ({"urls": [f"{SITE}/a"], "within": "1h"}, "urls are due now"),
+])
+def test_bad_input_is_a_400_that_schedules_nothing(node, body, message) -> None:
+    put_target(node.url, f"{SITE}/untouched", nextRenderTime=LATER)
+    r = revalidate(node, **body)
+    assert r.status_code == 400 and message in r.text, r.text
+    assert schedule(node.url, f"{SITE}/untouched|desktop")["nextRenderTime"] == LATER
