@@ -26,7 +26,7 @@ class Outcome:
         self.last_cached: int | None = None
         self.indexable: bool | None = None
         self.via_staging = False
-        self.render_now: str | None = None  # hit | timeout
+        self.render_now: str | None = None  # hit | timeout (render-now), on-miss (render.onMiss)
 
 
 class Hit:

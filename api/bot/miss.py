@@ -52,6 +52,8 @@ class Miss:
         self.discovery = discovery
         self.swr_ttl = cfg.page.swr_ttl
         self.debug_key = cfg.debug_header.key.strip().lower()
+        self.on_miss = cfg.render.on_miss
+        self._waits: dict[str, asyncio.Task] = {}  # cache key -> the one wait of its concurrent misses
 
     # ----------------------------------------------------------------------------- not servable
 
@@ -64,6 +66,11 @@ class Miss:
                 return rescued
         if policy.authorized and policy.miss_mode == "prerender":
             return await self._render_now(req, headers, debug, status, found)
+        if found is None and status == "miss" and self.on_miss.enabled and req.method == "GET" \
+                and req.route_class == "prerender":
+            rendered = await self._on_miss(req, headers, debug, status)
+            if rendered is not None:
+                return rendered
         out = Outcome(status)
         return await self.from_origin(req, headers, debug, out, reason=status), out
 
@@ -102,31 +109,13 @@ class Miss:
         """Make the key due now on its owner, then watch the local page store for a page cached
         after this request began, until the deadline; then ``renderNow.fallback``."""
         rn = self.cfg.render_now
-        since = now_ms()
-        deadline = time.monotonic() + rn.timeout_ms / 1000
-        try:
-            keeper = await self.ctx.keeper_of(req.url)
-            await call(keeper.render_now.remote(req.cache_key), min(RENDER_NOW_CALL_S, rn.timeout_ms / 1000))
-            asked = True
-        except Exception as e:  # the owner is away: no render is coming, fall back at once
-            asked = False
-            self.counters.child(metrics.serve_errors, "render-now-call").inc()
-            log.warning("render-now call failed", key=req.cache_key, error=repr(e))
-        pages = self.pages
-        while asked and time.monotonic() < deadline:
-            await asyncio.sleep(min(rn.poll_interval_ms / 1000, max(0.0, deadline - time.monotonic())))
-            pages.catch_up()
-            try:
-                fresh = pages.get(req.cache_key)
-            except Exception:
-                fresh = None
-            if fresh is not None and fresh.meta.last_cached is not None and fresh.meta.last_cached >= since:
-                out = Outcome(status, "rendered")
-                out.render_now = "hit"
-                reply = self.hit.cached(req, fresh, now_ms(), headers, out, debug)
-                if reply is not None:
-                    return reply, out
-                break
+        fresh = await self._rendered_within(req, rn.timeout_ms / 1000)
+        if fresh is not None:
+            out = Outcome(status, "rendered")
+            out.render_now = "hit"
+            reply = self.hit.cached(req, fresh, now_ms(), headers, out, debug)
+            if reply is not None:
+                return reply, out
         out = Outcome(status)
         out.render_now = "timeout"
         if rn.fallback == "error":
@@ -141,6 +130,48 @@ class Miss:
                 return reply, out
             out.source = "origin"
         return await self.from_origin(req, headers, debug, out, reason="render-timeout"), out
+
+    async def _rendered_within(self, req: BotRequest, wait_s: float) -> StoredPage | None:
+        """Make the key due now on its owner, then watch the local page store for a page cached
+        after this began, for ``wait_s``; None when none came (or the owner is away)."""
+        since = now_ms()
+        deadline = time.monotonic() + wait_s
+        try:
+            keeper = await self.ctx.keeper_of(req.url)
+            await call(keeper.render_now.remote(req.cache_key), min(RENDER_NOW_CALL_S, wait_s))
+        except Exception as e:  # the owner is away: no render is coming, fall back at once
+            self.counters.child(metrics.serve_errors, "render-now-call").inc()
+            log.warning("render-now call failed", key=req.cache_key, error=repr(e))
+            return None
+        pages, poll_s = self.pages, self.cfg.render_now.poll_interval_ms / 1000
+        while time.monotonic() < deadline:
+            await asyncio.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+            pages.catch_up()
+            try:
+                fresh = pages.get(req.cache_key)
+            except Exception:
+                fresh = None
+            if fresh is not None and fresh.meta.last_cached is not None and fresh.meta.last_cached >= since:
+                return fresh
+        return None
+
+    async def _on_miss(self, req: BotRequest, headers: dict[str, str], debug: bool,
+                       status: str) -> tuple[Reply, Outcome] | None:
+        """``render.onMiss``: the first bot to miss a never-cached page gets its render when it comes
+        within ``waitMs``; concurrent misses of the key wait on the same render (one render-now)."""
+        key = req.cache_key
+        wait = self._waits.get(key)
+        if wait is None:
+            wait = self._waits[key] = asyncio.get_running_loop().create_task(
+                self._rendered_within(req, self.on_miss.wait_ms / 1000))
+            wait.add_done_callback(lambda done: self._waits.pop(key, None) if self._waits.get(key) is done else None)
+        fresh = await asyncio.shield(wait)  # one bot hanging up does not cancel the others' wait
+        if fresh is None:
+            return None
+        out = Outcome(status, "rendered")
+        out.render_now = "on-miss"
+        reply = self.hit.cached(req, fresh, now_ms(), headers, out, debug)
+        return None if reply is None else (reply, out)
 
     # ----------------------------------------------------------------------------------- origin
 

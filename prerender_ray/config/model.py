@@ -423,10 +423,19 @@ class Reconcile(Model):
     max_restores: int = Field(5_000, ge=1, description="Cap on rows restored per reconcile pass.")
 
 
+class OnMiss(Model):
+    enabled: bool = Field(
+        False, description="A bot's miss of a page never cached (prerender route, GET) makes it due at once "
+        "and waits for its render (concurrent misses of a key share one wait); then the origin answers."
+    )
+    wait_ms: PositiveDuration = Field(8 * SECOND, description="How long such a miss waits for the render.")
+
+
 class Render(Model):
     default_interval: PositiveDuration = Field(
         DAY, description="Cadence of targets without a route or stored interval."
     )
+    on_miss: OnMiss = OnMiss()
     suppression: Suppression = Suppression()
     failure_retry: FailureRetry = FailureRetry()
     redirects: Redirects = Redirects()
