@@ -43,6 +43,10 @@ claims = Counter("prerender_claim_jobs_total", "Jobs granted by claims.")
 claim_health = Counter("prerender_claim_health_total", "Claim anomalies.", ["kind"])  # stale, wedged, refused
 leases_in_flight = Gauge("prerender_leases_in_flight", "Live, unreleased leases.", multiprocess_mode="livemax")
 render_outcomes = Counter("prerender_render_outcomes_total", "Posted render results.", ["outcome", "detail"])
+# A stored render whose bytes equal the page it replaces re-rendered for nothing: per route, so an
+# operator sees which routes could render less often. change: new, changed, unchanged.
+render_content = Counter("prerender_render_content_total", "Rendered pages stored, by content change.",
+                         ["route", "change"])
 # Results acknowledged but not applied: duplicate (the grant was answered already: a replay or a
 # retry after a lost 204) or superseded (the key was re-granted to another worker since).
 results_ignored = Counter("prerender_results_ignored_total", "Render results acknowledged, not applied.",

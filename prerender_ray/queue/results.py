@@ -16,6 +16,7 @@ from prerender_ray.decoding import DecodeError, TooLarge, decoded_digest
 from prerender_ray.identity.urls import UrlError, url_path
 from prerender_ray.queue.schedule import ScheduleRow, backoff_wait, counted_strikes
 from prerender_ray.queue.targets import Rules
+from prerender_ray.serving.answer import route_label
 from prerender_ray.serving.origin_policy import compiled
 from prerender_ray.storage.pages import Page
 from prerender_ray.storage.registry import Target
@@ -171,6 +172,8 @@ class Plan:
     suppress_dest: tuple[str, str | None, int | None] | None = None  # (url, reason, status) on its owner
     refile_key: str | None = None  # the destination key a rendered redirect was filed under
     unrouted: str | None = None  # a landed path outside prerender routes (for the tally)
+    content_change: str | None = None  # of the stored page: new, changed or unchanged (same bytes)
+    route: str = ""  # the stored page's route label (metrics)
 
 
 def _domain_ok(url: str | None, domains: list[str]) -> bool:
@@ -268,7 +271,12 @@ class Planner:
             if r.content_encoding != "identity":
                 headers["content-encoding"] = r.content_encoding
             headers["x-harper-rendered"] = "1"
-            headers.update(self.validators(key, r, now))
+            validators = self.validators(key, r, now)
+            headers.update(validators)
+            before = (self._stored.get(key) or {}).get("etag")
+            plan.content_change = "new" if before is None else "unchanged" if before == validators["etag"] else "changed"
+            route = self.rules.router.first_match(url_path(url))
+            plan.route = route_label(route.path if route is not None else None, self.rules.route_class(url))
             plan.page = Page(cache_key=key, status_code=r.status_code or 200, headers=headers,
                              content=r.content, last_cached=now, expires_at=due, is_indexable=indexable)
         if target is None:

@@ -963,3 +963,19 @@ def test_last_modified_stays_while_the_rendered_bytes_stay_and_moves_when_they_c
                              stored={KEY: first.headers}).page
     assert changed is not None and changed.headers["etag"] != first.headers["etag"]
     assert changed.headers["last-modified"] == formatdate(later / 1000, usegmt=True)
+
+
+def test_a_stored_render_says_whether_its_bytes_changed_and_on_which_route() -> None:
+    html = b"<html><body>v1</body></html>"
+    assert plan(rendered_as(html), target()).route == "prerender"  # no route of its own: the class
+    hourly_key = f"{HOURLY}|desktop"
+    r = Result.parse({"id": hourly_key, "url": HOURLY, "outcome": "rendered", "statusCode": 200,
+                      "headers": {"content-type": "text/html"}}, html)
+    p1 = planner().plan(r, target(HOURLY), None, NOW)
+    assert p1.page is not None and p1.content_change == "new" and p1.route == "/hourly/"
+    p2 = planner().plan(r, target(HOURLY), None, NOW + DAY_MS, stored={hourly_key: p1.page.headers})
+    assert p2.content_change == "unchanged" and p2.route == "/hourly/"
+    r3 = Result.parse({"id": hourly_key, "url": HOURLY, "outcome": "rendered", "statusCode": 200}, html + b"!")
+    assert planner().plan(r3, target(HOURLY), None, NOW, stored={hourly_key: p1.page.headers}).content_change == "changed"
+    failed = plan(result(None, outcome="error"), target())
+    assert failed.content_change is None  # nothing stored, nothing counted
