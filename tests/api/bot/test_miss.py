@@ -151,3 +151,49 @@ def test_every_route_of_the_built_app_is_reserved_from_the_bot_path(mode: str) -
     page = "/product/1" if mode == "forwarded" else "/https://x.example/product/1"
     assert type(ingress.resolve("GET", page, "", headers)).__name__ == "BotRequest"  # the rest is not
     app.state.sessions.close()
+
+
+async def test_concurrent_first_visits_share_one_wait_and_one_render_now(tmp_path) -> None:
+    """``render.onMiss``: three bots miss a never-cached page at once; one render-now reaches the
+    owner, and all three get the page that render stores."""
+    import asyncio
+
+    cfg = Config.model_validate({"domains": ["x.example"], "server": {"data_dir": str(tmp_path)},
+                                 "render": {"onMiss": {"enabled": True, "waitMs": 5000}},
+                                 "renderNow": {"pollIntervalMs": 20}})
+    primary = Store(store_path(tmp_path, "n1", PAGES))
+    key = f"{URL}|desktop"
+    asked: list[str] = []
+
+    class Keeper:  # the owner's keeper: render-now asked, the fleet's render stored a moment later
+        class render_now:  # noqa: N801 - a Ray handle's method is an attribute with .remote
+            @staticmethod
+            def remote(k: str):
+                asked.append(k)
+
+                async def later() -> None:
+                    await asyncio.sleep(0.3)
+                    page = Page(cache_key=k, status_code=200, content=HTML, last_cached=int(time.time() * 1000),
+                                expires_at=int(time.time() * 1000) + 60_000, headers={"content-type": "text/html"})
+                    primary.put(k.encode(), wrap(Clock("n1").now(), page.encode()))
+
+                asyncio.get_running_loop().create_task(later())
+
+                async def answer() -> int:
+                    return 0
+
+                return answer()
+
+    ctx = NodeContext(cfg=cfg, node=NodeInfo(name="n1", host="127.0.0.1", port=1, ray_node_id="x"),
+                      data_dir=str(tmp_path), keeper=Keeper())
+    asgi = create_asgi(ctx)
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi), base_url="http://t") as c:
+            answers = await asyncio.gather(*(c.get(f"/p/{URL}", headers={"x-harper-prerender-debug": "1"})
+                                             for _ in range(3)))
+        for r in answers:
+            assert r.status_code == 200 and r.content == HTML and r.headers["x-harper-render-now"] == "on-miss"
+        assert asked == [key]  # one render-now for the three
+    finally:
+        await close_replica(ctx)
+        primary.close()
