@@ -147,6 +147,7 @@ def _prefix(value: object) -> str:
         raise bad_request("prefix must be an absolute http(s) URL prefix, like https://shop.example/blog/")
     prefix = value.strip()
     scheme, sep, rest = prefix.partition("://")
-    if not sep or scheme.lower() not in ("http", "https") or not rest.split("/", 1)[0] or len(prefix) > 2048:
+    host, slash, path = rest.partition("/")
+    if not sep or scheme.lower() not in ("http", "https") or not host or len(prefix) > 2048:
         raise bad_request("prefix must be an absolute http(s) URL prefix, like https://shop.example/blog/")
-    return scheme.lower() + "://" + rest.split("/", 1)[0].lower() + rest[len(rest.split("/", 1)[0]):]
+    return f"{scheme.lower()}://{host.lower()}{slash}{path}"  # canonical URLs have them in lower case

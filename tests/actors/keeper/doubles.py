@@ -25,7 +25,6 @@ class MemoryStore:
     def __init__(self) -> None:
         self.registry: dict[bytes, bytes] = {}
         self.pages: dict[bytes, bytes] = {}
-        self.calls: list[str] = []
 
     @staticmethod
     def _write(db: dict[bytes, bytes], ops: Sequence[Op]) -> int:
@@ -38,7 +37,6 @@ class MemoryStore:
         return len(ops)
 
     async def apply(self, registry: Sequence[Op], pages: Sequence[Op] | None = None) -> int:
-        self.calls.append("apply")
         return self._write(self.registry, registry) + self._write(self.pages, pages or [])
 
     async def apply_absent(self, registry: Sequence[Op]) -> list[bytes | None]:

@@ -7,17 +7,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.api.origin_site import JS_PAGE, OriginSite
+from tests.api.origin_site import JS_PAGE
 from tests.support import claim, deploy_on, post_result, put_target, wait_for
 
 DEBUG = {"x-harper-prerender-debug": "1"}
-
-
-@pytest.fixture(scope="module")
-def site():
-    s = OriginSite().start()
-    yield s
-    s.stop()
 
 
 @pytest.fixture(scope="module")

@@ -22,13 +22,6 @@ HTML = b"<!doctype html><html><head><title>rendered</title></head><body>" + b"<p
 
 
 @pytest.fixture(scope="module")
-def site():
-    s = OriginSite().start()
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
 def other():
     """A second allowed origin, on another port of the same host."""
     s = OriginSite().start()

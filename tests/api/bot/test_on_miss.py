@@ -11,18 +11,10 @@ import time
 import httpx
 import pytest
 
-from tests.api.origin_site import OriginSite
 from tests.support import claim, deploy_on, post_result
 
 DEBUG = {"x-harper-prerender-debug": "1"}
 HTML = b"<!doctype html><html><body><p>rendered on the first visit</p></body></html>"
-
-
-@pytest.fixture(scope="module")
-def site():
-    s = OriginSite().start()
-    yield s
-    s.stop()
 
 
 @pytest.fixture(scope="module")
