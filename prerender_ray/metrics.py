@@ -73,6 +73,8 @@ page_age_negative = Counter(
     "prerender_page_age_negative_total", "Pages served from cache with a lastCached in the future (clock skew).",
     ["bot", "device"],
 )
+status_pages_served = Counter("prerender_status_pages_served_total",
+                              "Bot requests answered from cache with a page's own status (not 200).", ["status"])
 serve_errors = Counter("prerender_serve_errors_total", "Serve-path errors.", ["kind"])
 discovered = Counter("prerender_discovered_total", "Targets created by bot-miss discovery.")
 unrouted = Counter("prerender_unrouted_total", "Bot requests served without prerendering.", ["route_class", "bucket"])

@@ -301,7 +301,10 @@ def document_verdict(
                     status_code=meta_status, headers=headers, redirected_to=target, reason="redirect"
                 )
         elif meta_status >= 400:
-            return Verdict(status_code=meta_status, headers=headers, is_indexable=False, reason="http-error")
+            # The rendered body goes with the verdict: the node serves it to bots with this status
+            # (a reference node ignores content on a non-indexable result).
+            return Verdict(status_code=meta_status, headers=headers, is_indexable=False, reason="http-error",
+                           keep_content=True)
     reason = None
     if is_noindex(doc.robots):
         reason = "noindex"
@@ -336,9 +339,13 @@ def _status_meta(value: str | None) -> int | None:
 # ------------------------------------------------------------------------------------ wire format
 
 
-def resolve_outcome(has_content: bool, redirected_to: str | None, is_indexable: bool | None) -> str:
+def resolve_outcome(has_content: bool, redirected_to: str | None, is_indexable: bool | None,
+                    reason: str | None = None) -> str:
     """The reference's precedence: content -> rendered; else redirectedTo -> redirected; else
-    isIndexable false -> non-indexable; else error."""
+    isIndexable false -> non-indexable; else error. A status page (http-error with its rendered
+    body) is non-indexable, content or not."""
+    if has_content and reason == "http-error" and is_indexable is False:
+        return NON_INDEXABLE
     if has_content:
         return RENDERED
     if redirected_to:
@@ -363,8 +370,8 @@ def build_metadata(job: Job, v: Verdict, render_ms: float, content_encoding: str
         meta["redirectedTo"] = v.redirected_to
     if v.is_indexable is not None:
         meta["isIndexable"] = v.is_indexable
-    meta["outcome"] = resolve_outcome(content_encoding is not None, v.redirected_to, v.is_indexable)
-    if content_encoding is None:
+    meta["outcome"] = resolve_outcome(content_encoding is not None, v.redirected_to, v.is_indexable, v.reason)
+    if content_encoding is None or meta["outcome"] == NON_INDEXABLE:
         meta["reason"] = v.reason or "error"
     if v.error:
         meta["error"] = dict(v.error)

@@ -113,17 +113,20 @@ class Results:
                 rows, deletes = foreign.setdefault(owner, ([], []))
                 (rows.append(row) if row else deletes.append(key))
 
+        kept = {p.cache_key for p in plan.status_pages}  # a retired target's tombstones stay
         for url, target in plan.targets.items():
             if target is None:
                 registry.append((target_key(url), None))
                 for key in rules.all_keys(url):
-                    pages.append((key.encode(), None))
+                    if key not in kept:
+                        pages.append((key.encode(), None))
                     route_row(key, None)
             else:
                 registry.append((target_key(url), target.encode()))
         if plan.page is not None:
             pages.append((plan.page.cache_key.encode(), plan.page.encode()))
         pages += [(k.encode(), None) for k in plan.page_deletes]
+        pages += [(p.cache_key.encode(), p.encode()) for p in plan.status_pages]
         for row in plan.rows:
             route_row(row.cache_key, row)
         for key in plan.row_deletes:

@@ -70,6 +70,8 @@ class Hit:
                                              key=req.cache_key, error=str(e))
                 return None
             self.pages.decoded.add_variant(req.cache_key, page, accept, prepared)
+        if meta.status_code != 200:  # a status page (prerender_ray/queue/status_pages.py) or another stored status
+            self.counters.child(metrics.status_pages_served, str(meta.status_code)).inc()
         return prepared_reply(prepared, last_cached=meta.last_cached, now=now, request_headers=headers,
                               head=req.method == "HEAD", debug=self.debug(req, out) if debug else None)
 

@@ -275,7 +275,10 @@ class Discovery:
             if existing is not None:
                 return
             keeper = await self.ctx.keeper_of(canonical)
-            await call(keeper.put_targets.remote([{"url": canonical}]), DISCOVERY_CALL_S)
+            # absent_only: a target put meanwhile (an operator's PUT with its own due) is left alone
+            answer = await call(keeper.put_targets.remote([{"url": canonical}], False, True), DISCOVERY_CALL_S)
+            if not answer.get("written"):
+                return
             metrics.discovered.inc()
             log.info("discovered", url=canonical, owner=self.ctx.owner_of(canonical))
         except UrlError:

@@ -87,7 +87,7 @@ def describe_page(meta: PageMeta | None, now: int, swr_ttl: int) -> dict | None:
     return {"cacheKey": meta.cache_key, "statusCode": meta.status_code, "lastCached": meta.last_cached,
             "expiresAt": meta.expires_at, "isIndexable": meta.is_indexable, "fresh": fresh == "hit",
             "inStaleWhileRevalidate": fresh == "swr", "servable": fresh is not None, "swrTtl": swr_ttl,
-            "contentEncoding": meta.content_encoding}
+            "contentEncoding": meta.content_encoding, "location": meta.headers.get("location")}
 
 
 def describe_suppression(target: Target | None, cfg: Config) -> dict | None:
@@ -103,8 +103,9 @@ def describe_suppression(target: Target | None, cfg: Config) -> dict | None:
 def verdict(*, prerendered: bool, target: Target | None, schedule: dict | None, page: dict | None,
             reliable: bool) -> dict:
     suppressed = target is not None and target.suppressed
+    cached = prerendered and page is not None and page["servable"]
     return {"reliable": reliable,
-            "wouldServe": "cache" if prerendered and page is not None and page["servable"]
-            else "origin-or-render",
+            "wouldServe": "cache" if cached else "origin-or-render",
+            "servedStatus": page["statusCode"] if cached and page is not None else None,
             "scheduled": schedule is not None, "recurring": target is not None and not suppressed,
             "suppressed": suppressed}

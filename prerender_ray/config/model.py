@@ -431,10 +431,22 @@ class OnMiss(Model):
     wait_ms: PositiveDuration = Field(8 * SECOND, description="How long such a miss waits for the render.")
 
 
+class StatusPages(Model):
+    enabled: bool = Field(
+        True, description="Serve a rendered page's own status to bots: a `prerender-status-code` 4xx with the "
+        "rendered body, a 301/302/307/308 with its `Location` (an allowed host only)."
+    )
+    keep_for: PositiveDuration = Field(
+        30 * DAY, description="How long a status page is served after its verdict (or its target's "
+        "retirement); a recheck renews it."
+    )
+
+
 class Render(Model):
     default_interval: PositiveDuration = Field(
         DAY, description="Cadence of targets without a route or stored interval."
     )
+    status_pages: StatusPages = StatusPages()
     on_miss: OnMiss = OnMiss()
     suppression: Suppression = Suppression()
     failure_retry: FailureRetry = FailureRetry()

@@ -15,6 +15,14 @@ from typing import Any
 from prerender_ray.decoding import DecodeError, TooLarge, decoded_digest
 from prerender_ray.identity.urls import UrlError, url_path
 from prerender_ray.queue.schedule import ScheduleRow, backoff_wait, counted_strikes
+from prerender_ray.queue.status_pages import (
+    REDIRECT_STATUSES,
+    gone_page,
+    is_gone_status,
+    location_of,
+    redirect_page,
+    resolved,
+)
 from prerender_ray.queue.targets import Rules
 from prerender_ray.serving.answer import route_label
 from prerender_ray.serving.origin_policy import compiled
@@ -174,6 +182,7 @@ class Plan:
     unrouted: str | None = None  # a landed path outside prerender routes (for the tally)
     content_change: str | None = None  # of the stored page: new, changed or unchanged (same bytes)
     route: str = ""  # the stored page's route label (metrics)
+    status_pages: list[Page] = field(default_factory=list)  # the verdict as bots get it (status_pages.py)
 
 
 def _domain_ok(url: str | None, domains: list[str]) -> bool:
@@ -206,8 +215,11 @@ class Planner:
         """The cache key a redirected result landed on, or None when it is not a redirect."""
         if not r.redirected_to:
             return None
+        landed = resolved(self.rules.url_of(r.id), r.redirected_to)  # a relative one: to the page
+        if landed is None:
+            return None
         try:
-            url = self.rules.canonical(r.redirected_to)
+            url = self.rules.canonical(landed)
         except UrlError:
             return None
         dest = self.rules.keys.key(url, self.rules.device_of(r.id))
@@ -253,7 +265,12 @@ class Planner:
                 return self._failure(r.id, target, now, "auth-failure")
             if status in (408, 429) or (status is not None and status >= 500):
                 return self._failure(r.id, target, now, "transient")
-            return self._suppress_source(r, target, now)
+            plan = self._suppress_source(r, target, now)
+            if status is not None and is_gone_status(status):
+                code, url = status, target.url if target else self.rules.url_of(r.id)
+                self._add_status_pages(plan, url, now, lambda key, exp: gone_page(
+                    key, code, content=r.content, headers=r.headers, now=now, expires_at=exp))
+            return plan
         # Anything else failed, a "redirected" that canonicalizes to the same key included: it is not a
         # redirect, so it never costs a redirect strike (which retires the target at maxStrikes).
         return self._failure(r.id, target, now, "failed")
@@ -340,6 +357,17 @@ class Planner:
             return self._failure(r.id, target, now, "auth-failure")
         if status in (408, 429) or (status is not None and status >= 500):
             return self._failure(r.id, target, now, "transient")
+        plan = self._redirect_verdict(r, target, dest, dest_target, landed, inspected_non_indexable, now)
+        location = location_of(self.rules.url_of(r.id), r.redirected_to, self.cfg.domains)
+        if status in REDIRECT_STATUSES and location is not None:
+            url = target.url if target else self.rules.url_of(r.id)
+            self._add_status_pages(plan, url, now, lambda key, exp: redirect_page(
+                key, status, location, headers=r.headers, now=now, expires_at=exp))
+        return plan
+
+    def _redirect_verdict(self, r: Result, target: Target | None, dest: str, dest_target: Target | None,
+                          landed: str, inspected_non_indexable: bool, now: int) -> Plan:
+        status = r.status_code
         if landed != "prerender":
             plan = self._redirect_strike(r.id, target, now)
             plan.unrouted = url_path(self.rules.url_of(dest))
@@ -371,6 +399,17 @@ class Planner:
         cadence = self.rules.cadence(target.url, target.render_interval)
         return Plan("redirect", detail="strike", targets={target.url: struck},
                     rows=[ScheduleRow(key, minute(now) + cadence, target.sitemap_url is not None, cadence)])
+
+    def _add_status_pages(self, plan: Plan, url: str, now: int, make: Any) -> None:
+        """The verdict on every device key of ``url`` (a verdict is the URL's, as its strikes are),
+        served until ``keepFor`` past the later of now and the rechecks just scheduled."""
+        sp = self.cfg.render.status_pages
+        if not sp.enabled:
+            return
+        expires = max([now] + [row.next_render_time or now for row in plan.rows]) + sp.keep_for
+        plan.status_pages = [make(key, expires) for key in self.rules.keys_of(url)]
+        written = {p.cache_key for p in plan.status_pages}
+        plan.page_deletes = [k for k in plan.page_deletes if k not in written]
 
     def _counts(self, target: Target | None) -> bool:
         """Does this result's verdict cost ``target`` a strike? Not when the grant it answers was issued

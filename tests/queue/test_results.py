@@ -226,9 +226,14 @@ def test_the_destination_key_keeps_the_device_of_the_job() -> None:
     assert p.destination(result(redirectedTo=DST + "?page=2&b=1")) == f"{DST}?page=2|desktop"
 
 
-@pytest.mark.parametrize("landed", ["not a url", "/relative", "ftp://shop.test/x"])
+@pytest.mark.parametrize("landed", ["not a url", "ftp://shop.test/x", "http://", "https://shop.test:port/x", " "])
 def test_an_unparseable_landed_url_is_no_destination(landed: str) -> None:
     assert planner().destination(result(redirectedTo=landed)) is None
+
+
+@pytest.mark.parametrize("landed", ["/new", "new", "./new", "../new", "//shop.test/new"])
+def test_a_relative_landed_url_is_relative_to_the_page(landed: str) -> None:
+    assert planner().destination(result(redirectedTo=landed)) == DKEY
 
 
 def test_no_redirect_is_no_destination() -> None:

@@ -195,3 +195,37 @@ async def test_validators_are_the_rendered_pages_own_and_move_only_when_it_chang
 async def _newer(client: httpx.AsyncClient, node, url: str, stamp: str) -> httpx.Response | None:
     hit = await _hit(client, node, url)
     return hit if hit is not None and hit.headers["x-harper-cache-timestamp"] != stamp else None
+
+
+SPA_SHELL = (b"<!DOCTYPE html><html><head><title>shop</title><script>"
+             b"addEventListener('DOMContentLoaded', () => {"
+             b"  const meta = (name, content) => { const m = document.createElement('meta');"
+             b"    m.name = name; m.content = content; document.head.appendChild(m); };"
+             b"  const app = document.getElementById('app');"
+             b"  if (location.pathname === '/spa/old') { meta('prerender-status-code', '301');"
+             b"    meta('prerender-header', 'Location: /spa/new'); app.textContent = 'moved'; }"
+             b"  else { meta('prerender-status-code', '404'); app.innerHTML = '<h1>Page not found</h1>'; }"
+             b"});</script></head><body><div id=app></div></body></html>")
+
+
+async def test_an_spas_not_found_view_and_meta_redirect_reach_bots_with_their_status(node, site, worker) -> None:
+    """The app answers every path 200 with its shell; the rendered page's status meta is what a bot
+    gets: a 404 with the rendered not-found view, a 301 to the resolved Location."""
+    for path in ("/spa/missing", "/spa/old"):
+        site.extra[path] = lambda req: (200, {"content-type": "text/html; charset=utf-8"}, SPA_SHELL)
+    missing, old = site.base + "/spa/missing", site.base + "/spa/old"
+    async with httpx.AsyncClient(timeout=60) as client:
+        plain = await bot(client, node, missing)
+        assert plain.status_code == 200  # before a render: the origin's shell (a soft 404)
+        for url in (missing, old):
+            put_target(node.url, url, nextRenderTime=1)
+
+        async def cached(url: str) -> httpx.Response | None:
+            r = await bot(client, node, url)
+            return r if r.headers.get("x-harper-source") == "cache" else None
+
+        gone = await until(lambda: cached(missing), what="the rendered 404")
+        assert gone.status_code == 404 and "Page not found" in gone.text and "<script" not in gone.text
+        moved = await until(lambda: cached(old), what="the rendered 301")
+        assert moved.status_code == 301 and moved.headers["location"] == site.base + "/spa/new"
+        assert (await target(client, node, old)) is None  # the redirect retired its source

@@ -194,6 +194,12 @@ def test_a_client_side_redirect_renders_the_landed_page_with_redirected_to() -> 
 def test_the_prerender_status_code_meta_tag() -> None:
     gone = oc.document_verdict(job(), RULES, hop(URL, 200), oc.Document(url=URL, status_meta="410"))
     assert (gone.status_code, gone.reason, gone.is_indexable) == (410, "http-error", False)
+    assert gone.keep_content  # the page's own not-found view is what bots get with the 410
+    meta = oc.build_metadata(job(), gone, 12.0, "gzip")
+    assert (meta["outcome"], meta["reason"], meta["statusCode"]) == ("non-indexable", "http-error", 410)
+    for bad in ("99", "600", "abc", "", "4o4"):
+        v = oc.document_verdict(job(), RULES, hop(URL, 200), oc.Document(url=URL, status_meta=bad))
+        assert (v.status_code, v.is_indexable, v.keep_content) == (200, True, True), bad
     moved = oc.document_verdict(
         job(),
         RULES,

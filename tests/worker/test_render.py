@@ -177,6 +177,7 @@ async def test_http_errors_redirects_and_loops_are_reported_as_the_reference_fle
     assert client["outcome"] == "rendered" and client["redirectedTo"] == rig.url("/js/landed")
     assert "built by script: item landed" in client["html"]
     assert (meta["outcome"], meta["statusCode"], meta["reason"]) == ("non-indexable", 410, "http-error")
+    assert "<p>gone</p>" in meta["html"]  # the rendered not-found view goes with the verdict
 
 
 async def test_the_device_profile_sets_viewport_and_user_agent_and_job_headers_reach_the_document(

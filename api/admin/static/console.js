@@ -573,11 +573,11 @@
     fact(dl, 'Schedule owner', `${res.scheduleOwnedBy}; read from ${res.scheduleSource}; ${res.scheduleAuthoritative
       ? 'authoritative' : `NOT authoritative${res.peerError ? `: ${res.peerError}` : ''}`}`, 'owner');
     const p = x.rows.prerenderedPage;
-    fact(dl, 'Cached page', p ? `HTTP ${p.statusCode}, cached ${fmtTime(p.lastCached)}, expires ${fmtTime(p.expiresAt)} - ${p.fresh
+    fact(dl, 'Cached page', p ? `HTTP ${p.statusCode}${p.location ? ` to ${p.location}` : ''}, cached ${fmtTime(p.lastCached)}, expires ${fmtTime(p.expiresAt)} - ${p.fresh
       ? 'fresh' : p.inStaleWhileRevalidate ? 'stale (served while revalidating)' : 'expired'}` : 'none', 'page');
     const sup = x.rows.suppression;
     if (sup) fact(dl, 'Suppressed', `${sup.reason}, strike ${sup.strikes} of ${sup.maxStrikes}`, 'suppressed');
-    fact(dl, 'Verdict', `would serve from ${x.verdict.wouldServe}; ${x.verdict.scheduled ? 'scheduled' : 'not scheduled'}; ${x.verdict.recurring
+    fact(dl, 'Verdict', `would serve from ${x.verdict.wouldServe}${x.verdict.servedStatus ? ` (HTTP ${x.verdict.servedStatus})` : ''}; ${x.verdict.scheduled ? 'scheduled' : 'not scheduled'}; ${x.verdict.recurring
       ? 'recurring' : 'not recurring'}${x.verdict.reliable ? '' : '; some reads failed'}`, 'verdict');
     $('explain-raw').textContent = JSON.stringify(x, null, 2);
     $('explain-message').textContent = '';

@@ -434,3 +434,17 @@ async def test_loopback_behind_a_proxy_we_were_not_told_of_is_not_trusted() -> N
         assert await who(c) and await who(c, **{"x-forwarded-for": "127.0.0.5"})
         assert not await who(c, **{"x-forwarded-for": "203.0.113.9"})
         assert not await who(c, **{"x-forwarded-for": "127.0.0.5, 203.0.113.9"})
+
+
+def test_the_explainer_shows_the_status_a_bot_is_served_and_where_a_redirect_sends_it() -> None:
+    from prerender_ray.admin.explain import describe_page, verdict
+    from prerender_ray.storage.pages import PageMeta
+
+    meta = PageMeta(cache_key="https://shop.test/a|desktop", status_code=301, expires_at=2_000,
+                    headers={"location": "https://shop.test/b"})
+    page = describe_page(meta, 1_000, 0)
+    assert page is not None and page["location"] == "https://shop.test/b"
+    shown = verdict(prerendered=True, target=None, schedule=None, page=page, reliable=True)
+    assert shown["wouldServe"] == "cache" and shown["servedStatus"] == 301
+    expired = describe_page(meta, 3_000, 0)
+    assert verdict(prerendered=True, target=None, schedule=None, page=expired, reliable=True)["servedStatus"] is None

@@ -407,6 +407,7 @@ def test_explain_on_the_owner_reads_its_own_row(node, targets) -> None:
     assert x["verdict"] == {
         "reliable": True,
         "wouldServe": "origin-or-render",
+        "servedStatus": None,
         "scheduled": True,
         "recurring": True,
         "suppressed": False,
@@ -576,6 +577,7 @@ def test_pages_are_browsed_with_signed_cursors_and_shown_as_text(node) -> None:
     assert "sandbox" in r.headers["content-security-policy"]
     x = call("POST", node.url, "explain", json={"url": "https://shop.test/pages/00"}).json()
     assert x["rows"]["prerenderedPage"]["fresh"] is True and x["verdict"]["wouldServe"] == "cache"
+    assert x["verdict"]["servedStatus"] == 200 and x["rows"]["prerenderedPage"]["location"] is None
 
 
 def test_page_content_never_decodes_a_stored_page_past_the_cap(node) -> None:

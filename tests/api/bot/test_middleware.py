@@ -212,6 +212,44 @@ def test_stored_non_200_and_non_indexable_pages_are_served_as_stored(node, site)
     assert bot(node, url, headers=DEBUG).headers["x-harper-indexable"] == "false"
 
 
+def test_a_not_found_verdict_is_served_with_its_status_and_rendered_body(node, site) -> None:
+    url = f"{site.base}/page/status-404"
+    view = b"<html><body><h1>No such product</h1></body></html>"
+    keys = render(node, url, view, wait=False, outcome="non-indexable", status=404, reason="http-error",
+                  isIndexable=False)
+    wait_for(lambda: cache_status(node, url) == "hit", what="the status page")
+    assert target_of(node, url)["state"] == "suppressed"  # scheduling as before: a recheck
+    for key in keys:
+        device = key.rsplit("|", 1)[1]
+        r = bot(node, url, headers={"x-device-type": device, "if-none-match": "*", **DEBUG})
+        assert r.status_code == 404 and r.content == view  # never a 304: validators are a 200's
+        assert r.headers["x-harper-indexable"] == "false" and "age" not in r.headers
+
+    def counted() -> bool:
+        return 'prerender_status_pages_served_total{status="404"}' in httpx.get(f"{node.url}/metrics").text
+
+    wait_for(counted, what="the served-status metric")
+
+
+def test_a_redirect_verdict_is_served_as_a_redirect_and_outlives_its_retired_target(node, site) -> None:
+    url = f"{site.base}/page/status-moved"
+    render(node, url, None, wait=False, outcome="redirected", status=301, reason="redirect",
+           redirectedTo="/page/status-moved-here")
+    wait_for(lambda: cache_status(node, url) == "hit", what="the redirect page")
+    assert target_of(node, url) is None  # a permanent redirect retires the source...
+    r = bot(node, url, headers=DEBUG)
+    assert r.status_code == 301 and r.headers["location"] == f"{site.base}/page/status-moved-here"
+    assert r.content == b"" and r.headers["x-harper-source"] == "cache"  # ...and its tombstone answers
+    wait_for(lambda: target_of(node, f"{site.base}/page/status-moved-here") is not None, what="the adoption")
+    # A Location on a host outside `domains` is never served: the bot gets the origin.
+    off = f"{site.base}/page/status-off-site"
+    render(node, off, None, wait=False, outcome="redirected", status=302, reason="redirect",
+           redirectedTo="https://elsewhere.test/x")
+    wait_for(lambda: target_of(node, off)["strikes"] == 1, what="the redirect strike")
+    r = bot(node, off, headers=DEBUG)
+    assert r.status_code == 200 and r.headers["x-harper-source"] == "origin"
+
+
 def test_a_suppressed_page_is_not_served_and_not_rediscovered(node, site) -> None:
     url = f"{site.base}/page/suppressed"
     keys = render(node, url)
