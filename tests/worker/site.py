@@ -252,6 +252,16 @@ class Origin(_Server):
                 HTML,
                 page("Gone", "<p>gone</p>", head='<meta name="prerender-status-code" content="410">'),
             )
+        if path == "/status-meta-twice":  # conflicting metas: the first of each name counts
+            return (
+                200,
+                HTML,
+                page("Twice", "<p>moved</p>", head=(
+                    '<meta name="prerender-status-code" content="301"><meta name="prerender-status-code" content="404">'
+                    '<meta name="prerender-header" content="X-Other: 1">'
+                    '<meta name="prerender-header" content="Location: ../js/first">'
+                    '<meta name="prerender-header" content="Location: /js/second">')),
+            )
         if path == "/device":  # what the page sees of its device
             return (
                 200,

@@ -154,11 +154,12 @@ async def test_noindex_is_non_indexable_without_content_unless_the_job_comes_fro
 
 async def test_http_errors_redirects_and_loops_are_reported_as_the_reference_fleet_does(rig: Rig) -> None:
     res = await rig.render(
-        *(rig.job(p) for p in ("/missing", "/moved", "/loop", "/client-redirect", "/status-meta"))
+        *(rig.job(p) for p in ("/missing", "/moved", "/loop", "/client-redirect", "/status-meta",
+                               "/status-meta-twice"))
     )
-    missing, moved, loop, client, meta = (
+    missing, moved, loop, client, meta, twice = (
         res[rig.url(p) + "|desktop"]
-        for p in ("/missing", "/moved", "/loop", "/client-redirect", "/status-meta")
+        for p in ("/missing", "/moved", "/loop", "/client-redirect", "/status-meta", "/status-meta-twice")
     )
     assert (missing["outcome"], missing["reason"], missing["statusCode"]) == (
         "non-indexable",
@@ -178,6 +179,8 @@ async def test_http_errors_redirects_and_loops_are_reported_as_the_reference_fle
     assert "built by script: item landed" in client["html"]
     assert (meta["outcome"], meta["statusCode"], meta["reason"]) == ("non-indexable", 410, "http-error")
     assert "<p>gone</p>" in meta["html"]  # the rendered not-found view goes with the verdict
+    # duplicate metas: the first status and the first Location header count, relative to the page
+    assert (twice["outcome"], twice["statusCode"], twice["redirectedTo"]) == ("redirected", 301, rig.url("/js/first"))
 
 
 async def test_the_device_profile_sets_viewport_and_user_agent_and_job_headers_reach_the_document(
