@@ -1,0 +1,191 @@
+"""Result benchmark: the deployment's CPU per accepted render result, beside a floor measured in the
+same run.
+
+Run: ``.venv/bin/python bench/bench_results.py [--results 2000] [--concurrency 8] [--rounds 3]``
+
+- A single-node deployment on a local Ray (defaults, desktop only). Each round puts ``--results``
+  targets due now, claims them all through the fleet API, then posts one result per job (a 30 KB
+  page, gzip, as the worker sends it) from ``--concurrency`` connections: the real fleet path, no
+  browser.
+- CPU: user + system time from ``/proc/<pid>/stat`` of every deployment process (the keeper, store,
+  lease table, ingress replicas, controller, walker ...) over the posting phase, minus what those
+  processes burn idle over as long (their timers), divided by the results accepted.
+- Floor: in this process, the same page bytes and one schedule row written in one RocksDB batch per
+  result (``Store.write``): what applying a result cannot do without.
+- Figures are per round and the best; the machine is shared, so read the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gzip
+import os
+import secrets
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+os.environ["RAY_AUTH_MODE"] = "token"
+os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+
+import httpx
+
+TICK = os.sysconf("SC_CLK_TCK")
+HTML = (b"<!doctype html><html><head><title>Product %d</title></head><body><main>"
+        + b"<p>Lorem ipsum dolor sit amet, consectetur adipiscing elit. %d</p>" * 500 + b"</main></body></html>")
+
+
+def page(n: int) -> bytes:
+    return HTML.replace(b"%d", str(n).encode())
+
+
+def cpu_s(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
+
+
+def deployment_pids() -> dict[str, int]:
+    from ray.util.state import list_actors
+
+    out = {}
+    for a in list_actors(filters=[("state", "=", "ALIVE")], limit=1000):
+        if a.pid:
+            out[a.name or a.class_name] = a.pid
+    return out
+
+
+def snapshot(pids: dict[str, int]) -> dict[str, float]:
+    return {name: cpu_s(pid) for name, pid in pids.items()}
+
+
+def delta(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+    return {k: b[k] - a.get(k, 0.0) for k in b}
+
+
+def role(name: str) -> str:
+    for r in ("keeper", "store", "leases", "ingress", "controller", "walker", "fleet"):
+        if r in name.lower():
+            return r
+    return name
+
+
+async def post_all(jobs: list[dict], concurrency: int) -> tuple[float, int]:
+    from tests.support import result_body
+
+    bodies = [result_body(j, html=page(i)) for i, j in enumerate(jobs)]
+    queue = list(range(len(bodies)))
+    ok = 0
+
+    async def one(client: httpx.AsyncClient) -> None:
+        nonlocal ok
+        while queue:
+            body, headers = bodies[queue.pop()]
+            r = await client.post(f"{jobs[0]['callbackOrigin']}/render_queue/job_result", content=body,
+                                  headers=headers)
+            ok += r.status_code == 204
+
+    limits = httpx.Limits(max_connections=concurrency)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+        start = time.perf_counter()
+        await asyncio.gather(*(one(client) for _ in range(concurrency)))
+        return time.perf_counter() - start, ok
+
+
+def put_and_claim(base: str, urls: list[str]) -> list[dict]:
+    from tests.support import take
+
+    async def put() -> None:
+        async with httpx.AsyncClient(timeout=60) as client:
+            for i in range(0, len(urls), 50):
+                await asyncio.gather(*(client.put(f"{base}/render_targets", json={"url": u, "nextRenderTime": 1})
+                                       for u in urls[i: i + 50]))
+
+    asyncio.run(put())
+    jobs = take(base, [f"{u}|desktop" for u in urls], timeout=120)
+    return [jobs[f"{u}|desktop"] for u in urls]
+
+
+def floor(n: int, tmp: Path) -> float:
+    """CPU seconds per result for the page and one schedule row in one RocksDB batch."""
+    from prerender_ray.queue.schedule import ScheduleRow
+    from prerender_ray.storage.pages import Page
+    from prerender_ray.storage.rocks import Store
+
+    store = Store(tmp / "floor")
+    now = int(time.time() * 1000)
+    bodies = [gzip.compress(page(i), 6) for i in range(n)]
+    start = time.process_time()
+    for i, body in enumerate(bodies):
+        key = f"https://shop.test/p/{i}|desktop"
+        rec = Page(cache_key=key, status_code=200, headers={"content-type": "text/html", "content-encoding": "gzip"},
+                   content=body, last_cached=now, expires_at=now + 86_400_000).encode()
+        row = ScheduleRow(key, now + 86_400_000, False, 86_400_000).encode()
+        store.write([(b"p:" + key.encode(), rec), (b"s:" + key.encode(), row)])
+    spent = time.process_time() - start
+    store.close()
+    return spent / n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--results", type=int, default=2000)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+
+    from prerender_ray import logs
+    from tests.support import RayCluster, deploy_on
+
+    logs.setup(level="warning")
+    cluster = RayCluster.start()
+    rounds: list[tuple[float, float, dict[str, float], float]] = []  # per-result s, wall s, by role, floor
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            d = deploy_on(cluster, Path(tmp) / "data", {"deviceTypes": {"default": ["desktop"]}})
+            pids = deployment_pids()
+            for r in range(args.rounds):
+                urls = [f"http://shop-{r}.test/p/{i}" for i in range(args.results)]
+                jobs = put_and_claim(d.url, urls)
+                time.sleep(1.0)
+                idle0 = snapshot(pids)
+                time.sleep(3.0)
+                idle = {k: v / 3.0 for k, v in delta(idle0, snapshot(pids)).items()}  # CPU s per s, idle
+                before = snapshot(pids)
+                wall, ok = asyncio.run(post_all(jobs, args.concurrency))
+                spent = delta(before, snapshot(pids))
+                net = {k: max(0.0, v - idle.get(k, 0.0) * wall) for k, v in spent.items()}
+                by_role: dict[str, float] = {}
+                for name, v in net.items():
+                    by_role[role(name)] = by_role.get(role(name), 0.0) + v / max(ok, 1)
+                fl = floor(args.results, Path(tmp) / f"floor-{r}")
+                rounds.append((sum(net.values()) / max(ok, 1), wall, by_role, fl))
+                print(f"round {r + 1}: {ok}/{len(jobs)} accepted in {wall:.2f}s ({ok / wall:.0f}/s); "
+                      f"deployment CPU {rounds[-1][0] * 1000:.2f} ms/result, floor {fl * 1000:.3f} ms; "
+                      + ", ".join(f"{k} {v * 1000:.2f}" for k, v in sorted(by_role.items(), key=lambda x: -x[1])),
+                      flush=True)
+            d.stop()
+    finally:
+        cluster.shutdown()
+    best = min(rounds, key=lambda x: x[0])
+    print(f"result benchmark: {args.results} results of a 30 KB page (gzip), {args.concurrency} connections, "
+          f"{args.rounds} rounds, one node")
+    print(f"{'':58}{'ms CPU/result':>14}{'x floor':>10}")
+    print(f"{'floor: page + schedule row, one RocksDB batch, one process':58}{best[3] * 1000:>14.3f}{1:>10.1f}")
+    print(f"{'deployment, all processes (best round)':58}{best[0] * 1000:>14.2f}{best[0] / best[3]:>10.1f}"
+          f"   (goal <= 2 ms)")
+    for k, v in sorted(best[2].items(), key=lambda x: -x[1]):
+        print(f"{'  ' + k:58}{v * 1000:>14.2f}")
+    print(f"{'per round (ms CPU/result)':58}{'  '.join(f'{x[0] * 1000:.2f}' for x in rounds):>14}")
+
+
+if __name__ == "__main__":
+    main()
