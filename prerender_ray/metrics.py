@@ -47,6 +47,10 @@ render_outcomes = Counter("prerender_render_outcomes_total", "Posted render resu
 # operator sees which routes could render less often. change: new, changed, unchanged.
 render_content = Counter("prerender_render_content_total", "Rendered pages stored, by content change.",
                          ["route", "change"])
+# Bad renders (queue/guard.py): why is empty-shell, not-found, lost-text or lost-links; action is refused
+# (the stored page kept), stored (no good page to keep) or accepted (a loss that held acceptAfter times).
+render_guard = Counter("prerender_render_guard_total", "Bad renders judged by the guard.",
+                       ["route", "why", "action"])
 # Results acknowledged but not applied: duplicate (the grant was answered already: a replay or a
 # retry after a lost 204) or superseded (the key was re-granted to another worker since).
 results_ignored = Counter("prerender_results_ignored_total", "Render results acknowledged, not applied.",

@@ -87,6 +87,8 @@ class Results:
         metrics.render_outcomes.labels(plan.outcome, plan.detail).inc()
         if plan.content_change is not None:
             metrics.render_content.labels(plan.route, plan.content_change).inc()
+        if plan.guard is not None:
+            metrics.render_guard.labels(plan.route, plan.guard.why, plan.guard.action).inc()
         if r.render_time is not None:
             sc = f"{r.status_code // 100}xx" if r.status_code else "none"
             metrics.render_seconds.labels(sc).observe(r.render_time / 1000)

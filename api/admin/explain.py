@@ -19,7 +19,13 @@ import httpx
 from fastapi import Depends, Request
 from fastapi.responses import JSONResponse
 
-from prerender_ray.admin.explain import Explainer, describe_page, describe_suppression, verdict
+from prerender_ray.admin.explain import (
+    Explainer,
+    describe_page,
+    describe_refused,
+    describe_suppression,
+    verdict,
+)
 from prerender_ray.admin.sessions import SESSION_COOKIE
 from prerender_ray.admin.users import Principal
 from prerender_ray.api.admin.common import admin_router, answer, call, ctx_of, peer_timeout_s
@@ -166,7 +172,8 @@ async def explain_live(request: Request, ctx: NodeContext, doc: dict) -> dict:
     return {
         **doc,
         "rows": {"renderTarget": target.as_json() if target else None, "renderSchedule": schedule,
-                 "prerenderedPage": page, "suppression": describe_suppression(target, ctx.cfg)},
+                 "prerenderedPage": page, "suppression": describe_suppression(target, ctx.cfg),
+                 "refusedRender": describe_refused(target, key)},
         "verdict": verdict(prerendered=doc["eligibility"]["prerendered"], target=target, schedule=schedule,
                            page=page, reliable=not failed),
         "residency": {"queriedNode": here, "scheduleOwnedBy": owner,

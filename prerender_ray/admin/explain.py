@@ -13,6 +13,7 @@ from prerender_ray.config.model import Config
 from prerender_ray.identity.cachekeys import KeyFormat
 from prerender_ray.identity.routes import Router
 from prerender_ray.identity.urls import url_host, url_path, whatwg_path
+from prerender_ray.queue.guard import MEASURE_HEADER, describe_refusal, parse_measure
 from prerender_ray.serving.origin_policy import compiled
 from prerender_ray.storage.pages import PageMeta, freshness
 from prerender_ray.storage.registry import Target
@@ -84,10 +85,18 @@ def describe_page(meta: PageMeta | None, now: int, swr_ttl: int) -> dict | None:
     if meta is None:
         return None
     fresh = freshness(meta, now, swr_ttl)
+    measure, suspect = parse_measure(meta.headers.get(MEASURE_HEADER))
     return {"cacheKey": meta.cache_key, "statusCode": meta.status_code, "lastCached": meta.last_cached,
             "expiresAt": meta.expires_at, "isIndexable": meta.is_indexable, "fresh": fresh == "hit",
             "inStaleWhileRevalidate": fresh == "swr", "servable": fresh is not None, "swrTtl": swr_ttl,
-            "contentEncoding": meta.content_encoding, "location": meta.headers.get("location")}
+            "contentEncoding": meta.content_encoding, "location": meta.headers.get("location"),
+            "measure": measure.as_json() if measure is not None else None, "suspect": suspect}
+
+
+def describe_refused(target: Target | None, key: str) -> dict | None:
+    """The last render of ``key`` the guard refused over the stored page (with both versions' sizes)."""
+    found = describe_refusal(target.refused) if target is not None else None
+    return found if found is not None and found["cacheKey"] == key else None
 
 
 def describe_suppression(target: Target | None, cfg: Config) -> dict | None:

@@ -152,7 +152,7 @@ class Ingress(Model):
     # Entries are compiled (and bad ones dropped with a warning) by prerender_ray.identity.routes.
     routes: list[Any] = Field(
         default_factory=list,
-        description="Ordered `{match: exact|prefix|contains, path, mode?, queryParams?, renderInterval?, deviceTypes?}`; first match wins.",
+        description="Ordered `{match: exact|prefix|contains, path, mode?, queryParams?, renderInterval?, deviceTypes?, guard?}`; first match wins (`guard`: false, or `render.guard` fields for the route).",
     )
     exclude_path_patterns: list[Any] = Field(
         default_factory=lambda: ["/search/"],
@@ -442,12 +442,59 @@ class StatusPages(Model):
     )
 
 
+MAX_MARKERS = 50
+MAX_MARKER_CHARS = 500
+
+
+def _marker(value: Any) -> Any:
+    """A plain marker is any text; ``re:`` ones must compile (a typo would match nothing, silently)."""
+    if isinstance(value, str) and value.startswith("re:"):
+        try:
+            re.compile(value[3:].encode(), re.IGNORECASE | re.DOTALL)
+        except re.error as e:
+            raise ValueError(f"not a regular expression: {value[3:]!r}: {e}") from None
+    return value
+
+
+Marker = Annotated[str, Field(min_length=1, max_length=MAX_MARKER_CHARS), BeforeValidator(_marker)]
+
+
+class Guard(Model):
+    enabled: bool = Field(
+        True, description="A bad render (an empty shell, the site's not-found view, or one that lost most of "
+        "the stored page's text or links) keeps the stored page and goes to the failure lane."
+    )
+    min_text_chars: int = Field(
+        20, ge=0, description="Visible text (characters outside tags, scripts and styles) below which a render "
+        "is an empty shell; 0 turns this check off."
+    )
+    not_found_markers: tuple[Marker, ...] = Field(
+        (), max_length=MAX_MARKERS, description="Text of the site's not-found view (case-insensitive, in the "
+        "visible text or title), or `re:<regex>` searched in the markup outside scripts."
+    )
+    keep_fraction: float = Field(
+        0.3, ge=0, le=1, description="A render keeping less than this share of the stored page's text or "
+        "links has lost them (0 turns this check off)."
+    )
+    min_stored_chars: int = Field(
+        500, ge=0, description="Lost text counts only when the stored page has at least this much visible text."
+    )
+    min_stored_links: int = Field(
+        20, ge=0, description="Lost links count only when the stored page has at least this many links."
+    )
+    accept_after: int = Field(
+        3, ge=0, description="A loss of text or links refused this many times in a row is a real change: the "
+        "next such render is stored (0: never). Empty shells and not-found views are never accepted."
+    )
+
+
 class Render(Model):
     default_interval: PositiveDuration = Field(
         DAY, description="Cadence of targets without a route or stored interval."
     )
     status_pages: StatusPages = StatusPages()
     on_miss: OnMiss = OnMiss()
+    guard: Guard = Guard()
     suppression: Suppression = Suppression()
     failure_retry: FailureRetry = FailureRetry()
     redirects: Redirects = Redirects()

@@ -11,7 +11,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from prerender_ray.config.model import Config
+from pydantic import ValidationError
+
+from prerender_ray.config.model import Config, Guard
 from prerender_ray.identity.urls import UrlError, whatwg_path
 
 RouteClass = Literal["prerender", "passthrough", "unclassified"]
@@ -29,6 +31,7 @@ class Route:
     render_interval: int | None = None
     device_types: tuple[str, ...] | None = None
     source: str = "ingress.routes"
+    guard: tuple[tuple[str, Any], ...] | None = None  # the render.guard fields this route overrides
 
     def __str__(self) -> str:
         return f"{self.match} {self.path}"
@@ -57,6 +60,8 @@ class Route:
             "renderInterval": self.render_interval,
             "deviceTypes": list(self.device_types) if self.device_types is not None else None,
             "source": self.source,
+            **({"guard": {k: list(v) if isinstance(v, tuple) else v for k, v in self.guard}}
+               if self.guard is not None else {}),
         }
 
 
@@ -107,7 +112,7 @@ def _compile_entry(i: int, entry: Any, supported: tuple[str, ...], warn: list, e
     interval = _get(entry, "render_interval", "renderInterval")
     devices = _get(entry, "device_types", "deviceTypes")
     known = {"path", "match", "mode", "query_params", "queryParams", "render_interval", "renderInterval",
-             "device_types", "deviceTypes"}
+             "device_types", "deviceTypes", "guard"}
     for key in entry:
         if key not in known:
             warn.append(f"{label}: unknown key {key!r} ignored")
@@ -135,7 +140,26 @@ def _compile_entry(i: int, entry: Any, supported: tuple[str, ...], warn: list, e
             if unknown:
                 err.append(f"{label}: unknown device type(s) {unknown}; supported: {list(supported)}")
             dt = lowered
-    return Route(match, path, mode, qp, ri, dt, "ingress.routes")
+    return Route(match, path, mode, qp, ri, dt, "ingress.routes", _guard_override(label, entry.get("guard"), warn))
+
+
+def _guard_override(label: str, value: Any, warn: list) -> tuple[tuple[str, Any], ...] | None:
+    """A route's ``guard``: ``false`` / ``true`` (off / on), or some ``render.guard`` fields."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return (("enabled", value),)
+    if not isinstance(value, dict):
+        warn.append(f"{label}: guard must be a boolean or a mapping of render.guard fields; field dropped")
+        return None
+    try:
+        parsed = Guard.model_validate(value)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        warn.append(f"{label}: guard.{where}: {first['msg']}; field dropped")
+        return None
+    return tuple((name, getattr(parsed, name)) for name in sorted(parsed.model_fields_set))
 
 
 def compile_route_list(

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from email.utils import formatdate
 from typing import Any
 
-from prerender_ray.decoding import DecodeError, TooLarge, decoded_digest
+from prerender_ray.decoding import DecodeError, TooLarge, decoded_digest, decoded_with_digest
 from prerender_ray.identity.urls import UrlError, url_path
+from prerender_ray.queue import guard
 from prerender_ray.queue.schedule import ScheduleRow, backoff_wait, counted_strikes
 from prerender_ray.queue.status_pages import (
     REDIRECT_STATUSES,
@@ -183,6 +184,7 @@ class Plan:
     content_change: str | None = None  # of the stored page: new, changed or unchanged (same bytes)
     route: str = ""  # the stored page's route label (metrics)
     status_pages: list[Page] = field(default_factory=list)  # the verdict as bots get it (status_pages.py)
+    guard: guard.Verdict | None = None  # a bad render: refused, or stored as there was no good page
 
 
 def _domain_ok(url: str | None, domains: list[str]) -> bool:
@@ -210,6 +212,8 @@ class Planner:
         self.cfg = rules.cfg
         self._granted_at: int | None = None  # of the result being planned (see ``plan``)
         self._stored: dict[str, dict[str, str] | None] = {}
+        self._seen: tuple[Result, str, bytes | None] | None = None  # the result decoded once: digest, body
+        self._guards: dict[int, guard.Rule] = {}  # by id of the route overriding render.guard (0: none)
 
     def destination(self, r: Result) -> str | None:
         """The cache key a redirected result landed on, or None when it is not a redirect."""
@@ -233,6 +237,7 @@ class Planner:
         ``stored``: the headers of the pages stored now, by cache key (for their validators)."""
         self._granted_at = granted_at
         self._stored = stored or {}
+        self._seen = None
         domains = self.cfg.domains
         inspected_non_indexable = r.is_indexable is False
         indexable = r.is_indexable
@@ -284,12 +289,16 @@ class Planner:
         due = minute(now) + interval
         plan = Plan("rendered", detail="rendered")
         if r.content and not discard:
+            plan.guard, measured = self._judged(r, key, target, url)
+            if plan.guard is not None and plan.guard.action == "refused":
+                return self._refused(key, target, url, now, plan.guard)
             headers = {k: v for k, v in r.headers.items() if k in STORED_HEADERS and k not in ORIGIN_VALIDATORS}
             if r.content_encoding != "identity":
                 headers["content-encoding"] = r.content_encoding
             headers["x-harper-rendered"] = "1"
             validators = self.validators(key, r, now)
             headers.update(validators)
+            headers.update(measured)
             before = (self._stored.get(key) or {}).get("etag")
             plan.content_change = "new" if before is None else "unchanged" if before == validators["etag"] else "changed"
             route = self.rules.router.first_match(url_path(url))
@@ -308,16 +317,65 @@ class Planner:
 
     def validators(self, key: str, r: Result, now: int) -> dict[str, str]:
         """ETag from the decoded rendered bytes; Last-Modified kept while they stay the same."""
-        assert r.content is not None
-        try:
-            digest = decoded_digest(r.content, r.content_encoding, self.cfg.server.max_html_bytes)
-        except (DecodeError, TooLarge):  # the ingress checked the stream; stored bytes still name it
-            digest = decoded_digest(r.content, "identity", None)
+        digest = self._decoded(r)[0]
+        self._seen = (r, digest, None)  # the body is not kept past this result
         etag = f'"{digest}"'
         before = self._stored.get(key) or {}
         if before.get("etag") == etag and before.get("last-modified"):
             return {"etag": etag, "last-modified": before["last-modified"]}
         return {"etag": etag, "last-modified": formatdate(now / 1000, usegmt=True)}
+
+    def _decoded(self, r: Result) -> tuple[str, bytes | None]:
+        """The digest of the decoded content and the decoded bytes, from one decode per result."""
+        assert r.content is not None
+        if self._seen is None or self._seen[0] is not r:
+            try:
+                digest, body = decoded_with_digest(r.content, r.content_encoding, self.cfg.server.max_html_bytes)
+            except (DecodeError, TooLarge):  # the ingress checked the stream; stored bytes still name it
+                digest, body = decoded_digest(r.content, "identity", None), None
+            self._seen = (r, digest, body)
+        return self._seen[1], self._seen[2]
+
+    def _guard_rule(self, url: str) -> guard.Rule | None:
+        route = self.rules.router.first_match(url_path(url))
+        override = route.guard if route is not None else None
+        slot = id(route) if override else 0
+        rule = self._guards.get(slot)
+        if rule is None:
+            base = self.cfg.render.guard
+            rule = self._guards[slot] = guard.Rule(base.model_copy(update=dict(override)) if override else base)
+        return rule if rule.enabled else None
+
+    def _judged(self, r: Result, key: str, target: Target | None,
+                url: str) -> tuple[guard.Verdict | None, dict[str, str]]:
+        """The guard's verdict on a render (None: fine, or not judged) and the stored measure header."""
+        rule = self._guard_rule(url)
+        body = self._decoded(r)[1] if rule is not None else None
+        if rule is None or body is None:
+            return None, {}
+        seen = guard.scan(body, rule)
+        self._seen = (r, self._seen[1], None) if self._seen is not None else None  # judged: freed
+        verdict = guard.judge(rule, seen, self._stored.get(key), self._repeats(target, key))
+        suspect = verdict.why if verdict is not None and verdict.action == "stored" else None
+        return verdict, {guard.MEASURE_HEADER: guard.measure_header(seen.measure, suspect)}
+
+    def _repeats(self, target: Target | None, key: str) -> int:
+        """Refusals of ``key`` in a row: none once a render was stored since (that cleared the strikes)."""
+        if target is None or counted_strikes(target.strikes) == 0:
+            return 0
+        return guard.repeats_of(target.refused, key)
+
+    def _refused(self, key: str, target: Target | None, url: str, now: int, verdict: guard.Verdict) -> Plan:
+        """A bad render over a good page: the page stays, the key takes the failure lane, the target
+        keeps the refusal (for the console)."""
+        plan = self._failure(key, target, now, "bad-render")
+        if target is not None:
+            record = guard.refusal(key, verdict, now, self._repeats(target, key) + 1)
+            plan.targets[target.url] = (plan.targets.get(target.url) or target).patched(refused=record)
+        route = self.rules.router.first_match(url_path(url))
+        plan.route = route_label(route.path if route is not None else None, self.rules.route_class(url))
+        plan.guard = verdict
+        return plan
 
     def _failure(self, key: str, target: Target | None, now: int, label: str) -> Plan:
         """The failure lane: fast retries hold the lease until it expires; then a backoff that never

@@ -11,11 +11,13 @@ from datetime import UTC, datetime
 
 from prerender_ray.identity.cachekeys import CacheKeyError, parse_cache_key
 from prerender_ray.identity.routes import Route
+from prerender_ray.queue.guard import MEASURE_HEADER
 from prerender_ray.serving.origin_rules import HOP_BY_HOP
 from prerender_ray.storage.pages import PageMeta
 
-# `link` is the renderer's preload hints for its own fetch, not for bots; `age` is recomputed.
-_NOT_SERVED = HOP_BY_HOP | {"link", "age"}
+# `link` is the renderer's preload hints for its own fetch, not for bots; `age` is recomputed; the
+# guard's measure of the page is ours (queue/guard.py).
+_NOT_SERVED = HOP_BY_HOP | {"link", "age", MEASURE_HEADER}
 
 
 def age_seconds(last_cached: int | None, now: int) -> int | None:

@@ -118,6 +118,7 @@ class Target:
     suppressed_at: int | None = None
     strikes: int = 0
     struck_at: int | None = None  # when the last strike was taken: one strike per render cycle
+    refused: dict | None = None  # the last render refused over the stored page (queue/guard.py)
 
     @property
     def suppressed(self) -> bool:
@@ -130,7 +131,7 @@ class Target:
         fields = (("sitemap_url", self.sitemap_url), ("scheduler_node", self.scheduler_node),
                   ("render_interval", self.render_interval), ("state", self.state),
                   ("suppressed_reason", self.suppressed_reason), ("suppressed_at", self.suppressed_at),
-                  ("strikes", self.strikes or None), ("struck_at", self.struck_at))
+                  ("strikes", self.strikes or None), ("struck_at", self.struck_at), ("refused", self.refused))
         parts = []
         for name, value in fields:
             if value is None:
@@ -153,6 +154,8 @@ class Target:
         kw["strikes"] = int(st) if st is not None and st > 0 else 0
         at = finite(kw.get("struck_at"))
         kw["struck_at"] = int(at) if at is not None and at > 0 else None
+        if not isinstance(kw.get("refused"), dict):
+            kw.pop("refused", None)
         return cls(url=url, **kw)
 
     def patched(self, **changes: Any) -> Target:

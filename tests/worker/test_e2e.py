@@ -229,3 +229,36 @@ async def test_an_spas_not_found_view_and_meta_redirect_reach_bots_with_their_st
         moved = await until(lambda: cached(old), what="the rendered 301")
         assert moved.status_code == 301 and moved.headers["location"] == site.base + "/spa/new"
         assert (await target(client, node, old)) is None  # the redirect retired its source
+
+
+async def test_a_shell_only_render_does_not_replace_the_stored_page(node, site, worker) -> None:
+    """The site's script breaks after a good render: Chromium renders the bare app shell, the stored
+    page keeps being served and the explainer shows the refused render."""
+    broken = {"now": False}
+    article = "".join(f"<p>Paragraph {i} of a real article, with <a href='/a/{i}'>a link</a>.</p>" for i in range(40))
+
+    def handle(req):
+        body = "<div id=app></div><script src='/missing.js'></script>" if broken["now"] else article
+        return 200, {"content-type": "text/html; charset=utf-8", "cache-control": "no-cache"}, \
+            f"<html><head><title>Article</title></head><body>{body}</body></html>".encode()
+
+    site.extra["/live/shell"] = handle
+    url = site.base + "/live/shell"
+    async with httpx.AsyncClient(timeout=60) as client:
+        put_target(node.url, url, nextRenderTime=1)
+        first = await until(lambda: _hit(client, node, url), what="the first render")
+        assert "Paragraph 39" in first.text
+        broken["now"] = True
+        await asyncio.sleep(RELEASE_GRACE_MS / 1000 + 0.5)
+        put_target(node.url, url, nextRenderTime=1)
+
+        async def refused() -> dict | None:
+            r = await client.post(f"{node.url}/prerender_admin/explain", json={"url": url})
+            return r.json()["rows"]["refusedRender"]
+
+        record = await until(refused, what="the refused render")
+        assert record["why"] == "empty-shell" and record["new"]["textChars"] == 0
+        assert record["stored"]["links"] == 40
+        await asyncio.sleep(0.6)  # past the ingress's page-store catch-up (250 ms)
+        again = await _hit(client, node, url)
+        assert again is not None and again.text == first.text

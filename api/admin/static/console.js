@@ -549,6 +549,10 @@
     renderExplain(r.data);
   }
 
+  function sizes(m) {
+    return m ? `${fmtNum(m.textChars)} text characters, ${fmtNum(m.links)} links, ${fmtNum(m.bytes)} bytes` : '?';
+  }
+
   function renderExplain(x) {
     const dl = $('explain-facts');
     dl.replaceChildren();
@@ -575,6 +579,10 @@
     const p = x.rows.prerenderedPage;
     fact(dl, 'Cached page', p ? `HTTP ${p.statusCode}${p.location ? ` to ${p.location}` : ''}, cached ${fmtTime(p.lastCached)}, expires ${fmtTime(p.expiresAt)} - ${p.fresh
       ? 'fresh' : p.inStaleWhileRevalidate ? 'stale (served while revalidating)' : 'expired'}` : 'none', 'page');
+    if (p && p.measure) fact(dl, 'Cached page size', `${sizes(p.measure)}${p.suspect ? ` (stored as ${p.suspect}: no good page to keep)` : ''}`, 'pageSize');
+    const rf = x.rows.refusedRender;
+    if (rf) fact(dl, 'Last refused render', `${rf.why} at ${fmtTime(rf.at)} (${fmtNum(rf.count)} in a row): new ${sizes(rf.new)}; stored ${rf.stored
+      ? sizes(rf.stored) : 'size not measured'}`, 'refused');
     const sup = x.rows.suppression;
     if (sup) fact(dl, 'Suppressed', `${sup.reason}, strike ${sup.strikes} of ${sup.maxStrikes}`, 'suppressed');
     fact(dl, 'Verdict', `would serve from ${x.verdict.wouldServe}${x.verdict.servedStatus ? ` (HTTP ${x.verdict.servedStatus})` : ''}; ${x.verdict.scheduled ? 'scheduled' : 'not scheduled'}; ${x.verdict.recurring

@@ -135,3 +135,34 @@ async def test_an_identical_render_keeps_its_validators_and_a_changed_one_gets_n
     assert same["etag"] == first["etag"] and same["last-modified"] == first["last-modified"]
     changed = await again(HTML.replace(b"rendered", b"changed"))
     assert changed["etag"] != first["etag"]
+
+
+GOOD = b"<html><body><main>" + b" ".join(b"word%d <a href='/l%d'>more</a>" % (i, i) for i in range(120)) \
+    + b"</main></body></html>"
+SHELL = b"<html><head><script src='/app.js'></script></head><body><div id='root'></div></body></html>"
+
+
+async def test_a_shell_render_keeps_the_good_page_holds_the_lease_and_is_counted(keepers) -> None:
+    from prometheus_client import REGISTRY
+
+    k = keepers()
+    await k.load()
+    k.leases.table.grace_ms = 0  # type: ignore[attr-defined]
+    job = await claimed(k, "/g")
+    await k.results.process(rendered(job["id"], job["url"]), GOOD)
+    good = k.store.pages[job["id"].encode()]  # type: ignore[attr-defined]
+    k.claims.mirror.pop(job["id"], None)
+    await k.targets.revalidate_key(job["id"])
+    [j] = [j for j in await k.claims.claim(10) if j["id"] == job["id"]]
+    labels = {"route": "prerender", "why": "empty-shell", "action": "refused"}
+    before = REGISTRY.get_sample_value("prerender_render_guard_total", labels) or 0
+    answer = await k.results.process(rendered(j["id"], j["url"]), SHELL)
+    assert answer == {"outcome": "bad-render", "detail": "fast"}
+    assert k.store.pages[job["id"].encode()] == good  # type: ignore[attr-defined]
+    lease = await k.leases.lease_of(job["id"])
+    assert lease is not None and lease["leaseExpiresAt"] is not None  # the fast lane: retried at expiry
+    target = Target.decode(job["url"], k.store.registry[target_key(job["url"])])  # type: ignore[attr-defined]
+    assert target.strikes == 1 and target.refused is not None
+    assert target.refused["why"] == "empty-shell" and target.refused["new"]["textChars"] == 0
+    assert target.refused["stored"]["links"] == 120
+    assert REGISTRY.get_sample_value("prerender_render_guard_total", labels) == before + 1
