@@ -179,22 +179,3 @@ def decoded_digest(data: bytes | memoryview, coding: str, limit: int | None = MA
         h.update(piece)
     d.finish()
     return h.hexdigest()
-
-
-def decoded_with_digest(data: bytes | memoryview, coding: str,
-                        limit: int | None = MAX_HTML_BYTES) -> tuple[str, bytes]:
-    """``decoded_digest`` and the decoded bytes from one pass (a result's ETag and its measure)."""
-    h = xxhash.xxh3_128()
-    if coding == "identity":
-        if limit is not None and len(data) > limit:
-            raise TooLarge(limit)
-        body = data if isinstance(data, bytes) else bytes(data)
-        h.update(body)
-        return h.hexdigest(), body
-    d = Decoder(coding, limit)
-    parts = []
-    for piece in d.feed(data):
-        h.update(piece)
-        parts.append(piece)
-    d.finish()
-    return h.hexdigest(), b"".join(parts)

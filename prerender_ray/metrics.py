@@ -88,6 +88,10 @@ replication_lag_seconds = Histogram(
     "prerender_replication_lag_seconds", "Write-to-apply lag of replicated records.",
     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30),
 )
+# Page-store writes made on this node (replicated copies not counted): kind page, a whole page record;
+# kind freshness, the small record an unchanged render (or a revalidate) writes instead.
+page_writes = Counter("prerender_page_writes_total", "Page-store records written by this node.", ["kind"])
+page_write_bytes = Counter("prerender_page_write_bytes_total", "Bytes of page-store records written.", ["kind"])
 replication_pending = Gauge(
     "prerender_replication_pending", "Records waiting to ship to a peer.", ["peer"], multiprocess_mode="livemax"
 )

@@ -13,6 +13,8 @@ import asyncio
 from collections.abc import Awaitable, Sequence
 from typing import Protocol, TypeVar
 
+from prerender_ray.storage.pages import PageMeta
+
 T = TypeVar("T")
 Op = Sequence[bytes | None]  # (key, payload) as a tuple or a list; payload None = delete
 
@@ -45,7 +47,7 @@ class StoreApi(Protocol):
 
     async def has_pages(self, keys: list[str]) -> list[bool]: ...
 
-    async def page_headers(self, keys: list[str]) -> list[dict[str, str] | None]: ...
+    async def page_metas(self, keys: list[str]) -> list[PageMeta | None]: ...
 
     async def scan(self, prefix: bytes, start: bytes | None = None,
                    limit: int = 1000) -> list[tuple[bytes, bytes]]: ...

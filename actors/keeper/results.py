@@ -18,6 +18,7 @@ from prerender_ray.queue.results import Plan, Result
 from prerender_ray.queue.schedule import ScheduleRow
 from prerender_ray.rpc import KeeperApi, LeaseApi, Peers, StoreApi
 from prerender_ray.storage.registry import Target, target_key
+from prerender_ray.storage.touches import touch_key
 from prerender_ray.timeutil import now_ms
 
 RELEASE_GRACE_MS = 5_000  # a released key is not offered again at once (the lease table's grace)
@@ -68,12 +69,13 @@ class Results:
             dest = planner.destination(r)
             urls = [url] + ([rules.url_of(dest)] if dest else [])
             found = [Target.decode(u, b) if b else None for u, b in zip(urls, await self.store.get_targets(urls))]
-            stored = None
-            if r.content:  # the stored pages' validators: an identical render keeps its Last-Modified
+            stored = metas = None
+            if r.content:  # the stored pages: an identical render keeps its validators, touches its times
                 keys = [r.id] + ([dest] if dest else [])
-                stored = dict(zip(keys, await self.store.page_headers(keys)))
+                metas = dict(zip(keys, await self.store.page_metas(keys)))
+                stored = {k: m.headers if m is not None else None for k, m in metas.items()}
             plan = planner.plan(r, found[0], found[1] if dest else None, now, granted_at=granted_at,
-                                stored=stored)
+                                stored=stored, stored_pages=metas)
             await self.apply(plan)
         except BaseException:
             try:
@@ -127,6 +129,8 @@ class Results:
                 registry.append((target_key(url), target.encode()))
         if plan.page is not None:
             pages.append((plan.page.cache_key.encode(), plan.page.encode()))
+        if plan.touch is not None:  # the page stays as stored (and replicated); only its times move
+            pages.append((touch_key(plan.touch.cache_key), plan.touch.encode()))
         pages += [(k.encode(), None) for k in plan.page_deletes]
         pages += [(p.cache_key.encode(), p.encode()) for p in plan.status_pages]
         for row in plan.rows:

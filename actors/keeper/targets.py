@@ -8,7 +8,6 @@ go on to their owners' keepers.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -17,8 +16,8 @@ from prerender_ray.identity.nodes import Ownership
 from prerender_ray.queue.schedule import ScheduleRow
 from prerender_ray.rpc import Peers, StoreApi
 from prerender_ray.storage.keys import TARGET
-from prerender_ray.storage.pages import Page
 from prerender_ray.storage.registry import RecordError, Target, target_key
+from prerender_ray.storage.touches import Touch, touch_key
 from prerender_ray.timeutil import now_ms
 
 SCAN_CHUNK = 2_000
@@ -127,7 +126,8 @@ class Targets:
         return {"suppressed": url, "strikes": s.target.strikes}
 
     async def revalidate(self, urls: list[str]) -> dict:
-        """Every device of each target due now (cadence left to config); cached pages expire now."""
+        """Every device of each target due now (cadence left to config); cached pages expire now, by
+        a freshness record each (the pages themselves are not rewritten)."""
         now = now_ms()
         rules = self.conf.rules
         found = await self.store.get_targets(urls)
@@ -139,10 +139,10 @@ class Targets:
             target = Target.decode(url, data)
             rows += rules.revalidate(target, now)
             keys = rules.keys_of(url)
-            for key, raw in zip(keys, await self.store.get_pages(keys)):
-                if raw is not None:
-                    page = Page.decode(raw)
-                    pages.append((key.encode(), dataclasses.replace(page, expires_at=now).encode()))
+            for key, meta in zip(keys, await self.store.page_metas(keys)):
+                if meta is not None:
+                    touch = Touch(key, meta.headers.get("etag", ""), meta.last_cached, now)
+                    pages.append((touch_key(key), touch.encode()))
         if pages:
             await self.store.apply([], pages)
         self.rows.write(rows)

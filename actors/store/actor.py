@@ -14,15 +14,16 @@ from typing import Any
 
 import ray
 
-from prerender_ray import logs, rpc
+from prerender_ray import logs, metrics, rpc
 from prerender_ray.actors.common import bulk_gc, call, untraced
 from prerender_ray.actors.store.replication import Replication
 from prerender_ray.config.model import Config
 from prerender_ray.storage.keys import TARGET
-from prerender_ray.storage.pages import PageDecodeError, decode_meta
+from prerender_ray.storage.pages import PageDecodeError, PageMeta, decode_meta
 from prerender_ray.storage.registry import SitemapReader, by_sitemap_prefix, sitemap_of_record
 from prerender_ray.storage.replication import CLOCK_OFFSET_ENV, Clock, payload_of, wall_clock
 from prerender_ray.storage.rocks import PAGES, REGISTRY, Store, store_path
+from prerender_ray.storage.touches import applicable, is_touch_key, touch_key, touched, touched_payload
 
 Op = tuple[bytes, bytes | None]  # (key, payload) ; payload None = delete
 
@@ -66,9 +67,27 @@ class NodeStore(Replication):
             out.append((prefix + url, b""))
 
     async def apply(self, registry: list[Op] = (), pages: list[Op] = ()) -> int:
-        """Local writes (targets, control rows, pages) with fresh versions; every peer gets the same
-        records (see ``Replication``)."""
-        return self.commit_local("registry", registry) + self.commit_local("pages", pages)
+        """Local writes (targets, control rows, pages, freshness records) with fresh versions; every
+        peer gets the same records (see ``Replication``)."""
+        for key, payload in pages:
+            if payload is not None:
+                kind = "freshness" if is_touch_key(key) else "page"
+                metrics.page_writes.labels(kind).inc()
+                metrics.page_write_bytes.labels(kind).inc(len(payload))
+        written = self.commit_local("registry", registry)
+        self.commit_local("pages", self._untouch(pages))
+        return written + len(pages)
+
+    def _untouch(self, pages: list[Op]) -> list[Op]:
+        """``pages`` and, in the same batch, the delete of each freshness record a page write or
+        delete in it supersedes (readers ignore it anyway: it is older than the page)."""
+        touches = {bytes(k) for k, _ in pages if is_touch_key(k)}
+        stale = list(dict.fromkeys(touch_key(k) for k, _ in pages if not is_touch_key(k)))
+        stale = [k for k in stale if k not in touches]
+        if not stale:
+            return pages
+        held = self.pages.get_many(stale)
+        return [*pages, *((k, None) for k, v in zip(stale, held) if payload_of(v) is not None)]
 
     async def apply_absent(self, registry: list[Op]) -> list[bytes | None]:
         """Registry puts of keys that hold nothing live; per op, None when written, else the payload
@@ -105,33 +124,40 @@ class NodeStore(Replication):
                 urls.append(k[len(prefix):].decode())
         return urls, n
 
+    def _read_pages(self, keys: list[bytes]) -> list[tuple[bytes | None, bytes | None]]:
+        """(page record, freshness record) of each key, as stored, in one multi-get."""
+        found = self.pages.get_many([*keys, *(touch_key(k) for k in keys)])
+        return list(zip(found[:len(keys)], found[len(keys):]))
+
     async def get_pages(self, keys: list[str]) -> list[bytes | None]:
-        return [payload_of(v) for v in self.pages.get_many([k.encode() for k in keys])]
+        """Page payloads, each with its freshness record applied (the times a bot is served by)."""
+        return [touched_payload(page, touch) for page, touch in self._read_pages([k.encode() for k in keys])]
 
     async def has_pages(self, keys: list[str]) -> list[bool]:
         return [payload_of(v) is not None for v in self.pages.get_many([k.encode() for k in keys])]
 
-    async def page_headers(self, keys: list[str]) -> list[dict[str, str] | None]:
-        """The stored headers of each page (its validators among them), without its body."""
-        out: list[dict[str, str] | None] = []
-        for v in self.pages.get_many([k.encode() for k in keys]):
-            payload = payload_of(v)
+    async def page_metas(self, keys: list[str]) -> list[PageMeta | None]:
+        """The metadata of each page (freshness applied), without its body."""
+        out: list[PageMeta | None] = []
+        for page, touch in self._read_pages([k.encode() for k in keys]):
+            payload = payload_of(page)
             try:
-                out.append(decode_meta(payload)[0].headers if payload is not None else None)
+                meta = decode_meta(payload)[0] if payload is not None else None
             except PageDecodeError:
-                out.append(None)
+                meta = None
+            out.append(touched(meta, applicable(meta, page, touch)) if meta is not None else None)
         return out
 
     async def page_keys(self, prefix: str, start: str | None, limit: int) -> list[tuple[str, bytes]]:
-        out = []
-        first = start.encode() if start else (prefix.encode() or b"\x01")  # past the version index
+        found = []
+        first = start.encode() if start else (prefix.encode() or b"\x01")  # past the internal families
         for k, v in self.pages.items(prefix.encode(), first):
-            payload = payload_of(v)
-            if payload is not None:
-                out.append((k.decode(), payload))
-                if len(out) >= limit:
+            if payload_of(v) is not None:
+                found.append((k, v))
+                if len(found) >= limit:
                     break
-        return out
+        touches = self.pages.get_many([touch_key(k) for k, _ in found])
+        return [(k.decode(), touched_payload(v, t) or b"") for (k, v), t in zip(found, touches)]
 
     async def counts(self) -> dict:
         """Exact: kept with every write (``Replication.load_live_counts``)."""
@@ -176,8 +202,8 @@ class StoreClient:
     async def has_pages(self, keys: list[str]) -> list[bool]:
         return await call(self.handle.has_pages.remote(keys), self.deadline_s)
 
-    async def page_headers(self, keys: list[str]) -> list[dict[str, str] | None]:
-        return await call(self.handle.page_headers.remote(keys), self.deadline_s)
+    async def page_metas(self, keys: list[str]) -> list[PageMeta | None]:
+        return await call(self.handle.page_metas.remote(keys), self.deadline_s)
 
     async def scan(self, prefix: bytes, start: bytes | None = None, limit: int = 1000) -> list[tuple[bytes, bytes]]:
         return await call(self.handle.scan.remote(prefix, start, limit), self.deadline_s)

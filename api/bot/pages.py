@@ -15,7 +15,7 @@ import asyncio
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from rocksdict import AccessType, Options, Rdict
 
@@ -23,6 +23,7 @@ from prerender_ray import logs, metrics
 from prerender_ray.storage.pages import PageDecodeError, PageMeta, decode_meta
 from prerender_ray.storage.replication import EnvelopeError, payload_of
 from prerender_ray.storage.rocks import PAGES, node_dir, store_path
+from prerender_ray.storage.touches import applicable, touch_key, touched
 
 CATCH_UP_INTERVAL_S = 0.25  # the timer: a page written by a result is served within about this
 MISS_CATCH_UP_GAP_S = 0.05  # at most one extra catch-up per this long, however many misses
@@ -38,17 +39,28 @@ class UnreadablePage(Exception):
 
 class StoredPage:
     """A page as read from the store: its metadata, its body, and the negotiated forms already
-    served (``prerender_ray.serving.answer.Prepared`` by Accept-Encoding value)."""
+    served (``prerender_ray.serving.answer.Prepared`` by Accept-Encoding value). ``meta`` carries the
+    times of the page's freshness record when one applies (``storage/touches.py``): a new one
+    changes them and nothing else, so the body and its negotiated forms are kept."""
 
-    __slots__ = ("body", "meta", "raw", "seen", "size", "variants")
+    __slots__ = ("base", "body", "meta", "raw", "seen", "size", "touch", "variants")
 
-    def __init__(self, raw: bytes, meta: PageMeta, body: bytes | memoryview):
+    def __init__(self, raw: bytes, meta: PageMeta, body: bytes | memoryview, touch: bytes | None = None):
         self.raw = raw  # the stored record: a later read equal to it is this same version
+        self.base = meta  # as the record says
+        self.touch: bytes | None = None  # the freshness record ``meta`` was derived with, as stored
         self.meta = meta
         self.body = body  # a view of the record's tail (no copy), or the bytes of a peer's page
         self.variants: dict[str | None, Any] = {}
         self.size = len(raw) or len(body)
         self.seen = -1  # the reader generation in which the record was last read
+        self.retouch(touch)
+
+    def retouch(self, touch: bytes | None) -> None:
+        """Apply the freshness record now stored under the page's touch key (None: there is none)."""
+        if touch != self.touch:
+            self.touch = touch
+            self.meta = touched(self.base, applicable(self.base, self.raw, touch) if self.raw else None)
 
     def add_variant(self, accept_encoding: str | None, prepared: Any) -> int:
         """Keep ``prepared`` (when there is room); the bytes it adds to the page's size. Add through
@@ -210,12 +222,14 @@ class PageReader:
         page = self.decoded.peek(key)
         if page is not None and page.seen == self.generation:
             return page  # read since the last catch-up: the store cannot hold anything else
-        raw = db.get(key.encode())
+        k = key.encode()
+        raw, touch = cast("list[bytes | None]", db.get([k, touch_key(k)]))  # one multi-get: page and touch
         if raw is None:
             self.decoded.drop(key)
             return None
         page = self.decoded.lookup(key, raw)
         if page is not None:
+            page.retouch(touch)
             page.seen = self.generation
             return page
         try:
@@ -226,7 +240,7 @@ class PageReader:
         except (EnvelopeError, PageDecodeError) as e:
             raise UnreadablePage(f"page {key!r}: {e}") from None
         # The payload is the record's tail and the body the payload's: serve a view of the record.
-        page = StoredPage(raw, meta, memoryview(raw)[len(raw) - body.nbytes:] if body.nbytes else b"")
+        page = StoredPage(raw, meta, memoryview(raw)[len(raw) - body.nbytes:] if body.nbytes else b"", touch)
         page.seen = self.generation
         self.decoded.add(key, page)
         return page

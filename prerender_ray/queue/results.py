@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from email.utils import formatdate
 from typing import Any
 
-from prerender_ray.decoding import DecodeError, TooLarge, decoded_digest, decoded_with_digest
+from prerender_ray.decoding import DecodeError, TooLarge, decode
 from prerender_ray.identity.urls import UrlError, url_path
 from prerender_ray.queue import guard
 from prerender_ray.queue.schedule import ScheduleRow, backoff_wait, counted_strikes
@@ -27,8 +27,10 @@ from prerender_ray.queue.status_pages import (
 from prerender_ray.queue.targets import Rules
 from prerender_ray.serving.answer import route_label
 from prerender_ray.serving.origin_policy import compiled
-from prerender_ray.storage.pages import Page
+from prerender_ray.serving.volatile import content_digest
+from prerender_ray.storage.pages import Page, PageMeta
 from prerender_ray.storage.registry import Target
+from prerender_ray.storage.touches import Touch
 from prerender_ray.timeutil import minute, positive
 
 OUTCOMES = ("rendered", "redirected", "non-indexable", "error")
@@ -182,9 +184,18 @@ class Plan:
     refile_key: str | None = None  # the destination key a rendered redirect was filed under
     unrouted: str | None = None  # a landed path outside prerender routes (for the tally)
     content_change: str | None = None  # of the stored page: new, changed or unchanged (same bytes)
+    touch: Touch | None = None  # instead of ``page``: the stored record is the same but for its times
     route: str = ""  # the stored page's route label (metrics)
     status_pages: list[Page] = field(default_factory=list)  # the verdict as bots get it (status_pages.py)
     guard: guard.Verdict | None = None  # a bad render: refused, or stored as there was no good page
+
+
+def _compared(headers: dict[str, str]) -> dict[str, str]:
+    """Headers as a touch compares them: the guard's measure counts bytes a nonce changes, and the
+    ETag already says the pages are the same."""
+    if guard.MEASURE_HEADER not in headers:
+        return headers
+    return {k: v for k, v in headers.items() if k != guard.MEASURE_HEADER}
 
 
 def _domain_ok(url: str | None, domains: list[str]) -> bool:
@@ -214,6 +225,7 @@ class Planner:
         self._stored: dict[str, dict[str, str] | None] = {}
         self._seen: tuple[Result, str, bytes | None] | None = None  # the result decoded once: digest, body
         self._guards: dict[int, guard.Rule] = {}  # by id of the route overriding render.guard (0: none)
+        self._stored_pages: dict[str, PageMeta | None] = {}
 
     def destination(self, r: Result) -> str | None:
         """The cache key a redirected result landed on, or None when it is not a redirect."""
@@ -230,14 +242,17 @@ class Planner:
         return None if dest == r.id else dest
 
     def plan(self, r: Result, target: Target | None, dest_target: Target | None, now: int, *,
-             granted_at: int | None = None, stored: dict[str, dict[str, str] | None] | None = None) -> Plan:
+             granted_at: int | None = None, stored: dict[str, dict[str, str] | None] | None = None,
+             stored_pages: dict[str, PageMeta | None] | None = None) -> Plan:
         """``granted_at``: when the lease this result answers was granted. A strike counts only for a
         grant issued after the target's last strike, so the devices of one URL claimed in one cycle
         cost one strike between them (the next cycle's recheck is granted later and counts again).
-        ``stored``: the headers of the pages stored now, by cache key (for their validators)."""
+        ``stored``: the headers of the pages stored now, by cache key (for their validators);
+        ``stored_pages``: their metadata (a render identical to one of them only touches it)."""
         self._granted_at = granted_at
         self._stored = stored or {}
         self._seen = None
+        self._stored_pages = stored_pages or {}
         domains = self.cfg.domains
         inspected_non_indexable = r.is_indexable is False
         indexable = r.is_indexable
@@ -305,6 +320,9 @@ class Planner:
             plan.route = route_label(route.path if route is not None else None, self.rules.route_class(url))
             plan.page = Page(cache_key=key, status_code=r.status_code or 200, headers=headers,
                              content=r.content, last_cached=now, expires_at=due, is_indexable=indexable)
+            if plan.content_change == "unchanged":
+                plan.touch = self._touch(plan.page)
+                plan.page = None if plan.touch is not None else plan.page
         if target is None:
             plan.row_deletes.append(key)  # a one-off (render-now) or an orphan: rendered once, dropped
             return plan
@@ -315,8 +333,19 @@ class Planner:
             plan.targets[target.url] = target.patched(strikes=0, struck_at=None)
         return plan
 
+    def _touch(self, page: Page) -> Touch | None:
+        """New times for the stored page when ``page`` would store the same record but for them: same
+        ETag (the bytes, volatile noise aside), status, headers and indexability. Anything else that
+        differs (an x-robots-tag the origin changed, a content-encoding) is a full write."""
+        held = self._stored_pages.get(page.cache_key)
+        if held is None or (held.status_code, _compared(held.headers), held.is_indexable) != (
+                page.status_code, _compared(page.headers), page.is_indexable):
+            return None
+        return Touch(page.cache_key, page.headers["etag"], page.last_cached, page.expires_at)
+
     def validators(self, key: str, r: Result, now: int) -> dict[str, str]:
-        """ETag from the decoded rendered bytes; Last-Modified kept while they stay the same."""
+        """ETag from the decoded rendered bytes (volatile noise blanked, ``serving/volatile.py``);
+        Last-Modified kept while they stay the same."""
         digest = self._decoded(r)[0]
         self._seen = (r, digest, None)  # the body is not kept past this result
         etag = f'"{digest}"'
@@ -329,10 +358,12 @@ class Planner:
         """The digest of the decoded content and the decoded bytes, from one decode per result."""
         assert r.content is not None
         if self._seen is None or self._seen[0] is not r:
+            body: bytes | None
             try:
-                digest, body = decoded_with_digest(r.content, r.content_encoding, self.cfg.server.max_html_bytes)
+                body = decode(r.content, r.content_encoding, self.cfg.server.max_html_bytes)
+                digest = content_digest(body, "identity", None)
             except (DecodeError, TooLarge):  # the ingress checked the stream; stored bytes still name it
-                digest, body = decoded_digest(r.content, "identity", None), None
+                digest, body = content_digest(r.content, "identity", None), None
             self._seen = (r, digest, body)
         return self._seen[1], self._seen[2]
 

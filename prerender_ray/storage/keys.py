@@ -24,6 +24,9 @@ HPTR = b"\x00h"  # \x00h <key> -> <hlc:8><live:1> (older versions wrote the hlc 
 LIVE = b"\x00c"  # \x00c -> <live records:8>: pages, or targets in the registry
 
 # --- pages (replicated): <cache key> -> the page record (pages.py); no prefix of its own
+# \x00f<cache key> -> the freshness record an identical render wrote instead of the page (touches.py);
+# below every cache key, so page scans and the live count skip it
+FRESHNESS = b"\x00f"
 
 # --- schedule (owner tier, the keeper's): <cache key> -> the schedule row (queue/schedule.py)
 
@@ -33,4 +36,5 @@ MISSES = b"m"  # the miss histories, one JSON document (small; rewritten on each
 
 REGISTRY_PREFIXES = (TARGET, QUEUE_CONTROL, QUEUE_STATUS, SITEMAP, SITEMAP_RUN, TARGET_BY_SITEMAP,
                      SITEMAP_ENTRIES, OVERRIDES_KEY, REVOKED, VIDX, HPTR, LIVE)
+PAGE_PREFIXES = (VIDX, HPTR, LIVE, FRESHNESS)
 LEASE_PREFIXES = (LEASE, MISSES)

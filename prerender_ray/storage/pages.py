@@ -139,6 +139,20 @@ def decode_meta(data: bytes | bytearray | memoryview) -> tuple[PageMeta, memoryv
     return meta, view[hdr_end:]
 
 
+def retimed(data: bytes, last_cached: int | None, expires_at: int | None) -> bytes:
+    """An encoded page with other times: its fixed header rewritten, the rest copied as it is (a
+    freshness record applied for a reader that wants the whole record). Raises PageDecodeError."""
+    if len(data) < _HEAD.size:
+        raise PageDecodeError(f"page record too short ({len(data)} bytes)")
+    magic, version, flags, status, _, _, key_len, hdr_len, body_len = _HEAD.unpack_from(data)
+    if magic != MAGIC or version != VERSION:
+        raise PageDecodeError("not a page record this version reads")
+    flags &= ~(_HAS_LAST_CACHED | _HAS_EXPIRES_AT)
+    flags |= (_HAS_LAST_CACHED if last_cached is not None else 0) | (_HAS_EXPIRES_AT if expires_at is not None else 0)
+    head = _HEAD.pack(magic, version, flags, status, last_cached or 0, expires_at or 0, key_len, hdr_len, body_len)
+    return head + data[_HEAD.size:]
+
+
 def freshness(page: PageMeta, now: int, swr_ttl: int) -> Freshness | None:
     """``hit`` before ``expires_at``; ``swr`` from ``expires_at`` (inclusive) for ``swr_ttl`` ms
     (exclusive); otherwise ``None``, the page is not served. ``swr_ttl`` <= 0 disables the window."""

@@ -11,7 +11,7 @@ PREFIX = re.compile(r'^[A-Z_]+(?:: \w+)? = b"(?!\\x1f\\x8b|PG")', re.M)  # a byt
 
 
 def test_no_prefix_of_a_store_is_a_prefix_of_another() -> None:
-    for group in (keys.REGISTRY_PREFIXES, keys.LEASE_PREFIXES):
+    for group in (keys.REGISTRY_PREFIXES, keys.PAGE_PREFIXES, keys.LEASE_PREFIXES):
         assert len(set(group)) == len(group)
         for a, b in itertools.permutations(group, 2):
             assert not b.startswith(a), (a, b)
@@ -19,7 +19,7 @@ def test_no_prefix_of_a_store_is_a_prefix_of_another() -> None:
 
 def test_key_prefixes_are_declared_in_the_keys_module_only() -> None:
     declared = {name for name, value in vars(keys).items() if isinstance(value, bytes)}
-    assert set(keys.REGISTRY_PREFIXES) | set(keys.LEASE_PREFIXES) == {getattr(keys, n) for n in declared}
+    assert set(keys.REGISTRY_PREFIXES) | set(keys.PAGE_PREFIXES) | set(keys.LEASE_PREFIXES) == {getattr(keys, n) for n in declared}
     elsewhere = []
     for top in ("prerender_ray", "actors", "api", "worker", "cli"):
         for path in (REPO / top).rglob("*.py"):

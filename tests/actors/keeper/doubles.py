@@ -14,17 +14,21 @@ from prerender_ray.actors.leasetable import DurableLeases
 from prerender_ray.config.model import Config
 from prerender_ray.identity.nodes import NodeInfo
 from prerender_ray.rpc import Op
-from prerender_ray.storage.pages import decode_meta
+from prerender_ray.storage.pages import PageMeta, decode_meta, retimed
 from prerender_ray.storage.registry import target_key
 from prerender_ray.storage.rocks import Store
+from prerender_ray.storage.touches import Touch, is_touch_key, touch_key
 
 
 class MemoryStore:
-    """``rpc.StoreApi`` over two dicts (registry and pages), with the NodeStore's read semantics."""
+    """``rpc.StoreApi`` over two dicts (registry and pages), with the NodeStore's read semantics:
+    freshness records live in ``pages`` under their own keys, a page write deletes its key's, and
+    reads apply one whose ETag is the page's (writes here are in order, so it is never older)."""
 
     def __init__(self) -> None:
         self.registry: dict[bytes, bytes] = {}
         self.pages: dict[bytes, bytes] = {}
+        self.writes = {"page": 0, "freshness": 0}
 
     @staticmethod
     def _write(db: dict[bytes, bytes], ops: Sequence[Op]) -> int:
@@ -37,7 +41,25 @@ class MemoryStore:
         return len(ops)
 
     async def apply(self, registry: Sequence[Op], pages: Sequence[Op] | None = None) -> int:
+        for key, payload in pages or []:
+            assert isinstance(key, bytes)
+            if payload is not None:
+                self.writes["freshness" if is_touch_key(key) else "page"] += 1
+            if not is_touch_key(key):
+                self.pages.pop(touch_key(key), None)
         return self._write(self.registry, registry) + self._write(self.pages, pages or [])
+
+    def _page(self, key: str) -> bytes | None:
+        payload, touch = self.pages.get(key.encode()), self.pages.get(touch_key(key))
+        if payload is None or touch is None:
+            return payload
+        t = Touch.decode(key, touch)
+        return retimed(payload, t.last_cached, t.expires_at) if t.etag == self._meta(payload).headers.get(
+            "etag", "") else payload
+
+    @staticmethod
+    def _meta(payload: bytes) -> PageMeta:
+        return decode_meta(payload)[0]
 
     async def apply_absent(self, registry: Sequence[Op]) -> list[bytes | None]:
         out: list[bytes | None] = []
@@ -56,13 +78,13 @@ class MemoryStore:
         return [self.registry.get(target_key(u)) for u in urls]
 
     async def get_pages(self, keys: list[str]) -> list[bytes | None]:
-        return [self.pages.get(k.encode()) for k in keys]
+        return [self._page(k) for k in keys]
 
     async def has_pages(self, keys: list[str]) -> list[bool]:
         return [k.encode() in self.pages for k in keys]
 
-    async def page_headers(self, keys: list[str]) -> list[dict[str, str] | None]:
-        return [decode_meta(self.pages[k.encode()])[0].headers if k.encode() in self.pages else None for k in keys]
+    async def page_metas(self, keys: list[str]) -> list[PageMeta | None]:
+        return [self._meta(p) if (p := self._page(k)) is not None else None for k in keys]
 
     async def scan(self, prefix: bytes, start: bytes | None = None, limit: int = 1000) -> list[tuple[bytes, bytes]]:
         keys = sorted(k for k in self.registry if k.startswith(prefix) and (start is None or k >= start))

@@ -166,3 +166,46 @@ async def test_a_shell_render_keeps_the_good_page_holds_the_lease_and_is_counted
     assert target.refused["why"] == "empty-shell" and target.refused["new"]["textChars"] == 0
     assert target.refused["stored"]["links"] == 120
     assert REGISTRY.get_sample_value("prerender_render_guard_total", labels) == before + 1
+
+
+async def test_an_identical_render_writes_a_freshness_record_and_leaves_the_page_as_stored(keepers, monkeypatch) -> None:
+    from prerender_ray.storage.touches import touch_key
+
+    def nonced(nonce: bytes) -> bytes:
+        return HTML.replace(b"<body>", b'<body><script nonce="%s">x()</script>' % nonce)
+
+    k = keepers()
+    await k.load()
+    k.leases.table.grace_ms = 0  # type: ignore[attr-defined]  # re-granted at once: no release grace
+    job = await claimed(k, "/same")
+    key = job["id"]
+    store = k.store
+    await k.results.process(rendered(key, job["url"]), nonced(b"n1"))
+    stored = store.pages[key.encode()]  # type: ignore[attr-defined]
+    assert store.writes == {"page": 1, "freshness": 0}  # type: ignore[attr-defined]
+
+    async def again(content: bytes, later: int) -> Page:
+        k.claims.mirror.pop(key, None)  # the keeper's copy of the release grace
+        monkeypatch.setattr(results_part, "now_ms", lambda: later)
+        await k.targets.revalidate_key(key)
+        [j] = [j for j in await k.claims.claim(10) if j["id"] == key]
+        await k.results.process(rendered(j["id"], j["url"]), content)
+        [raw] = await store.get_pages([key])
+        assert raw is not None
+        return Page.decode(raw)
+
+    later = now_ms() + 3_600_000
+    page = await again(nonced(b"n2"), later)  # only the nonce differs
+    assert store.writes == {"page": 1, "freshness": 1}  # type: ignore[attr-defined]
+    assert store.pages[key.encode()] == stored  # type: ignore[attr-defined]  # not rewritten
+    assert page.last_cached == later and page.expires_at is not None and page.expires_at > later
+    assert page.content == Page.decode(stored).content  # the first render's bytes, its nonce with them
+    assert (await store.page_metas([key]))[0].last_cached == later  # type: ignore[union-attr]
+
+    await k.targets.revalidate([job["url"]])  # every device's page expires now: by a touch too
+    assert store.writes["page"] == 1 and store.pages[key.encode()] == stored  # type: ignore[attr-defined]
+    assert (await store.page_metas([key]))[0].expires_at <= now_ms()  # type: ignore[union-attr,operator]
+
+    page = await again(HTML.replace(b"rendered", b"changed"), later + 1000)
+    assert store.writes["page"] == 2 and touch_key(key) not in store.pages  # type: ignore[attr-defined]
+    assert page.last_cached == later + 1000

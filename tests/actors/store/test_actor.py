@@ -11,10 +11,15 @@ from tests.support import deploy_on
 
 
 @pytest.fixture(scope="module")
-def store(ray_cluster, tmp_path_factory):
+def deployed(ray_cluster, tmp_path_factory):
     d = deploy_on(ray_cluster, tmp_path_factory.mktemp("store") / "data")
-    yield lookup("store", "node-a")
+    yield d
     d.stop()
+
+
+@pytest.fixture(scope="module")
+def store(deployed):
+    return lookup("store", "node-a")
 
 
 def test_apply_absent_creates_only_what_holds_nothing_live_and_returns_what_is_held(store) -> None:
@@ -79,3 +84,53 @@ def test_counts_are_exact_through_overwrites_deletes_replays_and_a_restart(store
 
         time.sleep(0.2)
     assert got == want
+
+
+def test_a_freshness_record_replicates_and_applies_only_to_a_newer_write_of_its_etag(deployed, store, tmp_path) -> None:
+    from prerender_ray.actors.store.actor import NodeStore
+    from prerender_ray.storage.pages import Page
+    from prerender_ray.storage.replication import unwrap, wrap_many
+    from prerender_ray.storage.touches import Touch, touch_key
+
+    key = "https://f.test/p|desktop"
+    page = Page(cache_key=key, status_code=200, headers={"etag": '"a"'}, last_cached=1_000, expires_at=2_000,
+                content=b"<html>a</html>")
+
+    def expires(s) -> int:
+        return Page.decode(ray.get(s.get_pages.remote([key]))[0]).expires_at
+
+    def shipped() -> dict[bytes, bytes]:  # what a peer pulls (and what is shipped to it)
+        return {r[1]: r[2] for r in ray.get(store.since.remote("pages", 0, None, 10_000))["records"]
+                if r[1] in (key.encode(), touch_key(key))}
+
+    before = ray.get(store.counts.remote())["pages"]
+    ray.get(store.apply.remote([], [(key.encode(), page.encode())]))
+    ray.get(store.apply.remote([], [(touch_key(key), Touch(key, '"a"', 5_000, 9_000).encode())]))
+    assert expires(store) == 9_000
+    [meta] = ray.get(store.page_metas.remote([key]))
+    assert (meta.last_cached, meta.expires_at, meta.headers) == (5_000, 9_000, page.headers)
+    listed = ray.get(store.page_keys.remote("https://f.test/", None, 10))
+    assert [(k, Page.decode(v).expires_at) for k, v in listed] == [(key, 9_000)]  # the touch is no page
+    assert ray.get(store.counts.remote())["pages"] == before + 1
+
+    first = shipped()
+    assert set(first) == {key.encode(), touch_key(key)}
+    peer = NodeStore.options(num_cpus=0).remote(deployed.config, "node-z", str(tmp_path), [])
+    ray.get(peer.apply_remote.remote([["pages", k, first[k]] for k in (touch_key(key), key.encode())]))  # touch first
+    assert expires(peer) == 9_000 and ray.get(peer.counts.remote())["pages"] == 1
+
+    # A full write of the same ETag: the touch is deleted in its batch, and a peer that has the new
+    # page but not yet that delete ignores its older touch
+    ray.get(store.apply.remote([], [(key.encode(), page.encode())]))
+    second = shipped()
+    assert expires(store) == 2_000 and unwrap(second[touch_key(key)])[1] is None  # a tombstone
+    ray.get(peer.apply_remote.remote([["pages", key.encode(), second[key.encode()]]]))
+    assert expires(peer) == 2_000
+
+    # A touch of another content, however new, never extends this page
+    newest = unwrap(second[touch_key(key)])[0].hlc + (1 << 32)
+    other = wrap_many("node-y", newest, [Touch(key, '"b"', 7_000, 99_000).encode()])[0]
+    ray.get(peer.apply_remote.remote([["pages", touch_key(key), other]]))
+    assert expires(peer) == 2_000
+    ray.get(peer.close.remote())
+    ray.kill(peer)

@@ -138,3 +138,38 @@ async def test_the_timer_catches_up_on_its_own(paths) -> None:
     assert bytes(reader.get(KEY).body) == b"timed"
     reader.close()
     primary.close()
+
+
+def test_a_touched_page_is_a_hit_past_its_own_expiry_without_being_decoded_again(paths) -> None:
+    from prerender_ray.serving.answer import verdict
+    from prerender_ray.storage.touches import Touch, touch_key
+
+    now, swr = 10_000_000, 0
+    primary_path, secondary = paths
+    primary = Store(primary_path)
+    clock = Clock("n1")
+    page = Page(cache_key=KEY, status_code=200, headers={"etag": '"e1"'}, content=b"<html>x</html>",
+                last_cached=now - 7_000, expires_at=now - 1_000)
+    primary.put(KEY.encode(), wrap(clock.now(), page.encode()))
+    reader = PageReader(primary_path, secondary)
+    first = reader.get(KEY)
+    assert verdict(first.meta, now, swr) == "stale"  # past its expiry
+    first.variants["gzip"] = "a negotiated form"
+
+    primary.put(touch_key(KEY), wrap(clock.now(), Touch(KEY, '"e1"', now - 10, now + 60_000).encode()))
+    reader.catch_up(force=True)
+    touched = reader.get(KEY)
+    assert touched is first and touched.variants == {"gzip": "a negotiated form"}  # kept: same record
+    assert verdict(touched.meta, now, swr) == "hit" and touched.meta.last_cached == now - 10
+    assert touched.meta.headers == page.headers and bytes(touched.body) == page.content
+
+    primary.put(touch_key(KEY), wrap(clock.now(), Touch(KEY, '"e0"', now, now + 90_000).encode()))
+    reader.catch_up(force=True)
+    assert verdict(reader.get(KEY).meta, now, swr) == "stale"  # the touch of another content: ignored
+
+    primary.put(touch_key(KEY), wrap(clock.now(), Touch(KEY, '"e1"', now, now + 90_000).encode()))
+    primary.put(KEY.encode(), wrap(clock.now(), page.encode()))  # a later full write supersedes it
+    reader.catch_up(force=True)
+    assert reader.get(KEY).meta.expires_at == now - 1_000
+    reader.close()
+    primary.close()
