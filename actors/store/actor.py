@@ -122,6 +122,17 @@ class NodeStore(Replication):
                 out.append(None)
         return out
 
+    async def page_times(self, keys: list[str]) -> list[int | None]:
+        """When each page was last cached (its fixed header's time), None without a readable page."""
+        out: list[int | None] = []
+        for v in self.pages.get_many([k.encode() for k in keys]):
+            payload = payload_of(v)
+            try:
+                out.append(decode_meta(payload)[0].last_cached if payload is not None else None)
+            except PageDecodeError:
+                out.append(None)
+        return out
+
     async def page_keys(self, prefix: str, start: str | None, limit: int) -> list[tuple[str, bytes]]:
         out = []
         first = start.encode() if start else (prefix.encode() or b"\x01")  # past the version index
@@ -178,6 +189,9 @@ class StoreClient:
 
     async def page_headers(self, keys: list[str]) -> list[dict[str, str] | None]:
         return await call(self.handle.page_headers.remote(keys), self.deadline_s)
+
+    async def page_times(self, keys: list[str]) -> list[int | None]:
+        return await call(self.handle.page_times.remote(keys), self.deadline_s)
 
     async def scan(self, prefix: bytes, start: bytes | None = None, limit: int = 1000) -> list[tuple[bytes, bytes]]:
         return await call(self.handle.scan.remote(prefix, start, limit), self.deadline_s)

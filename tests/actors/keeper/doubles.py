@@ -64,6 +64,10 @@ class MemoryStore:
     async def page_headers(self, keys: list[str]) -> list[dict[str, str] | None]:
         return [decode_meta(self.pages[k.encode()])[0].headers if k.encode() in self.pages else None for k in keys]
 
+    async def page_times(self, keys: list[str]) -> list[int | None]:
+        return [decode_meta(self.pages[k.encode()])[0].last_cached if k.encode() in self.pages else None
+                for k in keys]
+
     async def scan(self, prefix: bytes, start: bytes | None = None, limit: int = 1000) -> list[tuple[bytes, bytes]]:
         keys = sorted(k for k in self.registry if k.startswith(prefix) and (start is None or k >= start))
         return [(k, self.registry[k]) for k in keys[:limit]]
