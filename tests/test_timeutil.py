@@ -1,5 +1,5 @@
 """Time base, numeric reads and the reference's fnv1a32 (docs/queue.md#time-base,
-docs/queue.md#first-render-jitter)."""
+docs/queue.md#first-render)."""
 
 from __future__ import annotations
 

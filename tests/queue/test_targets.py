@@ -1,5 +1,5 @@
 """Scheduling rules for targets: put, restore, due-now, revalidate, suppress, reactivate, identity
-(docs/queue.md#targets, #first-render-jitter, #cadence, #who-writes-a-schedule-row,
+(docs/queue.md#targets, #first-render, #cadence, #who-writes-a-schedule-row,
 #suppression-and-recheck)."""
 
 from __future__ import annotations
