@@ -97,7 +97,7 @@ async def refresh(request: Request, who: Principal = Depends(require("admin"))) 
         for s in started:
             s["progress"] = progress_path(s["url"])
         return answer({"background": True, "sitemaps": started,
-                       "firstRenders": first_renders(revalidate, ctx.cfg.page)})
+                       "firstRenders": first_renders(revalidate, ctx.cfg.page, ctx.cfg.render.first_render)})
     from prerender_ray.actors.common import DeadlineExceeded
 
     try:

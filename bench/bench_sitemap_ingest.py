@@ -10,8 +10,13 @@ deployment with its own local Ray (``prerender-ray up --detach``), and then, in 
   the row's startedAt to finishedAt, every URL read, decided, written as a target and scheduled;
 - walks it again (nothing changed: every URL skips) for the steady-state re-walk rate;
 - reads the peak RSS (VmHWM) of every process of the deployment;
-- stops the deployment and reads the schedule store: a histogram of first render times, as a share
-  of each row's cadence (a flat histogram means no render herd).
+- stops the deployment and reads the schedule store: a histogram of first due times, as a share of
+  each row's cadence (``render.firstRender: now``: all at once), and of the render after the first,
+  on each URL's slot (a flat histogram means no render herd in the steady state);
+- simulates a fleet claiming at a given rate from the keeper's real ranking (``Rules.put_many`` into a
+  ``Ranking``, one claim a simulated second) and prints time-to-first-render of a new sitemap under
+  ``firstRender: now`` and ``staggered`` side by side, with an overdue backlog that must go first.
+  ``--fleet-only`` runs just that (seconds, no deployment).
 
 With ``--bot-probe`` it also serves bots while it ingests: a cached page (produced as in
 bench_serving) is fetched by one crawler connection at 50 requests/s, for 10 s on the idle node and
@@ -38,7 +43,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_sitemap_parse import SITEMAP_NS, generate, run_bare, run_tuned  # noqa: E402
 
 from prerender_ray.actors import deploy  # noqa: E402
+from prerender_ray.config.loading import parse  # noqa: E402
+from prerender_ray.queue.ranking import Ranking  # noqa: E402
 from prerender_ray.queue.schedule import ScheduleRow  # noqa: E402
+from prerender_ray.queue.targets import Rules  # noqa: E402
 from prerender_ray.storage.rocks import Store  # noqa: E402
 
 BIN = Path(sys.executable).parent
@@ -142,20 +150,98 @@ def processes(data_dir: Path, extra: dict[str, int]) -> dict[str, dict]:
     return out
 
 
-def first_render_histogram(data_dir: Path, t0: int, buckets: int = 10) -> dict[int, Counter]:
-    """cadence -> (share of the cadence at which a row first comes due -> rows)."""
-    hist: dict[int, Counter] = {}
+def first_render_histogram(data_dir: Path, t0: int, buckets: int = 10) -> tuple[dict[int, Counter], dict[int, Counter]]:
+    """cadence -> (share of the cadence at which a row first comes due -> rows), and the same for the
+    render after the first (``Rules.after_first_render`` from the first due time, as the planner
+    files it when the first result lands)."""
+    rules = Rules(parse({}, {}).config)
+    first: dict[int, Counter] = {}
+    second: dict[int, Counter] = {}
+
+    def tenth(at: int, cadence: int) -> int:
+        return min(max(int((at - t0) / cadence * buckets), 0), buckets - 1)
+
     for path in (data_dir / "nodes").glob("*/schedule"):
         db = Store(path, read_only=True)
         for k, v in db.items():
             row = ScheduleRow.decode(k, v)
-            if row.next_render_time is None or not row.effective_interval:
+            cadence = row.effective_interval
+            if row.next_render_time is None or not cadence:
                 continue
-            share = (row.next_render_time - t0) / row.effective_interval
-            tenth = min(max(int(share * buckets), 0), buckets - 1)
-            hist.setdefault(row.effective_interval, Counter())[tenth] += 1
+            first.setdefault(cadence, Counter())[tenth(row.next_render_time, cadence)] += 1
+            after = rules.after_first_render(rules.url_of(row.cache_key), cadence, row.next_render_time)
+            second.setdefault(cadence, Counter())[tenth(after, cadence)] += 1
         db.close()
-    return hist
+    return first, second
+
+
+def print_histogram(title: str, hist: dict[int, Counter]) -> None:
+    print(title)
+    print("  cadence   " + "".join(f"{b / 10:>8.1f}" for b in range(10)))
+    for cadence in sorted(hist):
+        counts = hist[cadence]
+        print(f"  {cadence / 3_600_000:>6.0f} h " + "".join(f"{counts[b]:>8,}" for b in range(10)))
+
+
+def simulate_fleet(pages: int, rate: int, mode: str, backlog: int) -> dict:
+    """A new sitemap of ``pages`` URLs (two devices each, daily) put at t0 on a keeper that already holds
+    ``backlog`` URLs an hour overdue; a fleet claims ``rate`` jobs a simulated second from the real
+    ranking (``top_k``, claimed keys leave it). Seconds from t0 to each new key's claim, and when the
+    last backlog key and the first new key were claimed."""
+    rules = Rules(parse({"render": {"firstRender": mode}}, {}).config)
+    t0 = 1_780_000_000_000
+    ranking = Ranking(lambda route: rules.cfg.render.default_interval,
+                      boost=rules.cfg.queue.ready.sitemap_boost)
+    old = [f"https://old.test/p/{i}" for i in range(backlog)]
+    new = [f"https://shop.test/p/{i}" for i in range(pages)]
+    _, rows = rules.put_many(old, [None] * backlog, [None] * backlog, [t0 - 3_600_000] * backlog, now=t0, node=None)
+    ranking.upsert_many(rows, lambda key: None)
+    _, rows = rules.put_many(new, ["https://shop.test/sitemap.xml"] * pages, [None] * pages, [None] * pages,
+                             now=t0, node=None)
+    ranking.upsert_many(rows, lambda key: None)
+    dues = sorted({due for _, due, _, _ in rows})
+    waits: list[float] = []
+    last_old = first_new = None
+    t, i = t0, 0
+    while len(ranking):
+        got = ranking.top_k(rate, t)
+        if not got:  # nothing due: on to the next due minute
+            while i < len(dues) and dues[i] <= t:
+                i += 1
+            t = dues[i]
+            continue
+        for key in got:
+            ranking.remove(key)
+            if key.startswith("https://old.test/"):
+                last_old = t
+            else:
+                first_new = t if first_new is None else first_new
+                waits.append((t - t0) / 1000)
+        t += 1000
+    return {"waits": waits, "last_old": None if last_old is None else (last_old - t0) / 1000,
+            "first_new": None if first_new is None else (first_new - t0) / 1000}
+
+
+def fleet_figure(pages: int, rate: int, backlog: int) -> None:
+    from bench_keeper import pct
+
+    def hms(seconds: float) -> str:
+        return f"{seconds / 3600:5.1f} h" if seconds >= 5400 else f"{seconds / 60:5.1f} m"
+
+    print(f"time to first render of a new sitemap: {pages:,} pages x 2 devices, a fleet claiming {rate}/s, "
+          f"{backlog:,} pages already an hour overdue (daily cadence)")
+    print(f"  {'render.firstRender':<20}{'p50':>9}{'p99':>9}{'max':>9}   overdue backlog")
+    for mode in ("now", "staggered"):
+        t = time.perf_counter()
+        sim = simulate_fleet(pages, rate, mode, backlog)
+        w = sim["waits"]
+        order = ("all claimed before the first new page" if sim["last_old"] is None or sim["first_new"] is None
+                 or sim["last_old"] < sim["first_new"] else
+                 f"last claimed at {hms(sim['last_old'])}, first new page at {hms(sim['first_new'])}")
+        print(f"  {mode:<20}{hms(pct(w, 0.5)):>9}{hms(pct(w, 0.99)):>9}{hms(max(w)):>9}   {order}"
+              f"  ({time.perf_counter() - t:.1f} s simulated)")
+    print(f"  (now: the fleet's pace, {2 * pages / rate / 3600:.1f} h for the last page; staggered: the jitter, "
+          "whatever the fleet's rate)")
 
 
 def main() -> None:
@@ -163,7 +249,14 @@ def main() -> None:
     ap.add_argument("--docs", type=int, default=20)
     ap.add_argument("--per-doc", type=int, default=50_000)
     ap.add_argument("--bot-probe", action="store_true", help="serve bots at 50 requests/s while ingesting")
+    ap.add_argument("--fleet-pages", type=int, default=100_000, help="pages of the simulated new sitemap")
+    ap.add_argument("--fleet-rate", type=int, default=20, help="jobs a second the simulated fleet claims")
+    ap.add_argument("--fleet-backlog", type=int, default=5_000, help="pages already overdue when it lands")
+    ap.add_argument("--fleet-only", action="store_true", help="only the fleet simulation (no deployment)")
     args = ap.parse_args()
+    if args.fleet_only:
+        fleet_figure(args.fleet_pages, args.fleet_rate, args.fleet_backlog)
+        return
     total = args.docs * args.per_doc
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
         root_dir = Path(tmp)
@@ -213,7 +306,7 @@ def main() -> None:
             stop.set()
             down(data_dir)
             server.terminate()
-        hist = first_render_histogram(data_dir, t0)
+        hist, steady = first_render_histogram(data_dir, t0)
 
     def rate(row: dict) -> float:
         return total / ((row["finishedAt"] - row["startedAt"]) / 1000)
@@ -241,13 +334,12 @@ def main() -> None:
         print("bot cache hits, one connection at 50 requests/s (this run's ingest figures include them):")
         print(f"  idle node                        {latency_line(probe_idle)}")
         print(f"  during the first walk            {latency_line(probe_walk)}")
-    print("first render times, as a share of each row's cadence (rows per tenth), per cadence:")
-    print("  cadence   " + "".join(f"{b / 10:>8.1f}" for b in range(10)))
-    for cadence in sorted(hist):
-        counts = hist[cadence]
-        print(f"  {cadence / 3_600_000:>6.0f} h " + "".join(f"{counts[b]:>8,}" for b in range(10)))
+    print_histogram("first due times, as a share of each row's cadence (rows per tenth), per cadence "
+                    "(render.firstRender: now, so all at once):", hist)
+    print_histogram("the render after the first, on each URL's slot (the steady state), per cadence:", steady)
     print("  (flat is the goal: the reference's fnv1a32(url) mod cadence covers at most 2^32 ms = 49.7 days,\n"
           "   so it put 365-day first renders in their first 14%; prerender-ray scales xxh64 onto the cadence)")
+    fleet_figure(args.fleet_pages, args.fleet_rate, args.fleet_backlog)
 
 
 if __name__ == "__main__":

@@ -97,3 +97,13 @@ def jittered_minute(seed: str, span: int, now: int) -> int:
     """``initial_render_time`` for a seed and a positive int span already settled (a bulk put calls it
     directly): ``minute(now + xxh64(seed) * span >> 64)``."""
     return minute(now + ((xxh64_intdigest(seed.encode("utf-8", "surrogatepass")) * span) >> 64))
+
+
+def next_slot(seed: str, span: int, now: int) -> int:
+    """The seed's next slot after ``now``'s minute: the first ``t >= minute(now) + 1 min`` with
+    ``t = offset (mod span)`` on the epoch, ``offset`` as ``jittered_minute`` draws it. Fixed per URL
+    and cadence whatever the time of the first render, so re-renders of a corpus stay flat over the
+    cadence and the gap after the first render is at most ``span`` (plus a minute)."""
+    offset = (xxh64_intdigest(seed.encode("utf-8", "surrogatepass")) * span) >> 64
+    start = minute(now) + MINUTE_MS
+    return minute(start + (offset - start) % span)

@@ -16,12 +16,14 @@ NS = "http://www.sitemaps.org/schemas/sitemap/0.9"
 Handler = Callable[[BaseHTTPRequestHandler], None]
 
 
-def urlset(*entries: str | tuple[str | None, str | None]) -> bytes:
-    """A urlset of ``loc`` strings or ``(loc, changefreq)`` pairs (a None loc gives ``<url/>``)."""
+def urlset(*entries: str | tuple[str | None, str | None] | tuple[str | None, str | None, str]) -> bytes:
+    """A urlset of ``loc`` strings, ``(loc, changefreq)`` pairs or ``(loc, changefreq, lastmod)``
+    (a None loc gives ``<url/>``)."""
     rows = []
     for e in entries:
-        loc, freq = (e, None) if isinstance(e, str) else e
+        loc, freq, lastmod = (e, None, None) if isinstance(e, str) else (*e, None)[:3]
         parts = [f"<loc>{loc}</loc>"] if loc is not None else []
+        parts += [f"<lastmod>{lastmod}</lastmod>"] if lastmod else []
         parts += [f"<changefreq>{freq}</changefreq>"] if freq else []
         rows.append(f"<url>{''.join(parts)}</url>")
     return f'<?xml version="1.0"?><urlset xmlns="{NS}">{"".join(rows)}</urlset>'.encode()

@@ -1,5 +1,5 @@
 """Time base, numeric reads and the reference's fnv1a32 (docs/queue.md#time-base,
-docs/queue.md#first-render-jitter)."""
+docs/queue.md#first-render)."""
 
 from __future__ import annotations
 
@@ -134,3 +134,16 @@ def test_a_junk_interval_falls_back_to_the_default_for_jitter(interval: object) 
     key = "https://x.test/a|desktop"
     expected = initial_render_time(key, 6 * 3_600_000, NOW, default_interval=DAY_MS)
     assert initial_render_time(key, interval, NOW, default_interval=6 * 3_600_000) == expected
+
+
+def test_next_slot_is_the_seeds_fixed_phase_strictly_after_this_minute() -> None:
+    from prerender_ray.timeutil import next_slot
+
+    span = DAY_MS
+    for i in range(200):
+        seed = f"https://shop.test/p/{i}"
+        slot = next_slot(seed, span, NOW)
+        assert slot % MINUTE_MS == 0 and minute(NOW) < slot <= minute(NOW) + MINUTE_MS + span
+        assert next_slot(seed, span, slot - MINUTE_MS) == slot  # the minute before it: still ahead
+        assert next_slot(seed, span, slot) == slot + span  # at it: the next period's
+        assert next_slot(seed, span, NOW + 3 * span) == slot + 3 * span  # one phase on the epoch

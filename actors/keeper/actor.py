@@ -96,6 +96,9 @@ class QueueKeeper:
     async def revalidate_prefix(self, prefix: str, within: int) -> dict:
         return await self.keeper.targets.revalidate_prefix(prefix, within)
 
+    async def lastmod_due(self, urls: list[str], lastmods: list[int], within: int) -> dict:
+        return await self.keeper.targets.lastmod_due(urls, lastmods, within)
+
     async def revalidate_key(self, key: str) -> dict | None:
         return await self.keeper.targets.revalidate_key(key)
 

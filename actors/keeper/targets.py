@@ -70,7 +70,9 @@ class Targets:
         now = now_ms()
         rules = self.conf.rules
         routes: dict[str, Any] = {}  # found while building the rows: ranking them asks no router again
-        registry, rows = rules.put_many(urls, sitemaps, intervals, dues, now=now, node=self.node, routes=routes)
+        # absent_only creates only new targets (no held row to look at); any other put may be a re-put
+        registry, rows = rules.put_many(urls, sitemaps, intervals, dues, now=now, node=self.node, routes=routes,
+                                        held=None if absent_only else self._due_of)
         if not absent_only:
             await self.store.apply(registry)
         elif registry:
@@ -178,6 +180,34 @@ class Targets:
             cursor = chunk[-1][0] + b"\x00"
             await asyncio.sleep(0)
         return {"node": self.node, "targets": matched, "revalidating": written}
+
+    async def lastmod_due(self, urls: list[str], lastmods: list[int], within: int) -> dict:
+        """A sitemap refresh listed these URLs with a ``lastmod`` (epoch ms) newer than its last walk:
+        every device whose page was last cached before it is due within ``within`` ms
+        (``Rules.lastmod_due``). Reads targets and page times, never page bodies. A URL this node does
+        not own (the walk's membership view lagged) is left to its cadence. Answers how many URLs were
+        made due."""
+        now = now_ms()
+        rules = self.conf.rules
+        mine = [(u, at) for u, at in zip(urls, lastmods) if self.ownership.owner(u) == self.node]
+        found = await self.store.get_targets([u for u, _ in mine])
+        keyed: list[tuple[int, Target, list[str]]] = []
+        for (url, at), data in zip(mine, found):
+            try:
+                if data is not None:
+                    keyed.append((at, Target.decode(url, data), rules.keys_of(url)))
+            except RecordError:
+                continue
+        times = await self.store.page_times([k for *_, keys in keyed for k in keys]) if keyed else []
+        rows: list[ScheduleRow] = []
+        due = i = 0
+        for at, target, keys in keyed:
+            made = rules.lastmod_due(target, at, times[i:i + len(keys)], now, within, self._due_of)
+            i += len(keys)
+            due += bool(made)
+            rows += made
+        self.rows.write(rows)
+        return {"due": due, "rows": len(rows)}
 
     def _due_of(self, key: str) -> int | None:
         row = self.rows.row(key)

@@ -148,6 +148,11 @@ class NodeStore(Replication):
             out.append(touched(meta, applicable(meta, page, touch)) if meta is not None else None)
         return out
 
+    async def page_times(self, keys: list[str]) -> list[int | None]:
+        """When each page was last cached (a freshness record's time included), None without a
+        readable page: an unchanged render moves it too, so a lastmod older than it is no change."""
+        return [m.last_cached if m is not None else None for m in await self.page_metas(keys)]
+
     async def page_keys(self, prefix: str, start: str | None, limit: int) -> list[tuple[str, bytes]]:
         found = []
         first = start.encode() if start else (prefix.encode() or b"\x01")  # past the internal families
@@ -204,6 +209,9 @@ class StoreClient:
 
     async def page_metas(self, keys: list[str]) -> list[PageMeta | None]:
         return await call(self.handle.page_metas.remote(keys), self.deadline_s)
+
+    async def page_times(self, keys: list[str]) -> list[int | None]:
+        return await call(self.handle.page_times.remote(keys), self.deadline_s)
 
     async def scan(self, prefix: bytes, start: bytes | None = None, limit: int = 1000) -> list[tuple[bytes, bytes]]:
         return await call(self.handle.scan.remote(prefix, start, limit), self.deadline_s)

@@ -24,6 +24,7 @@ from prerender_ray.actors.common import call
 from prerender_ray.actors.walker.fetch import Document, Fetcher
 from prerender_ray.config.model import Config
 from prerender_ray.identity.urls import UrlError, whatwg_path
+from prerender_ray.sitemaps.lastmod import changed_entries
 from prerender_ray.sitemaps.rules import (
     NO_TARGET,
     Action,
@@ -87,6 +88,7 @@ class Walk:
         self.visited: set[str] = set()  # documents dequeued so far, failed ones included
         self.current: str | None = None
         self.last_progress = time.monotonic()
+        self.walked_at: dict[str, int] = {}  # urlset -> when its lastmods were weighed (its row keeps it)
 
     # --------------------------------------------------------------------------------------- BFS
 
@@ -238,13 +240,53 @@ class Walk:
         skipped = len(part.incoming) - len(reads) - len(renders)
         result.count(Action.SKIP, skipped)
         metrics.sitemap_entries.labels("skipped").inc(skipped)
+        # lastmods newer than the last walk: pages to re-render once the batches have run (a revalidate
+        # renders every page anyway; a target this walk creates has no page yet)
+        changed: dict[str, int] = {}
+        if self.revalidate:
+            self.walked_at[sitemap] = now_ms()
+        else:
+            changed = await self._changed(sitemap, part)
         gate = asyncio.Semaphore(IN_FLIGHT)
         batches = [(reads[i:i + BATCH], True) for i in range(0, len(reads), BATCH)]
         batches += [(renders[i:i + BATCH], False) for i in range(0, len(renders), BATCH)]
-        await asyncio.gather(*(self._batch(sitemap, items, read, gate) for items, read in batches))
+        await asyncio.gather(*(self._batch(sitemap, items, read, gate, changed) for items, read in batches))
+        if changed:
+            await self._lastmod_due(changed)
+
+    async def _changed(self, sitemap: str, part: Partition) -> dict[str, int]:
+        """The entries whose lastmod is newer than this document's previous walk (``changed_entries``);
+        the bad ones are counted."""
+        [raw] = await call(self.env.store.get.remote([sitemap_key(sitemap)]), STORE_DEADLINE_S)
+        try:
+            old = decode_json(raw) if raw else {}
+        except RecordError:
+            old = {}
+        since = old.get("walkedAt", old.get("lastRefreshed"))  # a row from before walkedAt: its refresh
+        checked = self.walked_at[sitemap] = now_ms()
+        found = changed_entries(part.incoming, since if isinstance(since, int) else None, checked)
+        self.result.lastmod_invalid += found.invalid
+        self.result.lastmod_future += found.future
+        return found.changed
+
+    async def _lastmod_due(self, changed: dict[str, int]) -> None:
+        """Ask each owner's keeper to make due the listed pages rendered before their lastmod, paced over
+        ``sitemap.lastmodWithin``; counted in the result."""
+        within = self.env.cfg.sitemap.lastmod_within
+        urls = sorted(changed)
+        ats = [changed[u] for u in urls]
+        calls = []
+        for owner, (u, at, _) in self._by_owner(urls, ats, [None] * len(urls)).items():
+            keeper = await self.env.keeper(owner)
+            calls += [keeper.lastmod_due.remote(u[i:i + BATCH], at[i:i + BATCH], within)
+                      for i in range(0, len(u), BATCH)]
+        answers = await asyncio.gather(*(call(ref, WRITE_DEADLINE_S) for ref in calls))
+        due = sum(a["due"] for a in answers)
+        self.result.lastmod_due += due
+        metrics.sitemap_entries.labels("lastmod-due").inc(due)
 
     async def _batch(self, sitemap: str, items: list[tuple[str, Any]], read: bool,
-                     gate: asyncio.Semaphore) -> None:
+                     gate: asyncio.Semaphore, changed: dict[str, int]) -> None:
         """One batch of listed URLs. Without ``read`` (revalidate) every URL is put. Otherwise every
         URL is created where it has no target, by the owner's store in the same step as its check
         (most URLs of a first walk are new: no read round trip first); the targets that exist come
@@ -264,6 +306,11 @@ class Walk:
             else:
                 held = await self._create_absent(sitemap, plan)
                 counts = {Action.CREATE: len(items) - len(held)}
+                if changed:
+                    existing = {url for url, _ in held}
+                    for url, _ in items:
+                        if url not in existing:
+                            changed.pop(url, None)  # created just now: no page to be stale
                 if held:
                     entries = dict(items)
                     rest = plan_batch(sitemap, [(url, entries[url]) for url, _ in held],
@@ -343,6 +390,9 @@ class Walk:
                "lastRefreshed": now_ms(), "parentUrl": parent, "chunks": len(doc.chunks),
                "digest": doc.digest, "bytes": doc.size,
                "compressed": doc.compressed, "fetchMs": round(doc.seconds * 1000)}
+        walked = self.walked_at.pop(doc.url, old.get("walkedAt"))
+        if walked is not None:  # when this urlset's lastmods were last weighed (the next walk's floor)
+            row["walkedAt"] = walked
         if doc.final_url != doc.url:
             row["finalUrl"] = doc.final_url
         ops.append((sitemap_key(doc.url), encode_json(row)))

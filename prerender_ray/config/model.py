@@ -492,6 +492,11 @@ class Render(Model):
     default_interval: PositiveDuration = Field(
         DAY, description="Cadence of targets without a route or stored interval."
     )
+    first_render: Literal["now", "staggered"] = Field(
+        "now", description="When a new target (sitemap, PUT, discovery) is first due: now (ranked behind "
+        "older overdue work), its next render then on the URL's slot within the cadence; or staggered "
+        "over the cadence (the reference)."
+    )
     status_pages: StatusPages = StatusPages()
     on_miss: OnMiss = OnMiss()
     guard: Guard = Guard()
@@ -529,6 +534,10 @@ class Sitemap(Model):
     max_entries: int = Field(50_000, ge=1, description="Cap on entries per document.")
     max_documents: int = Field(1_000, ge=1, description="Cap on documents per walk.")
     fetch_timeout_ms: PositiveDuration = Field(60_000, description="Deadline of one sitemap document fetch.")
+    lastmod_within: NonNegDuration = Field(
+        HOUR, description="A refresh whose entry's lastmod is newer than the page's last render makes it "
+        "due within this window, paced by key (0: due at once)."
+    )
 
     @field_validator("refresh_time")
     @classmethod

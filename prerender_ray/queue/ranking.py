@@ -10,7 +10,8 @@ its cache-key string, held once, referenced twice: from the ``_where`` dict (key
 from the bucket itself, a sorted list of the keys of one class due at one instant. Due time, cadence,
 flag and route live on the bucket and its class, shared by every row in them. A bulk upsert appends
 to buckets that are not due yet and sorts each it disordered once, when it comes due or is read
-(``_settle``): a sitemap ingest puts a million rows into future buckets nobody reads for hours.
+(``_settle``): a sitemap ingest puts a million rows into future buckets nobody reads for hours, or
+(new pages first) into one bucket due now, sorted once per publish instead of once per row.
 
 Scores are computed at minute resolution (``now`` floored to the minute) so they are stable within a
 minute; ties break on due time, then cache key, so the order is total and the brute-force oracle at
@@ -208,11 +209,14 @@ class Ranking:
                     bucket = found
             if bucket[-1] < key:
                 bucket.append(key)
-            elif due is None or due >= self._plan_next:  # not due before the next merge: sort it then
+            else:
+                # sorted once, before the next merge reads it: a bucket due already (a new sitemap's rows,
+                # firstRender: now, a million in one minute) drops the plan that holds it; an insort per
+                # row would move the whole bucket each time
                 unsorted[id(bucket)] = bucket
                 bucket.append(key)
-            else:
-                insort(bucket, key)
+                if due is not None and due < self._plan_next:
+                    self._plan = None
             where[key] = bucket
         return n
 

@@ -301,7 +301,9 @@ class Planner:
                   discard: bool) -> Plan:
         url = self.rules.url_of(key)
         interval = self.rules.cadence(url, target.render_interval if target else None)
-        due = minute(now) + interval
+        # no page stored before this one: its first render; the next lands on the URL's slot
+        first = not discard and key in self._stored and self._stored[key] is None
+        due = self.rules.after_first_render(url, interval, now) if first else minute(now) + interval
         plan = Plan("rendered", detail="rendered")
         if r.content and not discard:
             plan.guard, measured = self._judged(r, key, target, url)

@@ -1,8 +1,10 @@
 """Scheduling rules for targets: what a put, a suppression, a revalidation or a delete writes.
 
 Pure: each rule returns the target row and the schedule rows to write; the keeper applies them (it is
-the only writer of schedule rows). Cadence is route > stored > default; a put's first render is
-jittered over the cadence, all device variants of a URL on one slot.
+the only writer of schedule rows). Cadence is route > stored > default. A new target's first render is
+due now (``render.firstRender: now``) and the render after it lands on the URL's slot (``next_slot``),
+or the first render is jittered over the cadence (``staggered``, the reference); all device variants
+of a URL share one slot.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from prerender_ray.identity.urls import url_path
 from prerender_ray.queue.schedule import ScheduleRow, counted_strikes
 from prerender_ray.storage.keys import TARGET
 from prerender_ray.storage.registry import SUPPRESSED, Target
-from prerender_ray.timeutil import fnv1a32, initial_render_time, jittered_minute, minute, positive
+from prerender_ray.timeutil import fnv1a32, initial_render_time, jittered_minute, minute, next_slot, positive
 
 
 def _target_head(sitemap_url: str | None, node_part: str) -> str:
@@ -29,6 +31,7 @@ def _target_head(sitemap_url: str | None, node_part: str) -> str:
     return sitemap_part + node_part
 
 
+Held = Callable[[str], int | None]  # a key's current due time, or None when no row is held
 _NO_DELIMITER = "\n"  # never in a canonical URL (escaped), so the whole URL seeds the jitter
 
 
@@ -48,6 +51,7 @@ class Rules:
         self.keys = keys or KeyFormat.from_config(cfg)
         self.supported = tuple(cfg.device_types.supported)
         self.default_devices = tuple(cfg.device_types.default)
+        self.first_now = cfg.render.first_render == "now"
 
     # -------------------------------------------------------------------------------- identity
 
@@ -92,23 +96,32 @@ class Rules:
     # -------------------------------------------------------------------------------------- rules
 
     def put(self, url: str, *, now: int, sitemap_url: str | None = None, render_interval: object = None,
-            next_render_time: object = None, node: str | None = None) -> tuple[Target, list[ScheduleRow]]:
+            next_render_time: object = None, node: str | None = None,
+            held: Held | None = None) -> tuple[Target, list[ScheduleRow]]:
         """(Re)activation: a fresh row (suppression and strikes cleared) and one schedule row per device,
-        due at ``next_render_time`` when it is a positive number, else jittered over the cadence."""
+        due at ``next_render_time`` when it is a positive number, else as ``first_due`` says."""
         stored = positive(render_interval)
         target = Target(url=url, sitemap_url=sitemap_url or None, scheduler_node=node,
                         render_interval=int(stored) if stored else None)
-        _, rows = self.put_many([url], [sitemap_url], [render_interval], [next_render_time], now=now, node=node)
+        _, rows = self.put_many([url], [sitemap_url], [render_interval], [next_render_time], now=now, node=node,
+                                held=held)
         return target, [ScheduleRow(*r) for r in rows]
 
     def put_many(self, urls: Sequence[str], sitemap_urls: Sequence[str | None], intervals: Sequence[object],
                  dues: Sequence[object], *, now: int, node: str | None,
-                 routes: dict[str, Any] | None = None) -> tuple[list[list[bytes]], list[tuple]]:
+                 routes: dict[str, Any] | None = None, held: Held | None = None
+                 ) -> tuple[list[list[bytes]], list[tuple]]:
         """``put`` for a batch (a sitemap ingests a million): the target records as registry writes
         ``[key, record]`` (lists: they go to the store, and Ray pickles every tuple of an argument) and
         the schedule rows as plain tuples in ``ScheduleRow`` order. The records are ``Target.encode``'s
         bytes, built from a prefix per sitemap instead of a ``Target`` per URL. ``routes``, when given,
-        receives each URL's route under its first row's key (the keeper ranks the rows by it)."""
+        receives each URL's route under its first row's key (the keeper ranks the rows by it).
+
+        Without an explicit due: with ``firstRender: now`` a new URL is due this minute; ``held`` (the
+        current due time of a key, or None) tells a re-put apart, which keeps the staggered slot unless
+        it is due sooner already (a re-put never makes a page due again). A new target is the proxy for
+        "no cached page": a caller that knows every URL is new (a sitemap create) passes no ``held``.
+        ``staggered`` jitters every put over the cadence, as the reference does."""
         router, keys_of, default_devices = self.router, self.keys.key, self.default_devices
         default_interval = self.cfg.render.default_interval
         heads: dict[str | None, str] = {}
@@ -118,6 +131,7 @@ class Rules:
         registry: list[list[bytes]] = []
         rows: list[tuple] = []
         add_target, add_row = registry.append, rows.append
+        first_now, now_min = self.first_now, minute(now)
         for url, sitemap_url, interval, explicit in zip(urls, sitemap_urls, intervals, dues):
             sitemap_url = sitemap_url or None
             head = heads.get(sitemap_url)
@@ -135,19 +149,29 @@ class Rules:
                 devices = default_devices
             if explicit is not None and (type(explicit) is not int or explicit <= 0):
                 explicit = positive(explicit)
-            if explicit:
-                due = int(explicit)
-            elif type(cadence) is int and cadence > 0 and _NO_DELIMITER not in url:
-                due = jittered_minute(url, cadence, now)  # _jittered, its checks settled here
-            else:
-                due = self._jittered(url, cadence, now)
-            body = head if interval is None else f'{head},"render_interval":{interval}'
-            add_target([TARGET + url.encode(), f"{{{body[1:]}}}".encode()])
-            sitemap = sitemap_url is not None
+            ends: Any = None
             if appends:
                 ends = suffixes.get(devices)
                 if ends is None:
                     ends = suffixes[devices] = self.keys.suffixes(devices)
+            current = None
+            if held is not None and first_now and not explicit and devices:
+                current = held(url + ends[0] if appends else keys_of(url, devices[0]))
+            if explicit:
+                due = int(explicit)
+            elif first_now and current is None:
+                due = now_min
+            else:
+                if type(cadence) is int and cadence > 0 and _NO_DELIMITER not in url:
+                    due = jittered_minute(url, cadence, now)  # _jittered, its checks settled here
+                else:
+                    due = self._jittered(url, cadence, now)
+                if current is not None and current < due:
+                    due = current
+            body = head if interval is None else f'{head},"render_interval":{interval}'
+            add_target([TARGET + url.encode(), f"{{{body[1:]}}}".encode()])
+            sitemap = sitemap_url is not None
+            if appends:
                 for end in ends:
                     add_row((url + end, due, sitemap, cadence))
             else:
@@ -170,6 +194,33 @@ class Rules:
         (seed ``desktop``) or the delimiter occurs in URLs (``::`` in ``https://[::1]/``)."""
         return initial_render_time(url, cadence, now, default_interval=self.cfg.render.default_interval,
                                    delimiter=_NO_DELIMITER)
+
+    def after_first_render(self, url: str, cadence: int, now: int) -> int:
+        """When the render after a page's first is due: with ``firstRender: now`` the URL's next slot
+        (``next_slot``: the first render came at once, so the cadence from it would put a new sitemap's
+        re-renders in one herd a cadence later); staggered, the cadence from now (its first render
+        already was on its slot)."""
+        if not self.first_now:
+            return minute(now) + cadence
+        return next_slot(url, cadence, now)
+
+    def lastmod_due(self, target: Target, lastmod: int, cached: Sequence[int | None], now: int, within: int,
+                    held: Held) -> list[ScheduleRow]:
+        """A sitemap says ``target`` changed at ``lastmod``: each device whose page was last cached
+        before it is due within ``within`` (paced as a revalidation, never delayed). ``cached``: each
+        of ``keys_of(target.url)``'s page times, None without a page (a page never rendered is due on
+        its own; a suppressed target keeps its recheck, so the suppression rules stay as they are)."""
+        if target.suppressed:
+            return []
+        rows = []
+        for key, at in zip(self.keys_of(target.url), cached):
+            if at is None or at >= lastmod:
+                continue
+            due = paced_due(key, now, within)
+            current = held(key)
+            if current is None or current > due:
+                rows.append(ScheduleRow(key, due, target.sitemap_url is not None, None))
+        return rows
 
     def due_now(self, target: Target | None, key: str, now: int, *, carry_cadence: bool = True) -> ScheduleRow:
         """Admin revalidate and render-now: one key due this minute."""

@@ -305,12 +305,15 @@ def plan_batch(
     return plan
 
 
-def first_renders(revalidate: bool, page: Page) -> dict:
+def first_renders(revalidate: bool, page: Page, first_render: str = "now") -> dict:
     """When a walk's new pages get their first render, for the walk's answer: now with
-    ``revalidate``, else at a fixed point within each page's cadence (its changefreq, ``page.ttl``
-    without one), so that no day has a herd."""
+    ``revalidate`` or ``render.firstRender: now``, else at a fixed point within each page's cadence
+    (its changefreq, ``page.ttl`` without one), so that no day has a herd."""
     if revalidate:
         return {"when": "now", "note": "every listed page is due this minute; the fleet renders them as it claims"}
+    if first_render == "now":
+        return {"when": "now", "note": "every new page is due this minute, ranked behind older overdue work; "
+                "its next render falls at a fixed point within its cadence (render.firstRender)"}
     longest = max(changefreq_interval(f, page) for f in (*CHANGEFREQ_MS, None))
     return {"when": "spread", "defaultCadenceMs": changefreq_interval(None, page), "longestCadenceMs": longest,
             "note": "a new page's first render falls at a fixed point within its cadence (its changefreq, "
@@ -396,6 +399,9 @@ class RefreshResult:
     failed: list[dict[str, str]] = field(default_factory=list)
     failed_overflow: int = 0
     truncated_scans: list[dict[str, Any]] = field(default_factory=list)
+    lastmod_due: int = 0  # pages a lastmod newer than their last render made due (paced)
+    lastmod_invalid: int = 0  # lastmods that are no datetime: ignored
+    lastmod_future: int = 0  # lastmods later than the walk: ignored until a walk after them
 
     @classmethod
     def from_config(cls, sitemap_cfg: SitemapConfig) -> RefreshResult:

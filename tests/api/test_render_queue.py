@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from prerender_ray.storage.pages import Page
-from prerender_ray.timeutil import MINUTE_MS, minute
+from prerender_ray.timeutil import MINUTE_MS, minute, next_slot, now_ms
 from tests.support import (
     brotli_bomb,
     claim,
@@ -77,16 +77,24 @@ def test_a_leased_key_is_never_granted_again_while_its_lease_lives(node) -> None
 
 
 def test_a_rendered_result_stores_the_page_and_reschedules_at_the_route_cadence(node) -> None:
-    keys = due_now(node.url, "https://shop.example/hourly/p1")
+    url, cadence = "https://shop.example/hourly/p1", 6 * 3600_000
+    keys = due_now(node.url, url)
     jobs = take(node.url, keys, timeout=15)
     before = time.time() * 1000
     r = post_result(jobs[keys[0]], html=b"<html>ok</html>")
     assert r.status_code == 204 and r.content == b""
     row = schedule(node.url, keys[0])
-    # completion-relative: minute(now) + the route's 6 h, not the stored or default cadence
-    assert row["nextRenderTime"] in (minute(before) + 6 * 3600_000, minute(before) + MINUTE_MS + 6 * 3600_000)
-    assert row["effectiveInterval"] == 6 * 3600_000 and row["leased"] is False
+    # the page's first render: the next lands on the URL's slot within the route's 6 h
+    assert row["nextRenderTime"] in {next_slot(url, cadence, int(before)), next_slot(url, cadence, now_ms())}
+    assert row["effectiveInterval"] == cadence and row["leased"] is False
     assert post_result(jobs[keys[1]]).status_code == 204
+    due_now(node.url, url)
+    jobs = take(node.url, keys[:1], timeout=15)
+    before = time.time() * 1000
+    assert post_result(jobs[keys[0]], html=b"<html>ok</html>").status_code == 204
+    # a page stored before: completion-relative, minute(now) + the route's 6 h, not the stored or default
+    row = schedule(node.url, keys[0])
+    assert row["nextRenderTime"] in (minute(before) + cadence, minute(before) + MINUTE_MS + cadence)
 
 
 def test_claim_limits_are_clamped_and_junk_is_a_400(node) -> None:

@@ -3,6 +3,7 @@ sitemaps served by a local test server (hostile ones included). docs/sitemaps.md
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from urllib.parse import quote
 
 import httpx
@@ -10,11 +11,23 @@ import pytest
 import ray
 
 from prerender_ray.actors.common import lookup
+from prerender_ray.queue.targets import paced_due
 from prerender_ray.sitemaps.rules import next_daily_refresh
 from prerender_ray.storage.registry import encode_json, sitemap_run_key
-from prerender_ray.timeutil import DAY_MS, minute, now_ms
+from prerender_ray.timeutil import DAY_MS, HOUR_MS, minute, next_slot, now_ms
 from tests.sitemap_server import BILLION_LAUGHS, HTML, XXE, SitemapSite, gzip_bomb, index, urlset
-from tests.support import deploy_on, progress, put_target, schedule, sitemap_row, target, wait_for, walk
+from tests.support import (
+    deploy_on,
+    post_result,
+    progress,
+    put_target,
+    schedule,
+    sitemap_row,
+    take,
+    target,
+    wait_for,
+    walk,
+)
 
 HOST = "sitemaps.test"  # resolves nowhere: every fetch is pinned to 127.0.0.1 by origin.staging.ip
 
@@ -55,7 +68,7 @@ def start(base: str, url: str, **body: object) -> dict:
     assert r.status_code == 200, r.text
     doc = r.json()
     assert doc["background"] is True
-    assert doc["firstRenders"]["when"] == ("now" if body.get("revalidate") else "spread")
+    assert doc["firstRenders"]["when"] == "now"  # render.firstRender's default, and with revalidate
     return doc["sitemaps"][0]
 
 
@@ -109,7 +122,7 @@ def test_an_index_with_broken_and_hostile_children_is_walked_and_every_problem_r
     # The crawler said who it is and carried the token header; the host was kept while pinned.
     assert site.headers["/h/good.xml"]["user-agent"] == "HarperSitemapCrawler/1.0"
     assert site.headers["/h/good.xml"]["host"] == f"{HOST}:{site.port}"
-    # Targets carry their document and cadence; every device has a jittered row within the cadence.
+    # Targets carry their document and cadence; every device has a row, due at once (firstRender: now).
     assert target(node.url, "https://shop.test/h/b")["renderInterval"] == 7 * DAY_MS
     for url in (f"https://shop.test/h/{x}" for x in ("a", "c", "z1", "d")):
         t = target(node.url, url)
@@ -117,7 +130,7 @@ def test_an_index_with_broken_and_hostile_children_is_walked_and_every_problem_r
         for device in ("desktop", "mobile"):
             row = schedule(node.url, f"{url}|{device}")
             assert row["fromSitemap"] is True
-            assert minute(t0) <= row["nextRenderTime"] <= now_ms() + DAY_MS
+            assert minute(t0) <= row["nextRenderTime"] <= now_ms()
     assert target(node.url, "https://shop.test/h/late") is None
     assert target(node.url, "https://evil.test/h/x") is None
     # Rows: every document that parsed, with its parent; entries page from the chunk rows.
@@ -215,6 +228,51 @@ def test_create_duplicate_reattach_unlink_defer_and_convergence(node, site) -> N
     assert fifth["created"] == 1
     due = schedule(node.url, "https://shop.test/d/1|mobile")["nextRenderTime"]
     assert minute(t0) <= due <= minute(now_ms())
+
+
+# ------------------------------------------------------------------ new pages first, and lastmod
+
+
+def iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+
+
+def test_new_pages_are_due_at_once_then_on_their_slot_and_a_newer_lastmod_makes_one_due_paced(node, site) -> None:
+    # a URL whose slot is more than two hours off, so the paced hour cannot lose to it
+    now = now_ms()
+    a = next(url for i in range(100) if next_slot(url := f"https://shop.test/lm/a{i}", DAY_MS, now) > now + 2 * HOUR_MS)
+    b, junk, ahead = "https://shop.test/lm/b", "https://shop.test/lm/junk", "https://shop.test/lm/ahead"
+    listed = [(a, None, "2024-01-01"), (b, None, "2024-01-01T10:00:00+02:00"), (junk, None, "last tuesday"),
+              (ahead, None, "2999-01-01")]
+    site.put("/lm/s.xml", urlset(*listed))
+    root = u(site, "/lm/s.xml")
+
+    [first] = walk(node.url, root)
+    assert first["created"] == 4 and first["lastmodDue"] == 0
+    assert (first["lastmodInvalid"], first["lastmodFuture"]) == (1, 1)  # ignored, counted
+    keys = [f"{url}|desktop" for url in (a, b)]
+    assert all(schedule(node.url, k)["nextRenderTime"] <= now_ms() for k in keys)  # due at once, not spread
+    jobs = take(node.url, keys)
+    before = now_ms()
+    for k in keys:
+        assert post_result(jobs[k]).status_code == 204
+    after = now_ms()
+    for url, k in zip((a, b), keys):  # the render after the first: on the URL's slot, not a day after it
+        assert schedule(node.url, k)["nextRenderTime"] in {next_slot(url, DAY_MS, before), next_slot(url, DAY_MS, after)}
+    slot_b = schedule(node.url, keys[1])["nextRenderTime"]
+
+    changed = now_ms() + 1  # after the page was cached, before the refresh
+    site.put("/lm/s.xml", urlset((a, None, iso(changed)), *listed[1:]))
+    t1 = now_ms()
+    [second] = walk(node.url, root)
+    t2 = now_ms()
+    assert second["skipped"] == 4 and second["lastmodDue"] == 1  # a's rendered device; b unchanged
+    due = schedule(node.url, keys[0])["nextRenderTime"]
+    assert paced_due(keys[0], t1, HOUR_MS) <= due <= paced_due(keys[0], t2, HOUR_MS) < now_ms() + HOUR_MS
+    assert schedule(node.url, f"{a}|mobile")["nextRenderTime"] <= now_ms()  # never rendered: still due
+    assert schedule(node.url, keys[1])["nextRenderTime"] == slot_b
+    [third] = walk(node.url, root)  # nothing newer than the last walk: nothing read, nothing due
+    assert third["lastmodDue"] == 0 and third["lastmodFuture"] == 1
 
 
 # ------------------------------------------------------------------------------ background runs

@@ -468,3 +468,19 @@ def test_repeated_publishes_equal_the_oracle_through_any_sequence_of_changes(ops
     assert all(b.due is None or b.due > now for b in r._unsorted.values())  # a merge sorted the due ones
     assert sorted(row.key for row in r.rows()) == sorted(model)  # reading every row sorts the rest
     assert all(list(b) == sorted(b) for b in buckets) and not r._unsorted
+
+
+def test_a_bulk_upsert_out_of_key_order_into_a_due_bucket_ranks_as_the_oracle_says() -> None:
+    """A new sitemap's rows all land in one bucket due now, batch after batch out of key order: the
+    bucket is sorted once before the next merge, not per row, and a plan already built is dropped."""
+    r = Ranking(partial(cadence_or, DAY_MS))
+    rows = [(key(f"p{i:04d}"), NOW, True, DAY_MS) for i in range(600)]
+    batches = [rows[400:], rows[:200], rows[200:400]]  # each in order, the whole not
+    r.upsert_many(batches[0], lambda k: None)
+    assert r.top_k(3, NOW) == [k for k, *_ in rows[400:403]]  # a plan holding the bucket
+    for batch in batches[1:]:
+        r.upsert_many(batch, lambda k: None)
+    held = [(k, d, s, i, None) for k, d, s, i in rows]
+    expected = [k for k, *_ in top_k_bruteforce(held, 50, NOW, cadence_for=partial(cadence_or, DAY_MS))]
+    assert r.top_k(50, NOW) == expected == [k for k, *_ in rows[:50]]
+    assert r.remove(rows[10][0]) and r.top_k(50, NOW) == [k for k, *_ in rows[:10] + rows[11:51]]

@@ -984,3 +984,21 @@ def test_a_stored_render_says_whether_its_bytes_changed_and_on_which_route() -> 
     assert planner().plan(r3, target(HOURLY), None, NOW, stored={hourly_key: p1.page.headers}).content_change == "changed"
     failed = plan(result(None, outcome="error"), target())
     assert failed.content_change is None  # nothing stored, nothing counted
+
+
+def test_the_render_after_a_pages_first_lands_on_its_slot_not_a_cadence_later() -> None:
+    """firstRender now: a new page renders at once, so a cadence from its first render would put a new
+    sitemap's re-renders in one herd; the render after the first is due on the URL's slot."""
+    p = planner()
+    first = p.plan(page_ok(), target(), None, NOW, stored={KEY: None})  # no page stored: its first
+    [row] = first.rows
+    assert row.next_render_time == p.rules.after_first_render(SRC, DAY_MS, NOW) != M + DAY_MS
+    assert first.page is not None and first.page.expires_at == row.next_render_time
+    stored = first.page.headers
+    [again] = p.plan(page_ok(), target(), None, NOW, stored={KEY: stored}).rows
+    assert again.next_render_time == M + DAY_MS  # any later render: a cadence on, as before
+    [unknown] = p.plan(page_ok(), target(), None, NOW).rows  # stored pages not read: nothing to say
+    assert unknown.next_render_time == M + DAY_MS
+    staggered = planner({**ROUTES, "render": {"firstRender": "staggered"}})
+    [ref] = staggered.plan(page_ok(), target(), None, NOW, stored={KEY: None}).rows
+    assert ref.next_render_time == M + DAY_MS  # the reference's first render was on its slot already

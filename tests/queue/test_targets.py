@@ -1,5 +1,5 @@
 """Scheduling rules for targets: put, restore, due-now, revalidate, suppress, reactivate, identity
-(docs/queue.md#targets, #first-render-jitter, #cadence, #who-writes-a-schedule-row,
+(docs/queue.md#targets, #first-render, #cadence, #who-writes-a-schedule-row,
 #suppression-and-recheck)."""
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ def rules(raw: dict | None = None) -> Rules:
 
 
 R = rules()
+STAGGERED = {"render": {"firstRender": "staggered"}}
+S = rules({**ROUTES, **STAGGERED})  # the reference's first render, jittered over the cadence
 
 
 # ------------------------------------------------------------------------------------- identity
@@ -158,7 +160,7 @@ def test_a_put_is_a_fresh_row_that_clears_suppression_and_strikes() -> None:
 
 
 def test_every_device_of_a_put_shares_one_jittered_slot() -> None:
-    _, rows = R.put("https://shop.test/all/1", now=NOW)
+    _, rows = S.put("https://shop.test/all/1", now=NOW)
     assert len(rows) == 3 and len({row.next_render_time for row in rows}) == 1
     assert [row.cache_key for row in rows] == [
         f"https://shop.test/all/1|{d}" for d in ("desktop", "mobile", "tablet")
@@ -167,79 +169,79 @@ def test_every_device_of_a_put_shares_one_jittered_slot() -> None:
 
 def test_a_put_without_a_time_is_jittered_within_one_cadence_on_a_minute() -> None:
     for i in range(50):
-        _, rows = R.put(f"https://shop.test/p/{i}", now=NOW)
+        _, rows = S.put(f"https://shop.test/p/{i}", now=NOW)
         due = rows[0].next_render_time
         assert due % MINUTE_MS == 0 and M <= due < NOW + DAY_MS
 
 
 def test_the_jitter_is_stable_per_url_and_spreads_distinct_urls() -> None:
-    first = R.put(URL, now=NOW)[1]
-    assert first == R.put(URL, now=NOW)[1]
-    slots = {R.put(f"https://shop.test/p/{i}", now=NOW)[1][0].next_render_time for i in range(200)}
+    first = S.put(URL, now=NOW)[1]
+    assert first == S.put(URL, now=NOW)[1]
+    slots = {S.put(f"https://shop.test/p/{i}", now=NOW)[1][0].next_render_time for i in range(200)}
     assert len(slots) > 100
 
 
 def test_the_jitter_matches_the_reference_vector() -> None:
     # xxh64("https://x.test/a") x 1 day >> 64 = 1275 min
-    _, rows = R.put("https://x.test/a", now=0)
+    _, rows = S.put("https://x.test/a", now=0)
     assert {row.next_render_time for row in rows} == {1275 * MINUTE_MS}
 
 
 def test_the_jitter_spans_the_resolved_cadence() -> None:
     for i in range(50):
-        _, rows = R.put(f"https://shop.test/hourly/{i}", now=NOW, render_interval=7 * DAY_MS)
+        _, rows = S.put(f"https://shop.test/hourly/{i}", now=NOW, render_interval=7 * DAY_MS)
         assert M <= rows[0].next_render_time < NOW + 6 * HOUR_MS  # the route's 6 h, not the stored week
         assert rows[0].effective_interval == 6 * HOUR_MS
 
 
 @pytest.mark.parametrize("junk", [0, -5, float("nan"), "x", None])
 def test_a_put_with_a_junk_interval_stores_none_and_jitters_over_the_default(junk: Any) -> None:
-    target, rows = R.put(URL, now=NOW, render_interval=junk)
+    target, rows = S.put(URL, now=NOW, render_interval=junk)
     assert target.render_interval is None
     assert rows[0].effective_interval == DAY_MS and M <= rows[0].next_render_time < NOW + DAY_MS
 
 
 @pytest.mark.parametrize("due", [1, NOW + 5, M, 2**40])
 def test_an_explicit_positive_next_render_time_is_used_as_given(due: int) -> None:
-    _, rows = R.put(URL, now=NOW, next_render_time=due)
+    _, rows = S.put(URL, now=NOW, next_render_time=due)
     assert {row.next_render_time for row in rows} == {due}
 
 
 def test_an_explicit_fractional_time_is_filed_as_whole_ms() -> None:
-    _, rows = R.put(URL, now=NOW, next_render_time=1.5)
+    _, rows = S.put(URL, now=NOW, next_render_time=1.5)
     assert rows[0].next_render_time == 1 and type(rows[0].next_render_time) is int
 
 
 @pytest.mark.parametrize("junk", [0, -1, None, float("nan"), float("inf"), "soon", True])
 def test_a_junk_next_render_time_falls_back_to_the_jitter(junk: Any) -> None:
-    assert R.put(URL, now=NOW, next_render_time=junk)[1] == R.put(URL, now=NOW)[1]
+    assert S.put(URL, now=NOW, next_render_time=junk)[1] == S.put(URL, now=NOW)[1]
 
 
 def test_a_put_files_the_sitemap_flag_and_the_resolved_cadence() -> None:
-    _, rows = R.put(URL, now=NOW, sitemap_url=SITEMAP, render_interval=3 * DAY_MS)
+    _, rows = S.put(URL, now=NOW, sitemap_url=SITEMAP, render_interval=3 * DAY_MS)
     assert all(row.from_sitemap is True and row.effective_interval == 3 * DAY_MS for row in rows)
-    target, rows = R.put(URL, now=NOW, sitemap_url="")
+    target, rows = S.put(URL, now=NOW, sitemap_url="")
     assert target.sitemap_url is None and all(row.from_sitemap is False for row in rows)
 
 
 def test_a_put_of_a_route_with_devices_files_only_those_rows() -> None:
-    _, rows = R.put("https://shop.test/m/1", now=NOW)
+    _, rows = S.put("https://shop.test/m/1", now=NOW)
     assert [row.cache_key for row in rows] == ["https://shop.test/m/1|mobile"]
 
 
 def test_device_variants_share_a_slot_whatever_the_key_shape() -> None:
-    r = rules({"cacheKey": {"attributes": ["deviceType", "url"]}})
+    r = rules({"cacheKey": {"attributes": ["deviceType", "url"]}, **STAGGERED})
     _, rows = r.put(URL, now=NOW)
     assert [row.cache_key for row in rows] == [f"desktop|{URL}", f"mobile|{URL}"]
     assert len({row.next_render_time for row in rows}) == 1
     # the device first in the key must not seed every URL onto one minute
     slots = {r.put(f"https://shop.test/p/{i}", now=NOW)[1][0].next_render_time for i in range(100)}
     assert len(slots) > 50
-    assert slots == {R.put(f"https://shop.test/p/{i}", now=NOW)[1][0].next_render_time for i in range(100)}
+    assert slots == {S.put(f"https://shop.test/p/{i}", now=NOW)[1][0].next_render_time for i in range(100)}
 
 
 def test_a_delimiter_that_occurs_in_urls_does_not_collapse_the_jitter() -> None:
-    r = rules({"cacheKey": {"delimiter": "::"}})
+    r = rules({"cacheKey": {"delimiter": "::"}, **STAGGERED})
     slots = {r.put(f"http://[::1]:8080/p/{i}", now=NOW)[1][0].next_render_time for i in range(100)}
     assert len(slots) > 50
 
@@ -254,8 +256,9 @@ def test_a_restored_row_is_jittered_over_the_cadence_with_the_target_flag() -> N
         row.cache_key == f"{URL}|mobile" and row.from_sitemap is True and row.effective_interval == 3 * DAY_MS
     )
     assert row.next_render_time % MINUTE_MS == 0 and M <= row.next_render_time < NOW + 3 * DAY_MS
-    # the same slot a put at that moment would have chosen: devices restored apart still line up
-    assert row.next_render_time == R.put(URL, now=NOW, render_interval=3 * DAY_MS)[1][0].next_render_time
+    # the slot a staggered put at that moment would have chosen (whatever firstRender says: a mass
+    # repair must not be a herd): devices restored apart still line up
+    assert row.next_render_time == S.put(URL, now=NOW, render_interval=3 * DAY_MS)[1][0].next_render_time
 
 
 def test_restored_rows_are_spread_not_all_equal() -> None:
@@ -486,8 +489,8 @@ def test_put_many_jitters_first_renders_as_the_seeded_rule_does(items: list[tupl
     """Its inline jitter is ``_jittered`` (``initial_render_time`` seeded by the whole URL), and an
     explicit positive due is kept; ``put`` runs through ``put_many``, so this is pinned on its own."""
     urls, intervals = [u for u, _ in items], [iv for _, iv in items]
-    _, rows = R.put_many(urls, [SITEMAP] * len(urls), intervals, [None] * len(urls), now=now, node=None)
-    assert [due for _, due, _, _ in rows] == [R._jittered(key.rpartition("|")[0], cadence, now)
+    _, rows = S.put_many(urls, [SITEMAP] * len(urls), intervals, [None] * len(urls), now=now, node=None)
+    assert [due for _, due, _, _ in rows] == [S._jittered(key.rpartition("|")[0], cadence, now)
                                                for key, _, _, cadence in rows]
     _, rows = R.put_many(urls, [None] * len(urls), intervals, [M + 7] * len(urls), now=now, node=None)
     assert all(due == M + 7 for _, due, _, _ in rows)
@@ -535,3 +538,71 @@ def test_a_paced_revalidation_never_delays_a_row_already_due_sooner() -> None:
     assert r.revalidate_paced(t, now, 3_600_000, soon.get) == []
     rows = r.revalidate_paced(t, now, 3_600_000, lambda key: None)
     assert {row.cache_key for row in rows} == set(r.keys_of(t.url)) and all(row.effective_interval is None for row in rows)
+
+
+# --------------------------------------------------------------------- new pages first (firstRender)
+
+
+def test_a_new_put_is_due_this_minute_on_every_device_whatever_its_cadence() -> None:
+    for url, interval in (("https://shop.test/all/1", None), (URL, 365 * DAY_MS), ("https://shop.test/hourly/x", 7)):
+        _, rows = R.put(url, now=NOW, render_interval=interval, sitemap_url=SITEMAP)
+        assert rows and {row.next_render_time for row in rows} == {M}
+    assert S.put(URL, now=NOW)[1][0].next_render_time > M  # staggered: within the cadence (the reference)
+
+
+def test_an_explicit_next_render_time_still_wins_over_now() -> None:
+    _, rows = R.put(URL, now=NOW, next_render_time=NOW + 5 * DAY_MS, held=lambda key: None)
+    assert {row.next_render_time for row in rows} == {NOW + 5 * DAY_MS}
+
+
+def test_a_re_put_is_never_made_due_again() -> None:
+    staggered = S.put(URL, now=NOW)[1][0].next_render_time
+    later = {k: NOW + 30 * DAY_MS for k in R.keys_of(URL)}  # e.g. a suppression's recheck
+    assert {row.next_render_time for row in R.put(URL, now=NOW, held=later.get)[1]} == {staggered}
+    sooner = {k: M + MINUTE_MS for k in R.keys_of(URL)}  # a new page still waiting: keeps its turn
+    assert {row.next_render_time for row in R.put(URL, now=NOW, held=sooner.get)[1]} == {M + MINUTE_MS}
+    assert {row.next_render_time for row in R.put(URL, now=NOW, held=lambda key: None)[1]} == {M}  # not held: new
+    assert S.put(URL, now=NOW, held=sooner.get)[1][0].next_render_time == staggered  # the reference re-jitters
+
+
+def test_put_many_makes_only_the_urls_without_a_held_row_due_now() -> None:
+    urls = [f"https://shop.test/p/{i}" for i in range(6)]
+    held = {R.keys_of(u)[0]: NOW + 40 * DAY_MS for u in urls[::2]}
+    _, rows = R.put_many(urls, [SITEMAP] * 6, [None] * 6, [None] * 6, now=NOW, node=None, held=held.get)
+    dues = {key.rpartition("|")[0]: due for key, due, _, _ in rows}
+    assert [dues[u] == M for u in urls] == [False, True] * 3
+    assert all(M < dues[u] < NOW + DAY_MS for u in urls[::2])
+
+
+def test_after_a_first_render_the_next_lands_on_the_urls_slot() -> None:
+    cadence = DAY_MS
+    slots = []
+    for i in range(2_000):
+        url = f"https://shop.test/p/{i}"
+        due = R.after_first_render(url, cadence, NOW)
+        assert due % MINUTE_MS == 0 and M < due <= M + MINUTE_MS + cadence
+        # the slot is the URL's, not the first render's: any first render within the day lands on it
+        later = R.after_first_render(url, cadence, NOW + (due - NOW) // 2)
+        assert later == due
+        assert R.after_first_render(url, cadence, due) == due + cadence  # rendered on its slot: a cadence on
+        slots.append(due)
+    tenths = [0] * 10
+    for due in slots:
+        tenths[min(9, (due - M) * 10 // cadence)] += 1
+    assert min(tenths) > 150 and max(tenths) < 250  # flat over the cadence: ~200 each, no herd
+    assert S.after_first_render(URL, cadence, NOW) == M + cadence  # staggered: the reference's
+
+
+def test_a_lastmod_newer_than_a_page_makes_that_device_due_paced() -> None:
+    from prerender_ray.queue.targets import paced_due
+
+    t = Target(url=URL, sitemap_url=SITEMAP)
+    desktop, mobile = R.keys_of(URL)
+    lastmod, within = NOW - HOUR_MS, HOUR_MS
+    rows = R.lastmod_due(t, lastmod, [lastmod - 1, lastmod], NOW, within, lambda key: None)
+    assert rows == [ScheduleRow(desktop, paced_due(desktop, NOW, within), True, None)]  # mobile is newer
+    assert R.lastmod_due(t, lastmod, [None, None], NOW, within, lambda key: None) == []  # never rendered
+    assert R.lastmod_due(t, lastmod, [1, 1], NOW, within, {desktop: M, mobile: M}.get) == []  # due sooner
+    gone = Target(url=URL, state=SUPPRESSED, suppressed_reason="noindex")
+    assert R.lastmod_due(gone, lastmod, [1, 1], NOW, within, lambda key: None) == []  # keeps its recheck
+    assert {r.next_render_time for r in R.lastmod_due(t, lastmod, [1, 1], NOW, 0, lambda key: None)} == {M}

@@ -525,6 +525,9 @@ def test_a_healthy_result_has_empty_arrays_and_zeros_never_absent_fields() -> No
         "failed": [],
         "failedOverflow": 0,
         "truncatedScans": [],
+        "lastmodDue": 0,
+        "lastmodInvalid": 0,
+        "lastmodFuture": 0,
     }
 
 
@@ -701,6 +704,8 @@ def test_a_walks_answer_says_when_its_new_pages_first_render() -> None:
 
     page = Config().page
     assert first_renders(True, page)["when"] == "now"
-    spread = first_renders(False, page)
+    assert first_renders(False, page)["when"] == "now"  # render.firstRender's default
+    assert "render.firstRender" in first_renders(False, page, "now")["note"]
+    spread = first_renders(False, page, "staggered")
     assert spread["when"] == "spread" and spread["defaultCadenceMs"] == page.ttl
     assert spread["longestCadenceMs"] == 365 * 86_400_000 and "revalidate" in spread["note"]

@@ -86,6 +86,9 @@ class MemoryStore:
     async def page_metas(self, keys: list[str]) -> list[PageMeta | None]:
         return [self._meta(p) if (p := self._page(k)) is not None else None for k in keys]
 
+    async def page_times(self, keys: list[str]) -> list[int | None]:
+        return [m.last_cached if m is not None else None for m in await self.page_metas(keys)]
+
     async def scan(self, prefix: bytes, start: bytes | None = None, limit: int = 1000) -> list[tuple[bytes, bytes]]:
         keys = sorted(k for k in self.registry if k.startswith(prefix) and (start is None or k >= start))
         return [(k, self.registry[k]) for k in keys[:limit]]

@@ -1,0 +1,65 @@
+"""The keeper's target writes without Ray: new pages first, and a sitemap's lastmod making stale pages
+due (docs/queue.md#first-render, docs/sitemaps.md#lastmod)."""
+
+from __future__ import annotations
+
+from prerender_ray.queue.targets import paced_due
+from prerender_ray.storage.pages import Page
+from prerender_ray.timeutil import DAY_MS, HOUR_MS, minute, now_ms
+from tests.actors.keeper.conftest import SITE, config
+from tests.actors.keeper.test_claims import put_due
+
+
+async def test_a_new_target_is_claimable_at_once_behind_older_overdue_work(keepers) -> None:
+    k = keepers()
+    await k.load()
+    overdue = await put_due(k, "/old/1", "/old/2", due=minute(now_ms()) - HOUR_MS)
+    await k.targets.put_targets([{"url": SITE + "/new"}])
+    assert all(k.rows.row(key).next_render_time <= now_ms() for key in k.conf.rules.keys_of(SITE + "/new"))
+    k.claims.publish()
+    order = [j["url"] for j in await k.claims.claim(10)]
+    assert order == [u for u in overdue for _ in range(2)] + [SITE + "/new"] * 2  # the older work first
+
+
+async def test_a_re_put_of_a_target_does_not_make_it_due_again(keepers) -> None:
+    k = keepers()
+    await k.load()
+    [url] = await put_due(k, "/p", due=now_ms() + 30 * DAY_MS)
+    await k.targets.put_targets([{"url": url}])
+    dues = {k.rows.row(key).next_render_time for key in k.conf.rules.keys_of(url)}
+    assert len(dues) == 1 and minute(now_ms()) < dues.pop() < now_ms() + DAY_MS  # its staggered slot
+
+
+async def test_staggered_first_renders_are_spread_over_the_cadence(keepers) -> None:
+    k = keepers(cfg=config(render={"firstRender": "staggered"}))
+    await k.load()
+    await k.targets.put_targets([{"url": f"{SITE}/p/{i}"} for i in range(40)])
+    dues = {k.rows.row(f"{SITE}/p/{i}|desktop").next_render_time for i in range(40)}
+    assert len(dues) > 30 and min(dues) >= minute(now_ms())
+
+
+def stored_page(k, key: str, at: int) -> None:
+    page = Page(cache_key=key, status_code=200, headers={"content-type": "text/html"}, content=b"<html>x</html>",
+                last_cached=at, expires_at=at + DAY_MS, is_indexable=True)
+    k.store.pages[key.encode()] = page.encode()
+
+
+async def test_a_lastmod_newer_than_a_page_makes_it_due_paced_and_is_counted(keepers) -> None:
+    k = keepers()
+    await k.load()
+    later = now_ms() + 20 * DAY_MS
+    stale, fresh, unrendered = await put_due(k, "/stale", "/fresh", "/unrendered", due=later)
+    lastmod = now_ms() - HOUR_MS
+    for key in k.conf.rules.keys_of(stale):
+        stored_page(k, key, lastmod - 1)
+    for key in k.conf.rules.keys_of(fresh):
+        stored_page(k, key, lastmod + 1)
+    now = now_ms()
+    answer = await k.targets.lastmod_due([stale, fresh, unrendered, SITE + "/no-target"], [lastmod] * 4, HOUR_MS)
+    assert answer == {"due": 1, "rows": 2}
+    for key in k.conf.rules.keys_of(stale):
+        assert k.rows.row(key).next_render_time in {paced_due(key, now, HOUR_MS), paced_due(key, now_ms(), HOUR_MS)}
+    assert all(k.rows.row(key).next_render_time == later
+               for url in (fresh, unrendered) for key in k.conf.rules.keys_of(url))
+    again = await k.targets.lastmod_due([stale], [lastmod], HOUR_MS)
+    assert again == {"due": 0, "rows": 0}  # due within the window already: never delayed or rewritten
