@@ -27,6 +27,8 @@ URLS = [f"https://cluster.example/p/{i}" for i in range(120)]
 KEYS = [f"{u}|{dev}" for u in URLS for dev in ("desktop", "mobile")]
 FUTURE = int(time.time() * 1000) + 30 * 86_400_000  # explicit, distinct due times: a re-jitter shows
 TWO, THREE = ("node-a", "node-b"), ("node-a", "node-b", "node-c")
+# A test run out of order first changes the membership to the one it needs (each change waits up to 240 s).
+pytestmark = pytest.mark.timeout(600)
 
 
 @dataclass
