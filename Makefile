@@ -6,6 +6,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ARGS ?=
 PYTEST_ARGS ?=
+# Two pytest-xdist workers, each module whole and the tests on the shared Ray cluster in one group,
+# in file order (tests/conftest.py).
+# TEST_WORKERS=0: one process, in file order.
+TEST_WORKERS ?= 2
 
 .PHONY: install run test bench lint clean
 
@@ -26,7 +30,7 @@ run: $(STAMP)
 	$(BIN)/prerender-ray up $(WITH_WORKER) $(ARGS)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 # ruff over the tree (pyflakes, import order) and mypy over every module (see pyproject.toml).
 lint: $(STAMP)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
+from pathlib import Path
+from typing import Any
 
 # Before anything imports ray: loopback only, and a token of this session (never one left behind).
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
@@ -16,6 +19,48 @@ os.environ.pop("PRERENDER_CONFIG", None)
 import pytest  # noqa: E402
 
 from tests.support import RayCluster  # noqa: E402
+
+# `make test` runs the suite on two pytest-xdist workers. A worker is a session of its own, with its own
+# Ray: every module with a test on the session's cluster is in one group, on one worker, in file order,
+# so one shared cluster runs at a time on two cores. Every other module is a group of its own (its tests
+# in file order, its module fixtures set up once), dealt to whichever worker is free: the core, the
+# keeper's parts, `up` with a local Ray of its own, the render worker with Chromium, and
+# tests/actors/test_cluster.py, which grows a cluster of its own nodes on its worker's Ray (its tests
+# each set up the membership they need). xdist's own `--dist loadgroup` does not take here (pytest 9.2
+# no longer lets it rename test ids), so the groups are a scheduler's, drawn from each module's source.
+TESTS = Path(__file__).resolve().parent
+OWN_CLUSTER = {"tests/actors/test_cluster.py"}
+
+
+def module_of(nodeid: str) -> str:
+    return nodeid.split("::")[0]
+
+
+@functools.cache
+def shares_cluster(module: str) -> bool:
+    """A module names the shared cluster's fixture itself (the collection checks that no other does)."""
+    path = TESTS.parent / module
+    return module not in OWN_CLUSTER and path.is_file() and "ray_cluster" in path.read_text()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    hidden = sorted({module_of(i.nodeid) for i in items if "ray_cluster" in getattr(i, "fixturenames", ())
+                     and not shares_cluster(module_of(i.nodeid)) and module_of(i.nodeid) not in OWN_CLUSTER})
+    if hidden:
+        raise pytest.UsageError(f"{', '.join(hidden)}: reach the shared Ray cluster through another fixture; "
+                                "take `ray_cluster` in the module too, so it runs in the cluster's group")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = module_of(nodeid)
+            return "ray" if shares_cluster(module) else module
+
+    return ModuleGroups(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,7 @@
 """Many nodes on one machine (ray.cluster_utils.Cluster): ownership, replication, hand-off on join,
-rebuild on loss, and claims across nodes. One scenario, in order: two nodes, then a third joins,
-then it dies, comes back, restarts with another, and stalls."""
+rebuild on loss, and claims across nodes. Each test starts from the membership it names (two nodes,
+or three, on honest clocks) with every key of URLS settled on its owner, so any order works; file
+order needs the fewest node changes."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import concurrent.futures
 import os
 import signal
 import time
+from dataclasses import dataclass, field
 
 import httpx
 import pytest
@@ -17,23 +19,66 @@ from prerender_ray.actors.common import lookup
 from prerender_ray.identity.nodes import Ownership
 from prerender_ray.queue.schedule import ScheduleRow
 from prerender_ray.storage.replication import CLOCK_OFFSET_ENV
+from prerender_ray.storage.rocks import node_dir
 from tests.sitemap_server import SitemapSite, urlset
-from tests.support import claim, deploy_on, post_result, put_target, wait_for
+from tests.support import Deployment, RayCluster, claim, deploy_on, post_result, put_target, wait_for
 
 URLS = [f"https://cluster.example/p/{i}" for i in range(120)]
+KEYS = [f"{u}|{dev}" for u in URLS for dev in ("desktop", "mobile")]
 FUTURE = int(time.time() * 1000) + 30 * 86_400_000  # explicit, distinct due times: a re-jitter shows
+TWO, THREE = ("node-a", "node-b"), ("node-a", "node-b", "node-c")
+# A test run out of order first changes the membership to the one it needs (each change waits up to 240 s).
+pytestmark = pytest.mark.timeout(600)
+
+
+@dataclass
+class Scenario:
+    rc: RayCluster
+    d: Deployment
+    owners: dict[str, str]  # URLS -> the owner its write answered, half written through each node
+    skewed: set[str] = field(default_factory=set)  # nodes started with a fast clock
+
+    def settle(self, names: tuple[str, ...]) -> Scenario:
+        """Exactly ``names`` on honest clocks, each serving, and every key of URLS held by exactly its
+        owner (a change of membership first waits out its hand-off or rebuild)."""
+        want = set(names)
+        for name in sorted((set(self.rc.nodes) - want) | (self.skewed & set(self.rc.nodes))):
+            self.rc.remove_node(name)
+        self.skewed.clear()
+        for name in sorted(want - set(self.rc.nodes)):
+            self.rc.add_node(name)
+        wait_for(lambda: held_by_owners(names), timeout=240, interval=0.5, what=f"URLS settled on {names}")
+        wait_for(lambda: set(self.d.refresh() and self.d.urls) == want and all(map(_ready, self.d.urls.values())),
+                 timeout=60, what=f"{names} serving")
+        return self
 
 
 @pytest.fixture(scope="module")
-def cluster(ray_cluster, tmp_path_factory):
+def scenario(ray_cluster, tmp_path_factory):
     ray_cluster.add_node("node-b")
     d = deploy_on(ray_cluster, tmp_path_factory.mktemp("cluster") / "data", {
         "render": {"reconcile": {"startDelay": "1h"}}, "queue": {"statusSyncInterval": "2s"}})
-    yield ray_cluster, d
+
+    def write(i: int) -> str:
+        return put_target(d.urls["node-a" if i % 2 else "node-b"], URLS[i], nextRenderTime=FUTURE + i * 60_000)["owner"]
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        owners = dict(zip(URLS, pool.map(write, range(len(URLS)))))
+    yield Scenario(ray_cluster, d, owners)
     d.stop()
     for name in ("node-b", "node-c"):
         if name in ray_cluster.nodes:
             ray_cluster.remove_node(name)
+
+
+@pytest.fixture
+def on_two(scenario) -> Scenario:
+    return scenario.settle(TWO)
+
+
+@pytest.fixture
+def on_three(scenario) -> Scenario:
+    return scenario.settle(THREE)
 
 
 def rows_on(node: str, keys: list[str]) -> dict[str, ScheduleRow]:
@@ -46,12 +91,14 @@ def rows_on(node: str, keys: list[str]) -> dict[str, ScheduleRow]:
     return {k: f["renderSchedule"] for k, f in zip(keys, found) if f["renderSchedule"] is not None}
 
 
-def test_every_node_agrees_on_one_owner_and_only_the_owner_holds_the_rows(cluster) -> None:
-    rc, d = cluster
-    base_a, base_b = d.urls["node-a"], d.urls["node-b"]
-    owners = {}
-    for i, url in enumerate(URLS):
-        owners[url] = put_target(base_a if i % 2 else base_b, url, nextRenderTime=FUTURE + i * 60_000)["owner"]
+def held_by_owners(names: tuple[str, ...]) -> bool:
+    owners = Ownership(list(names))
+    held = {n: rows_on(n, KEYS) for n in names}
+    return all(set(held[n]) == {k for k in KEYS if owners.owner(k.split("|")[0]) == n} for n in names)
+
+
+def test_every_node_agrees_on_one_owner_and_only_the_owner_holds_the_rows(on_two) -> None:
+    owners = on_two.owners
     expected = Ownership(["node-a", "node-b"])
     assert all(owners[u] == expected.owner(u) for u in URLS)
     assert set(owners.values()) == {"node-a", "node-b"}
@@ -61,8 +108,8 @@ def test_every_node_agrees_on_one_owner_and_only_the_owner_holds_the_rows(cluste
         assert set(rows_on(owner, keys)) == set(keys) and rows_on(other, keys) == {}
 
 
-def test_a_sitemap_walk_on_one_node_schedules_each_url_on_its_owner(cluster) -> None:
-    rc, d = cluster
+def test_a_sitemap_walk_on_one_node_schedules_each_url_on_its_owner(on_two) -> None:
+    d = on_two.d
     listed = [f"https://cluster.example/sm/{i}" for i in range(60)]
     fresh = [f"https://cluster.example/sm/new/{i}" for i in range(10)]
     site = SitemapSite()
@@ -117,8 +164,8 @@ def test_a_sitemap_walk_on_one_node_schedules_each_url_on_its_owner(cluster) -> 
     assert set(rows_on("node-b", [f"{new_on_b}|mobile"])) == {f"{new_on_b}|mobile"}
 
 
-def test_a_target_written_on_one_node_is_readable_on_every_node(cluster) -> None:
-    rc, d = cluster
+def test_a_target_written_on_one_node_is_readable_on_every_node(on_two) -> None:
+    d = on_two.d
     put_target(d.urls["node-a"], "https://cluster.example/replicated", nextRenderTime=FUTURE)
     for base in d.urls.values():
         wait_for(lambda b=base: httpx.get(f"{b}/render_targets",
@@ -126,21 +173,28 @@ def test_a_target_written_on_one_node_is_readable_on_every_node(cluster) -> None
                  timeout=20, what="the target on every node")
 
 
-def test_a_cluster_pause_reaches_every_node_within_one_status_interval(cluster) -> None:
-    rc, d = cluster
+def test_a_cluster_pause_reaches_every_node_within_one_status_interval(on_two) -> None:
+    d = on_two.d
+
+    def statuses(base: str) -> dict[str, str]:  # a node that left earlier keeps its last row: not asked
+        return {s["node"]: s["status"] for s in httpx.get(f"{base}/queue_status").json() if s["node"] in TWO}
+
     ray.get(lookup("keeper", "node-a").set_pause.remote("all", True, "test"))
-    for base in d.urls.values():
-        wait_for(lambda b=base: {s["node"]: s["status"] for s in httpx.get(f"{b}/queue_status").json()}
-                 == {"node-a": "paused", "node-b": "paused"}, timeout=15, what="paused everywhere")
-        assert claim(base, 5) == []
-    ray.get(lookup("keeper", "node-b").set_pause.remote("all", False, "test"))
-    for base in d.urls.values():
-        wait_for(lambda b=base: all(s["status"] != "paused" for s in httpx.get(f"{b}/queue_status").json()),
-                 timeout=15, what="running everywhere")
+    try:
+        for base in d.urls.values():
+            wait_for(lambda b=base: statuses(b) == {"node-a": "paused", "node-b": "paused"}, timeout=15,
+                     what="paused everywhere")
+            assert claim(base, 5) == []
+        ray.get(lookup("keeper", "node-b").set_pause.remote("all", False, "test"))
+        for base in d.urls.values():
+            wait_for(lambda b=base: set(statuses(b)) == set(TWO) and "paused" not in statuses(b).values(),
+                     timeout=15, what="running everywhere")
+    finally:
+        ray.get(lookup("keeper", "node-a").set_pause.remote("all", None, "cleanup"), timeout=30)
 
 
-def test_claims_from_every_node_never_share_a_key_and_results_reach_the_owner(cluster) -> None:
-    rc, d = cluster
+def test_claims_from_every_node_never_share_a_key_and_results_reach_the_owner(on_two) -> None:
+    d = on_two.d
     urls = [f"https://cluster.example/due/{i}" for i in range(40)]
     for u in urls:
         put_target(d.urls["node-a"], u, nextRenderTime=1)
@@ -162,14 +216,13 @@ def test_claims_from_every_node_never_share_a_key_and_results_reach_the_owner(cl
                  what=f"the page on {node}")
 
 
-def test_a_joining_node_takes_its_slice_by_hand_off_with_nothing_rejittered(cluster) -> None:
-    rc, d = cluster
-    keys = [f"{u}|{dev}" for u in URLS for dev in ("desktop", "mobile")]
-    before = {**rows_on("node-a", keys), **rows_on("node-b", keys)}
-    assert len(before) == len(keys)
+def test_a_joining_node_takes_its_slice_by_hand_off_with_nothing_rejittered(on_two) -> None:
+    rc, d = on_two.rc, on_two.d
+    before = {**rows_on("node-a", KEYS), **rows_on("node-b", KEYS)}
+    assert len(before) == len(KEYS)
     rc.add_node("node-c")
     three = Ownership(["node-a", "node-b", "node-c"])
-    moving = [k for k in keys if three.owner(k.split("|")[0]) == "node-c"]
+    moving = [k for k in KEYS if three.owner(k.split("|")[0]) == "node-c"]
     assert moving
     wait_for(lambda: len(rows_on("node-c", moving)) == len(moving), timeout=90, what="the hand-off to node-c")
     after = rows_on("node-c", moving)
@@ -183,11 +236,10 @@ def test_a_joining_node_takes_its_slice_by_hand_off_with_nothing_rejittered(clus
              timeout=30, what="node-c to hold the replicated targets")
 
 
-def test_the_slice_of_a_dead_node_is_rebuilt_by_the_new_owners(cluster) -> None:
-    rc, d = cluster
-    keys = [f"{u}|{dev}" for u in URLS for dev in ("desktop", "mobile")]
+def test_the_slice_of_a_dead_node_is_rebuilt_by_the_new_owners(on_three) -> None:
+    rc, d = on_three.rc, on_three.d
     three = Ownership(["node-a", "node-b", "node-c"])
-    lost = [k for k in keys if three.owner(k.split("|")[0]) == "node-c"]
+    lost = [k for k in KEYS if three.owner(k.split("|")[0]) == "node-c"]
     rc.remove_node("node-c")
     two = Ownership(["node-a", "node-b"])
 
@@ -201,11 +253,12 @@ def test_the_slice_of_a_dead_node_is_rebuilt_by_the_new_owners(cluster) -> None:
     assert targets_lost == []
 
 
-def test_a_node_restarted_with_the_same_name_catches_up_and_takes_its_slice_back(cluster) -> None:
-    rc, d = cluster
-    keys = [f"{u}|{dev}" for u in URLS for dev in ("desktop", "mobile")]
+def test_a_node_restarted_with_the_same_name_catches_up_and_takes_its_slice_back(scenario) -> None:
+    if not node_dir(scenario.d.data_dir, "node-c").exists():  # node-c must have been a member before
+        scenario.settle(THREE)
+    rc, d = scenario.settle(TWO).rc, scenario.d
     three = Ownership(["node-a", "node-b", "node-c"])
-    slice_c = [k for k in keys if three.owner(k.split("|")[0]) == "node-c"]
+    slice_c = [k for k in KEYS if three.owner(k.split("|")[0]) == "node-c"]
     rebuilt = {**rows_on("node-a", slice_c), **rows_on("node-b", slice_c)}
     assert len(rebuilt) == len(slice_c)
     put_target(d.urls["node-a"], "https://cluster.example/while-away", nextRenderTime=FUTURE)
@@ -219,30 +272,22 @@ def test_a_node_restarted_with_the_same_name_catches_up_and_takes_its_slice_back
              timeout=60, what="node-c to catch up on a write made while it was away")
 
 
-def test_two_nodes_restarted_at_once_lose_no_target_and_end_with_one_owner_per_key(cluster) -> None:
-    rc, d = cluster
-    keys = [f"{u}|{dev}" for u in URLS for dev in ("desktop", "mobile")]
+def test_two_nodes_restarted_at_once_lose_no_target_and_end_with_one_owner_per_key(on_three) -> None:
+    rc, d = on_three.rc, on_three.d
     rc.remove_node("node-b")
     rc.remove_node("node-c")
     rc.add_node("node-b")
     rc.add_node("node-c")
-    three = Ownership(["node-a", "node-b", "node-c"])
-
-    def settled() -> bool:
-        held = {n: rows_on(n, keys) for n in ("node-a", "node-b", "node-c")}
-        return all(set(held[n]) == {k for k in keys if three.owner(k.split("|")[0]) == n} for n in held)
-
-    wait_for(settled, timeout=240, interval=2, what="every key held by exactly its owner")
+    wait_for(lambda: held_by_owners(THREE), timeout=240, interval=0.5, what="every key held by exactly its owner")
     d.refresh()
     missing = [u for u in URLS if httpx.get(f"{d.urls['node-b']}/render_targets", params={"url": u}).status_code != 200]
     assert missing == []
 
 
-def test_a_stalled_peer_delays_nothing_else_and_converges_once_it_answers(cluster) -> None:
+def test_a_stalled_peer_delays_nothing_else_and_converges_once_it_answers(on_three) -> None:
     """A network-slow peer, made real: node-c's store process is stopped (SIGSTOP), so every call to
     it hangs. Writes owned by the other nodes still succeed; node-c gets them once it answers."""
-    rc, d = cluster
-    d.refresh()
+    d = on_three.d
     three = Ownership(["node-a", "node-b", "node-c"])
     urls = [u for u in (f"https://cluster.example/stall/{i}" for i in range(60)) if three.owner(u) != "node-c"][:20]
     store_c = lookup("store", "node-c")
@@ -265,14 +310,15 @@ def test_a_stalled_peer_delays_nothing_else_and_converges_once_it_answers(cluste
     wait_for(lambda: _pending(d.urls["node-a"], "node-c") == 0, timeout=60, what="node-a's backlog for node-c drained")
 
 
-def test_a_later_write_wins_over_a_node_whose_clock_runs_5_s_ahead(cluster) -> None:
+def test_a_later_write_wins_over_a_node_whose_clock_runs_5_s_ahead(scenario) -> None:
     """Clock skew, made real: node-c restarts with its store's clock 5 s fast. A cluster pause
     written there, then a resume written on node-a a moment later (after node-a saw the pause): with
     wall-clock last-writer-wins the pause would win for 5 s; the hybrid logical clock makes the later
     write win on every node."""
-    rc, d = cluster
+    rc, d = scenario.rc, scenario.d
     if "node-c" in rc.nodes:
         rc.remove_node("node-c")
+    scenario.skewed.add("node-c")  # whatever happens next, a later test gets an honest node-c
     rc.add_node("node-c", env={CLOCK_OFFSET_ENV: "5000"})
 
     def back() -> bool:

@@ -57,6 +57,8 @@ def _chromium_of(worker: int) -> list[int]:
 def test_the_worker_process_survives_a_chromium_crash_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     origin, queue = Origin().start(), FakeQueue().start()
     queue.jobs = [queue.job(f"{origin.base}/js/cli-1")]
+    # the second job is announced the way a node announces work (`queued`), not found by the idle poll 15 s on
+    queue.status_rows = [{"node": "a", "hostname": "127.0.0.1", "status": "empty", "updatedTime": 1, "url": queue.base}]
     log = (tmp_path / "worker.log").open("w")
     proc = subprocess.Popen(
         [
@@ -66,7 +68,7 @@ def test_the_worker_process_survives_a_chromium_crash_and_stops_cleanly_on_sigte
             "--concurrency",
             "1",
             "--status-interval",
-            "0",
+            "0.2",
             "--worker-id",
             "cli-test",
             "--stats-interval",
@@ -85,6 +87,7 @@ def test_the_worker_process_survives_a_chromium_crash_and_stops_cleanly_on_sigte
         groups.add(first[0])
         os.kill(first[0], signal.SIGKILL)  # Chromium dies between jobs
         queue.jobs.append(queue.job(f"{origin.base}/js/cli-2"))
+        queue.status_rows = [{**queue.status_rows[0], "status": "queued", "updatedTime": 2}]
         wait_for(lambda: len(queue.results()) == 2, timeout=90, what="a result after the crash")
         assert queue.results()[1]["outcome"] == "rendered"
         groups.update(_chromium_of(proc.pid))
