@@ -94,9 +94,11 @@ def describe_page(meta: PageMeta | None, now: int, swr_ttl: int) -> dict | None:
 
 
 def describe_refused(target: Target | None, key: str) -> dict | None:
-    """The last render of ``key`` the guard refused over the stored page (with both versions' sizes)."""
+    """The last render of the URL the guard refused over the stored page (with both versions' sizes).
+    The target keeps one record for all its devices (they render in one cycle), so it may be another
+    device's: ``cacheKey`` names it and ``otherDevice`` says so."""
     found = describe_refusal(target.refused) if target is not None else None
-    return found if found is not None and found["cacheKey"] == key else None
+    return None if found is None else {**found, "otherDevice": found["cacheKey"] != key}
 
 
 def describe_suppression(target: Target | None, cfg: Config) -> dict | None:

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from prerender_ray.identity.nodes import Ownership
-from prerender_ray.timeutil import DAY_MS, HOUR_MS, MINUTE_MS, minute
+from prerender_ray.timeutil import DAY_MS, HOUR_MS, next_slot, now_ms
 from tests.support import claim, deploy_on, post_result, put_target, schedule, wait_for
 
 OWNERS = Ownership(["node-a", "node-b"])
@@ -60,7 +60,8 @@ def test_a_device_first_key_with_a_colon_delimiter_works_end_to_end(cluster) -> 
         for key in keys[url]:
             row = schedule(d.url, key)
             assert row["leased"] is False and row["effectiveInterval"] == cadence
-            assert row["nextRenderTime"] in (minute(before) + cadence, minute(before) + MINUTE_MS + cadence)
+            # a first render: the next lands on the URL's slot within its cadence (render.firstRender)
+            assert row["nextRenderTime"] in {next_slot(url, cadence, int(before)), next_slot(url, cadence, now_ms())}
     r = post_result(jobs[keys[gone][0]], worker="w1", outcome="non-indexable", reason="http-error",
                     status=404, html=None, isIndexable=False)
     assert r.status_code == 204
@@ -84,5 +85,5 @@ def test_a_refiled_render_writes_the_destination_row_on_its_owner(cluster) -> No
     r = post_result(jobs[key], worker="w1", redirectedTo=dst)  # rendered, landed on another URL
     assert r.status_code == 204, r.text
     row = schedule(d.urls[OWNERS.owner(dst)], f"desktop:{dst}")
-    assert row["nextRenderTime"] in (minute(before) + DAY_MS, minute(before) + MINUTE_MS + DAY_MS)
+    assert row["nextRenderTime"] in {next_slot(dst, DAY_MS, int(before)), next_slot(dst, DAY_MS, now_ms())}
     assert httpx.get(f"{d.url}/render_targets", params={"url": src}).status_code == 404  # retired

@@ -58,6 +58,7 @@ def test_a_shell_render_keeps_the_good_page_for_bots_and_shows_in_the_explainer(
     x = httpx.post(f"{node.url}/prerender_admin/explain", json={"url": URL}, timeout=30).json()
     refused, page = x["rows"]["refusedRender"], x["rows"]["prerenderedPage"]
     assert refused["why"] == "empty-shell" and refused["cacheKey"] == key and refused["count"] == 1
+    assert refused["otherDevice"] is False
     assert refused["new"] == {"textChars": 0, "links": 0, "bytes": len(SHELL)}
     assert refused["stored"]["bytes"] == len(GOOD) and refused["stored"]["links"] == 60
     assert refused["stored"]["textChars"] > 1000

@@ -256,7 +256,8 @@ async def test_a_shell_only_render_does_not_replace_the_stored_page(node, site, 
             r = await client.post(f"{node.url}/prerender_admin/explain", json={"url": url})
             return r.json()["rows"]["refusedRender"]
 
-        record = await until(refused, what="the refused render")
+        record = await until(refused, what="the refused render")  # of either device: both render now
+        assert record["cacheKey"].startswith(url) and record["otherDevice"] == (not record["cacheKey"].endswith("|desktop"))
         assert record["why"] == "empty-shell" and record["new"]["textChars"] == 0
         assert record["stored"]["links"] == 40
         await asyncio.sleep(0.6)  # past the ingress's page-store catch-up (250 ms)

@@ -581,7 +581,7 @@
       ? 'fresh' : p.inStaleWhileRevalidate ? 'stale (served while revalidating)' : 'expired'}` : 'none', 'page');
     if (p && p.measure) fact(dl, 'Cached page size', `${sizes(p.measure)}${p.suspect ? ` (stored as ${p.suspect}: no good page to keep)` : ''}`, 'pageSize');
     const rf = x.rows.refusedRender;
-    if (rf) fact(dl, 'Last refused render', `${rf.why} at ${fmtTime(rf.at)} (${fmtNum(rf.count)} in a row): new ${sizes(rf.new)}; stored ${rf.stored
+    if (rf) fact(dl, 'Last refused render', `${rf.otherDevice ? `${rf.cacheKey}: ` : ''}${rf.why} at ${fmtTime(rf.at)} (${fmtNum(rf.count)} in a row): new ${sizes(rf.new)}; stored ${rf.stored
       ? sizes(rf.stored) : 'size not measured'}`, 'refused');
     const sup = x.rows.suppression;
     if (sup) fact(dl, 'Suppressed', `${sup.reason}, strike ${sup.strikes} of ${sup.maxStrikes}`, 'suppressed');
