@@ -34,6 +34,8 @@ TIMER_MS = 1000  # setTimeout delays up to this count as pending work
 TIMER_WAIT_S = 3.0  # at most this long in total is spent waiting for them
 SLACK_S = 2.0  # the outer deadline's margin over the budget (Playwright's own timeouts fire first)
 TAB_WAIT_S = 30.0  # longest wait for a tab (a free slot, Chromium starting) before a render fails
+MAX_SHADOW_ROOTS = 5000  # open shadow roots serialized per page (declarative shadow DOM)
+MAX_SHADOW_DEPTH = 32  # shadow roots inside shadow roots
 
 # Executable script types (HTML's JavaScript MIME type essences, modules, import maps and speculation
 # rules); data blocks such as application/ld+json stay.
@@ -118,7 +120,7 @@ INIT_JS = """(() => {
 # After network quiet: waits for the main thread to be idle, then reports what is still pending and,
 # when nothing is, what the page says about itself and its serialization: a clone of the document
 # without executable scripts (the live page is left alone, in case it turns out not to be settled).
-CHECK_JS = """([scriptTypes, maxChars, longMs, ignoreTimers]) => new Promise(resolve => {
+CHECK_JS = """([scriptTypes, maxChars, longMs, ignoreTimers, maxShadowRoots, maxShadowDepth]) => new Promise(resolve => {
   const check = () => {
     const st = window.__prerenderSettle, now = performance.now();
     let timer = 0;
@@ -148,13 +150,49 @@ CHECK_JS = """([scriptTypes, maxChars, longMs, ignoreTimers]) => new Promise(res
     try { if (loc) location = new URL(loc.replace(/^\\s*location\\s*:/i, '').trim(), document.baseURI).href; }
     catch (e) { location = null; }
     const root = document.documentElement.cloneNode(true);
+    const fragments = [root];
+    // Open shadow roots become declarative shadow DOM (outerHTML drops them), their constructed
+    // stylesheets as <style>; closed roots are out of a page script's reach and stay out. Bounded:
+    // past maxShadowRoots, or maxShadowDepth roots deep, the rest keep their light DOM only.
+    let roots = 0;
+    const shadows = (live, copy, depth) => {
+      const a = document.createTreeWalker(live, NodeFilter.SHOW_ELEMENT);
+      const b = document.createTreeWalker(copy, NodeFilter.SHOW_ELEMENT);
+      const pairs = [];
+      for (let x = a.nextNode(), y = b.nextNode(); x && y; x = a.nextNode(), y = b.nextNode()) {
+        const sr = x.shadowRoot;
+        if (sr && sr.mode === 'open' && roots < maxShadowRoots && depth < maxShadowDepth) {
+          roots++;
+          pairs.push([sr, y]);
+        }
+      }
+      for (const [sr, host] of pairs) {  // after the walk: a template inserted during it would shift it
+        const t = document.createElement('template');
+        t.setAttribute('shadowrootmode', 'open');
+        if (sr.delegatesFocus) t.setAttribute('shadowrootdelegatesfocus', '');
+        for (const n of sr.childNodes) t.content.appendChild(n.cloneNode(true));
+        shadows(sr, t.content, depth + 1);
+        for (const sheet of Array.from(sr.adoptedStyleSheets || []).reverse()) {
+          try {
+            const style = document.createElement('style');
+            style.textContent = Array.from(sheet.cssRules, r => r.cssText).join('\\n');
+            t.content.insertBefore(style, t.content.firstChild);
+          } catch (e) { /* a sheet whose rules cannot be read */ }
+        }
+        fragments.push(t.content);
+        host.insertBefore(t, host.firstChild);
+      }
+    };
+    shadows(document.documentElement, root, 0);
     const types = new Set(scriptTypes);
-    for (const s of all(root, 'script')) {
-      const t = (s.getAttribute('type') || '').split(';')[0].trim().toLowerCase();
-      if (!s.hasAttribute('type') || types.has(t)) s.remove();
-    }
     const preloads = 'link[rel~="modulepreload" i], link[rel~="preload" i][as="script" i]';
-    for (const l of all(root, preloads)) l.remove();
+    for (const f of fragments) {
+      for (const s of all(f, 'script')) {
+        const t = (s.getAttribute('type') || '').split(';')[0].trim().toLowerCase();
+        if (!s.hasAttribute('type') || types.has(t)) s.remove();
+      }
+      for (const l of all(f, preloads)) l.remove();
+    }
     const doctype = document.doctype ? new XMLSerializer().serializeToString(document.doctype) : '';
     const html = doctype + root.outerHTML;
     return {
@@ -453,7 +491,8 @@ class Renderer:
             if not ready:
                 await st.wait_quiet(quiet_s, deadline)
             mark = st.last_activity
-            args = [SCRIPT_TYPES, self.opts.max_html_bytes, int(LONG_REQUEST_S * 1000), timer_budget <= 0]
+            args = [SCRIPT_TYPES, self.opts.max_html_bytes, int(LONG_REQUEST_S * 1000), timer_budget <= 0,
+                    MAX_SHADOW_ROOTS, MAX_SHADOW_DEPTH]
             try:
                 state = await asyncio.wait_for(
                     page.evaluate(CHECK_JS, args), max(0.001, deadline - time.monotonic())

@@ -108,6 +108,9 @@ def _hidden_parts(html: bytes) -> tuple[list[tuple[int, int]], list[tuple[int, i
         if i and after < n and low[after] in _NAME_CHARS:  # <scripts>, <title-bar>: not ours
             nxt[i] = low.find(_OPENERS[i], after)
             continue
+        if i and _HIDDEN[i - 1] == b"template" and b"shadowrootmode" in low[after:_tag_end(low, after)]:
+            nxt[i] = low.find(_OPENERS[i], after)  # declarative shadow DOM: a web component's own content
+            continue
         visible.append((pos, at))
         if i == 0:
             close = low.find(b"-->", after)

@@ -56,6 +56,12 @@ def test_visible_text_leaves_out_tags_scripts_styles_comments_and_the_title() ->
     assert scan(html).measure == Measure(text=len("Helloworld"), links=0, size=len(html))
 
 
+def test_declarative_shadow_dom_is_a_web_components_visible_content() -> None:
+    html = (b'<x-card><template shadowrootmode="open"><style>p{}</style><p>Shadow text</p></template>light</x-card>'
+            b'<template id=t><p>inert</p></template>')
+    assert scan(html).measure.text == len("Shadowtextlight")
+
+
 def test_an_app_shell_has_no_visible_text() -> None:
     assert scan(SHELL).measure.text == 0
 

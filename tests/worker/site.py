@@ -27,6 +27,22 @@ class Seen:
     at: float
 
 
+
+SHADOW_JS = """<script>
+customElements.define('x-card', class extends HTMLElement { constructor() { super();
+  const r = this.attachShadow({mode: 'open'}); const sheet = new CSSStyleSheet();
+  sheet.replaceSync('p { color: rebeccapurple; }'); r.adoptedStyleSheets = [sheet];
+  r.innerHTML = '<p>shadow text <slot></slot></p><x-inner></x-inner><script>window.bad = 1</' + 'script>'; } });
+customElements.define('x-inner', class extends HTMLElement { constructor() { super();
+  this.attachShadow({mode: 'open'}).innerHTML = '<b>nested text</b>'; } });
+customElements.define('x-closed', class extends HTMLElement { constructor() { super();
+  this.attachShadow({mode: 'closed'}).innerHTML = '<i>closed text</i>'; } });
+customElements.define('x-deep', class extends HTMLElement { constructor() { super();
+  const host = this.getRootNode().host; const depth = (host ? host.depth : 0) + 1;
+  this.depth = depth;  // a property: a parser-made element must not get attributes in its constructor
+  this.attachShadow({mode: 'open'}).innerHTML = depth < 60 ? '<x-deep></x-deep>' : '<u>bottom</u>'; } });
+</script>"""
+
 class _Server:
     """A ThreadingHTTPServer whose handler calls ``self.handle(request) -> (status, headers, body)``."""
 
@@ -252,6 +268,16 @@ class Origin(_Server):
                 HTML,
                 page("Gone", "<p>gone</p>", head='<meta name="prerender-status-code" content="410">'),
             )
+        if path == "/shadow":  # web components: text only in shadow roots, open, nested and closed
+            return (
+                200,
+                HTML,
+                page("Shadow", '<x-card>light child</x-card><x-closed></x-closed>'
+                     '<div id=dsd><template shadowrootmode="open"><span>declarative text</span></template></div>',
+                     head=SHADOW_JS),
+            )
+        if path == "/shadow-many":  # thousands of open roots, recursive: bounded, never hung
+            return 200, HTML, page("Many", "<x-deep></x-deep>" * 300, head=SHADOW_JS)
         if path == "/status-meta-twice":  # conflicting metas: the first of each name counts
             return (
                 200,

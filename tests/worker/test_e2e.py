@@ -263,3 +263,14 @@ async def test_a_shell_only_render_does_not_replace_the_stored_page(node, site, 
         await asyncio.sleep(0.6)  # past the ingress's page-store catch-up (250 ms)
         again = await _hit(client, node, url)
         assert again is not None and again.text == first.text
+
+
+async def test_a_web_components_shadow_text_reaches_a_bot(node, site, worker) -> None:
+    """A custom element whose content lives in its (open) shadow root is served as declarative
+    shadow DOM: a bot that runs no script still gets the text."""
+    url = site.base + "/shadow"
+    async with httpx.AsyncClient(timeout=60) as client:
+        put_target(node.url, url, nextRenderTime=1)
+        hit = await until(lambda: _hit(client, node, url), what="the rendered web components")
+        assert '<template shadowrootmode="open">' in hit.text and "shadow text" in hit.text
+        assert "nested text" in hit.text and "<script" not in hit.text

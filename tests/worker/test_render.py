@@ -352,3 +352,26 @@ async def test_a_chromium_that_will_not_restart_pauses_claiming_instead_of_faili
         assert w.pool.launch_failures == 0
     finally:
         await r.stop()
+
+
+async def test_open_shadow_roots_are_serialized_as_declarative_shadow_dom(rig: Rig) -> None:
+    m = await one(rig, "/shadow")
+    html = m["html"]
+    assert m["outcome"] == "rendered", m.get("error")
+    # the custom element's own text, its constructed stylesheet and a nested root, as DSD
+    assert '<x-card><template shadowrootmode="open"><style>p { color: rebeccapurple; }</style>' in html
+    assert "<p>shadow text <slot></slot></p>" in html and "light child</x-card>" in html
+    assert '<x-inner><template shadowrootmode="open"><b>nested text</b></template></x-inner>' in html
+    assert "window.bad" not in html  # scripts inside shadow roots are stripped too
+    assert "closed text" not in html  # a closed root is out of reach (documented)
+    assert '<template shadowrootmode="open"><span>declarative text</span></template>' in html  # kept
+
+
+async def test_thousands_of_nested_shadow_roots_are_bounded(rig: Rig) -> None:
+    from prerender_ray.worker.render import MAX_SHADOW_DEPTH, MAX_SHADOW_ROOTS
+
+    m = await one(rig, "/shadow-many")
+    assert m["outcome"] == "rendered", m.get("error")
+    count = m["html"].count('<template shadowrootmode="open">')
+    assert 0 < count <= MAX_SHADOW_ROOTS and "<u>bottom</u>" not in m["html"]  # 60 deep > MAX_SHADOW_DEPTH
+    assert MAX_SHADOW_DEPTH < 60
