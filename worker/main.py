@@ -25,6 +25,7 @@ from typing import Any
 from prerender_ray import logs
 from prerender_ray.worker import outcome as oc
 from prerender_ray.worker.backoff import HostHealth, Timing
+from prerender_ray.worker.blocklist import Blocklist
 from prerender_ray.worker.client import QueueClient, now_ms
 from prerender_ray.worker.metrics import WorkerMetrics
 from prerender_ray.worker.options import WorkerOptions
@@ -126,6 +127,7 @@ class Worker:
                     bypass_header=self.opts.bypass_header,
                     bypass_token=self.opts.bypass_token,
                     honour_status_meta=self.opts.honour_status_meta,
+                    blocklist=Blocklist.of(self.opts.block_hosts, defaults=self.opts.block_defaults),
                 ),
             )
             self.pool.setup_tab = self.renderer.setup_tab
@@ -268,9 +270,10 @@ class Worker:
         if task is not None and task not in self._released:  # the page is done: the next job may start
             self._released.add(task)
             self.slots.release()
-        await self.deliver(job, rendered.verdict, rendered.html, rendered.render_ms)
+        await self.deliver(job, rendered.verdict, rendered.html, rendered.render_ms, rendered.blocked)
 
-    async def deliver(self, job: oc.Job, verdict: oc.Verdict, html: str | None, render_ms: float) -> str:
+    async def deliver(self, job: oc.Job, verdict: oc.Verdict, html: str | None, render_ms: float,
+                      blocked: int = 0) -> str:
         """Encode and post one result; a 413 turns into an error result without content."""
         encoding = self.opts.content_encoding if html else None
         content = None
@@ -294,6 +297,9 @@ class Worker:
         self.metrics.rendered(meta["outcome"], meta.get("reason"), render_ms)
         if result != "delivered":
             self.metrics.count(f"result-{result}")
+        if blocked:
+            self.metrics.count("blocked-requests", blocked)
+            self.metrics.blocked.inc(blocked)
         log.debug(
             "job done",
             key=job.id,
@@ -301,6 +307,7 @@ class Worker:
             reason=meta.get("reason"),
             render_ms=meta["renderTime"],
             result=result,
+            blocked=blocked,
         )
         return result
 

@@ -49,6 +49,8 @@ class WorkerMetrics:
             ["event"],
             registry=r,
         )
+        self.blocked = Counter("prerender_worker_blocked_requests_total",
+                               "Requests the blocklist stopped (analytics, ads, consent, chat).", registry=r)
         self.in_flight = Gauge("prerender_worker_renders_in_flight", "Renders in progress.", registry=r)
         self.hosts = Gauge("prerender_worker_queue_hosts", "Queue hosts known.", registry=r)
         self.circuits = Gauge("prerender_worker_open_circuits", "Queue hosts in error backoff.", registry=r)

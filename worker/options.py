@@ -57,6 +57,8 @@ class WorkerOptions:
     trailing_slash: str = "strip"  # must match the server's cacheKey.trailingSlash
     canonical_strict: bool = False
     honour_status_meta: bool = True  # <meta name="prerender-status-code">
+    block_hosts: tuple[str, ...] = ()  # added to the blocklist (worker/blocklist.py)
+    block_defaults: bool = True  # start from DEFAULT_BLOCKED_HOSTS
     # browser lifecycle
     page_reuse: int = 50  # renders per tab before it is replaced
     recycle_pages: int = 500  # renders per browser before it is replaced
@@ -158,6 +160,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="a canonical naming a re-spelling of the same page is non-indexable",
     )
+    p.add_argument(
+        "--block-host",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="never load requests to HOST or its subdomains (repeatable; added to the default list of "
+        "analytics, tag-manager, ad, consent and chat hosts)",
+    )
+    p.add_argument(
+        "--no-default-blocklist",
+        action="store_true",
+        help="block only the --block-host hosts, not the default list",
+    )
     p.add_argument("--page-reuse", type=int, default=50, help="renders per tab before it is replaced")
     p.add_argument("--recycle-pages", type=int, default=500, help="renders per browser before it is replaced")
     p.add_argument("--recycle-minutes", type=float, default=30.0, help="browser age before it is replaced")
@@ -219,6 +234,8 @@ def from_args(args: argparse.Namespace, env: dict[str, str] | None = None) -> Wo
         plus_is_space=args.plus_is_space,
         trailing_slash=args.trailing_slash,
         canonical_strict=args.canonical_strict,
+        block_hosts=tuple(args.block_host),
+        block_defaults=not args.no_default_blocklist,
         page_reuse=args.page_reuse,
         recycle_pages=args.recycle_pages,
         recycle_minutes=args.recycle_minutes,

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 from prerender_ray import logs
 from prerender_ray.worker import outcome as oc
+from prerender_ray.worker.blocklist import Blocklist
 from prerender_ray.worker.pool import BrowserError, BrowserPool, Tab
 
 log = logs.get("worker.render")
@@ -213,15 +214,18 @@ class RenderOptions:
     bypass_header: str = "x-harper-renderer-bypass"
     bypass_token: str = ""
     honour_status_meta: bool = True
+    blocklist: Blocklist = field(default_factory=Blocklist.of)
 
 
 @dataclass
 class Rendered:
-    """A render's result: the verdict, the HTML to attach (if any) and how long it took."""
+    """A render's result: the verdict, the HTML to attach (if any), how long it took and how many of
+    its requests the blocklist stopped."""
 
     verdict: oc.Verdict
     html: str | None
     render_ms: float
+    blocked: int = 0
 
 
 class SettleTimeout(Exception):
@@ -242,6 +246,7 @@ class JobState:
     token: str = ""
     main_headers: dict[str, str] = field(default_factory=dict)
     inflight: dict[Any, float] = field(default_factory=dict)
+    blocked: int = 0  # requests the blocklist failed
     last_activity: float = field(default_factory=time.monotonic)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -298,12 +303,14 @@ class Renderer:
         async def paused(ev: dict) -> None:
             rid = ev["requestId"]
             try:
-                if ev.get("resourceType") in BLOCKED_CDP_TYPES:
+                st: JobState | None = tab.state
+                url = ev["request"]["url"]
+                if ev.get("resourceType") in BLOCKED_CDP_TYPES or self.opts.blocklist.blocks(url):
+                    if st is not None and ev.get("resourceType") not in BLOCKED_CDP_TYPES:
+                        st.blocked += 1
                     await cdp.send("Fetch.failRequest", {"requestId": rid, "errorReason": "BlockedByClient"})
                     return
-                st: JobState | None = tab.state
                 extra: dict[str, str] = {}
-                url = ev["request"]["url"]
                 if st is not None:
                     if st.token and origin_of(url) == st.origin:
                         extra[st.token_header] = st.token
@@ -349,6 +356,7 @@ class Renderer:
     async def _intercept(self, tab: Tab, st: JobState | None) -> None:
         """Pause only what this job needs paused (one CDP call, and only when that changes)."""
         patterns = [{"urlPattern": "*", "resourceType": t} for t in sorted(BLOCKED_CDP_TYPES)]
+        patterns += self.opts.blocklist.patterns()
         if st is not None and st.token:
             patterns.append({"urlPattern": f"{st.origin}/*"})
         if st is not None and st.main_headers:
@@ -366,6 +374,7 @@ class Renderer:
         t0 = time.monotonic()
         budget_s = (budget_ms or job.render_budget_ms or self.opts.budget_ms) / 1000
         progress = {"phase": "tab"}
+        blocked = 0
         try:
             async with asyncio.timeout(TAB_WAIT_S + budget_s + SLACK_S):
                 async with self.pool.tab(job.device_type) as tab:
@@ -377,6 +386,7 @@ class Renderer:
                         tab.poisoned = True
                         raise
                     finally:
+                        blocked = tab.state.blocked if tab.state is not None else 0
                         tab.state = None
                     if verdict.error is not None:  # a timeout may have left the renderer stuck: a fresh tab
                         tab.poisoned = True
@@ -393,7 +403,7 @@ class Renderer:
             raise
         except Exception as e:
             verdict, html = oc.error_verdict(_error_name(e), _message(e)), None
-        return Rendered(verdict, html, (time.monotonic() - t0) * 1000)
+        return Rendered(verdict, html, (time.monotonic() - t0) * 1000, blocked)
 
     async def _render(
         self, tab: Tab, job: oc.Job, deadline: float, progress: dict[str, str]

@@ -262,6 +262,10 @@ class Origin(_Server):
                     ),
                 ),
             )
+        if path == "/tracked":  # an analytics script on a blocked host beside a library on an allowed one
+            tracker = self.third_party.replace("//127.0.0.1:", "//analytics.localhost:")
+            return 200, HTML, page("Tracked", "<p>tracked page</p>", head=(
+                f'<script src="{tracker}/track.js"></script><script src="{self.third_party}/lib.js"></script>'))
         if path == "/status-meta":
             return (
                 200,

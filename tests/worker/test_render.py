@@ -45,6 +45,7 @@ class Rig:
             max_backoff_ms=500,
             max_html_bytes=1_000_000,
             stats_interval_s=3600,
+            block_hosts=("analytics.localhost",),  # *.localhost is loopback to Chromium, no DNS
         )
         opts.update(kw)
         self.worker = Worker(WorkerOptions(**opts))
@@ -375,3 +376,13 @@ async def test_thousands_of_nested_shadow_roots_are_bounded(rig: Rig) -> None:
     count = m["html"].count('<template shadowrootmode="open">')
     assert 0 < count <= MAX_SHADOW_ROOTS and "<u>bottom</u>" not in m["html"]  # 60 deep > MAX_SHADOW_DEPTH
     assert MAX_SHADOW_DEPTH < 60
+
+
+async def test_a_blocklisted_host_is_never_asked_and_the_render_counts_it(rig: Rig) -> None:
+    assert rig.worker is not None
+    before = rig.worker.metrics.total["blocked-requests"]
+    m = await one(rig, "/tracked")
+    assert m["outcome"] == "rendered" and "tracked page" in m["html"]
+    assert rig.third.requests("/track.js") == []  # stopped inside Chromium
+    assert rig.third.requests("/lib.js")  # a host not on the list loads as before
+    assert rig.worker.metrics.total["blocked-requests"] == before + 1
