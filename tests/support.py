@@ -27,6 +27,7 @@ class RayCluster:
     cluster: Any
     nodes: dict[str, Any] = field(default_factory=dict)  # name -> ray node
     ports: dict[str, int] = field(default_factory=dict)
+    changes: int = 0  # nodes added or removed so far
 
     @classmethod
     def start(cls) -> RayCluster:
@@ -56,11 +57,13 @@ class RayCluster:
                                      labels={LABEL_NAME: name, LABEL_PORT: str(port)}, env_vars=env)
         self.nodes[name] = node
         self.ports[name] = port
+        self.changes += 1
         return node
 
     def remove_node(self, name: str) -> None:
         node = self.nodes.pop(name)
         self.ports.pop(name, None)
+        self.changes += 1
         self.cluster.remove_node(node)
 
     def shutdown(self) -> None:
