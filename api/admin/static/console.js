@@ -47,6 +47,25 @@
     m.className = isError ? 'error' : '';
   }
 
+  const BUSY_RETRIES = 4;
+
+  function sleep(ms) { return new Promise((resolve) => setTimeout(resolve, ms)); }
+
+  function retryAfterMs(response) {
+    const s = Number(response.headers.get('retry-after'));
+    return Number.isFinite(s) && s > 0 ? Math.min(s, 5) * 1000 : 1000;
+  }
+
+  // A read refused as busy (the replica's heavy-read slots are all taken, e.g. by the overview still
+  // loading when a tab is switched) is asked again after Retry-After, a bounded number of times.
+  async function send(path, init) {
+    for (let attempt = 0; ; attempt += 1) {
+      const response = await fetch(path, init);
+      if (response.status !== 429 || init.method !== 'GET' || attempt >= BUSY_RETRIES) return response;
+      await sleep(retryAfterMs(response));
+    }
+  }
+
   async function api(path, options) {
     const opts = options || {};
     const init = { method: opts.method || 'GET', credentials: 'same-origin', cache: 'no-store',
@@ -57,7 +76,7 @@
     }
     let response;
     try {
-      response = await fetch(path, init);
+      response = await send(path, init);
     } catch (e) {
       return { status: 0, ok: false, data: { error: `network error: ${e.message}` } };
     }
@@ -510,8 +529,9 @@
     $('pages-error').textContent = '';
     let response;
     try {
-      response = await fetch(`page-content?${new URLSearchParams({ cacheKey: key })}`, { credentials: 'same-origin',
-        cache: 'no-store', headers: { 'accept': 'text/plain, application/json', 'x-prerender-console': '1' } });
+      response = await send(`page-content?${new URLSearchParams({ cacheKey: key })}`, { method: 'GET',
+        credentials: 'same-origin', cache: 'no-store',
+        headers: { 'accept': 'text/plain, application/json', 'x-prerender-console': '1' } });
     } catch (e) {
       $('pages-error').textContent = `network error: ${e.message}`;
       return;

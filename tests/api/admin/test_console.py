@@ -333,3 +333,29 @@ def test_the_pages_tab_lists_cached_pages_and_shows_their_html_as_text(node, bro
     shot(page, "console-pages.png")
     assert problems == []
     page.close()
+
+
+def test_a_read_refused_as_busy_is_asked_again_after_retry_after(node, browser) -> None:
+    # The overview's fan-out can hold the replica's heavy-read slots while a tab is switched: the
+    # listing that meets the 429 must still arrive (before: an empty table and "busy").
+    key = "https://console.test/busy/0|desktop"
+    write_page("node-a", key, b"<html><body>busy</body></html>")
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    refused: list[str] = []
+
+    def busy_twice(route) -> None:
+        if len(refused) < 2:
+            refused.append(route.request.url)
+            route.fulfill(status=429, headers={"retry-after": "1", "content-type": "application/json"},
+                          body='{"error": "Too many heavy admin reads in flight"}')
+        else:
+            route.continue_()
+
+    sign_in(page, node, "watcher", "watch-pass")
+    page.route("**/prerender_admin/pages?*", busy_twice)
+    page.click("#tab-pages")
+    page.fill("#pages-prefix", "https://console.test/busy/")
+    page.click("#pages-submit")
+    page.wait_for_selector(f"tr[data-page='{key}']", timeout=15_000)
+    assert len(refused) == 2 and page.text_content("#pages-error") == ""
+    page.close()
