@@ -21,8 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import secrets
 import sys
 import tempfile
 import threading
@@ -30,14 +28,12 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-os.environ["RAY_AUTH_MODE"] = "token"
-os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
-os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ray_env import isolate  # noqa: E402
 
-import httpx
+isolate()
+
+import httpx  # noqa: E402 (after isolate(): Ray reads the environment at import)
 
 PAGE = """<!doctype html><html><head><meta charset=utf-8><title>Product {n}</title>
 <link rel=stylesheet href="/style.css"><script src="/app.js" defer></script></head>

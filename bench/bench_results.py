@@ -21,20 +21,17 @@ import argparse
 import asyncio
 import gzip
 import os
-import secrets
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-os.environ["RAY_AUTH_MODE"] = "token"
-os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
-os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ray_env import isolate  # noqa: E402
 
-import httpx
+isolate()
+
+import httpx  # noqa: E402 (after isolate(): Ray reads the environment at import)
 
 TICK = os.sysconf("SC_CLK_TCK")
 HTML = (b"<!doctype html><html><head><title>Product %d</title></head><body><main>"

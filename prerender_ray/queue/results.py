@@ -318,8 +318,7 @@ class Planner:
             headers.update(measured)
             before = (self._stored.get(key) or {}).get("etag")
             plan.content_change = "new" if before is None else "unchanged" if before == validators["etag"] else "changed"
-            route = self.rules.router.first_match(url_path(url))
-            plan.route = route_label(route.path if route is not None else None, self.rules.route_class(url))
+            plan.route = self._route_label(url)
             plan.page = Page(cache_key=key, status_code=r.status_code or 200, headers=headers,
                              content=r.content, last_cached=now, expires_at=due, is_indexable=indexable)
             if plan.content_change == "unchanged":
@@ -369,6 +368,10 @@ class Planner:
             self._seen = (r, digest, body)
         return self._seen[1], self._seen[2]
 
+    def _route_label(self, url: str) -> str:
+        route = self.rules.router.first_match(url_path(url))
+        return route_label(route.path if route is not None else None, self.rules.route_class(url))
+
     def _guard_rule(self, url: str) -> guard.Rule | None:
         route = self.rules.router.first_match(url_path(url))
         override = route.guard if route is not None else None
@@ -405,8 +408,7 @@ class Planner:
         if target is not None:
             record = guard.refusal(key, verdict, now, self._repeats(target, key) + 1)
             plan.targets[target.url] = (plan.targets.get(target.url) or target).patched(refused=record)
-        route = self.rules.router.first_match(url_path(url))
-        plan.route = route_label(route.path if route is not None else None, self.rules.route_class(url))
+        plan.route = self._route_label(url)
         plan.guard = verdict
         return plan
 

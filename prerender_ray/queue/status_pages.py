@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from urllib.parse import urljoin, urlsplit
 
-from prerender_ray.serving.origin_policy import compiled
+from prerender_ray.serving.origin_policy import DEFAULT_PORTS, compiled
 from prerender_ray.storage.pages import Page
 
 REDIRECT_STATUSES = frozenset({301, 302, 307, 308})
@@ -65,14 +65,10 @@ def location_of(page_url: str, redirected_to: str | None, domains: Sequence[str]
     parts, base = urlsplit(url), urlsplit(page_url)
     try:
         same = (parts.hostname == base.hostname
-                and (parts.port or _default_port(parts.scheme)) == (base.port or _default_port(base.scheme)))
+                and (parts.port or DEFAULT_PORTS.get(parts.scheme)) == (base.port or DEFAULT_PORTS.get(base.scheme)))
     except ValueError:
         return None
     return url if same else None
-
-
-def _default_port(scheme: str) -> int:
-    return 443 if scheme == "https" else 80
 
 
 def gone_page(key: str, status: int, *, content: bytes | None, headers: Mapping[str, str], now: int,
