@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
+from prerender_ray.config.model import HOST_NAME
+
 # Hosts of third-party scripts that never change what a page's content is.
 DEFAULT_BLOCKED_HOSTS = (
     # analytics and tag managers
@@ -39,16 +41,28 @@ class Blocklist:
         cleaned = []
         for h in hosts:
             h = h.strip().lower().strip(".")
+            if h and not HOST_NAME.match(h):  # a * or ? would widen the CDP pattern past the host
+                raise ValueError(f"not a host name: {h[:100]!r}")
             if h and h not in cleaned:
                 cleaned.append(h)
         if len(cleaned) > MAX_HOSTS:
             raise ValueError(f"a blocklist holds at most {MAX_HOSTS} hosts, not {len(cleaned)}")
         self.hosts = tuple(cleaned)
         self._set = frozenset(cleaned)
+        self.extra: tuple[str, ...] = self.hosts  # what for_job keeps
+        self.defaults = False
 
     @classmethod
     def of(cls, extra: Iterable[str] = (), *, defaults: bool = True) -> Blocklist:
-        return cls([*(DEFAULT_BLOCKED_HOSTS if defaults else ()), *extra])
+        extra = tuple(extra)
+        made = cls([*(DEFAULT_BLOCKED_HOSTS if defaults else ()), *extra])
+        made.extra, made.defaults = extra, defaults
+        return made
+
+    def for_job(self, hosts: Iterable[str], *, defaults: bool) -> Blocklist:
+        """This list with a route's hosts added; ``defaults=False`` drops the maintained list (the
+        worker's own --block-host hosts stay)."""
+        return Blocklist.of([*self.extra, *hosts], defaults=self.defaults and defaults)
 
     def patterns(self) -> list[dict[str, str]]:
         """CDP ``Fetch.enable`` patterns pausing requests to these hosts (any scheme, subdomain and

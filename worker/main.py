@@ -270,11 +270,13 @@ class Worker:
         if task is not None and task not in self._released:  # the page is done: the next job may start
             self._released.add(task)
             self.slots.release()
-        await self.deliver(job, rendered.verdict, rendered.html, rendered.render_ms, rendered.blocked)
+        await self.deliver(job, rendered.verdict, rendered.html, rendered.render_ms, rendered.summary,
+                           rendered.report)
 
     async def deliver(self, job: oc.Job, verdict: oc.Verdict, html: str | None, render_ms: float,
-                      blocked: int = 0) -> str:
-        """Encode and post one result; a 413 turns into an error result without content."""
+                      summary: dict[str, int] | None = None, report: dict | None = None) -> str:
+        """Encode and post one result with its ``renderSummary`` (and the job's diagnostics report);
+        a 413 turns into an error result without content (and without the report)."""
         encoding = self.opts.content_encoding if html else None
         content = None
         if html:
@@ -282,7 +284,7 @@ class Worker:
                 content = await asyncio.to_thread(oc.encode_html, html, encoding)
             else:
                 content = oc.encode_html(html, encoding)
-        meta = oc.build_metadata(job, verdict, render_ms, encoding)
+        meta = oc.build_metadata(job, verdict, render_ms, encoding, summary, report)
         body, headers = oc.result_body(meta, content)
         result = await self.client.post_result(job, body, headers)
         if result == "too-large":
@@ -290,13 +292,14 @@ class Worker:
                 "ContentTooLarge",
                 f"the encoded page ({len(content or b'')} bytes) is larger than the server accepts",
             )
-            meta = oc.build_metadata(job, verdict, render_ms, None)
+            meta = oc.build_metadata(job, verdict, render_ms, None, summary)
             body, headers = oc.result_body(meta, None)
             result = await self.client.post_result(job, body, headers)
         self.metrics.results.labels(result).inc()
         self.metrics.rendered(meta["outcome"], meta.get("reason"), render_ms)
         if result != "delivered":
             self.metrics.count(f"result-{result}")
+        blocked = (summary or {}).get("blocked", 0)
         if blocked:
             self.metrics.count("blocked-requests", blocked)
             self.metrics.blocked.inc(blocked)

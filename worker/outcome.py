@@ -19,6 +19,7 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 import brotli
 
 from prerender_ray.identity.urls import UrlError, canonicalize_url
+from prerender_ray.queue import job_options
 
 RELAYED_HEADERS = (
     "etag",
@@ -50,6 +51,7 @@ class Job:
     is_from_sitemap: bool = False
     headers: dict[str, str] = field(default_factory=dict)  # main-frame navigation only
     render_budget_ms: int | None = None
+    options: job_options.JobOptions = job_options.JobOptions()  # prerender-ray's renderOptions
 
     @classmethod
     def parse(cls, obj: Any) -> Job:
@@ -80,6 +82,7 @@ class Job:
             callback_origin=origin,
             is_from_sitemap=obj.get("isFromSitemap") is True,
             headers={str(k).lower(): str(v) for k, v in headers.items()} if isinstance(headers, dict) else {},
+            options=job_options.parse(obj.get(job_options.FIELD)),
             render_budget_ms=int(budget)
             if isinstance(budget, (int, float)) and not isinstance(budget, bool) and budget > 0
             else None,
@@ -355,8 +358,11 @@ def resolve_outcome(has_content: bool, redirected_to: str | None, is_indexable: 
     return ERROR
 
 
-def build_metadata(job: Job, v: Verdict, render_ms: float, content_encoding: str | None) -> dict[str, Any]:
-    """Exactly the fields of docs/fleet-protocol.md#metadata-fields; absent means unset."""
+def build_metadata(job: Job, v: Verdict, render_ms: float, content_encoding: str | None,
+                   summary: dict[str, int] | None = None, report: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Exactly the fields of docs/fleet-protocol.md#metadata-fields; absent means unset. The
+    reference's fields, then prerender-ray's own (``renderSummary``, ``diagnostics``) that a
+    reference server ignores."""
     headers = dict(v.headers)
     if content_encoding:
         headers["content-type"] = STORED_CONTENT_TYPE
@@ -375,6 +381,10 @@ def build_metadata(job: Job, v: Verdict, render_ms: float, content_encoding: str
         meta["reason"] = v.reason or "error"
     if v.error:
         meta["error"] = dict(v.error)
+    if summary is not None:
+        meta["renderSummary"] = summary
+    if report is not None:
+        meta["diagnostics"] = report
     return meta
 
 

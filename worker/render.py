@@ -21,8 +21,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from prerender_ray import logs
+from prerender_ray.config.model import Scroll
+from prerender_ray.queue import job_options
 from prerender_ray.worker import outcome as oc
 from prerender_ray.worker.blocklist import Blocklist
+from prerender_ray.worker.diagnostics import SCREENSHOT_TIMEOUT_MS, Recorder, screenshot
+from prerender_ray.worker.page_js import CHECK_JS, INIT_JS, SCRIPT_TYPES, SCROLL_JS
 from prerender_ray.worker.pool import BrowserError, BrowserPool, Tab
 
 log = logs.get("worker.render")
@@ -38,174 +42,6 @@ TAB_WAIT_S = 30.0  # longest wait for a tab (a free slot, Chromium starting) bef
 MAX_SHADOW_ROOTS = 5000  # open shadow roots serialized per page (declarative shadow DOM)
 MAX_SHADOW_DEPTH = 32  # shadow roots inside shadow roots
 
-# Executable script types (HTML's JavaScript MIME type essences, modules, import maps and speculation
-# rules); data blocks such as application/ld+json stay.
-SCRIPT_TYPES = [
-    "",
-    "module",
-    "importmap",
-    "speculationrules",
-    "application/ecmascript",
-    "application/javascript",
-    "application/x-ecmascript",
-    "application/x-javascript",
-    "text/ecmascript",
-    "text/javascript",
-    "text/javascript1.0",
-    "text/javascript1.1",
-    "text/javascript1.2",
-    "text/javascript1.3",
-    "text/javascript1.4",
-    "text/javascript1.5",
-    "text/jscript",
-    "text/livescript",
-    "text/x-ecmascript",
-    "text/x-javascript",
-]
-
-# Runs before any page script (every document of a tab): counts the page's pending short timers,
-# fetch/XHR requests and inserted scripts, stylesheets and frames still loading, so settling sees work
-# the moment the page starts it (a debounce, a fetch chained on another, a lazy chunk) instead of
-# waiting out a long quiet window. The page's own functions are wrapped, not changed.
-INIT_JS = """(() => {
-  if (window.__prerenderSettle) return;
-  const st = window.__prerenderSettle = {timers: new Map(), fetches: new Map(), next: 0};
-  const setT = window.setTimeout, clearT = window.clearTimeout;
-  window.setTimeout = function (fn, delay, ...args) {
-    const ms = Number(delay) || 0;
-    if (typeof fn !== 'function' || ms > %(timer_ms)d) return setT.call(this, fn, delay, ...args);
-    let id;
-    const wrapped = function () { st.timers.delete(id); return fn.apply(this, arguments); };
-    id = setT.call(this, wrapped, delay, ...args);
-    st.timers.set(id, performance.now() + ms);
-    return id;
-  };
-  window.clearTimeout = function (id) { st.timers.delete(id); return clearT.call(this, id); };
-  const start = () => {
-    const id = ++st.next;
-    st.fetches.set(id, performance.now());
-    return () => st.fetches.delete(id);
-  };
-  if (window.fetch) {
-    const f = window.fetch;
-    window.fetch = function () {
-      const done = start();
-      try { const p = f.apply(this, arguments); p.then(done, done); return p; } catch (e) { done(); throw e; }
-    };
-  }
-  const send = XMLHttpRequest.prototype.send;
-  XMLHttpRequest.prototype.send = function () {
-    const done = start();
-    this.addEventListener('loadend', done, {once: true});
-    try { return send.apply(this, arguments); } catch (e) { done(); throw e; }
-  };
-  // scripts, stylesheets and frames a script inserts: pending until they load or fail
-  const watch = el => {
-    const loads = (el.tagName === 'SCRIPT' && el.src) || el.tagName === 'IFRAME'
-      || (el.tagName === 'LINK' && /\\bstylesheet\\b/i.test(el.rel || '') && el.href);
-    if (!loads) return;
-    const done = start();
-    el.addEventListener('load', done, {once: true});
-    el.addEventListener('error', done, {once: true});
-  };
-  new MutationObserver(records => {
-    for (const r of records) for (const n of r.addedNodes) if (n.nodeType === 1) {
-      watch(n);
-      if (n.firstElementChild) {
-        n.querySelectorAll('script[src], link[rel~="stylesheet" i], iframe').forEach(watch);
-      }
-    }
-  }).observe(document, {childList: true, subtree: true});
-})()"""
-
-# After network quiet: waits for the main thread to be idle, then reports what is still pending and,
-# when nothing is, what the page says about itself and its serialization: a clone of the document
-# without executable scripts (the live page is left alone, in case it turns out not to be settled).
-CHECK_JS = """([scriptTypes, maxChars, longMs, ignoreTimers, maxShadowRoots, maxShadowDepth]) => new Promise(resolve => {
-  const check = () => {
-    const st = window.__prerenderSettle, now = performance.now();
-    let timer = 0;
-    if (st) for (const due of st.timers.values()) timer = Math.max(timer, due - now);
-    const out = {
-      complete: document.readyState === 'complete',
-      ready: ('prerenderReady' in window) ? window.prerenderReady === true : null,
-      timer: Math.max(0, timer),
-      fetches: st ? Array.from(st.fetches.values()).filter(t => now - t < longMs).length : 0,
-      doc: null,
-    };
-    const settled = out.ready === true
-      || (out.ready === null && out.complete && !out.fetches && (!out.timer || ignoreTimers));
-    if (settled) out.doc = describe();
-    resolve(out);
-  };
-  const describe = () => {
-    const all = (root, s) => Array.from(root.querySelectorAll(s));
-    const robots = all(document, 'meta[name]')
-      .filter(m => /^(robots|googlebot)$/i.test(m.getAttribute('name').trim()))
-      .map(m => m.getAttribute('content') || '');
-    const link = document.querySelector('link[rel~="canonical" i][href]');
-    const statusMeta = document.querySelector('meta[name="prerender-status-code" i]');
-    const loc = all(document, 'meta[name="prerender-header" i]').map(m => m.getAttribute('content') || '')
-      .find(c => /^\\s*location\\s*:/i.test(c));
-    let location = null;
-    try { if (loc) location = new URL(loc.replace(/^\\s*location\\s*:/i, '').trim(), document.baseURI).href; }
-    catch (e) { location = null; }
-    const root = document.documentElement.cloneNode(true);
-    const fragments = [root];
-    // Open shadow roots become declarative shadow DOM (outerHTML drops them), their constructed
-    // stylesheets as <style>; closed roots are out of a page script's reach and stay out. Bounded:
-    // past maxShadowRoots, or maxShadowDepth roots deep, the rest keep their light DOM only.
-    let roots = 0;
-    const shadows = (live, copy, depth) => {
-      const a = document.createTreeWalker(live, NodeFilter.SHOW_ELEMENT);
-      const b = document.createTreeWalker(copy, NodeFilter.SHOW_ELEMENT);
-      const pairs = [];
-      for (let x = a.nextNode(), y = b.nextNode(); x && y; x = a.nextNode(), y = b.nextNode()) {
-        const sr = x.shadowRoot;
-        if (sr && sr.mode === 'open' && roots < maxShadowRoots && depth < maxShadowDepth) {
-          roots++;
-          pairs.push([sr, y]);
-        }
-      }
-      for (const [sr, host] of pairs) {  // after the walk: a template inserted during it would shift it
-        const t = document.createElement('template');
-        t.setAttribute('shadowrootmode', 'open');
-        if (sr.delegatesFocus) t.setAttribute('shadowrootdelegatesfocus', '');
-        for (const n of sr.childNodes) t.content.appendChild(n.cloneNode(true));
-        shadows(sr, t.content, depth + 1);
-        for (const sheet of Array.from(sr.adoptedStyleSheets || []).reverse()) {
-          try {
-            const style = document.createElement('style');
-            style.textContent = Array.from(sheet.cssRules, r => r.cssText).join('\\n');
-            t.content.insertBefore(style, t.content.firstChild);
-          } catch (e) { /* a sheet whose rules cannot be read */ }
-        }
-        fragments.push(t.content);
-        host.insertBefore(t, host.firstChild);
-      }
-    };
-    shadows(document.documentElement, root, 0);
-    const types = new Set(scriptTypes);
-    const preloads = 'link[rel~="modulepreload" i], link[rel~="preload" i][as="script" i]';
-    for (const f of fragments) {
-      for (const s of all(f, 'script')) {
-        const t = (s.getAttribute('type') || '').split(';')[0].trim().toLowerCase();
-        if (!s.hasAttribute('type') || types.has(t)) s.remove();
-      }
-      for (const l of all(f, preloads)) l.remove();
-    }
-    const doctype = document.doctype ? new XMLSerializer().serializeToString(document.doctype) : '';
-    const html = doctype + root.outerHTML;
-    return {
-      url: window.location.href, robots, canonical: link ? link.href : null,
-      statusMeta: statusMeta ? statusMeta.getAttribute('content') : null, location,
-      chars: html.length, html: html.length <= maxChars ? html : null,
-    };
-  };
-  if (window.requestIdleCallback) requestIdleCallback(check, {timeout: 250}); else setTimeout(check, 0);
-})"""
-
-
 @dataclass
 class RenderOptions:
     budget_ms: int = 20_000
@@ -219,13 +55,18 @@ class RenderOptions:
 
 @dataclass
 class Rendered:
-    """A render's result: the verdict, the HTML to attach (if any), how long it took and how many of
-    its requests the blocklist stopped."""
+    """A render's result: the verdict, the HTML to attach (if any), how long it took, its counts
+    (``renderSummary``) and, when the job asked, its diagnostics report."""
 
     verdict: oc.Verdict
     html: str | None
     render_ms: float
-    blocked: int = 0
+    summary: dict[str, int] = field(default_factory=dict)
+    report: dict[str, Any] | None = None
+
+    @property
+    def blocked(self) -> int:
+        return self.summary.get("blocked", 0)
 
 
 class SettleTimeout(Exception):
@@ -246,7 +87,8 @@ class JobState:
     token: str = ""
     main_headers: dict[str, str] = field(default_factory=dict)
     inflight: dict[Any, float] = field(default_factory=dict)
-    blocked: int = 0  # requests the blocklist failed
+    blocklist: Blocklist = field(default_factory=Blocklist.of)
+    rec: Recorder = field(default_factory=Recorder)
     last_activity: float = field(default_factory=time.monotonic)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -282,6 +124,7 @@ class Renderer:
         self.pool = pool
         self.rules = rules
         self.opts = opts
+        self._blocklists: dict[tuple[tuple[str, ...], bool], Blocklist] = {}
 
     # ---------------------------------------------------------------------------- tab wiring
 
@@ -305,9 +148,10 @@ class Renderer:
             try:
                 st: JobState | None = tab.state
                 url = ev["request"]["url"]
-                if ev.get("resourceType") in BLOCKED_CDP_TYPES or self.opts.blocklist.blocks(url):
+                blocklist = st.blocklist if st is not None else self.opts.blocklist
+                if ev.get("resourceType") in BLOCKED_CDP_TYPES or blocklist.blocks(url):
                     if st is not None and ev.get("resourceType") not in BLOCKED_CDP_TYPES:
-                        st.blocked += 1
+                        st.rec.on_blocked(url)
                     await cdp.send("Fetch.failRequest", {"requestId": rid, "errorReason": "BlockedByClient"})
                     return
                 extra: dict[str, str] = {}
@@ -346,17 +190,36 @@ class Renderer:
             if st is not None and st.inflight.pop(req, None) is not None:
                 st.touch()
 
+        def failed(req: Any) -> None:
+            ended(req)
+            st: JobState | None = tab.state
+            error = req.failure or ""
+            if st is not None and "BLOCKED_BY_CLIENT" not in error:  # ours are counted as blocked
+                st.rec.on_failed(req.url, error, req.resource_type)
+
+        def console(msg: Any) -> None:
+            st: JobState | None = tab.state
+            if st is not None:
+                st.rec.on_console(msg.type, msg.text, (msg.location or {}).get("url") or "")
+
+        def uncaught(error: Any) -> None:
+            st: JobState | None = tab.state
+            if st is not None:
+                st.rec.on_exception(str(error))
+
         await tab.context.add_init_script(INIT_JS % {"timer_ms": TIMER_MS})
         cdp.on("Fetch.requestPaused", paused)
         page.on("request", started)
         page.on("requestfinished", ended)
-        page.on("requestfailed", ended)
+        page.on("requestfailed", failed)
+        page.on("console", console)
+        page.on("pageerror", uncaught)
         await self._intercept(tab, None)
 
     async def _intercept(self, tab: Tab, st: JobState | None) -> None:
         """Pause only what this job needs paused (one CDP call, and only when that changes)."""
         patterns = [{"urlPattern": "*", "resourceType": t} for t in sorted(BLOCKED_CDP_TYPES)]
-        patterns += self.opts.blocklist.patterns()
+        patterns += (st.blocklist if st is not None else self.opts.blocklist).patterns()
         if st is not None and st.token:
             patterns.append({"urlPattern": f"{st.origin}/*"})
         if st is not None and st.main_headers:
@@ -374,19 +237,23 @@ class Renderer:
         t0 = time.monotonic()
         budget_s = (budget_ms or job.render_budget_ms or self.opts.budget_ms) / 1000
         progress = {"phase": "tab"}
-        blocked = 0
+        rec = Recorder(detailed=job.options.diagnostics)
+        shot: dict[str, Any] | None = None
+        extra_s = SCREENSHOT_TIMEOUT_MS / 1000 + 1 if job.options.diagnostics else 0.0
         try:
-            async with asyncio.timeout(TAB_WAIT_S + budget_s + SLACK_S):
+            async with asyncio.timeout(TAB_WAIT_S + budget_s + SLACK_S + extra_s):
                 async with self.pool.tab(job.device_type) as tab:
+                    rec.mark("tab", "ready")
                     deadline = time.monotonic() + budget_s
                     try:
                         async with asyncio.timeout(budget_s + SLACK_S):
-                            verdict, html = await self._render(tab, job, deadline, progress)
+                            verdict, html = await self._render(tab, job, deadline, progress, rec)
+                        if job.options.diagnostics and not tab.crashed:
+                            shot = await screenshot(tab.page)
                     except BaseException:
                         tab.poisoned = True
                         raise
                     finally:
-                        blocked = tab.state.blocked if tab.state is not None else 0
                         tab.state = None
                     if verdict.error is not None:  # a timeout may have left the renderer stuck: a fresh tab
                         tab.poisoned = True
@@ -403,10 +270,26 @@ class Renderer:
             raise
         except Exception as e:
             verdict, html = oc.error_verdict(_error_name(e), _message(e)), None
-        return Rendered(verdict, html, (time.monotonic() - t0) * 1000, blocked)
+        if verdict.error is not None:
+            rec.mark("error", f"{verdict.error.get('name')}: {verdict.error.get('message')}")
+        report = rec.report(shot) if job.options.diagnostics else None
+        return Rendered(verdict, html, (time.monotonic() - t0) * 1000, rec.summary(), report)
+
+    def _blocklist(self, job: oc.Job) -> Blocklist:
+        """The worker's blocklist with the job's route overrides (a few distinct ones: cached)."""
+        block = job.options.block
+        if block == job_options.DEFAULT_BLOCK:
+            return self.opts.blocklist
+        found = self._blocklists.get((block.hosts, block.defaults))
+        if found is None:
+            if len(self._blocklists) >= 64:
+                self._blocklists.clear()
+            found = self._blocklists[(block.hosts, block.defaults)] = self.opts.blocklist.for_job(
+                block.hosts, defaults=block.defaults)
+        return found
 
     async def _render(
-        self, tab: Tab, job: oc.Job, deadline: float, progress: dict[str, str]
+        self, tab: Tab, job: oc.Job, deadline: float, progress: dict[str, str], rec: Recorder
     ) -> tuple[oc.Verdict, str | None]:
         page = tab.page
         origin = origin_of(job.url)
@@ -416,6 +299,8 @@ class Renderer:
             token_header=self.opts.bypass_header,
             token=self.opts.bypass_token,
             main_headers=job.headers,
+            blocklist=self._blocklist(job),
+            rec=rec,
         )
         tab.state = st
         await self._intercept(tab, st)
@@ -438,6 +323,7 @@ class Renderer:
                 "NavigationError", "navigation produced no response", phase=oc.NAVIGATION
             ), None
         hops = await _hops(response)
+        rec.mark("navigated", f"HTTP {response.status} after {len(hops) - 1} redirect(s)")
         bail = oc.navigation_verdict(job, self.rules, hops)
         if bail is not None:
             return bail, None
@@ -447,6 +333,7 @@ class Renderer:
         # 2. settle, read and serialize
         progress["phase"] = "settle"
         try:
+            rec.scroll_steps = await self._scroll(page, st, deadline, job.options.scroll)
             doc = await self._settle(page, st, deadline)
         except SettleTimeout as e:
             return oc.error_verdict("SettleTimeout", str(e), status=final.status, headers=final.headers), None
@@ -464,6 +351,8 @@ class Renderer:
                 _error_name(e), _message(e), status=final.status, headers=final.headers
             ), None
         tab.origins.add(origin_of(doc["url"]))
+        rec.chars = doc["chars"]
+        rec.mark("serialized", f"{doc['chars']} characters")
         if doc["html"] is None and doc["chars"]:
             return oc.error_verdict(
                 "ContentTooLarge",
@@ -488,6 +377,44 @@ class Renderer:
             ), None
         return verdict, html
 
+    async def _scroll(self, page: Any, st: JobState, deadline: float, opts: Scroll) -> int:
+        """Scroll a screen at a time so that lazy sections load (each step waits for the requests it
+        started), then back to the top; the number of steps taken. Stops at the bottom (a step that
+        found the page no taller), after ``max_steps`` or at ``budget_ms``, and always leaves a quarter
+        of the render budget for settling: an endless feed ends the scroll, never the render."""
+        if opts.mode == "off":
+            return 0
+        start = time.monotonic()
+        end = min(start + opts.budget_ms / 1000, deadline - (deadline - start) / 4)
+        quiet_s = self.opts.settle_quiet_ms / 1000
+        steps, last = 0, -1
+        try:
+            await page.wait_for_load_state("load", timeout=max(1.0, (end - start) * 1000))
+            await st.wait_quiet(quiet_s, end)
+            while steps < opts.max_steps:
+                left = end - time.monotonic()
+                if left <= 0:
+                    break
+                at = await asyncio.wait_for(page.evaluate(SCROLL_JS, [opts.mode == "auto" and not steps]), left)
+                if at is None:
+                    break  # auto: nothing on the page waits for scrolling
+                steps += 1
+                await st.wait_quiet(quiet_s, end)
+                if at["bottom"]:
+                    if at["height"] == last:
+                        break  # at the bottom, and the last step added nothing
+                    last = at["height"]
+        except (SettleTimeout, TimeoutError):
+            pass  # the scroll's budget is spent: settle what is there
+        except Exception as e:
+            if not _navigated(e) and not _is_timeout(e):
+                raise
+        if steps:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(page.evaluate("window.scrollTo(0, 0)"), max(0.001, deadline - time.monotonic()))
+            st.rec.mark("scrolled", f"{steps} step(s) in {round((time.monotonic() - start) * 1000)} ms")
+        return steps
+
     async def _settle(self, page: Any, st: JobState, deadline: float) -> dict[str, Any]:
         """Wait until settled; the document's description and serialization."""
         quiet_s = self.opts.settle_quiet_ms / 1000
@@ -511,8 +438,10 @@ class Renderer:
                 raise SettleTimeout("the page did not settle within its render budget") from None
             except Exception as e:
                 if _navigated(e):
+                    st.rec.mark("navigated", "a script replaced the document")
                     continue  # a client-side redirect: settle the new document
                 raise
+            st.rec.mark("check", _pending(state, st))
             if state["ready"] is False:
                 try:
                     await page.wait_for_function(
@@ -543,6 +472,24 @@ class Renderer:
                 timer_budget -= wait
                 await asyncio.sleep(wait + 0.005)
         raise SettleTimeout("the page kept navigating")
+
+
+def _pending(state: dict[str, Any], st: JobState) -> str:
+    """What a settle check found still pending, for the timeline."""
+    if state.get("doc") is not None:
+        return "settled"
+    parts = []
+    if state.get("ready") is False:
+        parts.append("window.prerenderReady is false")
+    if not state.get("complete"):
+        parts.append("document not complete")
+    if state.get("fetches"):
+        parts.append(f"{state['fetches']} fetch/XHR open")
+    if state.get("timer"):
+        parts.append(f"a timer due in {round(state['timer'])} ms")
+    if st.inflight:
+        parts.append(f"{len(st.inflight)} request(s) in flight")
+    return ", ".join(parts) or "activity since the check started"
 
 
 def _young(st: JobState) -> bool:

@@ -17,6 +17,7 @@ from typing import Any
 from prerender_ray import metrics
 from prerender_ray.actors.keeper.rows import CurrentConfig, Rows
 from prerender_ray.batching import GroupCommit
+from prerender_ray.queue import job_options
 from prerender_ray.rpc import LeaseApi
 from prerender_ray.timeutil import now_ms
 
@@ -163,6 +164,9 @@ class Claims:
                     job = {"id": key, "url": rules.url_of(key), "deviceType": rules.device_of(key),
                            "expiresAt": expires, "callbackOrigin": self.callback_origin,
                            "isFromSitemap": h.from_sitemap}
+                    options = self.conf.job_options.for_route(h.route)
+                    if options is not None:
+                        job[job_options.FIELD] = dict(options)
                     slots[slot] = job
                     jobs.append(job)
                 else:

@@ -16,6 +16,7 @@ from prerender_ray.config.compiled import CompiledConfig
 from prerender_ray.config.model import Config
 from prerender_ray.identity.nodes import Ownership
 from prerender_ray.queue.flow import Flow
+from prerender_ray.queue.job_options import RouteOptions
 from prerender_ray.queue.ranking import Ranking
 from prerender_ray.queue.results import Planner
 from prerender_ray.queue.schedule import ScheduleRow, UnreadableRow, encode_many
@@ -49,6 +50,10 @@ class CurrentConfig:
     @property
     def planner(self) -> Planner:
         return self.compiled.planner
+
+    @property
+    def job_options(self) -> RouteOptions:
+        return self.compiled.job_options
 
 
 class Rows:

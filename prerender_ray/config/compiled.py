@@ -14,6 +14,7 @@ from prerender_ray.admin.explain import Explainer
 from prerender_ray.config.model import Config
 from prerender_ray.identity.cachekeys import KeyFormat
 from prerender_ray.identity.routes import Router
+from prerender_ray.queue.job_options import RouteOptions
 from prerender_ray.queue.results import Planner
 from prerender_ray.queue.targets import Rules
 from prerender_ray.serving.classify import RESERVED_PATHS, Ingress
@@ -30,6 +31,10 @@ class CompiledConfig:
     @cached_property
     def planner(self) -> Planner:
         return Planner(self.rules)
+
+    @cached_property
+    def job_options(self) -> RouteOptions:
+        return RouteOptions(self.cfg.render)
 
     @cached_property
     def explainer(self) -> Explainer:

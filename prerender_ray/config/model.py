@@ -152,7 +152,7 @@ class Ingress(Model):
     # Entries are compiled (and bad ones dropped with a warning) by prerender_ray.identity.routes.
     routes: list[Any] = Field(
         default_factory=list,
-        description="Ordered `{match: exact|prefix|contains, path, mode?, queryParams?, renderInterval?, deviceTypes?, guard?}`; first match wins (`guard`: false, or `render.guard` fields for the route).",
+        description="Ordered `{match: exact|prefix|contains, path, mode?, queryParams?, renderInterval?, deviceTypes?, guard?, scroll?, block?}`; first match wins (`guard`, `scroll`, `block`: a boolean, or fields of `render.guard` / `render.scroll` / `render.block` for the route).",
     )
     exclude_path_patterns: list[Any] = Field(
         default_factory=lambda: ["/search/"],
@@ -442,6 +442,44 @@ class StatusPages(Model):
     )
 
 
+class Scroll(Model):
+    mode: Literal["auto", "bottom", "off"] = Field(
+        "auto", description="Scroll before the settle check so lazy sections load: auto (only pages that "
+        "watch scrolling or intersections and are taller than the screen), bottom (every page), off."
+    )
+    max_steps: int = Field(20, ge=1, le=200, description="Screens scrolled at most (an endless feed stops here).")
+    budget_ms: PositiveDuration = Field(
+        3 * SECOND, le=60 * SECOND, description="Time spent scrolling at most (within the render budget; "
+        "a quarter of that budget is always left for settling)."
+    )
+
+
+HOST_NAME = re.compile(r"^(?=.{1,253}$)([a-z0-9_-]{1,63}\.)*[a-z0-9_-]{1,63}$")
+MAX_BLOCK_HOSTS = 200
+
+
+def _block_host(value: Any) -> Any:
+    if isinstance(value, str):
+        value = value.strip().lower().strip(".")
+        if not HOST_NAME.match(value):
+            raise ValueError(f"not a host name: {value[:100]!r}")
+    return value
+
+
+BlockHost = Annotated[str, BeforeValidator(_block_host)]
+
+
+class Block(Model):
+    hosts: tuple[BlockHost, ...] = Field(
+        (), max_length=MAX_BLOCK_HOSTS, description="Hosts (and their subdomains) whose requests a render "
+        "fails, added to the worker's list."
+    )
+    defaults: bool = Field(
+        True, description="Keep the worker's maintained list of analytics, tag-manager, ad, consent and "
+        "chat hosts (false: only `hosts` and the worker's own --block-host)."
+    )
+
+
 MAX_MARKERS = 50
 MAX_MARKER_CHARS = 500
 
@@ -500,6 +538,8 @@ class Render(Model):
     status_pages: StatusPages = StatusPages()
     on_miss: OnMiss = OnMiss()
     guard: Guard = Guard()
+    scroll: Scroll = Scroll()
+    block: Block = Block()
     suppression: Suppression = Suppression()
     failure_retry: FailureRetry = FailureRetry()
     redirects: Redirects = Redirects()

@@ -11,12 +11,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from prerender_ray.config.model import Config, Guard
+from prerender_ray.config.model import Block, Config, Guard, Scroll
 from prerender_ray.identity.urls import UrlError, whatwg_path
 
 RouteClass = Literal["prerender", "passthrough", "unclassified"]
+Override = tuple[tuple[str, Any], ...]  # (field, value) pairs a route sets of one render.* section
 MATCHES = ("exact", "prefix", "contains")
 MODES = ("prerender", "passthrough")
 ALL_PARAMS = ("*",)
@@ -31,7 +32,9 @@ class Route:
     render_interval: int | None = None
     device_types: tuple[str, ...] | None = None
     source: str = "ingress.routes"
-    guard: tuple[tuple[str, Any], ...] | None = None  # the render.guard fields this route overrides
+    guard: Override | None = None  # the render.guard fields this route overrides
+    scroll: Override | None = None  # ... render.scroll's
+    block: Override | None = None  # ... render.block's
 
     def __str__(self) -> str:
         return f"{self.match} {self.path}"
@@ -60,8 +63,9 @@ class Route:
             "renderInterval": self.render_interval,
             "deviceTypes": list(self.device_types) if self.device_types is not None else None,
             "source": self.source,
-            **({"guard": {k: list(v) if isinstance(v, tuple) else v for k, v in self.guard}}
-               if self.guard is not None else {}),
+            **{name: {k: list(v) if isinstance(v, tuple) else v for k, v in value}
+               for name, value in (("guard", self.guard), ("scroll", self.scroll), ("block", self.block))
+               if value is not None},
         }
 
 
@@ -112,7 +116,7 @@ def _compile_entry(i: int, entry: Any, supported: tuple[str, ...], warn: list, e
     interval = _get(entry, "render_interval", "renderInterval")
     devices = _get(entry, "device_types", "deviceTypes")
     known = {"path", "match", "mode", "query_params", "queryParams", "render_interval", "renderInterval",
-             "device_types", "deviceTypes", "guard"}
+             "device_types", "deviceTypes", *OVERRIDES}
     for key in entry:
         if key not in known:
             warn.append(f"{label}: unknown key {key!r} ignored")
@@ -140,26 +144,36 @@ def _compile_entry(i: int, entry: Any, supported: tuple[str, ...], warn: list, e
             if unknown:
                 err.append(f"{label}: unknown device type(s) {unknown}; supported: {list(supported)}")
             dt = lowered
-    return Route(match, path, mode, qp, ri, dt, "ingress.routes", _guard_override(label, entry.get("guard"), warn))
+    over = {name: _override(label, name, entry.get(name), warn) for name in OVERRIDES}
+    return Route(match, path, mode, qp, ri, dt, "ingress.routes", **over)
 
 
-def _guard_override(label: str, value: Any, warn: list) -> tuple[tuple[str, Any], ...] | None:
-    """A route's ``guard``: ``false`` / ``true`` (off / on), or some ``render.guard`` fields."""
+# A route may set some fields of these render.* sections; true / false stand for these fields.
+OVERRIDES: dict[str, tuple[type[BaseModel], dict[bool, Override]]] = {
+    "guard": (Guard, {True: (("enabled", True),), False: (("enabled", False),)}),
+    "scroll": (Scroll, {True: (("mode", "bottom"),), False: (("mode", "off"),)}),
+    "block": (Block, {True: (("defaults", True),), False: (("defaults", False), ("hosts", ()))}),
+}
+
+
+def _override(label: str, name: str, value: Any, warn: list) -> Override | None:
+    """A route's ``guard``, ``scroll`` or ``block``: a boolean, or some fields of ``render.<name>``."""
     if value is None:
         return None
-    if isinstance(value, bool):
-        return (("enabled", value),)
+    model, flags = OVERRIDES[name]
+    if isinstance(value, bool) and value in flags:
+        return flags[value]
     if not isinstance(value, dict):
-        warn.append(f"{label}: guard must be a boolean or a mapping of render.guard fields; field dropped")
+        warn.append(f"{label}: {name} must be a boolean or a mapping of render.{name} fields; field dropped")
         return None
     try:
-        parsed = Guard.model_validate(value)
+        parsed = model.model_validate(value)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(x) for x in first["loc"])
-        warn.append(f"{label}: guard.{where}: {first['msg']}; field dropped")
+        warn.append(f"{label}: {name}.{where}: {first['msg']}; field dropped")
         return None
-    return tuple((name, getattr(parsed, name)) for name in sorted(parsed.model_fields_set))
+    return tuple((field, getattr(parsed, field)) for field in sorted(parsed.model_fields_set))
 
 
 def compile_route_list(

@@ -266,6 +266,33 @@ class Origin(_Server):
             tracker = self.third_party.replace("//127.0.0.1:", "//analytics.localhost:")
             return 200, HTML, page("Tracked", "<p>tracked page</p>", head=(
                 f'<script src="{tracker}/track.js"></script><script src="{self.third_party}/lib.js"></script>'))
+        if path == "/lazy":  # a section fetched when its sentinel scrolls into view, a lazy image's src
+            return 200, HTML, page("Lazy", (
+                '<p>first screen</p><div style="height:3000px"></div><div id=sentinel></div>'
+                '<img class=lazy data-src="/img/lazy.png" alt=lazy>'), head=(
+                "<script>addEventListener('DOMContentLoaded', () => {"
+                "  const io = new IntersectionObserver(es => es.forEach(e => { if (!e.isIntersecting) return;"
+                "    io.disconnect(); const img = document.querySelector('img.lazy'); img.src = img.dataset.src;"
+                "    fetch('/data/lazy.json').then(r => r.json()).then(d => { const s = document.createElement('section');"
+                "      s.textContent = 'lazy section: ' + d.title; document.body.appendChild(s); }); }));"
+                "  io.observe(document.getElementById('sentinel')); });</script>"))
+        if path == "/feed":  # an endless feed that also throws on every scroll: bounded, never hung
+            return 200, HTML, page("Feed", '<div id=feed><p style="height:2000px">post 0</p></div>', head=(
+                "<script>let n = 0; addEventListener('scroll', () => {"
+                "  if (innerHeight + scrollY >= document.body.scrollHeight - 100) { const p = document.createElement('p');"
+                "    p.style.height = '2000px'; p.textContent = 'post ' + (++n); document.getElementById('feed').appendChild(p); }"
+                "  throw new Error('scroll handler failed ' + n); });</script>"))
+        if path == "/widget":  # a chat widget on a host that only a route's blocklist names
+            chat = self.third_party.replace("//127.0.0.1:", "//chat.localhost:")
+            return 200, HTML, page("Widget", "<p>widget page</p>", head=(
+                f'<script src="{chat}/chat.js"></script><script src="{self.third_party}/lib.js"></script>'))
+        if path == "/noisy":  # what a diagnostics report is for: errors, noise, a failed and a blocked request
+            tracker = self.third_party.replace("//127.0.0.1:", "//analytics.localhost:")
+            return 200, HTML, page("Broken", '<p>broken page</p><div style="height:50000px"></div>', head=(
+                f'<script src="{tracker}/track.js"></script>'
+                "<script>console.warn('deprecated thing'); for (let i = 0; i < 1000; i++) console.error('noise ' + i);"
+                "fetch('http://127.0.0.1:9/refused').catch(() => {});"
+                "setTimeout(() => { throw new Error('widget exploded'); }, 0);</script>"))
         if path == "/status-meta":
             return (
                 200,

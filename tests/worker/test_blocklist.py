@@ -38,3 +38,19 @@ def test_patterns_pause_only_the_listed_hosts() -> None:
 def test_a_list_is_bounded() -> None:
     with pytest.raises(ValueError, match="at most"):
         Blocklist(f"h{i}.example" for i in range(MAX_HOSTS + 1))
+
+
+@pytest.mark.parametrize("host", ["*", "*.a.example", "a?.example", "a.example/x", "a example", "a.example:80"])
+def test_a_host_that_would_widen_its_pattern_is_refused(host: str) -> None:
+    with pytest.raises(ValueError, match="not a host name"):
+        Blocklist.of([host])
+
+
+def test_a_routes_hosts_add_to_the_workers_list_and_defaults_false_keeps_the_workers_own() -> None:
+    worker = Blocklist.of(["own.example"])
+    route = worker.for_job(("chat.example",), defaults=True)
+    assert route.blocks("https://chat.example/w.js") and route.blocks("https://own.example/")
+    assert route.blocks("https://clarity.ms/tag") and not worker.blocks("https://chat.example/w.js")
+    bare = worker.for_job((), defaults=False)
+    assert bare.hosts == ("own.example",)
+    assert Blocklist.of(["own.example"], defaults=False).for_job((), defaults=True).hosts == ("own.example",)

@@ -274,3 +274,13 @@ async def test_a_web_components_shadow_text_reaches_a_bot(node, site, worker) ->
         hit = await until(lambda: _hit(client, node, url), what="the rendered web components")
         assert '<template shadowrootmode="open">' in hit.text and "shadow text" in hit.text
         assert "nested text" in hit.text and "<script" not in hit.text
+
+
+async def test_a_section_that_loads_on_intersection_reaches_a_bot(node, site, worker) -> None:
+    """Lazy content: the worker scrolls a page that watches intersections (render.scroll auto), so the
+    section and the image's real src are in what bots get."""
+    url = site.base + "/lazy"
+    async with httpx.AsyncClient(timeout=60) as client:
+        put_target(node.url, url, nextRenderTime=1)
+        hit = await until(lambda: _hit(client, node, url), what="the rendered lazy page")
+        assert "lazy section: item lazy" in hit.text and 'src="/img/lazy.png"' in hit.text

@@ -122,7 +122,9 @@ async def test_a_script_built_page_is_rendered_without_its_scripts_and_gzipped(r
         "outcome",
         "html",
         "_headers",
+        "renderSummary",  # prerender-ray's own, which a reference server ignores
     }
+    assert m["renderSummary"] == {"errors": 0, "blocked": 0, "failed": 0, "chars": len(m["html"]), "scrollSteps": 0}
     assert not rig.origin.requests("/img/1.png")  # images are blocked
 
 
@@ -386,3 +388,64 @@ async def test_a_blocklisted_host_is_never_asked_and_the_render_counts_it(rig: R
     assert rig.third.requests("/track.js") == []  # stopped inside Chromium
     assert rig.third.requests("/lib.js")  # a host not on the list loads as before
     assert rig.worker.metrics.total["blocked-requests"] == before + 1
+
+
+# ------------------------------------------------------------- lazy content, route options, diagnostics
+
+
+async def test_a_lazy_section_loaded_on_intersection_is_in_the_stored_page(rig: Rig) -> None:
+    m = await one(rig, "/lazy")  # auto: the page observes intersections and is taller than a screen
+    assert m["outcome"] == "rendered", m.get("error")
+    assert "lazy section: item lazy" in m["html"] and 'src="/img/lazy.png"' in m["html"]
+    assert m["renderSummary"]["scrollSteps"] >= 1
+    off = (await rig.render(rig.job("/lazy", key="lazy-off|desktop", renderOptions={"scroll": {"mode": "off"}})))
+    assert "lazy section" not in off["lazy-off|desktop"]["html"]  # what the scroll adds
+    plain = await one(rig, "/js/7")  # watches nothing: auto does not scroll it
+    assert plain["renderSummary"]["scrollSteps"] == 0 and "built by script: item 7" in plain["html"]
+
+
+async def test_an_endless_feed_that_throws_on_every_scroll_stops_at_its_steps_or_budget(rig: Rig) -> None:
+    steps = {"mode": "bottom", "maxSteps": 8, "budgetMs": 10_000}
+    budget = {"mode": "bottom", "maxSteps": 200, "budgetMs": 1500}
+    got = await rig.render(rig.job("/feed", key="feed-steps|desktop", renderOptions={"scroll": steps}),
+                           rig.job("/feed", key="feed-budget|desktop", renderOptions={"scroll": budget}))
+    by_steps, by_budget = got["feed-steps|desktop"], got["feed-budget|desktop"]
+    assert by_steps["outcome"] == "rendered" and by_steps["renderSummary"]["scrollSteps"] == 8
+    assert "post 1" in by_steps["html"]  # the feed grew as it was scrolled
+    assert by_budget["outcome"] == "rendered" and 0 < by_budget["renderSummary"]["scrollSteps"] < 200
+    assert by_steps["renderSummary"]["errors"] >= 8  # every scroll threw: counted, not fatal
+
+
+async def test_a_routes_blocklist_adds_hosts_for_its_jobs_only(rig: Rig) -> None:
+    blocked = {"block": {"hosts": ["chat.localhost"]}}
+    got = await rig.render(rig.job("/widget", key="widget-blocked|desktop", renderOptions=blocked))
+    assert got["widget-blocked|desktop"]["renderSummary"]["blocked"] == 1
+    assert rig.third.requests("/chat.js") == []
+    plain = await one(rig, "/widget")  # no route override: the host loads
+    assert plain["renderSummary"]["blocked"] == 0 and rig.third.requests("/chat.js")
+
+
+async def test_a_diagnostics_job_reports_errors_requests_timeline_and_a_bounded_screenshot(rig: Rig) -> None:
+    import base64
+
+    from prerender_ray.worker.diagnostics import MAX_ITEMS, MAX_SCREENSHOT_BYTES
+
+    got = await rig.render(rig.job("/noisy", key="noisy-diag|desktop", renderOptions={"diagnostics": True}))
+    m = got["noisy-diag|desktop"]
+    assert m["outcome"] == "rendered", m.get("error")
+    d = m["diagnostics"]
+    assert any("widget exploded" in e["message"] for e in d["exceptions"])
+    assert {"level": "warning", "text": "deprecated thing"}.items() <= d["console"][0].items()
+    assert len(d["console"]) == MAX_ITEMS and d["truncated"]["console"] > 0  # 1,001 lines: bounded
+    assert any("127.0.0.1:9/refused" in r["url"] for r in d["failedRequests"])
+    assert [r["url"].split("/")[-1] for r in d["blockedRequests"]] == ["track.js"]
+    events = [e["event"] for e in d["timeline"]]
+    assert events[0] == "tab" and "navigated" in events and "check" in events and events[-1] == "serialized"
+    assert d["chars"] == m["renderSummary"]["chars"] > 0
+    shot = d["screenshot"]
+    jpeg = base64.b64decode(shot["data"])
+    assert jpeg[:3] == b"\xff\xd8\xff" and len(jpeg) <= MAX_SCREENSHOT_BYTES  # one screen of a 50,000 px page
+    assert shot["type"] == "image/jpeg" and shot["height"] < 50_000
+    assert m["renderSummary"]["errors"] >= 1001 and m["renderSummary"]["blocked"] == 1
+    plain = await one(rig, "/noisy")  # a normal job: the counts only
+    assert "diagnostics" not in plain and plain["renderSummary"]["errors"] >= 1001

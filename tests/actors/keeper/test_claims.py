@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from prerender_ray.timeutil import minute, now_ms
-from tests.actors.keeper.conftest import SITE, close
+from tests.actors.keeper.conftest import SITE, close, config
 
 
 async def put_due(keeper, *paths: str, due: int = 1) -> list[str]:
@@ -97,3 +97,19 @@ async def test_a_paced_revalidation_makes_a_prefix_due_over_its_window_and_nothi
     assert again["revalidating"] == 0  # due within the window already: nothing delayed, nothing rewritten
     sooner = 40 + sum(1 for d in dues if d > minute(now_ms()))  # /shop/, and what of /blog/ is not due yet
     assert (await k.targets.revalidate_prefix("", 0))["revalidating"] == sooner  # the whole site, now
+
+
+async def test_jobs_carry_render_options_only_for_routes_that_change_them(keepers) -> None:
+    cfg = config(ingress={"routes": [
+        {"match": "prefix", "path": "/feed/", "scroll": {"mode": "bottom", "maxSteps": 40}},
+        {"match": "prefix", "path": "/chat/", "block": {"hosts": ["Widget.Chat.example."]}},
+    ]})
+    k = keepers(cfg=cfg)
+    await k.load()
+    await put_due(k, "/feed/1", "/chat/1", "/plain")
+    k.claims.publish()
+    jobs = {(j["url"].split("/", 3)[3], j["deviceType"]): j for j in await k.claims.claim(100)}
+    feed, chat, plain = jobs[("feed/1", "desktop")], jobs[("chat/1", "desktop")], jobs[("plain", "desktop")]
+    assert feed["renderOptions"] == {"scroll": {"mode": "bottom", "maxSteps": 40, "budgetMs": 3000}}
+    assert chat["renderOptions"] == {"block": {"hosts": ["widget.chat.example"], "defaults": True}}
+    assert set(plain) == {"id", "url", "deviceType", "expiresAt", "callbackOrigin", "isFromSitemap"}  # as ever
