@@ -17,6 +17,7 @@ from typing import Any
 from prerender_ray import metrics
 from prerender_ray.actors.keeper.rows import CurrentConfig, Rows
 from prerender_ray.batching import GroupCommit
+from prerender_ray.queue.diagnostics import DiagnoseFlags
 from prerender_ray.rpc import LeaseApi
 from prerender_ray.timeutil import now_ms
 
@@ -37,6 +38,7 @@ class Claims:
         self.publish_ms: float | None = None
         self.mirror: dict[str, int] = {}  # key -> until: leased, in grace or held (from the lease table)
         self.pending: set[str] = set()  # keys with a grant in flight
+        self.diagnose = DiagnoseFlags()  # keys an admin asked to render with diagnostics
         self.paused = False
         self._now = 0
         self._publish_pending = False
@@ -163,6 +165,8 @@ class Claims:
                     job = {"id": key, "url": rules.url_of(key), "deviceType": rules.device_of(key),
                            "expiresAt": expires, "callbackOrigin": self.callback_origin,
                            "isFromSitemap": h.from_sitemap}
+                    if self.diagnose.wanted(key, now):
+                        job.setdefault("renderOptions", {})["diagnostics"] = True
                     slots[slot] = job
                     jobs.append(job)
                 else:
