@@ -131,10 +131,10 @@ class Results:
             return []
 
     async def apply(self, plan: Plan, record: list | None = None) -> None:
-        """Write what ``plan`` says: registry, pages and the render history (``item``, see ``_history``)
-        in one store call, rows through the funnel here or at their owner, then the follow-ups (a
-        redirect's destination adopted or suppressed). A deleted target's keys lose their history.
-        ``record``: the history item (``_history``)."""
+        """Write what ``plan`` says: registry, pages and the render history (``record``, see
+        ``_history``) in one store call, rows through the funnel here or at their owner, then the
+        follow-ups (a redirect's destination adopted or suppressed). A deleted target's keys lose their
+        history, the result's own record included."""
         rules = self.conf.rules
         registry: list = []
         pages: list = []

@@ -72,7 +72,7 @@ class NodeStore(Replication):
         """Local writes (targets, control rows, pages, freshness records) with fresh versions; every
         peer gets the same records (see ``Replication``). ``history``: render-history items
         ``[cache key, entry, report]`` (``storage/history.py``), written in the batch of ``pages``."""
-        ops = self._untouch(pages) + self._history_ops(history)
+        ops = [*self._untouch(pages), *self._history_ops(history)]
         for key, payload in ops:
             if payload is not None:
                 kind = "freshness" if is_touch_key(key) else "history" if is_history_key(key) else "page"

@@ -28,7 +28,7 @@ MAX_DIMENSION = 100_000
 MAX_COUNT = 1_000_000_000
 MAX_AT_MS = 86_400_000  # an offset into one render: a day is a broken clock
 MAX_TRUNCATED_NAMES = 16
-JPEG = b"\xff\xd8\xff"
+JPEG_MAGIC = bytes((0xFF, 0xD8, 0xFF))  # every JPEG starts so
 SUMMARY_FIELDS = ("errors", "blocked", "failed", "chars", "scrollSteps")
 LISTS = ("console", "exceptions", "failedRequests", "blockedRequests", "timeline")
 LEVELS = ("error", "warning")
@@ -162,7 +162,7 @@ def _screenshot(value: Any, problems: list[str]) -> dict | None:
             raw = None
         if raw is None:
             why = "its data is not base64"
-        elif not raw.startswith(JPEG):
+        elif not raw.startswith(JPEG_MAGIC):
             why = "its data is not a JPEG"
     if why is not None:
         problems.append(f"diagnostics.screenshot dropped: {why}")

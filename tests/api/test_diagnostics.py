@@ -71,7 +71,7 @@ def test_a_diagnosed_key_asks_once_and_its_report_is_kept_and_shown(node) -> Non
     put_target(node.url, url, nextRenderTime=LATER)
     [plain, *_] = put_target(node.url, other, nextRenderTime=1)["cacheKeys"]
     key = diagnose(node.url, url)
-    jobs = take(node.url, [key, plain])
+    jobs = take(node.url, [key, plain], headers={"x-worker-id": "w-1"})
     assert jobs[key]["renderOptions"] == {"diagnostics": True}
     assert set(jobs[key]) == WIRE | {"renderOptions"}
     assert all(set(job) == WIRE for k, job in jobs.items() if k != key)  # nothing asked: as today
@@ -103,9 +103,10 @@ def test_a_diagnosed_key_asks_once_and_its_report_is_kept_and_shown(node) -> Non
     assert "errors" not in got["renderHistory"][0]
 
     # the reference fleet's format: accepted as ever, and it still leaves a history entry
-    assert post_result(jobs[plain]).status_code == 204
+    assert post_result(jobs[plain], worker="w-1").status_code == 204
     [ref] = held(node.url, plain, 1)["renderHistory"]
-    assert set(ref) == {"at", "renderMs", "outcome", "verdict", "statusCode"} and ref["outcome"] == "rendered"
+    assert set(ref) == {"at", "renderMs", "outcome", "verdict", "statusCode", "worker"}
+    assert ref["outcome"] == "rendered" and ref["verdict"] == "rendered/rendered"
     assert held(node.url, plain)["reports"] == []
 
     # a deleted target takes its keys' history along
