@@ -55,6 +55,10 @@ render_guard = Counter("prerender_render_guard_total", "Bad renders judged by th
 # retry after a lost 204) or superseded (the key was re-granted to another worker since).
 results_ignored = Counter("prerender_results_ignored_total", "Render results acknowledged, not applied.",
                           ["reason"])
+# Results whose renderSummary or diagnostics field was dropped in part (malformed or past its bounds);
+# the result itself was applied as it would be without them.
+diagnostics_dropped = Counter("prerender_diagnostics_dropped_total",
+                              "Render results whose diagnostics fields were dropped in part.")
 render_seconds = Histogram(
     "prerender_render_seconds", "Render time reported by the fleet.", ["status_class"],
     buckets=(0.25, 0.5, 1, 2, 4, 8, 15, 30, 60),

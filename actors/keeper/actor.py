@@ -108,6 +108,9 @@ class QueueKeeper:
     async def apply_rows(self, rows: list[ScheduleRow], deletes: list[str]) -> None:
         await self.keeper.targets.apply_rows(rows, deletes)
 
+    async def diagnose(self, key: str) -> dict:
+        return await self.keeper.diagnose(key)
+
     # ------------------------------------------------------------------------- status, control
 
     async def status(self) -> dict:

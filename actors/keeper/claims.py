@@ -18,6 +18,7 @@ from prerender_ray import metrics
 from prerender_ray.actors.keeper.rows import CurrentConfig, Rows
 from prerender_ray.batching import GroupCommit
 from prerender_ray.queue import job_options
+from prerender_ray.queue.diagnostics import DiagnoseFlags
 from prerender_ray.rpc import LeaseApi
 from prerender_ray.timeutil import now_ms
 
@@ -38,6 +39,7 @@ class Claims:
         self.publish_ms: float | None = None
         self.mirror: dict[str, int] = {}  # key -> until: leased, in grace or held (from the lease table)
         self.pending: set[str] = set()  # keys with a grant in flight
+        self.diagnose = DiagnoseFlags()  # keys an admin asked to render with diagnostics
         self.paused = False
         self._now = 0
         self._publish_pending = False
@@ -167,6 +169,8 @@ class Claims:
                     options = self.conf.job_options.for_route(h.route)
                     if options is not None:
                         job[job_options.FIELD] = dict(options)
+                    if self.diagnose.wanted(key, now):
+                        job.setdefault(job_options.FIELD, {})["diagnostics"] = True
                     slots[slot] = job
                     jobs.append(job)
                 else:

@@ -229,6 +229,16 @@ class Keeper:
         """When each key's next render is due (epoch ms; None: no row here), from memory."""
         return [row.next_render_time if (row := self.rows.row(k)) is not None else None for k in keys]
 
+    async def diagnose(self, key: str) -> dict:
+        """Admin: ``key`` due now, its next job asking prerender-ray's worker for a diagnostics report
+        (``renderOptions.diagnostics``; the flag lives in memory until its result or its expiry)."""
+        now = now_ms()
+        until = self.claims.diagnose.add(key, now)
+        due = await self.targets.render_now(key)
+        lease = await self.leases.lease_of(key)
+        return {"cacheKey": key, "nextRenderTime": due, "diagnosticsUntil": until, "scheduleOwnedBy": self.node,
+                "renderInFlight": lease is not None and lease.get("leaseExpiresAt") is not None}
+
     async def schedule_row(self, key: str) -> dict:
         """This node's row for ``key`` (the leaf the explainer proxies to; it never proxies on)."""
         now = now_ms()

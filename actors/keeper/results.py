@@ -14,9 +14,11 @@ from prerender_ray.actors.keeper.claims import Claims
 from prerender_ray.actors.keeper.rows import CurrentConfig, Rows
 from prerender_ray.actors.keeper.targets import Targets
 from prerender_ray.identity.nodes import Ownership
-from prerender_ray.queue.results import Plan, Result
+from prerender_ray.queue import diagnostics
+from prerender_ray.queue.results import Plan, Result, resolve_outcome
 from prerender_ray.queue.schedule import ScheduleRow
 from prerender_ray.rpc import KeeperApi, LeaseApi, Peers, StoreApi
+from prerender_ray.storage import history
 from prerender_ray.storage.registry import Target, target_key
 from prerender_ray.storage.touches import touch_key
 from prerender_ray.timeutil import now_ms
@@ -76,7 +78,7 @@ class Results:
                 stored = {k: m.headers if m is not None else None for k, m in metas.items()}
             plan = planner.plan(r, found[0], found[1] if dest else None, now, granted_at=granted_at,
                                 stored=stored, stored_pages=metas)
-            await self.apply(plan)
+            await self.apply(plan, self._history(r, plan, meta, worker, now))
         except BaseException:
             try:
                 await self.leases.abandon(r.id, granted_at)
@@ -86,6 +88,12 @@ class Results:
         await self.leases.release(r.id, not plan.release, granted_at)
         if plan.release:
             self.claims.note_released(r.id, now + RELEASE_GRACE_MS)
+        if not self.claims.diagnose.answered(r.id) and self.claims.diagnose.waiting(r.id, now):
+            # asked while this render was in flight: its reschedule must not push the diagnosis back
+            try:
+                await self.targets.render_now(r.id)
+            except Exception as e:
+                self.log.warning("diagnostics render not made due", key=r.id, error=repr(e)[:300])
         metrics.render_outcomes.labels(plan.outcome, plan.detail).inc()
         if plan.content_change is not None:
             metrics.render_content.labels(plan.route, plan.content_change).inc()
@@ -99,12 +107,38 @@ class Results:
                       status=r.status_code, error=(r.error or {}).get("name"))
         return {"outcome": plan.outcome, "detail": plan.detail}
 
-    async def apply(self, plan: Plan) -> None:
-        """Write what ``plan`` says: registry and pages in one store call, rows through the funnel here
-        or at their owner, then the follow-ups (a redirect's destination adopted or suppressed)."""
+    def _history(self, r: Result, plan: Plan, meta: dict, worker: str | None, now: int) -> list:
+        """The render-history item of this result (and its diagnostics report when it carries one):
+        ``[cache key, entry, report]``. The new fields are dropped, never raised, when malformed."""
+        try:
+            summary, problems = diagnostics.parse_summary(meta.get("renderSummary"))
+            report, more = diagnostics.parse_report(meta.get("diagnostics"))
+            problems += more
+            if problems:
+                metrics.diagnostics_dropped.inc()
+                self.log.warning("render diagnostics dropped in part", key=r.id, problems=problems[:10],
+                                 worker=worker)
+            entry = history.entry(now, render_ms=r.render_time, outcome=r.outcome or resolve_outcome(r, r.is_indexable),
+                                  verdict=f"{plan.outcome}/{plan.detail}" if plan.detail else plan.outcome,
+                                  reason=r.reason, status_code=r.status_code, summary=summary, worker=worker)
+            record = None
+            if report is not None:
+                record = history.encode({"at": now, "renderMs": entry.get("renderMs"), "outcome": entry["outcome"],
+                                         "statusCode": r.status_code, "worker": entry.get("worker"), **report})
+            return [plan.refile_key or r.id, history.encode(entry), record]
+        except Exception as e:  # diagnostics never cost a result
+            self.log.error("render history not kept", key=r.id, error=repr(e)[:300])
+            return []
+
+    async def apply(self, plan: Plan, record: list | None = None) -> None:
+        """Write what ``plan`` says: registry, pages and the render history (``record``, see
+        ``_history``) in one store call, rows through the funnel here or at their owner, then the
+        follow-ups (a redirect's destination adopted or suppressed). A deleted target's keys lose their
+        history, the result's own record included."""
         rules = self.conf.rules
         registry: list = []
         pages: list = []
+        forgotten: list[str] = []
         local_rows: list[ScheduleRow] = []
         local_deletes: list[str] = []
         foreign: dict[str, tuple[list, list]] = {}
@@ -125,6 +159,7 @@ class Results:
                     if key not in kept:
                         pages.append((key.encode(), None))
                     route_row(key, None)
+                    forgotten.append(key)
             else:
                 registry.append((target_key(url), target.encode()))
         if plan.page is not None:
@@ -137,8 +172,11 @@ class Results:
             route_row(row.cache_key, row)
         for key in plan.row_deletes:
             route_row(key, None)
-        if registry or pages:
-            await self.store.apply(registry, pages)
+        items = [[key, None, None] for key in forgotten]
+        if record and record[0] not in forgotten:
+            items.append(record)
+        if registry or pages or items:
+            await self.store.apply(registry, pages, items or None)
         self.rows.write(local_rows)
         self.rows.delete(local_deletes)
         for owner, (rows, deletes) in foreign.items():

@@ -111,7 +111,7 @@ class Targets:
             for key in self.conf.rules.all_keys(url):
                 pages.append((key.encode(), None))
                 keys.append(key)
-        await self.store.apply(registry, pages)
+        await self.store.apply(registry, pages, [[key, None, None] for key in keys])  # and their history
         self.rows.delete(keys)
         return {"deleted": sum(1 for d in found if d is not None)}
 

@@ -18,6 +18,8 @@ from prerender_ray import logs, metrics, rpc
 from prerender_ray.actors.common import bulk_gc, call, untraced
 from prerender_ray.actors.store.replication import Replication
 from prerender_ray.config.model import Config
+from prerender_ray.storage import history
+from prerender_ray.storage.history import is_history_key
 from prerender_ray.storage.keys import TARGET
 from prerender_ray.storage.pages import PageDecodeError, PageMeta, decode_meta
 from prerender_ray.storage.registry import SitemapReader, by_sitemap_prefix, sitemap_of_record
@@ -66,17 +68,26 @@ class NodeStore(Replication):
         if prefix is not None:
             out.append((prefix + url, b""))
 
-    async def apply(self, registry: list[Op] = (), pages: list[Op] = ()) -> int:
+    async def apply(self, registry: list[Op] = (), pages: list[Op] = (), history: Sequence[list] = ()) -> int:
         """Local writes (targets, control rows, pages, freshness records) with fresh versions; every
-        peer gets the same records (see ``Replication``)."""
-        for key, payload in pages:
+        peer gets the same records (see ``Replication``). ``history``: render-history items
+        ``[cache key, entry, report]`` (``storage/history.py``), written in the batch of ``pages``."""
+        ops = [*self._untouch(pages), *self._history_ops(history)]
+        for key, payload in ops:
             if payload is not None:
-                kind = "freshness" if is_touch_key(key) else "page"
+                kind = "freshness" if is_touch_key(key) else "history" if is_history_key(key) else "page"
                 metrics.page_writes.labels(kind).inc()
                 metrics.page_write_bytes.labels(kind).inc(len(payload))
         written = self.commit_local("registry", registry)
-        self.commit_local("pages", self._untouch(pages))
+        self.commit_local("pages", ops)
         return written + len(pages)
+
+    def _history_ops(self, items: Sequence[list]) -> list[Op]:
+        if not items:
+            return []
+        keys = list(dict.fromkeys(item[0] for item in items))
+        heads = self.pages.get_many([history.head_key(k) for k in keys])
+        return history.plan_ops(items, {k: payload_of(v) for k, v in zip(keys, heads)})
 
     def _untouch(self, pages: list[Op]) -> list[Op]:
         """``pages`` and, in the same batch, the delete of each freshness record a page write or
@@ -164,6 +175,16 @@ class NodeStore(Replication):
         touches = self.pages.get_many([touch_key(k) for k, _ in found])
         return [(k.decode(), touched_payload(v, t) or b"") for (k, v), t in zip(found, touches)]
 
+    async def render_history(self, key: str, screenshots: bool = False) -> dict:
+        """``key``'s render history and diagnostics reports, newest first; a report's screenshot
+        without its data unless ``screenshots``."""
+        [head] = self.pages.get_many([history.head_key(key)])
+        entries, reports = history.slots_of(key, payload_of(head), reports=True)
+        found = [payload_of(v) for v in self.pages.get_many(entries + reports)] if entries or reports else []
+        got = history.decoded(found[len(entries):])
+        return {"renderHistory": history.decoded(found[:len(entries)]),
+                "reports": got if screenshots else [history.summarized(r) for r in got]}
+
     async def counts(self) -> dict:
         """Exact: kept with every write (``Replication.load_live_counts``)."""
         return {"targets": self.live["registry"], "pages": self.live["pages"]}
@@ -188,8 +209,12 @@ class StoreClient:
         self.handle = handle
         self.deadline_s = deadline_s
 
-    async def apply(self, registry: Sequence[rpc.Op], pages: Sequence[rpc.Op] | None = None) -> int:
-        ref = self.handle.apply.remote(registry) if pages is None else self.handle.apply.remote(registry, pages)
+    async def apply(self, registry: Sequence[rpc.Op], pages: Sequence[rpc.Op] | None = None,
+                    history: Sequence[list] | None = None) -> int:
+        if history:
+            ref = self.handle.apply.remote(registry, pages or [], history)
+        else:
+            ref = self.handle.apply.remote(registry) if pages is None else self.handle.apply.remote(registry, pages)
         return await call(ref, self.deadline_s)
 
     async def apply_absent(self, registry: Sequence[rpc.Op]) -> list[bytes | None]:
@@ -212,6 +237,9 @@ class StoreClient:
 
     async def page_times(self, keys: list[str]) -> list[int | None]:
         return await call(self.handle.page_times.remote(keys), self.deadline_s)
+
+    async def render_history(self, key: str, screenshots: bool = False) -> dict:
+        return await call(self.handle.render_history.remote(key, screenshots), self.deadline_s)
 
     async def scan(self, prefix: bytes, start: bytes | None = None, limit: int = 1000) -> list[tuple[bytes, bytes]]:
         return await call(self.handle.scan.remote(prefix, start, limit), self.deadline_s)

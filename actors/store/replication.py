@@ -23,10 +23,11 @@ from typing import Any
 
 from prerender_ray import metrics
 from prerender_ray.actors.common import Handles
-from prerender_ray.storage.keys import FRESHNESS, HPTR, LIVE, TARGET, VIDX
+from prerender_ray.storage.keys import FRESHNESS, HPTR, LIVE, RENDER_HISTORY, TARGET, VIDX
 from prerender_ray.storage.replication import Version, hlc_bytes, payload_of, unwrap, wins, wrap_many
 
 _LIVE_FLAG = (b"\x00", b"\x01")
+_NOT_PAGES = (FRESHNESS, RENDER_HISTORY)
 _HLC = struct.Struct(">Q")
 DBS = ("registry", "pages")
 BATCH_RECORDS = 500
@@ -81,8 +82,8 @@ class Replication:
         db, delta = self._db(name), 0
         seen: dict[bytes, bool] = {}  # a key written twice in one batch: its first write came before
         for key, payload, was in zip(keys, payloads, lives):
-            if (name == "registry" and not key.startswith(TARGET)) or key.startswith(FRESHNESS):
-                continue  # control rows and freshness records are not what is counted
+            if (name == "registry" and not key.startswith(TARGET)) or key.startswith(_NOT_PAGES):
+                continue  # control rows, freshness and history records are not what is counted
             if key in seen:
                 was = seen[key]
             elif was is None:

@@ -134,10 +134,11 @@ async def _timed(what: str, coro: Any, timed_out: list[str]) -> Any:
 async def explain_live(request: Request, ctx: NodeContext, doc: dict) -> dict:
     canonical, key = doc["resolved"]["canonicalUrl"], doc["resolved"]["cacheKey"]
     failed: list[str] = []
-    targets, row, pages = await asyncio.gather(
+    targets, row, pages, history = await asyncio.gather(
         _timed("target", ctx.store.get_targets.remote([canonical]), failed),
         _timed("schedule", ctx.keeper.schedule_row.remote(key), failed),
         _timed("page", ctx.store.get_pages.remote([key]), failed),
+        _timed("history", ctx.store.render_history.remote(key), failed),
     )
     now = now_ms()
     target = None
@@ -179,6 +180,10 @@ async def explain_live(request: Request, ctx: NodeContext, doc: dict) -> dict:
         "residency": {"queriedNode": here, "scheduleOwnedBy": owner,
                       "scheduleReadIsAuthoritative": owner == here, "scheduleAuthoritative": authoritative,
                       "scheduleSource": source, "peerError": peer_error},
+        # this node's copy, as the page (a holder of the URL's pages holds them); reports without
+        # their screenshots (GET diagnostics has those)
+        "renderHistory": (history or {}).get("renderHistory", []),
+        "diagnostics": (history or {}).get("reports", []),
         "degraded": {"timedOutReads": failed} if failed else None,
         "checkedAt": now,
     }

@@ -2,8 +2,8 @@
 
 - anyone: ``GET /`` (the console), ``GET session``, ``POST login``, ``POST logout``;
 - viewer: ``GET overview``, ``config``, ``queue-state``, ``sitemaps``, ``pages``, ``page-content``,
-  ``unrouted``; ``POST explain``, ``schedule``, ``sitemap``;
-- admin: ``POST queue``, ``revalidate``, ``reconcile``.
+  ``unrouted``, ``diagnostics``; ``POST explain``, ``schedule``, ``sitemap``;
+- admin: ``POST queue``, ``revalidate``, ``reconcile``, ``diagnose``.
 
 Every data route checks the role itself (``Depends(require(...))``); an unknown route answers 404 only
 after the same check, so it reveals nothing to an anonymous caller. With ``management.enabled: false``
@@ -12,7 +12,8 @@ every route, the console and login included, is 404.
 The console is one self-contained page at ``/prerender_admin/`` (``static/console.html``, ``.js``,
 ``.css``; no build step, nothing loaded from anywhere else). The page itself is public (it holds no
 data); everything it shows comes from the JSON routes. Its headers: a CSP that allows only our own
-script, style and fetches (``default-src 'none'``, no inline script or style), no framing, no
+script, style and fetches (``default-src 'none'``, no inline script or style), images only as
+``data:`` URLs (a diagnostics screenshot, shown from the JSON that carries it), no framing, no
 sniffing, no referrer.
 """
 
@@ -24,15 +25,15 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 from prerender_ray.admin.users import Principal
-from prerender_ray.api.admin import browse, config, explain, overview, queue, session
+from prerender_ray.api.admin import browse, config, diagnostics, explain, overview, queue, session
 from prerender_ray.api.admin.common import NO_STORE, AdminRoute, answer, management_enabled
 from prerender_ray.api.auth import require
 from prerender_ray.api.context import NodeContext
 
-MODULES = (session, queue, overview, explain, browse, config)
+MODULES = (session, queue, overview, explain, diagnostics, browse, config)
 STATIC = Path(__file__).resolve().parent / "static"
 FILES = {"console.js": "text/javascript; charset=utf-8", "console.css": "text/css; charset=utf-8"}
-CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'none'; "
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src data:; "
        "font-src 'none'; form-action 'none'; base-uri 'none'; frame-ancestors 'none'")
 SECURITY = {"content-security-policy": CSP, "x-content-type-options": "nosniff",
             "referrer-policy": "no-referrer", "x-frame-options": "DENY",

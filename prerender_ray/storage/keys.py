@@ -27,6 +27,9 @@ LIVE = b"\x00c"  # \x00c -> <live records:8>: pages, or targets in the registry
 # \x00f<cache key> -> the freshness record an identical render wrote instead of the page (touches.py);
 # below every cache key, so page scans and the live count skip it
 FRESHNESS = b"\x00f"
+# \x00r<cache key>\x00<kind><slot> -> the key's render history and diagnostics reports (history.py):
+# kind h (the head: how many of each were written), e (an entry, slot 0-19), d (a report, slot 0-2)
+RENDER_HISTORY = b"\x00r"
 
 # --- schedule (owner tier, the keeper's): <cache key> -> the schedule row (queue/schedule.py)
 
@@ -36,5 +39,5 @@ MISSES = b"m"  # the miss histories, one JSON document (small; rewritten on each
 
 REGISTRY_PREFIXES = (TARGET, QUEUE_CONTROL, QUEUE_STATUS, SITEMAP, SITEMAP_RUN, TARGET_BY_SITEMAP,
                      SITEMAP_ENTRIES, OVERRIDES_KEY, REVOKED, VIDX, HPTR, LIVE)
-PAGE_PREFIXES = (VIDX, HPTR, LIVE, FRESHNESS)
+PAGE_PREFIXES = (VIDX, HPTR, LIVE, FRESHNESS, RENDER_HISTORY)
 LEASE_PREFIXES = (LEASE, MISSES)

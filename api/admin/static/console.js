@@ -107,10 +107,12 @@
 
   // What the last user saw must not linger in the page (hidden is not gone) for the next one.
   function forgetData() {
-    for (const id of ['nodes', 'queue-nodes', 'sitemaps', 'sitemap-entries', 'pages', 'overrides', 'config-values']) {
+    for (const id of ['nodes', 'queue-nodes', 'sitemaps', 'sitemap-entries', 'pages', 'overrides', 'config-values',
+      'explain-history']) {
       $(id).tBodies[0].replaceChildren();
     }
-    for (const id of ['explain-facts', 'sitemap-facts', 'tiles', 'queue-tiles', 'config-warnings']) $(id).replaceChildren();
+    for (const id of ['explain-facts', 'sitemap-facts', 'tiles', 'queue-tiles', 'config-warnings', 'explain-reports',
+      'page-view-reports']) $(id).replaceChildren();
     for (const id of ['explain-raw', 'page-view-text', 'override-result']) $(id).textContent = '';
     for (const id of ['explain-result', 'sitemap-detail', 'page-view']) $(id).hidden = true;
     state.sitemap = null;
@@ -550,6 +552,80 @@
     $('page-view-text').textContent = text;
     $('page-view').hidden = false;
     $('page-view').scrollIntoView();
+    loadReports(key, $('page-view-reports'));
+  }
+
+  // diagnostics ----------------------------------------------------------------------------------
+
+  function fmtMs(ms) { return ms === null || ms === undefined ? '-' : `${fmtNum(ms)} ms`; }
+
+  function cell(v) { return v === null || v === undefined ? '-' : fmtNum(v); }
+
+  function renderHistory(entries) {
+    const rows = (entries || []).map((e) => el('tr', { 'data-history': String(e.at) },
+      el('td', { text: fmtTime(e.at) }), el('td', { class: 'num', text: fmtMs(e.renderMs) }),
+      el('td', { text: `${e.outcome || '-'}${e.reason ? ` (${e.reason})` : ''}` }),
+      el('td', { text: e.verdict || '-' }),
+      el('td', { class: 'num', text: e.statusCode === undefined ? '-' : String(e.statusCode) }),
+      el('td', { class: 'num', text: cell(e.errors) }), el('td', { class: 'num', text: cell(e.blocked) }),
+      el('td', { class: 'num', text: cell(e.failed) }), el('td', { class: 'num', text: cell(e.chars) }),
+      el('td', { class: 'mono', text: e.worker || '-' })));
+    $('explain-history').tBodies[0].replaceChildren(...rows);
+    $('explain-history').hidden = !rows.length;
+    $('explain-history-empty').hidden = rows.length > 0;
+  }
+
+  function listOf(title, items, line, cls) {
+    if (!Array.isArray(items) || !items.length) return null;
+    return [el('h4', { text: `${title} (${fmtNum(items.length)})` }),
+      el('ul', { 'data-list': title }, ...items.map((it) => el('li', { class: cls ? cls(it) : '', text: line(it) })))];
+  }
+
+  function offset(ms) { return ms === null || ms === undefined ? '' : `+${fmtNum(ms)} ms `; }
+
+  const BASE64 = /^[A-Za-z0-9+/]+={0,2}$/;
+
+  // Every string here came from the origin's page (console text, URLs, exception messages): text
+  // nodes only. The screenshot is a data: URL of base64 the server checked to be a JPEG.
+  function reportBlock(r) {
+    const size = r.chars === null || r.chars === undefined ? 'size not reported' : `${fmtNum(r.chars)} characters serialized`;
+    const box = el('div', { class: 'report', 'data-report': String(r.at) },
+      el('h3', { text: `Diagnostics of ${fmtTime(r.at)}: ${r.outcome || '-'}${r.statusCode ? `, HTTP ${r.statusCode}` : ''}, `
+        + `${fmtMs(r.renderMs)}, ${size}${r.worker ? `, worker ${r.worker}` : ''}` }));
+    const parts = [
+      listOf('Console', r.console, (c) => `${offset(c.at)}${c.level}: ${c.text}`,
+        (c) => (c.level === 'error' ? 'level-error' : 'level-warning')),
+      listOf('Uncaught exceptions', r.exceptions, (x) => `${offset(x.at)}${x.message}`, () => 'level-error'),
+      listOf('Failed requests', r.failedRequests, (f) => `${f.type ? `[${f.type}] ` : ''}${f.url}: ${f.error}`),
+      listOf('Blocked requests', r.blockedRequests, (b) => b.url),
+      listOf('Settle timeline', r.timeline, (t) => `${offset(t.at)}${t.event}${t.detail ? `: ${t.detail}` : ''}`),
+    ];
+    for (const p of parts) if (p) box.append(...p);
+    if (!parts.some((p) => p)) box.append(el('p', { class: 'muted', text: 'No console errors or warnings, exceptions, failed or blocked requests.' }));
+    const left = Object.entries(r.truncated || {}).filter(([, n]) => n > 0).map(([k, n]) => `${k} ${fmtNum(n)}`);
+    if (left.length) box.append(el('p', { class: 'muted', text: `Left out (past the bounds): ${left.join(', ')}` }));
+    const shot = r.screenshot;
+    if (shot && typeof shot.data === 'string' && shot.type === 'image/jpeg' && BASE64.test(shot.data)) {
+      box.append(el('h4', { text: `Screenshot (${fmtNum(shot.width)} x ${fmtNum(shot.height)} px)` }),
+        el('img', { src: `data:image/jpeg;base64,${shot.data}`, alt: `the page as rendered at ${fmtTime(r.at)}` }));
+    } else if (shot) {
+      box.append(el('p', { class: 'muted', text: `Screenshot ${fmtNum(shot.width)} x ${fmtNum(shot.height)} px` }));
+    }
+    return box;
+  }
+
+  async function loadReports(key, box) {
+    box.replaceChildren();
+    box.dataset.key = key;
+    const r = await api(`diagnostics?${new URLSearchParams({ cacheKey: key })}`);
+    if (box.dataset.key !== key) return;  // another key was asked for meanwhile
+    if (!r.ok) { if (r.status !== 401) box.append(el('p', { class: 'error', text: errorOf(r) })); return; }
+    const reports = Array.isArray(r.data.reports) ? r.data.reports : [];
+    if (!reports.length) {
+      box.append(el('p', { class: 'muted', text: 'No diagnostics report of this key on this node (Render with diagnostics from the explainer).' }));
+      return;
+    }
+    box.replaceChildren(...reports.map(reportBlock));
   }
 
   // explain --------------------------------------------------------------------------------------
@@ -607,6 +683,9 @@
     if (sup) fact(dl, 'Suppressed', `${sup.reason}, strike ${sup.strikes} of ${sup.maxStrikes}`, 'suppressed');
     fact(dl, 'Verdict', `would serve from ${x.verdict.wouldServe}${x.verdict.servedStatus ? ` (HTTP ${x.verdict.servedStatus})` : ''}; ${x.verdict.scheduled ? 'scheduled' : 'not scheduled'}; ${x.verdict.recurring
       ? 'recurring' : 'not recurring'}${x.verdict.reliable ? '' : '; some reads failed'}`, 'verdict');
+    renderHistory(x.renderHistory);
+    if (Array.isArray(x.diagnostics) && x.diagnostics.length) loadReports(x.resolved.cacheKey, $('explain-reports'));
+    else { $('explain-reports').replaceChildren(); $('explain-reports').dataset.key = ''; }
     $('explain-raw').textContent = JSON.stringify(x, null, 2);
     $('explain-message').textContent = '';
     $('explain-result').hidden = false;
@@ -618,6 +697,15 @@
     if (!r.ok) { $('explain-message').textContent = errorOf(r); return; }
     await explain();
     $('explain-message').textContent = `due now on ${r.data.scheduleOwnedBy} (${r.data.cacheKeys.length} key(s))`;
+  }
+
+  async function renderDiagnose() {
+    if (!state.explained) return;
+    const r = await api('diagnose', { method: 'POST', body: state.explained });
+    if (!r.ok) { $('explain-message').textContent = errorOf(r); return; }
+    await explain();
+    $('explain-message').textContent = `due now on ${r.data.scheduleOwnedBy} with diagnostics${r.data.renderInFlight
+      ? ' (after the render in flight)' : ''}; explain again once it rendered`;
   }
 
   // ------------------------------------------------------------------------------------ wiring
@@ -638,10 +726,15 @@
     $('sitemap-next').addEventListener('click', () => pageSitemap(1));
     $('pages-form').addEventListener('submit', listPages);
     $('pages-next').addEventListener('click', nextPages);
-    $('page-view-close').addEventListener('click', () => { $('page-view').hidden = true; $('page-view-text').textContent = ''; });
+    $('page-view-close').addEventListener('click', () => {
+      $('page-view').hidden = true;
+      $('page-view-text').textContent = '';
+      $('page-view-reports').replaceChildren();
+    });
     $('override-dry').addEventListener('click', () => overrideFromForm(true));
     $('override-form').addEventListener('submit', (event) => { event.preventDefault(); overrideFromForm(false); });
     $('render-now').addEventListener('click', renderNow);
+    $('render-diagnose').addEventListener('click', renderDiagnose);
     loadSession();
   });
 }());

@@ -14,6 +14,7 @@ from prerender_ray.actors.leasetable import DurableLeases
 from prerender_ray.config.model import Config
 from prerender_ray.identity.nodes import NodeInfo
 from prerender_ray.rpc import Op
+from prerender_ray.storage.history import decoded, head_key, plan_ops, slots_of, summarized
 from prerender_ray.storage.pages import PageMeta, decode_meta, retimed
 from prerender_ray.storage.registry import target_key
 from prerender_ray.storage.rocks import Store
@@ -28,6 +29,7 @@ class MemoryStore:
     def __init__(self) -> None:
         self.registry: dict[bytes, bytes] = {}
         self.pages: dict[bytes, bytes] = {}
+        self.history: dict[bytes, bytes] = {}  # render history records (kept apart: tests count pages)
         self.writes = {"page": 0, "freshness": 0}
 
     @staticmethod
@@ -40,7 +42,11 @@ class MemoryStore:
                 db[key] = payload
         return len(ops)
 
-    async def apply(self, registry: Sequence[Op], pages: Sequence[Op] | None = None) -> int:
+    async def apply(self, registry: Sequence[Op], pages: Sequence[Op] | None = None,
+                    history: Sequence[list] | None = None) -> int:
+        if history:
+            keys = [item[0] for item in history]
+            self._write(self.history, plan_ops(history, {k: self.history.get(head_key(k)) for k in keys}))
         for key, payload in pages or []:
             assert isinstance(key, bytes)
             if payload is not None:
@@ -92,6 +98,12 @@ class MemoryStore:
     async def scan(self, prefix: bytes, start: bytes | None = None, limit: int = 1000) -> list[tuple[bytes, bytes]]:
         keys = sorted(k for k in self.registry if k.startswith(prefix) and (start is None or k >= start))
         return [(k, self.registry[k]) for k in keys[:limit]]
+
+    async def render_history(self, key: str, screenshots: bool = False) -> dict:
+        entries, reports = slots_of(key, self.history.get(head_key(key)), reports=True)
+        got = decoded([self.history.get(k) for k in reports])
+        return {"renderHistory": decoded([self.history.get(k) for k in entries]),
+                "reports": got if screenshots else [summarized(r) for r in got]}
 
     async def wait_synced(self, timeout: float) -> dict:
         return {"state": "synced"}

@@ -6,6 +6,7 @@ kept under test-artifacts/ (git-ignored)."""
 
 from __future__ import annotations
 
+import base64
 import shutil
 import time
 
@@ -14,7 +15,7 @@ import pytest
 
 from prerender_ray.admin.users import hash_password
 from tests.sitemap_server import SitemapSite, urlset
-from tests.support import REPO, deploy_on, write_page
+from tests.support import REPO, deploy_on, result_body, take, wait_for, write_page
 
 pytestmark = pytest.mark.browser
 CHROMIUM = "/usr/bin/chromium"
@@ -206,6 +207,7 @@ def test_a_viewer_sees_no_admin_controls(node, browser) -> None:
     page.click("#tab-config")
     page.wait_for_selector("#config-live:has-text('without a restart')")
     assert page.locator("#override-form").is_hidden()
+    assert page.eval_on_selector("#render-diagnose", "b => getComputedStyle(b).display") == "none"
     page.close()
 
 
@@ -358,4 +360,61 @@ def test_a_read_refused_as_busy_is_asked_again_after_retry_after(node, browser) 
     page.click("#pages-submit")
     page.wait_for_selector(f"tr[data-page='{key}']", timeout=15_000)
     assert len(refused) == 2 and page.text_content("#pages-error") == ""
+    page.close()
+
+
+def test_a_diagnostics_report_with_a_screenshot_shows_in_the_explainer_and_beside_the_page(node, browser) -> None:
+    url, key, ops = "https://console.test/products/3", "https://console.test/products/3|desktop", ("ops", "ops-pass")
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.set_content("<body style='margin:0;background:#c22'><h1>as the worker saw it</h1></body>")
+    jpeg = page.screenshot(type="jpeg", quality=60, clip={"x": 0, "y": 0, "width": 160, "height": 120})
+    problems: list[str] = []
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    sign_in(page, node)
+    page.click("#tab-explain")
+    page.fill("#explain-url", url)
+    page.select_option("#explain-device", "desktop")
+    page.click("#explain-submit")
+    page.wait_for_selector("#explain-result:visible")
+    page.click("#render-diagnose")
+    page.wait_for_selector("#explain-message:has-text('with diagnostics')")
+
+    job = take(node.url, [key], auth=ops)[key]  # what prerender-ray's worker would claim
+    assert job["renderOptions"] == {"diagnostics": True}
+    hostile = "<img id=injected src=x onerror=window.pwned=1>"
+    report = {"console": [{"level": "error", "text": hostile, "at": 12}, {"level": "warning", "text": "slow", "at": 5}],
+              "exceptions": [{"message": "Error: boom on scroll", "at": 20}], "failedRequests": [],
+              "blockedRequests": [{"url": "https://www.googletagmanager.com/gtm.js"}],
+              "timeline": [{"at": 0, "event": "navigate", "detail": ""}, {"at": 640, "event": "settled", "detail": ""}],
+              "chars": 999, "truncated": {"console": 4},
+              "screenshot": {"type": "image/jpeg", "width": 160, "height": 120, "data": base64.b64encode(jpeg).decode()}}
+    body, headers = result_body(job, diagnostics=report,
+                                renderSummary={"errors": 2, "blocked": 1, "failed": 0, "chars": 999, "scrollSteps": 0})
+    r = httpx.post(f"{node.url}/render_queue/job_result", content=body, headers=headers, auth=ops, timeout=30)
+    assert r.status_code == 204, r.text
+
+    page.click("#explain-submit")
+    row = "#explain-history tr[data-history]"
+    page.wait_for_selector(row)
+    cells = page.locator(f"{row} td").all_text_contents()
+    assert cells[1] == "800 ms" and cells[2] == "rendered" and cells[5:9] == ["2", "1", "0", "999"]
+    img = "#explain-reports .report img"
+    page.wait_for_selector(img)
+    # polled from here: the page's CSP (no eval) refuses a predicate polled inside it
+    wait_for(lambda: page.eval_on_selector(img, "i => i.complete && i.naturalWidth") == 160, timeout=10,
+             what="the screenshot decoded")
+    text = page.text_content("#explain-reports")
+    for part in (hostile, "Error: boom on scroll", "googletagmanager.com/gtm.js", "settled", "999 characters",
+                 "console 4"):
+        assert part in text, part
+    assert page.locator("#injected").count() == 0 and page.evaluate("window.pwned") is None
+    shot(page, "console-diagnostics.png")
+
+    page.click("#tab-pages")
+    page.fill("#pages-prefix", key)
+    page.click("#pages-submit")
+    page.click(f"tr[data-page='{key}'] button[data-action=view]")
+    page.wait_for_selector("#page-view-reports .report img")
+    assert "Error: boom on scroll" in page.text_content("#page-view-reports")
+    assert problems == []
     page.close()
