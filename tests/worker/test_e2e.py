@@ -10,6 +10,7 @@ reference fleet stores non-indexable pages rather than reporting them (docs/flee
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 
 import httpx
@@ -284,3 +285,26 @@ async def test_a_section_that_loads_on_intersection_reaches_a_bot(node, site, wo
         put_target(node.url, url, nextRenderTime=1)
         hit = await until(lambda: _hit(client, node, url), what="the rendered lazy page")
         assert "lazy section: item lazy" in hit.text and 'src="/img/lazy.png"' in hit.text
+
+
+async def test_render_with_diagnostics_brings_back_what_the_page_threw_and_a_screenshot(node, site, worker) -> None:
+    """"Why is this page blank": diagnose makes the key due with the flag, prerender-ray's worker
+    reports the page's exception, its noise (bounded), the request the blocklist stopped and one
+    screen as JPEG, and the node keeps it with the render history."""
+    url = site.base + "/noisy"
+    async with httpx.AsyncClient(timeout=60) as client:
+        r = await client.post(f"{node.url}/prerender_admin/diagnose", json={"url": url, "deviceType": "desktop"})
+        assert r.status_code == 200, r.text
+        key = r.json()["cacheKey"]
+
+        async def report() -> dict | None:
+            got = (await client.get(f"{node.url}/prerender_admin/diagnostics", params={"cacheKey": key})).json()
+            return got if got.get("reports") else None
+
+        got = await until(report, what="the diagnostics report")
+        [rep] = got["reports"]
+        assert any("widget exploded" in e["message"] for e in rep["exceptions"])
+        assert rep["truncated"]["console"] > 0 and len(rep["console"]) == 200
+        assert base64.b64decode(rep["screenshot"]["data"])[:3] == b"\xff\xd8\xff"
+        [entry] = got["renderHistory"]
+        assert entry["outcome"] == "rendered" and entry["errors"] >= 1001 and entry["chars"] > 0
