@@ -198,7 +198,8 @@ SCROLL_JS = """([auto]) => new Promise(resolve => {
     if (done) return;
     done = true;
     const h = height();
-    resolve({y: Math.round(window.scrollY), height: h, bottom: window.scrollY + vh >= h - 2});
+    resolve({y: Math.round(window.scrollY), height: h, bottom: window.scrollY + vh >= h - 2,
+             pending: st ? st.fetches.size : 0});
   };
   requestAnimationFrame(() => requestAnimationFrame(fin));
   setTimeout(fin, 100);

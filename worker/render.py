@@ -395,11 +395,13 @@ class Renderer:
                 left = end - time.monotonic()
                 if left <= 0:
                     break
+                mark = st.last_activity
                 at = await asyncio.wait_for(page.evaluate(SCROLL_JS, [opts.mode == "auto" and not steps]), left)
                 if at is None:
                     break  # auto: nothing on the page waits for scrolling
                 steps += 1
-                await st.wait_quiet(quiet_s, end)
+                if at["pending"] or st.last_activity != mark or _young(st):
+                    await st.wait_quiet(quiet_s, end)  # the step started work: let it land first
                 if at["bottom"]:
                     if at["height"] == last:
                         break  # at the bottom, and the last step added nothing

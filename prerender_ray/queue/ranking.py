@@ -23,12 +23,16 @@ from __future__ import annotations
 import heapq
 import math
 from bisect import bisect_left, bisect_right, insort
-from collections.abc import Callable, Hashable, Iterable, Iterator
-from itertools import accumulate, chain, filterfalse, islice
-from typing import Any, NamedTuple
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from itertools import chain, filterfalse, islice
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
 
 from prerender_ray.queue.schedule import cadence_of, score
 from prerender_ray.timeutil import HOUR_MS, MINUTE_MS, finite, minute, positive
+
+CHANGES_MIN = 256  # changes a class's queue-state snapshot takes before a rebuild is cheaper
 
 Route = Hashable  # an opaque route label from the caller (None = no route matched)
 CadenceFor = Callable[[Route], Any]  # route -> its configured cadence in ms
@@ -52,7 +56,8 @@ class Held(NamedTuple):
 
 
 class _Class:
-    __slots__ = ("buckets", "cadence", "carried", "dues", "ordered", "route", "sitemap", "undated")
+    __slots__ = ("buckets", "cadence", "carried", "changes", "dues", "ordered", "route", "sitemap", "snap",
+                 "undated")
 
     def __init__(self, route: Route, carried: float | None, sitemap: bool, cadence: float | None):
         self.route = route
@@ -63,12 +68,66 @@ class _Class:
         self.dues: list[int] = []  # due instants with a bucket; sorted when ``ordered``
         self.ordered = True
         self.undated: _Bucket | None = None  # rows with no due time: held, never due
+        # the queue-state's counts: due instants and running row counts as of the last rebuild, and
+        # the rows added (+1) and taken out (-1) since, by due instant; None until a state is asked
+        self.snap: tuple[np.ndarray, np.ndarray] | None = None
+        self.changes: list[tuple[int, int]] = []
+
+    def note(self, due: int, sign: int) -> None:
+        """A dated row came (+1) or went (-1). Past a quarter of the snapshot, rebuilding is cheaper."""
+        if self.snap is not None:
+            self.changes.append((due, sign))
+            if len(self.changes) > max(CHANGES_MIN, len(self.snap[0]) >> 2):
+                self.snap, self.changes = None, []
+
+    def counts(self) -> Counts:
+        """Rows due at or before / before an instant, from the snapshot and the changes since."""
+        if self.snap is None:
+            dues = self.sorted_dues()
+            counts = np.fromiter(map(len, map(self.buckets.__getitem__, dues)), np.int64, len(dues))
+            prefix = np.concatenate(([0], np.cumsum(counts)))
+            self.snap, self.changes = (np.array(dues, dtype=np.int64), prefix), []
+        snap_dues, snap_prefix = self.snap
+        return Counts(snap_dues, snap_prefix, self.changes)
 
     def sorted_dues(self) -> list[int]:
         if not self.ordered:
             self.dues.sort()  # mostly appends in order, so near-linear
             self.ordered = True
         return self.dues
+
+
+class Counts:
+    """Range counts over one class's due instants: the snapshot's running counts plus those of the
+    changes since, each found for every instant asked in one vectorized search (numpy), instead of
+    a walk over every bucket or a bisect per instant."""
+
+    __slots__ = ("cdues", "cprefix", "dues", "prefix")
+
+    def __init__(self, dues: np.ndarray, prefix: np.ndarray, changes: list[tuple[int, int]]):
+        self.dues, self.prefix = dues, prefix
+        ordered = sorted(changes)
+        self.cdues = np.array([d for d, _ in ordered], dtype=np.int64)
+        self.cprefix = np.concatenate(([0], np.cumsum([n for _, n in ordered], dtype=np.int64)))
+
+    @property
+    def total(self) -> int:
+        return int(self.prefix[-1] + self.cprefix[-1])
+
+    def upto(self, ts: Sequence[float]) -> np.ndarray:
+        """Rows due at or before each of ``ts``."""
+        return self._count("right", ts)
+
+    def before(self, ts: Sequence[float]) -> np.ndarray:
+        """Rows due before each of ``ts``."""
+        return self._count("left", ts)
+
+    def _count(self, side: Literal["left", "right"], ts: Sequence[float]) -> np.ndarray:
+        at = np.asarray(ts, dtype=np.float64)
+        out = self.prefix[np.searchsorted(self.dues, at, side)]
+        if len(self.cdues):
+            out = out + self.cprefix[np.searchsorted(self.cdues, at, side)]
+        return out
 
 
 class _Tie(tuple):
@@ -167,6 +226,8 @@ class Ranking:
         the checks.
         """
         where, classes, unsorted = self._where, self._classes, self._unsorted
+        for c in classes.values():  # a bulk change: the queue-state rebuilds its counts once, after it
+            c.snap, c.changes = None, []
         url: str | None = None
         route: Route = None
         bucket: _Bucket | None = None  # None: the next row looks its bucket up
@@ -282,8 +343,13 @@ class Ranking:
             else:
                 cls.buckets[due] = bucket
                 if cls.ordered and cls.dues and due < cls.dues[-1]:
-                    cls.ordered = False
-                cls.dues.append(due)
+                    if cls.snap is not None:  # steady state (a queue-state was asked): keep them in order
+                        insort(cls.dues, due)
+                    else:  # a load: one sort later beats an insort per bucket
+                        cls.ordered = False
+                        cls.dues.append(due)
+                else:
+                    cls.dues.append(due)
                 if due < self._plan_next:  # a bucket the plan does not know: due, or due sooner
                     if due <= self._plan_now:
                         self._plan = None
@@ -293,6 +359,8 @@ class Ranking:
             bucket.append(key)
         else:
             insort(bucket, key)
+        if due is not None and cls.snap is not None:
+            cls.note(due, 1)
         self._where[key] = bucket
         return bucket
 
@@ -315,6 +383,8 @@ class Ranking:
         i = bisect_left(bucket, key)
         held = bucket[i]
         del bucket[i]
+        if bucket.due is not None and bucket.cls.snap is not None:
+            bucket.cls.note(bucket.due, -1)
         if not bucket:
             cls = bucket.cls
             if bucket.due is None:
@@ -442,45 +512,43 @@ class Ranking:
         the bin of the highest edge with lateness >= edge x cadence), per lane and per route.
         ``dueHistogram``: hourly counts of due times in [now - 24 h, now + 24 h). ``classes``: rows,
         due rows and oldest due time per class. Within a class each count is a range of due times,
-        so it comes from prefix sums of bucket sizes and a bisect, not from a walk over rows.
+        so it comes from running counts of bucket sizes and a bisect, not from a walk over rows; the
+        running counts are kept between calls, with the rows added and taken out since (``Counts``).
         """
         now_min = minute(now)
         nbins = len(LATENESS_EDGES) + 1
         due_sitemap = due_discovered = undated = before = after = 0
         coming = dict.fromkeys((name for name, _ in _HORIZONS), 0)
-        by_hour = [0] * _HIST_HOURS
-        hist = [0] * (2 * _HIST_HOURS)
-        late_sitemap, late_discovered = [0] * nbins, [0] * nbins
-        late_by_route: dict[str, list[int]] = {}
+        by_hour = np.zeros(_HIST_HOURS, np.int64)
+        hist = np.zeros(2 * _HIST_HOURS, np.int64)
+        late_sitemap, late_discovered = np.zeros(nbins, np.int64), np.zeros(nbins, np.int64)
+        late_by_route: dict[str, np.ndarray] = {}
         hour_edges = [now + h * HOUR_MS for h in range(_HIST_HOURS + 1)]
         hist_edges = [now + (h - _HIST_HOURS) * HOUR_MS for h in range(2 * _HIST_HOURS + 1)]
         classes = []
+        ahead = [now, *(now + span for _, span in _HORIZONS), *hour_edges]
+        nh = len(_HORIZONS)
         for cls in self._classes.values():
-            dues = cls.sorted_dues()
-            prefix = list(accumulate(map(len, map(cls.buckets.__getitem__, dues)), initial=0))
-            total = prefix[-1]
-            class_due = prefix[bisect_right(dues, now)]
+            c = cls.counts()
+            total = c.total
             # rows at least edge x cadence late; raw lateness (no cadence) counts in ms
             cadence = cls.cadence or 1
-            thresholds = (now_min - edge * cadence for edge in LATENESS_EDGES)
-            at_least = [class_due, *(prefix[bisect_right(dues, t)] for t in thresholds), 0]
+            upto = c.upto([*ahead, *(now_min - edge * cadence for edge in LATENESS_EDGES)])
+            class_due = int(upto[0])
+            # bin i: at least edge i, less than edge i + 1
+            late_bins = -np.diff(np.concatenate((upto[:1], upto[len(ahead):], [0])))
             late = late_sitemap if cls.sitemap else late_discovered
             label = "default" if cls.route is None else str(cls.route)
-            lanes = late_by_route.setdefault(label, [0] * nbins)
-            for i in range(nbins):
-                n = at_least[i] - at_least[i + 1]
-                late[i] += n
-                lanes[i] += n
-            for name, span in _HORIZONS:
-                coming[name] += prefix[bisect_right(dues, now + span)] - class_due
-            counts = [prefix[bisect_right(dues, edge)] for edge in hour_edges]  # (a, b] hours ahead
-            for h in range(_HIST_HOURS):
-                by_hour[h] += counts[h + 1] - counts[h]
-            counts = [prefix[bisect_left(dues, edge)] for edge in hist_edges]  # [a, b) around now
-            before += counts[0]
-            after += total - counts[-1]
-            for h in range(2 * _HIST_HOURS):
-                hist[h] += counts[h + 1] - counts[h]
+            lanes = late_by_route.setdefault(label, np.zeros(nbins, np.int64))
+            late += late_bins
+            lanes += late_bins
+            for i, (name, _) in enumerate(_HORIZONS):
+                coming[name] += int(upto[1 + i]) - class_due
+            by_hour += np.diff(upto[1 + nh:len(ahead)])  # (a, b] hours ahead
+            counts = c.before(hist_edges)  # [a, b) around now
+            before += int(counts[0])
+            after += total - int(counts[-1])
+            hist += np.diff(counts)
             if cls.sitemap:
                 due_sitemap += class_due
             else:
@@ -489,7 +557,7 @@ class Ranking:
             undated += held_undated
             classes.append({"route": label, "cadence": cls.cadence, "carried": cls.carried is not None,
                             "fromSitemap": cls.sitemap, "rows": total + held_undated, "due": class_due,
-                            "oldestDue": dues[0] if dues else None})
+                            "oldestDue": dues[0] if (dues := cls.sorted_dues()) else None})
         where = self._where
         in_flight = sum(1 for key in set(leased)
                         if (b := where.get(key)) is not None and b.due is not None and b.due <= now)
@@ -499,10 +567,11 @@ class Ranking:
             "undated": undated,
             "now": {"due": due_sitemap + due_discovered, "dueSitemap": due_sitemap,
                     "dueDiscovered": due_discovered, "leased": in_flight},
-            "coming": {**coming, "byHour": by_hour},
-            "lateness": {"edges": list(LATENESS_EDGES), "sitemap": late_sitemap,
-                         "discovered": late_discovered, "byRoute": late_by_route},
-            "dueHistogram": {"binMs": HOUR_MS, "fromMs": now - _HIST_HOURS * HOUR_MS, "bins": hist,
+            "coming": {**coming, "byHour": by_hour.tolist()},
+            "lateness": {"edges": list(LATENESS_EDGES), "sitemap": late_sitemap.tolist(),
+                         "discovered": late_discovered.tolist(),
+                         "byRoute": {k: v.tolist() for k, v in late_by_route.items()}},
+            "dueHistogram": {"binMs": HOUR_MS, "fromMs": now - _HIST_HOURS * HOUR_MS, "bins": hist.tolist(),
                              "before": before, "after": after},
             "classes": classes,
         }

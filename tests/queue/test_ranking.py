@@ -431,6 +431,19 @@ operations = st.lists(st.one_of(
 ), max_size=80)
 
 
+def _same_state(r: Ranking, now: int, leased: set[str]) -> None:
+    s = r.state(now, leased)
+    expected = state_per_row(r, now, leased)
+    assert (s["undated"], s["now"], s["coming"]) == (expected["undated"], expected["now"], expected["coming"])
+    assert (s["lateness"]["sitemap"], s["lateness"]["discovered"]) == (expected["sitemap"], expected["discovered"])
+    assert {k: v for k, v in s["lateness"]["byRoute"].items() if any(v)} == expected["byRoute"]
+    assert (s["dueHistogram"]["bins"], s["dueHistogram"]["before"], s["dueHistogram"]["after"]) == (
+        expected["bins"], expected["before"], expected["after"])
+    assert sum(c["rows"] for c in s["classes"]) == s["held"] == len(r)
+    oldest = sorted((min(c.buckets) if c.buckets else -1 for c in r._classes.values()))
+    assert sorted(-1 if c["oldestDue"] is None else c["oldestDue"] for c in s["classes"]) == oldest
+
+
 def route_by_url(k: str) -> str | None:
     """A route per URL, as upsert_many asks it (once per URL): the model must agree with it."""
     return (None, "catalog", "blog", "broken")[sum(map(ord, k.partition("|")[0])) % 4]
@@ -484,3 +497,36 @@ def test_a_bulk_upsert_out_of_key_order_into_a_due_bucket_ranks_as_the_oracle_sa
     expected = [k for k, *_ in top_k_bruteforce(held, 50, NOW, cadence_for=partial(cadence_or, DAY_MS))]
     assert r.top_k(50, NOW) == expected == [k for k, *_ in rows[:50]]
     assert r.remove(rows[10][0]) and r.top_k(50, NOW) == [k for k, *_ in rows[:10] + rows[11:51]]
+
+
+@settings(max_examples=200, deadline=None)
+@given(operations, st.integers(1, 4))
+def test_the_kept_queue_state_counts_equal_a_row_by_row_count_through_any_sequence_of_changes(
+        ops: list[tuple], every: int) -> None:
+    # the counts are kept between documents (a snapshot and the changes since): any change in between,
+    # a bucket emptied or made, a class gone, a bulk load, must show in the next document
+    import prerender_ray.queue.ranking as ranking_module
+
+    r = Ranking(cadence_for)
+    now = NOW
+    saved = ranking_module.CHANGES_MIN
+    ranking_module.CHANGES_MIN = 3  # small: rebuilds happen inside the sequence too
+    try:
+        for i, (op, arg) in enumerate(ops):
+            if op == "upsert":
+                r.upsert(*arg)
+            elif op == "bulk":
+                r.upsert_many(arg, route_by_url)
+            elif op == "remove":
+                r.remove(arg)
+            elif op == "tick":
+                now += arg
+            elif op == "config":
+                r.reclassify(partial(cadence_or, arg[0]), boost=arg[1])
+            else:
+                r.top_k(arg[0], now, arg[1].__contains__)
+            if i % every == 0:
+                _same_state(r, now, set())
+        _same_state(r, now, set())
+    finally:
+        ranking_module.CHANGES_MIN = saved
