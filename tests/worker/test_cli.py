@@ -89,7 +89,7 @@ def test_the_worker_process_survives_a_chromium_crash_and_stops_cleanly_on_sigte
         queue.jobs.append(queue.job(f"{origin.base}/js/cli-2"))
         queue.status_rows = [{**queue.status_rows[0], "status": "queued", "updatedTime": 2}]
         wait_for(lambda: len(queue.results()) == 2, timeout=90, what="a result after the crash")
-        assert queue.results()[1]["outcome"] == "rendered"
+        assert queue.results()[1]["outcome"] == "rendered", queue.results()[1].get("error")
         groups.update(_chromium_of(proc.pid))
         assert len(groups) == 2
         # the dead browser's processes, renderers included, are gone: none left as a zombie

@@ -34,7 +34,7 @@ def writes(node) -> dict[str, float]:
     for family in text_string_to_metric_families(text):
         if family.name == "prerender_page_writes":
             for s in family.samples:
-                if s.name.endswith("_total"):
+                if s.name.endswith("_total") and s.labels["kind"] in out:  # not the history records
                     out[s.labels["kind"]] += s.value
     return out
 
