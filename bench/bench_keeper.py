@@ -116,7 +116,7 @@ def steady_publishes(ranking: Ranking, seconds: int) -> list[float]:
 def rebuilt_state(ranking: Ranking) -> dict:
     """The queue-state with its kept counts dropped first (the cost before they were kept)."""
     for cls in ranking._classes.values():
-        cls.snap, cls.changes = None, []
+        cls.forget()
     return ranking.state(NOW)
 
 

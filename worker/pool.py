@@ -283,7 +283,9 @@ class Chromium:
         return time.monotonic() - self.started
 
     def alive(self) -> bool:
-        return not self.dead and self.proc.returncode is None
+        """Not known dead, and its process still running: a Chromium killed between jobs is found
+        here before its tabs are handed out, even before its connection's close reaches us."""
+        return not self.dead and self.proc.returncode is None and _running(self.pid)
 
     async def close(self, grace_s: float = 5.0) -> bool:
         """Disconnect, SIGTERM the process group, SIGKILL it after ``grace_s``, wait for the process
@@ -600,3 +602,16 @@ class BrowserPool:
         """Last resort (a second signal, or the drain deadline at exit): SIGKILL every Chromium group."""
         for pid in self.launched:
             kill_group(pid)
+
+
+def _running(pid: int) -> bool:
+    """The process exists and is neither a zombie nor dead (Linux /proc; elsewhere, assumed running)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    state = stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3]
+    return state not in (b"Z", b"X", b"x")

@@ -233,21 +233,8 @@ class Renderer:
     async def render(self, job: oc.Job, *, budget_ms: float | None = None) -> Rendered:
         """Render ``job``; never raises (except cancellation): every failure is an error verdict.
         The budget starts once a tab is ready (waiting for one, or for Chromium to start, is bounded
-        by ``TAB_WAIT_S``); ``renderTime`` covers both. A render that met a Chromium already gone (it
-        died between jobs, before the pool heard of it) is not the page's failure: it runs once
-        more, on the relaunched browser."""
+        by ``TAB_WAIT_S``); ``renderTime`` covers both."""
         t0 = time.monotonic()
-        used: list[Any] = []
-        rendered = await self._attempt(job, budget_ms, t0, used)
-        error = rendered.verdict.error or {}
-        if error.get("name") == "TargetClosedError" and used and await _gone(used[0]):
-            log.warning("chromium was gone under a render; rendering it again", key=job.id)
-            budget = budget_ms or job.render_budget_ms or self.opts.budget_ms
-            left = max(1000.0, budget - (time.monotonic() - t0) * 1000)  # within the job's lease still
-            rendered = await self._attempt(job, left, t0, [])
-        return rendered
-
-    async def _attempt(self, job: oc.Job, budget_ms: float | None, t0: float, used: list[Any]) -> Rendered:
         budget_s = (budget_ms or job.render_budget_ms or self.opts.budget_ms) / 1000
         progress = {"phase": "tab"}
         rec = Recorder(detailed=job.options.diagnostics)
@@ -256,7 +243,6 @@ class Renderer:
         try:
             async with asyncio.timeout(TAB_WAIT_S + budget_s + SLACK_S + extra_s):
                 async with self.pool.tab(job.device_type) as tab:
-                    used.append(tab.chromium)
                     rec.mark("tab", "ready")
                     deadline = time.monotonic() + budget_s
                     try:
@@ -488,17 +474,6 @@ class Renderer:
                 timer_budget -= wait
                 await asyncio.sleep(wait + 0.005)
         raise SettleTimeout("the page kept navigating")
-
-
-async def _gone(chromium: Any, wait_s: float = 2.0) -> bool:
-    """Whether this Chromium died (its process ended or its connection dropped), waiting a moment
-    for the pool to hear of it."""
-    deadline = time.monotonic() + wait_s
-    while chromium.alive():
-        if time.monotonic() >= deadline:
-            return False
-        await asyncio.sleep(0.05)
-    return True
 
 
 def _pending(state: dict[str, Any], st: JobState) -> str:

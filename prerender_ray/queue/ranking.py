@@ -25,7 +25,7 @@ import math
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from itertools import chain, filterfalse, islice
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -57,7 +57,7 @@ class Held(NamedTuple):
 
 class _Class:
     __slots__ = ("buckets", "cadence", "carried", "changes", "dues", "ordered", "route", "sitemap", "snap",
-                 "undated")
+                 "still", "undated")
 
     def __init__(self, route: Route, carried: float | None, sitemap: bool, cadence: float | None):
         self.route = route
@@ -72,23 +72,34 @@ class _Class:
         # the rows added (+1) and taken out (-1) since, by due instant; None until a state is asked
         self.snap: tuple[np.ndarray, np.ndarray] | None = None
         self.changes: list[tuple[int, int]] = []
+        self.still: Counts | None = None  # the snapshot's Counts while nothing changed since
 
     def note(self, due: int, sign: int) -> None:
         """A dated row came (+1) or went (-1). Past a quarter of the snapshot, rebuilding is cheaper."""
         if self.snap is not None:
             self.changes.append((due, sign))
+            self.still = None
             if len(self.changes) > max(CHANGES_MIN, len(self.snap[0]) >> 2):
-                self.snap, self.changes = None, []
+                self.forget()
+
+    def forget(self) -> None:
+        """Drop the kept counts: the next queue-state rebuilds them."""
+        self.snap, self.changes, self.still = None, [], None
 
     def counts(self) -> Counts:
-        """Rows due at or before / before an instant, from the snapshot and the changes since."""
+        """Rows due at or before given instants, from the snapshot and the changes since."""
         if self.snap is None:
             dues = self.sorted_dues()
             counts = np.fromiter(map(len, map(self.buckets.__getitem__, dues)), np.int64, len(dues))
             prefix = np.concatenate(([0], np.cumsum(counts)))
             self.snap, self.changes = (np.array(dues, dtype=np.int64), prefix), []
+        if self.still is not None:
+            return self.still
         snap_dues, snap_prefix = self.snap
-        return Counts(snap_dues, snap_prefix, self.changes)
+        made = Counts(snap_dues, snap_prefix, self.changes)
+        if not self.changes:
+            self.still = made
+        return made
 
     def sorted_dues(self) -> list[int]:
         if not self.ordered:
@@ -116,18 +127,12 @@ class Counts:
 
     def upto(self, ts: Sequence[float]) -> np.ndarray:
         """Rows due at or before each of ``ts``."""
-        return self._count("right", ts)
-
-    def before(self, ts: Sequence[float]) -> np.ndarray:
-        """Rows due before each of ``ts``."""
-        return self._count("left", ts)
-
-    def _count(self, side: Literal["left", "right"], ts: Sequence[float]) -> np.ndarray:
         at = np.asarray(ts, dtype=np.float64)
-        out = self.prefix[np.searchsorted(self.dues, at, side)]
+        out = self.prefix[np.searchsorted(self.dues, at, "right")]
         if len(self.cdues):
-            out = out + self.cprefix[np.searchsorted(self.cdues, at, side)]
+            out = out + self.cprefix[np.searchsorted(self.cdues, at, "right")]
         return out
+
 
 
 class _Tie(tuple):
@@ -227,7 +232,7 @@ class Ranking:
         """
         where, classes, unsorted = self._where, self._classes, self._unsorted
         for c in classes.values():  # a bulk change: the queue-state rebuilds its counts once, after it
-            c.snap, c.changes = None, []
+            c.forget()
         url: str | None = None
         route: Route = None
         bucket: _Bucket | None = None  # None: the next row looks its bucket up
@@ -524,10 +529,12 @@ class Ranking:
         late_sitemap, late_discovered = np.zeros(nbins, np.int64), np.zeros(nbins, np.int64)
         late_by_route: dict[str, np.ndarray] = {}
         hour_edges = [now + h * HOUR_MS for h in range(_HIST_HOURS + 1)]
-        hist_edges = [now + (h - _HIST_HOURS) * HOUR_MS for h in range(2 * _HIST_HOURS + 1)]
+        # [a, b) bins: rows due before b are the rows due at or before b - 1 (due instants are ints)
+        hist_ends = [now - 1 + (h - _HIST_HOURS) * HOUR_MS for h in range(2 * _HIST_HOURS + 1)]
         classes = []
-        ahead = [now, *(now + span for _, span in _HORIZONS), *hour_edges]
-        nh = len(_HORIZONS)
+        # every instant a class is counted at, in one search: ahead, the histogram, then lateness
+        ahead = [now, *(now + span for _, span in _HORIZONS), *hour_edges, *hist_ends]
+        nh, na = len(_HORIZONS), len(ahead) - len(hist_ends)
         for cls in self._classes.values():
             c = cls.counts()
             total = c.total
@@ -536,7 +543,8 @@ class Ranking:
             upto = c.upto([*ahead, *(now_min - edge * cadence for edge in LATENESS_EDGES)])
             class_due = int(upto[0])
             # bin i: at least edge i, less than edge i + 1
-            late_bins = -np.diff(np.concatenate((upto[:1], upto[len(ahead):], [0])))
+            edges = np.concatenate((upto[:1], upto[len(ahead):], [0]))
+            late_bins = edges[:-1] - edges[1:]  # slices, not np.diff: a Python-level function
             late = late_sitemap if cls.sitemap else late_discovered
             label = "default" if cls.route is None else str(cls.route)
             lanes = late_by_route.setdefault(label, np.zeros(nbins, np.int64))
@@ -544,11 +552,11 @@ class Ranking:
             lanes += late_bins
             for i, (name, _) in enumerate(_HORIZONS):
                 coming[name] += int(upto[1 + i]) - class_due
-            by_hour += np.diff(upto[1 + nh:len(ahead)])  # (a, b] hours ahead
-            counts = c.before(hist_edges)  # [a, b) around now
+            by_hour += upto[2 + nh:na] - upto[1 + nh:na - 1]  # (a, b] hours ahead
+            counts = upto[na:len(ahead)]  # [a, b) around now
             before += int(counts[0])
             after += total - int(counts[-1])
-            hist += np.diff(counts)
+            hist += counts[1:] - counts[:-1]
             if cls.sitemap:
                 due_sitemap += class_due
             else:

@@ -122,6 +122,22 @@ async def test_a_browser_that_dies_is_an_error_for_its_render_and_the_next_one_g
         await pw.stop()
 
 
+async def test_a_browser_killed_between_jobs_fails_no_job_even_before_its_connection_drops(origin: Origin) -> None:
+    pw, pool, renderer, events = await rig()
+    try:
+        assert (await renderer.render(job(f"{origin.base}/js/before-kill"))).html  # a tab is kept
+        await asyncio.sleep(1)  # its check-in (in the background) is done: the next checkout does not wait
+        first = pool.current
+        os.kill(first.pid, signal.SIGKILL)
+        time.sleep(0.5)  # blocking: the event loop has not seen the connection close
+        r = await renderer.render(job(f"{origin.base}/js/after-kill"))
+        assert r.verdict.error is None and r.html, r.verdict.error  # before: TargetClosedError
+        assert pool.current is not first
+    finally:
+        await pool.close()
+        await pw.stop()
+
+
 async def test_a_chromium_that_will_not_start_is_retried_with_backoff_not_per_job(tmp_path) -> None:
     broken = tmp_path / "chromium"
     broken.write_text("#!/bin/sh\necho 'cannot open display' >&2\nexit 3\n")
