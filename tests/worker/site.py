@@ -308,7 +308,7 @@ class Origin(_Server):
                      head=SHADOW_JS),
             )
         if path == "/shadow-many":  # thousands of open roots, recursive: bounded, never hung
-            return 200, HTML, page("Many", "<x-deep></x-deep>" * 300, head=SHADOW_JS)
+            return 200, HTML, page("Many", "<x-deep></x-deep>" * 160, head=SHADOW_JS)  # 9,600 roots, 5,120 within depth
         if path == "/status-meta-twice":  # conflicting metas: the first of each name counts
             return (
                 200,
