@@ -387,6 +387,10 @@ async def test_a_blocklisted_host_is_never_asked_and_the_render_counts_it(rig: R
     assert m["outcome"] == "rendered" and "tracked page" in m["html"]
     assert rig.third.requests("/track.js") == []  # stopped inside Chromium
     assert rig.third.requests("/lib.js")  # a host not on the list loads as before
+    assert m["renderSummary"]["blocked"] == 1
+    deadline = time.monotonic() + 10  # the worker counts after its post: the result may arrive first
+    while rig.worker.metrics.total["blocked-requests"] != before + 1 and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
     assert rig.worker.metrics.total["blocked-requests"] == before + 1
 
 
