@@ -22,7 +22,9 @@ def test_every_node_gets_its_actors_and_answers_ready(ray_cluster, tmp_path) -> 
         assert node["name"] == "node-a"
         assert node["url"] == f"http://127.0.0.1:{ray_cluster.ports['node-a']}"
         assert node["ingressReplicas"] == {"up": 2, "configured": 2}
-        assert get(f"{d.url}/readyz").status_code == 200
+        # a replica caches its readiness for a second: one that probed while the node came up may
+        # still answer 503 right after the controller reports ready
+        wait_for(lambda: get(f"{d.url}/readyz").status_code == 200, timeout=15, what="readyz 200")
         assert (tmp_path / "data" / "nodes" / "node-a" / "schedule").is_dir()
         # Every actor runs on its node, named by the node's stable name.
         for kind in ("store", "leases", "keeper"):
