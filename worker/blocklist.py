@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
-from prerender_ray.config.model import HOST_NAME
+from prerender_ray.config.model import clean_host
 
 # Hosts of third-party scripts that never change what a page's content is.
 DEFAULT_BLOCKED_HOSTS = (
@@ -37,27 +37,27 @@ MAX_HOSTS = 1000
 
 
 class Blocklist:
-    def __init__(self, hosts: Iterable[str]):
+    def __init__(self, hosts: Iterable[str], *, extra: Iterable[str] | None = None, defaults: bool = False):
+        """``hosts``: the whole list. ``extra`` and ``defaults``: what it was made of (``of``), which
+        ``for_job`` starts from; by default, the hosts themselves and no maintained list."""
         cleaned = []
         for h in hosts:
-            h = h.strip().lower().strip(".")
-            if h and not HOST_NAME.match(h):  # a * or ? would widen the CDP pattern past the host
-                raise ValueError(f"not a host name: {h[:100]!r}")
-            if h and h not in cleaned:
+            if not h.strip().strip("."):
+                continue
+            h = clean_host(h)
+            if h not in cleaned:
                 cleaned.append(h)
         if len(cleaned) > MAX_HOSTS:
             raise ValueError(f"a blocklist holds at most {MAX_HOSTS} hosts, not {len(cleaned)}")
         self.hosts = tuple(cleaned)
         self._set = frozenset(cleaned)
-        self.extra: tuple[str, ...] = self.hosts  # what for_job keeps
-        self.defaults = False
+        self.extra = self.hosts if extra is None else tuple(extra)
+        self.defaults = defaults
 
     @classmethod
     def of(cls, extra: Iterable[str] = (), *, defaults: bool = True) -> Blocklist:
         extra = tuple(extra)
-        made = cls([*(DEFAULT_BLOCKED_HOSTS if defaults else ()), *extra])
-        made.extra, made.defaults = extra, defaults
-        return made
+        return cls([*(DEFAULT_BLOCKED_HOSTS if defaults else ()), *extra], extra=extra, defaults=defaults)
 
     def for_job(self, hosts: Iterable[str], *, defaults: bool) -> Blocklist:
         """This list with a route's hosts added; ``defaults=False`` drops the maintained list (the

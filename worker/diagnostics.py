@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-MAX_ITEMS = 200  # per list
-MAX_TEXT = 2000  # characters per message or URL
+from prerender_ray.queue.diagnostics import MAX_ITEMS, MAX_TEXT  # per list, per text: what the server keeps
+
 MAX_TIMELINE = 100
 SCREENSHOT_QUALITIES = (60, 35, 15)  # JPEG qualities tried until the image fits
 MAX_SCREENSHOT_BYTES = 256 * 1024  # the server refuses more than 512 KiB of base64

@@ -64,10 +64,6 @@ class Rendered:
     summary: dict[str, int] = field(default_factory=dict)
     report: dict[str, Any] | None = None
 
-    @property
-    def blocked(self) -> int:
-        return self.summary.get("blocked", 0)
-
 
 class SettleTimeout(Exception):
     pass
@@ -510,13 +506,6 @@ async def _hops(response: Any) -> list[oc.Hop]:
             hops.insert(0, oc.Hop(r.url, r.status, dict(r.headers)))
         req = req.redirected_from
     return hops
-
-
-def _is_main_frame(req: Any, page: Any) -> bool:
-    try:
-        return req.frame == page.main_frame
-    except Exception:
-        return False
 
 
 def _error_name(e: BaseException) -> str:

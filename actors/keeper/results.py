@@ -118,13 +118,13 @@ class Results:
                 metrics.diagnostics_dropped.inc()
                 self.log.warning("render diagnostics dropped in part", key=r.id, problems=problems[:10],
                                  worker=worker)
-            entry = history.entry(now, render_ms=r.render_time, outcome=r.outcome or resolve_outcome(r, r.is_indexable),
+            entry = history.entry(now, render_ms=r.render_time, outcome=resolve_outcome(r, r.is_indexable),
                                   verdict=f"{plan.outcome}/{plan.detail}" if plan.detail else plan.outcome,
                                   reason=r.reason, status_code=r.status_code, summary=summary, worker=worker)
             record = None
             if report is not None:
-                record = history.encode({"at": now, "renderMs": entry.get("renderMs"), "outcome": entry["outcome"],
-                                         "statusCode": r.status_code, "worker": entry.get("worker"), **report})
+                heading = {k: entry.get(k) for k in ("at", "renderMs", "outcome", "statusCode", "worker")}
+                record = history.encode({**heading, **report})
             return [plan.refile_key or r.id, history.encode(entry), record]
         except Exception as e:  # diagnostics never cost a result
             self.log.error("render history not kept", key=r.id, error=repr(e)[:300])

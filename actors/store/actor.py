@@ -211,11 +211,7 @@ class StoreClient:
 
     async def apply(self, registry: Sequence[rpc.Op], pages: Sequence[rpc.Op] | None = None,
                     history: Sequence[list] | None = None) -> int:
-        if history:
-            ref = self.handle.apply.remote(registry, pages or [], history)
-        else:
-            ref = self.handle.apply.remote(registry) if pages is None else self.handle.apply.remote(registry, pages)
-        return await call(ref, self.deadline_s)
+        return await call(self.handle.apply.remote(registry, pages or [], history or []), self.deadline_s)
 
     async def apply_absent(self, registry: Sequence[rpc.Op]) -> list[bytes | None]:
         return await call(self.handle.apply_absent.remote(registry), self.deadline_s)

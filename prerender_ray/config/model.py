@@ -458,12 +458,17 @@ HOST_NAME = re.compile(r"^(?=.{1,253}$)([a-z0-9_-]{1,63}\.)*[a-z0-9_-]{1,63}$")
 MAX_BLOCK_HOSTS = 200
 
 
-def _block_host(value: Any) -> Any:
-    if isinstance(value, str):
-        value = value.strip().lower().strip(".")
-        if not HOST_NAME.match(value):
-            raise ValueError(f"not a host name: {value[:100]!r}")
+def clean_host(value: str) -> str:
+    """A host name lower-cased without its trailing dot; ValueError for anything else (a ``*`` or ``?``
+    would widen the worker's CDP pattern past the host)."""
+    value = value.strip().lower().strip(".")
+    if not HOST_NAME.match(value):
+        raise ValueError(f"not a host name: {value[:100]!r}")
     return value
+
+
+def _block_host(value: Any) -> Any:
+    return clean_host(value) if isinstance(value, str) else value
 
 
 BlockHost = Annotated[str, BeforeValidator(_block_host)]

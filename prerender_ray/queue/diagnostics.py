@@ -19,6 +19,8 @@ from typing import Any
 
 import orjson
 
+from prerender_ray.storage.history import SUMMARY_FIELDS
+
 MAX_ITEMS = 200  # per list
 MAX_EXAMINED = 2_000  # items of one list looked at; the rest only counted (a 5M-item list costs nothing)
 MAX_TEXT = 2_000  # characters per string (longer ones are cut)
@@ -29,7 +31,6 @@ MAX_COUNT = 1_000_000_000
 MAX_AT_MS = 86_400_000  # an offset into one render: a day is a broken clock
 MAX_TRUNCATED_NAMES = 16
 JPEG_MAGIC = bytes((0xFF, 0xD8, 0xFF))  # every JPEG starts so
-SUMMARY_FIELDS = ("errors", "blocked", "failed", "chars", "scrollSteps")
 LISTS = ("console", "exceptions", "failedRequests", "blockedRequests", "timeline")
 LEVELS = ("error", "warning")
 

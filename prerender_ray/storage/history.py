@@ -29,6 +29,7 @@ MAX_WORKER = 128
 # for the fields around them; a record past this is not written (it would not come from parse_report).
 MAX_REPORT_BYTES = 1_200_000
 MAX_ENTRY_BYTES = 2_048
+SUMMARY_FIELDS = ("errors", "blocked", "failed", "chars", "scrollSteps")  # the worker's renderSummary
 
 Op = tuple[bytes, bytes | None]
 
@@ -61,7 +62,7 @@ def entry(at: int, *, render_ms: float | None, outcome: str, verdict: str | None
                            "outcome": outcome, "verdict": verdict,
                            "reason": reason[:MAX_REASON] if reason else None, "statusCode": status_code,
                            "worker": worker[:MAX_WORKER] if worker else None}
-    for name in ("errors", "blocked", "failed", "chars", "scrollSteps"):
+    for name in SUMMARY_FIELDS:
         doc[name] = (summary or {}).get(name)
     return {k: v for k, v in doc.items() if v is not None}
 
