@@ -5,7 +5,8 @@ ranking), then hands them over to their new owner with their leases: the rows ke
 (nothing is re-jittered) and a key in flight stays leased on its new owner (never granted twice
 across the move). Rows are deleted here only after the new owner acknowledged them. When a node
 dies, its rows died with it: the new owners rebuild them from the replicated targets (reconcile of
-the departed slice, keys without a cached page first).
+the departed slice, keys without a cached page first). A node whose view lagged may hand over
+rows their receiver no longer owns: the receiver passes them on.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ class Handoff:
         self.previous: Ownership | None = None  # the membership before the last change
         self.task: asyncio.Task | None = None
         self.report: dict[str, Any] = {"handedOff": 0, "adopted": 0, "pending": False}
-        self.on_departed: Callable[[list[str]], None] = lambda departed: None  # rebuild their slice
+        # rebuild their slice: the departed nodes and the membership they were part of
+        self.on_departed: Callable[[list[str], Ownership], None] = lambda departed, before: None
 
     async def fetch_membership(self) -> None:
         """On a (re)start: the controller's current node list, which may be newer than our arguments."""
@@ -60,8 +62,8 @@ class Handoff:
         released = self.rows.ranking.drop_where(lambda k: not self.rows.owns(k))  # stop granting them now
         self.log.info("membership", nodes=list(self.ownership.names), departed=departed, releasing=released)
         self.kick()
-        if departed and self.rows.live:
-            self.on_departed(departed)
+        if departed:
+            self.on_departed(departed, before)
         return {"changed": True, "releasing": released, "departed": departed}
 
     def kick(self) -> None:
@@ -104,4 +106,11 @@ class Handoff:
             self.claims.note_adopted(leases)
         self.rows.write(rows)
         self.report["adopted"] += len(rows)
+        passing = [r.cache_key for r in rows if not self.rows.owns(r.cache_key)]
+        if passing:
+            # The sender's view lagged ours: never granted here, passed on now (no later membership
+            # change may come to move them).
+            for key in passing:
+                self.rows.ranking.remove(key)
+            self.kick()
         return len(rows)

@@ -55,17 +55,19 @@ class Repair:
                     self.log.error("reconcile failed", error=repr(e))
             await asyncio.sleep(self.conf.cfg.render.reconcile.interval / 1000)
 
-    def rebuild_soon(self, departed: list[str]) -> None:
-        """The slice of departed nodes: their rows died with them."""
-        task = asyncio.get_running_loop().create_task(self._rebuild(departed))
+    def rebuild_soon(self, departed: list[str], before: Ownership) -> None:
+        """The slice of departed nodes: their rows died with them. ``before`` is the membership they
+        left, fixed now: another change may come before the pass runs."""
+        task = asyncio.get_running_loop().create_task(self._rebuild(departed, before))
         self._rebuilds.add(task)
         task.add_done_callback(self._rebuilds.discard)
 
-    async def _rebuild(self, departed: list[str]) -> None:
-        while self.running:  # a running pass may predate the change: run ours after it
+    async def _rebuild(self, departed: list[str], before: Ownership) -> None:
+        # after a running pass (it may predate the change) and after a load still under way
+        while self.running or self.rows.phase == "loading":
             await asyncio.sleep(1)
         try:
-            await self.reconcile(departed=departed)
+            await self.reconcile(departed=departed, before=before)
         except Exception as e:
             metrics.loop_errors.labels("rebuild").inc()
             self.log.error("rebuilding a departed node's slice failed", departed=departed, error=repr(e))
@@ -96,9 +98,9 @@ class Repair:
         self._admin_task = asyncio.get_running_loop().create_task(run())
         return {"started": True, "alreadyRunning": False, "lastRun": self.last}
 
-    async def reconcile(self, *, departed: list[str] | None = None) -> dict:
-        """One pass. ``departed``: only URLs that were owned by these nodes before a membership
-        change (their rows died with them); None: every owned target."""
+    async def reconcile(self, *, departed: list[str] | None = None, before: Ownership | None = None) -> dict:
+        """One pass. ``departed``: only URLs that were owned by these nodes in ``before`` (default:
+        the membership before the last change; their rows died with them); None: every owned target."""
         if self.running:
             return {"skipped": True, "reason": "a reconcile pass is already running on this node",
                     "lastRun": self.last}
@@ -108,7 +110,7 @@ class Repair:
         started = now_ms()
         run: dict[str, Any] = {"node": self.node, "startedAt": started}
         try:
-            run.update(await self._pass(departed))
+            run.update(await self._pass(departed, before or self.handoff.previous))
         except Exception as e:
             run["error"] = repr(e)
             raise
@@ -120,10 +122,9 @@ class Repair:
         level("reconcile", **{k: v for k, v in run.items() if k != "node"})
         return run
 
-    async def _pass(self, departed: list[str] | None) -> dict:
+    async def _pass(self, departed: list[str] | None, previous: Ownership | None) -> dict:
         rules = self.conf.rules
         cap = self.conf.cfg.render.reconcile.max_restores
-        previous = self.handoff.previous
         examined = owned = missing = 0
         collected: list[tuple[Target, str]] = []
         cursor: bytes | None = None

@@ -96,10 +96,26 @@ def rows_on(node: str, keys: list[str]) -> dict[str, ScheduleRow]:
     return {k: f["renderSchedule"] for k, f in zip(keys, found) if f["renderSchedule"] is not None}
 
 
-def held_by_owners(names: tuple[str, ...]) -> bool:
+@dataclass
+class Holding:
+    """Which keys of KEYS each node holds against what it should: true when every node holds
+    exactly its own; its repr names what is off, so a timed-out wait says where."""
+    missing: dict[str, list[str]]
+    extra: dict[str, list[str]]
+
+    def __bool__(self) -> bool:
+        return not any(self.missing.values()) and not any(self.extra.values())
+
+    def __repr__(self) -> str:
+        return ", ".join(f"{n}: {len(self.missing[n])} missing {self.missing[n][:3]}, {len(self.extra[n])} extra "
+                         f"{self.extra[n][:3]}" for n in self.missing)
+
+
+def held_by_owners(names: tuple[str, ...]) -> Holding:
     owners = Ownership(list(names))
-    held = {n: rows_on(n, KEYS) for n in names}
-    return all(set(held[n]) == {k for k in KEYS if owners.owner(k.split("|")[0]) == n} for n in names)
+    held = {n: set(rows_on(n, KEYS)) for n in names}
+    want = {n: {k for k in KEYS if owners.owner(k.split("|")[0]) == n} for n in names}
+    return Holding({n: sorted(want[n] - held[n]) for n in names}, {n: sorted(held[n] - want[n]) for n in names})
 
 
 def test_every_node_agrees_on_one_owner_and_only_the_owner_holds_the_rows(on_two) -> None:

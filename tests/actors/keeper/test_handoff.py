@@ -31,3 +31,50 @@ async def test_a_joining_node_gets_its_rows_with_their_due_times_and_their_lease
         assert (await b.leases.lease_of(key))["leaseExpiresAt"] is not None
     b.claims.publish()
     assert not {j["id"] for j in await b.claims.claim(200)} & in_flight
+
+
+async def test_rows_handed_over_by_a_node_whose_view_lagged_go_on_to_their_owner(keepers) -> None:
+    """Two nodes come back at once: node-a still sees {a, b} and hands node-b the rows b owns there,
+    but b already sees {a, b, c}, so some of what it adopts is c's. b passes those on to c by
+    itself; nothing else would ever move them (no further membership change comes)."""
+    three = ("node-a", "node-b", "node-c")
+    a = keepers("node-a")
+    await a.load()
+    urls = await put_due(a, *(f"/p{i}" for i in range(60)))
+    b, c = keepers("node-b", members=three), keepers("node-c", members=three)
+    await b.load()
+    await c.load()
+    await a.handoff.set_membership(["node-a", "node-b"])
+    await asyncio.wait_for(a.handoff.task, 10)
+    owners = Ownership(three)
+    keys = [key for u in urls for key in a.conf.rules.keys_of(u)]
+    passed_on = [k for k in keys if owners.owner(a.conf.rules.url_of(k)) == "node-c"
+                 and Ownership(["node-a", "node-b"]).owner(a.conf.rules.url_of(k)) == "node-b"]
+    assert passed_on  # the case under test occurs
+    assert b.handoff.task is not None
+    await asyncio.wait_for(b.handoff.task, 10)
+    assert [k for k in passed_on if c.rows.row(k) is None] == []
+    assert b.rows.unowned() == {}
+    await a.handoff.set_membership(list(three))
+    await asyncio.wait_for(a.handoff.task, 10)
+    for k in keys:
+        owner = {"node-a": a, "node-b": b, "node-c": c}[owners.owner(a.conf.rules.url_of(k))]
+        assert owner.rows.row(k) is not None
+        assert [n.node for n in (a, b, c) if n is not owner and n.rows.row(k) is not None] == []
+
+
+async def test_two_departures_in_a_row_rebuild_both_slices_on_the_survivor(keepers) -> None:
+    """node-b and node-c die one right after the other: node-a sees {a, c}, then {a}, before its
+    first rebuild pass starts. Each pass must judge "was owned by the departed" against the
+    membership that node left, not the latest one, or part of node-b's slice is never rebuilt."""
+    three = ("node-a", "node-b", "node-c")
+    a, b, c = (keepers(n, members=three) for n in three)
+    for k in (a, b, c):
+        await k.load()
+    urls = await put_due(a, *(f"/p{i}" for i in range(60)))
+    keys = [key for u in urls for key in a.conf.rules.keys_of(u)]
+    assert 0 < len([k for k in keys if a.rows.row(k) is not None]) < len(keys)
+    await a.handoff.set_membership(["node-a", "node-c"])
+    await a.handoff.set_membership(["node-a"])
+    await asyncio.wait_for(asyncio.gather(*a.repair._rebuilds), 20)
+    assert [k for k in keys if a.rows.row(k) is None] == []
