@@ -99,31 +99,35 @@ class DurableLeases:
         metrics.leases_in_flight.set(self.table.occupancy(now))
         return out
 
-    async def begin_result(self, key: str, worker: str | None) -> list:
-        """[verdict, granted_at]: may this result apply to ``key``'s latest grant? Checked and marked
-        in one step (no await in between), so two replays racing each other cannot both pass."""
-        check = self.table.begin_result(key, worker, now_ms())
-        return [check.verdict, check.granted_at]
-
-    async def release(self, key: str, hold: bool = False, granted_at: int | None = None) -> bool:
-        """A result was processed. ``hold`` (fast retry lane): keep the lease, it is not a miss.
-        ``granted_at`` (from ``begin_result``): its grant is answered, and a lease granted since is
-        left alone."""
+    async def begin_results(self, items: list[list]) -> list[list]:
+        """[verdict, granted_at] for each [key, worker]: may this result apply to the key's latest
+        grant? Checked and marked in one step (no await in between), so two replays racing each other
+        cannot both pass, in one call or in two."""
         now = now_ms()
-        if granted_at is not None:
-            released = self.table.finish_result(key, granted_at, now, hold=hold)
-        elif hold:
-            self.table.note_result(key, now)
-            released = False
-        else:
-            released = self.table.release(key, now)
-        self.db.write([self._record(key, now)])
+        return [[(check := self.table.begin_result(key, worker, now)).verdict, check.granted_at]
+                for key, worker in items]
+
+    async def finish_results(self, items: list[list]) -> list[bool]:
+        """Results were applied: for each [key, hold, granted_at] its grant is answered and its lease
+        released (``hold``, the fast retry lane: kept, and no longer a miss); a lease granted since is
+        left alone. One durable write for them all, before the answer."""
+        now = now_ms()
+        released = [self.table.finish_result(key, granted_at, now, hold=hold) for key, hold, granted_at in items]
+        self.db.write([self._record(key, now) for key, _, _ in items])
         metrics.leases_in_flight.set(self.table.occupancy(now))
         return released
 
-    async def abandon(self, key: str, granted_at: int) -> None:
-        """Applying the result failed: the grant stays open for the fleet's retry."""
-        self.table.abandon_result(key, granted_at)
+    async def abandon_results(self, items: list[list]) -> None:
+        """Applying these [key, granted_at] failed: their grants stay open for the fleet's retry."""
+        for key, granted_at in items:
+            self.table.abandon_result(key, granted_at)
+
+    async def reopen_answering(self) -> int:
+        """The keeper (re)started: grants its predecessor was answering open again."""
+        reopened = self.table.reopen_answering()
+        if reopened:
+            self.log.warning("grants being answered by a keeper that stopped are open again", grants=reopened)
+        return reopened
 
     async def known(self, key: str) -> bool:
         """Was ``key`` granted recently enough that a result for it is expected?"""
@@ -229,14 +233,17 @@ class LeaseClient:
     async def grant_many(self, items: list[list]) -> list[list]:
         return await call(self.handle.grant_many.remote(items), self.deadline_s)
 
-    async def begin_result(self, key: str, worker: str | None) -> list:
-        return await call(self.handle.begin_result.remote(key, worker), self.deadline_s)
+    async def begin_results(self, items: list[list]) -> list[list]:
+        return await call(self.handle.begin_results.remote(items), self.deadline_s)
 
-    async def release(self, key: str, hold: bool = False, granted_at: int | None = None) -> bool:
-        return await call(self.handle.release.remote(key, hold, granted_at), self.deadline_s)
+    async def finish_results(self, items: list[list]) -> list[bool]:
+        return await call(self.handle.finish_results.remote(items), self.deadline_s)
 
-    async def abandon(self, key: str, granted_at: int) -> None:
-        return await call(self.handle.abandon.remote(key, granted_at), self.deadline_s)
+    async def abandon_results(self, items: list[list]) -> None:
+        return await call(self.handle.abandon_results.remote(items), self.deadline_s)
+
+    async def reopen_answering(self) -> int:
+        return await call(self.handle.reopen_answering.remote(), self.deadline_s)
 
     async def blocked(self) -> list[tuple[str, int]]:
         return await call(self.handle.blocked.remote(), self.deadline_s)

@@ -73,6 +73,36 @@ def _claims(ctx: NodeContext) -> GroupCommit[tuple[int, str | None], bytes]:
     return claims
 
 
+RESULT_BATCH_BYTES = 8 * 1024 * 1024  # page bytes in one keeper call at most (Ray's object store is small)
+
+
+def _results(ctx: NodeContext) -> GroupCommit[tuple[dict, bytes | None, str | None], dict]:
+    """Concurrent results for keys this node owns share keeper calls (the keeper applies them as one
+    group: one lease-table call to begin them, one store read, one store write, one call to finish
+    them), each call carrying at most ``RESULT_BATCH_BYTES`` of pages."""
+    results = ctx.extras.get("results")
+    if results is None:
+        async def flush(items: list[tuple[dict, bytes | None, str | None]]) -> list[dict]:
+            groups: list[list] = [[]]
+            size = 0
+            for item in items:
+                n = len(item[1] or b"")
+                if groups[-1] and size + n > RESULT_BATCH_BYTES:
+                    groups.append([])
+                    size = 0
+                groups[-1].append(item)
+                size += n
+            answers = await asyncio.gather(*(call(ctx.keeper.process_results.remote(g), RESULT_DEADLINE_S)
+                                             for g in groups), return_exceptions=True)
+            out: list[dict] = []
+            for g, a in zip(groups, answers):
+                out += [{"error": repr(a)}] * len(g) if isinstance(a, BaseException) else a
+            return out
+
+        results = ctx.extras["results"] = GroupCommit(flush)
+    return results
+
+
 def check_encoding(encoding: str, content: bytes | None, max_bytes: int) -> None:
     """A content-encoding that does not match the bytes would be served as garbage, and a body that
     decodes past ``max_bytes`` would be decoded again for every bot that cannot take its coding: the
@@ -112,12 +142,18 @@ async def job_result(request: Request, who: Principal = Depends(require("fleet")
             or ctx.rules.keys.key(url, device) != result.id:  # a [url] layout's keys name no device
         raise bad_request(f"id {result.id!r} is not a cache key of this service")
     check_encoding(result.content_encoding, content, ctx.cfg.server.max_html_bytes)
-    keeper = await ctx.keeper_of(url)
     try:  # the owner's keeper checks the lease first: an id never granted changes nothing
-        outcome = await call(keeper.process_result.remote(meta, content, False, worker_id(request)),
-                             RESULT_DEADLINE_S)
+        if ctx.ownership.owner(url) == ctx.node.name:
+            outcome = await asyncio.wait_for(_results(ctx).submit((meta, content, worker_id(request))),
+                                             2 * RESULT_DEADLINE_S)  # the group in flight, then ours
+        else:
+            keeper = await ctx.keeper_of(url)
+            outcome = await call(keeper.process_result.remote(meta, content, False, worker_id(request)),
+                                 RESULT_DEADLINE_S)
+        if "error" in outcome:
+            raise RuntimeError(outcome["error"])
     except Exception as e:  # the lease stays held: the job is re-granted when it expires
-        log.error("result processing failed; lease held", key=result.id, error=repr(e))
+        log.error("result processing failed; lease held", key=result.id, error=repr(e)[:500])
         return JSONResponse({"error": "result processing failed; the lease is held"}, status_code=503)
     if outcome.get("refused"):
         raise bad_request(outcome["refused"], 409)

@@ -72,6 +72,11 @@ class QueueKeeper:
                              worker: str | None = None) -> dict:
         return await self.keeper.results.process(meta, content, forwarded, worker)
 
+    async def process_results(self, items: list, forwarded: bool = False) -> list[dict]:
+        """[meta, content, worker] each; one answer each, ``{"error": ...}`` for one that failed."""
+        answers = await self.keeper.results.process_many(items, forwarded)
+        return [{"error": repr(a)[:500]} if isinstance(a, BaseException) else a for a in answers]
+
     # ---------------------------------------------------------------------------------- targets
 
     async def put_targets(self, items: list[dict], forwarded: bool = False, absent_only: bool = False) -> dict:

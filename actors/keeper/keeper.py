@@ -152,6 +152,7 @@ class Keeper:
         for _ in range(LEASE_TABLE_TRIES):
             try:
                 self.claims.restore_mirror(await asyncio.wait_for(self.leases.blocked(), 10))
+                await asyncio.wait_for(self.leases.reopen_answering(), 10)  # what a dead predecessor left
                 return
             except Exception as e:  # the lease table may still be starting
                 self.log.info("waiting for the lease table", error=type(e).__name__)

@@ -70,13 +70,14 @@ class Sweep(NamedTuple):
     forgotten: tuple[str, ...] = ()  # keys whose latest grant is no longer remembered
 
 
-Verdict = Literal["apply", "unknown", "duplicate", "superseded"]
+Verdict = Literal["apply", "unknown", "duplicate", "answering", "superseded"]
 
 
 class ResultCheck(NamedTuple):
     """``begin_result``'s answer. ``apply``: this result answers the grant of ``granted_at`` (finish or
     abandon it with that time); ``unknown``: no grant is remembered; ``duplicate``: the grant was
-    answered (or is being answered) already; ``superseded``: the latest grant went to another worker."""
+    answered already; ``answering``: a result for it is being applied (a racing replay: ask again
+    later, it may yet fail); ``superseded``: the latest grant went to another worker."""
 
     verdict: Verdict
     granted_at: int | None
@@ -210,6 +211,8 @@ class Leases:
             return ResultCheck("unknown", None)
         if not g.any_worker and g.worker != worker:
             return ResultCheck("superseded", g.at)
+        if g.state == ANSWERING:
+            return ResultCheck("answering", g.at)
         if g.state != OPEN:
             return ResultCheck("duplicate", g.at)
         g.state = ANSWERING
@@ -232,6 +235,16 @@ class Leases:
         g = self._grants.get(key)
         if g is not None and g.at == granted_at and g.state == ANSWERING:
             g.state = OPEN
+
+    def reopen_answering(self) -> int:
+        """A restarted keeper applies nothing yet: the results its predecessor was applying when it
+        died never finished, so their grants open again for the fleet's retry. Answers how many."""
+        reopened = 0
+        for g in self._grants.values():
+            if g.state == ANSWERING:
+                g.state = OPEN
+                reopened += 1
+        return reopened
 
     def known(self, key: str, now: int) -> bool:
         """Is a grant of ``key`` remembered (a result for it expected or recognised)?"""

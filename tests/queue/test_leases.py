@@ -315,7 +315,7 @@ def test_a_result_answers_its_grant_once_and_a_replay_is_a_duplicate() -> None:
     t = table()
     t.grant(K, T0, worker="w1")
     assert t.begin_result(K, "w1", T0 + 1) == ResultCheck("apply", T0)
-    assert t.begin_result(K, "w1", T0 + 2) == ResultCheck("duplicate", T0)  # racing the first: refused
+    assert t.begin_result(K, "w1", T0 + 2) == ResultCheck("answering", T0)  # racing the first: not yet
     assert t.finish_result(K, T0, T0 + 3, hold=False)
     for later in (T0 + 4, T0 + RELEASE_GRACE_MS + 10, T0 + LEASE + 5 * MINUTE_MS):  # replayed for minutes
         assert t.begin_result(K, "w1", later) == ResultCheck("duplicate", T0)
@@ -364,6 +364,18 @@ def test_a_late_result_of_the_same_holder_still_applies_once_until_it_is_forgott
 
 def test_a_key_never_granted_is_unknown() -> None:
     assert table().begin_result(K, None, T0) == ResultCheck("unknown", None)
+
+
+def test_a_result_being_answered_when_its_keeper_died_may_answer_its_grant_again() -> None:
+    t = table()
+    t.grant(K, T0, worker="w1")
+    t.grant("b", T0, worker="w1")
+    assert t.begin_result(K, "w1", T0 + 1).verdict == "apply"
+    assert t.begin_result("b", "w1", T0 + 1).verdict == "apply"
+    t.finish_result("b", T0, T0 + 2, hold=False)
+    assert t.reopen_answering() == 1  # the restarted keeper: K's apply never finished, b's did
+    assert t.begin_result(K, "w1", T0 + 3).verdict == "apply"
+    assert t.begin_result("b", "w1", T0 + 3).verdict == "duplicate"
 
 
 def test_grants_survive_a_snapshot_and_a_version_1_snapshot_still_loads() -> None:

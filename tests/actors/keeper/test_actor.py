@@ -3,14 +3,28 @@ no row and never grant an in-flight key twice."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import os
+import signal
 import time
 
+import httpx
 import pytest
 import ray
 
 from prerender_ray.actors.common import lookup
 from prerender_ray.storage.rocks import REGISTRY, SCHEDULE, store_path
-from tests.support import claim, deploy_on, get, post_result, put_target, rocksdb_options, schedule, wait_for
+from tests.support import (
+    claim,
+    deploy_on,
+    get,
+    post_result,
+    put_target,
+    rocksdb_options,
+    schedule,
+    take,
+    wait_for,
+)
 
 
 def _pid(kind: str) -> int | None:
@@ -74,6 +88,54 @@ def test_restarts_lose_no_row_and_never_regrant_work_in_flight(node) -> None:
     restart("leases", node.url)
     assert post_result(job, outcome="non-indexable", reason="noindex", html=None).status_code == 204
     assert schedule(node.url, job["id"])["nextRenderTime"] == due
+
+
+@pytest.mark.parametrize("kind", ["keeper", "store"])
+def test_results_posted_while_a_process_is_killed_lose_nothing_acknowledged(node, kind: str) -> None:
+    """Results arrive in groups while the keeper (or the store) is killed with SIGKILL mid-stream:
+    every result answered 204 is applied (its page stored, its row moved on); every other one is
+    applied by the fleet's retry once the node is back, never acknowledged without being applied
+    (a grant a dead keeper was answering opens again)."""
+    urls = [f"https://crash.example/{kind}-batch/{i}" for i in range(60)]
+    keys = [k for u in urls for k in put_target(node.url, u, nextRenderTime=1)["cacheKeys"]]
+    jobs = list(take(node.url, keys).values())
+    jobs = [j for j in jobs if j["id"] in set(keys)]
+    start = time.time() * 1000
+    pid = _pid(kind)
+
+    def post(job: dict, html: bytes) -> int | None:
+        try:
+            return post_result(job, html=html).status_code
+        except httpx.HTTPError:
+            return None
+
+    page = {j["id"]: b"<html><body>" + j["id"].encode() * 200 + b"</body></html>" for j in jobs}
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        futures = [pool.submit(post, j, page[j["id"]]) for j in jobs]
+        wait_for(lambda: sum(f.done() for f in futures) >= 8, timeout=60, interval=0.005, what="the first answers")
+        if kind == "keeper":  # killed while a group is begun and not finished: the store holds it there
+            store_pid = _pid("store")
+            os.kill(store_pid, signal.SIGSTOP)
+            try:
+                time.sleep(1)
+                os.kill(pid, signal.SIGKILL)
+            finally:
+                os.kill(store_pid, signal.SIGCONT)
+        else:
+            os.kill(pid, signal.SIGKILL)
+        first = {j["id"]: f.result() for j, f in zip(jobs, futures)}
+    wait_for(lambda: _pid(kind) not in (None, pid), timeout=60, what=f"a new {kind} process")
+    wait_for(lambda: get(f"{node.url}/readyz").status_code == 200, timeout=60, what="readiness")
+    acknowledged = [k for k, status in first.items() if status == 204]
+    assert 0 < len(acknowledged) < len(jobs), first  # the kill landed mid-stream
+    for job in jobs:  # the fleet retries what was not acknowledged: every retry is applied or a duplicate
+        if first[job["id"]] != 204:
+            wait_for(lambda j=job: post(j, page[j["id"]]) == 204, timeout=60, interval=0.5,
+                     what=f"the retry of {job['id']}")
+    store = lookup("store", "node-a")
+    pages = dict(zip(keys, ray.get(store.get_pages.remote(keys), timeout=30)))
+    assert [k for k in keys if pages[k] is None] == []
+    assert [k for k in keys if schedule(node.url, k)["nextRenderTime"] < start] == []
 
 
 def test_the_keeper_writes_its_schedule_blind_while_the_registry_keeps_its_memtable_bloom(node) -> None:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from prerender_ray.actors.keeper import results as results_part
@@ -209,3 +211,81 @@ async def test_an_identical_render_writes_a_freshness_record_and_leaves_the_page
     page = await again(HTML.replace(b"rendered", b"changed"), later + 1000)
     assert store.writes["page"] == 2 and touch_key(key) not in store.pages  # type: ignore[attr-defined]
     assert page.last_cached == later + 1000
+
+
+class Counting:
+    """The keeper's lease table, counting the calls each method gets."""
+
+    def __init__(self, leases) -> None:
+        self.leases, self.calls = leases, {}
+
+    def __getattr__(self, name: str):
+        method = getattr(self.leases, name)
+
+        async def counted(*args, **kw):
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return await method(*args, **kw)
+        return counted
+
+
+async def test_results_that_arrive_together_are_applied_as_one_group_each_once(keepers) -> None:
+    """Twenty results at once, both pages of ten URLs among them: one call begins them all and one
+    finishes them; the desktop and mobile results of one target are planned in different waves
+    (each from its own read of the target), and a replay inside the group changes nothing (it is
+    asked to come back: the first might still fail), a replay after it is acknowledged."""
+    k = keepers()
+    await k.load()
+    paths = [f"/g{i}" for i in range(10)]
+    await put_due(k, *paths)
+    k.claims.publish()
+    jobs = await k.claims.claim(50)
+    assert len(jobs) == 20
+    counting = k.results.leases = Counting(k.leases)  # type: ignore[assignment]
+    store_writes = 0
+    real_apply = k.store.apply
+
+    async def apply(*args, **kw):
+        nonlocal store_writes
+        store_writes += 1
+        return await real_apply(*args, **kw)
+
+    k.results.store.apply = apply  # type: ignore[method-assign]
+    items = [(rendered(j["id"], j["url"]), HTML + j["id"].encode(), None) for j in jobs]
+    answers = await k.results.process_many(items + [items[0]])
+    assert [a["outcome"] for a in answers[:20]] == ["rendered"] * 20
+    assert isinstance(answers[20], results_part.ResultBusy)  # racing its first: neither applied nor acknowledged
+    assert await k.results.process(*items[0][:2]) == {"ignored": "duplicate"}  # once that one is answered
+    assert counting.calls == {"begin_results": 2, "finish_results": 1}  # the second: the late replay
+    assert store_writes == 2  # two waves: a URL's two pages never plan from one read of its target
+    for j in jobs:
+        assert Page.decode(k.store.pages[j["id"].encode()]).cache_key == j["id"]  # type: ignore[attr-defined]
+        assert k.rows.row(j["id"]).next_render_time > now_ms()
+        assert (await k.leases.lease_of(j["id"]) or {}).get("leaseExpiresAt") is None
+
+
+async def test_concurrent_callers_share_a_group_and_a_failed_write_fails_only_its_wave(keepers) -> None:
+    k = keepers()
+    await k.load()
+    await put_due(k, "/a", "/b", "/c")
+    k.claims.publish()
+    jobs = await k.claims.claim(10)
+    assert len(jobs) == 6
+    real_apply, writes = k.store.apply, []
+
+    async def flaky(*args, **kw):  # the first write fails: the wave it carried fails with it
+        writes.append(sorted(op[0].decode() for op in args[1] or [] if op[1] is not None))
+        if len(writes) == 1:
+            raise RuntimeError("the store is away")
+        return await real_apply(*args, **kw)
+
+    k.results.store.apply = flaky  # type: ignore[method-assign]
+    got = await asyncio.gather(*(k.results.process(rendered(j["id"], j["url"]), HTML) for j in jobs),
+                               return_exceptions=True)
+    failed = sorted(j["id"] for j, g in zip(jobs, got) if isinstance(g, BaseException))
+    assert len(writes) == 2 and failed == writes[0]  # one group, two waves: the first one's three failed
+    assert len({k.conf.rules.url_of(key) for key in failed}) == 3
+    assert all(g["outcome"] == "rendered" for g in got if not isinstance(g, BaseException))
+    k.results.store.apply = real_apply  # type: ignore[method-assign]
+    for key in failed:  # the fleet's retry applies each: its grant was reopened
+        assert (await k.results.process(rendered(key, k.conf.rules.url_of(key)), HTML))["outcome"] == "rendered"
+    assert all(j["id"].encode() in k.store.pages for j in jobs)  # type: ignore[attr-defined]
