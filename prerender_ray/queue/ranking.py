@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import operator
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from itertools import chain, filterfalse, islice
@@ -86,13 +87,19 @@ class _Class:
         """Drop the kept counts: the next queue-state rebuilds them."""
         self.snap, self.changes, self.still = None, [], None
 
-    def counts(self) -> Counts:
-        """Rows due at or before given instants, from the snapshot and the changes since."""
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
+        """The due instants and running row counts, rebuilt when dropped (the changes restart)."""
         if self.snap is None:
             dues = self.sorted_dues()
             counts = np.fromiter(map(len, map(self.buckets.__getitem__, dues)), np.int64, len(dues))
             prefix = np.concatenate(([0], np.cumsum(counts)))
             self.snap, self.changes = (np.array(dues, dtype=np.int64), prefix), []
+        return self.snap
+
+    def counts(self) -> Counts:
+        """Rows due at or before given instants, from the snapshot and the changes since."""
+        self.snapshot()
+        assert self.snap is not None
         if self.still is not None:
             return self.still
         snap_dues, snap_prefix = self.snap
@@ -133,6 +140,56 @@ class Counts:
             out = out + self.cprefix[np.searchsorted(self.cdues, at, "right")]
         return out
 
+
+
+JOINT_MARGIN = 30 * 24 * HOUR_MS  # a joint snapshot's window reaches this far past the instants asked
+
+
+class _Joint:
+    """Every class's snapshot in one sorted array, so one search counts every class at every instant.
+
+    Class i's due instants are clipped into a window of instants [lo, lo + span) and offset by
+    i x span. Clipping keeps the counts exact for every instant asked inside the window (a due
+    before it is before them all; one after it, after them all). Kept while the classes and their
+    snapshots are the same objects and the instants asked stay inside the window."""
+
+    __slots__ = ("base", "classes", "dues", "lo", "offsets", "prefix", "snaps", "span", "totals")
+
+    def __init__(self, classes: tuple[_Class, ...], lo: int, span: int):
+        self.classes, self.lo, self.span = classes, lo, span
+        snaps = [cls.snapshot() for cls in classes]
+        self.snaps = tuple(snaps)  # the objects, not their ids: a freed one's id may come back
+        self.offsets = np.arange(len(classes), dtype=np.int64) * span
+        self.dues = np.concatenate([np.clip(d, lo, lo + span - 1) - lo + off for (d, _), off in zip(snaps, self.offsets)]
+                                   or [np.zeros(0, np.int64)])
+        self.totals = np.array([p[-1] for _, p in snaps], dtype=np.int64)
+        self.prefix = np.concatenate(([0], np.cumsum(np.concatenate(
+            [np.diff(p) for _, p in snaps] or [np.zeros(0, np.int64)]))))
+        self.base = np.concatenate(([0], np.cumsum(self.totals)[:-1])) if len(classes) else self.totals
+
+    def holds(self, classes: tuple[_Class, ...], qmin: float, qmax: float) -> bool:
+        return (len(classes) == len(self.classes) and all(map(operator.is_, classes, self.classes))
+                and all(map(operator.is_, (cls.snap for cls in classes), self.snaps))
+                and self.lo <= qmin and qmax <= self.lo + self.span - 2)
+
+    def upto(self, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of class i due at or before ``at[i, j]``, and each class's rows: the snapshot's plus
+        the changes since (gathered from every class into one sorted array the same way)."""
+        q = np.floor(at).astype(np.int64) - self.lo + self.offsets[:, None]
+        out = self.prefix[np.searchsorted(self.dues, q, "right")] - self.base[:, None]
+        totals = self.totals
+        changed = [(i, cls.changes) for i, cls in enumerate(self.classes) if cls.changes]
+        if changed:
+            parts = [np.asarray(ch, dtype=np.int64).reshape(-1, 2) for _, ch in changed]
+            where = np.concatenate([np.clip(p[:, 0], self.lo, self.lo + self.span - 1) - self.lo + self.offsets[i]
+                                    for (i, _), p in zip(changed, parts)])
+            signs = np.concatenate([p[:, 1] for p in parts])
+            order = np.argsort(where, kind="stable")
+            cdues, cprefix = where[order], np.concatenate(([0], np.cumsum(signs[order])))
+            start = cprefix[np.searchsorted(cdues, self.offsets, "left")]
+            out = out + cprefix[np.searchsorted(cdues, q, "right")] - start[:, None]
+            totals = totals + cprefix[np.searchsorted(cdues, self.offsets + self.span, "left")] - start
+        return out, totals
 
 
 class _Tie(tuple):
@@ -195,6 +252,7 @@ class Ranking:
         self._plan_min = self._plan_now = 0
         self._plan_next: float = 0
         self._plan_want = 0
+        self._joint: _Joint | None = None  # the queue-state's counts of every class in one array
 
     def __len__(self) -> int:
         return len(self._where)
@@ -517,54 +575,46 @@ class Ranking:
         the bin of the highest edge with lateness >= edge x cadence), per lane and per route.
         ``dueHistogram``: hourly counts of due times in [now - 24 h, now + 24 h). ``classes``: rows,
         due rows and oldest due time per class. Within a class each count is a range of due times,
-        so it comes from running counts of bucket sizes and a bisect, not from a walk over rows; the
-        running counts are kept between calls, with the rows added and taken out since (``Counts``).
+        so it comes from running counts of bucket sizes and a search, not from a walk over rows; the
+        running counts are kept between calls, with the rows added and taken out since, every class
+        in one array (``_Joint``), so one search answers every class at every instant.
         """
         now_min = minute(now)
-        nbins = len(LATENESS_EDGES) + 1
-        due_sitemap = due_discovered = undated = before = after = 0
-        coming = dict.fromkeys((name for name, _ in _HORIZONS), 0)
-        by_hour = np.zeros(_HIST_HOURS, np.int64)
-        hist = np.zeros(2 * _HIST_HOURS, np.int64)
-        late_sitemap, late_discovered = np.zeros(nbins, np.int64), np.zeros(nbins, np.int64)
-        late_by_route: dict[str, np.ndarray] = {}
         hour_edges = [now + h * HOUR_MS for h in range(_HIST_HOURS + 1)]
         # [a, b) bins: rows due before b are the rows due at or before b - 1 (due instants are ints)
         hist_ends = [now - 1 + (h - _HIST_HOURS) * HOUR_MS for h in range(2 * _HIST_HOURS + 1)]
-        classes = []
         # every instant a class is counted at, in one search: ahead, the histogram, then lateness
         ahead = [now, *(now + span for _, span in _HORIZONS), *hour_edges, *hist_ends]
         nh, na = len(_HORIZONS), len(ahead) - len(hist_ends)
-        for cls in self._classes.values():
-            c = cls.counts()
-            total = c.total
-            # rows at least edge x cadence late; raw lateness (no cadence) counts in ms
-            cadence = cls.cadence or 1
-            upto = c.upto([*ahead, *(now_min - edge * cadence for edge in LATENESS_EDGES)])
-            class_due = int(upto[0])
-            # bin i: at least edge i, less than edge i + 1
-            edges = np.concatenate((upto[:1], upto[len(ahead):], [0]))
-            late_bins = edges[:-1] - edges[1:]  # slices, not np.diff: a Python-level function
-            late = late_sitemap if cls.sitemap else late_discovered
-            label = "default" if cls.route is None else str(cls.route)
-            lanes = late_by_route.setdefault(label, np.zeros(nbins, np.int64))
-            late += late_bins
-            lanes += late_bins
-            for i, (name, _) in enumerate(_HORIZONS):
-                coming[name] += int(upto[1 + i]) - class_due
-            by_hour += upto[2 + nh:na] - upto[1 + nh:na - 1]  # (a, b] hours ahead
-            counts = upto[na:len(ahead)]  # [a, b) around now
-            before += int(counts[0])
-            after += total - int(counts[-1])
-            hist += counts[1:] - counts[:-1]
-            if cls.sitemap:
-                due_sitemap += class_due
-            else:
-                due_discovered += class_due
+        held = tuple(self._classes.values())
+        # rows at least edge x cadence late; raw lateness (no cadence) counts in ms
+        cadences = np.array([cls.cadence or 1 for cls in held], dtype=np.float64)
+        at = np.concatenate((np.broadcast_to(np.asarray(ahead, dtype=np.float64), (len(held), len(ahead))),
+                             now_min - cadences[:, None] * np.asarray(LATENESS_EDGES)[None, :]), axis=1)
+        upto, totals = self._counts(held, at)
+        class_due = upto[:, 0]
+        # bin i: at least edge i, less than edge i + 1
+        edges = np.concatenate((upto[:, :1], upto[:, len(ahead):], np.zeros((len(held), 1), np.int64)), axis=1)
+        late_bins = edges[:, :-1] - edges[:, 1:]
+        sitemap = np.array([cls.sitemap for cls in held], dtype=bool)
+        late_sitemap, late_discovered = late_bins[sitemap].sum(0), late_bins[~sitemap].sum(0)
+        labels = ["default" if cls.route is None else str(cls.route) for cls in held]
+        late_by_route: dict[str, np.ndarray] = {}
+        for label, bins in zip(labels, late_bins):
+            late_by_route[label] = late_by_route[label] + bins if label in late_by_route else bins
+        coming = {name: int((upto[:, 1 + i] - class_due).sum()) for i, (name, _) in enumerate(_HORIZONS)}
+        by_hour = (upto[:, 2 + nh:na] - upto[:, 1 + nh:na - 1]).sum(0)  # (a, b] hours ahead
+        counts = upto[:, na:len(ahead)]  # [a, b) around now
+        before, after = int(counts[:, 0].sum()), int((totals - counts[:, -1]).sum())
+        hist = (counts[:, 1:] - counts[:, :-1]).sum(0)
+        due_sitemap, due_discovered = int(class_due[sitemap].sum()), int(class_due[~sitemap].sum())
+        undated = 0
+        classes = []
+        for cls, label, total, due in zip(held, labels, totals.tolist(), class_due.tolist()):
             held_undated = len(cls.undated) if cls.undated else 0
             undated += held_undated
             classes.append({"route": label, "cadence": cls.cadence, "carried": cls.carried is not None,
-                            "fromSitemap": cls.sitemap, "rows": total + held_undated, "due": class_due,
+                            "fromSitemap": cls.sitemap, "rows": total + held_undated, "due": due,
                             "oldestDue": dues[0] if (dues := cls.sorted_dues()) else None})
         where = self._where
         in_flight = sum(1 for key in set(leased)
@@ -583,6 +633,27 @@ class Ranking:
                              "before": before, "after": after},
             "classes": classes,
         }
+
+    def _counts(self, held: tuple[_Class, ...], at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of class i due at or before ``at[i, j]``, and each class's rows: one search over the
+        joint snapshot (rebuilt when a class or its snapshot changed, or the instants left its
+        window), or a search per class when no window of int64 holds them all (junk cadences)."""
+        nq = at.shape[1]
+        if not held:
+            return np.zeros((0, nq), np.int64), np.zeros(0, np.int64)
+        qmin, qmax = float(at.min()), float(at.max())
+        joint = self._joint
+        if joint is None or not joint.holds(held, qmin, qmax):
+            joint = self._joint = None
+            if math.isfinite(qmin) and math.isfinite(qmax):
+                lo = math.floor(qmin) - JOINT_MARGIN
+                span = 1 << max(1, math.ceil(qmax) + JOINT_MARGIN + 2 - lo).bit_length()
+                if len(held) * span < 1 << 62 and abs(lo) < 1 << 62:
+                    joint = self._joint = _Joint(held, lo, span)
+        if joint is not None:
+            return joint.upto(at)
+        counts = [cls.counts() for cls in held]
+        return np.stack([c.upto(row) for c, row in zip(counts, at)]), np.array([c.total for c in counts], np.int64)
 
 
 def _run_end(cls: _Class, lo: int, end: int, now_min: int, boost: float, limit: tuple[float, int]) -> int:

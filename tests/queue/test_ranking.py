@@ -352,6 +352,7 @@ intervals = st.one_of(
     st.none(),
     st.sampled_from([0, -1, math.nan, "nonsense", "3600000", HOUR_MS, 6 * HOUR_MS, DAY_MS, 48 * HOUR_MS]),
     st.integers(1, 30 * DAY_MS),
+    st.sampled_from([1e300, 3e15]),  # lateness edges no int64 window holds: the per-class path
 )
 rows_st = st.tuples(st.sampled_from(KEYS), dues, st.booleans(), intervals,
                     st.sampled_from([None, "catalog", "blog", "broken"]))
@@ -530,3 +531,22 @@ def test_the_kept_queue_state_counts_equal_a_row_by_row_count_through_any_sequen
         _same_state(r, now, set())
     finally:
         ranking_module.CHANGES_MIN = saved
+
+
+def test_one_search_serves_every_class_and_a_junk_cadence_falls_back_exactly() -> None:
+    r = Ranking(cadence_for)
+    for i in range(200):
+        r.upsert(key(f"p{i}"), NOW - (i % 50) * HOUR_MS, i % 2 == 0, (None, HOUR_MS, DAY_MS)[i % 3],
+                 (None, "catalog", "blog")[i % 3])
+    first = r.state(NOW)
+    joint = r._joint
+    assert joint is not None and len(joint.classes) == len(r._classes) > 3
+    r.upsert(key("p0"), NOW + HOUR_MS, True, None, None)  # a change: the joint snapshot is kept
+    assert r.state(NOW)["now"]["due"] == first["now"]["due"] - 1 and r._joint is joint
+    expected = state_per_row(r, NOW, set())
+    r.upsert(key("junk"), NOW - DAY_MS, False, 1e300, None)
+    s = r.state(NOW)
+    assert r._joint is None  # no window holds now - 4e300
+    assert s["lateness"]["discovered"] == [a + b for a, b in zip(expected["discovered"], [1, 0, 0, 0, 0])]
+    assert s["now"]["due"] == expected["now"]["due"] + 1
+
