@@ -57,8 +57,8 @@ class Held(NamedTuple):
 
 
 class _Class:
-    __slots__ = ("buckets", "cadence", "carried", "changes", "dues", "ordered", "route", "sitemap", "snap",
-                 "still", "undated")
+    __slots__ = ("added", "buckets", "cadence", "carried", "dues", "ordered", "removed", "route", "sitemap",
+                 "snap", "still", "undated")
 
     def __init__(self, route: Route, carried: float | None, sitemap: bool, cadence: float | None):
         self.route = route
@@ -70,22 +70,23 @@ class _Class:
         self.ordered = True
         self.undated: _Bucket | None = None  # rows with no due time: held, never due
         # the queue-state's counts: due instants and running row counts as of the last rebuild, and
-        # the rows added (+1) and taken out (-1) since, by due instant; None until a state is asked
+        # the due instants of the rows added and taken out since; None until a state is asked
         self.snap: tuple[np.ndarray, np.ndarray] | None = None
-        self.changes: list[tuple[int, int]] = []
+        self.added: list[int] = []
+        self.removed: list[int] = []
         self.still: Counts | None = None  # the snapshot's Counts while nothing changed since
 
     def note(self, due: int, sign: int) -> None:
         """A dated row came (+1) or went (-1). Past a quarter of the snapshot, rebuilding is cheaper."""
         if self.snap is not None:
-            self.changes.append((due, sign))
+            (self.added if sign > 0 else self.removed).append(due)
             self.still = None
-            if len(self.changes) > max(CHANGES_MIN, len(self.snap[0]) >> 2):
+            if len(self.added) + len(self.removed) > max(CHANGES_MIN, len(self.snap[0]) >> 2):
                 self.forget()
 
     def forget(self) -> None:
         """Drop the kept counts: the next queue-state rebuilds them."""
-        self.snap, self.changes, self.still = None, [], None
+        self.snap, self.added, self.removed, self.still = None, [], [], None
 
     def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
         """The due instants and running row counts, rebuilt when dropped (the changes restart)."""
@@ -93,7 +94,7 @@ class _Class:
             dues = self.sorted_dues()
             counts = np.fromiter(map(len, map(self.buckets.__getitem__, dues)), np.int64, len(dues))
             prefix = np.concatenate(([0], np.cumsum(counts)))
-            self.snap, self.changes = (np.array(dues, dtype=np.int64), prefix), []
+            self.snap, self.added, self.removed = (np.array(dues, dtype=np.int64), prefix), [], []
         return self.snap
 
     def counts(self) -> Counts:
@@ -103,8 +104,8 @@ class _Class:
         if self.still is not None:
             return self.still
         snap_dues, snap_prefix = self.snap
-        made = Counts(snap_dues, snap_prefix, self.changes)
-        if not self.changes:
+        made = Counts(snap_dues, snap_prefix, self.added, self.removed)
+        if not self.added and not self.removed:
             self.still = made
         return made
 
@@ -120,24 +121,25 @@ class Counts:
     changes since, each found for every instant asked in one vectorized search (numpy), instead of
     a walk over every bucket or a bisect per instant."""
 
-    __slots__ = ("cdues", "cprefix", "dues", "prefix")
+    __slots__ = ("added", "dues", "prefix", "removed")
 
-    def __init__(self, dues: np.ndarray, prefix: np.ndarray, changes: list[tuple[int, int]]):
+    def __init__(self, dues: np.ndarray, prefix: np.ndarray, added: list[int], removed: list[int]):
         self.dues, self.prefix = dues, prefix
-        ordered = sorted(changes)
-        self.cdues = np.array([d for d, _ in ordered], dtype=np.int64)
-        self.cprefix = np.concatenate(([0], np.cumsum([n for _, n in ordered], dtype=np.int64)))
+        self.added = np.sort(np.array(added, dtype=np.int64))
+        self.removed = np.sort(np.array(removed, dtype=np.int64))
 
     @property
     def total(self) -> int:
-        return int(self.prefix[-1] + self.cprefix[-1])
+        return int(self.prefix[-1]) + len(self.added) - len(self.removed)
 
     def upto(self, ts: Sequence[float]) -> np.ndarray:
         """Rows due at or before each of ``ts``."""
         at = np.asarray(ts, dtype=np.float64)
         out = self.prefix[np.searchsorted(self.dues, at, "right")]
-        if len(self.cdues):
-            out = out + self.cprefix[np.searchsorted(self.cdues, at, "right")]
+        if len(self.added):
+            out = out + np.searchsorted(self.added, at, "right")
+        if len(self.removed):
+            out = out - np.searchsorted(self.removed, at, "right")
         return out
 
 
@@ -173,22 +175,23 @@ class _Joint:
                 and self.lo <= qmin and qmax <= self.lo + self.span - 2)
 
     def upto(self, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Rows of class i due at or before ``at[i, j]``, and each class's rows: the snapshot's plus
-        the changes since (gathered from every class into one sorted array the same way)."""
+        """Rows of class i due at or before ``at[i, j]``, and each class's rows: the snapshot's, plus
+        the rows added since and less those taken out (each gathered from every class into one
+        sorted array the same way)."""
         q = np.floor(at).astype(np.int64) - self.lo + self.offsets[:, None]
         out = self.prefix[np.searchsorted(self.dues, q, "right")] - self.base[:, None]
         totals = self.totals
-        changed = [(i, cls.changes) for i, cls in enumerate(self.classes) if cls.changes]
+        changed = [(i, cls) for i, cls in enumerate(self.classes) if cls.added or cls.removed]
         if changed:
-            parts = [np.asarray(ch, dtype=np.int64).reshape(-1, 2) for _, ch in changed]
-            where = np.concatenate([np.clip(p[:, 0], self.lo, self.lo + self.span - 1) - self.lo + self.offsets[i]
-                                    for (i, _), p in zip(changed, parts)])
-            signs = np.concatenate([p[:, 1] for p in parts])
-            order = np.argsort(where, kind="stable")
-            cdues, cprefix = where[order], np.concatenate(([0], np.cumsum(signs[order])))
-            start = cprefix[np.searchsorted(cdues, self.offsets, "left")]
-            out = out + cprefix[np.searchsorted(cdues, q, "right")] - start[:, None]
-            totals = totals + cprefix[np.searchsorted(cdues, self.offsets + self.span, "left")] - start
+            lo, span = self.lo, self.span
+            offsets = self.offsets[np.fromiter((i for i, _ in changed), np.int64, len(changed))]
+            for sign, side in ((1, operator.attrgetter("added")), (-1, operator.attrgetter("removed"))):
+                lens = np.fromiter((len(side(cls)) for _, cls in changed), np.int64, len(changed))
+                flat = np.fromiter(chain.from_iterable(side(cls) for _, cls in changed), np.int64, int(lens.sum()))
+                where = np.sort(np.clip(flat, lo, lo + span - 1) - lo + np.repeat(offsets, lens))
+                start = np.searchsorted(where, self.offsets, "left")
+                out = out + sign * (np.searchsorted(where, q, "right") - start[:, None])
+                totals = totals + sign * (np.searchsorted(where, self.offsets + span, "left") - start)
         return out, totals
 
 
