@@ -103,6 +103,16 @@ async def post_all(jobs: list[dict], concurrency: int) -> tuple[float, int]:
         return time.perf_counter() - start, ok
 
 
+def group_totals(base: str) -> tuple[float, float]:
+    """(results, groups) the keeper applied so far: ``prerender_result_group_size``'s sum and count."""
+    found = {"sum": 0.0, "count": 0.0}
+    for line in httpx.get(f"{base}/metrics", timeout=10).text.splitlines():
+        for part in found:
+            if line.startswith(f"prerender_result_group_size_{part} "):
+                found[part] = float(line.split()[-1])
+    return found["sum"], found["count"]
+
+
 def put_and_claim(base: str, urls: list[str]) -> list[dict]:
     from tests.support import take
 
@@ -162,9 +172,11 @@ def main() -> None:
                 idle0 = snapshot(pids)
                 time.sleep(3.0)
                 idle = {k: v / 3.0 for k, v in delta(idle0, snapshot(pids)).items()}  # CPU s per s, idle
-                before = snapshot(pids)
+                before, groups0 = snapshot(pids), group_totals(d.url)
                 wall, ok = asyncio.run(post_all(jobs, args.concurrency))
                 spent = delta(before, snapshot(pids))
+                groups1 = group_totals(d.url)
+                per_group = (groups1[0] - groups0[0]) / max(1.0, groups1[1] - groups0[1])
                 net = {k: max(0.0, v - idle.get(k, 0.0) * wall) for k, v in spent.items()}
                 by_role: dict[str, float] = {}
                 for name, v in net.items():
@@ -172,7 +184,8 @@ def main() -> None:
                 fl = floor(args.results, Path(tmp) / f"floor-{r}")
                 rounds.append((sum(net.values()) / max(ok, 1), wall, by_role, fl))
                 print(f"round {r + 1}: {ok}/{len(jobs)} accepted in {wall:.2f}s ({ok / wall:.0f}/s); "
-                      f"deployment CPU {rounds[-1][0] * 1000:.2f} ms/result, floor {fl * 1000:.3f} ms; "
+                      f"deployment CPU {rounds[-1][0] * 1000:.2f} ms/result, floor {fl * 1000:.3f} ms, "
+                      f"{per_group:.1f} results per keeper group; "
                       + ", ".join(f"{k} {v * 1000:.2f}" for k, v in sorted(by_role.items(), key=lambda x: -x[1])),
                       flush=True)
             d.stop()

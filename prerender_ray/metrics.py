@@ -59,6 +59,10 @@ results_ignored = Counter("prerender_results_ignored_total", "Render results ack
 # the result itself was applied as it would be without them.
 diagnostics_dropped = Counter("prerender_diagnostics_dropped_total",
                               "Render results whose diagnostics fields were dropped in part.")
+result_group_size = Histogram(
+    "prerender_result_group_size", "Render results applied together by the keeper (one group).",
+    buckets=(1, 2, 4, 8, 16, 32, 64),
+)
 render_seconds = Histogram(
     "prerender_render_seconds", "Render time reported by the fleet.", ["status_class"],
     buckets=(0.25, 0.5, 1, 2, 4, 8, 15, 30, 60),

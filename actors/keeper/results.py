@@ -101,6 +101,7 @@ class Results:
         URL (two results for one target, its desktop and mobile page say, must not both plan from
         one read of it), each wave one store read and one store write, finished together."""
         answers: list[Any] = [None] * len(batch)
+        metrics.result_group_size.observe(len(batch))
         checks = await self.leases.begin_results([[r.id, worker] for r, _, worker in batch])
         admitted: list[tuple[int, int]] = []
         for i, ((r, _, worker), (verdict, granted_at)) in enumerate(zip(batch, checks)):
@@ -175,8 +176,8 @@ class Results:
             urls += [rules.url_of(r.id)] + ([rules.url_of(dest)] if dest else [])
             if r.content:  # the stored pages: an identical render keeps its validators, touches its times
                 keys += [r.id] + ([dest] if dest else [])
-        found = dict(zip(urls, await self.store.get_targets(urls)))
-        metas = dict(zip(keys, await self.store.page_metas(keys))) if keys else {}
+        targets, stored = await self.store.targets_and_metas(urls, keys)
+        found, metas = dict(zip(urls, targets)), dict(zip(keys, stored))
         plans = []
         for ((r, _, _), granted_at), dest in zip(wave, dests):
             url = rules.url_of(r.id)

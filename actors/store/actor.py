@@ -147,6 +147,10 @@ class NodeStore(Replication):
     async def has_pages(self, keys: list[str]) -> list[bool]:
         return [payload_of(v) is not None for v in self.pages.get_many([k.encode() for k in keys])]
 
+    async def targets_and_metas(self, urls: list[str], keys: list[str]) -> tuple[list, list]:
+        """``get_targets`` and ``page_metas`` in one call: what a group of results is planned from."""
+        return await self.get_targets(urls), await self.page_metas(keys)
+
     async def page_metas(self, keys: list[str]) -> list[PageMeta | None]:
         """The metadata of each page (freshness applied), without its body."""
         out: list[PageMeta | None] = []
@@ -230,6 +234,9 @@ class StoreClient:
 
     async def page_metas(self, keys: list[str]) -> list[PageMeta | None]:
         return await call(self.handle.page_metas.remote(keys), self.deadline_s)
+
+    async def targets_and_metas(self, urls: list[str], keys: list[str]) -> tuple[list, list]:
+        return await call(self.handle.targets_and_metas.remote(urls, keys), self.deadline_s)
 
     async def page_times(self, keys: list[str]) -> list[int | None]:
         return await call(self.handle.page_times.remote(keys), self.deadline_s)

@@ -92,6 +92,9 @@ class MemoryStore:
     async def page_metas(self, keys: list[str]) -> list[PageMeta | None]:
         return [self._meta(p) if (p := self._page(k)) is not None else None for k in keys]
 
+    async def targets_and_metas(self, urls: list[str], keys: list[str]) -> tuple[list, list]:
+        return await self.get_targets(urls), await self.page_metas(keys)
+
     async def page_times(self, keys: list[str]) -> list[int | None]:
         return [m.last_cached if m is not None else None for m in await self.page_metas(keys)]
 
