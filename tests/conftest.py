@@ -26,10 +26,12 @@ from tests.support import RayCluster  # noqa: E402
 # in file order, its module fixtures set up once), dealt to whichever worker is free: the core, the
 # keeper's parts, `up` with a local Ray of its own, the render worker with Chromium, and
 # tests/actors/test_cluster.py, which grows a cluster of its own nodes on its worker's Ray (its tests
-# each set up the membership they need). xdist's own `--dist loadgroup` does not take here (pytest 9.2
+# each set up the membership they need), and the keeper's crash tests, which deploy on whichever Ray
+# their worker has (they kill and restart that node's processes: a group of their own keeps the
+# shared group, the suite's longest, shorter). xdist's own `--dist loadgroup` does not take here (pytest 9.2
 # no longer lets it rename test ids), so the groups are a scheduler's, drawn from each module's source.
 TESTS = Path(__file__).resolve().parent
-OWN_CLUSTER = {"tests/actors/test_cluster.py"}
+OWN_CLUSTER = {"tests/actors/test_cluster.py", "tests/actors/keeper/test_actor.py"}
 
 
 def module_of(nodeid: str) -> str:
