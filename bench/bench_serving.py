@@ -275,7 +275,8 @@ def run(seconds: float, connections: int, spread: int, rounds: int) -> list[tupl
             _wait_up(f"http://127.0.0.1:{plain}/")
             in_actor = free_port()
             bare = actor_ceiling(in_actor, gz)
-            d = deploy_on(cluster, Path(tmp) / "data", {"domains": ["bench.example"],
+            # 127.0.0.1: the spread row's sitemap is served there
+            d = deploy_on(cluster, Path(tmp) / "data", {"domains": ["bench.example", "127.0.0.1:*"],
                                                         "deviceTypes": {"default": ["desktop"]}}, replicas=1)
             hit = produce_page(d.url, gz)
             outside = free_port()
