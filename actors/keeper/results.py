@@ -143,7 +143,8 @@ class Results:
             try:
                 await self.leases.finish_results([[batch[i][0].id, not plan.release, granted_at]
                                                   for i, granted_at, plan in finished])
-            except Exception as e:  # applied, not acknowledged: the fleet's retry is a duplicate
+            except Exception as e:  # applied, not acknowledged: a retry gets 503 (its grant stays marked
+                # as being answered) until the lease runs out and the key is rendered afresh
                 for i, _, _ in finished:
                     answers[i] = e
                 return answers
