@@ -143,7 +143,7 @@ async def job_result(request: Request, who: Principal = Depends(require("fleet")
         raise bad_request(f"id {result.id!r} is not a cache key of this service")
     check_encoding(result.content_encoding, content, ctx.cfg.server.max_html_bytes)
     try:  # the owner's keeper checks the lease first: an id never granted changes nothing
-        if ctx.ownership.owner(url) == ctx.node.name:
+        if ctx.owner_of(url) == ctx.node.name:
             outcome = await asyncio.wait_for(_results(ctx).submit((meta, content, worker_id(request))),
                                              2 * RESULT_DEADLINE_S)  # the group in flight, then ours
         else:

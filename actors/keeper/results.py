@@ -126,19 +126,20 @@ class Results:
         for wave in waves:
             now = now_ms()
             try:
-                plans = await self._plan_wave([(batch[i], granted_at) for i, granted_at in wave], now)
+                plans = await self._plan_wave([(batch[i][0], granted_at, dest) for i, granted_at, dest in wave],
+                                              now)
                 await self.apply_many([(plan, self._history(batch[i][0], plan, batch[i][1], batch[i][2], now))
-                                       for (i, _), plan in zip(wave, plans)])
+                                       for (i, _, _), plan in zip(wave, plans)])
             except Exception as e:
                 try:
-                    await self.leases.abandon_results([[batch[i][0].id, granted_at] for i, granted_at in wave])
+                    await self.leases.abandon_results([[batch[i][0].id, granted_at] for i, granted_at, _ in wave])
                 except Exception as e2:
                     self.log.warning("could not reopen the grants of failed results", error=repr(e2),
-                                     keys=[batch[i][0].id for i, _ in wave][:10])
-                for i, _ in wave:
+                                     keys=[batch[i][0].id for i, _, _ in wave][:10])
+                for i, _, _ in wave:
                     answers[i] = e
                 continue
-            finished += [(i, granted_at, plan) for (i, granted_at), plan in zip(wave, plans)]
+            finished += [(i, granted_at, plan) for (i, granted_at, _), plan in zip(wave, plans)]
         if finished:
             try:
                 await self.leases.finish_results([[batch[i][0].id, not plan.release, granted_at]
@@ -154,9 +155,10 @@ class Results:
         return answers
 
     def _waves(self, batch: list[tuple[Result, dict, str | None]],
-               admitted: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+               admitted: list[tuple[int, int]]) -> list[list[tuple[int, int, str | None]]]:
+        """[index, granted_at, redirect destination key] per admitted result, in waves."""
         rules, planner = self.conf.rules, self.conf.planner
-        waves: list[tuple[set[str], list[tuple[int, int]]]] = []
+        waves: list[tuple[set[str], list[tuple[int, int, str | None]]]] = []
         for i, granted_at in admitted:
             r = batch[i][0]
             dest = planner.destination(r)
@@ -165,22 +167,22 @@ class Results:
             if wave is None:
                 waves.append(wave := (set(), []))
             wave[0].update(urls)
-            wave[1].append((i, granted_at))
+            wave[1].append((i, granted_at, dest))
         return [w for _, w in waves]
 
-    async def _plan_wave(self, wave: list[tuple[tuple[Result, dict, str | None], int]], now: int) -> list[Plan]:
-        """Each result's plan, from one read of the targets and stored pages they all need."""
+    async def _plan_wave(self, wave: list[tuple[Result, int, str | None]], now: int) -> list[Plan]:
+        """Each result's plan ([result, granted_at, destination] each), from one read of the targets
+        and stored pages they all need."""
         rules, planner = self.conf.rules, self.conf.planner
-        dests = [planner.destination(r) for (r, _, _), _ in wave]
         urls, keys = [], []
-        for ((r, _, _), _), dest in zip(wave, dests):
+        for r, _, dest in wave:
             urls += [rules.url_of(r.id)] + ([rules.url_of(dest)] if dest else [])
             if r.content:  # the stored pages: an identical render keeps its validators, touches its times
                 keys += [r.id] + ([dest] if dest else [])
         targets, stored = await self.store.targets_and_metas(urls, keys)
         found, metas = dict(zip(urls, targets)), dict(zip(keys, stored))
         plans = []
-        for ((r, _, _), granted_at), dest in zip(wave, dests):
+        for r, granted_at, dest in wave:
             url = rules.url_of(r.id)
             target = Target.decode(url, b) if (b := found.get(url)) else None
             dest_target = None

@@ -58,7 +58,7 @@ class Held(NamedTuple):
 
 class _Class:
     __slots__ = ("added", "buckets", "cadence", "carried", "dues", "ordered", "removed", "route", "sitemap",
-                 "snap", "still", "undated")
+                 "snap", "undated")
 
     def __init__(self, route: Route, carried: float | None, sitemap: bool, cadence: float | None):
         self.route = route
@@ -74,19 +74,17 @@ class _Class:
         self.snap: tuple[np.ndarray, np.ndarray] | None = None
         self.added: list[int] = []
         self.removed: list[int] = []
-        self.still: Counts | None = None  # the snapshot's Counts while nothing changed since
 
     def note(self, due: int, sign: int) -> None:
         """A dated row came (+1) or went (-1). Past a quarter of the snapshot, rebuilding is cheaper."""
         if self.snap is not None:
             (self.added if sign > 0 else self.removed).append(due)
-            self.still = None
             if len(self.added) + len(self.removed) > max(CHANGES_MIN, len(self.snap[0]) >> 2):
                 self.forget()
 
     def forget(self) -> None:
         """Drop the kept counts: the next queue-state rebuilds them."""
-        self.snap, self.added, self.removed, self.still = None, [], [], None
+        self.snap, self.added, self.removed = None, [], []
 
     def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
         """The due instants and running row counts, rebuilt when dropped (the changes restart)."""
@@ -98,16 +96,10 @@ class _Class:
         return self.snap
 
     def counts(self) -> Counts:
-        """Rows due at or before given instants, from the snapshot and the changes since."""
-        self.snapshot()
-        assert self.snap is not None
-        if self.still is not None:
-            return self.still
-        snap_dues, snap_prefix = self.snap
-        made = Counts(snap_dues, snap_prefix, self.added, self.removed)
-        if not self.added and not self.removed:
-            self.still = made
-        return made
+        """Rows due at or before given instants, from the snapshot and the changes since (the
+        per-class path, when no joint window holds the instants asked)."""
+        dues, prefix = self.snapshot()
+        return Counts(dues, prefix, self.added, self.removed)
 
     def sorted_dues(self) -> list[int]:
         if not self.ordered:
