@@ -55,9 +55,10 @@ async def peer_page(request: Request) -> Response:
     reader = open_replica(ctx).services.pages
     try:
         found = reader.get_after_miss(key)
+        meta = found.meta if found is not None else None
     except UnreadablePage as e:
         return _error(410, str(e))
-    if found is None:
+    if found is None or meta is None:
         return _error(404, "no page for this key")
     return Response(bytes(found.body), status_code=200, media_type="application/octet-stream",
-                    headers={META_HEADER: page_metadata(found.meta)})
+                    headers={META_HEADER: page_metadata(meta)})

@@ -270,9 +270,10 @@ def write_page(node_name: str, key: str, html: bytes, *, expires_in: int = 3_600
     import ray
 
     from prerender_ray.actors.common import lookup
+    from prerender_ray.serving.framing import encode_page
     from prerender_ray.storage.pages import Page
 
     now = int(time.time() * 1000)
     page = Page(cache_key=key, status_code=200, headers={"content-type": "text/html", "content-encoding": "gzip"},
                 last_cached=now, expires_at=now + expires_in, is_indexable=True, content=_gzip.compress(html))
-    ray.get(lookup("store", node_name).apply.remote([], [(key.encode(), page.encode())]), timeout=30)
+    ray.get(lookup("store", node_name).apply.remote([], [(key.encode(), encode_page(page))]), timeout=30)

@@ -20,6 +20,7 @@ from prerender_ray.queue import diagnostics
 from prerender_ray.queue.results import Plan, Result, resolve_outcome
 from prerender_ray.queue.schedule import ScheduleRow
 from prerender_ray.rpc import KeeperApi, LeaseApi, Peers, StoreApi
+from prerender_ray.serving.framing import encode_page
 from prerender_ray.storage import history
 from prerender_ray.storage.registry import Target, target_key
 from prerender_ray.storage.touches import touch_key
@@ -279,7 +280,7 @@ class Results:
                 else:
                     registry.append((target_key(url), target.encode()))
             if plan.page is not None:
-                pages.append((plan.page.cache_key.encode(), plan.page.encode()))
+                pages.append((plan.page.cache_key.encode(), encode_page(plan.page)))
             if plan.touch is not None:  # the page stays as stored (and replicated); only its times move
                 pages.append((touch_key(plan.touch.cache_key), plan.touch.encode()))
             pages += [(k.encode(), None) for k in plan.page_deletes]

@@ -11,6 +11,7 @@ from prerender_ray.config.model import Config
 from prerender_ray.identity.cachekeys import KeyFormat
 from prerender_ray.serving.answer import Reply, prepare, prepared_reply, verdict
 from prerender_ray.serving.classify import BotRequest
+from prerender_ray.serving.framing import framed_reply, sends_stored_coding
 from prerender_ray.serving.negotiation import EncodingError
 from prerender_ray.serving.responses import debug_headers
 
@@ -50,16 +51,26 @@ class Hit:
                 self.counters.warn_sometimes("page-unreadable", "unreadable page; serving the origin",
                                              error=str(e))
                 return "unreadable", None
-        return verdict(found.meta if found is not None else None, now, self.swr_ttl, skip=skip), found
+        return verdict(found, now, self.swr_ttl, skip=skip), found
 
     def cached(self, req: BotRequest, page: StoredPage, now: int, headers: dict[str, str], out: Outcome,
                debug: bool) -> Reply | None:
-        """A stored page as the reply, or None when its body cannot be re-coded (counted). The
-        negotiated form is kept with the page for the next request with the same Accept-Encoding."""
-        meta = page.meta
-        out.last_cached = meta.last_cached
-        out.indexable = meta.is_indexable
+        """A stored page as the reply, or None when it cannot be served (counted). A framed page
+        taken in its stored coding is answered from its frame; otherwise the negotiated form is kept
+        with the page for the next request with the same Accept-Encoding."""
+        out.last_cached = page.last_cached
+        out.indexable = page.is_indexable
         accept = headers.get("accept-encoding")
+        frame = page.frame
+        if frame is not None and not debug and "if-none-match" not in headers \
+                and "if-modified-since" not in headers and sends_stored_coding(frame, accept):
+            return framed_reply(frame, page.body, last_cached=page.last_cached, now=now, head=req.method == "HEAD")
+        try:
+            meta = page.meta
+        except UnreadablePage as e:
+            self.counters.child(metrics.serve_errors, "page-unreadable").inc()
+            self.counters.warn_sometimes("page-unreadable", "unreadable page; serving the origin", error=str(e))
+            return None
         prepared = page.variants.get(accept)
         if prepared is None:
             try:

@@ -151,7 +151,7 @@ class Miss:
                 fresh = pages.get(req.cache_key)
             except Exception:
                 fresh = None
-            if fresh is not None and fresh.meta.last_cached is not None and fresh.meta.last_cached >= since:
+            if fresh is not None and fresh.last_cached is not None and fresh.last_cached >= since:
                 return fresh
         return None
 

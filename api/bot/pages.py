@@ -12,6 +12,7 @@ docs/architecture.md#the-bot-hot-path-has-no-actor-hop), so it catches up on a s
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections import OrderedDict
 from pathlib import Path
@@ -20,10 +21,11 @@ from typing import Any, cast
 from rocksdict import AccessType, Options, Rdict
 
 from prerender_ray import logs, metrics
-from prerender_ray.storage.pages import PageDecodeError, PageMeta, decode_meta
-from prerender_ray.storage.replication import EnvelopeError, payload_of
+from prerender_ray.serving.framing import Frame, parse_frame
+from prerender_ray.storage.pages import PageDecodeError, PageMeta, RecordHead, decode_head, decode_meta
+from prerender_ray.storage.replication import EnvelopeError, payload_view
 from prerender_ray.storage.rocks import PAGES, node_dir, store_path
-from prerender_ray.storage.touches import applicable, touch_key, touched
+from prerender_ray.storage.touches import applicable_to, touch_key
 
 CATCH_UP_INTERVAL_S = 0.25  # the timer: a page written by a result is served within about this
 MISS_CATCH_UP_GAP_S = 0.05  # at most one extra catch-up per this long, however many misses
@@ -38,18 +40,35 @@ class UnreadablePage(Exception):
 
 
 class StoredPage:
-    """A page as read from the store: its metadata, its body, and the negotiated forms already
-    served (``prerender_ray.serving.answer.Prepared`` by Accept-Encoding value). ``meta`` carries the
-    times of the page's freshness record when one applies (``storage/touches.py``): a new one
-    changes them and nothing else, so the body and its negotiated forms are kept."""
+    """A page as read from the store: its times, its body, and the negotiated forms already served
+    (``prerender_ray.serving.answer.Prepared`` by Accept-Encoding value). A record written with its
+    frame (``prerender_ray.serving.framing``) is served from that alone: its JSON headers are decoded
+    only when ``meta`` is asked for. The times are those of the page's freshness record when one
+    applies (``storage/touches.py``): a new one changes them and nothing else, so the body and its
+    negotiated forms are kept."""
 
-    __slots__ = ("base", "body", "meta", "raw", "seen", "size", "touch", "variants")
+    __slots__ = ("_base", "_meta", "_payload", "base_times", "body", "cache_key", "etag", "expires_at", "frame",
+                 "is_indexable", "last_cached", "raw", "seen", "size", "status_code", "touch", "variants")
 
-    def __init__(self, raw: bytes, meta: PageMeta, body: bytes | memoryview, touch: bytes | None = None):
+    def __init__(self, raw: bytes, meta: PageMeta | None, body: bytes | memoryview, touch: bytes | None = None, *,
+                 head: RecordHead | None = None, frame: Frame | None = None, payload: memoryview | None = None,
+                 cache_key: str = ""):
         self.raw = raw  # the stored record: a later read equal to it is this same version
-        self.base = meta  # as the record says
-        self.touch: bytes | None = None  # the freshness record ``meta`` was derived with, as stored
-        self.meta = meta
+        self._base = meta  # as the record says (None: not decoded yet, ``head`` and ``frame`` given)
+        self._payload = payload
+        self._meta: PageMeta | None = None
+        self.frame = frame
+        if meta is not None:
+            self.cache_key, self.etag = meta.cache_key, meta.headers.get("etag", "")
+            self.status_code, self.is_indexable = meta.status_code, meta.is_indexable
+            self.base_times = (meta.last_cached, meta.expires_at)
+        else:
+            assert head is not None and frame is not None
+            self.cache_key, self.etag = cache_key, frame.etag
+            self.status_code, self.is_indexable = head.status_code, head.is_indexable
+            self.base_times = (head.last_cached, head.expires_at)
+        self.last_cached, self.expires_at = self.base_times
+        self.touch: bytes | None = None  # the freshness record the times were derived with, as stored
         self.body = body  # a view of the record's tail (no copy), or the bytes of a peer's page
         self.variants: dict[str | None, Any] = {}
         self.size = len(raw) or len(body)
@@ -60,7 +79,27 @@ class StoredPage:
         """Apply the freshness record now stored under the page's touch key (None: there is none)."""
         if touch != self.touch:
             self.touch = touch
-            self.meta = touched(self.base, applicable(self.base, self.raw, touch) if self.raw else None)
+            t = applicable_to(self.cache_key, self.etag, self.raw, touch) if self.raw else None
+            self.last_cached, self.expires_at = (t.last_cached, t.expires_at) if t is not None else self.base_times
+            self._meta = None
+
+    @property
+    def meta(self) -> PageMeta:
+        """The page's metadata with its current times. Raises UnreadablePage for a framed record
+        whose headers do not decode."""
+        meta = self._meta
+        if meta is None:
+            base = self._base
+            if base is None:
+                try:
+                    base = self._base = decode_meta(cast("memoryview", self._payload))[0]
+                except PageDecodeError as e:
+                    raise UnreadablePage(f"page {self.cache_key!r}: {e}") from None
+            meta = base
+            if (base.last_cached, base.expires_at) != (self.last_cached, self.expires_at):
+                meta = dataclasses.replace(base, last_cached=self.last_cached, expires_at=self.expires_at)
+            self._meta = meta
+        return meta
 
     def add_variant(self, accept_encoding: str | None, prepared: Any) -> int:
         """Keep ``prepared`` (when there is room); the bytes it adds to the page's size. Add through
@@ -233,14 +272,17 @@ class PageReader:
             page.seen = self.generation
             return page
         try:
-            payload = payload_of(raw)
+            payload = payload_view(raw)
             if payload is None:  # a tombstone: deleted
                 return None
-            meta, body = decode_meta(payload)
+            head = decode_head(payload)
+            frame = parse_frame(head.frame) if head.frame else None
+            meta, body = (None, head.body) if frame is not None else decode_meta(payload)
         except (EnvelopeError, PageDecodeError) as e:
             raise UnreadablePage(f"page {key!r}: {e}") from None
-        # The payload is the record's tail and the body the payload's: serve a view of the record.
-        page = StoredPage(raw, meta, memoryview(raw)[len(raw) - body.nbytes:] if body.nbytes else b"", touch)
+        # The payload is a view of the record and the body a view of the payload: no copy.
+        page = StoredPage(raw, meta, body if body.nbytes else b"", touch, head=head, frame=frame, payload=payload,
+                          cache_key=key)
         page.seen = self.generation
         self.decoded.add(key, page)
         return page

@@ -18,7 +18,7 @@ from prerender_ray.serving.conditional import conditional_response, is_not_modif
 from prerender_ray.serving.negotiation import EncodingError, negotiate
 from prerender_ray.serving.origin_rules import relay_headers
 from prerender_ray.serving.responses import age_seconds, cached_headers
-from prerender_ray.storage.pages import PageMeta, freshness
+from prerender_ray.storage.pages import Expiring, PageMeta, freshness
 
 # What x-harper-cache says (docs/serving.md#cache-statuses). `unreadable` replaces the reference's
 # blob-* reasons: a page is read in-process from RocksDB, so the only failure is a record that does not
@@ -59,7 +59,7 @@ class Prepared:
     not_modified: list[tuple[bytes, bytes]]  # the 304's headers (but age), encoded
 
 
-def verdict(page: PageMeta | None, now: int, swr_ttl: int, *, skip: bool = False) -> CacheStatus:
+def verdict(page: Expiring | None, now: int, swr_ttl: int, *, skip: bool = False) -> CacheStatus:
     """``hit``/``swr`` when the page may be served; otherwise why not: ``skip`` (an authorized
     no-cache request), ``stale`` (past its SWR window) or ``miss`` (no page)."""
     if skip:

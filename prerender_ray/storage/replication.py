@@ -97,8 +97,8 @@ def hlc_bytes(data: bytes | None) -> bytes | None:
     return data[2:10]
 
 
-def unwrap(data: bytes) -> tuple[Version, bytes | None]:
-    """(version, payload); payload None is a tombstone."""
+def _parse(data: bytes | memoryview) -> tuple[Version, int, bool]:
+    """(version, where the payload starts, whether it is a tombstone)."""
     try:
         magic, flags, hlc, n = _HEAD.unpack_from(data)
     except struct.error as e:
@@ -109,9 +109,19 @@ def unwrap(data: bytes) -> tuple[Version, bytes | None]:
     if len(data) < start:
         raise EnvelopeError("record truncated inside its node name")
     node = bytes(data[_HEAD.size:start]).decode("utf-8", "replace")
-    if flags & _TOMBSTONE:
-        return Version(hlc, node), None
-    return Version(hlc, node), bytes(data[start:])
+    return Version(hlc, node), start, bool(flags & _TOMBSTONE)
+
+
+def unwrap(data: bytes) -> tuple[Version, bytes | None]:
+    """(version, payload); payload None is a tombstone."""
+    version, start, tombstone = _parse(data)
+    return version, None if tombstone else bytes(data[start:])
+
+
+def payload_view(data: bytes) -> memoryview | None:
+    """``payload_of`` as a view of ``data`` (no copy of a page of tens of KB on the read path)."""
+    _, start, tombstone = _parse(data)
+    return None if tombstone else memoryview(data)[start:]
 
 
 def payload_of(data: bytes | None) -> bytes | None:

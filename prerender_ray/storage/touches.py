@@ -86,6 +86,11 @@ def applicable(meta: PageMeta, page_record: bytes | None, touch_record: bytes | 
     """The touch that applies to the page ``meta`` decoded from ``page_record``, given what the store
     holds under its touch key (both as stored: in their replication envelope). An unreadable touch is
     ignored: the page keeps its own times, which is what it had before the touch."""
+    return applicable_to(meta.cache_key, meta.headers.get("etag", ""), page_record, touch_record)
+
+
+def applicable_to(cache_key: str, etag: str, page_record: bytes | None, touch_record: bytes | None) -> Touch | None:
+    """``applicable`` for a page known by its key and stored ETag alone (its headers not decoded)."""
     if touch_record is None or page_record is None:
         return None
     page_v, touch_v = hlc_bytes(page_record), hlc_bytes(touch_record)
@@ -93,10 +98,10 @@ def applicable(meta: PageMeta, page_record: bytes | None, touch_record: bytes | 
         return None
     try:
         payload = payload_of(touch_record)
-        touch = Touch.decode(meta.cache_key, payload) if payload is not None else None
+        touch = Touch.decode(cache_key, payload) if payload is not None else None
     except (EnvelopeError, TouchDecodeError):
         return None
-    if touch is None or touch.etag != meta.headers.get("etag", ""):
+    if touch is None or touch.etag != etag:
         return None
     return touch
 

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import struct
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prerender_ray.storage.pages import Page, PageDecodeError, PageMeta, decode_meta, freshness
+from prerender_ray.storage.pages import (
+    Page,
+    PageDecodeError,
+    PageMeta,
+    decode_head,
+    decode_meta,
+    freshness,
+    retimed,
+)
 
 NOW = 1_700_000_000_000
 
@@ -134,6 +143,32 @@ _header_names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz-", min_size=1, max_
 )
 def test_any_page_round_trips(page: Page) -> None:
     assert Page.decode(page.encode()) == page
+
+
+def _v1(page: Page) -> bytes:
+    """A record as version 1 wrote it (no frame length, no frame)."""
+    key, hdrs = page.cache_key.encode(), json.dumps(page.headers, separators=(",", ":")).encode()
+    head = struct.pack("<2sBBHqqIII", b"PG", 1, 0x01 | 0x02 | 0x04 | 0x08, page.status_code, page.last_cached,
+                       page.expires_at, len(key), len(hdrs), len(page.content))
+    return head + key + hdrs + page.content
+
+
+def test_a_version_1_record_still_loads_without_a_frame() -> None:
+    page = _page()
+    assert Page.decode(_v1(page)) == page
+    head = decode_head(_v1(page))
+    assert head.frame.nbytes == 0 and bytes(head.body) == page.content and head.last_cached == page.last_cached
+
+
+@given(frame=st.binary(max_size=300))
+def test_a_frame_travels_opaque_beside_the_page_and_survives_new_times(frame: bytes) -> None:
+    page = _page()
+    record = page.encode(frame)
+    assert Page.decode(record) == page and bytes(decode_head(record).frame) == frame
+    later = retimed(record, NOW, NOW + 1)
+    head = decode_head(later)
+    assert bytes(head.frame) == frame and (head.last_cached, head.expires_at) == (NOW, NOW + 1)
+    assert bytes(head.body) == page.content
 
 
 @given(st.integers(0, 100))

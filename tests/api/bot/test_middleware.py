@@ -171,6 +171,7 @@ def test_a_stored_bomb_is_never_decoded_for_a_bot(node, site) -> None:
     import ray
 
     from prerender_ray.actors.common import lookup
+    from prerender_ray.serving.framing import encode_page
     from prerender_ray.storage.pages import Page
 
     url = f"{site.base}/page/stored-bomb"
@@ -180,7 +181,7 @@ def test_a_stored_bomb_is_never_decoded_for_a_bot(node, site) -> None:
     page = Page(cache_key=key, status_code=200,
                 headers={"content-type": "text/html", "content-encoding": "br"},
                 last_cached=now, expires_at=now + 3_600_000, content=bomb)
-    ray.get(lookup("store", "node-a").apply.remote([], [(key.encode(), page.encode())]), timeout=30)
+    ray.get(lookup("store", "node-a").apply.remote([], [(key.encode(), encode_page(page))]), timeout=30)
     wait_for(lambda: cache_status(node, url, **{"accept-encoding": "br"}) == "hit", what="the stored page")
     with httpx.stream("GET", f"{node.url}/p/{url}", headers={"accept-encoding": "br"}) as r:
         assert b"".join(r.iter_raw()) == bomb  # sent as stored: nothing decoded

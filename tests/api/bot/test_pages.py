@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from prerender_ray.api.bot.pages import DecodedPages, PageReader, StoredPage, UnreadablePage
+from prerender_ray.serving.framing import encode_page
 from prerender_ray.storage.pages import Page, PageMeta
 from prerender_ray.storage.replication import Clock, wrap
 from prerender_ray.storage.rocks import Store
@@ -140,7 +141,8 @@ async def test_the_timer_catches_up_on_its_own(paths) -> None:
     primary.close()
 
 
-def test_a_touched_page_is_a_hit_past_its_own_expiry_without_being_decoded_again(paths) -> None:
+@pytest.mark.parametrize("encode", [Page.encode, encode_page], ids=["plain", "framed"])
+def test_a_touched_page_is_a_hit_past_its_own_expiry_without_being_decoded_again(paths, encode) -> None:
     from prerender_ray.serving.answer import verdict
     from prerender_ray.storage.touches import Touch, touch_key
 
@@ -150,7 +152,7 @@ def test_a_touched_page_is_a_hit_past_its_own_expiry_without_being_decoded_again
     clock = Clock("n1")
     page = Page(cache_key=KEY, status_code=200, headers={"etag": '"e1"'}, content=b"<html>x</html>",
                 last_cached=now - 7_000, expires_at=now - 1_000)
-    primary.put(KEY.encode(), wrap(clock.now(), page.encode()))
+    primary.put(KEY.encode(), wrap(clock.now(), encode(page)))
     reader = PageReader(primary_path, secondary)
     first = reader.get(KEY)
     assert verdict(first.meta, now, swr) == "stale"  # past its expiry
@@ -161,15 +163,48 @@ def test_a_touched_page_is_a_hit_past_its_own_expiry_without_being_decoded_again
     touched = reader.get(KEY)
     assert touched is first and touched.variants == {"gzip": "a negotiated form"}  # kept: same record
     assert verdict(touched.meta, now, swr) == "hit" and touched.meta.last_cached == now - 10
+    assert verdict(touched, now, swr) == "hit" and touched.last_cached == now - 10  # what a hit reads
     assert touched.meta.headers == page.headers and bytes(touched.body) == page.content
 
     primary.put(touch_key(KEY), wrap(clock.now(), Touch(KEY, '"e0"', now, now + 90_000).encode()))
     reader.catch_up(force=True)
     assert verdict(reader.get(KEY).meta, now, swr) == "stale"  # the touch of another content: ignored
+    assert verdict(reader.get(KEY), now, swr) == "stale"
 
     primary.put(touch_key(KEY), wrap(clock.now(), Touch(KEY, '"e1"', now, now + 90_000).encode()))
-    primary.put(KEY.encode(), wrap(clock.now(), page.encode()))  # a later full write supersedes it
+    primary.put(KEY.encode(), wrap(clock.now(), encode(page)))  # a later full write supersedes it
     reader.catch_up(force=True)
-    assert reader.get(KEY).meta.expires_at == now - 1_000
+    assert reader.get(KEY).meta.expires_at == now - 1_000 and reader.get(KEY).expires_at == now - 1_000
+    reader.close()
+    primary.close()
+
+
+def test_a_framed_page_is_served_from_its_frame_and_decodes_its_headers_only_when_asked(paths) -> None:
+    primary_path, secondary = paths
+    primary = Store(primary_path)
+    page = Page(cache_key=KEY, status_code=200, headers={"content-type": "text/html", "etag": '"e1"'},
+                content=b"<html>x</html>", last_cached=1, expires_at=2, is_indexable=False)
+    primary.put(KEY.encode(), wrap(Clock("n1").now(), encode_page(page)))
+    reader = PageReader(primary_path, secondary)
+    found = reader.get(KEY)
+    assert found.frame is not None and found._base is None  # nothing decoded yet
+    assert (found.status_code, found.last_cached, found.expires_at, found.is_indexable) == (200, 1, 2, False)
+    assert bytes(found.body) == page.content and found.meta.headers == page.headers
+    reader.close()
+    primary.close()
+
+
+def test_a_framed_page_whose_headers_do_not_decode_is_unreadable_when_they_are_needed(paths) -> None:
+    primary_path, secondary = paths
+    primary = Store(primary_path)
+    page = Page(cache_key=KEY, status_code=200, headers={"content-type": "text/html"}, content=b"<html>x</html>",
+                last_cached=1, expires_at=2)
+    record = encode_page(page).replace(b'"content-type"', b'"content-type"'[:-1] + b"\x01")  # corrupt JSON
+    primary.put(KEY.encode(), wrap(Clock("n1").now(), record))
+    reader = PageReader(primary_path, secondary)
+    found = reader.get(KEY)
+    assert found.frame is not None
+    with pytest.raises(UnreadablePage):
+        found.meta
     reader.close()
     primary.close()

@@ -1,0 +1,100 @@
+"""A page's answer framed once, when the page is written: the header block a bot gets when it takes
+the body in its stored coding (the usual case: pages are stored gzip, crawlers accept gzip).
+
+``prepare`` (``serving/answer.py``) builds that block from the record on every read of a page not
+in the replica's decoded cache: the JSON headers decoded, ``Accept-Encoding`` parsed and negotiated,
+the header list encoded. Over a crawl that touches each page once, that was most of a hit's cost
+(docs/architecture.md#the-bot-hot-path-has-no-actor-hop). With the frame stored beside the body, a
+hit is one read, the record's fixed header, and the frame split into header pairs; only ``age`` is
+computed per request. Anything the frame does not cover (another coding, a conditional request,
+debug headers, a status page) takes ``prepare`` as before, so the frame is an optimisation whose
+answer must equal ``prepare``'s byte for byte (tests/serving/test_framing.py holds them equal).
+
+Layout: ``struct _HEAD`` (frame version, stored coding, ETag length) | ETag (UTF-8) | header block,
+names and values alternating, joined by NUL (``asgi_headers`` lets no NUL through: names are tokens and
+values hold no control character). A frame of another version is ignored: the page is answered by
+``prepare`` until it is rendered again.
+"""
+
+from __future__ import annotations
+
+import struct
+from functools import lru_cache
+from typing import NamedTuple
+
+from prerender_ray.serving.answer import Body, Reply, prepare
+from prerender_ray.serving.negotiation import choose_encoding, normalize_coding, parse_accept_encoding
+from prerender_ray.serving.responses import age_seconds
+from prerender_ray.storage.pages import Page
+
+FRAME_VERSION = 1
+_HEAD = struct.Struct("<BBH")  # frame version, coding (an index of CODINGS), ETag length
+CODINGS = ("identity", "gzip", "br")
+_MEMO_MAX_VALUE = 256  # longer Accept-Encoding values are negotiated afresh, never kept
+
+
+class Frame(NamedTuple):
+    coding: str  # the body's stored coding, normalized
+    etag: str  # the stored ETag ("" without one), for the freshness record's check
+    headers: list[tuple[bytes, bytes]]  # ready for ASGI, ``age`` excluded
+
+
+def frame_of(page: Page) -> bytes:
+    """The frame of ``page`` (a 200 with a body in a coding we serve), or b"" for a page the frame
+    cannot answer."""
+    coding = normalize_coding(page.headers.get("content-encoding"))
+    if page.status_code != 200 or not page.content or coding not in CODINGS:
+        return b""
+    prepared = prepare(page, page.content, coding)
+    if prepared.body is not page.content:  # negotiation re-coded it: not the stored coding's answer
+        return b""
+    etag = page.headers.get("etag", "").encode()
+    if len(etag) > 0xFFFF:
+        return b""
+    block = b"\0".join(part for pair in prepared.encoded for part in pair)
+    return _HEAD.pack(FRAME_VERSION, CODINGS.index(coding), len(etag)) + etag + block
+
+
+def encode_page(page: Page) -> bytes:
+    """``page`` as stored, with its frame."""
+    return page.encode(frame_of(page))
+
+
+def parse_frame(data: bytes | memoryview) -> Frame | None:
+    """The frame stored in a record, or None when there is none, it is of another version, or it does
+    not parse (the page is then answered by ``prepare``)."""
+    if len(data) < _HEAD.size:
+        return None
+    version, coding, etag_len = _HEAD.unpack_from(data)
+    if version != FRAME_VERSION or coding >= len(CODINGS) or _HEAD.size + etag_len > len(data):
+        return None
+    raw = bytes(data)
+    try:
+        etag = raw[_HEAD.size:_HEAD.size + etag_len].decode()
+    except UnicodeDecodeError:
+        return None
+    block = raw[_HEAD.size + etag_len:]
+    parts = block.split(b"\0") if block else []
+    if len(parts) % 2:
+        return None
+    return Frame(CODINGS[coding], etag, list(zip(parts[::2], parts[1::2], strict=True)))
+
+
+@lru_cache(maxsize=512)
+def _target(stored: str, accept: str | None) -> str:
+    return choose_encoding(stored, parse_accept_encoding(accept))
+
+
+def sends_stored_coding(frame: Frame, accept_encoding: str | None) -> bool:
+    """Whether negotiation gives a client with ``accept_encoding`` the body as stored. Each distinct
+    short value is negotiated once per process (bots send a handful of them)."""
+    if accept_encoding is not None and len(accept_encoding) > _MEMO_MAX_VALUE:
+        return choose_encoding(frame.coding, parse_accept_encoding(accept_encoding)) == frame.coding
+    return _target(frame.coding, accept_encoding) == frame.coding
+
+
+def framed_reply(frame: Frame, body: Body, *, last_cached: int | None, now: int, head: bool = False) -> Reply:
+    """The 200 a framed page answers (``prepared_reply``'s answer for the stored coding, without
+    conditional or debug headers, which take ``prepare``)."""
+    age = age_seconds(last_cached, now)
+    return Reply(200, {} if age is None else {"age": str(age)}, b"" if head else body, frame.headers)

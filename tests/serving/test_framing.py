@@ -1,0 +1,131 @@
+"""The answer framed at write time must be the answer ``prepare`` builds at read time, byte for
+byte, for every request the frame is used for (docs/architecture.md#the-bot-hot-path-has-no-actor-hop)."""
+
+from __future__ import annotations
+
+import gzip
+import struct
+
+import brotli
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prerender_ray.serving import framing
+from prerender_ray.serving.answer import prepare, prepared_reply
+from prerender_ray.serving.framing import (
+    FRAME_VERSION,
+    encode_page,
+    frame_of,
+    framed_reply,
+    parse_frame,
+    sends_stored_coding,
+)
+from prerender_ray.serving.negotiation import choose_encoding, parse_accept_encoding
+from prerender_ray.storage.pages import Page, decode_head, decode_meta
+
+NOW = 1_780_000_000_000
+HTML = b"<html><body>" + b"<p>hello</p>" * 50 + b"</body></html>"
+CODED = {"gzip": gzip.compress(HTML), "br": brotli.compress(HTML), "identity": HTML}
+ACCEPTS = [None, "", "gzip", "gzip, deflate, br", "br", "identity", "br;q=0.5, gzip", "gzip;q=0", "*", "*;q=0",
+           "x-gzip", "GZIP", "br, gzip;q=0.9, identity;q=0", "deflate", "gzip;q=garbage", "identity;q=0"]
+
+
+def page(coding: str = "gzip", **kw) -> Page:
+    headers = {"content-type": "text/html", "etag": '"v1"', "last-modified": "Wed, 01 Jan 2025 00:00:00 GMT",
+               "link": "</a.js>; rel=preload", "x-harper-rendered": "1", "cache-control": "max-age=60"}
+    if coding != "identity":
+        headers["content-encoding"] = coding
+    fields = {"cache_key": "https://x.com/a|desktop", "status_code": 200, "last_cached": NOW - 5_000,
+              "expires_at": NOW + 60_000, "headers": headers, "content": CODED[coding]}
+    fields.update(kw)
+    return Page(**fields)  # type: ignore[arg-type]
+
+
+def both(p: Page, accept: str | None, *, head: bool = False, now: int = NOW):
+    """The framed answer and ``prepare``'s, as the wire would see them."""
+    frame = parse_frame(frame_of(p))
+    assert frame is not None
+    request = {} if accept is None else {"accept-encoding": accept}
+    slow = prepared_reply(prepare(p, p.content, accept), last_cached=p.last_cached, now=now,
+                          request_headers=request, head=head)
+    fast = framed_reply(frame, p.content, last_cached=p.last_cached, now=now, head=head)
+    return (fast.status, fast.asgi_headers(), bytes(fast.body)), (slow.status, slow.asgi_headers(), bytes(slow.body))
+
+
+@pytest.mark.parametrize("coding", ["gzip", "br", "identity"])
+@pytest.mark.parametrize("accept", ACCEPTS)
+@pytest.mark.parametrize("head", [False, True])
+def test_where_the_frame_answers_its_answer_is_prepares(coding: str, accept: str | None, head: bool) -> None:
+    p = page(coding)
+    frame = parse_frame(frame_of(p))
+    assert frame is not None and frame.coding == coding
+    stored = choose_encoding(coding, parse_accept_encoding(accept)) == coding
+    assert sends_stored_coding(frame, accept) is stored
+    if stored:
+        fast, slow = both(p, accept, head=head)
+        assert fast == slow
+
+
+_names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz-:\n ", min_size=1, max_size=12)
+_values = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(headers=st.dictionaries(_names, _values, max_size=8), coding=st.sampled_from(["gzip", "br", "identity"]),
+       accept=st.sampled_from(ACCEPTS), last_cached=st.none() | st.integers(NOW - 10**10, NOW + 10**6),
+       head=st.booleans())
+def test_any_stored_headers_frame_to_prepares_answer(headers, coding, accept, last_cached, head) -> None:
+    """Names that are not tokens, values with control characters or outside latin-1, a stored
+    ``content-length``, ``vary`` or ``age``: the frame drops and rewrites them as ``prepare`` does."""
+    headers = {k: v for k, v in headers.items() if k != "content-encoding"}
+    if coding != "identity":
+        headers["content-encoding"] = coding
+    p = page(coding, headers=headers, last_cached=last_cached)
+    frame = parse_frame(frame_of(p))
+    assert frame is not None
+    if sends_stored_coding(frame, accept):
+        fast, slow = both(p, accept, head=head)
+        assert fast == slow
+
+
+@pytest.mark.parametrize("p", [
+    page(status_code=404), page(status_code=301), page(content=b""),
+    page(headers={"content-type": "text/html", "content-encoding": "deflate"}),
+    page(headers={"content-type": "text/html", "content-encoding": "zstd"}),
+], ids=["404", "301", "empty", "deflate", "zstd"])
+def test_pages_the_frame_cannot_answer_get_none(p: Page) -> None:
+    assert frame_of(p) == b""
+    meta, body = decode_meta(encode_page(p))
+    assert decode_head(encode_page(p)).frame.nbytes == 0 and bytes(body) == p.content
+
+
+def test_a_framed_record_keeps_its_metadata_and_body() -> None:
+    p = page()
+    record = encode_page(p)
+    meta, body = decode_meta(record)
+    assert bytes(body) == p.content and meta.headers == p.headers and meta.cache_key == p.cache_key
+    head = decode_head(record)
+    assert (head.status_code, head.last_cached, head.expires_at) == (200, p.last_cached, p.expires_at)
+    frame = parse_frame(head.frame)
+    assert frame is not None and frame.etag == '"v1"' and (b"age", b"0") not in frame.headers
+
+
+@pytest.mark.parametrize("frame", [
+    b"", b"\x01", struct.pack("<BBH", FRAME_VERSION + 1, 1, 0) + b"a:b",  # another version
+    struct.pack("<BBH", FRAME_VERSION, 9, 0) + b"a:b",  # an unknown coding
+    struct.pack("<BBH", FRAME_VERSION, 1, 50) + b"a:b",  # an ETag past the end
+    struct.pack("<BBH", FRAME_VERSION, 1, 0) + b"a name without a value",
+    struct.pack("<BBH", FRAME_VERSION, 1, 2) + b"\xff\xfe" + b"a:b",  # an ETag that is not UTF-8
+], ids=["empty", "short", "version", "coding", "etag-length", "pair", "etag-utf8"])
+def test_a_frame_that_does_not_parse_is_ignored(frame: bytes) -> None:
+    assert parse_frame(frame) is None
+
+
+def test_long_accept_encoding_values_are_negotiated_but_never_kept() -> None:
+    frame = parse_frame(frame_of(page()))
+    assert frame is not None
+    framing._target.cache_clear()
+    long = "gzip, " + "x" * 300
+    assert sends_stored_coding(frame, long) and framing._target.cache_info().currsize == 0
+    assert sends_stored_coding(frame, "gzip") and framing._target.cache_info().currsize == 1
