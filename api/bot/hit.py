@@ -62,9 +62,9 @@ class Hit:
         out.indexable = page.is_indexable
         accept = headers.get("accept-encoding")
         frame = page.frame
-        if frame is not None and not debug and "if-none-match" not in headers \
-                and "if-modified-since" not in headers and sends_stored_coding(frame, accept):
-            return framed_reply(frame, page.body, last_cached=page.last_cached, now=now, head=req.method == "HEAD")
+        if frame is not None and not debug and sends_stored_coding(frame, accept):
+            return framed_reply(frame, page.body, last_cached=page.last_cached, now=now, request_headers=headers,
+                                head=req.method == "HEAD")
         try:
             meta = page.meta
         except UnreadablePage as e:

@@ -6,11 +6,12 @@ in the replica's decoded cache: the JSON headers decoded, ``Accept-Encoding`` pa
 the header list encoded. Over a crawl that touches each page once, that was most of a hit's cost
 (docs/architecture.md#the-bot-hot-path-has-no-actor-hop). With the frame stored beside the body, a
 hit is one read, the record's fixed header, and the frame split into header pairs; only ``age`` is
-computed per request. Anything the frame does not cover (another coding, a conditional request,
-debug headers, a status page) takes ``prepare`` as before, so the frame is an optimisation whose
+computed per request, and the 304 when the request's validators match. Anything the frame does not
+cover (another coding, debug headers, a status page) takes ``prepare`` as before, so the frame is an optimisation whose
 answer must equal ``prepare``'s byte for byte (tests/serving/test_framing.py holds them equal).
 
-Layout: ``struct _HEAD`` (frame version, stored coding, ETag length) | ETag (UTF-8) | header block,
+Layout: ``struct _HEAD`` (frame version, stored coding, ETag length, Last-Modified length) | ETag |
+Last-Modified (both UTF-8, as stored, for the conditional check) | header block,
 names and values alternating, joined by NUL (``asgi_headers`` lets no NUL through: names are tokens and
 values hold no control character). A frame of another version is ignored: the page is answered by
 ``prepare`` until it is rendered again.
@@ -19,16 +20,18 @@ values hold no control character). A frame of another version is ignored: the pa
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 from functools import lru_cache
 from typing import NamedTuple
 
 from prerender_ray.serving.answer import Body, Reply, prepare
+from prerender_ray.serving.conditional import NOT_MODIFIED_HEADERS, is_not_modified
 from prerender_ray.serving.negotiation import choose_encoding, normalize_coding, parse_accept_encoding
 from prerender_ray.serving.responses import age_seconds
 from prerender_ray.storage.pages import Page
 
 FRAME_VERSION = 1
-_HEAD = struct.Struct("<BBH")  # frame version, coding (an index of CODINGS), ETag length
+_HEAD = struct.Struct("<BBHH")  # frame version, coding (an index of CODINGS), ETag and Last-Modified lengths
 CODINGS = ("identity", "gzip", "br")
 _MEMO_MAX_VALUE = 256  # longer Accept-Encoding values are negotiated afresh, never kept
 
@@ -36,7 +39,21 @@ _MEMO_MAX_VALUE = 256  # longer Accept-Encoding values are negotiated afresh, ne
 class Frame(NamedTuple):
     coding: str  # the body's stored coding, normalized
     etag: str  # the stored ETag ("" without one), for the freshness record's check
+    last_modified: str | None  # the stored Last-Modified
     headers: list[tuple[bytes, bytes]]  # ready for ASGI, ``age`` excluded
+
+    def validators(self) -> dict[str, str]:
+        """What ``is_not_modified`` reads of the 200's headers."""
+        out = {"etag": self.etag} if self.etag else {}
+        if self.last_modified is not None:
+            out["last-modified"] = self.last_modified
+        return out
+
+    def not_modified(self) -> list[tuple[bytes, bytes]]:
+        return [(name, value) for name, value in self.headers if name in _NOT_MODIFIED]
+
+
+_NOT_MODIFIED = frozenset(name.encode() for name in NOT_MODIFIED_HEADERS)
 
 
 def frame_of(page: Page) -> bytes:
@@ -49,10 +66,12 @@ def frame_of(page: Page) -> bytes:
     if prepared.body is not page.content:  # negotiation re-coded it: not the stored coding's answer
         return b""
     etag = page.headers.get("etag", "").encode()
-    if len(etag) > 0xFFFF:
+    modified = page.headers.get("last-modified")
+    lm = b"\xff" if modified is None else modified.encode()  # never UTF-8: absent
+    if len(etag) > 0xFFFF or len(lm) > 0xFFFF:
         return b""
     block = b"\0".join(part for pair in prepared.encoded for part in pair)
-    return _HEAD.pack(FRAME_VERSION, CODINGS.index(coding), len(etag)) + etag + block
+    return _HEAD.pack(FRAME_VERSION, CODINGS.index(coding), len(etag), len(lm)) + etag + lm + block
 
 
 def encode_page(page: Page) -> bytes:
@@ -65,19 +84,23 @@ def parse_frame(data: bytes | memoryview) -> Frame | None:
     not parse (the page is then answered by ``prepare``)."""
     if len(data) < _HEAD.size:
         return None
-    version, coding, etag_len = _HEAD.unpack_from(data)
-    if version != FRAME_VERSION or coding >= len(CODINGS) or _HEAD.size + etag_len > len(data):
+    version, coding, etag_len, lm_len = _HEAD.unpack_from(data)
+    lm_start = _HEAD.size + etag_len
+    block_start = lm_start + lm_len
+    if version != FRAME_VERSION or coding >= len(CODINGS) or block_start > len(data):
         return None
     raw = bytes(data)
+    lm = raw[lm_start:block_start]
     try:
-        etag = raw[_HEAD.size:_HEAD.size + etag_len].decode()
+        etag = raw[_HEAD.size:lm_start].decode()
+        modified = None if lm == b"\xff" else lm.decode()
     except UnicodeDecodeError:
         return None
-    block = raw[_HEAD.size + etag_len:]
+    block = raw[block_start:]
     parts = block.split(b"\0") if block else []
     if len(parts) % 2:
         return None
-    return Frame(CODINGS[coding], etag, list(zip(parts[::2], parts[1::2], strict=True)))
+    return Frame(CODINGS[coding], etag, modified, list(zip(parts[::2], parts[1::2], strict=True)))
 
 
 @lru_cache(maxsize=512)
@@ -93,8 +116,13 @@ def sends_stored_coding(frame: Frame, accept_encoding: str | None) -> bool:
     return _target(frame.coding, accept_encoding) == frame.coding
 
 
-def framed_reply(frame: Frame, body: Body, *, last_cached: int | None, now: int, head: bool = False) -> Reply:
-    """The 200 a framed page answers (``prepared_reply``'s answer for the stored coding, without
-    conditional or debug headers, which take ``prepare``)."""
+def framed_reply(frame: Frame, body: Body, *, last_cached: int | None, now: int, request_headers: Mapping[str, str],
+                 head: bool = False) -> Reply:
+    """``prepared_reply``'s answer for the stored coding: the 200, or the 304 when the request's
+    validators match (debug headers take ``prepare``)."""
     age = age_seconds(last_cached, now)
-    return Reply(200, {} if age is None else {"age": str(age)}, b"" if head else body, frame.headers)
+    extra = {} if age is None else {"age": str(age)}
+    if ("if-none-match" in request_headers or "if-modified-since" in request_headers) \
+            and is_not_modified(200, frame.validators(), request_headers):
+        return Reply(304, extra, b"", frame.not_modified())
+    return Reply(200, extra, b"" if head else body, frame.headers)

@@ -42,14 +42,21 @@ def page(coding: str = "gzip", **kw) -> Page:
     return Page(**fields)  # type: ignore[arg-type]
 
 
-def both(p: Page, accept: str | None, *, head: bool = False, now: int = NOW):
+CONDITIONALS = [{}, {"if-none-match": '"v1"'}, {"if-none-match": 'W/"v1"'}, {"if-none-match": '"v2"'},
+                {"if-none-match": "*"}, {"if-none-match": "garbage,,"}, {"if-none-match": ""},
+                {"if-modified-since": "Wed, 01 Jan 2025 00:00:00 GMT"},
+                {"if-modified-since": "Tue, 31 Dec 2024 00:00:00 GMT"}, {"if-modified-since": "not a date"},
+                {"if-none-match": '"v2"', "if-modified-since": "Wed, 01 Jan 2025 00:00:00 GMT"}]
+
+
+def both(p: Page, accept: str | None, *, head: bool = False, now: int = NOW, conditional: dict | None = None):
     """The framed answer and ``prepare``'s, as the wire would see them."""
     frame = parse_frame(frame_of(p))
     assert frame is not None
-    request = {} if accept is None else {"accept-encoding": accept}
+    request = ({} if accept is None else {"accept-encoding": accept}) | (conditional or {})
     slow = prepared_reply(prepare(p, p.content, accept), last_cached=p.last_cached, now=now,
                           request_headers=request, head=head)
-    fast = framed_reply(frame, p.content, last_cached=p.last_cached, now=now, head=head)
+    fast = framed_reply(frame, p.content, last_cached=p.last_cached, now=now, request_headers=request, head=head)
     return (fast.status, fast.asgi_headers(), bytes(fast.body)), (slow.status, slow.asgi_headers(), bytes(slow.body))
 
 
@@ -63,29 +70,44 @@ def test_where_the_frame_answers_its_answer_is_prepares(coding: str, accept: str
     stored = choose_encoding(coding, parse_accept_encoding(accept)) == coding
     assert sends_stored_coding(frame, accept) is stored
     if stored:
-        fast, slow = both(p, accept, head=head)
-        assert fast == slow
+        statuses = set()
+        for conditional in CONDITIONALS:
+            fast, slow = both(p, accept, head=head, conditional=conditional)
+            assert fast == slow, conditional
+            statuses.add(fast[0])
+        assert statuses == {200, 304}
 
 
 _names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz-:\n ", min_size=1, max_size=12)
 _values = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=30)
 
 
-@settings(max_examples=300, deadline=None)
-@given(headers=st.dictionaries(_names, _values, max_size=8), coding=st.sampled_from(["gzip", "br", "identity"]),
-       accept=st.sampled_from(ACCEPTS), last_cached=st.none() | st.integers(NOW - 10**10, NOW + 10**6),
-       head=st.booleans())
-def test_any_stored_headers_frame_to_prepares_answer(headers, coding, accept, last_cached, head) -> None:
+_validators = st.fixed_dictionaries({}, optional={
+    "etag": st.sampled_from(['"v1"', 'W/"v1"', "", "bare", '"caf\u00e9"', '"\u2603"', '"a\x01b"']),
+    "last-modified": st.sampled_from(["Wed, 01 Jan 2025 00:00:00 GMT", "", "junk", "Wed, 01 Jan 2025 00:00:00 \u2603"]),
+})
+
+
+@settings(max_examples=400, deadline=None)
+@given(headers=st.dictionaries(_names, _values, max_size=8), validators=_validators,
+       coding=st.sampled_from(["gzip", "br", "identity"]), accept=st.sampled_from(ACCEPTS),
+       last_cached=st.none() | st.integers(NOW - 10**10, NOW + 10**6), head=st.booleans(),
+       conditional=st.sampled_from(CONDITIONALS) | st.fixed_dictionaries({}, optional={
+           "if-none-match": st.sampled_from(['"v1"', '"caf\u00c3\u00a9"', '"\u2603"', "*", 'W/"v1", "x"']),
+           "if-modified-since": st.sampled_from(["Wed, 01 Jan 2025 00:00:00 GMT", "junk"])}))
+def test_any_stored_headers_frame_to_prepares_answer(headers, validators, coding, accept, last_cached, head,
+                                                       conditional) -> None:
     """Names that are not tokens, values with control characters or outside latin-1, a stored
     ``content-length``, ``vary`` or ``age``: the frame drops and rewrites them as ``prepare`` does."""
-    headers = {k: v for k, v in headers.items() if k != "content-encoding"}
+    headers = {k: v for k, v in headers.items() if k not in ("content-encoding", "etag", "last-modified")}
+    headers.update(validators)
     if coding != "identity":
         headers["content-encoding"] = coding
     p = page(coding, headers=headers, last_cached=last_cached)
     frame = parse_frame(frame_of(p))
     assert frame is not None
     if sends_stored_coding(frame, accept):
-        fast, slow = both(p, accept, head=head)
+        fast, slow = both(p, accept, head=head, conditional=conditional)
         assert fast == slow
 
 
@@ -109,15 +131,20 @@ def test_a_framed_record_keeps_its_metadata_and_body() -> None:
     assert (head.status_code, head.last_cached, head.expires_at) == (200, p.last_cached, p.expires_at)
     frame = parse_frame(head.frame)
     assert frame is not None and frame.etag == '"v1"' and (b"age", b"0") not in frame.headers
+    assert frame.last_modified == "Wed, 01 Jan 2025 00:00:00 GMT"
+    bare = parse_frame(frame_of(page(headers={"content-type": "text/html", "content-encoding": "gzip"})))
+    assert bare is not None and bare.etag == "" and bare.last_modified is None and bare.validators() == {}
 
 
 @pytest.mark.parametrize("frame", [
-    b"", b"\x01", struct.pack("<BBH", FRAME_VERSION + 1, 1, 0) + b"a:b",  # another version
-    struct.pack("<BBH", FRAME_VERSION, 9, 0) + b"a:b",  # an unknown coding
-    struct.pack("<BBH", FRAME_VERSION, 1, 50) + b"a:b",  # an ETag past the end
-    struct.pack("<BBH", FRAME_VERSION, 1, 0) + b"a name without a value",
-    struct.pack("<BBH", FRAME_VERSION, 1, 2) + b"\xff\xfe" + b"a:b",  # an ETag that is not UTF-8
-], ids=["empty", "short", "version", "coding", "etag-length", "pair", "etag-utf8"])
+    b"", b"\x01", struct.pack("<BBHH", FRAME_VERSION + 1, 1, 0, 0) + b"a\0b",  # another version
+    struct.pack("<BBHH", FRAME_VERSION, 9, 0, 0) + b"a\0b",  # an unknown coding
+    struct.pack("<BBHH", FRAME_VERSION, 1, 50, 0) + b"a\0b",  # an ETag past the end
+    struct.pack("<BBHH", FRAME_VERSION, 1, 0, 50) + b"a\0b",  # a Last-Modified past the end
+    struct.pack("<BBHH", FRAME_VERSION, 1, 0, 0) + b"a name without a value",
+    struct.pack("<BBHH", FRAME_VERSION, 1, 2, 0) + b"\xff\xfe" + b"a\0b",  # an ETag that is not UTF-8
+    struct.pack("<BBHH", FRAME_VERSION, 1, 0, 2) + b"\xff\xfe" + b"a\0b",  # nor a Last-Modified
+], ids=["empty", "short", "version", "coding", "etag-length", "lm-length", "pair", "etag-utf8", "lm-utf8"])
 def test_a_frame_that_does_not_parse_is_ignored(frame: bytes) -> None:
     assert parse_frame(frame) is None
 
