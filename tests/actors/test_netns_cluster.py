@@ -46,8 +46,9 @@ started again at 19.2, healthy at 33.9, everything in place everywhere at 36.1):
   on the other side waits (the call deadline is 30 s) and goes through only if the cable is back in
   time. What node-c acknowledged reaches the others only if its store ships it in the seconds
   between the cable coming back and its Ray shutting down (its outbox is in memory; a restarted
-  store pulls from a peer and pushes nothing): the test after the partition records which.
-- Once the cable is back, node-c goes on answering bots for the 3 to 6 s its Ray takes to shut down,
+  store pulls from a peer and pushes nothing): the test after the partition records which (so far
+  they always did: the call in flight gets through once the cable is back).
+- Once the cable is back, node-c goes on answering bots for the 2 to 6 s its Ray takes to shut down,
   then answers nothing until it is started again.
 
 The test asserts these minority observations, so this description stays true.
