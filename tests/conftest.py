@@ -28,10 +28,16 @@ from tests.support import RayCluster  # noqa: E402
 # tests/actors/test_cluster.py, which grows a cluster of its own nodes on its worker's Ray (its tests
 # each set up the membership they need), and the keeper's crash tests, which deploy on whichever Ray
 # their worker has (they kill and restart that node's processes: a group of their own keeps the
-# shared group, the suite's longest, shorter). xdist's own `--dist loadgroup` does not take here (pytest 9.2
-# no longer lets it rename test ids), so the groups are a scheduler's, drawn from each module's source.
+# shared group, the suite's longest, shorter), and tests/actors/test_netns_cluster.py, which runs a Ray of
+# its own in network namespaces (tests/netns.py) and never touches its worker's. xdist's own
+# `--dist loadgroup` does not take here (pytest 9.2 no longer lets it rename test ids), so the groups are
+# a scheduler's, drawn from each module's source.
 TESTS = Path(__file__).resolve().parent
-OWN_CLUSTER = {"tests/actors/test_cluster.py", "tests/actors/keeper/test_actor.py"}
+OWN_CLUSTER = {"tests/actors/test_cluster.py", "tests/actors/keeper/test_actor.py",
+               "tests/actors/test_netns_cluster.py"}
+# Modules that skip where the machine cannot run them (no root, no namespaces): the summary says why,
+# even without -rs.
+SAYS_WHY_SKIPPED = {"tests/actors/test_netns_cluster.py"}
 
 
 def module_of(nodeid: str) -> str:
@@ -51,6 +57,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if hidden:
         raise pytest.UsageError(f"{', '.join(hidden)}: reach the shared Ray cluster through another fixture; "
                                 "take `ray_cluster` in the module too, so it runs in the cluster's group")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    said = sorted({(module_of(r.nodeid), str(r.longrepr[2])) for r in terminalreporter.stats.get("skipped", [])
+                   if module_of(r.nodeid) in SAYS_WHY_SKIPPED and isinstance(r.longrepr, tuple)})
+    for module, reason in said:
+        terminalreporter.write_line(f"SKIPPED {module}: {reason.removeprefix('Skipped: ')}", yellow=True)
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -1,0 +1,672 @@
+"""Three nodes, each a host of its own on a real network (tests/netns.py): a partition and a SIGKILL.
+
+Each node is a Linux network namespace with one address (node-a 10.77.0.2, node-b .3, node-c .4) on
+a bridge in a namespace of its own, and runs its own Ray (`ray start` inside the namespace, on that
+address; the head on node-a, the others joining it over the bridge). prerender-ray is deployed by a
+driver inside node-a's namespace, with its controller pinned to node-a, so the controller and Ray's
+GCS are on the majority side of both faults. Ray declares a node dead after about 10 s without
+answers to its health checks (small `health_check_*` settings on the head). The namespaces have no
+default route: nothing here reaches an address but theirs. Every namespace, veth, bridge and
+process is removed when the module ends, pass or fail, and what a crashed run left is removed when
+the next one starts.
+
+Before any fault: 36 targets written half through node-a and half through node-b; 12 of them
+rendered (both devices: a claim, a result), 12 more claimed and never answered, so their leases stay
+live for the whole module (10 minutes). Every claim of the module goes into one ledger.
+
+1. **Partition**: node-c's cable is pulled (the switch's end of its veth goes down) until Ray has
+   declared node-c dead and the controller has pushed the two-node membership, and 3 s more; then it
+   is put back. Ray does not take node-c back: its raylet exits once it reaches the GCS again
+   ("marked as dead by the GCS"), its workers follow, and node-c is started again with the same name
+   and data dir and rejoins.
+2. **SIGKILL**: every process in node-b's namespace (raylet, workers, agents) is killed at once.
+
+Checked for each fault, with probes that run all along (bot GETs, claims from every node's fleet
+API, target writes): every bot GET (a Googlebot user agent, a cached page) to a node on the majority
+side answers 200 from the cache; no key is granted while an earlier grant of it is live (until its
+expiresAt, unless Ray declared the node that granted it dead in between: its leases die with it and
+the new owners re-grant by design, docs/architecture.md); nothing is lost: every target readable
+and every page served from the cache on every surviving node, every key's schedule row on exactly
+its owner, including the targets the majority acknowledged during the fault.
+
+Observed in the partition (seconds after the cut, one run on the shared 2-core machine: dead at 9.6,
+two-node membership at 10.5, cable back at 12.6, node-c's raylet gone at 15.7, its ingress at 18.2,
+started again at 19.2, healthy at 33.9, everything in place everywhere at 36.1):
+
+- The majority serves bots throughout and grants its own slices. A target write owned by node-c
+  (in the three-node view) waits until Ray declares node-c dead, then fails with a plain 500 (the
+  keeper call's ActorUnschedulableError is not caught by the route); once the two-node membership is
+  pushed, such URLs go to their new owners, and the owners rebuild node-c's rows from the targets.
+  While node-c starts again, writes it owns wait until its keeper is up.
+- **The minority (node-c, watched from inside its namespace on its own address) never learns that
+  it is cut off** while the cable is out: its raylet and actors keep running, `/readyz` answers 200,
+  it keeps its three-node membership, and it serves every bot GET for a cached page (200, from its
+  own full copy). A target write it owns is acknowledged (200) and a claim on it grants that
+  target's keys, due now: a fleet cut off with it keeps rendering its slice. A write owned by a node
+  on the other side waits (the call deadline is 30 s) and goes through only if the cable is back in
+  time. What node-c acknowledged reaches the others only if its store ships it in the seconds
+  between the cable coming back and its Ray shutting down (its outbox is in memory; a restarted
+  store pulls from a peer and pushes nothing): the test after the partition records which (so far
+  they always did: the call in flight gets through once the cable is back).
+- Once the cable is back, node-c goes on answering bots for the 2 to 6 s its Ray takes to shut down,
+  then answers nothing until it is started again.
+
+The test asserts these minority observations, so this description stays true.
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import os
+import secrets
+import shutil
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+
+from prerender_ray.identity.nodes import Ownership
+from tests import netns
+
+pytestmark = pytest.mark.timeout(300)
+
+HOSTS = ("a", "b", "c")
+NODE = {h: f"node-{h}" for h in HOSTS}
+PORT = 9926
+SITE = "https://netns.example"
+URLS = [f"{SITE}/p/{i}" for i in range(36)]
+PAGED = URLS[:12]  # rendered before any fault: a page for both devices
+HELD = URLS[12:24]  # claimed before any fault and never answered: leases live for the whole module
+DEVICES = ("desktop", "mobile")
+KEYS = [f"{u}|{d}" for u in URLS for d in DEVICES]
+MONTH = 30 * 86_400_000  # every target's cadence: a rebuilt row is jittered over a month, never due here
+FLEET_ENV, ADMIN_ENV = "NETNS_FLEET_PASSWORD", "NETNS_ADMIN_PASSWORD"
+HEALTH = {  # Ray's node-death timeout, ~10 s: a node misses 5 checks, 1 s apart, each waiting up to 1 s
+    "health_check_initial_delay_ms": 2000, "health_check_period_ms": 1000,
+    "health_check_timeout_ms": 1000, "health_check_failure_threshold": 5,
+}
+CONFIG = {
+    "domains": ["netns.example"],
+    "server": {"host": "0.0.0.0", "port": PORT},  # 0.0.0.0 of each namespace: its loopback and eth0
+    "auth": {"users": [{"name": "fleet", "passwordEnv": FLEET_ENV, "roles": ["fleet"]},
+                       {"name": "admin", "passwordEnv": ADMIN_ENV, "roles": ["admin", "viewer"]}]},
+    "render": {"reconcile": {"startDelay": "1h"}},
+    "queue": {"statusSyncInterval": "2s"},
+}
+BOT = {"user-agent": "Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)",
+       "x-harper-prerender-debug": "1"}
+HTML = b"<!doctype html><html><head><title>netns</title></head><body>" + b"<p>content</p>" * 40 + b"</body></html>"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+# ----------------------------------------------------------------- run inside a namespace, by an agent
+# (tests/netns.py: each call is a function of this module named by reference, JSON in and out)
+
+_STATE: dict[str, Any] = {}
+_PROBES: dict[str, _Probe] = {}
+
+
+def _fleet() -> httpx.BasicAuth:
+    return httpx.BasicAuth("fleet", os.environ[FLEET_ENV])
+
+
+def _admin() -> httpx.BasicAuth:
+    return httpx.BasicAuth("admin", os.environ[ADMIN_ENV])
+
+
+def _grants(jobs: list[dict], node: str, t: int) -> list[dict]:
+    return [{"key": j["id"], "url": j["url"], "node": node, "t": t, "expiresAt": j["expiresAt"],
+             "origin": j["callbackOrigin"]} for j in jobs]
+
+
+def _claim(client: httpx.Client, base: str, node: str, limit: int = 25) -> list[dict]:
+    t = now_ms()
+    r = client.post(f"{base}/render_queue/claim", json={"limit": limit}, auth=_fleet(),
+                    headers={"x-worker-id": "netns-fleet"})
+    r.raise_for_status()
+    return _grants(r.json(), node, t)
+
+
+def _put(client: httpx.Client, base: str, url: str, **fields: Any) -> httpx.Response:
+    return client.put(f"{base}/render_targets", json={"url": url, "renderInterval": MONTH, **fields}, auth=_admin())
+
+
+def _bot(client: httpx.Client, base: str, url: str, device: str = "desktop") -> httpx.Response:
+    headers = dict(BOT, **({"x-device-type": "MOBILE"} if device == "mobile" else {}))
+    return client.get(f"{base}/p/{url}", headers=headers)
+
+
+def drv_deploy(address: str, data_dir: str) -> dict:
+    """Connect to the cluster's Ray, deploy prerender-ray on every node; where its controller runs."""
+    import ray
+
+    from prerender_ray.actors import deploy
+    from prerender_ray.identity.nodes import LABEL_NAME
+    from tests.support import deploy_on
+
+    deploy.connect(address)
+    # The controller on this node, the head's (with the GCS): the faults then hit other nodes. Left
+    # to Ray it lands on any node (seen on node-b), even with a soft affinity to this one.
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from prerender_ray.actors.controller import Controller
+
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    plain = Controller.options
+    Controller.options = lambda **kw: plain(scheduling_strategy=here, **kw)  # type: ignore[method-assign]
+    d = deploy_on(SimpleNamespace(nodes=HOSTS), Path(data_dir), CONFIG, timeout=150)
+    _STATE["d"] = d
+    info = ray._private.state.actors(actor_id=d.controller._actor_id.hex())
+    where = next((n.get("Labels") or {}).get(LABEL_NAME) for n in ray.nodes()
+                 if n["NodeID"] == info["Address"]["NodeID"])
+    return {"urls": d.urls, "controller": where}
+
+
+def drv_alive() -> dict[str, bool]:
+    """Ray's view: a node name is alive when any Ray node of that name is."""
+    import ray
+
+    from prerender_ray.identity.nodes import LABEL_NAME
+
+    alive: dict[str, bool] = {}
+    for n in ray.nodes():
+        name = (n.get("Labels") or {}).get(LABEL_NAME, "?")
+        alive[name] = alive.get(name, False) or bool(n.get("Alive"))
+    return alive
+
+
+def drv_status() -> dict:
+    """The controller's view: its membership and which nodes are healthy."""
+    status = _STATE["d"].refresh()
+    return {"membership": status["membership"], "healthy": {n["name"]: n["healthy"] for n in status["nodes"]}}
+
+
+def drv_seed(bases: dict[str, str]) -> list[dict]:
+    """The module's data: targets, pages for PAGED, live leases for HELD. Returns the grants."""
+    names = sorted(bases)
+    due = set(PAGED + HELD)
+    with httpx.Client(timeout=30) as client, concurrent.futures.ThreadPoolExecutor(4) as pool:
+        def put(i: int) -> None:
+            url = URLS[i]
+            r = _put(client, bases[names[i % 2]], url, nextRenderTime=1 if url in due else now_ms() + MONTH + i)
+            assert r.status_code == 200, r.text
+
+        list(pool.map(put, range(len(URLS))))
+        want = {f"{u}|{d}" for u in due for d in DEVICES}
+        grants: dict[str, dict] = {}
+        deadline = time.monotonic() + 60
+        while not want <= grants.keys():
+            assert time.monotonic() < deadline, f"never granted: {sorted(want - grants.keys())[:5]}"
+            for node in names:
+                for g in _claim(client, bases[node], node):
+                    grants.setdefault(g["key"], g)
+            time.sleep(0.3)
+        from tests.support import result_body
+
+        def post(g: dict) -> None:
+            body, headers = result_body({"id": g["key"], "url": g["url"]}, html=HTML)
+            r = client.post(f"{g['origin']}/render_queue/job_result", content=body, auth=_fleet(),
+                            headers={**headers, "x-worker-id": "netns-fleet"})
+            assert r.status_code == 204, r.text
+
+        list(pool.map(post, [g for g in grants.values() if g["url"] in PAGED]))
+    return list(grants.values())
+
+
+def drv_missing(bases: dict[str, str], urls: list[str], paged: list[str]) -> dict[str, list[str]]:
+    """What each node does not have yet: a target it cannot read, a page it does not serve from cache."""
+    out: dict[str, list[str]] = {}
+    with httpx.Client(timeout=10) as client, concurrent.futures.ThreadPoolExecutor(6) as pool:
+        def check(job: tuple[str, str, str | None]) -> str | None:
+            node, url, device = job
+            try:
+                if device is None:
+                    r = client.get(f"{bases[node]}/render_targets", params={"url": url}, auth=_admin())
+                    return None if r.status_code == 200 else f"target {url} ({r.status_code})"
+                r = _bot(client, bases[node], url, device)
+                ok = r.status_code == 200 and r.headers.get("x-harper-cache") == "hit"
+                return None if ok else f"page {url}|{device} ({r.status_code} {r.headers.get('x-harper-cache')})"
+            except httpx.HTTPError as e:
+                return f"{url} {device or 'target'}: {type(e).__name__}"
+
+        jobs = [(n, u, None) for n in bases for u in urls] + [(n, u, d) for n in bases for u in paged for d in DEVICES]
+        for (node, _, _), problem in zip(jobs, pool.map(check, jobs)):
+            if problem:
+                out.setdefault(node, []).append(problem)
+    return out
+
+
+def drv_rows(names: list[str], keys: list[str]) -> dict[str, dict[str, list[str]]]:
+    """Schedule rows against the owners of ``names``: per node, the keys it should hold and does not,
+    and the ones it holds and should not (empty when every key is on exactly its owner)."""
+    import ray
+
+    from prerender_ray.actors.common import lookup
+
+    owners = Ownership(names)
+    out: dict[str, dict[str, list[str]]] = {}
+    for name in names:
+        try:
+            found = ray.get([lookup("keeper", name).schedule_row.remote(k) for k in keys], timeout=30)
+            held = {k for k, f in zip(keys, found) if f["renderSchedule"] is not None}
+        except (ValueError, ray.exceptions.RayError) as e:
+            out[name] = {"error": [repr(e)[:200]]}
+            continue
+        want = {k for k in keys if owners.owner(k.split("|")[0]) == name}
+        if want != held:
+            out[name] = {"missing": sorted(want - held)[:5], "extra": sorted(held - want)[:5]}
+    return out
+
+
+class _Probe:
+    """Traffic that runs all along a fault, each kind and node in a thread of its own, every answer
+    recorded with its time: bot GETs of cached pages, claims, target writes (new URLs, due now) and
+    reads (/readyz and a target)."""
+
+    def __init__(self, spec: dict):
+        self.spec = spec
+        self.stop = threading.Event()
+        self.records: dict[str, list[dict]] = {"bots": [], "grants": [], "claims": [], "writes": [], "reads": []}
+        self.lock = threading.Lock()
+        loops = [(self._bots, n, b) for n, b in spec.get("bots", {}).items()]
+        loops += [(self._claims, n, b) for n, b in spec.get("claims", {}).items()]
+        loops += [(self._reads, n, b) for n, b in spec.get("reads", {}).items()]
+        if spec.get("writes"):
+            loops.append((self._writes, "", ""))
+        self.outstanding = threading.Semaphore(8)  # writes may hang (an owner cut off): a thread each
+        self.threads = [threading.Thread(target=self._run, args=loop, daemon=True) for loop in loops]
+        for t in self.threads:
+            t.start()
+
+    def _run(self, loop: Any, node: str, base: str) -> None:
+        with httpx.Client(timeout=self.spec.get("timeout", 5.0)) as client:
+            i = 0
+            while not self.stop.is_set():
+                t0 = now_ms()
+                rec: dict[str, Any] = {"t": t0, "node": node}
+                try:
+                    loop(client, node, base, i, rec)
+                except Exception as e:
+                    rec["error"] = type(e).__name__
+                rec["ms"] = now_ms() - t0
+                i += 1
+                self.stop.wait(self.spec.get("pause", 0.25))
+
+    def _add(self, kind: str, rec: dict) -> None:
+        with self.lock:
+            self.records[kind].append(rec)
+
+    def _bots(self, client: httpx.Client, node: str, base: str, i: int, rec: dict) -> None:
+        self._add("bots", rec)
+        url, device = PAGED[i % len(PAGED)], DEVICES[(i // len(PAGED)) % 2]
+        rec["url"] = f"{url}|{device}"
+        r = _bot(client, base, url, device)
+        rec.update(status=r.status_code, cache=r.headers.get("x-harper-cache"), source=r.headers.get("x-harper-source"))
+
+    def _claims(self, client: httpx.Client, node: str, base: str, i: int, rec: dict) -> None:
+        self._add("claims", rec)
+        got = _claim(client, base, node)
+        rec["granted"] = len(got)
+        for g in got:
+            self._add("grants", g)
+
+    def _writes(self, client: httpx.Client, _node: str, _base: str, i: int, rec: dict) -> None:
+        """Each write in a thread of its own (one to a cut-off owner waits out its deadline)."""
+        nodes = sorted(self.spec["writes"])
+        node = rec["node"] = nodes[i % len(nodes)]
+        owners, three = self.spec.get("owners"), Ownership([NODE[h] for h in HOSTS])
+        n = self.spec.setdefault("n", 0)
+        while True:  # with "owners": the next URL owned (among all three) by the next owner of the list
+            url, n = f"{self.spec['fresh']}{n}", n + 1
+            if not owners or three.owner(url) == owners[i % len(owners)]:
+                break
+        self.spec["n"] = n
+        rec["url"], rec["owner3"] = url, three.owner(url)
+        self._add("writes", rec)
+        if not self.outstanding.acquire(timeout=0.5):
+            rec["error"] = "skipped: 8 writes outstanding"
+            return
+
+        def write() -> None:
+            try:
+                r = _put(client, self.spec["writes"][node], url, nextRenderTime=1)
+                rec["status"] = r.status_code
+                rec["owner"] = r.json().get("owner") if r.status_code == 200 else r.text[:200]
+            except Exception as e:
+                rec["error"] = type(e).__name__
+            finally:
+                rec["ms"] = now_ms() - rec["t"]
+                self.outstanding.release()
+
+        threading.Thread(target=write, daemon=True).start()
+        self.stop.wait(0.75)
+
+    def _reads(self, client: httpx.Client, node: str, base: str, i: int, rec: dict) -> None:
+        self._add("reads", rec)
+        r = client.get(f"{base}/readyz")
+        rec["ready"] = r.status_code
+        t = client.get(f"{base}/render_targets", params={"url": URLS[-1]}, auth=_admin())
+        rec["target"] = t.status_code
+
+
+def probe_start(name: str, spec: dict) -> None:
+    _PROBES[name] = _Probe(spec)
+
+
+def probe_stop(name: str) -> dict[str, list[dict]]:
+    probe = _PROBES.pop(name)
+    probe.stop.set()
+    for t in probe.threads:
+        t.join(30)
+    deadline = time.monotonic() + 15  # the writes still in flight answer or time out
+    for _ in range(8):
+        probe.outstanding.acquire(timeout=max(0.0, deadline - time.monotonic()))
+    with probe.lock:
+        return {k: list(v) for k, v in probe.records.items()}
+
+
+# ------------------------------------------------------------------------------ the test's side
+
+
+@dataclass
+class Cluster:
+    net: netns.Net
+    env: dict[str, str]
+    logs: Path
+    data_dir: Path
+    agents: dict[str, netns.Agent] = field(default_factory=dict)
+    ledger: list[dict] = field(default_factory=list)  # every grant of the module
+    deaths: dict[str, list[int]] = field(default_factory=dict)  # node -> when Ray declared it dead
+    starts: dict[str, int] = field(default_factory=dict)  # how often each host's Ray was started
+
+    def base(self, host: str) -> str:
+        return f"http://{self.net.addr[host]}:{PORT}"
+
+    def bases(self, *hosts: str) -> dict[str, str]:
+        return {NODE[h]: self.base(h) for h in hosts}
+
+    @property
+    def driver(self) -> netns.Agent:
+        return self.agents["a"]
+
+    def drv(self, fn: str, *args: Any, timeout: float = 60.0, **kw: Any) -> Any:
+        return self.driver.call(f"{__name__}:{fn}", *args, timeout=timeout, **kw)
+
+    def agent(self, host: str) -> netns.Agent:
+        if host not in self.agents or self.agents[host].proc.poll() is not None:
+            self.agents[host] = netns.Agent(self.net, host, env=self.env, log=self.logs / f"agent-{host}.log")
+        return self.agents[host]
+
+    def start_ray(self, host: str) -> None:
+        n = self.starts[host] = self.starts.get(host, 0) + 1
+        netns.ray_start(self.net, host, env=self.env, temp_dir=self.net.tmp / f"{host}{n}",
+                        head=None if host == "a" else f"{self.net.addr['a']}:6379",
+                        labels={"prerender-node": NODE[host]},
+                        system_config=None if host != "a" else {"max_direct_call_object_size": 4 * 1024 * 1024,
+                                                                 **HEALTH})
+
+    def wait_dead(self, node: str, timeout: float = 60.0) -> int:
+        wait_until(lambda: self.drv("drv_alive").get(node) is False, timeout, f"Ray to declare {node} dead")
+        t = now_ms()
+        self.deaths.setdefault(node, []).append(t)
+        return t
+
+    def wait_members(self, nodes: list[str], timeout: float, *, healthy: bool = False) -> None:
+        def ok() -> Any:
+            s = self.drv("drv_status")
+            return (s["membership"] == nodes and (not healthy or all(s["healthy"].get(n) for n in nodes))) or s
+        wait_until(lambda: ok() is True, timeout, f"membership {nodes}{' healthy' if healthy else ''}",
+                   last=lambda: self.drv("drv_status"))
+
+    def close(self) -> None:
+        for agent in self.agents.values():
+            try:
+                agent.close(2)
+            except Exception:
+                pass
+        for host, n in self.starts.items():  # Ray's own logs, kept with the test's (its temp dir goes)
+            for i in range(1, n + 1):
+                shutil.copytree(self.net.tmp / f"{host}{i}" / "session_latest" / "logs", self.logs / f"ray-{host}{i}",
+                                ignore=shutil.ignore_patterns("events", "*.pb"), dirs_exist_ok=True,
+                                ignore_dangling_symlinks=True) if (self.net.tmp / f"{host}{i}").exists() else None
+        self.net.teardown()
+
+
+def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.5, last: Any = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}" + (f" (last: {last()!r})" if last else ""))
+
+
+def settle(c: Cluster, hosts: tuple[str, ...], urls: list[str], timeout: float = 90.0) -> None:
+    """Every URL's target readable and every PAGED page a cache hit on each of ``hosts``, every key
+    of URLS on exactly its owner: nothing lost."""
+    seen: dict[str, Any] = {}
+
+    def done() -> bool:
+        seen["missing"] = c.drv("drv_missing", c.bases(*hosts), urls, PAGED, timeout=60)
+        seen["rows"] = c.drv("drv_rows", [NODE[h] for h in hosts], KEYS, timeout=60)
+        return not seen["missing"] and not seen["rows"]
+
+    wait_until(done, timeout, f"every target, page and row on {[NODE[h] for h in hosts]}", interval=1.0,
+               last=lambda: {k: {n: v[:4] if isinstance(v, list) else v for n, v in m.items()} for k, m in seen.items()})
+
+
+def double_grants(ledger: list[dict], deaths: dict[str, list[int]]) -> list[str]:
+    """Keys granted while an earlier grant of them was live: before its expiresAt, and without Ray
+    declaring the granting node dead in between (then the new owner re-grants, by design)."""
+    found = []
+    by_key: dict[str, list[dict]] = {}
+    for g in sorted(ledger, key=lambda g: g["t"]):
+        by_key.setdefault(g["key"], []).append(g)
+    for key, grants in by_key.items():
+        for i, later in enumerate(grants):
+            for earlier in grants[:i]:
+                died = any(earlier["t"] <= t <= later["t"] for t in deaths.get(earlier["node"], []))
+                if later["t"] < earlier["expiresAt"] and not died:
+                    found.append(f"{key}: granted by {earlier['node']} at {earlier['t']} (lease to "
+                                 f"{earlier['expiresAt']}) and again by {later['node']} at {later['t']}")
+    return found
+
+
+def during(records: list[dict], start: int, end: int) -> list[dict]:
+    return [r for r in records if start <= r["t"] <= end]
+
+
+def summary(records: list[dict], *fields: str) -> dict[str, int]:
+    """How often each answer came back: {"200 hit": 40, "ConnectTimeout": 3}."""
+    out: dict[str, int] = {}
+    for r in records:
+        label = r.get("error") or " ".join(str(r.get(f)) for f in fields)
+        out[label] = out.get(label, 0) + 1
+    return out
+
+
+def running(net: netns.Net, host: str, program: bytes) -> bool:
+    """A process of ``host`` runs ``program`` (the raylet, or an actor: ``ray::IngressReplica``)."""
+    for pid in net.pids(host):
+        try:
+            if program in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]:
+                return True
+        except OSError:
+            pass
+    return False
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    reason = netns.unavailable()
+    if reason:
+        pytest.skip(f"network namespaces unavailable: {reason}")
+    netns.remove_leftovers()
+    root = tmp_path_factory.mktemp("netns")
+    env = netns.ray_env(secrets.token_hex(32), {FLEET_ENV: secrets.token_hex(16), ADMIN_ENV: secrets.token_hex(16)})
+    c = Cluster(netns.Net(list(HOSTS)), env, root, root / "data")
+    atexit.register(c.close)  # also when pytest dies past the finally below (a second Ctrl-C)
+    try:
+        t0 = time.monotonic()
+        c.net.up()
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:  # a joining node waits for the head's GCS
+            started = [pool.submit(c.start_ray, "a")]
+            time.sleep(2)
+            started += [pool.submit(c.start_ray, h) for h in ("b", "c")]
+            for f in started:
+                f.result()
+        t1 = time.monotonic()
+        c.agent("a")
+        placed = c.drv("drv_deploy", f"{c.net.addr['a']}:6379", str(c.data_dir), timeout=200)
+        t2 = time.monotonic()
+        assert placed["urls"] == {NODE[h]: c.base(h) for h in HOSTS}, placed
+        # the scenarios cut and kill node-c and node-b: the controller must be on node-a with the GCS
+        assert placed["controller"] == "node-a", placed
+        c.ledger += c.drv("drv_seed", c.bases(*HOSTS), timeout=120)
+        settle(c, HOSTS, URLS, timeout=60)
+        print(f"\nRay on 3 namespaces {t1 - t0:.1f} s, deployed {t2 - t1:.1f} s, seeded {time.monotonic() - t2:.1f} s")
+        yield c
+    finally:
+        c.close()
+        atexit.unregister(c.close)
+
+
+def test_each_node_is_a_host_of_its_own_and_serves_every_page_and_target(cluster) -> None:
+    c = cluster
+    for h in HOSTS:  # an address of its own, and no way out of the test's network
+        out = c.net.run_in(h, ["ip", "-4", "-o", "addr", "show", "dev", "eth0"], timeout=10).stdout
+        assert f"inet {c.net.addr[h]}/24" in out
+        routes = c.net.run_in(h, ["ip", "-4", "route", "show"], timeout=10).stdout.strip().splitlines()
+        assert routes == [f"10.77.0.0/24 dev eth0 proto kernel scope link src {c.net.addr[h]}"], routes
+    assert c.drv("drv_alive") == {NODE[h]: True for h in HOSTS}
+    assert c.drv("drv_missing", c.bases(*HOSTS), URLS, PAGED) == {}
+    assert len(c.ledger) == 2 * len(PAGED + HELD) and double_grants(c.ledger, c.deaths) == []
+
+
+def test_a_node_cut_off_past_rays_timeout_loses_nothing_and_the_majority_serves_throughout(cluster) -> None:
+    c = cluster
+    major, minor = c.bases("a", "b"), c.bases("c")
+    c.drv("probe_start", "cut", {"bots": major, "claims": c.bases(*HOSTS), "writes": major,
+                                 "fresh": f"{SITE}/during-cut/"})
+    observer = c.agent("c")  # inside node-c's namespace, on node-c's address: node-c as the minority sees it
+    observer.call(f"{__name__}:probe_start", "minority", {
+        "bots": minor, "claims": minor, "reads": minor, "writes": minor, "fresh": f"{SITE}/on-minority/",
+        "owners": ["node-c", "node-a", "node-b"], "timeout": 10.0, "pause": 0.5})
+    time.sleep(2)
+    t = {"cut": now_ms()}
+    c.net.cut("c")
+    t["dead"] = c.wait_dead("node-c", 60)
+    c.wait_members(["node-a", "node-b"], 30)
+    t["members"] = now_ms()
+    time.sleep(3)  # both sides go on for a while in the new state
+    t["mend"] = now_ms()
+    c.net.mend("c")
+    wait_until(lambda: not running(c.net, "c", b"raylet"), 60, "node-c's raylet to exit once it is told it is dead")
+    t["raylet gone"] = now_ms()
+    wait_until(lambda: not running(c.net, "c", b"ray::IngressReplica"), 30, "node-c's ingress to follow its raylet")
+    t["ingress gone"] = now_ms()
+    time.sleep(1)
+    seen = netns.result(observer.submit(f"{__name__}:probe_stop", "minority"), 60, "the minority probe")
+    observer.close()
+    c.net.kill("c")  # whatever is left of node-c's Ray
+    t["restart"] = now_ms()
+    c.start_ray("c")  # the same name and data dir: it rejoins
+    c.wait_members(["node-a", "node-b", "node-c"], 120, healthy=True)
+    t["healthy"] = now_ms()
+    rec = c.drv("probe_stop", "cut", timeout=60)
+    acked = [w["url"] for w in rec["writes"] if w.get("status") == 200]
+    cut = {k: [r for r in seen[k] if t["cut"] <= r["t"] and r["t"] + r.get("ms", 0) <= t["mend"]] for k in seen}
+    _STATE["minority_acked"] = [w["url"] for w in cut["writes"] if w.get("status") == 200]
+    c.ledger += rec["grants"] + seen["grants"]
+    print("\npartition, s after the cut:", {k: round((v - t["cut"]) / 1000, 1) for k, v in t.items()})
+    print("majority bots:", summary(rec["bots"], "node", "status", "cache"), "claims:", summary(rec["claims"], "node"),
+          "grants:", len(rec["grants"]), "writes:", summary(rec["writes"], "status", "owner3"))
+    print("majority writes not answered 200 (s, ms, owner of 3, status):",
+          [(round((w["t"] - t["cut"]) / 1000, 1), w.get("ms"), w["owner3"], w.get("status") or w.get("error"))
+           for w in rec["writes"] if w.get("status") != 200])
+    print("minority while cut:", {"bots": summary(cut["bots"], "status", "cache"), "reads": summary(cut["reads"], "ready",
+          "target"), "claims": summary(cut["claims"], "granted"), "writes": summary(cut["writes"], "status", "owner3")})
+    print("minority writes (s, ms, owner of 3, status):", [
+        (round((w["t"] - t["cut"]) / 1000, 1), w.get("ms"), w["owner3"], w.get("status") or w.get("error"))
+        for w in seen["writes"]])
+    print("minority after mend:", summary(during(seen["bots"], t["mend"], now_ms()), "status"))
+
+    settle(c, HOSTS, URLS + acked, timeout=90)
+    print(f"settled at +{(now_ms() - t['cut']) / 1000:.1f} s")
+    # the majority: bots served throughout, nothing granted twice, its writes kept
+    assert {r["node"] for r in rec["bots"]} == {"node-a", "node-b"} and len(during(rec["bots"], t["cut"], t["mend"])) > 10
+    assert [r for r in rec["bots"] if r.get("status") != 200 or r.get("cache") != "hit"] == []
+    assert double_grants(c.ledger, c.deaths) == []
+    assert len(acked) >= 5, rec["writes"]
+    # the minority, as the module docstring describes it
+    assert cut["bots"] and all(r.get("status") == 200 and r.get("cache") == "hit" for r in cut["bots"]), cut["bots"]
+    assert cut["reads"] and all(r.get("ready") == 200 and r.get("target") == 200 for r in cut["reads"]), cut["reads"]
+    own = [w for w in cut["writes"] if w["owner3"] == "node-c"]
+    assert own and all(w.get("status") == 200 for w in own), cut["writes"]
+    others = [w for w in seen["writes"] if w["owner3"] != "node-c" and t["cut"] <= w["t"] <= t["mend"] - 10_000]
+    assert others and not [w for w in cut["writes"] if w["owner3"] != "node-c" and w.get("status") == 200], seen["writes"]
+    granted = [g for g in seen["grants"] if t["cut"] <= g["t"] <= t["mend"]]
+    three = Ownership([NODE[h] for h in HOSTS])
+    assert granted and {three.owner(g["url"]) for g in granted} == {"node-c"}, granted
+    assert all(r.get("error") for r in during(seen["bots"], t["ingress gone"], now_ms()))
+
+
+def test_a_write_acknowledged_by_the_cut_off_node_reaches_the_others(cluster) -> None:
+    """Node-c acknowledged targets of its own slice while cut off. They reach the others only if its
+    store ships them in the seconds between the cable coming back and its Ray shutting down: the
+    outbox is in memory, and a restarted store pulls from a peer but pushes nothing. Either outcome
+    is recorded: a pass, or an expected failure naming what node-c alone holds."""
+    acked = _STATE.get("minority_acked")
+    if acked is None:
+        pytest.skip("the partition test did not run")
+    assert acked
+    missing = cluster.drv("drv_missing", cluster.bases("a", "b"), acked, [])
+    if missing:
+        pytest.xfail(f"targets node-c acknowledged while cut off are on node-c only (a restarted store does "
+                     f"not push what it never shipped): {missing}")
+
+
+def test_a_node_killed_with_sigkill_loses_nothing_and_the_others_serve_throughout(cluster) -> None:
+    c = cluster
+    survivors = c.bases("a", "c")
+    c.drv("probe_start", "kill", {"bots": survivors, "claims": c.bases(*HOSTS), "writes": survivors,
+                                  "fresh": f"{SITE}/during-kill/"})
+    time.sleep(2)
+    t_kill = now_ms()
+    killed = c.net.kill("b", signal.SIGKILL)
+    assert killed
+    t_dead = c.wait_dead("node-b", 60)
+    c.wait_members(["node-a", "node-c"], 30)
+    time.sleep(2)
+    rec = c.drv("probe_stop", "kill", timeout=60)
+    acked = [w["url"] for w in rec["writes"] if w.get("status") == 200]
+    settle(c, ("a", "c"), URLS + acked, timeout=90)
+    c.ledger += rec["grants"]
+    bots = rec["bots"]
+    print(f"\nSIGKILL of {len(killed)} processes; node-b declared dead at +{(t_dead - t_kill) / 1000:.1f} s")
+    print("bots:", summary(bots, "node", "status", "cache"), "writes:", summary(rec["writes"], "status", "owner"))
+    assert bots and {r["node"] for r in bots} == {"node-a", "node-c"}
+    assert [r for r in bots if r.get("status") != 200 or r.get("cache") != "hit"] == []
+    assert double_grants(c.ledger, c.deaths) == []
+    assert len(acked) >= 3, rec["writes"]
+
+
+def test_the_ledger_check_finds_a_key_granted_while_a_lease_on_it_is_live() -> None:
+    """The check above, on its own: it must be able to fail."""
+    first = {"key": "https://x.example/|desktop", "url": "https://x.example/", "node": "node-b", "t": 1_000,
+             "expiresAt": 601_000, "origin": ""}
+    again = {**first, "node": "node-a", "t": 5_000}
+    assert len(double_grants([again, first], {})) == 1
+    assert double_grants([first, {**again, "t": 601_000}], {}) == []  # the lease had ended
+    assert double_grants([first, again], {"node-b": [3_000]}) == []  # its node was declared dead
+    assert len(double_grants([first, again], {"node-b": [6_000]})) == 1  # ... but only later
