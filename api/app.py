@@ -8,14 +8,18 @@ from collections.abc import Iterator
 from fastapi import FastAPI, Request, routing
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from ray.exceptions import RayError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from prerender_ray import logs
 from prerender_ray.api import health, peer, render_queue, sitemaps, targets
 from prerender_ray.api.admin import routes as admin
 from prerender_ray.api.bot.middleware import BotMiddleware
 from prerender_ray.api.context import NodeContext
+from prerender_ray.rpc import DeadlineExceeded
 from prerender_ray.serving.classify import reserved_prefixes
 
+log = logs.get("ingress")
 # No OpenTelemetry: FastAPI's native telemetry (newer releases) checks its providers on every request.
 _NO_TELEMETRY = ({"telemetry": {"tracing": False, "metrics": False, "logs": False}}
                  if "telemetry" in inspect.signature(FastAPI.__init__).parameters else {})
@@ -42,6 +46,16 @@ def create_app(ctx: NodeContext) -> FastAPI:
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         body = exc.detail if isinstance(exc.detail, dict) else {"error": str(exc.detail)}
         return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(DeadlineExceeded)
+    @app.exception_handler(RayError)
+    async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
+        """An actor this request needed did not answer in time, died, or is on a node Ray declared
+        dead: the caller may retry (a route that can say more catches it itself)."""
+        ctx.forget_remote()  # the next request looks the actors up afresh
+        log.warning("actor call failed", path=request.url.path, error=type(exc).__name__, detail=str(exc)[:300])
+        return JSONResponse({"error": "a node this request needs did not answer; retry", "reason": type(exc).__name__,
+                             "node": ctx.node.name}, status_code=503, headers={"retry-after": "1"})
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:

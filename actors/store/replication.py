@@ -11,6 +11,9 @@
 - Local writes go to an in-memory outbox per peer, shipped in batches by one task per peer and
   retried with backoff while the peer is unreachable. An outbox that grows past its bound is dropped
   and replaced by a re-push from the version index once the peer answers again.
+- The outbox dies with the process, so each peer's *shipped mark* is kept on disk: every version
+  below it has reached that peer. A store that starts again re-pushes from it what an outbox may
+  have held (a write acknowledged here and not yet shipped is never left on this node alone).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 
 from prerender_ray import metrics
 from prerender_ray.actors.common import Handles
-from prerender_ray.storage.keys import FRESHNESS, HPTR, LIVE, RENDER_HISTORY, TARGET, VIDX
+from prerender_ray.storage.keys import FRESHNESS, HPTR, LIVE, RENDER_HISTORY, SHIPPED, TARGET, VIDX
 from prerender_ray.storage.replication import Version, hlc_bytes, payload_of, unwrap, wins, wrap_many
 
 _LIVE_FLAG = (b"\x00", b"\x01")
@@ -50,12 +53,38 @@ class Replication:
         self.shippers: dict[str, asyncio.Task] = {}
         self.synced = asyncio.Event()
         self.sync_report: dict[str, Any] = {"state": "pending"}
+        self.shipped: dict[str, int] = {}
         for peer in self.peers:
+            self._resume(peer)
             self._add_peer(peer)
         self._tasks.append(asyncio.get_running_loop().create_task(self._initial_catch_up()))
 
     def _db(self, name: str) -> Any:
         return self.registry if name == "registry" else self.pages
+
+    def _resume(self, peer: str) -> None:
+        """At start: what an earlier process may have left in its outbox for ``peer`` is re-pushed
+        from the version index, from the peer's shipped mark (without one, a store of an older
+        release: from the catch-up margin before the newest record)."""
+        newest = self.newest_hlc()
+        if not newest:
+            return
+        raw = self.registry.get(SHIPPED + peer.encode())
+        if raw is not None and len(raw) == _HLC.size:
+            mark = _HLC.unpack(raw)[0]
+        else:
+            mark = max(0, newest - (CATCH_UP_MARGIN_MS << 16))
+        self.shipped[peer] = mark
+        if mark <= newest:
+            self.resync_from[peer] = min(mark, self.resync_from.get(peer, mark))
+
+    def _mark_shipped(self, peer: str, below: int) -> None:
+        """Every version below ``below`` has reached ``peer`` (never past a re-push still owed)."""
+        if peer in self.resync_from:
+            below = min(below, self.resync_from[peer])
+        if below > self.shipped.get(peer, 0):
+            self.shipped[peer] = below
+            self.registry.put(SHIPPED + peer.encode(), _HLC.pack(below))
 
     # ------------------------------------------------------------------------------ live counts
 
@@ -223,7 +252,7 @@ class Replication:
     async def set_membership(self, names: list[str]) -> None:
         peers = [n for n in names if n != self.node]
         for peer in peers:
-            if peer not in self.outbox:
+            if peer not in self.outbox:  # a peer that was away pulls what it missed when it starts
                 self._add_peer(peer)
         for peer in [p for p in self.outbox if p not in peers]:
             self.shippers.pop(peer).cancel()
@@ -280,6 +309,8 @@ class Replication:
                     except BaseException:
                         box.extendleft(reversed(batch))  # keep order; retried after the backoff
                         raise
+                    # The outbox is in version order: what is left in it is all that has not been shipped.
+                    self._mark_shipped(peer, _version(box[0]) if box else _version(batch[-1]) + 1)
                 metrics.replication_pending.labels(peer).set(len(box))
                 backoff = 1.0
             except asyncio.CancelledError:
@@ -291,8 +322,10 @@ class Replication:
                 backoff = min(backoff * 2, 30.0)
 
     async def _repush(self, peer: str) -> None:
-        """After an overflow: ship everything written since the oldest dropped record."""
+        """After an overflow or a restart: ship everything written since the oldest record an outbox
+        lost."""
         since = self.resync_from[peer]
+        newest = self.newest_hlc()  # what the scans below cover at least; later writes are in the outbox
         target = await self._peer_store(peer)
         for name in DBS:
             after = None
@@ -304,6 +337,8 @@ class Replication:
                 if after is None:
                     break
         del self.resync_from[peer]
+        box = self.outbox.get(peer)
+        self._mark_shipped(peer, min(_version(box[0]), newest + 1) if box else newest + 1)
 
     # --------------------------------------------------------------------------------- catch-up
 
@@ -363,6 +398,10 @@ class Replication:
     def replication_status(self) -> dict:
         return {"sync": self.sync_report, "pending": {p: len(b) for p, b in self.outbox.items()},
                 "resyncing": sorted(self.resync_from)}
+
+
+def _version(record: Record) -> int:
+    return unwrap(record[2])[0].hlc
 
 
 __all__ = ["Replication", "Version"]

@@ -22,6 +22,9 @@ REVOKED = b"x:"  # x:<session id> -> {"exp", "user", "revokedAt"} (signed-out ad
 VIDX = b"\x00v"  # \x00v <hlc:8> <key> -> b"" (records by version: what a peer has not seen yet)
 HPTR = b"\x00h"  # \x00h <key> -> <hlc:8><live:1> (older versions wrote the hlc alone)
 LIVE = b"\x00c"  # \x00c -> <live records:8>: pages, or targets in the registry
+# registry only, node-local: \x00s <peer> -> <hlc:8>, every version below it has reached that peer (what
+# a restarted store re-pushes from: its outbox was in memory)
+SHIPPED = b"\x00s"
 
 # --- pages (replicated): <cache key> -> the page record (pages.py); no prefix of its own
 # \x00f<cache key> -> the freshness record an identical render wrote instead of the page (touches.py);
@@ -38,6 +41,6 @@ LEASE = b"l:"  # l:<cache key> -> [expires, due, cadence, released, answered, wr
 MISSES = b"m"  # the miss histories, one JSON document (small; rewritten on each sweep)
 
 REGISTRY_PREFIXES = (TARGET, QUEUE_CONTROL, QUEUE_STATUS, SITEMAP, SITEMAP_RUN, TARGET_BY_SITEMAP,
-                     SITEMAP_ENTRIES, OVERRIDES_KEY, REVOKED, VIDX, HPTR, LIVE)
+                     SITEMAP_ENTRIES, OVERRIDES_KEY, REVOKED, VIDX, HPTR, LIVE, SHIPPED)
 PAGE_PREFIXES = (VIDX, HPTR, LIVE, FRESHNESS, RENDER_HISTORY)
 LEASE_PREFIXES = (LEASE, MISSES)

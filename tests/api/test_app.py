@@ -1,0 +1,40 @@
+"""The assembled app in process over ASGI: what a route answers when an actor it needs fails."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from ray.exceptions import ActorUnschedulableError
+
+from prerender_ray.api.app import create_asgi
+from prerender_ray.api.bot.replica import close_replica
+from prerender_ray.api.context import NodeContext
+from prerender_ray.config.model import Config
+from prerender_ray.identity.nodes import NodeInfo
+from prerender_ray.rpc import DeadlineExceeded
+
+
+@pytest.fixture
+async def ctx(tmp_path):
+    cfg = Config.model_validate({"domains": ["x.example"], "server": {"data_dir": str(tmp_path)}})
+    ctx = NodeContext(cfg=cfg, node=NodeInfo(name="n1", host="127.0.0.1", port=1, ray_node_id="x"),
+                      data_dir=str(tmp_path))
+    yield ctx
+    await close_replica(ctx)
+
+
+@pytest.mark.parametrize("error", [ActorUnschedulableError("node-c was declared dead"),
+                                   DeadlineExceeded("no answer within 30s")], ids=["dead-node", "deadline"])
+async def test_an_actor_that_fails_a_route_is_a_503_with_json_and_a_fresh_lookup_next_time(ctx, error) -> None:
+    async def keeper_of(url: str):
+        raise error
+
+    forgotten = []
+    ctx.keeper_of = keeper_of  # type: ignore[method-assign]
+    ctx.forget_remote = lambda: forgotten.append(1)  # type: ignore[method-assign]
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_asgi(ctx)), base_url="http://t") as c:
+        r = await c.put("/render_targets", json={"url": "https://x.example/a"})
+    assert r.status_code == 503 and r.headers["retry-after"] == "1"
+    assert r.json() == {"error": "a node this request needs did not answer; retry", "reason": type(error).__name__,
+                        "node": "n1"}
+    assert forgotten == [1]
