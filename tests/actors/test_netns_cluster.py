@@ -93,7 +93,8 @@ HEALTH = {  # Ray's node-death timeout, ~10 s: a node misses 5 checks, 1 s apart
 }
 CONFIG = {
     "domains": ["netns.example"],
-    "server": {"host": "0.0.0.0", "port": PORT},  # 0.0.0.0 of each namespace: its loopback and eth0
+    # 0.0.0.0 of each namespace: its loopback and eth0; one ingress replica per node (fewer processes to start)
+    "server": {"host": "0.0.0.0", "port": PORT, "replicas": 1},
     "auth": {"users": [{"name": "fleet", "passwordEnv": FLEET_ENV, "roles": ["fleet"]},
                        {"name": "admin", "passwordEnv": ADMIN_ENV, "roles": ["admin", "viewer"]}]},
     "render": {"reconcile": {"startDelay": "1h"}},
