@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from prerender_ray.processes import pid_alive
+
 RECORD = "deployment.json"
 RAY_START_DEADLINE_S = 90.0
 
@@ -183,18 +185,6 @@ def stop_local_ray(record: Record, grace_s: float = 20.0) -> None:
 
 def local_ray_alive(record: Record) -> bool:
     return bool(record.ray_pid) and pid_alive(record.ray_pid)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie child of ours counts as gone
-        status = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-        return status != "Z"
-    except OSError:
-        return False
 
 
 def _reap(pid: int) -> None:

@@ -21,7 +21,6 @@ import uvicorn
 
 from prerender_ray import logs, metrics
 from prerender_ray.actors.common import follow_overrides, read_overrides, untraced
-from prerender_ray.actors.deploy import pid_alive
 from prerender_ray.api.app import create_asgi
 from prerender_ray.api.bot.replica import apply_overrides, close_replica, open_replica
 from prerender_ray.api.context import NodeContext
@@ -29,6 +28,7 @@ from prerender_ray.config.loading import findings
 from prerender_ray.config.model import Config
 from prerender_ray.identity.nodes import NodeInfo
 from prerender_ray.identity.routes import compile_routes
+from prerender_ray.processes import pid_alive
 from prerender_ray.storage.rocks import node_dir
 
 PROBE_ATTEMPTS = 10

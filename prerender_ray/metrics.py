@@ -14,6 +14,8 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
+from prerender_ray.processes import pid_alive
+
 ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 # --- process health
@@ -140,15 +142,5 @@ def prepare_dir(path: Path) -> None:
     path.mkdir(parents=True, exist_ok=True)
     for f in path.glob("*.db"):
         pid = f.stem.rsplit("_", 1)[-1]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             multiprocess.mark_process_dead(int(pid), str(path))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

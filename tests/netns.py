@@ -37,6 +37,8 @@ import traceback
 from pathlib import Path
 from typing import IO, Any
 
+from prerender_ray.processes import pid_alive
+
 PREFIX = "prns"
 SUBNET = "10.77.0"
 TMP = Path("/tmp")  # short: Ray's unix socket paths have a length limit
@@ -89,19 +91,6 @@ def pids_in(ns: str) -> list[int]:
     return [int(p) for p in r.stdout.split() if p.isdigit() and int(p) != os.getpid()]
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie counts as gone
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def kill_all(ns: str, sig: int = signal.SIGKILL, *, spare: frozenset[int] | set[int] = frozenset(),
              wait_s: float = 10.0) -> list[int]:
     """Send ``sig`` to every process in ``ns`` but ``spare``; with SIGKILL, wait until they are gone."""
@@ -113,7 +102,7 @@ def kill_all(ns: str, sig: int = signal.SIGKILL, *, spare: frozenset[int] | set[
             pass
     if sig == signal.SIGKILL:
         deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and any(alive(p) for p in killed):
+        while time.monotonic() < deadline and any(pid_alive(p) for p in killed):
             time.sleep(0.05)
     return killed
 
@@ -136,12 +125,12 @@ def remove_leftovers() -> list[str]:
     removed = []
     for ns in namespaces():
         pid = _owner(ns)
-        if pid is not None and pid != os.getpid() and not alive(pid):
+        if pid is not None and pid != os.getpid() and not pid_alive(pid):
             _remove_ns(ns)
             removed.append(ns)
     for path in TMP.glob(f"{PREFIX}-*"):
         pid = _owner(path.name + "-x")
-        if pid is not None and pid != os.getpid() and not alive(pid):
+        if pid is not None and pid != os.getpid() and not pid_alive(pid):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(str(path))
     return removed

@@ -21,6 +21,7 @@ import yaml
 
 from prerender_ray.actors import deploy
 from prerender_ray.identity.nodes import RAY_SYSTEM_CONFIG
+from prerender_ray.processes import pid_alive
 from prerender_ray.worker.supervise import find_chromium
 from tests.support import free_port
 
@@ -222,7 +223,7 @@ def test_a_foreground_up_steps_aside_when_down_runs_in_another_shell(tmp_path: P
     with foreground_up(data, port, "--with-worker", until="render worker: pid") as (proc, record, out):
         worker = int(re.search(r"render worker: pid (\d+)", out).group(1))
         try:
-            assert deploy.pid_alive(worker)
+            assert pid_alive(worker)
             (data / deploy.RECORD).unlink()  # by hand: `up` writes it back, `down` needs it
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline and not (data / deploy.RECORD).exists():
@@ -231,7 +232,7 @@ def test_a_foreground_up_steps_aside_when_down_runs_in_another_shell(tmp_path: P
             down = run("down", "--data-dir", str(data))
             assert down.returncode == 0, down.stderr
             out = finish(proc, timeout=60)
-            worker_left = deploy.pid_alive(worker)
+            worker_left = pid_alive(worker)
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(worker, signal.SIGKILL)
