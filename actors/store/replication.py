@@ -54,19 +54,19 @@ class Replication:
         self.synced = asyncio.Event()
         self.sync_report: dict[str, Any] = {"state": "pending"}
         self.shipped: dict[str, int] = {}
+        newest = self.newest_hlc()
         for peer in self.peers:
-            self._resume(peer)
+            self._resume(peer, newest)
             self._add_peer(peer)
         self._tasks.append(asyncio.get_running_loop().create_task(self._initial_catch_up()))
 
     def _db(self, name: str) -> Any:
         return self.registry if name == "registry" else self.pages
 
-    def _resume(self, peer: str) -> None:
+    def _resume(self, peer: str, newest: int) -> None:
         """At start: what an earlier process may have left in its outbox for ``peer`` is re-pushed
         from the version index, from the peer's shipped mark (without one, a store of an older
-        release: from the catch-up margin before the newest record)."""
-        newest = self.newest_hlc()
+        release: from the catch-up margin before ``newest``, the newest version held)."""
         if not newest:
             return
         raw = self.registry.get(SHIPPED + peer.encode())

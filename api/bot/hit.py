@@ -47,9 +47,7 @@ class Hit:
             try:
                 found = self.pages.get_after_miss(req.cache_key)
             except UnreadablePage as e:
-                self.counters.child(metrics.serve_errors, "page-unreadable").inc()
-                self.counters.warn_sometimes("page-unreadable", "unreadable page; serving the origin",
-                                             error=str(e))
+                self._unreadable(e)
                 return "unreadable", None
         return verdict(found, now, self.swr_ttl, skip=skip), found
 
@@ -68,8 +66,7 @@ class Hit:
         try:
             meta = page.meta
         except UnreadablePage as e:
-            self.counters.child(metrics.serve_errors, "page-unreadable").inc()
-            self.counters.warn_sometimes("page-unreadable", "unreadable page; serving the origin", error=str(e))
+            self._unreadable(e)
             return None
         prepared = page.variants.get(accept)
         if prepared is None:
@@ -85,6 +82,10 @@ class Hit:
             self.counters.child(metrics.status_pages_served, str(meta.status_code)).inc()
         return prepared_reply(prepared, last_cached=meta.last_cached, now=now, request_headers=headers,
                               head=req.method == "HEAD", debug=self.debug(req, out) if debug else None)
+
+    def _unreadable(self, e: UnreadablePage) -> None:
+        self.counters.child(metrics.serve_errors, "page-unreadable").inc()
+        self.counters.warn_sometimes("page-unreadable", "unreadable page; serving the origin", error=str(e))
 
     def debug(self, req: BotRequest, out: Outcome) -> dict[str, str]:
         keys = self.keys

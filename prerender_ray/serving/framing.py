@@ -24,10 +24,9 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import NamedTuple
 
-from prerender_ray.serving.answer import Body, Reply, prepare
-from prerender_ray.serving.conditional import NOT_MODIFIED_HEADERS, is_not_modified
+from prerender_ray.serving.answer import Body, Prepared, Reply, prepare, prepared_reply
+from prerender_ray.serving.conditional import NOT_MODIFIED_HEADERS
 from prerender_ray.serving.negotiation import choose_encoding, normalize_coding, parse_accept_encoding
-from prerender_ray.serving.responses import age_seconds
 from prerender_ray.storage.pages import Page
 
 FRAME_VERSION = 1
@@ -103,26 +102,26 @@ def parse_frame(data: bytes | memoryview) -> Frame | None:
     return Frame(CODINGS[coding], etag, modified, list(zip(parts[::2], parts[1::2], strict=True)))
 
 
-@lru_cache(maxsize=512)
 def _target(stored: str, accept: str | None) -> str:
     return choose_encoding(stored, parse_accept_encoding(accept))
+
+
+_memo = lru_cache(maxsize=512)(_target)
 
 
 def sends_stored_coding(frame: Frame, accept_encoding: str | None) -> bool:
     """Whether negotiation gives a client with ``accept_encoding`` the body as stored. Each distinct
     short value is negotiated once per process (bots send a handful of them)."""
-    if accept_encoding is not None and len(accept_encoding) > _MEMO_MAX_VALUE:
-        return choose_encoding(frame.coding, parse_accept_encoding(accept_encoding)) == frame.coding
-    return _target(frame.coding, accept_encoding) == frame.coding
+    long = accept_encoding is not None and len(accept_encoding) > _MEMO_MAX_VALUE
+    return (_target if long else _memo)(frame.coding, accept_encoding) == frame.coding
 
 
 def framed_reply(frame: Frame, body: Body, *, last_cached: int | None, now: int, request_headers: Mapping[str, str],
                  head: bool = False) -> Reply:
     """``prepared_reply``'s answer for the stored coding: the 200, or the 304 when the request's
-    validators match (debug headers take ``prepare``)."""
-    age = age_seconds(last_cached, now)
-    extra = {} if age is None else {"age": str(age)}
-    if ("if-none-match" in request_headers or "if-modified-since" in request_headers) \
-            and is_not_modified(200, frame.validators(), request_headers):
-        return Reply(304, extra, b"", frame.not_modified())
-    return Reply(200, extra, b"" if head else body, frame.headers)
+    validators match (debug headers take ``prepare``). The validators and the 304's headers are
+    taken from the frame only for a conditional request."""
+    conditional = "if-none-match" in request_headers or "if-modified-since" in request_headers
+    prepared = Prepared(200, frame.validators() if conditional else {}, body, frame.headers,
+                        frame.not_modified() if conditional else [])
+    return prepared_reply(prepared, last_cached=last_cached, now=now, request_headers=request_headers, head=head)

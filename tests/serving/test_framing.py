@@ -152,7 +152,7 @@ def test_a_frame_that_does_not_parse_is_ignored(frame: bytes) -> None:
 def test_long_accept_encoding_values_are_negotiated_but_never_kept() -> None:
     frame = parse_frame(frame_of(page()))
     assert frame is not None
-    framing._target.cache_clear()
+    framing._memo.cache_clear()
     long = "gzip, " + "x" * 300
-    assert sends_stored_coding(frame, long) and framing._target.cache_info().currsize == 0
-    assert sends_stored_coding(frame, "gzip") and framing._target.cache_info().currsize == 1
+    assert sends_stored_coding(frame, long) and framing._memo.cache_info().currsize == 0
+    assert sends_stored_coding(frame, "gzip") and framing._memo.cache_info().currsize == 1
