@@ -104,13 +104,8 @@ class Handoff:
         if leases:
             await self.leases.adopt(leases)
             self.claims.note_adopted(leases)
+        # Where the sender's view lagged ours, the write funnel keeps what we do not own out of the
+        # ranking and kicks the hand-off: passed on now (no later membership change may come to move them).
         self.rows.write(rows)
         self.report["adopted"] += len(rows)
-        passing = [r.cache_key for r in rows if not self.rows.owns(r.cache_key)]
-        if passing:
-            # The sender's view lagged ours: never granted here, passed on now (no later membership
-            # change may come to move them).
-            for key in passing:
-                self.rows.ranking.remove(key)
-            self.kick()
         return len(rows)

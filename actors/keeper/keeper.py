@@ -71,6 +71,7 @@ class Keeper:
         self.targets.publish_now = self.claims.publish_now
         self.targets.woke = lambda: self.status.current == "queued"
         self.handoff.on_departed = self.repair.rebuild_soon
+        self.rows.on_unowned = self.handoff.kick
         self.loaded_at: float | None = None
         self._frozen_at = time.monotonic()
         self.tasks: list[asyncio.Task] = []

@@ -70,6 +70,7 @@ class Rows:
         self.ranking = Ranking(self.cadence_for, boost=conf.cfg.queue.ready.sitemap_boost)
         self.flows = Flow(FLOWS)
         self.on_due: Callable[[], None] = lambda: None  # due work written: publish soon
+        self.on_unowned: Callable[[], None] = lambda: None  # rows another node owns were written: hand them over
         self.touched: set[str] | None = set()  # keys written while a walk runs (load or verify)
         self.head_checked: dict[str, float] = {}
         self.phase = "loading"
@@ -113,6 +114,19 @@ class Rows:
     def owns(self, key: str) -> bool:
         return len(self.ownership.names) <= 1 or self.ownership.owner(self.conf.rules.url_of(key)) == self.node
 
+    def _owned(self, rows: list) -> list:
+        """The rows of ``rows`` this node owns (device variants of one URL arrive together: the owner
+        is asked once per URL)."""
+        url_of, owner, node = self.conf.rules.url_of, self.ownership.owner, self.node
+        last, mine, out = None, False, []
+        for r in rows:
+            url = url_of(r[0])
+            if url != last:
+                last, mine = url, owner(url) == node
+            if mine:
+                out.append(r)
+        return out
+
     def reclassify(self) -> int:
         """After a live config change: every row held moves to the class of its new route and cadence."""
         return self.ranking.reclassify(self.cadence_for, route_of=self.route_of,
@@ -128,6 +142,14 @@ class Rows:
             return
         self.db.write(encode_many(rows))
         now = now_ms()
+        if len(self.ownership.names) > 1:
+            # A writer decided on ownership before an await (a rebuild's scan, a store call, a lagging
+            # sender) and the membership changed since: such rows are kept out of memory, so they are
+            # never granted here, and the hand-off carries them from the store to their owner.
+            owned = self._owned(rows)
+            if len(owned) < len(rows):
+                self.on_unowned()
+                rows = owned
         # upsert_many asks for the route once per URL (device variants arrive together)
         self.ranking.upsert_many(rows, route_of or self.route_of, delimiter=self._variants)
         if self.touched is not None:

@@ -78,3 +78,38 @@ async def test_two_departures_in_a_row_rebuild_both_slices_on_the_survivor(keepe
     await a.handoff.set_membership(["node-a"])
     await asyncio.wait_for(asyncio.gather(*a.repair._rebuilds), 20)
     assert [k for k in keys if a.rows.row(k) is None] == []
+
+
+async def test_a_rebuild_whose_scan_predates_a_join_hands_the_joiners_rows_on(keepers) -> None:
+    """node-b sees node-c leave and starts rebuilding c's slice; node-c comes back while the pass is
+    between its scan and its writes. The rows it collected for c's URLs are c's again: b must
+    neither hold nor grant them, and they reach c (no later membership change comes to move them)."""
+    three = ("node-a", "node-b", "node-c")
+    a, b, c = (keepers(n, members=three) for n in three)
+    for k in (a, b, c):
+        await k.load()
+    urls = await put_due(a, *(f"/p{i}" for i in range(60)))
+    keys = [key for u in urls for key in a.conf.rules.keys_of(u)]
+    scanned, resume = asyncio.Event(), asyncio.Event()
+    pageless_first = b.repair._pageless_first
+
+    async def held_after_the_scan(collected):
+        scanned.set()
+        await resume.wait()
+        return await pageless_first(collected)
+
+    b.repair._pageless_first = held_after_the_scan
+    await b.handoff.set_membership(["node-a", "node-b"])
+    await asyncio.wait_for(scanned.wait(), 10)
+    await b.handoff.set_membership(list(three))
+    resume.set()
+    await asyncio.wait_for(asyncio.gather(*b.repair._rebuilds), 20)
+    owners = Ownership(three)
+    assert b.repair.last["restored"] > 0  # the pass wrote rows of c's slice
+    assert [k for k in keys if b.rows.row(k) is not None and owners.owner(a.conf.rules.url_of(k)) != "node-b"] == []
+    if b.handoff.task is not None:
+        await asyncio.wait_for(b.handoff.task, 10)
+    assert b.rows.unowned() == {}
+    for k in keys:
+        owner = {"node-a": a, "node-b": b, "node-c": c}[owners.owner(a.conf.rules.url_of(k))]
+        assert owner.rows.row(k) is not None
