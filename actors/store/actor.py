@@ -18,6 +18,7 @@ from prerender_ray import logs, metrics, rpc
 from prerender_ray.actors.common import bulk_gc, call, untraced
 from prerender_ray.actors.store.replication import Replication
 from prerender_ray.config.model import Config
+from prerender_ray.identity.cachekeys import KeyFormat
 from prerender_ray.storage import history
 from prerender_ray.storage.history import is_history_key
 from prerender_ray.storage.keys import TARGET
@@ -51,7 +52,7 @@ class NodeStore(Replication):
         self._sitemap_of = SitemapReader()
         self.log.info("store open", pages=str(self.pages.path), registry=str(self.registry.path))
         self.load_live_counts()
-        self.init_replication(list(peers))
+        self.init_replication(list(peers), cfg.cluster.replicas, KeyFormat.from_config(cfg).url_of)
 
     # ------------------------------------------------------------------------------------ writes
 

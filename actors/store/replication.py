@@ -26,7 +26,10 @@ from typing import Any
 
 from prerender_ray import metrics
 from prerender_ray.actors.common import Handles
+from prerender_ray.actors.store.rebalance import Rebalancing
+from prerender_ray.identity.nodes import Ownership
 from prerender_ray.storage.keys import FRESHNESS, HPTR, LIVE, RENDER_HISTORY, SHIPPED, TARGET, VIDX
+from prerender_ray.storage.placement import Placement
 from prerender_ray.storage.replication import Version, hlc_bytes, payload_of, unwrap, wins, wrap_many
 
 _LIVE_FLAG = (b"\x00", b"\x01")
@@ -38,14 +41,24 @@ BATCH_BYTES = 4 * 1024 * 1024
 MAX_PENDING = 200_000
 SHIP_DEADLINE_S = 15.0
 CATCH_UP_MARGIN_MS = 10 * 60_000  # records this much older than the newest held are pulled again
+SCAN_BUDGET = 20_000  # index entries one ``since`` call reads at most (a filtered scan may skip many)
 # [db name, key, enveloped record]: a list, since Ray pickles every tuple of an argument (see
 # Claims.grant) and a batch carries hundreds of records
 Record = list
 
 
-class Replication:
-    def init_replication(self, peers: list[str]) -> None:
+def _whole_key(key: str) -> str:
+    return key
+
+
+class Replication(Rebalancing):
+    def init_replication(self, peers: list[str], replicas: int = 64,
+                         url_of_key: Any = _whole_key) -> None:
+        """``replicas``: how many nodes hold each URL's records (``cluster.replicas``);
+        ``url_of_key``: a cache key's URL (the key layout is config)."""
         self.peers: list[str] = [p for p in peers if p != self.node]
+        self.placement = Placement(Ownership([self.node, *self.peers]), replicas, url_of_key)
+        self.init_rebalancing()
         self.stores = Handles("store")  # the peers' stores
         self.outbox: dict[str, deque[Record]] = {}
         self.resync_from: dict[str, int] = {}  # peer -> hlc to re-push from (its outbox overflowed)
@@ -157,8 +170,13 @@ class Replication:
                                    for i, (key, payload) in enumerate(ops)])
         batch.append(self._counted(name, [k for k, _ in ops], [p for _, p in ops], lives))
         db.write(batch)
-        for peer in self.peers:
-            self._enqueue(peer, [[name, key, record] for (key, _), record in zip(ops, records)])
+        shipped = [[name, key, record] for (key, _), record in zip(ops, records)]
+        if not self.placement.partial:
+            for peer in self.peers:
+                self._enqueue(peer, shipped)
+            return
+        for peer, held in self.placement.split(self.peers, name, [key for key, _ in ops]).items():
+            self._enqueue(peer, [shipped[i] for i in held])
 
     def commit_remote(self, name: str, items: list[tuple[bytes, bytes]]) -> int:
         """A peer's enveloped records, each applied only when newer than what is held."""
@@ -227,18 +245,29 @@ class Replication:
             by_db[name].append((key, record))
         return sum(self.commit_remote(n, items) for n, items in by_db.items() if items)
 
-    async def since(self, name: str, hlc: int, after: bytes | None, limit: int = BATCH_RECORDS) -> dict:
+    async def since(self, name: str, hlc: int, after: bytes | None, limit: int = BATCH_RECORDS,
+                    holder: str | None = None, members: list[str] | None = None) -> dict:
         """Records of one store with a version at or after ``hlc``, in version order, from the index
-        position ``after`` (exclusive); answers ``{records, next}`` within a byte budget."""
+        position ``after`` (exclusive); answers ``{records, next}`` within a byte budget. With
+        ``holder``: only the records that node holds under ``members`` (default: this node's view)."""
         db = self._db(name)
         start = after + b"\x00" if after else VIDX + _HLC.pack(hlc)
         out: list[Record] = []
         size = 0
         nxt = None
+        placement = self.placement if members is None else self.placement.under(members)
+        keep = (lambda key: True) if holder is None or not placement.partial else (
+            lambda key: placement.holds(holder, name, key))
+        scanned = 0
         for ikey, _ in db.items(VIDX, start):
             key = ikey[len(VIDX) + _HLC.size:]
-            record = db.get(key)
             nxt = ikey
+            scanned += 1
+            if scanned > SCAN_BUDGET:
+                return {"records": out, "next": nxt}
+            if not keep(key):
+                continue
+            record = db.get(key)
             if record is None:
                 continue
             out.append([name, key, record])
@@ -251,6 +280,9 @@ class Replication:
 
     async def set_membership(self, names: list[str]) -> None:
         peers = [n for n in names if n != self.node]
+        if not peers and not names:
+            return  # an empty list is never trusted
+        self.rebalance_on([self.node, *peers])
         for peer in peers:
             if peer not in self.outbox:  # a peer that was away pulls what it missed when it starts
                 self._add_peer(peer)
@@ -330,7 +362,7 @@ class Replication:
         for name in DBS:
             after = None
             while True:
-                page = await self.since(name, since, after)
+                page = await self.since(name, since, after, holder=peer)
                 if page["records"]:
                     await asyncio.wait_for(target.apply_remote.remote(page["records"]), SHIP_DEADLINE_S)
                 after = page["next"]
@@ -358,30 +390,40 @@ class Replication:
         newest = self.newest_hlc()
         since = max(0, newest - (CATCH_UP_MARGIN_MS << 16)) if newest else 0
         pulled = 0
-        source = None
+        sources: list[str] = []
+        partial = self.placement.partial
         for peer in sorted(self.peers):
             try:
                 began = self.clock.now().hlc
-                pulled = await self._pull(peer, since)
-                pulled += await self._pull(peer, max(0, began - (CATCH_UP_MARGIN_MS << 16)))
-                source = peer
-                break
+                n = await self._pull(peer, since, partial)
+                n += await self._pull(peer, max(0, began - (CATCH_UP_MARGIN_MS << 16)), partial)
+                pulled += n
+                sources.append(peer)
+                if not partial:
+                    break  # every peer holds everything: one is enough
             except Exception as e:
                 self.log.warning("catch-up from a peer failed; trying the next", peer=peer, error=repr(e))
-        self.sync_report = {"state": "synced", "from": source, "records": pulled, "since": since,
-                            "ms": round((time.time() - t0) * 1000), "peers": list(self.peers)}
-        if self.peers and source is None:
+        # holding a share, this node pulls from every peer (each sends what this node holds)
+        self.sync_report = {"state": "synced", "from": sources[0] if sources else None, "records": pulled,
+                            "since": since, "ms": round((time.time() - t0) * 1000), "peers": list(self.peers)}
+        if partial:
+            self.sync_report["sources"] = sources
+        if self.peers and not sources:
             self.sync_report["state"] = "no-peer-answered"
         self.log.info("replica catch-up", **self.sync_report)
         self.synced.set()
 
-    async def _pull(self, peer: str, since: int) -> int:
+    async def _pull(self, peer: str, since: int, share: bool = False) -> int:
+        """What ``peer`` holds since ``since``; with ``share``, only what this node holds."""
         target = await self._peer_store(peer)
         n = 0
+        members = list(self.placement.ownership.names) if share else None
         for name in DBS:
             after = None
             while True:
-                page = await asyncio.wait_for(target.since.remote(name, since, after), SHIP_DEADLINE_S)
+                page = await asyncio.wait_for(
+                    target.since.remote(name, since, after, BATCH_RECORDS, self.node if share else None, members),
+                    SHIP_DEADLINE_S)
                 n += await self.apply_remote(page["records"])
                 after = page["next"]
                 if after is None:
@@ -397,7 +439,8 @@ class Replication:
 
     def replication_status(self) -> dict:
         return {"sync": self.sync_report, "pending": {p: len(b) for p, b in self.outbox.items()},
-                "resyncing": sorted(self.resync_from)}
+                "resyncing": sorted(self.resync_from), "replicas": self.placement.replicas,
+                "rebalance": self.rebalance_report}
 
 
 def _version(record: Record) -> int:

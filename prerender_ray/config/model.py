@@ -345,6 +345,25 @@ class PeerRescue(Model):
     timeout_ms: PositiveDuration = Field(500, description="Deadline of a peer page fetch.")
 
 
+class Cluster(Model):
+    replicas: int = Field(
+        3, ge=1, le=64,
+        description="How many nodes hold each URL's target and pages: the first R of its rendezvous order, "
+        "the owner first (every node when there are fewer). 1 keeps one copy: a node lost is its pages lost.",
+    )
+    holder_read_timeout_ms: PositiveDuration = Field(
+        250, description="Deadline of one read from a holder by a node that holds no copy (the next holder "
+        "is tried after it)."
+    )
+    holder_cache_bytes: int = Field(
+        16 * 1024 * 1024, ge=0, le=1 << 32,
+        description="Bytes of pages read from holders that each ingress replica keeps (0: none).",
+    )
+    holder_cache_ttl_ms: PositiveDuration = Field(
+        30_000, description="How long a page read from a holder is served from that cache."
+    )
+
+
 class LiveOverrides(Model):
     enabled: bool = Field(
         True, description="Admins may change the live options (routes, default interval, sitemap boost) at runtime."
@@ -745,6 +764,7 @@ class Config(Model):
     debug_header: DebugHeader = DebugHeader()
     render_now: RenderNow = RenderNow()
     peer_rescue: PeerRescue = PeerRescue()
+    cluster: Cluster = Cluster()
     management: Management = Management()
     page: Page = Page()
     render: Render = Render()

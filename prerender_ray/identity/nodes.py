@@ -101,3 +101,19 @@ class Ownership:
             if score > best_score:  # strictly greater: ties keep the first (sorted) name
                 best_score, best = score, name
         return best
+
+    def holders(self, url: str, replicas: int) -> tuple[str, ...]:
+        """The first ``replicas`` nodes of ``url``'s rendezvous order (all when there are fewer): where
+        its target and pages live. The owner is first, so when it leaves, the next owner already
+        holds the URL; a node that leaves or joins moves only the URLs whose top set it is in."""
+        if not self._seeds:
+            raise LookupError("no nodes known yet")
+        if replicas >= len(self._seeds):
+            owner = self.owner(url)
+            return (owner, *(n for _, n in self._seeds if n != owner))
+        key = url.encode()
+        # highest score first, ties to the first (sorted) name, as owner() decides
+        ranked = sorted(((-xxhash.xxh64_intdigest(key, seed=seed), i, name)
+                         for i, (seed, name) in enumerate(self._seeds)))
+        return tuple(name for _, _, name in ranked[:max(1, replicas)])
+

@@ -68,3 +68,28 @@ def test_labels_override_the_configured_name_and_port() -> None:
 def test_the_callback_origin_brackets_ipv6_and_follows_tls() -> None:
     assert NodeInfo("a", "127.0.0.1", 9926).url == "http://127.0.0.1:9926"
     assert NodeInfo("a", "2001:db8::1", 9926, tls=True).url == "https://[2001:db8::1]:9926"
+
+
+def test_holders_are_the_first_r_of_the_rendezvous_order_with_the_owner_first() -> None:
+    names = [f"node-{c}" for c in "abcde"]
+    own = Ownership(names)
+    urls = [f"https://shop.test/p/{i}" for i in range(2000)]
+    for url in urls:
+        three = own.holders(url, 3)
+        assert len(three) == len(set(three)) == 3 and three[0] == own.owner(url)
+        assert own.holders(url, 2) == three[:2] and own.holders(url, 1) == three[:1]
+        assert sorted(own.holders(url, 9)) == names and own.holders(url, 9)[0] == own.owner(url)
+    # each node holds about R/N of the URLs
+    counts = {n: sum(n in own.holders(u, 3) for u in urls) for n in names}
+    assert all(abs(c - 1200) < 150 for c in counts.values()), counts
+
+
+def test_a_node_leaving_moves_only_the_urls_it_held() -> None:
+    names = [f"node-{c}" for c in "abcde"]
+    five, four = Ownership(names), Ownership([n for n in names if n != "node-c"])
+    for url in (f"https://shop.test/p/{i}" for i in range(2000)):
+        before, after = five.holders(url, 3), four.holders(url, 3)
+        if "node-c" not in before:
+            assert after == before
+        else:  # the survivors keep their order; the next node in line joins at the end
+            assert after[:2] == tuple(n for n in before if n != "node-c") and after[2] not in before

@@ -19,7 +19,7 @@ from prerender_ray.storage.rocks import PAGES, REGISTRY, Store, store_path
 class Node(Replication):
     """A NodeStore's replication part on its own: its stores, its clock, and the network."""
 
-    def __init__(self, name: str, data_dir: Path, peers: list[str], net: dict[str, Node]):
+    def __init__(self, name: str, data_dir: Path, peers: list[str], net: dict[str, Node], replicas: int = 64):
         self.log = logs.get("store")
         self.node = name
         self.clock = Clock(name)
@@ -28,7 +28,8 @@ class Node(Replication):
         self._tasks: list = []
         self.net = net
         self.load_live_counts()
-        self.init_replication(peers)
+        self.init_replication(peers, replicas, lambda key: key.split("|")[0])
+        self.stores = SimpleNamespace(renew=lambda names: asyncio.sleep(0))  # the network is ``net``
 
     def _index_ops(self, out: list, key: bytes, old: bytes | None, new: bytes | None) -> None:
         """NodeStore's targets-by-sitemap index: none here."""
@@ -39,6 +40,9 @@ class Node(Replication):
             raise ConnectionError(f"{peer} is unreachable")
         return SimpleNamespace(apply_remote=SimpleNamespace(remote=node.apply_remote),
                                since=SimpleNamespace(remote=node.since))
+
+    def page(self, key: str) -> bytes | None:
+        return payload_of(self.pages.get(key.encode()))
 
     def crash(self) -> None:
         """The process dies: its tasks and its outbox with it; what it wrote stays on disk."""

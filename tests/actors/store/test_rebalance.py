@@ -1,0 +1,131 @@
+"""Per-URL records on R nodes without Ray (``actors/store/rebalance.py``, DESIGN.md Tiers): writes ship
+to their URL's holders only, cluster-wide rows everywhere; a joining node pulls its share; a change of
+membership pushes what new holders lack and drops, after their ack, what a node no longer holds."""
+
+from __future__ import annotations
+
+import asyncio
+
+from prerender_ray.actors.store import rebalance
+from prerender_ray.identity.nodes import Ownership
+from prerender_ray.storage.keys import FRESHNESS, SITEMAP, TARGET, VIDX
+from prerender_ray.storage.replication import payload_of
+from tests.actors.store.test_replication import Node, _until
+
+R = 2
+URLS = [f"https://x.com/{i}" for i in range(60)]
+
+
+def holders(names: list[str], url: str) -> set[str]:
+    return set(Ownership(names).holders(url, R))
+
+
+def start(tmp_path, names: list[str], net: dict[str, Node]) -> dict[str, Node]:
+    nodes = {}
+    for n in names:
+        nodes[n] = net[n] = Node(n, tmp_path, [p for p in names if p != n], net, replicas=R)
+    return nodes
+
+
+def write(node: Node, urls: list[str]) -> None:
+    node.commit_local("registry", [(TARGET + u.encode(), f'{{"u":"{u}"}}'.encode()) for u in urls])
+    node.commit_local("pages", [(f"{u}|desktop".encode(), b"<html>" + u.encode()) for u in urls]
+                      + [(FRESHNESS + f"{u}|desktop".encode(), b"touch") for u in urls])
+
+
+def where(nodes: dict[str, Node], url: str) -> dict[str, set[str]]:
+    """Which nodes hold the target, the page and the freshness record of ``url``."""
+    key = f"{url}|desktop".encode()
+    return {"target": {n for n, s in nodes.items() if s.target(url) is not None},
+            "page": {n for n, s in nodes.items() if payload_of(s.pages.get(key)) is not None},
+            "touch": {n for n, s in nodes.items() if payload_of(s.pages.get(FRESHNESS + key)) is not None}}
+
+
+def placed(nodes: dict[str, Node], names: list[str]) -> list[str]:
+    """URLs not held by exactly their holders under ``names`` (every kind of record)."""
+    return [u for u in URLS if any(v != holders(names, u) for v in where(nodes, u).values())]
+
+
+def stop(nodes) -> None:
+    for node in list(nodes.values()):
+        node.crash()
+
+
+async def test_writes_ship_to_their_urls_holders_only_and_cluster_rows_everywhere(tmp_path) -> None:
+    names = ["node-a", "node-b", "node-c"]
+    net: dict[str, Node] = {}
+    nodes = start(tmp_path, names, net)
+    for u in URLS:  # each URL is written by its owner, as the keeper does
+        write(nodes[Ownership(names).owner(u)], [u])
+    nodes["node-a"].commit_local("registry", [(SITEMAP + b"https://x.com/sitemap.xml", b"{}")])
+    await _until(lambda: not placed(nodes, names), "every record on exactly its two holders")
+    assert all(s.registry.get(SITEMAP + b"https://x.com/sitemap.xml") is not None for s in nodes.values())
+    assert {n: s.live["registry"] for n, s in nodes.items()} == {
+        n: sum(n in holders(names, u) for u in URLS) for n in names}
+    stop(nodes)
+
+
+async def test_a_joining_node_pulls_its_share_and_the_others_drop_what_it_took_over(tmp_path) -> None:
+    three, four = ["node-a", "node-b", "node-c"], ["node-a", "node-b", "node-c", "node-d"]
+    net: dict[str, Node] = {}
+    nodes = start(tmp_path, three, net)
+    for u in URLS:
+        write(nodes[Ownership(three).owner(u)], [u])
+    await _until(lambda: not placed(nodes, three), "the three-node placement")
+    d = Node("node-d", tmp_path, three, net, replicas=R)
+    nodes["node-d"] = net["node-d"] = d
+    await d.synced.wait()
+    mine = [u for u in URLS if "node-d" in holders(four, u)]
+    assert mine and all(d.target(u) is not None for u in mine)  # its share, pulled
+    assert [u for u in URLS if u not in mine and d.target(u) is not None] == []  # and nothing else
+    assert d.sync_report["sources"] == three
+    for name in three:
+        await nodes[name].set_membership(four)
+    await _until(lambda: not placed(nodes, four), "every record on exactly its holders among four", timeout=20)
+    for s in nodes.values():  # a dropped record leaves no bookkeeping behind
+        assert s.rebalance_report["state"] in ("idle", "done")
+        indexed = {k[len(VIDX) + 8:] for k, _ in s.registry.items(VIDX) if k[len(VIDX) + 8:].startswith(TARGET)}
+        assert indexed == {k for k, _ in s.registry.items(TARGET)}
+    stop(nodes)
+
+
+async def test_a_lost_node_s_urls_get_their_new_holder_from_a_survivor(tmp_path) -> None:
+    four = ["node-a", "node-b", "node-c", "node-d"]
+    three = ["node-a", "node-b", "node-d"]
+    net: dict[str, Node] = {}
+    nodes = start(tmp_path, four, net)
+    for u in URLS:
+        write(nodes[Ownership(four).owner(u)], [u])
+    await _until(lambda: not placed(nodes, four), "the four-node placement")
+    nodes.pop("node-c").crash()
+    lost = [u for u in URLS if "node-c" in holders(four, u)]
+    assert lost
+    for s in nodes.values():
+        await s.set_membership(three)
+    await _until(lambda: not placed(nodes, three), "two copies of every URL again", timeout=20)
+    assert sum(s.rebalance_report["pushed"] for s in nodes.values()) >= 2 * len(lost)  # target, page, touch
+    stop(nodes)
+
+
+async def test_a_record_is_dropped_only_after_every_holder_has_it(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(rebalance, "RETRY_AFTER_S", 0.2)
+    monkeypatch.setattr(rebalance, "PUSH_TRIES", 1)
+    three, four = ["node-a", "node-b", "node-c"], ["node-a", "node-b", "node-c", "node-d"]
+    net: dict[str, Node] = {}
+    nodes = start(tmp_path, three, net)
+    for u in URLS:
+        write(nodes[Ownership(three).owner(u)], [u])
+    await _until(lambda: not placed(nodes, three), "the three-node placement")
+    d = Node("node-d", tmp_path, three, net, replicas=R)
+    await d.synced.wait()
+    # node-d is up, but not in the network: unreachable from the others
+    for name in three:
+        await nodes[name].set_membership(four)
+    moving = [u for u in URLS if "node-d" in holders(four, u)]
+    await asyncio.sleep(0.5)
+    for u in moving:  # the node it moves away from keeps it: node-d never acknowledged
+        assert where(nodes, u)["target"] == holders(three, u), u
+    assert any(s.rebalance_report["state"] != "done" for s in nodes.values())
+    net["node-d"] = nodes["node-d"] = d
+    await _until(lambda: not placed(nodes, four), "the drop once node-d answers", timeout=20)
+    stop(nodes)
