@@ -87,10 +87,33 @@ class NodeContext:
     def owner_of(self, url: str) -> str:
         return self.ownership.owner(url)
 
+    def holders_of(self, url: str) -> tuple[str, ...]:
+        """The nodes that hold ``url``'s target and pages, the owner first (``cluster.replicas``)."""
+        return self.ownership.holders(url, self.cfg.cluster.replicas)
+
+    def holds(self, url: str) -> bool:
+        """Does this node hold ``url``'s target and pages? (Every node does while R >= the node count.)"""
+        return len(self.ownership.names) <= self.cfg.cluster.replicas or self.node.name in self.holders_of(url)
+
     async def keeper_of(self, url: str) -> Any:
         """The keeper of the node that owns ``url`` (this node's own without a lookup)."""
         owner = self.ownership.owner(url)
         return self.keeper if owner == self.node.name else await self.actor("keeper", owner)
+
+    async def store_of(self, url: str) -> Any:
+        """The store to read ``url``'s target and pages from: this node's when it holds them, else the
+        URL's owner's (the first holder)."""
+        if self.holds(url):
+            return self.store
+        return await self.actor("store", self.holders_of(url)[0])
+
+    async def sitemap_urls(self, sitemap: str, limit: int, deadline_s: float) -> tuple[list[str], int]:
+        """The targets attributed to ``sitemap`` across the cluster (``actors/store/everywhere.py``)."""
+        from prerender_ray.actors.store.everywhere import urls_of_sitemap
+
+        return await urls_of_sitemap(sitemap, limit, node=self.node.name, names=self.ownership.names,
+                                     replicas=self.cfg.cluster.replicas, local=self.store,
+                                     store_of=lambda n: self.actor("store", n), deadline_s=deadline_s)
 
     def forget_remote(self) -> None:
         """Membership changed or a call failed: look every other node's actors up afresh."""

@@ -64,7 +64,8 @@ async def get_target(request: Request, url: str = Query(...),
                      who: Principal = Depends(require("viewer"))) -> JSONResponse:
     ctx: NodeContext = request.app.state.ctx
     canonical = _canonical(ctx, url, prerender_only=False)
-    [data] = await call(ctx.store.get_targets.remote([canonical]), DEADLINE_S)
+    store = await ctx.store_of(canonical)
+    [data] = await call(store.get_targets.remote([canonical]), DEADLINE_S)
     if data is None:
         return JSONResponse({"error": "No target for this URL", "url": canonical}, status_code=404)
     return JSONResponse(Target.decode(canonical, data).as_json())

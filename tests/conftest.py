@@ -33,7 +33,7 @@ from tests.support import RayCluster  # noqa: E402
 # `--dist loadgroup` does not take here (pytest 9.2 no longer lets it rename test ids), so the groups are
 # a scheduler's, drawn from each module's source.
 TESTS = Path(__file__).resolve().parent
-OWN_CLUSTER = {"tests/actors/test_cluster.py", "tests/actors/keeper/test_actor.py",
+OWN_CLUSTER = {"tests/actors/test_cluster.py", "tests/actors/test_replicas.py", "tests/actors/keeper/test_actor.py",
                "tests/actors/test_netns_cluster.py"}
 # Modules that skip where the machine cannot run them (no root, no namespaces): the summary says why,
 # even without -rs.

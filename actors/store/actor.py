@@ -19,6 +19,7 @@ from prerender_ray.actors.common import bulk_gc, call, untraced
 from prerender_ray.actors.store.replication import Replication
 from prerender_ray.config.model import Config
 from prerender_ray.identity.cachekeys import KeyFormat
+from prerender_ray.identity.nodes import Ownership
 from prerender_ray.storage import history
 from prerender_ray.storage.history import is_history_key
 from prerender_ray.storage.keys import TARGET
@@ -126,14 +127,20 @@ class NodeStore(Replication):
                     break
         return out
 
-    async def urls_of_sitemap(self, sitemap_url: str, limit: int) -> tuple[list[str], int]:
-        """Target URLs attributed to a sitemap (up to ``limit``) and how many there are."""
+    async def urls_of_sitemap(self, sitemap_url: str, limit: int,
+                              owned_under: list[str] | None = None) -> tuple[list[str], int]:
+        """Target URLs attributed to a sitemap (up to ``limit``) and how many there are; with
+        ``owned_under`` (a membership), only the URLs this node owns there (``actors/store/everywhere.py``)."""
         prefix = by_sitemap_prefix(sitemap_url)
+        owner = Ownership(owned_under).owner if owned_under else None
         urls, n = [], 0
         for k in self.registry.keys(prefix):
+            url = k[len(prefix):].decode()
+            if owner is not None and owner(url) != self.node:
+                continue
             n += 1
             if len(urls) < limit:
-                urls.append(k[len(prefix):].decode())
+                urls.append(url)
         return urls, n
 
     def _read_pages(self, keys: list[bytes]) -> list[tuple[bytes | None, bytes | None]]:
@@ -144,6 +151,11 @@ class NodeStore(Replication):
     async def get_pages(self, keys: list[str]) -> list[bytes | None]:
         """Page payloads, each with its freshness record applied (the times a bot is served by)."""
         return [touched_payload(page, touch) for page, touch in self._read_pages([k.encode() for k in keys])]
+
+    async def stored_pages(self, keys: list[str]) -> list[list[bytes | None]]:
+        """[page record, freshness record] of each key as stored (enveloped): what a node that does
+        not hold the URL serves from (``api/bot/holders.py``)."""
+        return [list(pair) for pair in self._read_pages([k.encode() for k in keys])]
 
     async def has_pages(self, keys: list[str]) -> list[bool]:
         return [payload_of(v) is not None for v in self.pages.get_many([k.encode() for k in keys])]

@@ -33,6 +33,7 @@ from prerender_ray.actors.common import (
     read_overrides,
     untraced,
 )
+from prerender_ray.actors.store.everywhere import urls_of_sitemap
 from prerender_ray.actors.walker.fetch import Fetcher
 from prerender_ray.actors.walker.walk import (
     BATCH,
@@ -97,11 +98,12 @@ class SitemapWalker:
         self.log = logs.get("sitemaps")
         self.store = store
         self.keepers = Handles("keeper", own=(self.node, keeper))
+        self.stores = Handles("store", own=(self.node, store))
         self.ownership = Ownership([self.node])
         classify = CompiledConfig(cfg).router.classify
         self.fetcher = Fetcher(cfg, classify, canonicalizer(cfg))
         self.env = WalkEnv(cfg, self.node, store, self.ownership.owner, self.keepers.get, self.fetcher,
-                           classify, self.log, self._sole_owner)
+                           classify, self.log, self._sole_owner, self.sitemap_urls)
         self.runs: dict[str, Run] = {}
         self.all_task: asyncio.Task | None = None
         self.next_daily: int | None = None
@@ -140,7 +142,14 @@ class SitemapWalker:
         if changed:
             self.log.info("membership", nodes=list(self.ownership.names))
         await self.keepers.renew(list(self.ownership.names))
+        await self.stores.renew(list(self.ownership.names))
         return {"changed": changed}
+
+    async def sitemap_urls(self, sitemap: str, limit: int) -> tuple[list[str], int]:
+        """The targets attributed to ``sitemap`` across the cluster (``actors/store/everywhere.py``)."""
+        return await urls_of_sitemap(sitemap, limit, node=self.node, names=self.ownership.names,
+                                     replicas=self.cfg.cluster.replicas, local=self.store, store_of=self.stores.get,
+                                     deadline_s=STORE_DEADLINE_S)
 
     async def _startup(self) -> None:
         """Learn the membership (a restarted walker missed the pushes), then resume dead runs."""
@@ -452,7 +461,7 @@ class SitemapWalker:
             return {}
         candidates: set[str] = set()
         for s in order:
-            urls, _ = await call(self.store.urls_of_sitemap.remote(s, 1 << 30), STORE_DEADLINE_S)
+            urls, _ = await self.sitemap_urls(s, 1 << 30)
             candidates.update(urls)
         kept: dict[str, str] = {}
         classify, canonicalize = self.fetcher.classify, self.fetcher.canonicalize
@@ -471,7 +480,7 @@ class SitemapWalker:
         ``kept`` names is re-attributed to the sitemap that still lists it."""
         deleted, last_total = 0, None
         while True:
-            urls, total = await call(self.store.urls_of_sitemap.remote(sitemap, BATCH * 5), STORE_DEADLINE_S)
+            urls, total = await self.sitemap_urls(sitemap, BATCH * 5)
             if not urls or total == last_total:  # nothing left, or nothing could be deleted
                 return deleted
             last_total = total

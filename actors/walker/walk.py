@@ -73,6 +73,8 @@ class WalkEnv:
     classify: Classify
     log: Any
     sole_owner: Callable[[], str | None] = lambda: None  # the node when one node owns every URL, else None
+    # the targets attributed to a sitemap across the cluster, up to a limit, and how many (None: the local store's)
+    sitemap_urls: Callable[[str, int], Awaitable[tuple[list[str], int]]] | None = None
 
 
 Progress = Callable[["Walk"], Awaitable[None]]
@@ -219,7 +221,8 @@ class Walk:
         env, result = self.env, self.result
         cap = env.cfg.scan.collect_cap
         # Phase A: the prune scan over the targets attributed to this document (no write meanwhile).
-        urls, total = await call(env.store.urls_of_sitemap.remote(sitemap, cap), STORE_DEADLINE_S)
+        urls, total = await (env.sitemap_urls(sitemap, cap) if env.sitemap_urls is not None
+                             else call(env.store.urls_of_sitemap.remote(sitemap, cap), STORE_DEADLINE_S))
         scan = PruneScan(sitemap, part.incoming, env.classify, cap)
         for url in urls:
             scan.add(url)

@@ -114,8 +114,7 @@ async def _entry_states(ctx: NodeContext, entries: list[dict]) -> tuple[list[dic
     if not pending:
         return out, False
     try:
-        targets = await call(ctx.store.get_targets.remote([u for _, u, _ in pending]), READ_DEADLINE_S)
-        pages = await call(ctx.store.get_pages.remote([k for _, _, k in pending]), READ_DEADLINE_S)
+        targets, pages = await _read_held(ctx, [u for _, u, _ in pending], [k for _, _, k in pending])
     except Exception:
         return out, True
     now, swr = now_ms(), ctx.cfg.page.swr_ttl
@@ -201,7 +200,7 @@ async def sitemap(request: Request, who: Principal = Depends(require("viewer")))
             if timed_out:
                 degraded.append("entry state reads timed out")
             try:
-                _, n = await call(ctx.store.urls_of_sitemap.remote(url, 0), READ_DEADLINE_S)
+                _, n = await ctx.sitemap_urls(url, 0, READ_DEADLINE_S)
                 target_count = {"count": n, "truncated": False}
             except Exception:
                 degraded.append("target count timed out")
@@ -314,3 +313,21 @@ async def unrouted(request: Request, who: Principal = Depends(require("viewer"))
                                 "firstMs": b.first_ms, "lastMs": b.last_ms} for name, b in rows]
         body["report"]["overflowed"][cls] = t.overflowed
     return answer(body)
+
+
+async def _read_held(ctx: NodeContext, urls: list[str], keys: list[str]) -> tuple[list, list]:
+    """Targets of ``urls`` and pages of ``keys`` (one key per URL), each from a store that holds it:
+    one call of each kind per store."""
+    groups: dict[int, tuple[Any, list[int]]] = {}
+    for i, url in enumerate(urls):
+        store = await ctx.store_of(url)
+        groups.setdefault(id(store), (store, []))[1].append(i)
+    targets: list = [None] * len(urls)
+    pages: list = [None] * len(urls)
+    for store, idx in groups.values():
+        got_t = await call(store.get_targets.remote([urls[i] for i in idx]), READ_DEADLINE_S)
+        got_p = await call(store.get_pages.remote([keys[i] for i in idx]), READ_DEADLINE_S)
+        for i, t, p in zip(idx, got_t, got_p):
+            targets[i], pages[i] = t, p
+    return targets, pages
+

@@ -134,11 +134,12 @@ async def _timed(what: str, coro: Any, timed_out: list[str]) -> Any:
 async def explain_live(request: Request, ctx: NodeContext, doc: dict) -> dict:
     canonical, key = doc["resolved"]["canonicalUrl"], doc["resolved"]["cacheKey"]
     failed: list[str] = []
+    store = await _timed("holder", ctx.store_of(canonical), failed) or ctx.store
     targets, row, pages, history = await asyncio.gather(
-        _timed("target", ctx.store.get_targets.remote([canonical]), failed),
+        _timed("target", store.get_targets.remote([canonical]), failed),
         _timed("schedule", ctx.keeper.schedule_row.remote(key), failed),
-        _timed("page", ctx.store.get_pages.remote([key]), failed),
-        _timed("history", ctx.store.render_history.remote(key), failed),
+        _timed("page", store.get_pages.remote([key]), failed),
+        _timed("history", store.render_history.remote(key), failed),
     )
     now = now_ms()
     target = None

@@ -11,6 +11,7 @@ from typing import Any
 from prerender_ray import logs, metrics
 from prerender_ray.api.bot.counters import Counters
 from prerender_ray.api.bot.hit import Hit, Outcome
+from prerender_ray.api.bot.holders import HolderReader
 from prerender_ray.api.bot.origin import OriginClient, OriginError
 from prerender_ray.api.bot.pages import PageReader, StoredPage
 from prerender_ray.api.bot.peer import PeerClient
@@ -41,13 +42,14 @@ class Miss:
     the clients, the page reader, the counters and the discovery memo outlive it)."""
 
     def __init__(self, ctx: NodeContext, cfg: Config, *, hit: Hit, pages: PageReader, origin: OriginClient,
-                 peer: PeerClient, counters: Counters, discovery: Discovery):
+                 peer: PeerClient, holders: HolderReader, counters: Counters, discovery: Discovery):
         self.ctx = ctx
         self.cfg = cfg
         self.hit = hit
         self.pages = pages
         self.origin = origin
         self.peer = peer
+        self.holders = holders
         self.counters = counters
         self.discovery = discovery
         self.swr_ttl = cfg.page.swr_ttl
@@ -55,12 +57,31 @@ class Miss:
         self.on_miss = cfg.render.on_miss
         self._waits: dict[str, asyncio.Task] = {}  # cache key -> the one wait of its concurrent misses
 
+    # ------------------------------------------------------------------------------ not held here
+
+    async def look_holders(self, req: BotRequest, now: int) -> tuple[str, StoredPage | None]:
+        """``Hit.look`` for a URL this node does not hold: its page as a holder has it."""
+        got = await self.holders.get(req.cache_key, req.url)
+        return verdict(got.page, now, self.swr_ttl), got.page
+
+    async def _look_fresh(self, req: BotRequest) -> StoredPage | None:
+        """What the store holds now for ``req`` (a render-now waiter's poll): the local store, or a
+        holder's when this node holds no copy."""
+        if self.holders.applies(req.url):
+            return (await self.holders.get(req.cache_key, req.url, cached=False)).page
+        self.pages.catch_up()
+        try:
+            return self.pages.get(req.cache_key)
+        except Exception:
+            return None
+
     # ----------------------------------------------------------------------------- not servable
 
     async def not_served(self, req: BotRequest, headers: dict[str, str], now: int, debug: bool,
                          policy: ServingPolicy, status: str,
                          found: StoredPage | None) -> tuple[Reply, Outcome]:
-        if found is None and status in ("miss", "unreadable"):  # not here (yet), or not readable here
+        if found is None and status in ("miss", "unreadable") and self.ctx.holds(req.url):
+            # not here (yet), or not readable here (a node that holds no copy asked the holders already)
             rescued = await self._peer_rescue(req, headers, now, debug)
             if rescued is not None:
                 return rescued
@@ -143,14 +164,10 @@ class Miss:
             self.counters.child(metrics.serve_errors, "render-now-call").inc()
             log.warning("render-now call failed", key=req.cache_key, error=repr(e))
             return None
-        pages, poll_s = self.pages, self.cfg.render_now.poll_interval_ms / 1000
+        poll_s = self.cfg.render_now.poll_interval_ms / 1000
         while time.monotonic() < deadline:
             await asyncio.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
-            pages.catch_up()
-            try:
-                fresh = pages.get(req.cache_key)
-            except Exception:
-                fresh = None
+            fresh = await self._look_fresh(req)
             if fresh is not None and fresh.last_cached is not None and fresh.last_cached >= since:
                 return fresh
         return None
@@ -271,7 +288,8 @@ class Discovery:
             canonical = self.ctx.rules.canonical(url)
             if self.ctx.rules.route_class(canonical) != "prerender":
                 return
-            [existing] = await call(self.ctx.store.get_targets.remote([canonical]), DISCOVERY_CALL_S)
+            store = await self.ctx.store_of(canonical)
+            [existing] = await call(store.get_targets.remote([canonical]), DISCOVERY_CALL_S)
             if existing is not None:
                 return
             keeper = await self.ctx.keeper_of(canonical)

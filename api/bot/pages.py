@@ -112,6 +112,23 @@ class StoredPage:
         return added
 
 
+def decode_page(key: str, raw: bytes, touch: bytes | None) -> StoredPage | None:
+    """A stored page record (and its freshness record) as served; None for a tombstone. Raises
+    UnreadablePage."""
+    try:
+        payload = payload_view(raw)
+        if payload is None:  # a tombstone: deleted
+            return None
+        head = decode_head(payload)
+        frame = parse_frame(head.frame) if head.frame else None
+        meta, body = (None, head.body) if frame is not None else decode_meta(payload)
+    except (EnvelopeError, PageDecodeError) as e:
+        raise UnreadablePage(f"page {key!r}: {e}") from None
+    # The payload is a view of the record and the body a view of the payload: no copy.
+    return StoredPage(raw, meta, body if body.nbytes else b"", touch, head=head, frame=frame, payload=payload,
+                      cache_key=key)
+
+
 class DecodedPages:
     """LRU of decoded pages. A decoded page is reused only while it is what the store holds: within
     one reader generation (between two catch-ups a secondary's view cannot change), or after a new
@@ -271,18 +288,9 @@ class PageReader:
             page.retouch(touch)
             page.seen = self.generation
             return page
-        try:
-            payload = payload_view(raw)
-            if payload is None:  # a tombstone: deleted
-                return None
-            head = decode_head(payload)
-            frame = parse_frame(head.frame) if head.frame else None
-            meta, body = (None, head.body) if frame is not None else decode_meta(payload)
-        except (EnvelopeError, PageDecodeError) as e:
-            raise UnreadablePage(f"page {key!r}: {e}") from None
-        # The payload is a view of the record and the body a view of the payload: no copy.
-        page = StoredPage(raw, meta, body if body.nbytes else b"", touch, head=head, frame=frame, payload=payload,
-                          cache_key=key)
+        page = decode_page(key, raw, touch)
+        if page is None:
+            return None
         page.seen = self.generation
         self.decoded.add(key, page)
         return page

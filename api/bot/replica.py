@@ -19,6 +19,7 @@ from typing import Any
 from prerender_ray import logs, metrics
 from prerender_ray.api.bot.counters import Counters
 from prerender_ray.api.bot.hit import Hit
+from prerender_ray.api.bot.holders import HolderReader
 from prerender_ray.api.bot.miss import Discovery, Miss
 from prerender_ray.api.bot.origin import OriginClient
 from prerender_ray.api.bot.pages import PageReader
@@ -45,6 +46,7 @@ class Services:
         self.pages = PageReader.for_node(ctx.data_dir, ctx.node.name, ctx.replica)
         self.origin = OriginClient(cfg)
         self.peer = PeerClient(cfg.peer_rescue, cfg.origin.max_body_bytes)
+        self.holders = HolderReader(ctx, cfg.cluster)
         self.counters = Counters()
         self.bot_label = LabelBudget(BOT_LABELS)
         rep = cfg.ingress.report
@@ -114,7 +116,7 @@ def build(ctx: NodeContext, current: ReplicaConfig, services: Services) -> Repli
     ingress = current.compiled.ingress(reserved_of(ctx))
     hit = Hit(cfg, ingress.keys, services.pages, services.counters)
     miss = Miss(ctx, cfg, hit=hit, pages=services.pages, origin=services.origin, peer=services.peer,
-                counters=services.counters, discovery=services.discovery)
+                holders=services.holders, counters=services.counters, discovery=services.discovery)
     return ReplicaState(
         compiled=current.compiled, findings=current.findings, live=current.live,
         ingress=ingress, hit=hit, miss=miss, services=services,

@@ -1,0 +1,95 @@
+"""Pages this node does not hold (DESIGN.md, Tiers): with ``cluster.replicas`` below the node count a
+URL's pages live on its first R nodes, and any other node serves a bot by reading a holder.
+
+The holders are asked in rank order (the owner first: results are applied there), each through its
+store actor under ``cluster.holderReadTimeoutMs``; the next one on a timeout or an error. A holder's
+answer is final, a page or none: they hold the same records. What was read is kept in a bounded
+cache (bytes, and ``cluster.holderCacheTtlMs``: a new render reaches this node's bots within that),
+so a crawler's repeats cost no call. Only when no holder answered does the caller go on to the miss
+path (render-now, the origin).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from prerender_ray import logs, metrics
+from prerender_ray.api.bot.pages import StoredPage, UnreadablePage, decode_page
+from prerender_ray.api.context import NodeContext
+from prerender_ray.config.model import Cluster
+
+log = logs.get("bot")
+
+
+@dataclass(slots=True)
+class HolderRead:
+    page: StoredPage | None  # None: the holder has no page for the key
+    answered: bool  # False: no holder answered in time
+    holder: str | None = None
+
+
+class HolderReader:
+    def __init__(self, ctx: NodeContext, cluster: Cluster):
+        self.ctx = ctx
+        self.timeout_s = cluster.holder_read_timeout_ms / 1000
+        self.max_bytes = cluster.holder_cache_bytes
+        self.ttl_s = cluster.holder_cache_ttl_ms / 1000
+        self._cache: OrderedDict[str, tuple[float, StoredPage, int]] = OrderedDict()  # expiry, page, bytes
+        self._bytes = 0
+
+    def applies(self, url: str) -> bool:
+        return not self.ctx.holds(url)
+
+    async def get(self, key: str, url: str, *, cached: bool = True) -> HolderRead:
+        """The page of ``key`` from this node's cache or from a holder of ``url``."""
+        if cached:
+            hit = self._cache.get(key)
+            if hit is not None and hit[0] > time.monotonic():
+                self._cache.move_to_end(key)
+                metrics.holder_reads.labels("cached").inc()
+                return HolderRead(hit[1], True)
+        for holder in self.ctx.holders_of(url):
+            if holder == self.ctx.node.name:
+                continue
+            t0 = time.perf_counter()
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    store = await self.ctx.actor("store", holder)
+                    [[raw, touch]] = await store.stored_pages.remote([key])
+            except Exception as e:  # a timeout, a node away, a stale handle: the next holder
+                metrics.holder_reads.labels("failed").inc()
+                log.info("holder read failed", key=key, holder=holder, error=type(e).__name__)
+                self.ctx.forget_remote()
+                continue
+            metrics.holder_read_seconds.observe(time.perf_counter() - t0)
+            try:
+                page = decode_page(key, raw, touch) if raw is not None else None
+            except UnreadablePage as e:
+                log.warning("unreadable page from a holder", key=key, holder=holder, error=str(e))
+                page = None
+            metrics.holder_reads.labels("page" if page is not None else "none").inc()
+            if page is not None:
+                self._keep(key, page)
+            else:
+                self._drop(key)
+            return HolderRead(page, True, holder)
+        return HolderRead(None, False)
+
+    def _keep(self, key: str, page: StoredPage) -> None:
+        size = page.size  # the negotiated forms it gains are bounded per page (VARIANTS_PER_PAGE)
+        if size > self.max_bytes:
+            return
+        self._drop(key)
+        self._cache[key] = (time.monotonic() + self.ttl_s, page, size)
+        self._bytes += size
+        while self._bytes > self.max_bytes and self._cache:
+            _, (_, _, old) = self._cache.popitem(last=False)
+            self._bytes -= old
+
+    def _drop(self, key: str) -> None:
+        held = self._cache.pop(key, None)
+        if held is not None:
+            self._bytes -= held[2]

@@ -1,0 +1,112 @@
+"""Per-URL data on R nodes (``cluster.replicas: 2`` on three nodes; DESIGN.md, Tiers): each URL's target
+and pages live on exactly its holders, every node serves every URL to bots (a node without a copy reads
+a holder), and a node's loss and return end with R copies again, nothing lost."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+import ray
+
+from prerender_ray.actors.common import lookup
+from prerender_ray.identity.nodes import Ownership
+from tests.support import deploy_on, put_target, wait_for, write_page
+
+R = 2
+URLS = [f"https://site.test/r/{i}" for i in range(40)]
+KEYS = [f"{u}|desktop" for u in URLS]
+FUTURE = int(time.time() * 1000) + 30 * 86_400_000
+THREE, TWO = ("node-a", "node-b", "node-c"), ("node-a", "node-b")
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def cluster(ray_cluster, tmp_path_factory):
+    for name in ("node-b", "node-c"):
+        ray_cluster.add_node(name)
+    d = deploy_on(ray_cluster, tmp_path_factory.mktemp("replicas") / "data", {
+        "domains": ["site.test"], "cluster": {"replicas": R}, "render": {"reconcile": {"startDelay": "1h"}}})
+    yield ray_cluster, d
+    d.stop()
+    for name in ("node-b", "node-c"):
+        if name in ray_cluster.nodes:
+            ray_cluster.remove_node(name)
+
+
+def held(names: tuple[str, ...]) -> dict[str, dict[str, set[str]]]:
+    """Which nodes hold each URL's target and page (asked of each node's store)."""
+    out: dict[str, dict[str, set[str]]] = {u: {"target": set(), "page": set()} for u in URLS}
+    for name in names:
+        try:
+            store = lookup("store", name)
+            targets = ray.get(store.get_targets.remote(URLS), timeout=30)
+            pages = ray.get(store.has_pages.remote(KEYS), timeout=30)
+        except (ValueError, ray.exceptions.RayError):
+            continue
+        for u, t, p in zip(URLS, targets, pages):
+            if t is not None:
+                out[u]["target"].add(name)
+            if p:
+                out[u]["page"].add(name)
+    return out
+
+
+def misplaced(names: tuple[str, ...]) -> list[str]:
+    """URLs whose target or page is not held by exactly their holders under ``names``."""
+    own = Ownership(list(names))
+    return [f"{u} {where}" for u, where in held(names).items()
+            if any(nodes != set(own.holders(u, R)) for nodes in where.values())]
+
+
+def test_each_url_lives_on_its_holders_and_every_node_serves_it(cluster) -> None:
+    rc, d = cluster
+    own = Ownership(list(THREE))
+    for i, url in enumerate(URLS):
+        assert put_target(d.urls[THREE[i % 3]], url, nextRenderTime=FUTURE)["owner"] == own.owner(url)
+    for url, key in zip(URLS, KEYS):  # as a result stores it: on its owner, shipped from there
+        write_page(own.owner(url), key, f"<html><body>rendered {url}</body></html>".encode())
+    wait_for(lambda: not misplaced(THREE), timeout=60, what="every URL on exactly its two holders")
+    assert {n: sum(n in own.holders(u, R) for u in URLS) for n in THREE} == {
+        n: ray.get(lookup("store", n).counts.remote(), timeout=30)["targets"] for n in THREE}
+
+    for name, base in d.urls.items():  # every node serves every URL; a non-holder reads a holder
+        for url in URLS[:12]:
+            r = httpx.get(f"{base}/p/{url}", headers={"user-agent": "Googlebot/2.1"}, timeout=30)
+            assert r.status_code == 200 and f"rendered {url}" in r.text, (name, url, r.status_code)
+            t = httpx.get(f"{base}/render_targets", params={"url": url}, timeout=30)
+            assert t.status_code == 200 and t.json()["url"] == url
+    reads = {n: _metric(base, "prerender_holder_reads_total", 'outcome="page"') for n, base in d.urls.items()}
+    assert all(v > 0 for v in reads.values()), reads  # each node holds a share only: each read others
+
+
+def test_a_lost_node_s_urls_get_their_copies_back_and_its_return_ends_with_r_again(cluster) -> None:
+    rc, d = cluster
+    if misplaced(THREE):
+        test_each_url_lives_on_its_holders_and_every_node_serves_it(cluster)
+    rc.remove_node("node-c")
+    wait_for(lambda: not misplaced(TWO), timeout=120, interval=1, what="two copies of every URL on the survivors")
+    rc.add_node("node-c")  # the same name and data dir: it pulls its share, the others drop theirs
+    wait_for(lambda: not misplaced(THREE), timeout=180, interval=1, what="exactly the holders among three again")
+    wait_for(lambda: "node-c" in (d.refresh() and d.urls) and _ready(d.urls["node-c"]), timeout=60,
+             what="node-c serving")
+    base = d.urls["node-c"]
+    for url in URLS[:12]:
+        r = httpx.get(f"{base}/p/{url}", headers={"user-agent": "Googlebot/2.1"}, timeout=30)
+        assert r.status_code == 200 and f"rendered {url}" in r.text, (url, r.status_code)
+
+
+def _ready(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/readyz", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _metric(base: str, name: str, label: str) -> float:
+    total = 0.0
+    for line in httpx.get(f"{base}/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + "{") and label in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
