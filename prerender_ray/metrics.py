@@ -106,6 +106,10 @@ replication_lag_seconds = Histogram(
 # kind freshness, the small record an unchanged render (or a revalidate) writes instead.
 page_writes = Counter("prerender_page_writes_total", "Page-store records written by this node.", ["kind"])
 page_write_bytes = Counter("prerender_page_write_bytes_total", "Bytes of page-store records written.", ["kind"])
+replication_shipped_bytes = Counter(
+    "prerender_replication_shipped_bytes_total", "Bytes of records shipped to peers (keys and records).",
+    ["kind"],  # write (the outbox), repush (after an overflow or a restart), rebalance (a membership change)
+)
 replication_pending = Gauge(
     "prerender_replication_pending", "Records waiting to ship to a peer.", ["peer"], multiprocess_mode="livemax"
 )

@@ -143,6 +143,8 @@ class Rebalancing:
             try:
                 store = await self._peer_store(peer)  # type: ignore[attr-defined]
                 await asyncio.wait_for(store.apply_remote.remote(records), PUSH_DEADLINE_S)
+                metrics.replication_shipped_bytes.labels("rebalance").inc(
+                    sum(len(key) + len(record) for _, key, record in records))
                 return True
             except asyncio.CancelledError:
                 raise

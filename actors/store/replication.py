@@ -341,6 +341,7 @@ class Replication(Rebalancing):
                     except BaseException:
                         box.extendleft(reversed(batch))  # keep order; retried after the backoff
                         raise
+                    metrics.replication_shipped_bytes.labels("write").inc(_size(batch))
                     # The outbox is in version order: what is left in it is all that has not been shipped.
                     self._mark_shipped(peer, _version(box[0]) if box else _version(batch[-1]) + 1)
                 metrics.replication_pending.labels(peer).set(len(box))
@@ -365,6 +366,7 @@ class Replication(Rebalancing):
                 page = await self.since(name, since, after, holder=peer)
                 if page["records"]:
                     await asyncio.wait_for(target.apply_remote.remote(page["records"]), SHIP_DEADLINE_S)
+                    metrics.replication_shipped_bytes.labels("repush").inc(_size(page["records"]))
                 after = page["next"]
                 if after is None:
                     break
@@ -441,6 +443,10 @@ class Replication(Rebalancing):
         return {"sync": self.sync_report, "pending": {p: len(b) for p, b in self.outbox.items()},
                 "resyncing": sorted(self.resync_from), "replicas": self.placement.replicas,
                 "rebalance": self.rebalance_report}
+
+
+def _size(records: list[Record]) -> int:
+    return sum(len(key) + len(record) for _, key, record in records)
 
 
 def _version(record: Record) -> int:
