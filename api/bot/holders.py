@@ -1,4 +1,4 @@
-"""Pages this node does not hold (DESIGN.md, Tiers): with ``cluster.replicas`` below the node count a
+"""Pages this node does not hold (docs/architecture.md#tiers): with ``cluster.replicas`` below the node count a
 URL's pages live on its first R nodes, and any other node serves a bot by reading a holder.
 
 The holders are asked in rank order (the owner first: results are applied there), each through its

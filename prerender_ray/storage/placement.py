@@ -1,4 +1,4 @@
-"""Where a replicated record lives (DESIGN.md, Tiers): per-URL records on the first R nodes of their
+"""Where a replicated record lives (docs/architecture.md#tiers): per-URL records on the first R nodes of their
 URL's rendezvous order, everything else on every node.
 
 Per-URL: a target (``t:<url>``), a page (``<cache key>``), its freshness record (``\\x00f<cache key>``)

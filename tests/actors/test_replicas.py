@@ -1,4 +1,4 @@
-"""Per-URL data on R nodes (``cluster.replicas: 2`` on three nodes; DESIGN.md, Tiers): each URL's target
+"""Per-URL data on R nodes (``cluster.replicas: 2`` on three nodes; docs/architecture.md#tiers): each URL's target
 and pages live on exactly its holders, every node serves every URL to bots (a node without a copy reads
 a holder), and a node's loss and return end with R copies again, nothing lost."""
 

@@ -1,4 +1,4 @@
-"""Per-URL records on R nodes without Ray (``actors/store/rebalance.py``, DESIGN.md Tiers): writes ship
+"""Per-URL records on R nodes without Ray (``actors/store/rebalance.py``, docs/architecture.md#membership-change): writes ship
 to their URL's holders only, cluster-wide rows everywhere; a joining node pulls its share; a change of
 membership pushes what new holders lack and drops, after their ack, what a node no longer holds."""
 
