@@ -146,8 +146,9 @@ def _bot(client: httpx.Client, base: str, url: str, device: str = "desktop") -> 
     return client.get(f"{base}/p/{url}", headers=headers)
 
 
-def drv_deploy(address: str, data_dir: str) -> dict:
-    """Connect to the cluster's Ray, deploy prerender-ray on every node; where its controller runs."""
+def drv_deploy(address: str, data_dir: str, extra: dict | None = None) -> dict:
+    """Connect to the cluster's Ray, deploy prerender-ray on every node (``extra``: config sections
+    merged over CONFIG); where its controller runs."""
     import ray
 
     from prerender_ray.actors import deploy
@@ -164,12 +165,22 @@ def drv_deploy(address: str, data_dir: str) -> dict:
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     plain = Controller.options
     Controller.options = lambda **kw: plain(scheduling_strategy=here, **kw)  # type: ignore[method-assign]
-    d = deploy_on(SimpleNamespace(nodes=HOSTS), Path(data_dir), CONFIG, timeout=150)
+    d = deploy_on(SimpleNamespace(nodes=HOSTS), Path(data_dir), {**CONFIG, **(extra or {})}, timeout=150)
     _STATE["d"] = d
     info = ray._private.state.actors(actor_id=d.controller._actor_id.hex())
     where = next((n.get("Labels") or {}).get(LABEL_NAME) for n in ray.nodes()
                  if n["NodeID"] == info["Address"]["NodeID"])
     return {"urls": d.urls, "controller": where}
+
+
+def drv_kill(kind: str, node: str, index: int | None = None) -> str:
+    """Kill one of a node's actors (the controller places it again): what the soak does."""
+    import ray
+
+    from prerender_ray.actors.common import lookup
+
+    ray.kill(lookup(kind, node, index), no_restart=True)
+    return f"{kind}:{node}" + (f":{index}" if index is not None else "")
 
 
 def drv_alive() -> dict[str, bool]:
@@ -276,7 +287,8 @@ class _Probe:
     def __init__(self, spec: dict):
         self.spec = spec
         self.stop = threading.Event()
-        self.records: dict[str, list[dict]] = {"bots": [], "grants": [], "claims": [], "writes": [], "reads": []}
+        self.records: dict[str, list[dict]] = {"bots": [], "grants": [], "claims": [], "writes": [], "reads": [],
+                                               "results": []}
         self.lock = threading.Lock()
         loops = [(self._bots, n, b) for n, b in spec.get("bots", {}).items()]
         loops += [(self._claims, n, b) for n, b in spec.get("claims", {}).items()]
@@ -315,10 +327,18 @@ class _Probe:
 
     def _claims(self, client: httpx.Client, node: str, base: str, i: int, rec: dict) -> None:
         self._add("claims", rec)
-        got = _claim(client, base, node)
+        got = _claim(client, base, node, self.spec.get("limit", 25))
         rec["granted"] = len(got)
         for g in got:
             self._add("grants", g)
+        if self.spec.get("answer"):  # a fleet: each job rendered and its result posted to its owner
+            from tests.support import result_body
+
+            for g in got:
+                body, headers = result_body({"id": g["key"], "url": g["url"]}, html=HTML)
+                r = client.post(f"{g['origin']}/render_queue/job_result", content=body, auth=_fleet(),
+                                headers={**headers, "x-worker-id": "netns-fleet"})
+                self._add("results", {"t": now_ms(), "node": node, "key": g["key"], "status": r.status_code})
 
     def _writes(self, client: httpx.Client, _node: str, _base: str, i: int, rec: dict) -> None:
         """Each write in a thread of its own (one to a cut-off owner waits out its deadline)."""
