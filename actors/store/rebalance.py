@@ -13,18 +13,20 @@ the store walks its per-URL records once:
 
 Pushes go to the peer's ``apply_remote`` directly, not through the outbox: a drop needs the ack. A
 change while a walk runs cancels it and starts again from the membership the cancelled walk started
-from (what it had not pushed yet is still owed). A holder that did not answer keeps the record here
-and is retried by a later walk.
+from (what it had not pushed yet is still owed); that membership is kept on disk until a walk
+finishes, so a store that died mid-walk resumes it when it starts again. A holder that did not
+answer keeps the record here and is retried by a later walk.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
 from prerender_ray import metrics
-from prerender_ray.storage.keys import FRESHNESS, HPTR, RENDER_HISTORY, TARGET, VIDX
+from prerender_ray.storage.keys import FRESHNESS, HPTR, REBALANCE, RENDER_HISTORY, TARGET, VIDX
 from prerender_ray.storage.placement import Placement
 from prerender_ray.storage.replication import hlc_bytes
 
@@ -46,6 +48,22 @@ class Rebalancing:
         self.rebalance_task: asyncio.Task | None = None
         self._walk_from: Placement | None = None  # the membership the unfinished walk started from
         self.rebalance_report: dict[str, Any] = {"state": "idle"}
+        owed = self.registry.get(REBALANCE)  # type: ignore[attr-defined]
+        if owed is not None:  # a walk this store's last process did not finish: resume it
+            try:
+                names = [n for n in json.loads(owed) if isinstance(n, str)]
+            except ValueError:
+                names = []
+            if names:
+                self._start_walk(self.placement.under(names))
+
+    def _start_walk(self, before: Placement) -> None:
+        if self.rebalance_task is not None and not self.rebalance_task.done():
+            self.rebalance_task.cancel()
+        if self._walk_from is None:
+            self._walk_from = before
+            self.registry.put(REBALANCE, json.dumps(list(before.ownership.names)).encode())  # type: ignore[attr-defined]
+        self.rebalance_task = asyncio.get_running_loop().create_task(self._rebalance(self._walk_from, self.placement))
 
     def rebalance_on(self, names: list[str]) -> None:
         """A new membership: from now on records ship to their new holders; a walk moves what is held."""
@@ -54,13 +72,9 @@ class Rebalancing:
         if after.ownership.names == before.ownership.names:
             return
         self.placement = after
-        if not (before.partial or after.partial):
+        if not (before.partial or after.partial or self._walk_from is not None):
             return  # every node holds everything, before and after
-        if self.rebalance_task is not None and not self.rebalance_task.done():
-            self.rebalance_task.cancel()
-        if self._walk_from is None:
-            self._walk_from = before
-        self.rebalance_task = asyncio.get_running_loop().create_task(self._rebalance(self._walk_from, after))
+        self._start_walk(before)
 
     async def _rebalance(self, before: Placement, after: Placement) -> None:
         t0 = time.monotonic()
@@ -85,6 +99,7 @@ class Rebalancing:
         self.log.info("rebalance", **{k: v for k, v in report.items() if k != "members"})
         if report["state"] == "done":
             self._walk_from = None
+            self.registry.delete(REBALANCE)  # type: ignore[attr-defined]
         elif report["state"] in ("incomplete", "failed"):
             await asyncio.sleep(RETRY_AFTER_S)  # another change cancels this wait and walks at once
             self.rebalance_task = asyncio.get_running_loop().create_task(self._rebalance(before, self.placement))

@@ -25,6 +25,9 @@ LIVE = b"\x00c"  # \x00c -> <live records:8>: pages, or targets in the registry
 # registry only, node-local: \x00s <peer> -> <hlc:8>, every version below it has reached that peer (what
 # a restarted store re-pushes from: its outbox was in memory)
 SHIPPED = b"\x00s"
+# registry only, node-local: \x00b -> the membership (JSON list) a rebalance walk started from, while one
+# is owed (actors/store/rebalance.py); a store that starts again resumes it
+REBALANCE = b"\x00b"
 
 # --- pages (replicated): <cache key> -> the page record (pages.py); no prefix of its own
 # \x00f<cache key> -> the freshness record an identical render wrote instead of the page (touches.py);
@@ -41,6 +44,6 @@ LEASE = b"l:"  # l:<cache key> -> [expires, due, cadence, released, answered, wr
 MISSES = b"m"  # the miss histories, one JSON document (small; rewritten on each sweep)
 
 REGISTRY_PREFIXES = (TARGET, QUEUE_CONTROL, QUEUE_STATUS, SITEMAP, SITEMAP_RUN, TARGET_BY_SITEMAP,
-                     SITEMAP_ENTRIES, OVERRIDES_KEY, REVOKED, VIDX, HPTR, LIVE, SHIPPED)
+                     SITEMAP_ENTRIES, OVERRIDES_KEY, REVOKED, VIDX, HPTR, LIVE, SHIPPED, REBALANCE)
 PAGE_PREFIXES = (VIDX, HPTR, LIVE, FRESHNESS, RENDER_HISTORY)
 LEASE_PREFIXES = (LEASE, MISSES)

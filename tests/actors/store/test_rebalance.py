@@ -129,3 +129,25 @@ async def test_a_record_is_dropped_only_after_every_holder_has_it(tmp_path, monk
     net["node-d"] = nodes["node-d"] = d
     await _until(lambda: not placed(nodes, four), "the drop once node-d answers", timeout=20)
     stop(nodes)
+
+
+async def test_a_store_that_died_mid_walk_resumes_it_when_it_starts_again(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(rebalance, "PUSH_TRIES", 1)
+    three, four = ["node-a", "node-b", "node-c"], ["node-a", "node-b", "node-c", "node-d"]
+    net: dict[str, Node] = {}
+    nodes = start(tmp_path, three, net)
+    for u in URLS:
+        write(nodes[Ownership(three).owner(u)], [u])
+    await _until(lambda: not placed(nodes, three), "the three-node placement")
+    d = Node("node-d", tmp_path, three, net, replicas=R)
+    await d.synced.wait()  # node-d is up but unreachable: every walk stays owed
+    for name in three:
+        await nodes[name].set_membership(four)
+    await asyncio.sleep(0.3)
+    for name in three:  # every store dies mid-walk, and starts again already on the four-node membership
+        nodes.pop(name).crash()
+    net["node-d"] = nodes["node-d"] = d
+    for name in three:
+        nodes[name] = net[name] = Node(name, tmp_path, [n for n in four if n != name], net, replicas=R)
+    await _until(lambda: not placed(nodes, four), "the resumed walks to finish", timeout=20)
+    stop(nodes)
