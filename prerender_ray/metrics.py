@@ -92,6 +92,10 @@ status_pages_served = Counter("prerender_status_pages_served_total",
 serve_errors = Counter("prerender_serve_errors_total", "Serve-path errors.", ["kind"])
 discovered = Counter("prerender_discovered_total", "Targets created by bot-miss discovery.")
 unrouted = Counter("prerender_unrouted_total", "Bot requests served without prerendering.", ["route_class", "bucket"])
+# Markdown for agents (api/bot/markdown.py): converted, too-large, output-too-large, failed, timeout (a
+# request stopped waiting), busy (too many in flight). Pages served from the Markdown cache are not counted.
+markdown_conversions = Counter("prerender_markdown_conversions_total", "Markdown conversions by outcome.",
+                               ["outcome"])
 
 # --- replication and sitemaps
 replication_lag_seconds = Histogram(
