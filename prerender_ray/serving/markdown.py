@@ -159,6 +159,7 @@ def _options(base_url: str | None, limits: Limits) -> html_to_markdown.Conversio
         max_input_size=limits.max_input_bytes,
         base_url=base_url,
         autolinks=False,  # a bare URL in prose stays prose
+        compact_tables=True,  # no padding: fewer tokens for the agent
     )
 
 
@@ -170,11 +171,12 @@ def _front_matter(markdown: str) -> str:
     end = markdown.find("\n---\n", 4)
     if end < 0:
         return markdown
-    kept = []
+    found = {}
     for line in markdown[4:end].splitlines():
         key, sep, value = line.partition(": ")
         if sep and key in _FRONT_MATTER:
-            kept.append(f"{_FRONT_MATTER[key]}: {value}")
+            found[key] = value
+    kept = [f"{name}: {found[key]}" for key, name in _FRONT_MATTER.items() if key in found]
     rest = markdown[end + 5:].lstrip("\n")
     return "---\n" + "\n".join(kept) + "\n---\n\n" + rest if kept else rest
 
