@@ -123,7 +123,8 @@ class Converter:
 
     async def get(self, key: Key, convert: Callable[[], Converted], timeout_s: float) -> Entry:
         """The entry of ``key``: cached, else ``convert`` run in the pool (shared with any request
-        already waiting for it), waited for at most ``timeout_s``."""
+        already waiting for it), waited for at most ``timeout_s``. Never raises: a conversion that
+        fails is a Skipped entry."""
         entry = self.cache.get(key)
         if entry is not None:
             return entry
@@ -132,7 +133,7 @@ class Converter:
             if len(self._in_flight) >= self.max_in_flight:
                 self.counters.count(metrics.markdown_conversions, "busy")
                 return Skipped("busy")
-            fut = asyncio.get_running_loop().run_in_executor(self._pool, convert)
+            fut = asyncio.get_running_loop().run_in_executor(self._pool, _attempt, convert)
             self._in_flight[key] = fut
             fut.add_done_callback(lambda f: self._done(key, f))
         try:
@@ -147,20 +148,24 @@ class Converter:
 
     def _done(self, key: Key, fut: asyncio.Future) -> None:
         self._in_flight.pop(key, None)
-        if fut.cancelled():
+        if fut.cancelled():  # the pool shut down
             return
-        error = fut.exception()
-        entry: Entry
-        if error is None:
-            entry = fut.result()
+        entry = fut.result()
+        if isinstance(entry, Skipped):
+            self.counters.count(metrics.markdown_conversions, entry.reason)
+        else:
             self.counters.count(metrics.markdown_conversions, "converted")
-        elif isinstance(error, MarkdownSkipped):
-            entry = Skipped(error.reason)
-            self.counters.count(metrics.markdown_conversions, error.reason)
-            self.counters.warn_sometimes(f"markdown-{error.reason}", "page not converted to markdown; serving HTML",
-                                         key=key[0], error=str(error))
-        else:  # a bug of ours or the converter's: logged in full, and the page is served as HTML
-            entry = Skipped("failed")
-            self.counters.count(metrics.markdown_conversions, "failed")
-            log.error("markdown conversion failed", key=key[0], error=repr(error))
         self.cache.put(key, entry)
+
+
+def _attempt(convert: Callable[[], Converted]) -> Entry:
+    """``convert`` in a pool thread, its failure an entry: every waiter reads the same outcome, and it
+    is logged and counted once (``Converter._done``)."""
+    try:
+        return convert()
+    except MarkdownSkipped as e:
+        log.warning("page not converted to markdown; serving HTML", reason=e.reason, error=str(e))
+        return Skipped(e.reason)
+    except Exception as e:  # a bug of ours or the converter's: logged in full, the page served as HTML
+        log.error("markdown conversion failed", error=repr(e))
+        return Skipped("failed")
