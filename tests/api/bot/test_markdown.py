@@ -16,12 +16,14 @@ import pytest
 
 from prerender_ray import metrics
 from prerender_ray.api.app import create_asgi
+from prerender_ray.api.bot.markdown import Converted, MarkdownCache, Skipped
 from prerender_ray.api.bot.replica import close_replica, open_replica
 from prerender_ray.api.context import NodeContext
 from prerender_ray.config.model import Config
 from prerender_ray.identity.nodes import NodeInfo
+from prerender_ray.serving.answer import Prepared
 from prerender_ray.serving.framing import encode_page
-from prerender_ray.storage.pages import Page
+from prerender_ray.storage.pages import Page, PageMeta
 from prerender_ray.storage.replication import Clock, wrap
 from prerender_ray.storage.rocks import PAGES, Store, store_path
 from tests.api.origin_site import JS_PAGE
@@ -222,3 +224,30 @@ async def test_markdown_off_serves_html_without_vary_accept(tmp_path, site) -> N
         r = await c.get(f"/p/{url}", headers={**UA, **MD})
         assert r.content == RENDERED and _vary(r) == ["Accept-Encoding"]
         assert s.conversions() == {}
+
+
+def _converted(n: int) -> Converted:
+    meta = PageMeta(cache_key="k", status_code=200, headers={})
+    return Converted(meta, b"m" * n)
+
+
+def test_the_markdown_cache_is_bounded_by_bytes_and_keeps_one_version_per_page() -> None:
+    cache = MarkdownCache(max_bytes=1000)
+    cache.put(("a", "v1"), _converted(400))
+    cache.put(("b", "v1"), _converted(400))
+    assert cache.get(("a", "v1")) is not None  # a is now the most recent
+    cache.put(("c", "v1"), _converted(400))
+    assert cache.get(("b", "v1")) is None and cache.bytes == 800 and len(cache) == 2  # b was the oldest
+    assert cache.get(("a", "v2")) is None and cache.get(("a", "v1")) is None  # a new version drops the old
+    cache.put(("huge", "v1"), _converted(1001))
+    assert cache.get(("huge", "v1")) is None and cache.bytes == 400
+    entry = cache.get(("c", "v1"))
+    assert isinstance(entry, Converted)
+    cache.grow(("c", "v1"), entry, None, Prepared(200, {}, b"x" * 300, [], []))
+    assert cache.bytes == 700
+    cache.put(("d", "v1"), Skipped("failed"))
+    cache.put(("e", "v1"), _converted(300))  # 700 + 64 + 300: the oldest (c, with its form) goes
+    assert cache.get(("c", "v1")) is None and cache.bytes == 364
+    off = MarkdownCache(max_bytes=0)
+    off.put(("a", "v1"), Skipped("timeout"))
+    assert off.get(("a", "v1")) is None
