@@ -5,8 +5,8 @@ A conversion runs in a small thread pool (html-to-markdown releases the GIL whil
 request waits at most ``markdown.timeoutMs``, then gets the HTML; the conversion still finishes and
 its result is kept, so the page's next request is answered from the cache. Concurrent requests for
 the same page version share one conversion. A thread cannot be stopped, so what bounds the work is
-the input cap, the pool's size and ``MAX_IN_FLIGHT``; a page that fails or times out is remembered
-(per version) and served as HTML without trying again.
+the input cap, the pool's size and ``MAX_IN_FLIGHT``. A page that fails is remembered (per version)
+and served as HTML without trying again; one past its deadline is served as HTML until it is done.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ class Converter:
             if len(self._in_flight) >= self.max_in_flight:
                 self.counters.count(metrics.markdown_conversions, "busy")
                 return Skipped("busy")
-            fut = asyncio.get_running_loop().run_in_executor(self._pool, _attempt, convert)
+            fut = asyncio.get_running_loop().run_in_executor(self._pool, _attempt, convert, key[0])
             self._in_flight[key] = fut
             fut.add_done_callback(lambda f: self._done(key, f))
         try:
@@ -158,14 +158,14 @@ class Converter:
         self.cache.put(key, entry)
 
 
-def _attempt(convert: Callable[[], Converted]) -> Entry:
+def _attempt(convert: Callable[[], Converted], cache_key: str) -> Entry:
     """``convert`` in a pool thread, its failure an entry: every waiter reads the same outcome, and it
     is logged and counted once (``Converter._done``)."""
     try:
         return convert()
     except MarkdownSkipped as e:
-        log.warning("page not converted to markdown; serving HTML", reason=e.reason, error=str(e))
+        log.warning("page not converted to markdown; serving HTML", key=cache_key, reason=e.reason, error=str(e))
         return Skipped(e.reason)
     except Exception as e:  # a bug of ours or the converter's: logged in full, the page served as HTML
-        log.error("markdown conversion failed", error=repr(e))
+        log.error("markdown conversion failed", key=cache_key, error=repr(e))
         return Skipped("failed")

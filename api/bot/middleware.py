@@ -33,7 +33,7 @@ async def serve(state: ReplicaState, req: BotRequest, headers: dict[str, str], s
     now = now_ms()
     services = state.services
     counters = services.counters
-    bot = markdown_bot = services.bots.name_for(headers)
+    bot = bot_name = services.bots.name_for(headers)
     record = state.analytics and (bot != OTHER or state.record_unmatched)
     bot = services.bot_label(bot)
     if record:
@@ -44,8 +44,9 @@ async def serve(state: ReplicaState, req: BotRequest, headers: dict[str, str], s
             counters.count(metrics.unrouted, req.route_class, bucket)
     debug = debug_requested(headers, state.debug_key)
     if req.cacheable:
-        # bot_class: the bot policy's class of the request (markdown.forClasses); no policy names one yet
-        reply, out = await _cacheable(state, req, headers, now, debug, markdown_bot, None)
+        # The last argument is the request's bot class (for markdown.forClasses): None until the bot
+        # policy classifies requests.
+        reply, out = await _cacheable(state, req, headers, now, debug, bot_name, None)
     else:
         reply, out = await state.miss.bypass(req, headers, scope, receive, debug)
     if out.render_now:

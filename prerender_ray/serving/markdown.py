@@ -35,7 +35,8 @@ GZIP_LEVEL = 6
 # <nav>, page <header>s, forms, scripts and styles).
 EXCLUDE = ["aside", "[aria-hidden=true]", "[role=navigation]", "[role=complementary]", "[role=contentinfo]"]
 _FRONT_MATTER = {"title": "title", "meta-description": "description", "canonical": "canonical"}
-SKIP_REASONS = ("status", "too-large", "output-too-large", "failed", "timeout", "busy", "unreadable")
+# Why a page was served as HTML (x-harper-markdown-skipped); the first three are the conversion's own.
+SKIP_REASONS = ("too-large", "output-too-large", "failed", "timeout", "busy")
 
 
 class MarkdownSkipped(Exception):
