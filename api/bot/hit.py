@@ -15,7 +15,7 @@ from prerender_ray.identity.cachekeys import KeyFormat
 from prerender_ray.serving.answer import Reply, prepare, prepared_reply, verdict
 from prerender_ray.serving.classify import BotRequest
 from prerender_ray.serving.framing import framed_reply, sends_stored_coding
-from prerender_ray.serving.markdown import MarkdownPolicy, convert_page, markdown_meta
+from prerender_ray.serving.markdown import MarkdownPolicy, charset_of, convert_page, markdown_meta
 from prerender_ray.serving.negotiation import EncodingError
 from prerender_ray.serving.responses import debug_headers
 
@@ -110,10 +110,10 @@ class Hit:
             self._unreadable(e)
             return None
         key = (req.cache_key, page.etag or xxhash.xxh64_hexdigest(page.body))
-        limits, url = self.markdown.limits, req.url
+        limits, url, charset = self.markdown.limits, req.url, charset_of(meta.headers.get("content-type"))
 
         def convert() -> Converted:  # in the converter's pool: nothing here touches the event loop
-            body = convert_page(page.body, meta.content_encoding, limits, base_url=url)
+            body = convert_page(page.body, meta.content_encoding, limits, base_url=url, charset=charset)
             return Converted(markdown_meta(meta, body), body)
 
         entry = await self.converter.get(key, convert, self.markdown.timeout_s)

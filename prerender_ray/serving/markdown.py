@@ -11,6 +11,7 @@ wall-clock deadline is the caller's (``api/bot/markdown.py`` runs this off the e
 
 from __future__ import annotations
 
+import codecs
 import gzip
 from dataclasses import dataclass
 from functools import lru_cache
@@ -182,11 +183,23 @@ def _front_matter(markdown: str) -> str:
     return "---\n" + "\n".join(kept) + "\n---\n\n" + rest if kept else rest
 
 
-def html_to_md(html: bytes | str, limits: Limits, base_url: str | None = None) -> str:
+def charset_of(content_type: str | None) -> str:
+    """The ``charset`` a Content-Type names when Python knows it, else UTF-8 (what a renderer posts)."""
+    for param in (content_type or "").split(";")[1:]:
+        key, _, value = param.partition("=")
+        if key.strip().lower() == "charset":
+            try:
+                return codecs.lookup(value.strip().strip('"')).name
+            except LookupError:
+                break
+    return "utf-8"
+
+
+def html_to_md(html: bytes | str, limits: Limits, base_url: str | None = None, charset: str = "utf-8") -> str:
     """``html`` as Markdown. Raises MarkdownSkipped (too-large, output-too-large, failed)."""
     if len(html) > limits.max_input_bytes:
         raise MarkdownSkipped("too-large", f"{len(html)} bytes of HTML")
-    text = html if isinstance(html, str) else html.decode("utf-8", "replace")  # rendered pages are UTF-8
+    text = html if isinstance(html, str) else html.decode(charset, "replace")
     try:
         result = html_to_markdown.convert(text, _options(base_url, limits))
     except html_to_markdown.InputTooLargeError as e:  # characters re-encoded may exceed the byte count
@@ -199,7 +212,8 @@ def html_to_md(html: bytes | str, limits: Limits, base_url: str | None = None) -
     return markdown
 
 
-def convert_page(body: bytes | memoryview, coding: str, limits: Limits, base_url: str | None = None) -> bytes:
+def convert_page(body: bytes | memoryview, coding: str, limits: Limits, base_url: str | None = None,
+                 charset: str = "utf-8") -> bytes:
     """A stored page body (in its stored ``coding``) as gzip-coded Markdown: decoded with an output
     cap, converted, then coded once so most requests take it as it is (agents accept gzip). Raises
     MarkdownSkipped."""
@@ -208,7 +222,7 @@ def convert_page(body: bytes | memoryview, coding: str, limits: Limits, base_url
     except EncodingError as e:
         too_large = isinstance(e.__cause__, TooLarge)
         raise MarkdownSkipped("too-large" if too_large else "failed", str(e)) from None
-    markdown = html_to_md(bytes(html), limits, base_url)
+    markdown = html_to_md(bytes(html), limits, base_url, charset)
     return gzip.compress(markdown.encode(), compresslevel=GZIP_LEVEL, mtime=0)
 
 

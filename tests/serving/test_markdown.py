@@ -17,6 +17,7 @@ from prerender_ray.serving.markdown import (
     Limits,
     MarkdownPolicy,
     MarkdownSkipped,
+    charset_of,
     convert_page,
     html_to_md,
     markdown_etag,
@@ -171,7 +172,14 @@ def test_a_pathological_table_is_converted_within_its_bounds() -> None:
 
 
 def test_text_that_is_not_utf8_is_replaced_not_refused() -> None:
-    assert "caf" in html_to_md(b"<p>caf\xe9</p>", LIMITS)
+    assert "caf\ufffd" in html_to_md(b"<p>caf\xe9</p>", LIMITS)
+
+
+def test_the_stored_charset_is_honoured() -> None:
+    assert charset_of("text/html; charset=ISO-8859-1") == "iso8859-1"
+    assert charset_of('text/html;Charset="shift_jis"') == "shift_jis"
+    assert charset_of("text/html; charset=bogus") == charset_of("text/html") == charset_of(None) == "utf-8"
+    assert "caf\u00e9" in html_to_md(b"<p>caf\xe9</p>", LIMITS, charset=charset_of("text/html; charset=latin1"))
 
 
 # -------------------------------------------------------------------------------------- the answer
