@@ -14,7 +14,6 @@ from __future__ import annotations
 import codecs
 import gzip
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import html_to_markdown
@@ -30,6 +29,7 @@ if TYPE_CHECKING:
 MARKDOWN_TYPE = "text/markdown; charset=utf-8"
 MARKDOWN_TYPES = frozenset({"text/markdown", "text/x-markdown"})
 MAX_ACCEPT_CHARS = 1024  # a longer Accept is not parsed: the request gets HTML (or its forced Markdown)
+ACCEPT_MEMO = 1024  # distinct Accept values remembered (cleared when full)
 MAX_DEPTH = 256  # elements nested deeper are dropped (the converter recurses)
 GZIP_LEVEL = 6
 # The page chrome an agent does not need, on top of the converter's standard clean-up (which drops
@@ -98,14 +98,26 @@ def _accept(value: str) -> tuple[float | None, int, float, int, bool]:
     return md_q, md_pos, html_q, html_pos, html_rank < 2
 
 
-@lru_cache(maxsize=512)
-def _prefers(value: str) -> tuple[bool, bool]:
+def _decide(value: str) -> tuple[bool, bool]:
+    """(Markdown preferred, Markdown refused) for one Accept value."""
     md_q, md_pos, html_q, html_pos, html_wild = _accept(value)
     if md_q is None or md_q <= 0.0:
         return False, md_q is not None
     # Equal q: Markdown when HTML is only covered by a wildcard or is listed after it.
     wins = md_q > html_q or (md_q == html_q and (html_wild or md_pos < html_pos))
     return wins, False
+
+
+_decided: dict[str, tuple[bool, bool]] = {}  # bots send a handful of Accept values: each parsed once
+
+
+def _prefers(value: str) -> tuple[bool, bool]:
+    found = _decided.get(value)
+    if found is None:
+        if len(_decided) >= ACCEPT_MEMO:
+            _decided.clear()
+        found = _decided[value] = _decide(value)
+    return found
 
 
 def wants_markdown(accept: str | None, *, forced: bool = False) -> bool:
@@ -145,7 +157,11 @@ class MarkdownPolicy:
         """Whether this request gets Markdown (when its page is a cached rendered 200)."""
         if not self.enabled:
             return False
-        return wants_markdown(accept, forced=forced_for(bot, bot_class, self.bots, self.classes))
+        forced = bool(self.bots or self.classes) and forced_for(bot, bot_class, self.bots, self.classes)
+        if not accept or len(accept) > MAX_ACCEPT_CHARS:  # wants_markdown inlined: this runs on every hit
+            return forced
+        prefers, refused = _prefers(accept)
+        return prefers or (forced and not refused)
 
 
 # ------------------------------------------------------------------------------------- conversion
