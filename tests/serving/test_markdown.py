@@ -224,3 +224,11 @@ def test_the_markdown_answer_has_its_own_type_etag_and_vary() -> None:
     head = prepared_reply(p, last_cached=1_000, now=5_000, request_headers={}, head=True)
     assert head.status == 200 and head.body == b"" and dict(head.asgi_headers())[b"content-length"] == str(
         len(body)).encode()
+
+
+def test_the_accept_memo_is_bounded() -> None:
+    from prerender_ray.serving import markdown
+
+    for i in range(markdown.ACCEPT_MEMO + 10):
+        wants_markdown(f"text/markdown;q=0.{i % 9 + 1}, x/y{i}")
+    assert 0 < len(markdown._decided) <= markdown.ACCEPT_MEMO
