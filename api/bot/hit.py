@@ -15,9 +15,11 @@ from prerender_ray.identity.cachekeys import KeyFormat
 from prerender_ray.serving.answer import Reply, prepare, prepared_reply, verdict
 from prerender_ray.serving.classify import BotRequest
 from prerender_ray.serving.framing import framed_reply, sends_stored_coding
-from prerender_ray.serving.markdown import MarkdownPolicy, charset_of, convert_page, markdown_meta
+from prerender_ray.serving.markdown import TRANSIENT, MarkdownPolicy, charset_of, convert_page, markdown_meta
 from prerender_ray.serving.negotiation import EncodingError
 from prerender_ray.serving.responses import debug_headers
+
+_FRESHNESS = (b"cache-control", b"expires")
 
 
 class Outcome:
@@ -121,6 +123,10 @@ class Hit:
             reply = self.html(req, page, now, headers, out, debug)
             if reply is not None:
                 reply.headers["x-harper-markdown-skipped"] = entry.reason
+                if entry.reason in TRANSIENT:  # a shared cache must not keep it for the agents' Accept
+                    reply.encoded = [(k, v) for k, v in reply.encoded if k not in _FRESHNESS]
+                    reply.headers.pop("expires", None)
+                    reply.headers["cache-control"] = "no-store"
             return reply
         accept = headers.get("accept-encoding")
         prepared = entry.variants.get(accept)

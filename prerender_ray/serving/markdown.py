@@ -38,6 +38,7 @@ EXCLUDE = ["aside", "[aria-hidden=true]", "[role=navigation]", "[role=complement
 _FRONT_MATTER = {"title": "title", "meta-description": "description", "canonical": "canonical"}
 # Why a page was served as HTML (x-harper-markdown-skipped); the first three are the conversion's own.
 SKIP_REASONS = ("too-large", "output-too-large", "failed", "timeout", "busy")
+TRANSIENT = frozenset({"timeout", "busy"})  # the HTML then says no-store: the next request may get Markdown
 
 
 class MarkdownSkipped(Exception):

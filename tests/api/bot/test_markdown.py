@@ -172,6 +172,7 @@ async def test_a_page_over_a_bound_is_served_as_html_saying_why(tmp_path, site, 
             r = await c.get(f"/p/{url}", headers={**UA, **MD})
             assert r.status_code == 200 and r.content == html and r.headers["x-harper-markdown-skipped"] == reason
             assert r.headers["etag"] == '"e1"' and r.headers["content-type"].startswith("text/html")
+            assert r.headers["cache-control"] == "max-age=60"  # lasting for this version: cacheable
         assert s.conversions() == {reason: 1}
 
 
@@ -189,7 +190,7 @@ async def test_a_slow_conversion_stops_the_wait_and_serves_html_then_markdown_on
         url = s.store("/page/slow", WIDE_TABLE)
         r = await c.get(f"/p/{url}", headers={**UA, **MD})
         assert r.status_code == 200 and r.headers["x-harper-markdown-skipped"] == "timeout"
-        assert r.content == WIDE_TABLE
+        assert r.content == WIDE_TABLE and r.headers["cache-control"] == "no-store"  # not kept by a CDN
         converter = open_replica(s.ctx).services.converter
         for _ in range(600):  # the conversion goes on in its thread, and is kept
             if not converter._in_flight:
@@ -197,6 +198,7 @@ async def test_a_slow_conversion_stops_the_wait_and_serves_html_then_markdown_on
             await asyncio.sleep(0.05)
         r = await c.get(f"/p/{url}", headers={**UA, **MD})
         assert _md(r).count("| x |") >= 1 and "x-harper-markdown-skipped" not in r.headers
+        assert r.headers["cache-control"] == "max-age=60"
         assert s.conversions() == {"timeout": 1, "converted": 1}
 
 
@@ -206,6 +208,7 @@ async def test_too_many_conversions_in_flight_serve_html(tmp_path, site) -> None
         open_replica(s.ctx).services.converter.max_in_flight = 0
         r = await c.get(f"/p/{url}", headers={**UA, **MD})
         assert r.headers["x-harper-markdown-skipped"] == "busy" and r.content == RENDERED
+        assert [v for k, v in r.headers.multi_items() if k == "cache-control"] == ["no-store"]
         assert s.conversions() == {"busy": 1}
 
 
