@@ -42,6 +42,7 @@ class Site:
         self.asgi, self.ctx, self.primary, self.base = asgi, ctx, primary, base
         self.clock = Clock("n1")
         self.now = int(time.time() * 1000)
+        self.counted = _conversion_counts()
 
     def store(self, path: str, html: bytes = RENDERED, *, etag: str = '"e1"', status: int = 200,
               framed: bool = True, body: bytes | None = None) -> str:
@@ -59,9 +60,15 @@ class Site:
         return httpx.AsyncClient(transport=httpx.ASGITransport(app=self.asgi), base_url="http://t")
 
     def conversions(self) -> dict[str, int]:
-        counters = open_replica(self.ctx).services.counters
-        return {labels[0]: n for (metric, labels), n in counters._pending.items()
-                if metric is metrics.markdown_conversions}
+        """The conversions counted since this site started, by outcome (the batched counts flushed)."""
+        open_replica(self.ctx).services.counters.flush()
+        now = _conversion_counts()
+        return {k: int(n - self.counted.get(k, 0)) for k, n in now.items() if n != self.counted.get(k, 0)}
+
+
+def _conversion_counts() -> dict[str, float]:
+    return {sample.labels["outcome"]: sample.value for family in metrics.markdown_conversions.collect()
+            for sample in family.samples if sample.name.endswith("_total")}
 
 
 @contextlib.asynccontextmanager
