@@ -96,6 +96,10 @@ holder_read_seconds = Histogram("prerender_holder_read_seconds", "One read of a 
                                 buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0))
 discovered = Counter("prerender_discovered_total", "Targets created by bot-miss discovery.")
 unrouted = Counter("prerender_unrouted_total", "Bot requests served without prerendering.", ["route_class", "bucket"])
+# Markdown for agents (api/bot/markdown.py): converted, too-large, output-too-large, failed, timeout (a
+# request stopped waiting), busy (too many in flight). Pages served from the Markdown cache are not counted.
+markdown_conversions = Counter("prerender_markdown_conversions_total", "Markdown conversions by outcome.",
+                               ["outcome"])
 
 # --- replication and sitemaps
 replication_lag_seconds = Histogram(

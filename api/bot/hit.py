@@ -4,16 +4,22 @@ pure shaping (``prerender_ray.serving.answer``). What the cache cannot answer go
 
 from __future__ import annotations
 
+import xxhash
+
 from prerender_ray import metrics
 from prerender_ray.api.bot.counters import Counters
+from prerender_ray.api.bot.markdown import Converted, Converter, Skipped
 from prerender_ray.api.bot.pages import PageReader, StoredPage, UnreadablePage
 from prerender_ray.config.model import Config
 from prerender_ray.identity.cachekeys import KeyFormat
 from prerender_ray.serving.answer import Reply, prepare, prepared_reply, verdict
 from prerender_ray.serving.classify import BotRequest
 from prerender_ray.serving.framing import framed_reply, sends_stored_coding
+from prerender_ray.serving.markdown import TRANSIENT, MarkdownPolicy, charset_of, convert_page, markdown_meta
 from prerender_ray.serving.negotiation import EncodingError
 from prerender_ray.serving.responses import debug_headers
+
+_FRESHNESS = (b"cache-control", b"expires")
 
 
 class Outcome:
@@ -33,12 +39,14 @@ class Outcome:
 class Hit:
     """Reads and shapes stored pages under one config (built per config by ``api/bot/replica.py``)."""
 
-    def __init__(self, cfg: Config, keys: KeyFormat, pages: PageReader, counters: Counters):
+    def __init__(self, cfg: Config, keys: KeyFormat, pages: PageReader, counters: Counters, converter: Converter):
         self.keys = keys
         self.pages = pages
         self.counters = counters
+        self.converter = converter
         self.swr_ttl = cfg.page.swr_ttl
         self.max_html_bytes = cfg.server.max_html_bytes
+        self.markdown = MarkdownPolicy.from_config(cfg.markdown)
 
     def look(self, req: BotRequest, now: int, *, skip: bool) -> tuple[str, StoredPage | None]:
         """The cache status of ``req`` (``verdict``, or ``unreadable``) and the page found, if any."""
@@ -81,6 +89,57 @@ class Hit:
         if meta.status_code != 200:  # a status page (prerender_ray/queue/status_pages.py) or another stored status
             self.counters.child(metrics.status_pages_served, str(meta.status_code)).inc()
         return prepared_reply(prepared, last_cached=meta.last_cached, now=now, request_headers=headers,
+                              head=req.method == "HEAD", debug=self.debug(req, out) if debug else None)
+
+    def html(self, req: BotRequest, page: StoredPage, now: int, headers: dict[str, str], out: Outcome,
+             debug: bool) -> Reply | None:
+        """``cached``, with ``Vary: Accept`` on a 200 while Markdown is on (the same URL answers
+        Markdown to another Accept); a second field line, so the frame's headers stay as written."""
+        reply = self.cached(req, page, now, headers, out, debug)
+        if reply is not None and self.markdown.enabled and page.status_code == 200:
+            reply.headers["vary"] = "Accept"
+        return reply
+
+    async def as_markdown(self, req: BotRequest, page: StoredPage, now: int, headers: dict[str, str],
+                          out: Outcome, debug: bool) -> Reply | None:
+        """The page as Markdown (docs/serving.md#markdown-for-agents), or its HTML with
+        ``x-harper-markdown-skipped`` saying why not; None as ``cached``."""
+        if page.status_code != 200:  # a status page or redirect is answered as it is stored
+            return self.html(req, page, now, headers, out, debug)
+        try:
+            meta = page.meta
+        except UnreadablePage as e:
+            self._unreadable(e)
+            return None
+        key = (req.cache_key, page.etag or xxhash.xxh64_hexdigest(page.body))
+        limits, url, charset = self.markdown.limits, req.url, charset_of(meta.headers.get("content-type"))
+
+        def convert() -> Converted:  # in the converter's pool: nothing here touches the event loop
+            body = convert_page(page.body, meta.content_encoding, limits, base_url=url, charset=charset)
+            return Converted(markdown_meta(meta, body), body)
+
+        entry = await self.converter.get(key, convert, self.markdown.timeout_s)
+        if isinstance(entry, Skipped):
+            reply = self.html(req, page, now, headers, out, debug)
+            if reply is not None:
+                reply.headers["x-harper-markdown-skipped"] = entry.reason
+                if entry.reason in TRANSIENT:  # a shared cache must not keep it for the agents' Accept
+                    reply.encoded = [(k, v) for k, v in reply.encoded if k not in _FRESHNESS]
+                    reply.headers.pop("expires", None)
+                    reply.headers["cache-control"] = "no-store"
+            return reply
+        accept = headers.get("accept-encoding")
+        prepared = entry.variants.get(accept)
+        if prepared is None:
+            try:
+                prepared = prepare(entry.meta, entry.body, accept, limits.max_output_bytes)
+            except EncodingError as e:  # gzip we wrote ourselves: not expected
+                self.counters.child(metrics.serve_errors, "markdown-encoding").inc()
+                self.counters.warn_sometimes("markdown-encoding", "markdown cannot be re-coded; serving HTML",
+                                             key=req.cache_key, error=str(e))
+                return self.html(req, page, now, headers, out, debug)
+            self.converter.cache.grow(key, entry, accept, prepared)
+        return prepared_reply(prepared, last_cached=page.last_cached, now=now, request_headers=headers,
                               head=req.method == "HEAD", debug=self.debug(req, out) if debug else None)
 
     def _unreadable(self, e: UnreadablePage) -> None:

@@ -33,7 +33,7 @@ async def serve(state: ReplicaState, req: BotRequest, headers: dict[str, str], s
     now = now_ms()
     services = state.services
     counters = services.counters
-    bot = services.bots.name_for(headers)
+    bot = bot_name = services.bots.name_for(headers)
     record = state.analytics and (bot != OTHER or state.record_unmatched)
     bot = services.bot_label(bot)
     if record:
@@ -44,7 +44,9 @@ async def serve(state: ReplicaState, req: BotRequest, headers: dict[str, str], s
             counters.count(metrics.unrouted, req.route_class, bucket)
     debug = debug_requested(headers, state.debug_key)
     if req.cacheable:
-        reply, out = await _cacheable(state, req, headers, now, debug)
+        # The last argument is the request's bot class (for markdown.forClasses): None until the bot
+        # policy classifies requests.
+        reply, out = await _cacheable(state, req, headers, now, debug, bot_name, None)
     else:
         reply, out = await state.miss.bypass(req, headers, scope, receive, debug)
     if out.render_now:
@@ -55,7 +57,7 @@ async def serve(state: ReplicaState, req: BotRequest, headers: dict[str, str], s
 
 
 async def _cacheable(state: ReplicaState, req: BotRequest, headers: dict[str, str], now: int,
-                     debug: bool) -> tuple[Reply, Outcome]:
+                     debug: bool, bot: str, bot_class: str | None) -> tuple[Reply, Outcome]:
     policy = serving_policy(state.cfg.render_now, route_class=req.route_class, method=req.method,
                             request_headers=headers)
     hit = state.hit
@@ -64,7 +66,10 @@ async def _cacheable(state: ReplicaState, req: BotRequest, headers: dict[str, st
         status, found = await state.miss.look_holders(req, now)
     if found is not None and (status == "hit" or status == "swr"):
         out = Outcome(status, "cache")
-        reply = hit.cached(req, found, now, headers, out, debug)
+        if hit.markdown.wants(headers.get("accept"), bot, bot_class):
+            reply = await hit.as_markdown(req, found, now, headers, out, debug)
+        else:
+            reply = hit.html(req, found, now, headers, out, debug)
         if reply is not None:
             return reply, out
         status = "unreadable"

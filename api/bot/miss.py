@@ -116,7 +116,7 @@ class Miss:
         if verdict(got.meta, now, self.swr_ttl) not in ("hit", "swr"):
             return None
         out = Outcome("peer-rescue", "cache")
-        reply = self.hit.cached(req, StoredPage(b"", got.meta, got.body), now, headers, out, debug)
+        reply = self.hit.html(req, StoredPage(b"", got.meta, got.body), now, headers, out, debug)
         if reply is None:
             return None
         ms = round((time.perf_counter() - t0) * 1000, 1)
@@ -134,7 +134,7 @@ class Miss:
         if fresh is not None:
             out = Outcome(status, "rendered")
             out.render_now = "hit"
-            reply = self.hit.cached(req, fresh, now_ms(), headers, out, debug)
+            reply = self.hit.html(req, fresh, now_ms(), headers, out, debug)
             if reply is not None:
                 return reply, out
         out = Outcome(status)
@@ -146,7 +146,7 @@ class Miss:
             return reply, out
         if rn.fallback == "stale" and found is not None:
             out.source = "cache"
-            reply = self.hit.cached(req, found, now_ms(), headers, out, debug)
+            reply = self.hit.html(req, found, now_ms(), headers, out, debug)
             if reply is not None:
                 return reply, out
             out.source = "origin"
@@ -187,7 +187,7 @@ class Miss:
             return None
         out = Outcome(status, "rendered")
         out.render_now = "on-miss"
-        reply = self.hit.cached(req, fresh, now_ms(), headers, out, debug)
+        reply = self.hit.html(req, fresh, now_ms(), headers, out, debug)
         return None if reply is None else (reply, out)
 
     # ----------------------------------------------------------------------------------- origin

@@ -20,6 +20,7 @@ from prerender_ray import logs, metrics
 from prerender_ray.api.bot.counters import Counters
 from prerender_ray.api.bot.hit import Hit
 from prerender_ray.api.bot.holders import HolderReader
+from prerender_ray.api.bot.markdown import Converter
 from prerender_ray.api.bot.miss import Discovery, Miss
 from prerender_ray.api.bot.origin import OriginClient
 from prerender_ray.api.bot.pages import PageReader
@@ -48,6 +49,7 @@ class Services:
         self.peer = PeerClient(cfg.peer_rescue, cfg.origin.max_body_bytes)
         self.holders = HolderReader(ctx, cfg.cluster)
         self.counters = Counters()
+        self.converter = Converter(cfg.markdown.cache_bytes, self.counters)
         self.bot_label = LabelBudget(BOT_LABELS)
         rep = cfg.ingress.report
         self.report_unrouted = rep.enabled and cfg.ingress.mode == "forwarded"
@@ -67,6 +69,7 @@ class Services:
             self._report.cancel()
         self.discovery.stop()
         self.counters.close()
+        self.converter.close()
         self.pages.close()
         await self.origin.aclose()
         await self.peer.aclose()
@@ -114,7 +117,7 @@ def build(ctx: NodeContext, current: ReplicaConfig, services: Services) -> Repli
     what outlives a config change comes in as ``services``."""
     cfg: Config = current.cfg
     ingress = current.compiled.ingress(reserved_of(ctx))
-    hit = Hit(cfg, ingress.keys, services.pages, services.counters)
+    hit = Hit(cfg, ingress.keys, services.pages, services.counters, services.converter)
     miss = Miss(ctx, cfg, hit=hit, pages=services.pages, origin=services.origin, peer=services.peer,
                 holders=services.holders, counters=services.counters, discovery=services.discovery)
     return ReplicaState(

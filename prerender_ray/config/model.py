@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -736,6 +736,38 @@ class Analytics(Model):
     )
 
 
+# The bot classes a request may fall in (the bot policy's `bots:` section names the same six).
+BotClass = Literal["search", "ai-search", "ai-training", "social", "seo-tool", "other"]
+BOT_CLASSES: tuple[str, ...] = get_args(BotClass)
+
+
+class Markdown(Model):
+    enabled: bool = Field(
+        True,
+        description="Serve a cached rendered 200 page as Markdown to a request whose `Accept` prefers "
+        "`text/markdown` over `text/html` (a miss is served as today: the origin's shell is never converted).",
+    )
+    max_input_bytes: int = Field(
+        2 * 1024 * 1024, ge=1024, description="Largest decoded page converted; a larger one is served as HTML."
+    )
+    max_output_bytes: int = Field(
+        1024 * 1024, ge=1024, description="Largest Markdown served; a page converting to more is served as HTML."
+    )
+    timeout_ms: PositiveDuration = Field(
+        2 * SECOND, description="How long a request waits for a conversion before it is served HTML."
+    )
+    cache_bytes: int = Field(
+        32 * 1024 * 1024, ge=0,
+        description="Converted pages kept per ingress replica (gzip-coded Markdown, by page version; 0: none).",
+    )
+    for_bots: list[NonEmptyStr] = Field(
+        [], description="Bot names (as `analytics.bots` names them, any case) that always get Markdown."
+    )
+    for_classes: list[BotClass] = Field(
+        [], description="Bot classes that always get Markdown (applied once the bot policy classifies requests)."
+    )
+
+
 class Logging(Model):
     level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Log level of every process."
@@ -774,6 +806,7 @@ class Config(Model):
     fleet: Fleet = Fleet()
     auth: Auth = Auth()
     analytics: Analytics = Analytics()
+    markdown: Markdown = Markdown()
     logging: Logging = Logging()
 
     @field_validator("domains")
