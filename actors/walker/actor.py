@@ -34,6 +34,7 @@ from prerender_ray.actors.common import (
     untraced,
 )
 from prerender_ray.actors.walker.fetch import Fetcher
+from prerender_ray.actors.walker.robots import Discovery
 from prerender_ray.actors.walker.walk import (
     BATCH,
     STORE_DEADLINE_S,
@@ -47,6 +48,7 @@ from prerender_ray.config.model import Config
 from prerender_ray.config.overrides import LiveConfig
 from prerender_ray.identity.nodes import NodeInfo, Ownership
 from prerender_ray.sitemaps.parser import SitemapEntry
+from prerender_ray.sitemaps.robots import configured_origins
 from prerender_ray.sitemaps.rules import (
     ClaimCheck,
     canonicalizer,
@@ -107,8 +109,9 @@ class SitemapWalker:
         self.next_daily: int | None = None
         loop = asyncio.get_running_loop()
         self.live = LiveConfig(cfg)  # the file's config, and live overrides on top of it
+        self.robots = Discovery(self)
         self._tasks = [loop.create_task(self._startup()), loop.create_task(self._daily()),
-                       loop.create_task(self._overrides_syncer())]
+                       loop.create_task(self._overrides_syncer()), loop.create_task(self._robots_daily())]
 
     # ----------------------------------------------------------------------------- live config
 
@@ -378,6 +381,35 @@ class SitemapWalker:
                 self.log.error("daily sitemap refresh failed", error=repr(e))
                 await asyncio.sleep(60)
 
+    # ------------------------------------------------------------------------------ robots.txt
+
+    async def discover_robots(self, origins: list[str] | None = None, refresh: bool = False,
+                              walk: bool = True) -> dict:
+        """robots.txt of each origin (None: every ``domains`` entry), its sitemaps queued for walks."""
+        if origins is None:
+            origins = configured_origins(self.cfg.domains, self.cfg.ingress.default_protocol)
+        return {"node": self.node, "domains": await self.robots.discover(origins, refresh, walk)}
+
+    async def _robots_daily(self) -> None:
+        """robots.txt discovery of every domain on an interval, on the node named by sitemap.node; the
+        first pass a minute after start (a copy younger than ``robots.ttl`` is not fetched again)."""
+        every = self.cfg.robots.discovery
+        if not every.enabled or daily_refresh_key(self.cfg.sitemap, self.node) is None:
+            return
+        self.log.info("robots.txt discovery armed", intervalMs=every.interval)
+        await asyncio.sleep(60)
+        while True:
+            try:
+                origins = configured_origins(self.cfg.domains, self.cfg.ingress.default_protocol)
+                await self.robots.discover(origins, trigger="robots-daily")
+                await asyncio.sleep(every.interval / 1000)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                metrics.loop_errors.labels("robots-discovery").inc()
+                self.log.error("robots.txt discovery failed", error=repr(e))
+                await asyncio.sleep(60)
+
     # ----------------------------------------------------------------------------------- reads
 
     async def _scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
@@ -499,7 +531,8 @@ class SitemapWalker:
 
     async def close(self) -> None:
         """Stop walks without marking them: their rows stay running and the next start resumes them."""
-        tasks = [*self._tasks, *(r.task for r in self.runs.values() if r.task is not None)]
+        tasks = [*self._tasks, *self.robots.close(),
+                 *(r.task for r in self.runs.values() if r.task is not None)]
         if self.all_task is not None:
             tasks.append(self.all_task)
         for t in tasks:
