@@ -21,14 +21,13 @@ from prerender_ray.actors.common import call
 from prerender_ray.actors.walker.fetch import Fetcher, SitemapFetchError
 from prerender_ray.actors.walker.walk import STORE_DEADLINE_S
 from prerender_ray.decoding import DecodeError, Decoder
-from prerender_ray.serving.bots import DEFAULT_BOTS
 from prerender_ray.sitemaps.robots import (
     UNAVAILABLE,
     UNREACHABLE,
     ParsedRobots,
     report,
     robots_url,
-    served_today,
+    served_by,
     settle,
 )
 from prerender_ray.sitemaps.rules import describe_error
@@ -126,10 +125,6 @@ class Discovery:
         self.queue: list[str] = []
         self.task: asyncio.Task | None = None
 
-    def served(self) -> dict[str, str]:
-        bots = self.w.cfg.analytics.bots
-        return served_today(b.name for b in (DEFAULT_BOTS if bots is None else bots))
-
     async def discover(self, origins: list[str], refresh: bool = False, walk: bool = True,
                        trigger: str = "robots") -> list[dict]:
         out = []
@@ -155,7 +150,7 @@ class Discovery:
         last = ParsedRobots.from_row(row) if isinstance(row, dict) else None
         fetched = await fetch_robots(self.w.fetcher, robots_url(origin), max_bytes=rb.max_bytes,
                                      deadline_s=rb.fetch_timeout_ms / 1000)
-        kept, doc = await settle_and_report(last, fetched, self.w.fetcher, rb.max_sitemaps, self.served())
+        kept, doc = await settle_and_report(last, fetched, self.w.fetcher, rb.max_sitemaps, served_by(self.w.cfg))
         row = {"origin": origin, **kept.to_row(), "checkedAt": fetched.fetched_at, "report": doc}
         await call(self.w.store.apply.remote([(key, encode_json(row))]), STORE_DEADLINE_S)
         conflicts = {c["bot"] for c in doc["conflicts"]}

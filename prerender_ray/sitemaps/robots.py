@@ -24,7 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 from protego import Protego
 
+from prerender_ray.serving.bots import DEFAULT_BOTS
+
 if TYPE_CHECKING:
+    from prerender_ray.config.model import Config
     from prerender_ray.serving.origin_policy import OriginPolicy
 
 OK, UNAVAILABLE, UNREACHABLE = "ok", "unavailable", "unreachable"
@@ -52,6 +55,12 @@ def robots_token(bot_name: str) -> str:
 def served_today(bot_names: Iterable[str]) -> dict[str, str]:
     """token -> serve mode before per-class policies exist: every registered bot is prerendered."""
     return {robots_token(n): "prerender" for n in bot_names}
+
+
+def served_by(cfg: Config) -> dict[str, str]:
+    """token -> serve mode for the config's bot registry (``analytics.bots``, else the built-in one)."""
+    bots = cfg.analytics.bots
+    return served_today(b.name for b in (DEFAULT_BOTS if bots is None else bots))
 
 
 def robots_url(origin: str) -> str:
@@ -285,3 +294,12 @@ def disallowed(robots: ParsedRobots, served: Mapping[str, str],
             if robots.allows(token, path) is False:
                 out.append(Conflict(token, mode, path))
     return out
+
+
+def check_file(cfg: Config, body: bytes, name: str) -> list[str]:
+    """``config check --robots FILE``: the conflicts of a robots.txt saved locally (no network)."""
+    robots = ParsedRobots.from_body(name, body, max_bytes=cfg.robots.max_bytes)
+    lines = [f"warn: robots.txt {name}: {c.as_dict()['message']}" for c in disallowed(robots, served_by(cfg))]
+    if robots.truncated:
+        lines.insert(0, f"warn: robots.txt {name}: read up to {robots.size} bytes only (robots.maxBytes)")
+    return lines

@@ -18,6 +18,7 @@ from prerender_ray.sitemaps.robots import (
     UNREACHABLE,
     Conflict,
     ParsedRobots,
+    check_file,
     configured_origins,
     cut,
     disallowed,
@@ -209,3 +210,13 @@ def test_a_bad_domain_is_refused(domain: str) -> None:
 def test_configured_origins_one_per_entry() -> None:
     assert configured_origins(["shop.test", "a.test:*", "b.test:8080", "shop.test"], "https") == [
         "https://shop.test", "https://a.test", "https://b.test:8080"]
+
+
+def test_config_check_reads_a_saved_file_to_the_cut() -> None:
+    cfg = Config.model_validate({"analytics": {"bots": [{"name": "GPTBot", "match": "gptbot"},
+                                                        {"name": "Naver Yeti", "match": "yeti"}]},
+                                 "robots": {"maxBytes": 1024}})
+    body = b"User-agent: Yeti\nDisallow: /\n" + b"#" * 2000 + b"\nUser-agent: GPTBot\nDisallow: /\n"
+    assert check_file(cfg, body, "r.txt") == [
+        "warn: robots.txt r.txt: read up to 29 bytes only (robots.maxBytes)",
+        "warn: robots.txt r.txt: robots.txt disallows / to Yeti, but the policy serves it (prerender)"]
