@@ -8,10 +8,11 @@ import time
 import zlib
 from http.server import BaseHTTPRequestHandler
 
+import httpx
 import pytest
 
 from prerender_ray.actors.walker.fetch import Fetcher
-from prerender_ray.actors.walker.robots import fetch_robots
+from prerender_ray.actors.walker.robots import PIECE, fetch_robots, read_capped
 from prerender_ray.config.model import Config
 from prerender_ray.identity.routes import Router
 from prerender_ray.sitemaps.robots import OK, UNAVAILABLE, UNREACHABLE, ParsedRobots
@@ -74,6 +75,23 @@ async def test_a_gzip_bomb_is_cut_while_it_inflates(site) -> None:
     site.put("/bomb/robots.txt", bomb, ctype="text/plain", headers={"content-encoding": "gzip"})
     r = await robots(site.url("/bomb/robots.txt"), site)
     assert r.state == OK and r.truncated and r.size <= 500 * KIB and r.allows("Bingbot", "/x") is False
+
+
+async def test_reading_stops_at_the_cut_whatever_the_body_holds() -> None:
+    """The body is pulled only until the cut: a 64 MB inflation is never produced, let alone held."""
+    z = zlib.compressobj(9, zlib.DEFLATED, 31)
+    chunks = [z.compress(b"# " + b"x" * (1024 * 1024 - 3) + b"\n") for _ in range(64)] + [z.flush()]
+    pulled = []
+
+    async def body():
+        for c in chunks:
+            pulled.append(len(c))
+            yield c
+
+    response = httpx.Response(200, headers={"content-encoding": "gzip"}, content=body())
+    data, truncated = await read_capped(response, 500 * KIB)
+    assert truncated and len(data) <= 500 * KIB + PIECE
+    assert len(pulled) < len(chunks)
 
 
 async def test_a_gzip_transport_encoding_is_decoded(site) -> None:
