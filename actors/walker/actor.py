@@ -8,7 +8,8 @@ walk; an older one is taken over, and the walk whose row was taken stops at its 
 Ray restarts a dead walker (max_restarts=-1): at start it resumes every run whose row still says
 running on this node (only one walker per node exists, so such a run is dead), refresh-all jobs
 included (their row ``r:all`` keeps the roots left). The daily refresh is a timer in the walker of
-``sitemap.node``. Deleting a sitemap cascades to its descendants, their targets, rows and pages.
+``sitemap.node``, and so is robots.txt discovery (walker/robots.py) when it is on. Deleting a
+sitemap cascades to its descendants, their targets, rows and pages.
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ class SitemapWalker:
         self.live = LiveConfig(cfg)  # the file's config, and live overrides on top of it
         self.robots = Discovery(self)
         self._tasks = [loop.create_task(self._startup()), loop.create_task(self._daily()),
-                       loop.create_task(self._overrides_syncer()), loop.create_task(self._robots_daily())]
+                       loop.create_task(self._overrides_syncer()), loop.create_task(self.robots.daily())]
 
     # ----------------------------------------------------------------------------- live config
 
@@ -389,26 +390,6 @@ class SitemapWalker:
         if origins is None:
             origins = configured_origins(self.cfg.domains, self.cfg.ingress.default_protocol)
         return {"node": self.node, "domains": await self.robots.discover(origins, refresh, walk)}
-
-    async def _robots_daily(self) -> None:
-        """robots.txt discovery of every domain on an interval, on the node named by sitemap.node; the
-        first pass a minute after start (a copy younger than ``robots.ttl`` is not fetched again)."""
-        every = self.cfg.robots.discovery
-        if not every.enabled or daily_refresh_key(self.cfg.sitemap, self.node) is None:
-            return
-        self.log.info("robots.txt discovery armed", intervalMs=every.interval)
-        await asyncio.sleep(60)
-        while True:
-            try:
-                origins = configured_origins(self.cfg.domains, self.cfg.ingress.default_protocol)
-                await self.robots.discover(origins, trigger="robots-daily")
-                await asyncio.sleep(every.interval / 1000)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                metrics.loop_errors.labels("robots-discovery").inc()
-                self.log.error("robots.txt discovery failed", error=repr(e))
-                await asyncio.sleep(60)
 
     # ----------------------------------------------------------------------------------- reads
 

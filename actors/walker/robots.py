@@ -25,12 +25,13 @@ from prerender_ray.sitemaps.robots import (
     UNAVAILABLE,
     UNREACHABLE,
     ParsedRobots,
+    configured_origins,
     report,
     robots_url,
     served_by,
     settle,
 )
-from prerender_ray.sitemaps.rules import describe_error
+from prerender_ray.sitemaps.rules import daily_refresh_key, describe_error
 from prerender_ray.storage.registry import RecordError, decode_json, encode_json, robots_key
 from prerender_ray.timeutil import now_ms
 
@@ -126,13 +127,35 @@ class Discovery:
         self.task: asyncio.Task | None = None
 
     async def discover(self, origins: list[str], refresh: bool = False, walk: bool = True,
-                       trigger: str = "robots") -> list[dict]:
+                       trigger: str = "robots", new_only: bool = False) -> list[dict]:
         out = []
         for origin in origins:
             doc = await self.one(origin, refresh)
-            doc["walks"] = await self.queue_walks(doc["robots"]["sitemaps"], trigger) if walk else []
+            doc["walks"] = await self.queue_walks(doc["robots"]["sitemaps"], trigger, new_only) if walk else []
             out.append(doc)
         return out
+
+    async def daily(self) -> None:
+        """Discovery of every domain on an interval, on the node named by sitemap.node: the first pass
+        a minute after start, then every ``robots.discovery.interval``. It walks only sitemaps not
+        registered yet (the daily sitemap refresh walks the others), so a restart re-walks nothing."""
+        every = self.w.cfg.robots.discovery
+        if not every.enabled or daily_refresh_key(self.w.cfg.sitemap, self.w.node) is None:
+            return
+        self.w.log.info("robots.txt discovery armed", intervalMs=every.interval)
+        await asyncio.sleep(60)
+        while True:
+            try:
+                cfg = self.w.cfg
+                await self.discover(configured_origins(cfg.domains, cfg.ingress.default_protocol),
+                                    trigger="robots-daily", new_only=True)
+                await asyncio.sleep(every.interval / 1000)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                metrics.loop_errors.labels("robots-discovery").inc()
+                self.w.log.error("robots.txt discovery failed", error=repr(e))
+                await asyncio.sleep(60)
 
     async def one(self, origin: str, refresh: bool) -> dict:
         rb = self.w.cfg.robots
@@ -165,13 +188,15 @@ class Discovery:
                                bots=sorted(conflicts)[:20], count=len(conflicts))
         return {"domain": origin, "cached": False, "checkedAt": fetched.fetched_at, "robots": doc}
 
-    async def queue_walks(self, urls: list[str], trigger: str) -> list[dict]:
+    async def queue_walks(self, urls: list[str], trigger: str, new_only: bool = False) -> list[dict]:
         rows = await self.w._sitemaps()
         out = []
         for url in urls:
             parent = (rows.get(url) or {}).get("parentUrl")
             if parent:
                 out.append({"url": url, "queued": False, "reason": f"walked as a child of {parent}"})
+            elif new_only and url in rows:
+                out.append({"url": url, "queued": False, "reason": "registered; the daily refresh walks it"})
             elif url in self.queue:
                 out.append({"url": url, "queued": True, "reason": "already queued"})
             else:
