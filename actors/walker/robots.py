@@ -22,6 +22,7 @@ from prerender_ray.actors.walker.fetch import Fetcher, SitemapFetchError
 from prerender_ray.actors.walker.walk import STORE_DEADLINE_S
 from prerender_ray.decoding import DecodeError, Decoder
 from prerender_ray.sitemaps.robots import (
+    OK,
     UNAVAILABLE,
     UNREACHABLE,
     ParsedRobots,
@@ -87,7 +88,7 @@ async def fetch_robots(fetcher: Fetcher, url: str, *, max_bytes: int, deadline_s
         return failed(UNREACHABLE, f"unreadable body: {e}", status)
     except httpx.HTTPError as e:
         return failed(UNREACHABLE, f"while reading the body: {describe_error(e)}", status)
-    metrics.robots_fetches.labels("ok").inc()
+    metrics.robots_fetches.labels(OK).inc()
     return await asyncio.to_thread(ParsedRobots.from_body, url, body, status=status, max_bytes=max_bytes,
                                    fetched_at=at, truncated=truncated, final_url=str(response.url))
 
@@ -100,18 +101,24 @@ async def settle_and_report(last: ParsedRobots | None, fetched: ParsedRobots, fe
 
 
 class ConflictGauge:
-    """``prerender_robots_conflicts{domain,bot}``: 1 per conflicting bot, back to 0 when it goes (the
-    label sets are bounded by the configured domains and the bot registry)."""
+    """``prerender_robots_conflicts{domain,bot}``: 1 per conflicting bot, back to 0 when it goes. Bots
+    come from the registry; domains are capped at ``MAX_DOMAINS`` (``host:*`` lets an admin name any
+    port), past which a new domain is only in the report and the log."""
+
+    MAX_DOMAINS = 100
 
     def __init__(self) -> None:
         self.shown: dict[str, set[str]] = {}
 
-    def update(self, domain: str, bots: set[str]) -> None:
+    def update(self, domain: str, bots: set[str]) -> bool:
+        if domain not in self.shown and len(self.shown) >= self.MAX_DOMAINS:
+            return False
         for bot in self.shown.get(domain, set()) - bots:
             metrics.robots_conflicts.labels(domain, bot).set(0)
         for bot in bots:
             metrics.robots_conflicts.labels(domain, bot).set(1)
         self.shown[domain] = bots
+        return True
 
 
 class Discovery:

@@ -141,3 +141,25 @@ async def test_an_unknown_content_encoding_knows_nothing(site) -> None:
     site.put("/zz/robots.txt", b"\x00\x01garbage", ctype="text/plain", headers={"content-encoding": "zz"})
     r = await robots(site.url("/zz/robots.txt"), site)
     assert r.state == UNREACHABLE and "unreadable body" in (r.error or "")
+
+
+def test_the_conflict_gauge_clears_a_bot_that_left_and_caps_its_domains() -> None:
+    from prerender_ray import metrics
+    from prerender_ray.actors.walker.robots import ConflictGauge
+
+    def value(domain: str, bot: str) -> float | None:
+        for family in metrics.robots_conflicts.collect():
+            for s in family.samples:
+                if s.labels == {"domain": domain, "bot": bot}:
+                    return s.value
+        return None
+
+    gauge = ConflictGauge()
+    assert gauge.update("https://g0.test", {"GPTBot", "CCBot"})
+    assert gauge.update("https://g0.test", {"CCBot"})
+    assert (value("https://g0.test", "GPTBot"), value("https://g0.test", "CCBot")) == (0, 1)
+    for i in range(1, ConflictGauge.MAX_DOMAINS):
+        assert gauge.update(f"https://g{i}.test", set())
+    assert not gauge.update("https://one-too-many.test", {"GPTBot"})
+    assert value("https://one-too-many.test", "GPTBot") is None
+    assert gauge.update("https://g0.test", set())  # a known domain still updates
