@@ -261,6 +261,17 @@ def cmd_config_check(args: argparse.Namespace) -> int:
         print(f"{f}", file=sys.stderr)
     for line in loading.explain_domains(loaded.config):
         print(line, file=sys.stderr)
+    if args.robots:
+        from prerender_ray.sitemaps.robots import check_file
+
+        try:
+            with open(args.robots, "rb") as saved:
+                body = saved.read(loaded.config.robots.max_bytes + 1)  # the cut needs to see one byte more
+        except OSError as e:
+            _err(f"--robots {args.robots}: {e.strerror or e}")
+            return EXIT_FAIL
+        for line in check_file(loaded.config, body, args.robots):
+            print(line, file=sys.stderr)
     print(yaml.safe_dump(loading.redact(loaded.config), sort_keys=False), end="")
     return EXIT_OK
 
@@ -372,6 +383,9 @@ def build_parser() -> argparse.ArgumentParser:
     csub = cfg.add_subparsers(dest="config_cmd", required=True)
     chk = csub.add_parser("check", help="validate FILE and print the effective config (secrets redacted)")
     chk.add_argument("file")
+    chk.add_argument("--robots", metavar="ROBOTS_TXT",
+                     help="also warn where the config serves a bot that this robots.txt file disallows "
+                          "(a local file: config check never fetches)")
     chk.set_defaults(func=cmd_config_check)
     dfl = csub.add_parser("defaults", help="print the full default config as YAML")
     dfl.add_argument("--camel", action="store_true", help="use the reference's camelCase names")

@@ -121,13 +121,18 @@ sitemap_entries = Counter("prerender_sitemap_entries_total", "Sitemap entries by
 sitemap_documents = Counter("prerender_sitemap_documents_total", "Sitemap documents walked.", ["outcome"])  # ok, failed
 sitemap_walks = Counter("prerender_sitemap_walks_total", "Sitemap walks by how they ended.", ["outcome"])
 sitemap_walks_running = Gauge("prerender_sitemap_walks_running", "Sitemap walks running.", multiprocess_mode="livesum")
+# robots.txt (sitemaps/robots.py): fetch outcomes (ok, unavailable, unreachable), and per domain and
+# bot 1 where the policy serves a bot that the domain's robots.txt disallows.
+robots_fetches = Counter("prerender_robots_fetches_total", "robots.txt fetches by outcome.", ["outcome"])
+robots_conflicts = Gauge("prerender_robots_conflicts", "Bots served although robots.txt disallows them.",
+                         ["domain", "bot"], multiprocess_mode="livemax")
 config_warnings = Gauge("prerender_config_warnings", "Risky-config findings.", multiprocess_mode="livemax")
 
 
 # Every background loop's name: primed at 0, so a dashboard's error panel has a series before the
 # first error (tests/test_metrics.py checks that each loop_errors label used in the code is listed).
 LOOPS = ("bot-metrics", "controller", "keeper-load", "keeper-overrides", "keeper-publish", "keeper-status",
-         "keeper-verify", "lease-sweep", "page-catch-up", "rebuild", "reconcile", "session-revocations",
+         "keeper-verify", "lease-sweep", "page-catch-up", "rebuild", "reconcile", "robots-discovery", "session-revocations",
          "sitemap-daily", "sitemap-resume", "unrouted-report")
 
 

@@ -8,7 +8,8 @@ walk; an older one is taken over, and the walk whose row was taken stops at its 
 Ray restarts a dead walker (max_restarts=-1): at start it resumes every run whose row still says
 running on this node (only one walker per node exists, so such a run is dead), refresh-all jobs
 included (their row ``r:all`` keeps the roots left). The daily refresh is a timer in the walker of
-``sitemap.node``. Deleting a sitemap cascades to its descendants, their targets, rows and pages.
+``sitemap.node``, and so is robots.txt discovery (walker/robots.py) when it is on. Deleting a
+sitemap cascades to its descendants, their targets, rows and pages.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from prerender_ray.actors.common import (
 )
 from prerender_ray.actors.store.everywhere import urls_of_sitemap
 from prerender_ray.actors.walker.fetch import Fetcher
+from prerender_ray.actors.walker.robots import Discovery
 from prerender_ray.actors.walker.walk import (
     BATCH,
     STORE_DEADLINE_S,
@@ -48,6 +50,7 @@ from prerender_ray.config.model import Config
 from prerender_ray.config.overrides import LiveConfig
 from prerender_ray.identity.nodes import NodeInfo, Ownership
 from prerender_ray.sitemaps.parser import SitemapEntry
+from prerender_ray.sitemaps.robots import configured_origins
 from prerender_ray.sitemaps.rules import (
     ClaimCheck,
     canonicalizer,
@@ -109,8 +112,9 @@ class SitemapWalker:
         self.next_daily: int | None = None
         loop = asyncio.get_running_loop()
         self.live = LiveConfig(cfg)  # the file's config, and live overrides on top of it
+        self.robots = Discovery(self)
         self._tasks = [loop.create_task(self._startup()), loop.create_task(self._daily()),
-                       loop.create_task(self._overrides_syncer())]
+                       loop.create_task(self._overrides_syncer()), loop.create_task(self.robots.daily())]
 
     # ----------------------------------------------------------------------------- live config
 
@@ -387,6 +391,15 @@ class SitemapWalker:
                 self.log.error("daily sitemap refresh failed", error=repr(e))
                 await asyncio.sleep(60)
 
+    # ------------------------------------------------------------------------------ robots.txt
+
+    async def discover_robots(self, origins: list[str] | None = None, refresh: bool = False,
+                              walk: bool = True) -> dict:
+        """robots.txt of each origin (None: every ``domains`` entry), its sitemaps queued for walks."""
+        if origins is None:
+            origins = configured_origins(self.cfg.domains, self.cfg.ingress.default_protocol)
+        return {"node": self.node, "domains": await self.robots.discover(origins, refresh, walk)}
+
     # ----------------------------------------------------------------------------------- reads
 
     async def _scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
@@ -508,7 +521,8 @@ class SitemapWalker:
 
     async def close(self) -> None:
         """Stop walks without marking them: their rows stay running and the next start resumes them."""
-        tasks = [*self._tasks, *(r.task for r in self.runs.values() if r.task is not None)]
+        tasks = [*self._tasks, *self.robots.close(),
+                 *(r.task for r in self.runs.values() if r.task is not None)]
         if self.all_task is not None:
             tasks.append(self.all_task)
         for t in tasks:

@@ -172,30 +172,38 @@ class Fetcher:
         return doc
 
     async def _fetch(self, url: str) -> Document:
+        response = await self.follow(url)
+        try:
+            return await self._read(url, response)
+        finally:
+            await response.aclose()
+
+    async def follow(self, url: str, what: str = "Sitemap", headers: dict | None = None) -> httpx.Response:
+        """The first response that is not a redirect, streamed (the caller closes it): every hop is
+        asked of the origin policy before it connects, at most ``MAX_REDIRECTS`` are followed."""
         current = url
         for _ in range(MAX_REDIRECTS + 1):
             try:
-                request = self.client.build_request("GET", current)
+                request = self.client.build_request("GET", current, headers=headers)
             except httpx.InvalidURL as e:
-                raise SitemapFetchError(f"Sitemap fetch failed for {url}: {e}", "SITEMAP_BAD_URL") from None
+                raise SitemapFetchError(f"{what} fetch failed for {url}: {e}", "SITEMAP_BAD_URL") from None
             refused = self.policy.request_refusal(request.url.scheme, request.url.raw_host, request.url.port)
             if refused:
                 hop = "" if current == url else f" (redirected to {current[:200]})"
-                raise SitemapFetchError(f"Sitemap fetch for {url}{hop} refused: {refused}",
+                raise SitemapFetchError(f"{what} fetch for {url}{hop} refused: {refused}",
                                         "SITEMAP_HOST_NOT_ALLOWED")
             try:
                 response = await self.client.send(request, stream=True)
             except httpx.HTTPError as e:
-                raise SitemapFetchError(f"Sitemap fetch failed for {url}{self.via}: {describe_error(e)}",
+                raise SitemapFetchError(f"{what} fetch failed for {url}{self.via}: {describe_error(e)}",
                                         type(e).__name__) from None
+            if not response.is_redirect:
+                return response
             try:
-                if response.is_redirect:
-                    current = self._redirect(url, response)
-                    continue
-                return await self._read(url, response)
+                current = self._redirect(url, response)
             finally:
                 await response.aclose()
-        raise SitemapFetchError(f"Sitemap fetch for {url} redirected more than {MAX_REDIRECTS} times",
+        raise SitemapFetchError(f"{what} fetch for {url} redirected more than {MAX_REDIRECTS} times",
                                 "SITEMAP_TOO_MANY_REDIRECTS")
 
     def _redirect(self, url: str, response: httpx.Response) -> str:

@@ -622,6 +622,31 @@ class Sitemap(Model):
         return v
 
 
+class RobotsDiscovery(Model):
+    enabled: bool = Field(
+        False, description="Fetch every domain's robots.txt on an interval and walk the sitemaps it lists "
+        "(on the node named by sitemap.node)."
+    )
+    interval: Annotated[int, BeforeValidator(_duration), Field(ge=MINUTE)] = Field(
+        DAY, description="How often robots.txt discovery runs."
+    )
+
+
+class Robots(Model):
+    max_bytes: int = Field(
+        500 * 1024, ge=1024, le=10 * 1024 * 1024,
+        description="robots.txt is read and parsed up to this many bytes (500 KiB, what Google reads).",
+    )
+    max_sitemaps: int = Field(
+        50, ge=0, le=1000, description="Sitemap: lines walked per robots.txt (the rest are reported)."
+    )
+    fetch_timeout_ms: PositiveDuration = Field(10 * SECOND, description="Deadline of one robots.txt fetch.")
+    ttl: NonNegDuration = Field(
+        DAY, description="A robots.txt fetched more recently than this is reused by discovery."
+    )
+    discovery: RobotsDiscovery = RobotsDiscovery()
+
+
 # ---------------------------------------------------------------------------------------------- queue
 
 
@@ -802,6 +827,7 @@ class Config(Model):
     render: Render = Render()
     scan: Scan = Scan()
     sitemap: Sitemap = Sitemap()
+    robots: Robots = Robots()
     queue: Queue = Queue()
     fleet: Fleet = Fleet()
     auth: Auth = Auth()

@@ -17,6 +17,7 @@ TARGET_BY_SITEMAP = b"i:"  # i:<sitemap url>\x00<target url> -> b"" (index; deri
 SITEMAP_ENTRIES = b"e:"  # e:<sitemap url>\x00<chunk number> -> a chunk of the document's parsed entries
 OVERRIDES_KEY = b"o:config"  # the live config overrides (config/overrides.py)
 REVOKED = b"x:"  # x:<session id> -> {"exp", "user", "revokedAt"} (signed-out admin sessions)
+ROBOTS = b"b:"  # b:<origin> -> the last robots.txt fetched from it, parsed (sitemaps/robots.py)
 
 # --- registry and pages: the replication bookkeeping, below every record prefix (\x00 sorts first)
 VIDX = b"\x00v"  # \x00v <hlc:8> <key> -> b"" (records by version: what a peer has not seen yet)
@@ -44,6 +45,6 @@ LEASE = b"l:"  # l:<cache key> -> [expires, due, cadence, released, answered, wr
 MISSES = b"m"  # the miss histories, one JSON document (small; rewritten on each sweep)
 
 REGISTRY_PREFIXES = (TARGET, QUEUE_CONTROL, QUEUE_STATUS, SITEMAP, SITEMAP_RUN, TARGET_BY_SITEMAP,
-                     SITEMAP_ENTRIES, OVERRIDES_KEY, REVOKED, VIDX, HPTR, LIVE, SHIPPED, REBALANCE)
+                     SITEMAP_ENTRIES, OVERRIDES_KEY, REVOKED, ROBOTS, VIDX, HPTR, LIVE, SHIPPED, REBALANCE)
 PAGE_PREFIXES = (VIDX, HPTR, LIVE, FRESHNESS, RENDER_HISTORY)
 LEASE_PREFIXES = (LEASE, MISSES)

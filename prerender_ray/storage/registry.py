@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from prerender_ray.storage.keys import (
+    ROBOTS,
     SITEMAP,
     SITEMAP_ENTRIES,
     SITEMAP_RUN,
@@ -193,6 +194,10 @@ def sitemap_key(url: str) -> bytes:
 
 def sitemap_run_key(root: str) -> bytes:
     return SITEMAP_RUN + root.encode()
+
+
+def robots_key(origin: str) -> bytes:
+    return ROBOTS + origin.encode()
 
 
 def entries_key(url: str, chunk: int) -> bytes:

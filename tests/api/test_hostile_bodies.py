@@ -28,6 +28,7 @@ ROUTES = [  # method, path, credentials
     ("POST", "/prerender_admin/revalidate", OPS),
     ("POST", "/prerender_admin/reconcile", OPS),
     ("POST", "/prerender_admin/config-override", OPS),
+    ("POST", "/prerender_admin/robots/discover", OPS),
 ]
 BODIES = {
     "nested 10 KB": b"[" * 10240 + b"]" * 10240,

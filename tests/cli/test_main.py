@@ -72,6 +72,19 @@ def test_config_check_explains_what_each_domains_entry_allows(tmp_path: Path) ->
     assert "domains: '[::1]:*' allows [::1]: http and https on any port" in out.stderr
 
 
+def test_config_check_warns_where_a_saved_robots_txt_disallows_a_served_bot(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("domains: [shop.test]\n")
+    robots = tmp_path / "robots.txt"
+    robots.write_bytes(b"User-agent: GPTBot\nDisallow: /\n\nUser-agent: *\nAllow: /\n")
+    out = run("config", "check", str(f), "--robots", str(robots))
+    assert out.returncode == 0, out.stderr
+    assert (f"warn: robots.txt {robots}: robots.txt disallows / to GPTBot, but the policy serves it "
+            "(prerender)") in out.stderr
+    assert "to Googlebot" not in out.stderr
+    assert run("config", "check", str(f), "--robots", str(tmp_path / "missing.txt")).returncode == 1
+
+
 def test_config_defaults_prints_a_config_that_loads_back(tmp_path: Path) -> None:
     out = run("config", "defaults", "--camel")
     assert out.returncode == 0

@@ -108,7 +108,7 @@
   // What the last user saw must not linger in the page (hidden is not gone) for the next one.
   function forgetData() {
     for (const id of ['nodes', 'queue-nodes', 'sitemaps', 'sitemap-entries', 'pages', 'overrides', 'config-values',
-      'explain-history']) {
+      'explain-history', 'robots']) {
       $(id).tBodies[0].replaceChildren();
     }
     for (const id of ['explain-facts', 'sitemap-facts', 'tiles', 'queue-tiles', 'config-warnings', 'explain-reports',
@@ -417,6 +417,27 @@
       el('td', { text: fmtTime(s.lastRefreshed) }), el('td', { class: 'run', text: runText(s.refresh) }),
       el('td', { text: progressText(s.refresh) }))));
     $('sitemaps-empty').hidden = d.sitemaps.length > 0;
+    loadRobots();
+  }
+
+  // The stored robots.txt of each domain (never fetched from here), and the bots served although it
+  // disallows them.
+  async function loadRobots() {
+    const r = await api('robots');
+    if (!r.ok) { if (r.status !== 401) say(`robots: ${errorOf(r)}`, true); return; }
+    const rows = r.data.domains || [];
+    $('robots').tBodies[0].replaceChildren(...rows.map((d) => {
+      const b = d.robots || {};
+      const conflicts = (b.conflicts || []).map((c) => c.bot);
+      const size = `${fmtNum(b.size)} bytes${b.truncated ? ' (cut)' : ''}`;
+      const state = `${b.state || '?'}${b.status ? ` (${b.status})` : ''}${b.error ? ` - ${b.error}` : ''}`;
+      return el('tr', {},
+        el('td', { class: 'mono', text: d.domain }), el('td', { text: state }),
+        el('td', { text: fmtTime(b.fetchedAt) }), el('td', { class: 'num', text: size }),
+        el('td', { text: `${fmtNum((b.sitemaps || []).length)} walked, ${fmtNum(b.sitemapsIgnoredCount)} ignored` }),
+        el('td', { text: conflicts.length ? conflicts.join(', ') : 'none' }));
+    }));
+    $('robots-empty').hidden = rows.length > 0;
   }
 
   async function openSitemap(url, offset) {

@@ -106,6 +106,7 @@ ROUTES = [  # method, path, body, the roles that may, the answers we accept from
     ("POST", "explain", {"url": A_URL}, {"viewer", "admin"}, {200}),
     ("POST", "schedule", {"cacheKey": f"{A_URL}|desktop"}, {"viewer", "admin"}, {200}),
     ("GET", "sitemaps", None, {"viewer", "admin"}, {200}),
+    ("GET", "robots", None, {"viewer", "admin"}, {200}),
     ("POST", "sitemap", {"url": "https://shop.test/none.xml"}, {"viewer", "admin"}, {404}),
     ("GET", "pages?prefix=https://shop.test/", None, {"viewer", "admin"}, {200}),
     ("GET", "page-content?cacheKey=https://shop.test/none|desktop", None, {"viewer", "admin"}, {404}),
@@ -113,6 +114,7 @@ ROUTES = [  # method, path, body, the roles that may, the answers we accept from
     ("POST", "queue", {"scope": "node-b", "paused": None}, {"admin"}, {200}),
     ("POST", "revalidate", {"url": "https://shop.test/never-a-target"}, {"admin"}, {409}),
     ("POST", "reconcile", None, {"admin"}, {200, 202}),
+    ("POST", "robots/discover", {"domain": "evil.test"}, {"admin"}, {400}),  # refused before any fetch
     ("POST", "config-override", {"set": [{"path": "queue.ready.sitemapBoost", "value": 2}], "dryRun": True},
      {"admin"}, {200}),
     ("GET", "no-such-route", None, {"viewer", "admin"}, {404}),

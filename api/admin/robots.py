@@ -1,0 +1,116 @@
+"""robots.txt: ``robots/discover`` (fetch a domain's robots.txt, or every domain's, and walk the
+sitemaps it lists) and ``robots`` (what was fetched: outcome, size, cut, sitemaps, groups, and the
+bots the policy serves although robots.txt disallows them).
+
+Discovery runs in this node's SitemapWalker (sitemaps/robots.py says what each outcome means); the
+report reads the replicated ``b:<origin>`` rows from this node's store, so it never fetches.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Depends, Request
+from fastapi.responses import JSONResponse
+
+from prerender_ray.admin.users import Principal
+from prerender_ray.api.admin.common import DEADLINE_S, admin_router, answer, call, ctx_of
+from prerender_ray.api.auth import require
+from prerender_ray.api.bodies import bad_request, read_object
+from prerender_ray.api.context import NodeContext
+from prerender_ray.api.sitemaps import progress_path
+from prerender_ray.serving.origin_policy import OriginPolicy
+from prerender_ray.sitemaps.robots import configured_origins, origin_for
+from prerender_ray.storage.keys import ROBOTS
+from prerender_ray.storage.registry import RecordError, decode_json, robots_key
+
+router = admin_router()
+MAX_BODY = 16 * 1024
+MAX_DEADLINE_S = 900.0
+HOW = "POST /prerender_admin/robots/discover"
+
+
+def _origin(ctx: NodeContext, value: object) -> str:
+    """The origin a ``domain`` names, allowed by ``domains``; anything else is a 400."""
+    if not isinstance(value, str):
+        raise bad_request("domain must be a host, host:port or an http(s) origin such as https://shop.example")
+    try:
+        origin = origin_for(value, ctx.cfg.ingress.default_protocol)
+    except ValueError as e:
+        raise bad_request(str(e)) from None
+    refused = OriginPolicy(ctx.cfg).url_refusal(origin + "/robots.txt")
+    if refused:
+        raise bad_request(f"robots.txt of {origin} cannot be fetched: {refused}", reason="host-not-allowed",
+                          domain=origin)
+    return origin
+
+
+def _flag(body: dict, name: str, default: bool) -> bool:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad_request(f"{name} must be true or false")
+    return value
+
+
+@router.post("/robots/discover")
+async def discover(request: Request, who: Principal = Depends(require("admin"))) -> JSONResponse:
+    """``{domain?, refresh?, walk?}``: one domain's robots.txt, or every ``domains`` entry's; a copy
+    younger than ``robots.ttl`` is reused unless ``refresh``; its allowed sitemaps are queued for
+    walks unless ``walk: false``."""
+    ctx = ctx_of(request)
+    body = await read_object(request, MAX_BODY, keys={"domain", "refresh", "walk"}, allow_empty=True)
+    refresh, walk = _flag(body, "refresh", False), _flag(body, "walk", True)
+    if body.get("domain") is not None:
+        origins = [_origin(ctx, body["domain"])]
+    else:
+        origins = [o for o in configured_origins(ctx.cfg.domains, ctx.cfg.ingress.default_protocol)
+                   if OriginPolicy(ctx.cfg).url_refusal(o) is None]
+        if not origins:
+            raise bad_request("no domain to discover: `domains` is empty (or every fetch is refused); "
+                              "name one with {\"domain\": ...}")
+    deadline = min(MAX_DEADLINE_S, len(origins) * (ctx.cfg.robots.fetch_timeout_ms / 1000 + 5) + DEADLINE_S)
+    try:
+        walker = await ctx.actor("sitemapper", ctx.node.name)
+    except ValueError:
+        return answer({"error": "the sitemap walker of this node is not running; retry", "node": ctx.node.name},
+                      503)
+    doc = await call(walker.discover_robots.remote(origins, refresh, walk), deadline)
+    for domain in doc["domains"]:
+        for w in domain["walks"]:
+            w["progress"] = progress_path(w["url"])
+    return answer(doc)
+
+
+@router.get("/robots")
+async def report(request: Request, who: Principal = Depends(require("viewer"))) -> JSONResponse:
+    """``?domain=``: that origin's last robots.txt report (404 before its first discovery); without
+    it, every origin's, with its conflicts."""
+    ctx = ctx_of(request)
+    domain = request.query_params.get("domain")
+    if domain is not None:
+        origin = _origin(ctx, domain)
+        [raw] = await call(ctx.store.get.remote([robots_key(origin)]))
+        row = _decode(raw)
+        if row is None:
+            return answer({"error": f"No robots.txt fetched for {origin} yet; {HOW} fetches it",
+                           "domain": origin}, 404)
+        return answer({"node": ctx.node.name, **_public(row)})
+    rows = [_decode(v) for _, v in await call(ctx.store.scan.remote(ROBOTS, None, 1000))]
+    found = [_public(r) for r in rows if r is not None]
+    return answer({"node": ctx.node.name, "domains": found,
+                   "conflicts": sum(len(d["robots"].get("conflicts") or ()) for d in found)})
+
+
+def _decode(raw: bytes | None) -> dict | None:
+    try:
+        row = decode_json(raw) if raw else None
+    except RecordError:
+        return None
+    return row if isinstance(row, dict) and isinstance(row.get("report"), dict) else None
+
+
+def _public(row: dict[str, Any]) -> dict:
+    """A row as the API shows it: the report, never the stored text."""
+    return {"domain": row.get("origin"), "checkedAt": row.get("checkedAt"), "robots": row["report"]}
