@@ -19,7 +19,7 @@ from prerender_ray.api.bot.hit import Outcome
 from prerender_ray.api.bot.replica import ReplicaState, open_replica
 from prerender_ray.api.context import NodeContext
 from prerender_ray.serving.answer import Reply, error_reply, route_label
-from prerender_ray.serving.bot_policy import UNCHECKED
+from prerender_ray.serving.bot_policy import UNCHECKED, Decision
 from prerender_ray.serving.bots import OTHER
 from prerender_ray.serving.classify import BadBotRequest, BotRequest, NotBot
 from prerender_ray.serving.origin_rules import serving_policy
@@ -70,7 +70,7 @@ async def serve(state: ReplicaState, req: BotRequest, headers: dict[str, str], s
     if out.render_now:
         reply.headers["x-harper-render-now"] = out.render_now
     if record:
-        _record(state, req, bot, out, now)
+        _record(state, req, bot, out, now, decision)
     return reply
 
 
@@ -89,9 +89,14 @@ async def _cacheable(state: ReplicaState, req: BotRequest, headers: dict[str, st
     return await state.miss.not_served(req, headers, now, debug, policy, status, found, discover=discover)
 
 
-def _record(state: ReplicaState, req: BotRequest, bot: str, out: Outcome, now: int) -> None:
-    counters = state.services.counters
+def _record(state: ReplicaState, req: BotRequest, bot: str, out: Outcome, now: int, decision: Decision) -> None:
+    services = state.services
+    counters = services.counters
     counters.count(metrics.bot_serves, out.source, out.cache_status, bot)
+    cls = decision.bot_class
+    counters.count(metrics.bot_class_serves, cls, decision.verification, decision.serve, out.cache_status)
+    if out.cache_status == "miss":
+        services.misses.record(cls, req.url, bot, now)
     label = route_label(req.route.path if req.route else None, req.route_class)
     counters.count(metrics.route_serves, label, out.cache_status, req.device)
     if out.source == "cache" and out.last_cached is not None:
@@ -100,6 +105,7 @@ def _record(state: ReplicaState, req: BotRequest, bot: str, out: Outcome, now: i
             counters.count(metrics.page_age_negative, bot, req.device)
         else:
             counters.observe(metrics.page_age_seconds, age / 1000, req.device)
+            counters.observe(metrics.bot_page_age_seconds, age / 1000, cls, bot)
 
 
 def _client(services: Any, scope: dict, headers: dict[str, str]) -> str | None:

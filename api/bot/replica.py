@@ -29,7 +29,7 @@ from prerender_ray.serving.bot_policy import Policies
 from prerender_ray.serving.bots import BotRegistry
 from prerender_ray.serving.classify import RESERVED_PATHS, Ingress
 from prerender_ray.serving.proxies import Proxies
-from prerender_ray.serving.tally import LabelBudget, UnroutedTally
+from prerender_ray.serving.tally import LabelBudget, MissTally, UnroutedTally
 from prerender_ray.serving.verification import Verifier
 
 log = logs.get("bot")
@@ -54,6 +54,7 @@ class Services:
         self.report_unrouted = rep.enabled and cfg.ingress.mode == "forwarded"
         self.report_interval_s = rep.interval / 1000
         self.unrouted = UnroutedTally(rep.max_buckets, rep.top_n)
+        self.misses = MissTally(cfg.analytics.missed_urls)  # per bot class, for the admin bots report
         self.discovery = Discovery(ctx, self.counters)
         # The client address for verification: the socket peer, or behind server.trustedProxies the
         # client they forward for; X-Forwarded-For from anyone else is never believed.

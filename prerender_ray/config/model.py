@@ -715,6 +715,10 @@ class Analytics(Model):
     derive_unknown_bots: bool = Field(
         True, description="Derive a bot name from an unknown bot-like user agent."
     )
+    missed_urls: int = Field(
+        200, ge=0, le=10_000, description="URLs without a cached page kept per bot class for the admin "
+        "`bots` report (the least recently asked evicted first; 0: none)."
+    )
     # None = the built-in registry (prerender_ray.serving.bots.DEFAULT_BOTS); a list replaces it wholesale.
     bots: list[Bot] | None = Field(
         None, description="`{name, match, botClass?}` bot registry replacing the built-in one (null = built-in)."

@@ -216,3 +216,32 @@ async def test_a_resolver_that_hangs_never_holds_the_request(make, site) -> None
         assert r.content == HTML and r.headers["x-harper-bot-verification"] == "unverified"
     finally:
         await close_replica(ctx)
+
+
+async def test_serves_are_counted_per_class_and_missed_urls_are_an_admin_report(make, site) -> None:
+    from prerender_ray import metrics
+
+    asgi, ctx = make(OPERATOR)
+    try:
+        await get(asgi, f"{site.base}/page/cached", UA["oai"])
+        await get(asgi, f"{site.base}/page/wanted", UA["oai"])
+        await get(asgi, f"{site.base}/page/wanted", UA["oai"])
+        await get(asgi, f"{site.base}/page/cached", UA["gptbot"])
+        counters = open_replica(ctx).services.counters
+        pending = {labels: n for (metric, labels), n in counters._pending.items() if metric is metrics.bot_class_serves}
+        assert pending == {("ai-search", "unchecked", "prerender", "hit"): 1,
+                           ("ai-search", "unchecked", "prerender", "miss"): 2,
+                           ("ai-training", "unchecked", "deny", "denied"): 1}
+        ages = {labels: v for (metric, labels), v in counters._observed.items() if metric is metrics.bot_page_age_seconds}
+        assert list(ages) == [("ai-search", "OAI-SearchBot")] and 4 <= ages[("ai-search", "OAI-SearchBot")][0] < 60
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi), base_url="http://t") as c:
+            doc = (await c.get("/prerender_admin/bots", params={"limit": 5})).json()
+            bad = await c.get("/prerender_admin/bots", params={"limit": "lots"})
+        assert bad.status_code == 400
+        assert doc["missed"] == {"ai-search": [{"url": f"{site.base}/page/wanted", "count": 2, "firstMs": doc[
+            "missed"]["ai-search"][0]["firstMs"], "lastMs": doc["missed"]["ai-search"][0]["lastMs"],
+            "lastBot": "OAI-SearchBot"}]}
+        assert doc["policies"]["classes"]["ai-training"]["serve"] == "deny"
+        assert doc["policies"]["classes"]["search"]["serve"] == "origin"  # not named: the default
+    finally:
+        await close_replica(ctx)
