@@ -298,6 +298,28 @@ def findings(cfg: Config, prerender_routes: int) -> list[Finding]:
             "server.tls",
             "plain HTTP on a non-loopback listener: the reference render fleet uses https for such hosts",
         )
+    out.extend(_bot_findings(cfg))
+    return out
+
+
+def _bot_findings(cfg: Config) -> list[Finding]:
+    """Bot names in policies and verification that the registry does not know: a typo there never
+    matches (a name derived from an unknown User-Agent still may, so a warning, not an error)."""
+    from prerender_ray.serving.bots import BotRegistry
+
+    known = BotRegistry.from_config(cfg).names()
+    bots = cfg.bots
+    out = []
+    for key, names in (("bots.named", bots.named), ("bots.verify.dns", bots.verify.dns),
+                       ("bots.verify.ranges", bots.verify.ranges)):
+        unknown = sorted(n for n in names if n.lower() not in known)
+        if unknown:
+            out.append(Finding("warn", key, f"not a registry bot name: {', '.join(unknown)[:300]} "
+                                            "(matches only a name derived from a User-Agent)"))
+    if bots.verify.enabled and bots.failed_class == "other" and \
+            (bots.classes.get("other") or bots.default).serve == "prerender":
+        out.append(Finding("info", "bots.failed_class", "failed verification is served as class other, "
+                                                        "which is prerendered: spoofers get what real bots get"))
     return out
 
 

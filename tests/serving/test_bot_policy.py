@@ -108,3 +108,32 @@ def test_policies_are_live_options() -> None:
     assert bad.config is None and bad.invalid[0]["path"] == "bots.classes"
     start_only = plan(base, Overrides(), [{"path": "bots.verify.enabled", "value": True}], [], by="ops", now=1)
     assert "read at start only" in start_only.invalid[0]["reason"]
+
+
+def test_unknown_bot_names_and_a_toothless_verification_are_findings() -> None:
+    from prerender_ray.config.loading import findings
+
+    cfg = parse({"bots": {"named": {"Gogglebot": {"serve": "deny"}, "googlebot": {"serve": "origin"}},
+                          "verify": {"enabled": True, "ranges": {"GPTbot": ["/x"], "NoSuchBot": ["/y"]}}}}).config
+    found = {f.key: f.message for f in findings(cfg, 1)}
+    assert "Gogglebot" in found["bots.named"] and "googlebot" not in found["bots.named"]
+    assert "NoSuchBot" in found["bots.verify.ranges"] and "GPTbot" not in found["bots.verify.ranges"]
+    assert "spoofers get what real bots get" in found["bots.failed_class"]
+    quiet = {f.key for f in findings(parse({}).config, 1)}
+    assert not any(k.startswith("bots") for k in quiet)
+
+
+def test_the_readme_example_is_a_valid_config_with_no_warnings() -> None:
+    import yaml
+
+    from tests.support import REPO
+
+    readme = (REPO / "README.md").read_text()
+    start = readme.index("```yaml\nbots:\n  default: {serve: origin}")
+    block = readme[start + len("```yaml\n"):readme.index("```", start + 8)]
+    loaded = parse(yaml.safe_load(block))
+    assert loaded.warnings == []
+    p = Policies(loaded.config.bots, REGISTRY)
+    assert [p.decide(n).serve for n in ("OAI-SearchBot", "GPTBot", "Twitterbot", "Googlebot")] == \
+        ["prerender", "deny", "origin", "prerender"]
+    assert p.decide("Googlebot", FAILED).serve == "origin"

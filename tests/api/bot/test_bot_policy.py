@@ -110,6 +110,11 @@ async def test_prerender_for_ai_search_deny_training_origin_for_the_rest(make, s
             r = await get(asgi, fresh, ua)
             assert (r.status_code, r.content) == (403, b"Forbidden")
             assert r.headers["x-harper-cache"] == "denied" and r.headers["x-harper-bot-class"] == "ai-training"
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi), base_url="http://t") as c:
+            head = await c.head(f"/p/{fresh}", headers={"user-agent": UA["gptbot"]})
+            post = await c.post(f"/p/{fresh}", headers={"user-agent": UA["gptbot"]}, content=b"x")
+        assert (head.status_code, head.content, head.headers["content-length"]) == (403, b"", "9")
+        assert post.status_code == 403  # other methods are denied too, not proxied
         assert len(site.seen) == before and reads == [f"{cached}|desktop"]
         for ua in (GOOGLEBOT, UA["twitter"], UA["browser"]):  # everything else: the origin, cache unread
             r = await get(asgi, cached, ua)
