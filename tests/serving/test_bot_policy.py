@@ -44,6 +44,11 @@ def test_the_operators_sentence(name: str, serve: str, cls: str) -> None:
     assert (d.serve, d.bot_class) == (serve, cls)
 
 
+def test_the_references_test_marker_is_always_served_as_usual() -> None:
+    d = policies({"bots": {"default": {"serve": "deny"}}}).decide("debug", FAILED)
+    assert (d.serve, d.discover) == ("prerender", True)
+
+
 def test_a_named_policy_wins_over_its_class_case_insensitively() -> None:
     p = policies({"bots": {**OPERATOR["bots"], "named": {"googlebot": {"serve": "prerender", "discover": False}}}})
     d = p.decide("Googlebot")
@@ -81,6 +86,9 @@ def test_a_deny_answer_is_the_configured_status_and_a_short_text_body() -> None:
     {"failedClass": "spoofers"},
     {"verify": {"deadlineMs": 0}},
     {"verify": {"dns": {"Googlebot": ["*.google.com"]}}},
+    {"verify": {"ranges": {f"Bot{i}": ["/a", "/b"] for i in range(26)}}},  # past 50 files
+    {"verify": {"ranges": {"GPTBot": [" "]}}},
+    {"verify": {"cacheSize": 0}},
 ])
 def test_bad_policies_are_config_errors(bots: dict) -> None:
     from prerender_ray.config.loading import ConfigError
