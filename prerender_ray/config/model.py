@@ -782,7 +782,8 @@ class Verify(Model):
     )
     ranges: Annotated[dict[str, list[str]], BeforeValidator(_bot_names)] = Field(
         {}, description="Bot name -> files of the operator's published IP ranges (JSON "
-        "`{prefixes: [{ipv4Prefix}|{ipv6Prefix}]}` or one CIDR a line); a bot with ranges is checked by them."
+        "`{prefixes: [{ipv4Prefix}|{ipv6Prefix}]}` or one CIDR a line; absolute paths); a bot with ranges is "
+        "checked by them."
     )
     range_refresh: Annotated[int, BeforeValidator(_duration), Field(ge=SECOND)] = Field(
         HOUR, description="How often the range files are read again (a bad read keeps the previous ranges)."
@@ -799,8 +800,9 @@ class Verify(Model):
     def _files(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
         if sum(len(files) for files in v.values()) > MAX_RANGE_FILES:
             raise ValueError(f"at most {MAX_RANGE_FILES} range files")
-        if any(not f.strip() for files in v.values() for f in files):
-            raise ValueError("a range file is a non-empty path")
+        if any(not f.strip().startswith("/") for files in v.values() for f in files):
+            # every ingress replica reads them, in processes whose working directory is Ray's
+            raise ValueError("a range file is an absolute path")
         return v
 
 

@@ -88,6 +88,7 @@ def test_a_deny_answer_is_the_configured_status_and_a_short_text_body() -> None:
     {"verify": {"dns": {"Googlebot": ["*.google.com"]}}},
     {"verify": {"ranges": {f"Bot{i}": ["/a", "/b"] for i in range(26)}}},  # past 50 files
     {"verify": {"ranges": {"GPTBot": [" "]}}},
+    {"verify": {"ranges": {"GPTBot": ["gptbot.json"]}}},  # relative: to which process's directory?
     {"verify": {"cacheSize": 0}},
 ])
 def test_bad_policies_are_config_errors(bots: dict) -> None:
