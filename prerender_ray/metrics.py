@@ -89,6 +89,14 @@ page_age_negative = Counter(
 )
 status_pages_served = Counter("prerender_status_pages_served_total",
                               "Bot requests answered from cache with a page's own status (not 200).", ["status"])
+# Per bot class (prerender_ray.serving.bots.BOT_CLASSES): how each was verified, what its policy
+# served (prerender, origin, deny) and the cache status; all bounded sets.
+bot_class_serves = Counter("prerender_bot_class_serves_total", "Bot serves per class.",
+                           ["bot_class", "verification", "policy", "cache_status"])
+bot_page_age_seconds = Histogram(
+    "prerender_bot_page_age_seconds", "Age of pages served from cache, per bot class and bot.", ["bot_class", "bot"],
+    buckets=(60, 600, 3600, 6 * 3600, 24 * 3600, 3 * 86400, 7 * 86400),
+)
 serve_errors = Counter("prerender_serve_errors_total", "Serve-path errors.", ["kind"])
 holder_reads = Counter("prerender_holder_reads_total",
                        "Pages read from a holder by a node that holds no copy.", ["outcome"])  # page, none, cached, failed
@@ -131,7 +139,7 @@ config_warnings = Gauge("prerender_config_warnings", "Risky-config findings.", m
 
 # Every background loop's name: primed at 0, so a dashboard's error panel has a series before the
 # first error (tests/test_metrics.py checks that each loop_errors label used in the code is listed).
-LOOPS = ("bot-metrics", "controller", "keeper-load", "keeper-overrides", "keeper-publish", "keeper-status",
+LOOPS = ("bot-metrics", "bot-ranges", "controller", "keeper-load", "keeper-overrides", "keeper-publish", "keeper-status",
          "keeper-verify", "lease-sweep", "page-catch-up", "rebuild", "reconcile", "robots-discovery", "session-revocations",
          "sitemap-daily", "sitemap-resume", "unrouted-report")
 

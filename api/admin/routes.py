@@ -2,7 +2,7 @@
 
 - anyone: ``GET /`` (the console), ``GET session``, ``POST login``, ``POST logout``;
 - viewer: ``GET overview``, ``config``, ``queue-state``, ``sitemaps``, ``pages``, ``page-content``,
-  ``unrouted``, ``diagnostics``, ``robots``; ``POST explain``, ``schedule``, ``sitemap``;
+  ``unrouted``, ``bots``, ``diagnostics``, ``robots``; ``POST explain``, ``schedule``, ``sitemap``;
 - admin: ``POST queue``, ``revalidate``, ``reconcile``, ``diagnose``, ``robots/discover``.
 
 Every data route checks the role itself (``Depends(require(...))``); an unknown route answers 404 only
@@ -25,12 +25,22 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 from prerender_ray.admin.users import Principal
-from prerender_ray.api.admin import browse, config, diagnostics, explain, overview, queue, robots, session
+from prerender_ray.api.admin import (
+    bots,
+    browse,
+    config,
+    diagnostics,
+    explain,
+    overview,
+    queue,
+    robots,
+    session,
+)
 from prerender_ray.api.admin.common import NO_STORE, AdminRoute, answer, management_enabled
 from prerender_ray.api.auth import require
 from prerender_ray.api.context import NodeContext
 
-MODULES = (session, queue, overview, explain, diagnostics, browse, config, robots)
+MODULES = (session, queue, overview, explain, diagnostics, browse, config, robots, bots)
 STATIC = Path(__file__).resolve().parent / "static"
 FILES = {"console.js": "text/javascript; charset=utf-8", "console.css": "text/css; charset=utf-8"}
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src data:; "

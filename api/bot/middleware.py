@@ -19,6 +19,7 @@ from prerender_ray.api.bot.hit import Outcome
 from prerender_ray.api.bot.replica import ReplicaState, open_replica
 from prerender_ray.api.context import NodeContext
 from prerender_ray.serving.answer import Reply, error_reply, route_label
+from prerender_ray.serving.bot_policy import UNCHECKED, Decision
 from prerender_ray.serving.bots import OTHER
 from prerender_ray.serving.classify import BadBotRequest, BotRequest, NotBot
 from prerender_ray.serving.origin_rules import serving_policy
@@ -33,9 +34,14 @@ async def serve(state: ReplicaState, req: BotRequest, headers: dict[str, str], s
     now = now_ms()
     services = state.services
     counters = services.counters
-    bot = bot_name = services.bots.name_for(headers)
-    record = state.analytics and (bot != OTHER or state.record_unmatched)
-    bot = services.bot_label(bot)
+    name = services.bots.name_for(headers)
+    verification = UNCHECKED
+    verifier = services.verifier
+    if verifier is not None and verifier.applies(name):
+        verification = await verifier.check(name, _client(services, scope, headers))
+    decision = state.policies.decide(name, verification)
+    record = state.analytics and (name != OTHER or state.record_unmatched)
+    bot = services.bot_label(name)
     if record:
         counters.count(metrics.bot_requests, bot, req.device)
     if services.report_unrouted and req.route_class != "prerender":
@@ -43,21 +49,33 @@ async def serve(state: ReplicaState, req: BotRequest, headers: dict[str, str], s
         if bucket is not None:
             counters.count(metrics.unrouted, req.route_class, bucket)
     debug = debug_requested(headers, state.debug_key)
-    if req.cacheable:
-        # The last argument is the request's bot class (for markdown.forClasses): None until the bot
-        # policy classifies requests.
-        reply, out = await _cacheable(state, req, headers, now, debug, bot_name, None)
-    else:
+    serve_as = decision.serve
+    if serve_as == "deny":  # nothing is read or fetched
+        reply, out = state.policies.deny_reply(), Outcome("denied", "policy")
+        if req.method == "HEAD":
+            reply.body = b""
+        if debug:
+            reply.headers.update(state.hit.debug(req, out))
+    elif not req.cacheable:
         reply, out = await state.miss.bypass(req, headers, scope, receive, debug)
+    elif serve_as == "origin":  # the origin's answer, as a miss gets it, without reading the cache
+        out = Outcome("policy")
+        reply = await state.miss.from_origin(req, headers, debug, out, reason="policy",
+                                             discover=decision.discover)
+    else:
+        reply, out = await _cacheable(state, req, headers, now, debug, name, decision)
+    if debug:
+        reply.headers.update({"x-harper-bot": name[:100], "x-harper-bot-class": decision.bot_class,
+                              "x-harper-bot-verification": verification, "x-harper-bot-policy": serve_as})
     if out.render_now:
         reply.headers["x-harper-render-now"] = out.render_now
     if record:
-        _record(state, req, bot, out, now)
+        _record(state, req, bot, out, now, decision)
     return reply
 
 
 async def _cacheable(state: ReplicaState, req: BotRequest, headers: dict[str, str], now: int,
-                     debug: bool, bot: str, bot_class: str | None) -> tuple[Reply, Outcome]:
+                     debug: bool, bot: str, decision: Decision) -> tuple[Reply, Outcome]:
     policy = serving_policy(state.cfg.render_now, route_class=req.route_class, method=req.method,
                             request_headers=headers)
     hit = state.hit
@@ -66,19 +84,24 @@ async def _cacheable(state: ReplicaState, req: BotRequest, headers: dict[str, st
         status, found = await state.miss.look_holders(req, now)
     if found is not None and (status == "hit" or status == "swr"):
         out = Outcome(status, "cache")
-        if hit.markdown.wants(headers.get("accept"), bot, bot_class):
+        if hit.markdown.wants(headers.get("accept"), bot, decision.bot_class):
             reply = await hit.as_markdown(req, found, now, headers, out, debug)
         else:
             reply = hit.html(req, found, now, headers, out, debug)
         if reply is not None:
             return reply, out
         status = "unreadable"
-    return await state.miss.not_served(req, headers, now, debug, policy, status, found)
+    return await state.miss.not_served(req, headers, now, debug, policy, status, found, discover=decision.discover)
 
 
-def _record(state: ReplicaState, req: BotRequest, bot: str, out: Outcome, now: int) -> None:
-    counters = state.services.counters
+def _record(state: ReplicaState, req: BotRequest, bot: str, out: Outcome, now: int, decision: Decision) -> None:
+    services = state.services
+    counters = services.counters
     counters.count(metrics.bot_serves, out.source, out.cache_status, bot)
+    cls = decision.bot_class
+    counters.count(metrics.bot_class_serves, cls, decision.verification, decision.serve, out.cache_status)
+    if out.cache_status == "miss":
+        services.misses.record(cls, req.url, bot, now)
     label = route_label(req.route.path if req.route else None, req.route_class)
     counters.count(metrics.route_serves, label, out.cache_status, req.device)
     if out.source == "cache" and out.last_cached is not None:
@@ -87,6 +110,12 @@ def _record(state: ReplicaState, req: BotRequest, bot: str, out: Outcome, now: i
             counters.count(metrics.page_age_negative, bot, req.device)
         else:
             counters.observe(metrics.page_age_seconds, age / 1000, req.device)
+            counters.observe(metrics.bot_page_age_seconds, age / 1000, cls, bot)
+
+
+def _client(services: Any, scope: dict, headers: dict[str, str]) -> str | None:
+    peer = scope.get("client")
+    return services.proxies.client(peer[0] if peer else None, headers.get("x-forwarded-for"))
 
 
 def _path_of(url: str) -> str:

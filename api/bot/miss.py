@@ -79,21 +79,23 @@ class Miss:
 
     async def not_served(self, req: BotRequest, headers: dict[str, str], now: int, debug: bool,
                          policy: ServingPolicy, status: str,
-                         found: StoredPage | None) -> tuple[Reply, Outcome]:
+                         found: StoredPage | None, *, discover: bool = True) -> tuple[Reply, Outcome]:
+        """``discover`` False (the bot's policy, ``bots``): no new target and no on-miss render come
+        of this request."""
         if found is None and status in ("miss", "unreadable") and self.ctx.holds(req.url):
             # not here (yet), or not readable here (a node that holds no copy asked the holders already)
             rescued = await self._peer_rescue(req, headers, now, debug)
             if rescued is not None:
                 return rescued
         if policy.authorized and policy.miss_mode == "prerender":
-            return await self._render_now(req, headers, debug, status, found)
-        if found is None and status == "miss" and self.on_miss.enabled and req.method == "GET" \
+            return await self._render_now(req, headers, debug, status, found, discover)
+        if discover and found is None and status == "miss" and self.on_miss.enabled and req.method == "GET" \
                 and req.route_class == "prerender":
             rendered = await self._on_miss(req, headers, debug, status)
             if rendered is not None:
                 return rendered
         out = Outcome(status)
-        return await self.from_origin(req, headers, debug, out, reason=status), out
+        return await self.from_origin(req, headers, debug, out, reason=status, discover=discover), out
 
     # ------------------------------------------------------------------------------ peer rescue
 
@@ -126,7 +128,7 @@ class Miss:
     # ------------------------------------------------------------------------------- render-now
 
     async def _render_now(self, req: BotRequest, headers: dict[str, str], debug: bool, status: str,
-                          found: StoredPage | None) -> tuple[Reply, Outcome]:
+                          found: StoredPage | None, discover: bool) -> tuple[Reply, Outcome]:
         """Make the key due now on its owner, then watch the local page store for a page cached
         after this request began, until the deadline; then ``renderNow.fallback``."""
         rn = self.cfg.render_now
@@ -150,7 +152,7 @@ class Miss:
             if reply is not None:
                 return reply, out
             out.source = "origin"
-        return await self.from_origin(req, headers, debug, out, reason="render-timeout"), out
+        return await self.from_origin(req, headers, debug, out, reason="render-timeout", discover=discover), out
 
     async def _rendered_within(self, req: BotRequest, wait_s: float) -> StoredPage | None:
         """Make the key due now on its owner, then watch the local page store for a page cached
@@ -200,7 +202,7 @@ class Miss:
                                       strip_validators=strip_validators)
 
     async def from_origin(self, req: BotRequest, headers: dict[str, str], debug: bool, out: Outcome, *,
-                          reason: str) -> Reply:
+                          reason: str, discover: bool = True) -> Reply:
         """GET the canonical URL (a HEAD too: one fetch serves both), shared by concurrent misses
         of the same key. Validators are not forwarded: the origin sends the full page, and a bot's
         If-None-Match is answered here against it, so one answer fits every waiter."""
@@ -214,7 +216,7 @@ class Miss:
         except OriginError as e:
             return self._origin_failed(req, e, debug, out)
         out.via_staging = answer.via_staging
-        if leader and req.route_class == "prerender" and is_prerender_candidate(
+        if discover and leader and req.route_class == "prerender" and is_prerender_candidate(
                 answer.status, relay_headers(answer.status, answer.headers)):
             self.discovery.discover(req.url)
         return origin_reply(answer.status, answer.headers, answer.body, request_headers=headers,

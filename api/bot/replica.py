@@ -27,9 +27,12 @@ from prerender_ray.api.bot.pages import PageReader
 from prerender_ray.api.bot.peer import PeerClient
 from prerender_ray.api.context import NodeContext, ReplicaConfig
 from prerender_ray.config.model import Config
+from prerender_ray.serving.bot_policy import Policies
 from prerender_ray.serving.bots import BotRegistry
 from prerender_ray.serving.classify import RESERVED_PATHS, Ingress
-from prerender_ray.serving.tally import LabelBudget, UnroutedTally
+from prerender_ray.serving.proxies import Proxies
+from prerender_ray.serving.tally import LabelBudget, MissTally, UnroutedTally
+from prerender_ray.serving.verification import Verifier
 
 log = logs.get("bot")
 BOT_LABELS = 200  # distinct bot names kept as metric labels; the rest count as ~overflow
@@ -55,24 +58,51 @@ class Services:
         self.report_unrouted = rep.enabled and cfg.ingress.mode == "forwarded"
         self.report_interval_s = rep.interval / 1000
         self.unrouted = UnroutedTally(rep.max_buckets, rep.top_n)
+        self.misses = MissTally(cfg.analytics.missed_urls)  # per bot class, for the admin bots report
         self.discovery = Discovery(ctx, self.counters)
+        # The client address for verification: the socket peer, or behind server.trustedProxies the
+        # client they forward for; X-Forwarded-For from anyone else is never believed.
+        self.proxies = Proxies(cfg.server.trusted_proxies)
+        verify = cfg.bots.verify
+        # a test injects a fake resolver here; nothing else does
+        self.verifier = Verifier(verify, resolver=ctx.extras.get("bot-resolver")) if verify.enabled else None
+        self.ranges_refresh_s = verify.range_refresh / 1000
         self._report: asyncio.Task | None = None
+        self._ranges: asyncio.Task | None = None
 
     def start(self) -> None:
         self.pages.start()
         if self.report_unrouted:
             self._report = asyncio.get_running_loop().create_task(self._report_loop())
+        if self.verifier is not None and self.verifier.ranges.files:
+            self._ranges = asyncio.get_running_loop().create_task(self._ranges_loop(self.verifier))
         self.counters.start()
 
     async def close(self) -> None:
         if self._report is not None:
             self._report.cancel()
+        if self._ranges is not None:
+            self._ranges.cancel()
+        if self.verifier is not None:
+            self.verifier.close()
         self.discovery.stop()
         self.counters.close()
         self.converter.close()
         self.pages.close()
         await self.origin.aclose()
         await self.peer.aclose()
+
+    async def _ranges_loop(self, verifier: Verifier) -> None:
+        """Read the bots' range files now and every ``bots.verify.rangeRefresh`` (off the loop); a
+        file that fails keeps its last good ranges and is logged at each read."""
+        while True:
+            try:
+                for error in await asyncio.to_thread(verifier.ranges.reload):
+                    log.error("bot range file not loaded", error=error, replica=self.ctx.replica)
+            except Exception as e:
+                metrics.loop_errors.labels("bot-ranges").inc()
+                log.error("bot range reload failed", error=repr(e))
+            await asyncio.sleep(self.ranges_refresh_s)
 
     async def _report_loop(self) -> None:
         while True:
@@ -95,6 +125,7 @@ class ReplicaState(ReplicaConfig):
     debug_key: str
     analytics: bool
     record_unmatched: bool
+    policies: Policies
     resolved: dict[tuple, Any] = field(default_factory=dict)  # decisions under this config only
 
     def resolve(self, method: str, path: str, query: str, headers: dict[str, str]) -> Any:
@@ -124,7 +155,7 @@ def build(ctx: NodeContext, current: ReplicaConfig, services: Services) -> Repli
         compiled=current.compiled, findings=current.findings, live=current.live,
         ingress=ingress, hit=hit, miss=miss, services=services,
         debug_key=cfg.debug_header.key.strip().lower(), analytics=cfg.analytics.enabled,
-        record_unmatched=cfg.analytics.record_unmatched,
+        record_unmatched=cfg.analytics.record_unmatched, policies=Policies(cfg.bots, services.bots),
     )
 
 

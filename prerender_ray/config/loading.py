@@ -64,6 +64,18 @@ def _model_of(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
     return None, False
 
 
+def _dict_values_model(annotation: Any) -> type[BaseModel] | None:
+    """The value model of a ``dict[str, Model]`` field (Annotated included): its keys are data
+    (class or bot names), not options, so only its values are normalized."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    if typing.get_origin(annotation) is dict:
+        args = typing.get_args(annotation)
+        if len(args) == 2 and isinstance(args[1], type) and issubclass(args[1], BaseModel):
+            return args[1]
+    return None
+
+
 def _unsupported(path: str) -> bool:
     return any(path == p or path.startswith(p + ".") for p in UNSUPPORTED_PATHS)
 
@@ -90,7 +102,14 @@ def _normalize(raw: Any, model: type[BaseModel], path: str, warnings: list[str])
             continue
         if value is None:
             continue  # absent, not a value: the default stays
-        sub, is_list = _model_of(model.model_fields[name].annotation)
+        annotation = model.model_fields[name].annotation
+        values_model = _dict_values_model(annotation)
+        if values_model is not None:
+            if isinstance(value, dict):
+                value = {k: _normalize(v, values_model, f"{here}.{k}", warnings) for k, v in value.items()}
+            out[name] = value
+            continue
+        sub, is_list = _model_of(annotation)
         if sub is not None and is_list and isinstance(value, list):
             value = [_normalize(v, sub, f"{here}[{i}]", warnings) for i, v in enumerate(value)]
         elif sub is not None and not is_list:
@@ -279,6 +298,28 @@ def findings(cfg: Config, prerender_routes: int) -> list[Finding]:
             "server.tls",
             "plain HTTP on a non-loopback listener: the reference render fleet uses https for such hosts",
         )
+    out.extend(_bot_findings(cfg))
+    return out
+
+
+def _bot_findings(cfg: Config) -> list[Finding]:
+    """Bot names in policies and verification that the registry does not know: a typo there never
+    matches (a name derived from an unknown User-Agent still may, so a warning, not an error)."""
+    from prerender_ray.serving.bots import BotRegistry
+
+    known = BotRegistry.from_config(cfg).names()
+    bots = cfg.bots
+    out = []
+    for key, names in (("bots.named", bots.named), ("bots.verify.dns", bots.verify.dns),
+                       ("bots.verify.ranges", bots.verify.ranges)):
+        unknown = sorted(n for n in names if n.lower() not in known)
+        if unknown:
+            out.append(Finding("warn", key, f"not a registry bot name: {', '.join(unknown)[:300]} "
+                                            "(matches only a name derived from a User-Agent)"))
+    if bots.verify.enabled and bots.failed_class == "other" and \
+            (bots.classes.get("other") or bots.default).serve == "prerender":
+        out.append(Finding("info", "bots.failed_class", "failed verification is served as class other, "
+                                                        "which is prerendered: spoofers get what real bots get"))
     return out
 
 
@@ -312,7 +353,8 @@ def reference_rows(model: type[BaseModel] = Config, prefix: str = "",
     for name, f in model.model_fields.items():
         path = f"{prefix}.{name}" if prefix else name
         sub, is_list = _model_of(f.annotation)
-        if sub is not None and not is_list and sub.__name__ != "UserAgents":
+        if sub is not None and not is_list and sub.__name__ != "UserAgents" and \
+                _dict_values_model(f.annotation) is None:
             rows.extend(reference_rows(sub, path, defaults))
             continue
         value = _get(defaults, path)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -366,7 +366,7 @@ class Cluster(Model):
 
 class LiveOverrides(Model):
     enabled: bool = Field(
-        True, description="Admins may change the live options (routes, default interval, sitemap boost) at runtime."
+        True, description="Admins may change the live options (routes, default interval, sitemap boost, bot policies) at runtime."
     )
 
 
@@ -742,9 +742,13 @@ class Auth(Model):
 # -------------------------------------------------------------------------------------------- the rest
 
 
+BotClass = Literal["search", "ai-search", "ai-training", "social", "seo-tool", "other"]
+
+
 class Bot(Model):
     name: NonEmptyStr
     match: NonEmptyStr
+    bot_class: BotClass | None = None  # None: the built-in entry's class of this name, else other
 
 
 class Analytics(Model):
@@ -755,16 +759,116 @@ class Analytics(Model):
     derive_unknown_bots: bool = Field(
         True, description="Derive a bot name from an unknown bot-like user agent."
     )
+    missed_urls: int = Field(
+        200, ge=0, le=10_000, description="URLs without a cached page kept per bot class for the admin "
+        "`bots` report (the least recently asked evicted first; 0: none)."
+    )
     # None = the built-in registry (prerender_ray.serving.bots.DEFAULT_BOTS); a list replaces it wholesale.
     bots: list[Bot] | None = Field(
-        None, description="`{name, match}` bot registry replacing the built-in one (null = built-in)."
+        None, description="`{name, match, botClass?}` bot registry replacing the built-in one (null = built-in)."
     )
 
 
-# The bot classes a request may fall in (the bot policy's `bots:` section names the same six).
-BotClass = Literal["search", "ai-search", "ai-training", "social", "seo-tool", "other"]
-BOT_CLASSES: tuple[str, ...] = get_args(BotClass)
+MAX_BOT_NAME = 100
+MAX_DENY_BODY = 1024
+MAX_RANGE_FILES = 50
 
+
+class BotPolicy(Model):
+    serve: Literal["prerender", "origin", "deny"] = Field(
+        "prerender", description="`prerender` (the cache, then a miss as usual), `origin` (proxied to "
+        "the origin: no cache read, no render) or `deny` (`bots.denyStatus` with `bots.denyBody`)."
+    )
+    discover: bool = Field(True, description="A miss the origin answers with an indexable page makes it a target.")
+
+
+def _bot_names(value: Any) -> Any:
+    if isinstance(value, dict):
+        for name in value:
+            if not isinstance(name, str) or not 0 < len(name) <= MAX_BOT_NAME:
+                raise ValueError(f"a bot name is 1 to {MAX_BOT_NAME} characters: {str(name)[:120]!r}")
+    return value
+
+
+def _host_suffixes(value: Any) -> Any:
+    if isinstance(value, dict):
+        value = _bot_names(value)
+        return {k: [clean_host(h) if isinstance(h, str) else h for h in v] if isinstance(v, list) else v
+                for k, v in value.items()}
+    return value
+
+
+class Verify(Model):
+    enabled: bool = Field(
+        False, description="Check that a request claiming a verifiable crawler comes from its operator "
+        "(reverse DNS confirmed forward, or the operator's published IP ranges)."
+    )
+    deadline_ms: Annotated[int, BeforeValidator(_duration), Field(ge=1, le=5_000)] = Field(
+        50, description="Longest a request waits for a check; then it is served unverified-for-now and the "
+        "check finishes in the background."
+    )
+    lookup_timeout_ms: Annotated[int, BeforeValidator(_duration), Field(ge=10, le=30_000)] = Field(
+        2_000, description="Deadline of one background check (both DNS lookups); past it the claim is unverified."
+    )
+    ttl: PositiveDuration = Field(6 * HOUR, description="How long a verified or failed answer is remembered per address.")
+    retry_after: PositiveDuration = Field(
+        MINUTE, description="How long an unverified answer (a lookup that timed out or errored) is remembered."
+    )
+    cache_size: int = Field(10_000, ge=1, le=1_000_000, description="Addresses remembered (least recent evicted).")
+    max_pending: int = Field(64, ge=1, le=10_000, description="Checks running at once; further claims are unverified.")
+    builtin_dns: bool = Field(
+        True, description="Use the built-in reverse-DNS domains (Google, Bing, Apple, Yandex, Baidu, Amazon ...; "
+        "`prerender_ray.serving.verification.BUILTIN_DNS`)."
+    )
+    dns: Annotated[dict[str, list[str]], BeforeValidator(_host_suffixes)] = Field(
+        {}, description="Bot name -> domains its reverse DNS must be in (`googlebot.com` allows "
+        "`crawl-1.googlebot.com`), then confirmed forward; replaces a built-in entry of that name."
+    )
+    ranges: Annotated[dict[str, list[str]], BeforeValidator(_bot_names)] = Field(
+        {}, description="Bot name -> files of the operator's published IP ranges (JSON "
+        "`{prefixes: [{ipv4Prefix}|{ipv6Prefix}]}` or one CIDR a line; absolute paths); a bot with ranges is "
+        "checked by them."
+    )
+    range_refresh: Annotated[int, BeforeValidator(_duration), Field(ge=SECOND)] = Field(
+        HOUR, description="How often the range files are read again (a bad read keeps the previous ranges)."
+    )
+    max_range_bytes: int = Field(4 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024, description="Largest range file read.")
+    max_prefixes: int = Field(50_000, ge=1, le=1_000_000, description="Prefixes kept per range file.")
+    while_unverified: Literal["claimed", "failed"] = Field(
+        "claimed", description="A claim not verified yet (past the deadline, or its lookup timed out) is served "
+        "as the bot it claims (`claimed`) or as a failed claim (`failed`)."
+    )
+
+    @field_validator("ranges")
+    @classmethod
+    def _files(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
+        if sum(len(files) for files in v.values()) > MAX_RANGE_FILES:
+            raise ValueError(f"at most {MAX_RANGE_FILES} range files")
+        if any(not f.strip().startswith("/") for files in v.values() for f in files):
+            # every ingress replica reads them, in processes whose working directory is Ray's
+            raise ValueError("a range file is an absolute path")
+        return v
+
+
+class Bots(Model):
+    default: BotPolicy = Field(BotPolicy(), description="Policy of a class `classes` does not name.")
+    classes: dict[BotClass, BotPolicy] = Field(
+        {"search": BotPolicy()},
+        description="Policy per bot class (search, ai-search, ai-training, social, seo-tool, other; "
+        "`analytics.bots`). `search` (Googlebot, Bingbot ...) is prerendered by default: an explicit choice, "
+        "since Google renders JavaScript itself and calls dynamic rendering a workaround.",
+    )
+    named: Annotated[dict[str, BotPolicy], BeforeValidator(_bot_names)] = Field(
+        {}, description="Policy per bot name (e.g. `Googlebot`, case-insensitive), over its class's."
+    )
+    deny_status: int = Field(403, ge=400, le=599, description="Status of a `deny` answer.")
+    deny_body: str = Field(
+        "Forbidden", max_length=MAX_DENY_BODY, description="Body of a `deny` answer (text/plain)."
+    )
+    failed_class: BotClass = Field(
+        "other", description="A claim that fails verification is served as this class (never by its name)."
+    )
+    verify: Verify = Verify()
 
 class Markdown(Model):
     enabled: bool = Field(
@@ -789,7 +893,7 @@ class Markdown(Model):
         [], description="Bot names (as `analytics.bots` names them, any case) that always get Markdown."
     )
     for_classes: list[BotClass] = Field(
-        [], description="Bot classes that always get Markdown (applied once the bot policy classifies requests)."
+        [], description="Bot classes (`bots`: the class a request is served as) that always get Markdown."
     )
 
 
@@ -833,6 +937,7 @@ class Config(Model):
     auth: Auth = Auth()
     analytics: Analytics = Analytics()
     markdown: Markdown = Markdown()
+    bots: Bots = Bots()
     logging: Logging = Logging()
 
     @field_validator("domains")

@@ -32,6 +32,13 @@ LIVE_PATHS = (
     "ingress.exclude_path_patterns",
     "render.default_interval",
     "queue.ready.sitemap_boost",
+    # bot policies (prerender_ray.serving.bot_policy); bots.verify is read at start
+    "bots.default",
+    "bots.classes",
+    "bots.named",
+    "bots.deny_status",
+    "bots.deny_body",
+    "bots.failed_class",
 )
 MAX_ENTRIES = 200
 NOTE_MAX = 200

@@ -4,8 +4,10 @@ The registry is one case-insensitive regex over every match string, longest firs
 ``/ ; )``, whitespace or the end (so ``googleother`` cannot match ``GoogleOther-Image``, which has
 its own entry). There is no leading boundary: ``yeti`` also matches inside ``Spaghettiyeti/1``. The
 leftmost match wins, and the longest entry at that position. A UA the registry misses is labelled
-with the name it declares (``deriveUnknownBots``), else ``other``. Names only label traffic; they
-never change what a request is served.
+with the name it declares (``deriveUnknownBots``), else ``other``.
+
+Each entry has a class (``BOT_CLASSES``): what ``bots.classes`` policies are keyed by
+(``prerender_ray.serving.bot_policy``). A derived name, ``other`` and ``debug`` are class ``other``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ if TYPE_CHECKING:
 
 OTHER = "other"
 DEBUG = "debug"
+# search: classic engines; ai-search: AI search indexes and the fetchers a user's question triggers;
+# ai-training: crawlers that collect training data; social: link previews; seo-tool: audits.
+BOT_CLASSES = ("search", "ai-search", "ai-training", "social", "seo-tool", "other")
 DEBUG_HEADER = ("harper", "pre-render")  # the reference's marker for its own test traffic
 MEMO_SIZE = 1000
 
@@ -27,69 +32,76 @@ MEMO_SIZE = 1000
 class BotEntry(NamedTuple):
     name: str
     match: str
+    bot_class: str = ""  # empty: the built-in entry's class of this name, else other
 
 
 # Match strings are what a request User-Agent carries (robots.txt-only tokens such as
 # Google-Extended never appear in a request). Display names follow the reference's registry.
 DEFAULT_BOTS: tuple[BotEntry, ...] = (
     # search engines
-    BotEntry("Googlebot-Image", "googlebot-image"),
-    BotEntry("Googlebot-Video", "googlebot-video"),
-    BotEntry("Google InspectionTool", "google-inspectiontool"),
-    BotEntry("GoogleOther-Image", "googleother-image"),
-    BotEntry("GoogleOther-Video", "googleother-video"),
-    BotEntry("GoogleOther", "googleother"),
-    BotEntry("Storebot-Google", "storebot-google"),
-    BotEntry("AdsBot-Google", "adsbot-google"),
-    BotEntry("Googlebot", "googlebot"),
-    BotEntry("Bingbot", "bingbot"),
-    BotEntry("DuckDuckBot", "duckduckbot-https"),
-    BotEntry("DuckDuckBot", "duckduckbot"),
-    BotEntry("Applebot", "applebot"),
-    BotEntry("YandexBot", "yandexbot"),
-    BotEntry("Baidu Spider", "baiduspider"),
-    BotEntry("SeznamBot", "seznambot"),
-    BotEntry("Naver Yeti", "yeti"),
-    BotEntry("Sogou Spider", "sogou"),
-    BotEntry("PetalBot", "petalbot"),
+    BotEntry("Googlebot-Image", "googlebot-image", "search"),
+    BotEntry("Googlebot-Video", "googlebot-video", "search"),
+    BotEntry("Google InspectionTool", "google-inspectiontool", "search"),
+    BotEntry("GoogleOther-Image", "googleother-image", "other"),
+    BotEntry("GoogleOther-Video", "googleother-video", "other"),
+    BotEntry("GoogleOther", "googleother", "other"),
+    BotEntry("Storebot-Google", "storebot-google", "search"),
+    BotEntry("AdsBot-Google", "adsbot-google", "search"),
+    BotEntry("Googlebot", "googlebot", "search"),
+    BotEntry("Bingbot", "bingbot", "search"),
+    BotEntry("DuckDuckBot", "duckduckbot-https", "search"),
+    BotEntry("DuckDuckBot", "duckduckbot", "search"),
+    BotEntry("Applebot", "applebot", "search"),
+    BotEntry("YandexBot", "yandexbot", "search"),
+    BotEntry("Baidu Spider", "baiduspider", "search"),
+    BotEntry("SeznamBot", "seznambot", "search"),
+    BotEntry("Naver Yeti", "yeti", "search"),
+    BotEntry("Sogou Spider", "sogou", "search"),
+    BotEntry("PetalBot", "petalbot", "search"),
+    BotEntry("MojeekBot", "mojeekbot", "search"),
     # AI crawlers and assistants
-    BotEntry("GPTBot", "gptbot"),
-    BotEntry("OAI-SearchBot", "oai-searchbot"),
-    BotEntry("ChatGPT-User", "chatgpt-user"),
-    BotEntry("ClaudeBot", "claudebot"),
-    BotEntry("Claude-User", "claude-user"),
-    BotEntry("Claude-SearchBot", "claude-searchbot"),
-    BotEntry("PerplexityBot", "perplexitybot"),
-    BotEntry("Perplexity-User", "perplexity-user"),
-    BotEntry("Google-CloudVertexBot", "google-cloudvertexbot"),
-    BotEntry("CCBot", "ccbot"),
-    BotEntry("Bytespider", "bytespider"),
-    BotEntry("Meta-ExternalAgent", "meta-externalagent"),
-    BotEntry("Meta-ExternalFetcher", "meta-externalfetcher"),
-    BotEntry("FacebookBot", "facebookbot"),
-    BotEntry("Amazonbot", "amazonbot"),
-    BotEntry("DuckAssistBot", "duckassistbot"),
-    BotEntry("MistralAI-User", "mistralai-user"),
+    BotEntry("GPTBot", "gptbot", "ai-training"),
+    BotEntry("OAI-SearchBot", "oai-searchbot", "ai-search"),
+    BotEntry("ChatGPT-User", "chatgpt-user", "ai-search"),
+    BotEntry("ClaudeBot", "claudebot", "ai-training"),
+    BotEntry("Claude-User", "claude-user", "ai-search"),
+    BotEntry("Claude-SearchBot", "claude-searchbot", "ai-search"),
+    BotEntry("PerplexityBot", "perplexitybot", "ai-search"),
+    BotEntry("Perplexity-User", "perplexity-user", "ai-search"),
+    BotEntry("Google-CloudVertexBot", "google-cloudvertexbot", "ai-search"),
+    BotEntry("CCBot", "ccbot", "ai-training"),
+    BotEntry("Bytespider", "bytespider", "ai-training"),
+    BotEntry("Meta-ExternalAgent", "meta-externalagent", "ai-training"),
+    BotEntry("Meta-ExternalFetcher", "meta-externalfetcher", "ai-search"),
+    BotEntry("FacebookBot", "facebookbot", "ai-training"),
+    BotEntry("Amazonbot", "amazonbot", "ai-training"),
+    BotEntry("DuckAssistBot", "duckassistbot", "ai-search"),
+    BotEntry("MistralAI-User", "mistralai-user", "ai-search"),
+    BotEntry("YouBot", "youbot", "ai-search"),
+    BotEntry("AI2Bot", "ai2bot", "ai-training"),
+    BotEntry("Diffbot", "diffbot", "ai-training"),
     # SEO and site-audit tools
-    BotEntry("AhrefsBot", "ahrefsbot"),
-    BotEntry("SemrushBot", "semrushbot"),
-    BotEntry("MJ12bot", "mj12bot"),
-    BotEntry("Rogerbot", "rogerbot"),
-    BotEntry("DotBot", "dotbot"),
-    BotEntry("Screaming Frog", "screaming frog seo spider"),
-    BotEntry("Botify", "botify"),
-    BotEntry("Deepcrawl", "deepcrawl"),
-    BotEntry("OnCrawl", "oncrawl"),
-    BotEntry("Sitebulb", "sitebulb"),
+    BotEntry("AhrefsBot", "ahrefsbot", "seo-tool"),
+    BotEntry("SemrushBot", "semrushbot", "seo-tool"),
+    BotEntry("MJ12bot", "mj12bot", "seo-tool"),
+    BotEntry("Rogerbot", "rogerbot", "seo-tool"),
+    BotEntry("DotBot", "dotbot", "seo-tool"),
+    BotEntry("Screaming Frog", "screaming frog seo spider", "seo-tool"),
+    BotEntry("Botify", "botify", "seo-tool"),
+    BotEntry("Deepcrawl", "deepcrawl", "seo-tool"),
+    BotEntry("OnCrawl", "oncrawl", "seo-tool"),
+    BotEntry("Sitebulb", "sitebulb", "seo-tool"),
     # link previews (they render shared pages, so they see the prerendered HTML)
-    BotEntry("facebookexternalhit", "facebookexternalhit"),
-    BotEntry("Twitterbot", "twitterbot"),
-    BotEntry("LinkedInBot", "linkedinbot"),
-    BotEntry("Slackbot", "slackbot-linkexpanding"),
-    BotEntry("Slackbot", "slackbot"),
-    BotEntry("Discordbot", "discordbot"),
-    BotEntry("TelegramBot", "telegrambot"),
-    BotEntry("Pinterestbot", "pinterestbot"),
+    BotEntry("facebookexternalhit", "facebookexternalhit", "social"),
+    BotEntry("Twitterbot", "twitterbot", "social"),
+    BotEntry("LinkedInBot", "linkedinbot", "social"),
+    BotEntry("Slackbot", "slackbot-linkexpanding", "social"),
+    BotEntry("Slackbot", "slackbot", "social"),
+    BotEntry("Discordbot", "discordbot", "social"),
+    BotEntry("TelegramBot", "telegrambot", "social"),
+    BotEntry("Pinterestbot", "pinterestbot", "social"),
+    BotEntry("WhatsApp", "whatsapp", "social"),
+    BotEntry("redditbot", "redditbot", "social"),
 )
 
 
@@ -103,6 +115,10 @@ class BotRegistry:
         entries.sort(key=lambda e: -len(e.match))  # stable: equal lengths keep their order
         # Later entries win on a shared match string, as in the reference.
         self._names = {e.match.lower(): e.name for e in entries}
+        # A name's class: its entry's, else the built-in entry's of that name (a replaced registry
+        # keeps the classes of the crawlers it still names), else other.
+        self._classes = {e.name.lower(): e.bot_class for e in DEFAULT_BOTS}
+        self._classes.update({e.name.lower(): e.bot_class for e in entries if e.bot_class})
         alternation = "|".join(re.escape(e.match) for e in entries)
         self._regex = re.compile(f"({alternation})(?=[/;)\\s]|\\Z)", re.IGNORECASE) if entries else None
         self.derive_unknown = derive_unknown
@@ -117,6 +133,14 @@ class BotRegistry:
         if not user_agent:
             return OTHER
         return self._memo(user_agent)
+
+    def class_of(self, name: str) -> str:
+        """The class of a bot name (``other`` for a derived name, ``other`` and ``debug``)."""
+        return self._classes.get(name.lower(), OTHER)
+
+    def names(self) -> frozenset[str]:
+        """Every registry name, lower-cased (what per-bot policies may name besides derived ones)."""
+        return frozenset(self._classes)
 
     def name_for(self, headers: Mapping[str, str]) -> str:
         """``debug`` for the ``harper: pre-render`` marker, else ``name(user-agent)``."""
@@ -136,11 +160,12 @@ class BotRegistry:
 
 def _entry(raw: Any) -> BotEntry | None:
     if isinstance(raw, Mapping):
-        name, match = raw.get("name"), raw.get("match")
+        name, match, cls = raw.get("name"), raw.get("match"), raw.get("bot_class")
     else:
-        name, match = getattr(raw, "name", None), getattr(raw, "match", None)
+        name, match, cls = (getattr(raw, "name", None), getattr(raw, "match", None),
+                            getattr(raw, "bot_class", None))
     if isinstance(name, str) and isinstance(match, str) and match:
-        return BotEntry(name, match)
+        return BotEntry(name, match, cls if cls in BOT_CLASSES else "")
     return None
 
 

@@ -102,3 +102,52 @@ class UnroutedTally:
                 out.append(f"{cls}: {tally.overflowed} request(s) in new path buckets past the cap of "
                            f"{self.max_buckets} ({OVERFLOW})")
         return out
+
+
+# ------------------------------------------------------------------------------------ bot misses
+
+MAX_MISS_URL = 2_048  # characters of a missed URL kept (a bot chooses the URL)
+
+
+@dataclass
+class Missed:
+    count: int
+    first_ms: int
+    last_ms: int
+    last_bot: str
+
+
+class MissTally:
+    """The URLs bots asked for that had no cached page, per bot class: at most ``max_urls`` per class,
+    the least recently asked one evicted first (a dict keeps insertion order; a repeat moves to the
+    end), so the list is what bots want lately, with counts since each URL entered it."""
+
+    def __init__(self, max_urls: int = 200):
+        self.max_urls = max_urls
+        self._by_class: dict[str, dict[str, Missed]] = {}
+        self.evicted = 0
+
+    def record(self, bot_class: str, url: str, bot: str, now_ms: int) -> None:
+        if self.max_urls <= 0:
+            return
+        url = url[:MAX_MISS_URL]
+        urls = self._by_class.setdefault(bot_class, {})
+        found = urls.pop(url, None)
+        if found is None:
+            if len(urls) >= self.max_urls:
+                del urls[next(iter(urls))]
+                self.evicted += 1
+            found = Missed(0, now_ms, now_ms, bot)
+        found.count += 1
+        found.last_ms = now_ms
+        found.last_bot = bot
+        urls[url] = found
+
+    def top(self, limit: int) -> dict[str, list[dict]]:
+        """Per class, the ``limit`` most asked URLs (ties: the most recent first)."""
+        out = {}
+        for cls, urls in sorted(self._by_class.items()):
+            rows = sorted(urls.items(), key=lambda kv: (-kv[1].count, -kv[1].last_ms))[:limit]
+            out[cls] = [{"url": u, "count": m.count, "firstMs": m.first_ms, "lastMs": m.last_ms,
+                         "lastBot": m.last_bot} for u, m in rows]
+        return out

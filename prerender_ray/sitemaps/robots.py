@@ -53,14 +53,25 @@ def robots_token(bot_name: str) -> str:
 
 
 def served_today(bot_names: Iterable[str]) -> dict[str, str]:
-    """token -> serve mode before per-class policies exist: every registered bot is prerendered."""
+    """token -> serve mode with every registered bot prerendered (the default policy)."""
     return {robots_token(n): "prerender" for n in bot_names}
 
 
 def served_by(cfg: Config) -> dict[str, str]:
-    """token -> serve mode for the config's bot registry (``analytics.bots``, else the built-in one)."""
+    """token -> the serve mode the config's bot policy (``bots``) gives each registry bot, as a
+    verified claim; where two registry names share a token, the one served wins (a conflict is
+    about a bot that is served)."""
+    from prerender_ray.serving.bot_policy import Policies
+    from prerender_ray.serving.bots import BotRegistry
+
+    policies = Policies(cfg.bots, BotRegistry.from_config(cfg))
     bots = cfg.analytics.bots
-    return served_today(b.name for b in (DEFAULT_BOTS if bots is None else bots))
+    out: dict[str, str] = {}
+    for name in (b.name for b in (DEFAULT_BOTS if bots is None else bots)):
+        token, mode = robots_token(name), policies.decide(name).serve
+        if out.get(token) in (None, "deny"):
+            out[token] = mode
+    return out
 
 
 def robots_url(origin: str) -> str:

@@ -12,7 +12,7 @@ BARE = BotRegistry([])  # every name below comes from derivation itself
 
 
 def test_the_default_registry_has_about_fifty_entries_with_names_and_matches() -> None:
-    assert 46 <= len(DEFAULT_BOTS) <= 60
+    assert 46 <= len(DEFAULT_BOTS) <= 80
     assert all(e.name and e.match == e.match.lower() for e in DEFAULT_BOTS)
 
 
@@ -179,3 +179,36 @@ def test_a_registry_match_wins_over_derivation() -> None:
 def test_derivation_can_be_turned_off() -> None:
     cfg = parse({"analytics": {"deriveUnknownBots": False}}).config
     assert BotRegistry.from_config(cfg).name("ExampleBot/2.1 (+https://example.com/bot)") == "other"
+
+
+# ---------------------------------------------------------------------------------------- classes
+
+
+@pytest.mark.parametrize(("name", "cls"), [
+    ("Googlebot", "search"), ("Bingbot", "search"), ("Applebot", "search"),
+    ("OAI-SearchBot", "ai-search"), ("ChatGPT-User", "ai-search"), ("Claude-SearchBot", "ai-search"),
+    ("Claude-User", "ai-search"), ("PerplexityBot", "ai-search"), ("Perplexity-User", "ai-search"),
+    ("GPTBot", "ai-training"), ("ClaudeBot", "ai-training"), ("CCBot", "ai-training"),
+    ("Meta-ExternalAgent", "ai-training"), ("facebookexternalhit", "social"), ("Slackbot", "social"),
+    ("AhrefsBot", "seo-tool"), ("GoogleOther", "other"), ("other", "other"), ("debug", "other"),
+    ("SomeDerivedBot", "other"),
+])
+def test_every_name_has_a_class(name: str, cls: str) -> None:
+    assert REGISTRY.class_of(name) == cls
+
+
+def test_every_default_entry_names_a_known_class() -> None:
+    from prerender_ray.serving.bots import BOT_CLASSES
+
+    assert all(e.bot_class in BOT_CLASSES for e in DEFAULT_BOTS)
+    assert {e.bot_class for e in DEFAULT_BOTS} == set(BOT_CLASSES)
+
+
+def test_a_replaced_registry_keeps_built_in_classes_and_takes_its_own() -> None:
+    cfg = parse({"analytics": {"bots": [{"name": "Googlebot", "match": "googlebot"},
+                                        {"name": "MyBot", "match": "mybot", "botClass": "ai-search"},
+                                        {"name": "GPTBot", "match": "gptbot", "botClass": "other"}]}}).config
+    registry = BotRegistry.from_config(cfg)
+    assert registry.class_of("Googlebot") == "search"
+    assert registry.class_of("MyBot") == "ai-search"
+    assert registry.class_of("GPTBot") == "other"  # the operator's class wins over the built-in one

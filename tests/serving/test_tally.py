@@ -39,3 +39,26 @@ def test_draining_resets_and_reports_top_buckets_by_count() -> None:
     assert "/a/* x2 (e.g. /a/1)" in lines[0]
     assert "1 request(s) in new path buckets past the cap of 1" in lines[1]
     assert t.peek() == {} and t.lines(t.drain()) == []
+
+
+# ------------------------------------------------------------------------------------ bot misses
+
+
+def test_missed_urls_are_kept_per_class_most_asked_first_and_bounded() -> None:
+    from prerender_ray.serving.tally import MAX_MISS_URL, MissTally
+
+    t = MissTally(max_urls=3)
+    for i, url in enumerate(["a", "b", "a", "c", "a", "b"]):
+        t.record("ai-search", f"https://x.example/{url}", "OAI-SearchBot", i)
+    t.record("search", "https://x.example/a", "Googlebot", 9)
+    top = t.top(10)
+    assert [(r["url"][-1], r["count"]) for r in top["ai-search"]] == [("a", 3), ("b", 2), ("c", 1)]
+    assert top["search"][0]["lastBot"] == "Googlebot"
+    t.record("ai-search", "https://x.example/d", "ChatGPT-User", 10)  # full: the least recent (c) goes
+    assert [r["url"][-1] for r in t.top(10)["ai-search"]] == ["a", "b", "d"] and t.evicted == 1
+    assert len(t.top(2)["ai-search"]) == 2
+    t.record("other", "https://x.example/" + "x" * 10_000, "other", 11)
+    assert len(t.top(1)["other"][0]["url"]) == MAX_MISS_URL
+    off = MissTally(0)
+    off.record("other", "https://x.example/", "other", 1)
+    assert off.top(5) == {}

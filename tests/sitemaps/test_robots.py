@@ -220,3 +220,15 @@ def test_config_check_reads_a_saved_file_to_the_cut() -> None:
     assert check_file(cfg, body, "r.txt") == [
         "warn: robots.txt r.txt: read up to 29 bytes only (robots.maxBytes)",
         "warn: robots.txt r.txt: robots.txt disallows / to Yeti, but the policy serves it (prerender)"]
+
+
+def test_the_conflicts_follow_the_bot_policy() -> None:
+    """A class denied is no conflict (robots.txt and the policy agree); one served is."""
+    from prerender_ray.config.loading import parse
+    from prerender_ray.sitemaps.robots import served_by
+
+    cfg = parse({"domains": ["shop.test"], "bots": {"classes": {"ai-training": {"serve": "deny"}},
+                                                   "named": {"CCBot": {"serve": "origin"}}}}).config
+    served = served_by(cfg)
+    assert served["GPTBot"] == "deny" and served["ClaudeBot"] == "deny" and served["CCBot"] == "origin"
+    assert served["Googlebot"] == "prerender" and served["OAI-SearchBot"] == "prerender"

@@ -111,6 +111,7 @@ ROUTES = [  # method, path, body, the roles that may, the answers we accept from
     ("GET", "pages?prefix=https://shop.test/", None, {"viewer", "admin"}, {200}),
     ("GET", "page-content?cacheKey=https://shop.test/none|desktop", None, {"viewer", "admin"}, {404}),
     ("GET", "unrouted", None, {"viewer", "admin"}, {200}),
+    ("GET", "bots", None, {"viewer", "admin"}, {200}),
     ("POST", "queue", {"scope": "node-b", "paused": None}, {"admin"}, {200}),
     ("POST", "revalidate", {"url": "https://shop.test/never-a-target"}, {"admin"}, {409}),
     ("POST", "reconcile", None, {"admin"}, {200, 202}),

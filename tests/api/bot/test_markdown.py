@@ -228,6 +228,18 @@ async def test_configured_bots_always_get_markdown_and_others_html(tmp_path, sit
         assert r.content == RENDERED
 
 
+async def test_configured_classes_always_get_markdown(tmp_path, site) -> None:
+    """``forClasses`` takes the class the bot policy serves the request as."""
+    async with serving(tmp_path, site, forClasses=["ai-search"]) as s, s.client() as c:
+        url = s.store("/page/by-class")
+        r = await c.get(f"/p/{url}", headers={"user-agent": "Mozilla/5.0 (compatible; OAI-SearchBot/1.0)",
+                                               "accept": "text/html", "accept-encoding": "gzip"})
+        assert "# The widget" in _md(r)
+        r = await c.get(f"/p/{url}", headers={"user-agent": "Mozilla/5.0 (compatible; GPTBot/1.2)",
+                                               "accept": "text/html"})
+        assert r.content == RENDERED  # ai-training: HTML
+
+
 async def test_markdown_off_serves_html_without_vary_accept(tmp_path, site) -> None:
     async with serving(tmp_path, site, enabled=False) as s, s.client() as c:
         url = s.store("/page/off")
