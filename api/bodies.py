@@ -70,6 +70,16 @@ async def read_object(request: Request, cap: int = 1024 * 1024, *, keys: Collect
     return check_keys(data, keys)
 
 
+def bool_field(data: dict, name: str, default: bool) -> bool:
+    """``data[name]`` as a boolean (absent or null: ``default``); anything else is a 400."""
+    value = data.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad_request(f"{name} must be true or false")
+    return value
+
+
 def int_field(data: dict, name: str, *, default: int | None = None, minimum: int | None = None,
               maximum: int | None = None, allow_none: bool = False) -> int | None:
     """An integer field: ints, integral floats and digit strings; anything else is a 400."""

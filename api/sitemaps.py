@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 
 from prerender_ray.admin.users import Principal
 from prerender_ray.api.auth import require
-from prerender_ray.api.bodies import bad_request, read_object
+from prerender_ray.api.bodies import bad_request, bool_field, read_object
 from prerender_ray.api.context import NodeContext
 from prerender_ray.identity.urls import UrlError, whatwg_path
 from prerender_ray.rpc import call
@@ -64,15 +64,6 @@ def progress_path(root: str) -> str:
     return f"/sitemap_refresh?root={quote(root, safe='')}"
 
 
-def _flag(body: dict, name: str, default: bool) -> bool:
-    value = body.get(name, default)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise bad_request(f"{name} must be true or false")
-    return value
-
-
 @router.post("/sitemaps")
 async def refresh(request: Request, who: Principal = Depends(require("admin"))) -> JSONResponse:
     """``{url?, revalidate?, background?}``: walk one root, or every root when ``url`` is absent."""
@@ -82,8 +73,8 @@ async def refresh(request: Request, who: Principal = Depends(require("admin"))) 
     if url is not None and (refused := OriginPolicy(ctx.cfg).url_refusal(url)):
         # Refused now rather than walked: the fetch would be refused, and no bot could read its pages.
         raise bad_request(f"sitemap {url} cannot be fetched: {refused}", reason="host-not-allowed", url=url)
-    revalidate = _flag(body, "revalidate", False)
-    background = _flag(body, "background", ctx.cfg.sitemap.background)
+    revalidate = bool_field(body, "revalidate", False)
+    background = bool_field(body, "background", ctx.cfg.sitemap.background)
     walker = await _walker(ctx)
     if background:
         try:

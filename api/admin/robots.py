@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from prerender_ray.admin.users import Principal
 from prerender_ray.api.admin.common import DEADLINE_S, admin_router, answer, call, ctx_of
 from prerender_ray.api.auth import require
-from prerender_ray.api.bodies import bad_request, read_object
+from prerender_ray.api.bodies import bad_request, bool_field, read_object
 from prerender_ray.api.context import NodeContext
 from prerender_ray.api.sitemaps import progress_path
 from prerender_ray.serving.origin_policy import OriginPolicy
@@ -45,15 +45,6 @@ def _origin(ctx: NodeContext, value: object) -> str:
     return origin
 
 
-def _flag(body: dict, name: str, default: bool) -> bool:
-    value = body.get(name, default)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise bad_request(f"{name} must be true or false")
-    return value
-
-
 @router.post("/robots/discover")
 async def discover(request: Request, who: Principal = Depends(require("admin"))) -> JSONResponse:
     """``{domain?, refresh?, walk?}``: one domain's robots.txt, or every ``domains`` entry's; a copy
@@ -61,7 +52,7 @@ async def discover(request: Request, who: Principal = Depends(require("admin")))
     walks unless ``walk: false``."""
     ctx = ctx_of(request)
     body = await read_object(request, MAX_BODY, keys={"domain", "refresh", "walk"}, allow_empty=True)
-    refresh, walk = _flag(body, "refresh", False), _flag(body, "walk", True)
+    refresh, walk = bool_field(body, "refresh", False), bool_field(body, "walk", True)
     if body.get("domain") is not None:
         origins = [_origin(ctx, body["domain"])]
     else:
