@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -743,6 +743,7 @@ class Auth(Model):
 
 
 BotClass = Literal["search", "ai-search", "ai-training", "social", "seo-tool", "other"]
+BOT_CLASSES: tuple[str, ...] = get_args(BotClass)
 
 
 class Bot(Model):

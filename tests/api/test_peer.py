@@ -78,17 +78,17 @@ def test_the_endpoint_checks_token_method_key_and_record_in_that_order(node, tok
 
 
 async def test_the_client_fetches_a_page_from_its_owner(node) -> None:
-    client = PeerClient(PeerRescue(enabled=True, token=TOKEN, timeout_ms=2000), 1024 * 1024)
+    client = PeerClient(PeerRescue(enabled=True, token=TOKEN, timeout_ms=5000), 1024 * 1024)
     try:
         got = await client.fetch("node-a", node.url, KEY)
         assert not isinstance(got, str), got
         assert got.owner == "node-a" and got.meta.status_code == 200 and got.meta.cache_key == KEY
         assert gzip.decompress(got.body) == HTML and got.meta.headers["etag"] == ETAG
         assert await client.fetch("node-a", node.url, "https://peer.example/none|desktop") == "peer responded 404"
-        wrong = PeerClient(PeerRescue(enabled=True, token="nope"), 1024)
+        wrong = PeerClient(PeerRescue(enabled=True, token="nope", timeout_ms=5000), 1024)  # answers, not speed
         assert await wrong.fetch("node-a", node.url, KEY) == "peer responded 403"
         await wrong.aclose()
-        small = PeerClient(PeerRescue(enabled=True, token=TOKEN), 10)
+        small = PeerClient(PeerRescue(enabled=True, token=TOKEN, timeout_ms=5000), 10)
         assert await small.fetch("node-a", node.url, KEY) == "peer page is over the size cap"
         await small.aclose()
     finally:
