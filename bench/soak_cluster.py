@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests import netns  # noqa: E402
 from tests.actors import test_netns_cluster as T  # noqa: E402
 
-KINDS = (("keeper", None), ("store", None), ("leasetable", None), ("ingress", 0))
+KINDS = (("keeper", None), ("store", None), ("leases", None), ("ingress", 0))
 
 
 def rss(c: T.Cluster) -> dict[str, list[tuple[int, str]]]:
