@@ -11,6 +11,7 @@ import types
 from typing import Any
 
 import ray
+from ray.exceptions import RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from prerender_ray import logs, metrics
@@ -92,9 +93,18 @@ async def follow_overrides(store: Any, apply: Any, log: Any) -> None:
         await read_overrides(store, apply, log)
 
 
+class ActorNotPlaced(ValueError, RayError):
+    """No actor of that name: not placed yet, killed and not placed again, or its node is gone. A
+    ValueError, as ``ray.get_actor`` raises, and a RayError, so a route that needed it answers 503
+    with Retry-After (``api/app.py``), never 500."""
+
+
 def lookup(kind: str, node: str, index: int | None = None) -> Any:
     """A named actor's handle: a blocking GCS round trip, so never on an event loop (``Handles``)."""
-    return ray.get_actor(actor_name(kind, node, index), namespace=NAMESPACE)
+    try:
+        return ray.get_actor(actor_name(kind, node, index), namespace=NAMESPACE)
+    except ValueError as e:
+        raise ActorNotPlaced(str(e)) from None
 
 
 async def lookup_async(kind: str, node: str, index: int | None = None) -> Any:

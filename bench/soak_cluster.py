@@ -117,9 +117,14 @@ def main() -> None:
         for kind, good in ok.items():
             bad = [r for r in rec[kind] if not good(r)]
             print(f"{kind}: {len(rec[kind])} requests, {len(bad)} not a success", T.summary(bad, "node", "status"))
-            for r in bad[:50]:
-                print(f"   +{(r['t'] - t0) / 1000:.1f} s {r.get('node')} {r.get('url', r.get('key', ''))} "
-                      f"{r.get('status') or r.get('error') or r}")
+            spans: dict[str, list] = {}  # each kind of failure: when it began and ended, how often, a sample
+            for r in bad:
+                what = f"{r.get('node')} {r.get('error') or r.get('status') or (r.get('ready'), r.get('target'))}"
+                span = spans.setdefault(what, [r["t"], r["t"], 0, r])
+                span[1], span[2] = r["t"], span[2] + 1
+            for what, (first, last, n, sample) in spans.items():
+                print(f"   {what}: {n} from +{(first - t0) / 1000:.1f} s to +{(last - t0) / 1000:.1f} s; e.g. "
+                      f"{ {k: v for k, v in sample.items() if k not in ('t', 'node')} }"[:400])
         t_settle = time.monotonic()
         try:
             T.settle(c, T.HOSTS, T.URLS + acked, timeout=300)

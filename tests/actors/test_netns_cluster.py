@@ -174,12 +174,13 @@ def drv_deploy(address: str, data_dir: str, extra: dict | None = None) -> dict:
 
 
 def drv_kill(kind: str, node: str, index: int | None = None) -> str:
-    """Kill one of a node's actors (the controller places it again): what the soak does."""
+    """Kill one of a node's actors as a crash does (Ray starts it again, within its restarts): what
+    the soak does."""
     import ray
 
     from prerender_ray.actors.common import lookup
 
-    ray.kill(lookup(kind, node, index), no_restart=True)
+    ray.kill(lookup(kind, node, index), no_restart=False)
     return f"{kind}:{node}" + (f":{index}" if index is not None else "")
 
 

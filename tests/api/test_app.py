@@ -6,6 +6,7 @@ import httpx
 import pytest
 from ray.exceptions import ActorUnschedulableError
 
+from prerender_ray.actors.common import ActorNotPlaced, lookup
 from prerender_ray.api.app import create_asgi
 from prerender_ray.api.bot.replica import close_replica
 from prerender_ray.api.context import NodeContext
@@ -24,7 +25,9 @@ async def ctx(tmp_path):
 
 
 @pytest.mark.parametrize("error", [ActorUnschedulableError("node-c was declared dead"),
-                                   DeadlineExceeded("no answer within 30s")], ids=["dead-node", "deadline"])
+                                   DeadlineExceeded("no answer within 30s"),
+                                   ActorNotPlaced("Failed to look up actor with name 'keeper:node-b'")],
+                         ids=["dead-node", "deadline", "not-placed"])
 async def test_an_actor_that_fails_a_route_is_a_503_with_json_and_a_fresh_lookup_next_time(ctx, error) -> None:
     async def keeper_of(url: str):
         raise error
@@ -38,3 +41,18 @@ async def test_an_actor_that_fails_a_route_is_a_503_with_json_and_a_fresh_lookup
     assert r.json() == {"error": "a node this request needs did not answer; retry", "reason": type(error).__name__,
                         "node": "n1"}
     assert forgotten == [1]
+
+
+def test_a_lookup_of_an_actor_that_is_not_placed_is_an_actor_not_placed(monkeypatch) -> None:
+    """A keeper killed by a fault and not placed again yet: the route that needs it answers 503 (the
+    soak found 500s here), and callers that caught ray.get_actor's ValueError still catch it."""
+    import ray
+
+    def missing(name: str, namespace: str | None = None):
+        raise ValueError(f"Failed to look up actor with name '{name}'.")
+
+    monkeypatch.setattr(ray, "get_actor", missing)
+    with pytest.raises(ActorNotPlaced) as raised:
+        lookup("keeper", "node-b")
+    assert isinstance(raised.value, ValueError)
+
