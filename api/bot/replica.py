@@ -13,8 +13,11 @@ the same one.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from typing import Any
+
+import httpx
 
 from prerender_ray import logs, metrics
 from prerender_ray.api.bot.counters import Counters
@@ -32,10 +35,11 @@ from prerender_ray.serving.bots import BotRegistry
 from prerender_ray.serving.classify import RESERVED_PATHS, Ingress
 from prerender_ray.serving.proxies import Proxies
 from prerender_ray.serving.tally import LabelBudget, MissTally, UnroutedTally
-from prerender_ray.serving.verification import Verifier
+from prerender_ray.serving.verification import RangeError, Verifier
 
 log = logs.get("bot")
 BOT_LABELS = 200  # distinct bot names kept as metric labels; the rest count as ~overflow
+RANGE_FETCH_S = 20.0  # one read of a bot operator's range URL, whole
 RESOLVED_MEMO = 16_384  # ingress decisions remembered per state (cleared when full)
 
 
@@ -65,7 +69,8 @@ class Services:
         self.proxies = Proxies(cfg.server.trusted_proxies)
         verify = cfg.bots.verify
         # a test injects a fake resolver here; nothing else does
-        self.verifier = Verifier(verify, resolver=ctx.extras.get("bot-resolver")) if verify.enabled else None
+        self.verifier = (Verifier(verify, resolver=ctx.extras.get("bot-resolver"), fetch=fetch_ranges)
+                         if verify.enabled else None)
         self.ranges_refresh_s = verify.range_refresh / 1000
         self._report: asyncio.Task | None = None
         self._ranges: asyncio.Task | None = None
@@ -93,8 +98,8 @@ class Services:
         await self.peer.aclose()
 
     async def _ranges_loop(self, verifier: Verifier) -> None:
-        """Read the bots' range files now and every ``bots.verify.rangeRefresh`` (off the loop); a
-        file that fails keeps its last good ranges and is logged at each read."""
+        """Read the bots' range files and URLs now and every ``bots.verify.rangeRefresh`` (off the
+        loop); a source that fails keeps its last good ranges and is logged at each read."""
         while True:
             try:
                 for error in await asyncio.to_thread(verifier.ranges.reload):
@@ -114,6 +119,28 @@ class Services:
             except Exception as e:
                 metrics.loop_errors.labels("unrouted-report").inc()
                 log.error("unrouted report failed", error=repr(e))
+
+
+def fetch_ranges(url: str, max_bytes: int) -> bytes:
+    """A bot operator's published IP ranges from the URL the operator configured (``bots.verify.ranges``;
+    never from a request): GET, no redirects, no cookies, no content coding, at most ``max_bytes`` + 1
+    bytes read, under one deadline for the whole read. Blocking: the ranges loop runs it in a thread."""
+    deadline = time.monotonic() + RANGE_FETCH_S
+    try:
+        with httpx.Client(timeout=RANGE_FETCH_S, follow_redirects=False, trust_env=False) as client, \
+                client.stream("GET", url, headers={"accept-encoding": "identity"}) as r:
+            if r.status_code != 200:
+                raise RangeError(f"{url}: answered {r.status_code}")
+            data = bytearray()
+            for chunk in r.iter_raw():
+                data += chunk
+                if len(data) > max_bytes:
+                    break
+                if time.monotonic() > deadline:
+                    raise RangeError(f"{url}: not read within {RANGE_FETCH_S:g} s")
+            return bytes(data)
+    except httpx.HTTPError as e:
+        raise RangeError(f"{url}: {type(e).__name__}: {str(e)[:200]}") from None
 
 
 @dataclass(frozen=True, eq=False)

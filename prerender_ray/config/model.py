@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from typing import Annotated, Any, Literal, get_args
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -826,12 +827,12 @@ class Verify(Model):
         "`crawl-1.googlebot.com`), then confirmed forward; replaces a built-in entry of that name."
     )
     ranges: Annotated[dict[str, list[str]], BeforeValidator(_bot_names)] = Field(
-        {}, description="Bot name -> files of the operator's published IP ranges (JSON "
-        "`{prefixes: [{ipv4Prefix}|{ipv6Prefix}]}` or one CIDR a line; absolute paths); a bot with ranges is "
+        {}, description="Bot name -> the operator's published IP ranges: absolute file paths or the operator's "
+        "http(s) URLs (JSON `{prefixes: [{ipv4Prefix}|{ipv6Prefix}]}` or one CIDR a line); a bot with ranges is "
         "checked by them."
     )
     range_refresh: Annotated[int, BeforeValidator(_duration), Field(ge=SECOND)] = Field(
-        HOUR, description="How often the range files are read again (a bad read keeps the previous ranges)."
+        HOUR, description="How often the range files and URLs are read again (a bad read keeps the previous ranges)."
     )
     max_range_bytes: int = Field(4 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024, description="Largest range file read.")
     max_prefixes: int = Field(50_000, ge=1, le=1_000_000, description="Prefixes kept per range file.")
@@ -845,9 +846,14 @@ class Verify(Model):
     def _files(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
         if sum(len(files) for files in v.values()) > MAX_RANGE_FILES:
             raise ValueError(f"at most {MAX_RANGE_FILES} range files")
-        if any(not f.strip().startswith("/") for files in v.values() for f in files):
-            # every ingress replica reads them, in processes whose working directory is Ray's
-            raise ValueError("a range file is an absolute path")
+        for f in (f.strip() for files in v.values() for f in files):
+            if f.startswith(("https://", "http://")):
+                parts = urlsplit(f)
+                if not parts.hostname or parts.username or parts.password or len(f) > 2048:
+                    raise ValueError(f"a range URL is http(s)://host/path, without credentials: {f[:120]!r}")
+            elif not f.startswith("/"):
+                # every ingress replica reads them, in processes whose working directory is Ray's
+                raise ValueError("a range source is an absolute path or an http(s) URL")
         return v
 
 

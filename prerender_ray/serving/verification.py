@@ -184,26 +184,42 @@ def parse_ranges(data: bytes, *, max_prefixes: int, source: str = "ranges") -> l
     return out
 
 
-def read_range_file(path: str, *, max_bytes: int, max_prefixes: int) -> list[Network]:
-    """Blocking: run it off the event loop."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(max_bytes + 1)
-    except OSError as e:
-        raise RangeError(f"{path}: cannot read ({e.strerror or e})") from None
+# A source that is a URL is fetched by a callable the caller gives (the core makes no HTTP request):
+# (url, max_bytes) -> the body, at most max_bytes + 1 bytes of it; RangeError when it cannot.
+Fetch = Callable[[str, int], bytes]
+
+
+def is_url(source: str) -> bool:
+    return source.startswith(("https://", "http://"))
+
+
+def read_range_file(path: str, *, max_bytes: int, max_prefixes: int, fetch: Fetch | None = None) -> list[Network]:
+    """Blocking: run it off the event loop. ``path`` is a file, or a URL read through ``fetch``."""
+    if is_url(path):
+        if fetch is None:
+            raise RangeError(f"{path}: no fetcher for range URLs here")
+        data = fetch(path, max_bytes)
+    else:
+        try:
+            with open(path, "rb") as f:
+                data = f.read(max_bytes + 1)
+        except OSError as e:
+            raise RangeError(f"{path}: cannot read ({e.strerror or e})") from None
     if len(data) > max_bytes:
         raise RangeError(f"{path}: larger than maxRangeBytes ({max_bytes})")
     return parse_ranges(data, max_prefixes=max_prefixes, source=path)
 
 
 class RangeStore:
-    """Each bot's published ranges from its files. ``reload`` reads every file (blocking) and swaps in
-    the new sets at once; a file that fails keeps its previous networks (none at first)."""
+    """Each bot's published ranges from its files and URLs. ``reload`` reads every source (blocking)
+    and swaps in the new sets at once; a source that fails keeps its previous networks (none at first)."""
 
-    def __init__(self, files: Mapping[str, list[str]], *, max_bytes: int, max_prefixes: int):
+    def __init__(self, files: Mapping[str, list[str]], *, max_bytes: int, max_prefixes: int,
+                 fetch: Fetch | None = None):
         self.files = {name: list(paths) for name, paths in files.items()}
         self.max_bytes = max_bytes
         self.max_prefixes = max_prefixes
+        self.fetch = fetch
         self._loaded: dict[str, list[Network]] = {}  # path -> its last good networks
         self.sets: dict[str, RangeSet] = {}  # bot name -> the union of its files' (loaded ones only)
 
@@ -212,7 +228,8 @@ class RangeStore:
         errors = []
         for path in {p for paths in self.files.values() for p in paths}:
             try:
-                self._loaded[path] = read_range_file(path, max_bytes=self.max_bytes, max_prefixes=self.max_prefixes)
+                self._loaded[path] = read_range_file(path, max_bytes=self.max_bytes, max_prefixes=self.max_prefixes,
+                                                     fetch=self.fetch)
             except RangeError as e:
                 errors.append(str(e))
         self.sets = {name: RangeSet(n for p in paths if p in self._loaded for n in self._loaded[p])
@@ -233,12 +250,12 @@ class Verifier:
     """The checks of one replica: its methods (from the config), its cache and its background checks."""
 
     def __init__(self, cfg: Verify, *, resolver: Resolver | None = None, ranges: RangeStore | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, fetch: Fetch | None = None):
         dns: dict[str, tuple[str, ...]] = dict(BUILTIN_DNS) if cfg.builtin_dns else {}
         dns.update({name: tuple(domains) for name, domains in cfg.dns.items()})
         self.dns = {name.lower(): domains for name, domains in dns.items() if domains}
         self.ranges = ranges if ranges is not None else RangeStore(
-            cfg.ranges, max_bytes=cfg.max_range_bytes, max_prefixes=cfg.max_prefixes)
+            cfg.ranges, max_bytes=cfg.max_range_bytes, max_prefixes=cfg.max_prefixes, fetch=fetch)
         self._ranged = {name.lower(): name for name in self.ranges.files}
         self.resolver: Resolver = resolver if resolver is not None else SystemResolver()
         self.clock = clock
