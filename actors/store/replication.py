@@ -260,11 +260,11 @@ class Replication(Rebalancing):
             lambda key: placement.holds(holder, name, key))
         scanned = 0
         for ikey, _ in db.items(VIDX, start):
+            if scanned >= SCAN_BUDGET and nxt is not None:  # the next call goes on after ``nxt``
+                return {"records": out, "next": nxt}
+            scanned += 1
             key = ikey[len(VIDX) + _HLC.size:]
             nxt = ikey
-            scanned += 1
-            if scanned > SCAN_BUDGET:
-                return {"records": out, "next": nxt}
             if not keep(key):
                 continue
             record = db.get(key)

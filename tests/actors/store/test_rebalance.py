@@ -151,3 +151,25 @@ async def test_a_store_that_died_mid_walk_resumes_it_when_it_starts_again(tmp_pa
         nodes[name] = net[name] = Node(name, tmp_path, [n for n in four if n != name], net, replicas=R)
     await _until(lambda: not placed(nodes, four), "the resumed walks to finish", timeout=20)
     stop(nodes)
+
+
+async def test_a_filtered_since_pages_through_every_record_of_a_holder(tmp_path, monkeypatch) -> None:
+    """A scan bounded per call (``SCAN_BUDGET``) goes on where it stopped: no record is skipped."""
+    from prerender_ray.actors.store import replication
+
+    monkeypatch.setattr(replication, "SCAN_BUDGET", 3)
+    four = ["node-a", "node-b", "node-c", "node-d"]
+    net: dict[str, Node] = {}
+    a = Node("node-a", tmp_path, [], net, replicas=R)
+    write(a, URLS)
+    got: set[bytes] = set()
+    after = None
+    while True:
+        page = await a.since("registry", 0, after, holder="node-d", members=four)
+        got.update(key for _, key, _ in page["records"])
+        after = page["next"]
+        if after is None:
+            break
+    want = {TARGET + u.encode() for u in URLS if "node-d" in holders(four, u)}
+    assert want and got == want
+    a.crash()

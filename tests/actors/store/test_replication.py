@@ -9,8 +9,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from actors.store.replication import Replication
 from prerender_ray import logs
+from prerender_ray.actors.store.replication import Replication
 from prerender_ray.storage.keys import SHIPPED, TARGET
 from prerender_ray.storage.replication import Clock, payload_of
 from prerender_ray.storage.rocks import PAGES, REGISTRY, Store, store_path
