@@ -31,6 +31,7 @@ from prerender_ray.storage.placement import Placement
 from prerender_ray.storage.replication import hlc_bytes
 
 WALK_CHUNK = 500  # records read per step of a walk
+WALK_BYTES = 4 * 1024 * 1024  # and at most this many bytes of them (pages: ~30 KB each)
 PUSH_DEADLINE_S = 15.0
 PUSH_TRIES = 3
 RETRY_AFTER_S = 30.0  # a walk that left records behind (a holder did not answer) runs again after this
@@ -110,15 +111,18 @@ class Rebalancing:
         cursor = start
         while True:
             chunk: list[tuple[bytes, bytes]] = []
+            size, full = 0, False
             for key, record in db.items(prefix, cursor):
                 chunk.append((key, record))
-                if len(chunk) >= WALK_CHUNK:
+                size += len(key) + len(record)
+                if len(chunk) >= WALK_CHUNK or size >= WALK_BYTES:
+                    full = True
                     break
             if not chunk:
                 return
             cursor = chunk[-1][0] + b"\x00"
             await self._move(name, chunk, before, after, report)
-            if len(chunk) < WALK_CHUNK:
+            if not full:
                 return
             await asyncio.sleep(0)
 
