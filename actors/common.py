@@ -111,11 +111,41 @@ async def lookup_async(kind: str, node: str, index: int | None = None) -> Any:
     return await asyncio.to_thread(lookup, kind, node, index)
 
 
-async def member_names(timeout: float = 10.0) -> list[str]:
-    """The controller's current node list (a restarted actor missed the membership pushes)."""
+async def member_nodes(timeout: float = 10.0) -> list[dict]:
+    """The controller's current nodes (``NodeInfo`` dicts): the truth a membership push carries."""
     controller = await asyncio.to_thread(ray.get_actor, CONTROLLER, namespace=NAMESPACE)
     nodes: list[dict] = await call(controller.nodes_info.remote(), timeout)
-    return [n["name"] for n in nodes]
+    return nodes
+
+
+async def member_names(timeout: float = 10.0) -> list[str]:
+    """The controller's current node list (a restarted actor missed the membership pushes)."""
+    return [n["name"] for n in await member_nodes(timeout)]
+
+
+MEMBERSHIP_CHECK_S = 5.0
+
+
+async def follow_membership(held: Any, apply: Any, log: Any, every: float = MEMBERSHIP_CHECK_S) -> None:
+    """Every ``every`` seconds, compare the membership an actor holds (``held()``: names) with the
+    controller's and apply the controller's (``apply(nodes)``) when they differ. Pushes are not
+    ordered: one delivered late to an actor that was starting can replace a newer membership, and
+    no later push need come (seen in CI: a restarted node kept a two-node view for minutes)."""
+    while True:
+        await asyncio.sleep(every)
+        try:
+            nodes = await member_nodes()
+        except Exception:
+            continue  # the controller is away: the pushes and the next check will do
+        try:
+            names = sorted({n["name"] for n in nodes})
+            if names and names != sorted(set(held())):
+                log.warning("membership differs from the controller's; applying it", held=sorted(set(held())),
+                            controller=names)
+                await apply(nodes)
+        except Exception as e:
+            metrics.loop_errors.labels("membership-check").inc()
+            log.error("membership check failed", error=repr(e))
 
 
 HANDLE_TTL_S = 10.0

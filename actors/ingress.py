@@ -20,7 +20,7 @@ import ray
 import uvicorn
 
 from prerender_ray import logs, metrics
-from prerender_ray.actors.common import follow_overrides, read_overrides, untraced
+from prerender_ray.actors.common import follow_membership, follow_overrides, read_overrides, untraced
 from prerender_ray.api.app import create_asgi
 from prerender_ray.api.bot.replica import apply_overrides, close_replica, open_replica
 from prerender_ray.api.context import NodeContext
@@ -147,6 +147,8 @@ class IngressReplica:
         await read_overrides(self.ctx.store, self.apply_overrides, self.log)
         self._syncer = asyncio.get_running_loop().create_task(
             follow_overrides(self.ctx.store, self.apply_overrides, self.log))
+        self._members = asyncio.get_running_loop().create_task(
+            follow_membership(lambda: self.ctx.ownership.names, self.set_membership, self.log))
         assert self.server is not None
         await self.server.serve(sockets=[sock])
 
@@ -159,8 +161,9 @@ class IngressReplica:
 
     async def stop(self) -> None:
         """Stop accepting, finish in-flight requests (bounded by uvicorn's graceful timeout)."""
-        if getattr(self, "_syncer", None) is not None:
-            self._syncer.cancel()  # type: ignore[union-attr]
+        for task in (getattr(self, "_syncer", None), getattr(self, "_members", None)):
+            if task is not None:
+                task.cancel()
         if self.server is not None and self.task is not None:
             self.server.should_exit = True
             try:

@@ -140,7 +140,7 @@ config_warnings = Gauge("prerender_config_warnings", "Risky-config findings.", m
 # Every background loop's name: primed at 0, so a dashboard's error panel has a series before the
 # first error (tests/test_metrics.py checks that each loop_errors label used in the code is listed).
 LOOPS = ("bot-metrics", "bot-ranges", "controller", "keeper-load", "keeper-overrides", "keeper-publish", "keeper-status",
-         "keeper-verify", "lease-sweep", "page-catch-up", "rebalance", "rebuild", "reconcile", "robots-discovery", "session-revocations",
+         "keeper-verify", "lease-sweep", "membership-check", "page-catch-up", "rebalance", "rebuild", "reconcile", "robots-discovery", "session-revocations",
          "sitemap-daily", "sitemap-resume", "unrouted-report")
 
 

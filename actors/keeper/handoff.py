@@ -51,6 +51,24 @@ class Handoff:
         except Exception as e:
             self.log.info("membership from arguments (controller not reachable)", error=type(e).__name__)
 
+    async def check_membership(self) -> dict | None:
+        """The controller's node list applied as a push is (None: the controller did not answer).
+        Pushes are not ordered: one delivered late to an actor that was starting replaced a newer
+        membership, and nothing corrected it (seen in CI: a restarted node kept a two-node view
+        for minutes while the controller had three, and held the third node's rows). The
+        controller is the truth; a keeper that checks it every few seconds converges."""
+        if self.members is None:
+            return None
+        try:
+            names = await self.members()
+        except Exception:
+            return None
+        if not names or tuple(sorted(set(names))) == self.ownership.names:
+            return {"changed": False}
+        self.log.warning("membership differs from the controller's; applying it", held=list(self.ownership.names),
+                         controller=sorted(set(names)))
+        return await self.set_membership(names)
+
     async def set_membership(self, names: list[str]) -> dict:
         before = Ownership(self.ownership.names)
         changed = self.ownership.update(names)

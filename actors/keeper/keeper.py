@@ -34,6 +34,7 @@ from prerender_ray.storage.rocks import Store
 from prerender_ray.timeutil import now_ms
 
 STORE_SYNC_S = 300.0
+MEMBERSHIP_CHECK_S = 5.0  # how often the keeper compares its membership with the controller's
 FREEZE_EVERY_S = 300.0
 LEASE_TABLE_TRIES = 30
 
@@ -84,7 +85,8 @@ class Keeper:
         """The load and the loops, on the running event loop."""
         loop = asyncio.get_running_loop()
         self.tasks = [loop.create_task(self.load()), loop.create_task(self._publisher()),
-                      loop.create_task(self._status_syncer()), loop.create_task(self._verifier())]
+                      loop.create_task(self._status_syncer()), loop.create_task(self._verifier()),
+                      loop.create_task(self._membership_checker())]
         if self.cfg.render.reconcile.enabled:
             self.tasks.append(loop.create_task(self.repair.timer()))
         if self.status.mqtt is not None:
@@ -186,6 +188,16 @@ class Keeper:
             except Exception as e:
                 metrics.loop_errors.labels("keeper-status").inc()
                 self.log.error("status sync failed", error=repr(e))
+
+    async def _membership_checker(self) -> None:
+        """Every few seconds, the controller's membership applied as a push is (``Handoff.check_membership``)."""
+        while True:
+            await asyncio.sleep(MEMBERSHIP_CHECK_S)
+            try:
+                await self.handoff.check_membership()
+            except Exception as e:
+                metrics.loop_errors.labels("membership-check").inc()
+                self.log.error("membership check failed", error=repr(e))
 
     async def _verifier(self) -> None:
         interval = self.cfg.queue.keeper.verify_interval / 1000

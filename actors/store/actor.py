@@ -7,6 +7,7 @@ indexes (targets by sitemap) are maintained here, on every write, local or repli
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Sequence
@@ -15,7 +16,7 @@ from typing import Any
 import ray
 
 from prerender_ray import logs, metrics, rpc
-from prerender_ray.actors.common import bulk_gc, call, untraced
+from prerender_ray.actors.common import bulk_gc, call, follow_membership, untraced
 from prerender_ray.actors.store.replication import Replication
 from prerender_ray.config.model import Config
 from prerender_ray.identity.cachekeys import KeyFormat
@@ -54,6 +55,9 @@ class NodeStore(Replication):
         self.log.info("store open", pages=str(self.pages.path), registry=str(self.registry.path))
         self.load_live_counts()
         self.init_replication(list(peers), cfg.cluster.replicas, KeyFormat.from_config(cfg).url_of)
+        self._tasks.append(asyncio.get_running_loop().create_task(follow_membership(
+            lambda: [self.node, *self.peers], lambda nodes: self.set_membership([n["name"] for n in nodes]),
+            self.log)))
 
     # ------------------------------------------------------------------------------------ writes
 

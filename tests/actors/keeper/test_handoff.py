@@ -113,3 +113,33 @@ async def test_a_rebuild_whose_scan_predates_a_join_hands_the_joiners_rows_on(ke
     for k in keys:
         owner = {"node-a": a, "node-b": b, "node-c": c}[owners.owner(a.conf.rules.url_of(k))]
         assert owner.rows.row(k) is not None
+
+
+async def test_a_keeper_that_applied_a_stale_push_comes_back_to_the_controllers_membership(keepers) -> None:
+    """Pushes are not ordered: node-b, still starting, applies a late {a, b} after the controller
+    moved to {a, b, c}, and adopts rows of node-c's slice under it. Its check against the
+    controller applies {a, b, c}: those rows leave its ranking and reach node-c."""
+    three = ("node-a", "node-b", "node-c")
+    a = keepers("node-a")
+    await a.load()
+    urls = await put_due(a, *(f"/p{i}" for i in range(60)))
+    b, c = keepers("node-b", members=three), keepers("node-c", members=three)
+    await b.load()
+    await c.load()
+    await b.handoff.set_membership(["node-a", "node-b"])  # the late push
+    await a.handoff.set_membership(["node-a", "node-b"])
+    await asyncio.wait_for(a.handoff.task, 10)
+    owners = Ownership(three)
+    keys = [key for u in urls for key in a.conf.rules.keys_of(u)]
+    strays = [k for k in keys if b.rows.row(k) is not None and owners.owner(a.conf.rules.url_of(k)) != "node-b"]
+    assert strays  # the case under test occurs
+
+    async def controller() -> list[str]:
+        return list(three)
+
+    b.handoff.members = controller
+    assert (await b.handoff.check_membership())["changed"] is True
+    await asyncio.wait_for(b.handoff.task, 10)
+    assert [k for k in strays if b.rows.row(k) is not None] == []
+    assert [k for k in strays if c.rows.row(k) is None] == []
+    assert await b.handoff.check_membership() == {"changed": False}
