@@ -46,6 +46,15 @@ def placed(nodes: dict[str, Node], names: list[str]) -> list[str]:
     return [u for u in URLS if any(v != holders(names, u) for v in where(nodes, u).values())]
 
 
+async def seeded(tmp_path, names: list[str], net: dict[str, Node]) -> dict[str, Node]:
+    """``names`` started, every URL written by its owner (as the keeper does), and placed."""
+    nodes = start(tmp_path, names, net)
+    for u in URLS:
+        write(nodes[Ownership(names).owner(u)], [u])
+    await _until(lambda: not placed(nodes, names), f"the {len(names)}-node placement")
+    return nodes
+
+
 def stop(nodes) -> None:
     for node in list(nodes.values()):
         node.crash()
@@ -68,10 +77,7 @@ async def test_writes_ship_to_their_urls_holders_only_and_cluster_rows_everywher
 async def test_a_joining_node_pulls_its_share_and_the_others_drop_what_it_took_over(tmp_path) -> None:
     three, four = ["node-a", "node-b", "node-c"], ["node-a", "node-b", "node-c", "node-d"]
     net: dict[str, Node] = {}
-    nodes = start(tmp_path, three, net)
-    for u in URLS:
-        write(nodes[Ownership(three).owner(u)], [u])
-    await _until(lambda: not placed(nodes, three), "the three-node placement")
+    nodes = await seeded(tmp_path, three, net)
     d = Node("node-d", tmp_path, three, net, replicas=R)
     nodes["node-d"] = net["node-d"] = d
     await d.synced.wait()
@@ -93,10 +99,7 @@ async def test_a_lost_node_s_urls_get_their_new_holder_from_a_survivor(tmp_path)
     four = ["node-a", "node-b", "node-c", "node-d"]
     three = ["node-a", "node-b", "node-d"]
     net: dict[str, Node] = {}
-    nodes = start(tmp_path, four, net)
-    for u in URLS:
-        write(nodes[Ownership(four).owner(u)], [u])
-    await _until(lambda: not placed(nodes, four), "the four-node placement")
+    nodes = await seeded(tmp_path, four, net)
     nodes.pop("node-c").crash()
     lost = [u for u in URLS if "node-c" in holders(four, u)]
     assert lost
@@ -112,10 +115,7 @@ async def test_a_record_is_dropped_only_after_every_holder_has_it(tmp_path, monk
     monkeypatch.setattr(rebalance, "PUSH_TRIES", 1)
     three, four = ["node-a", "node-b", "node-c"], ["node-a", "node-b", "node-c", "node-d"]
     net: dict[str, Node] = {}
-    nodes = start(tmp_path, three, net)
-    for u in URLS:
-        write(nodes[Ownership(three).owner(u)], [u])
-    await _until(lambda: not placed(nodes, three), "the three-node placement")
+    nodes = await seeded(tmp_path, three, net)
     d = Node("node-d", tmp_path, three, net, replicas=R)
     await d.synced.wait()
     # node-d is up, but not in the network: unreachable from the others
@@ -135,10 +135,7 @@ async def test_a_store_that_died_mid_walk_resumes_it_when_it_starts_again(tmp_pa
     monkeypatch.setattr(rebalance, "PUSH_TRIES", 1)
     three, four = ["node-a", "node-b", "node-c"], ["node-a", "node-b", "node-c", "node-d"]
     net: dict[str, Node] = {}
-    nodes = start(tmp_path, three, net)
-    for u in URLS:
-        write(nodes[Ownership(three).owner(u)], [u])
-    await _until(lambda: not placed(nodes, three), "the three-node placement")
+    nodes = await seeded(tmp_path, three, net)
     d = Node("node-d", tmp_path, three, net, replicas=R)
     await d.synced.wait()  # node-d is up but unreachable: every walk stays owed
     for name in three:
