@@ -187,7 +187,9 @@ class Controller:
         }
 
     async def nodes_info(self) -> list[dict]:
-        return [p.info.as_dict() for p in self.nodes.values() if p.alive]
+        """The membership as a push carries it (``NodeInfo`` fields): what an actor that checks or
+        missed the pushes applies."""
+        return [dataclasses.asdict(p.info) for p in self.nodes.values() if p.alive]
 
     # -------------------------------------------------------------------------------------- stopping
 

@@ -20,7 +20,13 @@ import ray
 import uvicorn
 
 from prerender_ray import logs, metrics
-from prerender_ray.actors.common import follow_membership, follow_overrides, read_overrides, untraced
+from prerender_ray.actors.common import (
+    follow_membership,
+    follow_overrides,
+    member_nodes,
+    read_overrides,
+    untraced,
+)
 from prerender_ray.api.app import create_asgi
 from prerender_ray.api.bot.replica import apply_overrides, close_replica, open_replica
 from prerender_ray.api.context import NodeContext
@@ -32,6 +38,7 @@ from prerender_ray.processes import pid_alive
 from prerender_ray.storage.rocks import node_dir
 
 PROBE_ATTEMPTS = 10
+MEMBERSHIP_READ_S = 3.0  # at start, before serving: the controller answers from memory
 
 
 def bind_socket(host: str, port: int, *, probe: bool) -> socket.socket:
@@ -145,12 +152,24 @@ class IngressReplica:
     async def _serve(self, sock: socket.socket) -> None:
         # The live overrides first (bounded): a restarted replica never serves with the file's routes.
         await read_overrides(self.ctx.store, self.apply_overrides, self.log)
+        await self._read_membership()
         self._syncer = asyncio.get_running_loop().create_task(
             follow_overrides(self.ctx.store, self.apply_overrides, self.log))
         self._members = asyncio.get_running_loop().create_task(
             follow_membership(lambda: self.ctx.ownership.names, self.set_membership, self.log))
         assert self.server is not None
         await self.server.serve(sockets=[sock])
+
+    async def _read_membership(self) -> None:
+        """The controller's membership before the first request (bounded): a restarted replica knows
+        only its own node, so without it every URL owned elsewhere went to the origin until the next
+        check (seen: 9 s of origin answers after a kill)."""
+        try:
+            nodes = await member_nodes(MEMBERSHIP_READ_S)
+            if nodes:
+                await self.set_membership(nodes)
+        except Exception as e:  # never in the way of serving
+            self.log.warning("membership not read at start; the pushes and checks will bring it", error=repr(e))
 
     async def set_membership(self, nodes: list[dict]) -> None:
         infos = {n.name: n for n in (NodeInfo(**d) for d in nodes)}
