@@ -26,6 +26,8 @@ WATCH_INTERVAL_S = 2.0
 STATUS_DEADLINE_S = 3.0
 START_DEADLINE_S = 90.0
 STARTUP_GRACE_S = 60.0  # actors placed this recently may not answer yet (imports, catch-up, load)
+DEAD_CHECK_PASSES = 5  # every ~10 s: is an actor gone for good?
+REPLACE_AFTER_S = 30.0  # a node placed (or placed again) this recently is left alone: no crash loop
 
 
 @dataclass
@@ -39,6 +41,9 @@ class Placement:
     error: str | None = None
     alive: bool = True
     placed_at: float = field(default_factory=time.time)
+
+    def handles(self) -> list[Any]:
+        return [*self.ingress, self.sitemapper, self.keeper, self.leases, self.store]
 
 
 @ray.remote
@@ -66,6 +71,8 @@ class Controller:
             passes += 1
             try:
                 await self.sync_nodes()
+                if passes % DEAD_CHECK_PASSES == 0:
+                    await self._replace_dead()
                 if passes % 10 == 0:  # restarted actors learn the membership within ~20 s
                     await self._push_membership()
             except Exception as e:  # the loop must survive anything one pass throws
@@ -126,6 +133,40 @@ class Controller:
         ]
         self.log.info("node placed", node=info.name, url=info.url, replicas=len(p.ingress))
         return p
+
+    async def _replace_dead(self) -> None:
+        """Ray restarts a crashed actor, but not one killed for good (``ray kill``, restarts used up):
+        its name is free and its node's other actors hold a dead handle. The node is placed again
+        whole, as a restart of the node is (its data dir kept)."""
+        for name, p in list(self.nodes.items()):
+            if not p.alive or time.time() - p.placed_at < REPLACE_AFTER_S:
+                continue
+            dead = [h for h in p.handles() if await self._is_dead(h)]
+            if not dead:
+                continue
+            async with self._lock:
+                if self.stopping or self.nodes.get(name) is not p or not p.alive:
+                    continue
+                self.log.error("an actor of the node is gone for good; placing the node again", node=name,
+                               dead=[h._ray_actor_id.hex() for h in dead])
+                await self._stop_node(p)
+                members = sorted(n for n, q in self.nodes.items() if q.alive)
+                self.nodes[name] = self._place(p.info, members)
+
+    async def _is_dead(self, handle: Any) -> bool:
+        """Dead for good, as the GCS says (a restarting actor is not)."""
+        try:
+            await asyncio.wait_for(handle.__ray_ready__.remote(), STATUS_DEADLINE_S)
+            return False
+        except ray.exceptions.ActorDiedError:
+            pass
+        except Exception:
+            return False  # slow, restarting, unreachable: not known to be dead
+        try:
+            info = await asyncio.to_thread(ray._private.state.actors, actor_id=handle._ray_actor_id.hex())
+        except Exception:
+            return False
+        return bool(info) and info.get("State") == "DEAD"
 
     async def _push_membership(self) -> None:
         nodes = [dataclasses.asdict(p.info) for p in self.nodes.values() if p.alive]
@@ -200,21 +241,24 @@ class Controller:
             self._task.cancel()
             stopped = []
             for p in self.nodes.values():
-                await asyncio.gather(*(self._quiet(r.stop.remote(), 15) for r in p.ingress))
-                for handle in (p.sitemapper, p.keeper, p.leases, p.store):
-                    await self._quiet(handle.close.remote(), 10)
-                handles = [*p.ingress, p.sitemapper, p.keeper, p.leases, p.store]
-                for handle in handles:
-                    try:
-                        ray.kill(handle, no_restart=True)
-                    except Exception:
-                        pass
-                # ray.kill returns at once: wait until the processes are gone (their port and their
-                # RocksDB locks free), so a deployment started right after finds them free.
-                await asyncio.gather(*(self._gone(h) for h in handles))
+                await self._stop_node(p)
                 stopped.append(p.info.name)
             self.nodes.clear()
             return {"stopped": stopped}
+
+    async def _stop_node(self, p: Placement) -> None:
+        await asyncio.gather(*(self._quiet(r.stop.remote(), 15) for r in p.ingress))
+        for handle in (p.sitemapper, p.keeper, p.leases, p.store):
+            await self._quiet(handle.close.remote(), 10)
+        handles = p.handles()
+        for handle in handles:
+            try:
+                ray.kill(handle, no_restart=True)
+            except Exception:
+                pass
+        # ray.kill returns at once: wait until the processes are gone (their port and their RocksDB
+        # locks free), so actors placed right after find them free.
+        await asyncio.gather(*(self._gone(h) for h in handles))
 
     async def _gone(self, handle: Any, timeout: float = 20.0) -> None:
         deadline = time.monotonic() + timeout

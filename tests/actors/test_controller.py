@@ -15,6 +15,20 @@ def _pid(handle) -> int | None:
         return None
 
 
+def _find(kind: str, node: str):
+    try:
+        return lookup(kind, node)
+    except ValueError:
+        return None
+
+
+def _ready(url: str) -> bool:
+    try:
+        return get(f"{url}/readyz").status_code == 200
+    except Exception:
+        return False
+
+
 def test_every_node_gets_its_actors_and_answers_ready(ray_cluster, tmp_path) -> None:
     d = deploy_on(ray_cluster, tmp_path / "data", replicas=2)
     try:
@@ -43,5 +57,13 @@ def test_a_killed_keeper_is_restarted_and_the_node_becomes_ready_again(ray_clust
         wait_for(lambda: _pid(keeper) not in (None, pid), timeout=60, what="a new keeper process")
         wait_for(lambda: get(f"{d.url}/readyz").status_code == 200, timeout=60, what="the keeper to come back")
         assert get(f"{d.url}/healthz").status_code == 200
+
+        # Killed for good (an operator's `ray kill`): Ray does not start it again, the controller
+        # places the node again whole (its other actors held the dead handle).
+        pid = _pid(lookup("keeper", "node-a"))
+        ray.kill(lookup("keeper", "node-a"), no_restart=True)
+        wait_for(lambda: _pid(_find("keeper", "node-a")) not in (None, pid), timeout=90, interval=1,
+                 what="a keeper placed again by the controller")
+        wait_for(lambda: _ready(d.url), timeout=60, what="the node to be ready again")
     finally:
         d.stop()
