@@ -278,10 +278,11 @@ def place_controller(config: dict, data_dir: Path, epoch: str) -> Any:
 
     if find_controller() is not None:
         raise DeployError("prerender-ray is already running on this cluster; run `prerender-ray down` first")
+    from prerender_ray.actors.common import TASK_EVENTS
     from prerender_ray.logs import LOG_DIR_ENV
 
     return Controller.options(name=CONTROLLER, namespace=NAMESPACE, lifetime="detached", num_cpus=0,
-                              max_restarts=-1, max_concurrency=100,
+                              max_restarts=-1, max_concurrency=100, enable_task_events=TASK_EVENTS,
                               runtime_env={"env_vars": {LOG_DIR_ENV: str(Path(data_dir) / "logs")}},
                               ).remote(config, str(data_dir), epoch)
 
