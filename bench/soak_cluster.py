@@ -86,7 +86,7 @@ def main() -> None:
         c.drv("drv_deploy", f"{c.net.addr['a']}:6379", str(c.data_dir),
               {"cluster": {"replicas": args.replicas}}, timeout=200)
         c.ledger += c.drv("drv_seed", c.bases(*T.HOSTS), timeout=120)
-        T.settle(c, T.HOSTS, T.URLS, timeout=120)
+        T.settle(c, T.HOSTS, T.URLS, timeout=120, r=args.replicas)
         before = rss(c)
         all_nodes = c.bases(*T.HOSTS)
         c.drv("probe_start", "soak", {"bots": all_nodes, "claims": all_nodes, "writes": all_nodes,
@@ -127,7 +127,7 @@ def main() -> None:
                       f"{ {k: v for k, v in sample.items() if k not in ('t', 'node')} }"[:400])
         t_settle = time.monotonic()
         try:
-            T.settle(c, T.HOSTS, T.URLS + acked, timeout=300)
+            T.settle(c, T.HOSTS, T.URLS + acked, timeout=300, r=args.replicas)
             settled = f"settled in {time.monotonic() - t_settle:.1f} s"
         except AssertionError as e:
             settled = f"NOT SETTLED: {e}"
