@@ -147,6 +147,11 @@ class Controller:
             async with self._lock:
                 if self.stopping or self.nodes.get(name) is not p or not p.alive:
                     continue
+                # A node that died takes its actors with it: that is a departure (sync_nodes), and
+                # actors placed on it would hold its names until Ray failed them.
+                table = await asyncio.to_thread(ray.nodes)
+                if not any(n.get("NodeID") == p.info.ray_node_id and n.get("Alive") for n in table):
+                    continue
                 self.log.error("an actor of the node is gone for good; placing the node again", node=name,
                                dead=[h._ray_actor_id.hex() for h in dead])
                 await self._stop_node(p)
