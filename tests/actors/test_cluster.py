@@ -253,6 +253,7 @@ def test_a_joining_node_takes_its_slice_by_hand_off_with_nothing_rejittered(on_t
              what="the old owners to let go")
     d.refresh()
     assert set(d.urls) == {"node-a", "node-b", "node-c"}
+    wait_for(lambda: _ready(d.urls["node-c"]), timeout=60, what="node-c serving")
     wait_for(lambda: httpx.get(f"{d.urls['node-c']}/render_targets", params={"url": URLS[0]}).status_code == 200,
              timeout=30, what="node-c to hold the replicated targets")
 
@@ -288,6 +289,8 @@ def test_a_node_restarted_with_the_same_name_catches_up_and_takes_its_slice_back
     back = rows_on("node-c", slice_c)
     assert [k for k in slice_c if back[k]["nextRenderTime"] != rebuilt[k]["nextRenderTime"]] == []
     d.refresh()
+    # its rows can come back before its ingress serves (it reads the membership first)
+    wait_for(lambda: _ready(d.urls["node-c"]), timeout=60, what="node-c serving")
     wait_for(lambda: httpx.get(f"{d.urls['node-c']}/render_targets",
                                params={"url": "https://cluster.example/while-away"}).status_code == 200,
              timeout=60, what="node-c to catch up on a write made while it was away")
@@ -301,6 +304,7 @@ def test_two_nodes_restarted_at_once_lose_no_target_and_end_with_one_owner_per_k
     rc.add_node("node-c")
     wait_for(lambda: held_by_owners(THREE), timeout=240, interval=0.5, what="every key held by exactly its owner")
     d.refresh()
+    wait_for(lambda: _ready(d.urls["node-b"]), timeout=60, what="node-b serving")
     missing = [u for u in URLS if httpx.get(f"{d.urls['node-b']}/render_targets", params={"url": u}).status_code != 200]
     assert missing == []
 
