@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 import time
 from dataclasses import dataclass, field
@@ -16,10 +17,23 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 
 
+# Below the kernel's ephemeral range (32768-60999) and above Ray's worker ports (10002-19999): a port
+# picked here and bound seconds later (a node's ingress) cannot meanwhile be handed to an outgoing
+# connection or to a Ray process, as a kernel-assigned free port could (a bench run lost a deploy so).
+PORTS = (20000, 32767)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    rnd = random.SystemRandom()
+    for _ in range(100):
+        port = rnd.randint(*PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {PORTS}")
 
 
 @dataclass
