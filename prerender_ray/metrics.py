@@ -99,7 +99,7 @@ bot_page_age_seconds = Histogram(
 )
 serve_errors = Counter("prerender_serve_errors_total", "Serve-path errors.", ["kind"])
 holder_reads = Counter("prerender_holder_reads_total",
-                       "Pages read from a holder by a node that holds no copy.", ["outcome"])  # page, none, cached, failed
+                       "Pages read from a holder by a node that holds no copy.", ["outcome"])  # page, none, cached, failed, stale
 holder_read_seconds = Histogram("prerender_holder_read_seconds", "One read of a page from a holder.",
                                 buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0))
 discovered = Counter("prerender_discovered_total", "Targets created by bot-miss discovery.")

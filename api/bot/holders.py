@@ -5,8 +5,10 @@ The holders are asked in rank order (the owner first: results are applied there)
 store actor under ``cluster.holderReadTimeoutMs``; the next one on a timeout or an error. A holder's
 answer is final, a page or none: they hold the same records. What was read is kept in a bounded
 cache (bytes, and ``cluster.holderCacheTtlMs``: a new render reaches this node's bots within that),
-so a crawler's repeats cost no call. Only when no holder answered does the caller go on to the miss
-path (render-now, the origin).
+so a crawler's repeats cost no call. When no holder answers in time (a holder just died, the machine
+is loaded), the copy read last is served if the cache still has it, past its TTL: the page's own
+expiry decides whether it is a hit. Only when there is none does the caller go on to the miss path
+(render-now, the origin).
 """
 
 from __future__ import annotations
@@ -45,12 +47,11 @@ class HolderReader:
 
     async def get(self, key: str, url: str, *, cached: bool = True) -> HolderRead:
         """The page of ``key`` from this node's cache or from a holder of ``url``."""
-        if cached:
-            hit = self._cache.get(key)
-            if hit is not None and hit[0] > time.monotonic():
-                self._cache.move_to_end(key)
-                metrics.holder_reads.labels("cached").inc()
-                return HolderRead(hit[1], True)
+        hit = self._cache.get(key)
+        if cached and hit is not None and hit[0] > time.monotonic():
+            self._cache.move_to_end(key)
+            metrics.holder_reads.labels("cached").inc()
+            return HolderRead(hit[1], True)
         for holder in self.ctx.holders_of(url):
             if holder == self.ctx.node.name:
                 continue
@@ -76,6 +77,9 @@ class HolderReader:
             else:
                 self._drop(key)
             return HolderRead(page, True, holder)
+        if hit is not None:  # no holder answered in time: the copy read last (its own freshness rules)
+            metrics.holder_reads.labels("stale").inc()
+            return HolderRead(hit[1], False)
         return HolderRead(None, False)
 
     def _keep(self, key: str, page: StoredPage) -> None:
