@@ -45,6 +45,12 @@ class HolderReader:
     def applies(self, url: str) -> bool:
         return not self.ctx.holds(url)
 
+    def elsewhere(self, url: str) -> bool:
+        """Another node holds ``url`` too: a holder that misses locally asks it (a node that just
+        became a holder has no copy until the rebalance brings it; seen as a 502 in the namespace
+        test right after a node's loss)."""
+        return any(h != self.ctx.node.name for h in self.ctx.holders_of(url))
+
     async def get(self, key: str, url: str, *, cached: bool = True) -> HolderRead:
         """The page of ``key`` from this node's cache or from a holder of ``url``."""
         hit = self._cache.get(key)

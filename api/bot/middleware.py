@@ -80,7 +80,8 @@ async def _cacheable(state: ReplicaState, req: BotRequest, headers: dict[str, st
                             request_headers=headers)
     hit = state.hit
     status, found = hit.look(req, now, skip=policy.skip_cache)
-    if found is None and status == "miss" and not policy.skip_cache and state.miss.holders.applies(req.url):
+    if found is None and status == "miss" and not policy.skip_cache and (
+            state.miss.holders.applies(req.url) or state.miss.holders.elsewhere(req.url)):
         status, found = await state.miss.look_holders(req, now)
     if found is not None and (status == "hit" or status == "swr"):
         out = Outcome(status, "cache")
