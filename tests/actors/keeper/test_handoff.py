@@ -8,6 +8,20 @@ import asyncio
 from prerender_ray.identity.nodes import Ownership
 from tests.actors.keeper.test_claims import put_due
 
+THREE = ("node-a", "node-b", "node-c")
+
+
+async def lagging_a(keepers):
+    """node-a alone with 60 due targets, node-b and node-c started with all three as members: node-a's
+    view lags theirs."""
+    a = keepers("node-a")
+    await a.load()
+    urls = await put_due(a, *(f"/p{i}" for i in range(60)))
+    b, c = keepers("node-b", members=THREE), keepers("node-c", members=THREE)
+    await b.load()
+    await c.load()
+    return a, b, c, urls
+
 
 async def test_a_joining_node_gets_its_rows_with_their_due_times_and_their_leases(keepers) -> None:
     a = keepers("node-a")
@@ -37,16 +51,10 @@ async def test_rows_handed_over_by_a_node_whose_view_lagged_go_on_to_their_owner
     """Two nodes come back at once: node-a still sees {a, b} and hands node-b the rows b owns there,
     but b already sees {a, b, c}, so some of what it adopts is c's. b passes those on to c by
     itself; nothing else would ever move them (no further membership change comes)."""
-    three = ("node-a", "node-b", "node-c")
-    a = keepers("node-a")
-    await a.load()
-    urls = await put_due(a, *(f"/p{i}" for i in range(60)))
-    b, c = keepers("node-b", members=three), keepers("node-c", members=three)
-    await b.load()
-    await c.load()
+    a, b, c, urls = await lagging_a(keepers)
     await a.handoff.set_membership(["node-a", "node-b"])
     await asyncio.wait_for(a.handoff.task, 10)
-    owners = Ownership(three)
+    owners = Ownership(THREE)
     keys = [key for u in urls for key in a.conf.rules.keys_of(u)]
     passed_on = [k for k in keys if owners.owner(a.conf.rules.url_of(k)) == "node-c"
                  and Ownership(["node-a", "node-b"]).owner(a.conf.rules.url_of(k)) == "node-b"]
@@ -55,7 +63,7 @@ async def test_rows_handed_over_by_a_node_whose_view_lagged_go_on_to_their_owner
     await asyncio.wait_for(b.handoff.task, 10)
     assert [k for k in passed_on if c.rows.row(k) is None] == []
     assert b.rows.unowned() == {}
-    await a.handoff.set_membership(list(three))
+    await a.handoff.set_membership(list(THREE))
     await asyncio.wait_for(a.handoff.task, 10)
     for k in keys:
         owner = {"node-a": a, "node-b": b, "node-c": c}[owners.owner(a.conf.rules.url_of(k))]
@@ -67,8 +75,7 @@ async def test_two_departures_in_a_row_rebuild_both_slices_on_the_survivor(keepe
     """node-b and node-c die one right after the other: node-a sees {a, c}, then {a}, before its
     first rebuild pass starts. Each pass must judge "was owned by the departed" against the
     membership that node left, not the latest one, or part of node-b's slice is never rebuilt."""
-    three = ("node-a", "node-b", "node-c")
-    a, b, c = (keepers(n, members=three) for n in three)
+    a, b, c = (keepers(n, members=THREE) for n in THREE)
     for k in (a, b, c):
         await k.load()
     urls = await put_due(a, *(f"/p{i}" for i in range(60)))
@@ -84,8 +91,7 @@ async def test_a_rebuild_whose_scan_predates_a_join_hands_the_joiners_rows_on(ke
     """node-b sees node-c leave and starts rebuilding c's slice; node-c comes back while the pass is
     between its scan and its writes. The rows it collected for c's URLs are c's again: b must
     neither hold nor grant them, and they reach c (no later membership change comes to move them)."""
-    three = ("node-a", "node-b", "node-c")
-    a, b, c = (keepers(n, members=three) for n in three)
+    a, b, c = (keepers(n, members=THREE) for n in THREE)
     for k in (a, b, c):
         await k.load()
     urls = await put_due(a, *(f"/p{i}" for i in range(60)))
@@ -101,10 +107,10 @@ async def test_a_rebuild_whose_scan_predates_a_join_hands_the_joiners_rows_on(ke
     b.repair._pageless_first = held_after_the_scan
     await b.handoff.set_membership(["node-a", "node-b"])
     await asyncio.wait_for(scanned.wait(), 10)
-    await b.handoff.set_membership(list(three))
+    await b.handoff.set_membership(list(THREE))
     resume.set()
     await asyncio.wait_for(asyncio.gather(*b.repair._rebuilds), 20)
-    owners = Ownership(three)
+    owners = Ownership(THREE)
     assert b.repair.last["restored"] > 0  # the pass wrote rows of c's slice
     assert [k for k in keys if b.rows.row(k) is not None and owners.owner(a.conf.rules.url_of(k)) != "node-b"] == []
     if b.handoff.task is not None:
@@ -119,23 +125,17 @@ async def test_a_keeper_that_applied_a_stale_push_comes_back_to_the_controllers_
     """Pushes are not ordered: node-b, still starting, applies a late {a, b} after the controller
     moved to {a, b, c}, and adopts rows of node-c's slice under it. Its check against the
     controller applies {a, b, c}: those rows leave its ranking and reach node-c."""
-    three = ("node-a", "node-b", "node-c")
-    a = keepers("node-a")
-    await a.load()
-    urls = await put_due(a, *(f"/p{i}" for i in range(60)))
-    b, c = keepers("node-b", members=three), keepers("node-c", members=three)
-    await b.load()
-    await c.load()
+    a, b, c, urls = await lagging_a(keepers)
     await b.handoff.set_membership(["node-a", "node-b"])  # the late push
     await a.handoff.set_membership(["node-a", "node-b"])
     await asyncio.wait_for(a.handoff.task, 10)
-    owners = Ownership(three)
+    owners = Ownership(THREE)
     keys = [key for u in urls for key in a.conf.rules.keys_of(u)]
     strays = [k for k in keys if b.rows.row(k) is not None and owners.owner(a.conf.rules.url_of(k)) != "node-b"]
     assert strays  # the case under test occurs
 
     async def controller() -> list[str]:
-        return list(three)
+        return list(THREE)
 
     b.handoff.members = controller
     assert (await b.handoff.check_membership())["changed"] is True
