@@ -145,6 +145,14 @@ def wait_for(predicate, timeout: float = 30.0, interval: float = 0.2, what: str 
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
+def ready(base: str) -> bool:
+    """The node at ``base`` answers /readyz with 200 (False while it starts or is away)."""
+    try:
+        return httpx.get(f"{base}/readyz", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def get(url: str, **kw: Any) -> httpx.Response:
     return httpx.get(url, timeout=10.0, **kw)
 

@@ -21,7 +21,7 @@ from prerender_ray.queue.schedule import ScheduleRow
 from prerender_ray.storage.replication import CLOCK_OFFSET_ENV
 from prerender_ray.storage.rocks import node_dir
 from tests.sitemap_server import SitemapSite, urlset
-from tests.support import Deployment, RayCluster, claim, deploy_on, post_result, put_target, wait_for
+from tests.support import Deployment, RayCluster, claim, deploy_on, post_result, put_target, ready, wait_for
 
 URLS = [f"https://cluster.example/p/{i}" for i in range(120)]
 KEYS = [f"{u}|{dev}" for u in URLS for dev in ("desktop", "mobile")]
@@ -52,7 +52,7 @@ class Scenario:
         for name in sorted(want - set(self.rc.nodes)):
             self.rc.add_node(name)
         wait_for(lambda: held_by_owners(names), timeout=240, interval=0.5, what=f"URLS settled on {names}")
-        wait_for(lambda: set(self.d.refresh() and self.d.urls) == want and all(map(_ready, self.d.urls.values())),
+        wait_for(lambda: set(self.d.refresh() and self.d.urls) == want and all(map(ready, self.d.urls.values())),
                  timeout=60, what=f"{names} serving")
         self.settled = (names, self.rc.changes)
         return self
@@ -253,7 +253,7 @@ def test_a_joining_node_takes_its_slice_by_hand_off_with_nothing_rejittered(on_t
              what="the old owners to let go")
     d.refresh()
     assert set(d.urls) == {"node-a", "node-b", "node-c"}
-    wait_for(lambda: _ready(d.urls["node-c"]), timeout=60, what="node-c serving")
+    wait_for(lambda: ready(d.urls["node-c"]), timeout=60, what="node-c serving")
     wait_for(lambda: httpx.get(f"{d.urls['node-c']}/render_targets", params={"url": URLS[0]}).status_code == 200,
              timeout=30, what="node-c to hold the replicated targets")
 
@@ -290,7 +290,7 @@ def test_a_node_restarted_with_the_same_name_catches_up_and_takes_its_slice_back
     assert [k for k in slice_c if back[k]["nextRenderTime"] != rebuilt[k]["nextRenderTime"]] == []
     d.refresh()
     # its rows can come back before its ingress serves (it reads the membership first)
-    wait_for(lambda: _ready(d.urls["node-c"]), timeout=60, what="node-c serving")
+    wait_for(lambda: ready(d.urls["node-c"]), timeout=60, what="node-c serving")
     wait_for(lambda: httpx.get(f"{d.urls['node-c']}/render_targets",
                                params={"url": "https://cluster.example/while-away"}).status_code == 200,
              timeout=60, what="node-c to catch up on a write made while it was away")
@@ -304,7 +304,7 @@ def test_two_nodes_restarted_at_once_lose_no_target_and_end_with_one_owner_per_k
     rc.add_node("node-c")
     wait_for(lambda: held_by_owners(THREE), timeout=240, interval=0.5, what="every key held by exactly its owner")
     d.refresh()
-    wait_for(lambda: _ready(d.urls["node-b"]), timeout=60, what="node-b serving")
+    wait_for(lambda: ready(d.urls["node-b"]), timeout=60, what="node-b serving")
     missing = [u for u in URLS if httpx.get(f"{d.urls['node-b']}/render_targets", params={"url": u}).status_code != 200]
     assert missing == []
 
@@ -348,7 +348,7 @@ def test_a_later_write_wins_over_a_node_whose_clock_runs_5_s_ahead(scenario) -> 
 
     def back() -> bool:
         d.refresh()
-        return "node-c" in d.urls and _ready(d.urls["node-c"])
+        return "node-c" in d.urls and ready(d.urls["node-c"])
 
     wait_for(back, timeout=120, interval=1, what="node-c back with a fast clock")
     try:
@@ -361,13 +361,6 @@ def test_a_later_write_wins_over_a_node_whose_clock_runs_5_s_ahead(scenario) -> 
         assert [_cluster_intent(b) for b in d.urls.values()] == [False] * len(d.urls)
     finally:
         ray.get(lookup("keeper", "node-a").set_pause.remote("all", None, "cleanup"), timeout=30)
-
-
-def _ready(base: str) -> bool:
-    try:
-        return httpx.get(f"{base}/readyz", timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def _cluster_intent(base: str) -> bool | None:

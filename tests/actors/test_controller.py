@@ -5,7 +5,7 @@ from __future__ import annotations
 import ray
 
 from prerender_ray.actors.common import lookup
-from tests.support import deploy_on, get, wait_for
+from tests.support import deploy_on, get, ready, wait_for
 
 
 def _pid(handle) -> int | None:
@@ -20,13 +20,6 @@ def _find(kind: str, node: str):
         return lookup(kind, node)
     except ValueError:
         return None
-
-
-def _ready(url: str) -> bool:
-    try:
-        return get(f"{url}/readyz").status_code == 200
-    except Exception:
-        return False
 
 
 def test_every_node_gets_its_actors_and_answers_ready(ray_cluster, tmp_path) -> None:
@@ -64,6 +57,6 @@ def test_a_killed_keeper_is_restarted_and_the_node_becomes_ready_again(ray_clust
         ray.kill(lookup("keeper", "node-a"), no_restart=True)
         wait_for(lambda: _pid(_find("keeper", "node-a")) not in (None, pid), timeout=90, interval=1,
                  what="a keeper placed again by the controller")
-        wait_for(lambda: _ready(d.url), timeout=60, what="the node to be ready again")
+        wait_for(lambda: ready(d.url), timeout=60, what="the node to be ready again")
     finally:
         d.stop()

@@ -12,7 +12,7 @@ import ray
 
 from prerender_ray.actors.common import lookup
 from prerender_ray.identity.nodes import Ownership
-from tests.support import deploy_on, put_target, wait_for, write_page
+from tests.support import deploy_on, put_target, ready, wait_for, write_page
 
 R = 3
 URLS = [f"https://site.test/r/{i}" for i in range(40)]
@@ -90,7 +90,7 @@ def test_a_lost_node_s_urls_get_their_copies_back_and_its_return_ends_with_r_aga
     wait_for(lambda: not misplaced(FOUR), timeout=120, interval=1, what="three copies of every URL on the four survivors")
     rc.add_node("node-c")  # the same name and data dir: it pulls its share, the others drop theirs
     wait_for(lambda: not misplaced(FIVE), timeout=180, interval=1, what="exactly the holders among five again")
-    wait_for(lambda: "node-c" in (d.refresh() and d.urls) and _ready(d.urls["node-c"]), timeout=60,
+    wait_for(lambda: "node-c" in (d.refresh() and d.urls) and ready(d.urls["node-c"]), timeout=60,
              what="node-c serving")
     base = d.urls["node-c"]
     for url in URLS[:12]:
@@ -124,13 +124,6 @@ def _status(name: str) -> int | None:
     except (ValueError, ray.exceptions.RayError):
         return None
     return s["pid"] if s["up"] else None
-
-
-def _ready(base: str) -> bool:
-    try:
-        return httpx.get(f"{base}/readyz", timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def _metric(base: str, name: str, label: str) -> float:
