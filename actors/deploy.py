@@ -23,10 +23,15 @@ from prerender_ray.processes import pid_alive
 
 RECORD = "deployment.json"
 RAY_START_DEADLINE_S = 90.0
+STATUS_CALL_S = 45.0  # one status call; wait_ready keeps asking until its own deadline
 
 
 class DeployError(RuntimeError):
     """Something an operator must fix; the message says what."""
+
+
+class ControllerSilent(DeployError):
+    """The controller did not answer in time (its worker may still be starting)."""
 
 
 @dataclass
@@ -287,13 +292,13 @@ def place_controller(config: dict, data_dir: Path, epoch: str) -> Any:
                               ).remote(config, str(data_dir), epoch)
 
 
-def controller_status(controller: Any, timeout: float = 45.0) -> dict:
+def controller_status(controller: Any, timeout: float = STATUS_CALL_S) -> dict:
     import ray
 
     try:
         return ray.get(controller.status.remote(), timeout=timeout)
     except ray.exceptions.GetTimeoutError:
-        raise DeployError(f"the controller did not answer within {timeout:g}s") from None
+        raise ControllerSilent(f"the controller did not answer within {timeout:g}s") from None
     except ray.exceptions.RayActorError:
         raise DeployError("the controller is gone (stopped by `prerender-ray down`?)") from None
 
@@ -307,7 +312,13 @@ def wait_ready(controller: Any, deadline_s: float, *, expect_nodes: int = 1) -> 
     last: dict = {}
     problem = "no node placed yet"
     while time.monotonic() < deadline:
-        last = controller_status(controller)
+        # The first answer waits for the controller's worker to start, which a busy machine can
+        # stretch past one call's deadline: only the caller's deadline ends the wait.
+        try:
+            last = controller_status(controller, timeout=max(1.0, min(STATUS_CALL_S, deadline - time.monotonic())))
+        except ControllerSilent as e:
+            problem = str(e)
+            continue
         errors = [f"{n['name']}: {e}" for n in last["nodes"] for e in n.get("errors", []) if "port" in e]
         if errors:
             raise DeployError("; ".join(errors))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,6 +81,18 @@ class RayCluster:
         self.ports.pop(name, None)
         self.changes += 1
         self.cluster.remove_node(node)
+
+    @contextmanager
+    def added(self, *names: str) -> Iterator[RayCluster]:
+        """``names`` added for a module; on the way out, even after a failed deploy, every node but
+        the head is removed (a node left behind would turn the next module's single node into two)."""
+        try:
+            for name in names:
+                self.add_node(name)
+            yield self
+        finally:
+            for name in [n for n in self.nodes if n != "node-a"]:
+                self.remove_node(name)
 
     def shutdown(self) -> None:
         import ray

@@ -60,20 +60,18 @@ class Scenario:
 
 @pytest.fixture(scope="module")
 def scenario(ray_cluster, tmp_path_factory):
-    ray_cluster.add_node("node-b")
-    d = deploy_on(ray_cluster, tmp_path_factory.mktemp("cluster") / "data", {
-        "render": {"reconcile": {"startDelay": "1h"}}, "queue": {"statusSyncInterval": "2s"}})
+    with ray_cluster.added("node-b"):
+        d = deploy_on(ray_cluster, tmp_path_factory.mktemp("cluster") / "data", {
+            "render": {"reconcile": {"startDelay": "1h"}}, "queue": {"statusSyncInterval": "2s"}})
 
-    def write(i: int) -> str:
-        return put_target(d.urls["node-a" if i % 2 else "node-b"], URLS[i], nextRenderTime=FUTURE + i * 60_000)["owner"]
+        def write(i: int) -> str:
+            return put_target(d.urls["node-a" if i % 2 else "node-b"], URLS[i],
+                              nextRenderTime=FUTURE + i * 60_000)["owner"]
 
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        owners = dict(zip(URLS, pool.map(write, range(len(URLS)))))
-    yield Scenario(ray_cluster, d, owners)
-    d.stop()
-    for name in ("node-b", "node-c"):
-        if name in ray_cluster.nodes:
-            ray_cluster.remove_node(name)
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            owners = dict(zip(URLS, pool.map(write, range(len(URLS)))))
+        yield Scenario(ray_cluster, d, owners)
+        d.stop()
 
 
 @pytest.fixture

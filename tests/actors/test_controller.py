@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+
+import pytest
 import ray
 
 from prerender_ray.actors.common import lookup
@@ -60,3 +63,36 @@ def test_a_killed_keeper_is_restarted_and_the_node_becomes_ready_again(ray_clust
         wait_for(lambda: ready(d.url), timeout=60, what="the node to be ready again")
     finally:
         d.stop()
+
+
+@ray.remote(num_cpus=0)
+class _SlowController:
+    """Answers ``status`` only after its first call has waited ``first_s`` (a worker still starting)."""
+
+    def __init__(self, first_s: float):
+        self.first_s = first_s
+
+    def status(self) -> dict:
+        import time
+
+        time.sleep(self.first_s)
+        self.first_s = 0
+        return {"nodes": [], "membership": [], "epoch": "x", "healthy": True}
+
+
+def test_a_controller_slower_than_one_status_call_is_waited_for_until_the_deadline(ray_cluster, monkeypatch) -> None:
+    """The first status call waits for the controller's worker to start; a busy machine stretched
+    that past one call's deadline and the deploy failed although its own deadline had minutes left."""
+    from prerender_ray.actors import deploy
+
+    monkeypatch.setattr(deploy, "STATUS_CALL_S", 1.0)
+    slow, slow2 = _SlowController.remote(3.0), _SlowController.remote(60.0)
+    try:
+        assert deploy.wait_ready(slow, 30.0, expect_nodes=0)["healthy"] is True
+        t0 = time.monotonic()
+        with pytest.raises(deploy.DeployError, match="not ready within 4s: the controller did not answer"):
+            deploy.wait_ready(slow2, 4.0, expect_nodes=0)
+        assert time.monotonic() - t0 < 10
+    finally:
+        ray.kill(slow)
+        ray.kill(slow2)

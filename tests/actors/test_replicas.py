@@ -25,15 +25,11 @@ pytestmark = pytest.mark.timeout(600)
 
 @pytest.fixture(scope="module")
 def cluster(ray_cluster, tmp_path_factory):
-    for name in FIVE[1:]:
-        ray_cluster.add_node(name)
-    d = deploy_on(ray_cluster, tmp_path_factory.mktemp("replicas") / "data", {
-        "domains": ["site.test"], "cluster": {"replicas": R}, "render": {"reconcile": {"startDelay": "1h"}}})
-    yield ray_cluster, d
-    d.stop()
-    for name in FIVE[1:]:
-        if name in ray_cluster.nodes:
-            ray_cluster.remove_node(name)
+    with ray_cluster.added(*FIVE[1:]):
+        d = deploy_on(ray_cluster, tmp_path_factory.mktemp("replicas") / "data", {
+            "domains": ["site.test"], "cluster": {"replicas": R}, "render": {"reconcile": {"startDelay": "1h"}}})
+        yield ray_cluster, d
+        d.stop()
 
 
 def held(names: tuple[str, ...]) -> dict[str, dict[str, set[str]]]:

@@ -18,15 +18,14 @@ OWNERS = Ownership(["node-a", "node-b"])
 
 @pytest.fixture(scope="module")
 def cluster(ray_cluster, tmp_path_factory):
-    ray_cluster.add_node("node-b")
-    d = deploy_on(ray_cluster, tmp_path_factory.mktemp("layout") / "data", {
-        "cacheKey": {"attributes": ["deviceType", "url"], "delimiter": ":"},
-        "ingress": {"routes": [{"match": "prefix", "path": "/hourly/", "renderInterval": 6 * HOUR_MS}]},
-        "render": {"reconcile": {"startDelay": "1h"}},
-    })
-    yield d
-    d.stop()
-    ray_cluster.remove_node("node-b")
+    with ray_cluster.added("node-b"):
+        d = deploy_on(ray_cluster, tmp_path_factory.mktemp("layout") / "data", {
+            "cacheKey": {"attributes": ["deviceType", "url"], "delimiter": ":"},
+            "ingress": {"routes": [{"match": "prefix", "path": "/hourly/", "renderInterval": 6 * HOUR_MS}]},
+            "render": {"reconcile": {"startDelay": "1h"}},
+        })
+        yield d
+        d.stop()
 
 
 def take_everywhere(d, keys: list[str]) -> dict[str, dict]:

@@ -51,26 +51,25 @@ def site():
 
 @pytest.fixture(scope="module")
 def node(ray_cluster, tmp_path_factory):
-    ray_cluster.add_node("node-b")
     users = [
         {"name": n, "roles": [ROLE[n]], "passwordHash": hash_password(p, iterations=1000)}
         for n, p in PASSWORDS.items()
     ]
-    d = deploy_on(
-        ray_cluster,
-        tmp_path_factory.mktemp("admin") / "data",
-        {
-            "domains": ["shop.test", f"{SITE_HOST}:*"],
-            "origin": {"staging": {"ip": "127.0.0.1"}},
-            "auth": {"users": users, "maxFailedLoginsPerMinute": 3},
-            "render": {"reconcile": {"startDelay": "1h"}},
-            "management": {"pageSize": 5},
-            "sitemap": {"fetchTimeoutMs": 5000},
-        },
-    )
-    yield d
-    d.stop()
-    ray_cluster.remove_node("node-b")
+    with ray_cluster.added("node-b"):
+        d = deploy_on(
+            ray_cluster,
+            tmp_path_factory.mktemp("admin") / "data",
+            {
+                "domains": ["shop.test", f"{SITE_HOST}:*"],
+                "origin": {"staging": {"ip": "127.0.0.1"}},
+                "auth": {"users": users, "maxFailedLoginsPerMinute": 3},
+                "render": {"reconcile": {"startDelay": "1h"}},
+                "management": {"pageSize": 5},
+                "sitemap": {"fetchTimeoutMs": 5000},
+            },
+        )
+        yield d
+        d.stop()
 
 
 def auth(who: str | None) -> dict:
