@@ -250,12 +250,15 @@ async def test_a_crashed_tab_is_an_error_and_the_next_page_renders(rig: Rig) -> 
     from prerender_ray.worker.pool import group_members
 
     job = rig.job("/hang", key="crash-me", renderBudget=15_000)
+    # Only this job's request counts: an earlier test's /hang in the log (and its renderer, or the
+    # previous page's, still busy) made this kill the wrong process under load.
+    seen_before = len(rig.origin.seen)
     rig.queue.jobs.append(job)
     chromium = rig.worker.pool.current
     deadline = time.monotonic() + 20
     renderers: list[int] = []
     while time.monotonic() < deadline and not renderers:  # the hanging page's renderer spins a core
-        if any(s.path == "/hang" for s in rig.origin.seen[-5:]):
+        if any(s.path == "/hang" for s in rig.origin.seen[seen_before:]):
             before = {p: _cpu(p) for p in group_members(chromium.pid) if _is_renderer(p)}
             await asyncio.sleep(0.5)
             renderers = [p for p, t in before.items() if _cpu(p) - t >= 20]  # >= 0.2 s of CPU in 0.5 s
