@@ -313,3 +313,26 @@ def write_page(node_name: str, key: str, html: bytes, *, expires_in: int = 3_600
     page = Page(cache_key=key, status_code=200, headers={"content-type": "text/html", "content-encoding": "gzip"},
                 last_cached=now, expires_at=now + expires_in, is_indexable=True, content=_gzip.compress(html))
     ray.get(lookup("store", node_name).apply.remote([], [(key.encode(), encode_page(page))]), timeout=30)
+
+
+# ------------------------------------------------------------------------------ the Grafana dashboard
+
+# What only a node of a cluster emits: reads from a URL's holders, a backlog per peer.
+CLUSTER_SERIES = {"prerender_holder_reads_total", "prerender_holder_read_seconds_bucket", "prerender_replication_pending"}
+
+
+def dashboard_series() -> set[str]:
+    """Every series docs/grafana-dashboard.json queries."""
+    import json
+    import re
+
+    dashboard = json.loads((REPO / "docs" / "grafana-dashboard.json").read_text())
+    return {name for p in dashboard["panels"] for t in p["targets"] for name in re.findall(r"\bprerender_[a-z_]+", t["expr"])}
+
+
+def exposed_series(base: str) -> set[str]:
+    """The sample names a node's /metrics exposes."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{base}/metrics", timeout=10).text
+    return {s.name for f in text_string_to_metric_families(text) for s in f.samples}

@@ -12,7 +12,16 @@ import ray
 
 from prerender_ray.actors.common import lookup
 from prerender_ray.identity.nodes import Ownership
-from tests.support import deploy_on, put_target, ready, wait_for, write_page
+from tests.support import (
+    CLUSTER_SERIES,
+    dashboard_series,
+    deploy_on,
+    exposed_series,
+    put_target,
+    ready,
+    wait_for,
+    write_page,
+)
 
 R = 3
 URLS = [f"https://site.test/r/{i}" for i in range(40)]
@@ -76,6 +85,10 @@ def test_each_url_lives_on_its_holders_and_every_node_serves_it(cluster) -> None
             assert t.status_code == 200 and t.json()["url"] == url
     reads = {n: _metric(base, "prerender_holder_reads_total", 'outcome="page"') for n, base in d.urls.items()}
     assert all(v > 0 for v in reads.values()), reads  # each node holds a share only: each read others
+    # the dashboard's cluster panels have their series on every node (the rest: tests/api/bot/test_middleware.py)
+    missing = {n: CLUSTER_SERIES - exposed_series(base) for n, base in d.urls.items()}
+    assert not any(missing.values()), missing
+    assert CLUSTER_SERIES <= dashboard_series()
 
 
 def test_a_lost_node_s_urls_get_their_copies_back_and_its_return_ends_with_r_again(cluster) -> None:
