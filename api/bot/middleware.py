@@ -83,16 +83,18 @@ async def _cacheable(state: ReplicaState, req: BotRequest, headers: dict[str, st
     if found is None and status == "miss" and not policy.skip_cache and (
             state.miss.holders.applies(req.url) or state.miss.holders.elsewhere(req.url)):
         status, found = await state.miss.look_holders(req, now)
+    markdown = hit.markdown.wants(headers.get("accept"), bot, decision.bot_class)
     if found is not None and (status == "hit" or status == "swr"):
         out = Outcome(status, "cache")
-        if hit.markdown.wants(headers.get("accept"), bot, decision.bot_class):
+        if markdown:
             reply = await hit.as_markdown(req, found, now, headers, out, debug)
         else:
             reply = hit.html(req, found, now, headers, out, debug)
         if reply is not None:
             return reply, out
         status = "unreadable"
-    return await state.miss.not_served(req, headers, now, debug, policy, status, found, discover=decision.discover)
+    return await state.miss.not_served(req, headers, now, debug, policy, status, found, discover=decision.discover,
+                                       markdown=markdown)
 
 
 def _record(state: ReplicaState, req: BotRequest, bot: str, out: Outcome, now: int, decision: Decision) -> None:

@@ -79,19 +79,21 @@ class Miss:
 
     async def not_served(self, req: BotRequest, headers: dict[str, str], now: int, debug: bool,
                          policy: ServingPolicy, status: str,
-                         found: StoredPage | None, *, discover: bool = True) -> tuple[Reply, Outcome]:
+                         found: StoredPage | None, *, discover: bool = True,
+                         markdown: bool = False) -> tuple[Reply, Outcome]:
         """``discover`` False (the bot's policy, ``bots``): no new target and no on-miss render come
-        of this request."""
+        of this request. ``markdown``: the request wants Markdown (``Hit.markdown.wants``), which a
+        rendered page this path finds is served as, as a cache hit is; the origin's answer never is."""
         if found is None and status in ("miss", "unreadable") and self.ctx.holds(req.url):
             # not here (yet), or not readable here (a node that holds no copy asked the holders already)
-            rescued = await self._peer_rescue(req, headers, now, debug)
+            rescued = await self._peer_rescue(req, headers, now, debug, markdown)
             if rescued is not None:
                 return rescued
         if policy.authorized and policy.miss_mode == "prerender":
-            return await self._render_now(req, headers, debug, status, found, discover)
+            return await self._render_now(req, headers, debug, status, found, discover, markdown)
         if discover and found is None and status == "miss" and self.on_miss.enabled and req.method == "GET" \
                 and req.route_class == "prerender":
-            rendered = await self._on_miss(req, headers, debug, status)
+            rendered = await self._on_miss(req, headers, debug, status, markdown)
             if rendered is not None:
                 return rendered
         out = Outcome(status)
@@ -99,8 +101,14 @@ class Miss:
 
     # ------------------------------------------------------------------------------ peer rescue
 
+    async def _page(self, req: BotRequest, page: StoredPage, now: int, headers: dict[str, str], out: Outcome,
+                    debug: bool, markdown: bool) -> Reply | None:
+        if markdown:
+            return await self.hit.as_markdown(req, page, now, headers, out, debug)
+        return self.hit.html(req, page, now, headers, out, debug)
+
     async def _peer_rescue(self, req: BotRequest, headers: dict[str, str], now: int,
-                           debug: bool) -> tuple[Reply, Outcome] | None:
+                           debug: bool, markdown: bool) -> tuple[Reply, Outcome] | None:
         """A page the owner holds but this node has not received yet (replication lag)."""
         peer = self.peer
         if not peer.active:
@@ -118,7 +126,7 @@ class Miss:
         if verdict(got.meta, now, self.swr_ttl) not in ("hit", "swr"):
             return None
         out = Outcome("peer-rescue", "cache")
-        reply = self.hit.html(req, StoredPage(b"", got.meta, got.body), now, headers, out, debug)
+        reply = await self._page(req, StoredPage(b"", got.meta, got.body), now, headers, out, debug, markdown)
         if reply is None:
             return None
         ms = round((time.perf_counter() - t0) * 1000, 1)
@@ -128,7 +136,7 @@ class Miss:
     # ------------------------------------------------------------------------------- render-now
 
     async def _render_now(self, req: BotRequest, headers: dict[str, str], debug: bool, status: str,
-                          found: StoredPage | None, discover: bool) -> tuple[Reply, Outcome]:
+                          found: StoredPage | None, discover: bool, markdown: bool) -> tuple[Reply, Outcome]:
         """Make the key due now on its owner, then watch the local page store for a page cached
         after this request began, until the deadline; then ``renderNow.fallback``."""
         rn = self.cfg.render_now
@@ -136,7 +144,7 @@ class Miss:
         if fresh is not None:
             out = Outcome(status, "rendered")
             out.render_now = "hit"
-            reply = self.hit.html(req, fresh, now_ms(), headers, out, debug)
+            reply = await self._page(req, fresh, now_ms(), headers, out, debug, markdown)
             if reply is not None:
                 return reply, out
         out = Outcome(status)
@@ -148,7 +156,7 @@ class Miss:
             return reply, out
         if rn.fallback == "stale" and found is not None:
             out.source = "cache"
-            reply = self.hit.html(req, found, now_ms(), headers, out, debug)
+            reply = await self._page(req, found, now_ms(), headers, out, debug, markdown)
             if reply is not None:
                 return reply, out
             out.source = "origin"
@@ -175,7 +183,7 @@ class Miss:
         return None
 
     async def _on_miss(self, req: BotRequest, headers: dict[str, str], debug: bool,
-                       status: str) -> tuple[Reply, Outcome] | None:
+                       status: str, markdown: bool) -> tuple[Reply, Outcome] | None:
         """``render.onMiss``: the first bot to miss a never-cached page gets its render when it comes
         within ``waitMs``; concurrent misses of the key wait on the same render (one render-now)."""
         key = req.cache_key
@@ -189,7 +197,7 @@ class Miss:
             return None
         out = Outcome(status, "rendered")
         out.render_now = "on-miss"
-        reply = self.hit.html(req, fresh, now_ms(), headers, out, debug)
+        reply = await self._page(req, fresh, now_ms(), headers, out, debug, markdown)
         return None if reply is None else (reply, out)
 
     # ----------------------------------------------------------------------------------- origin

@@ -880,8 +880,9 @@ class Bots(Model):
 class Markdown(Model):
     enabled: bool = Field(
         True,
-        description="Serve a cached rendered 200 page as Markdown to a request whose `Accept` prefers "
-        "`text/markdown` over `text/html` (a miss is served as today: the origin's shell is never converted).",
+        description="Serve a rendered 200 page (cached, or rendered for the request by render-now or "
+        "`render.onMiss`) as Markdown to a request whose `Accept` prefers `text/markdown` over `text/html` "
+        "(the origin's answer to a miss is never converted).",
     )
     max_input_bytes: int = Field(
         2 * 1024 * 1024, ge=1024, description="Largest decoded page converted; a larger one is served as HTML."

@@ -155,7 +155,7 @@ class MarkdownPolicy:
                    frozenset(b.lower() for b in cfg.for_bots), frozenset(cfg.for_classes))
 
     def wants(self, accept: str | None, bot: str | None, bot_class: str | None) -> bool:
-        """Whether this request gets Markdown (when its page is a cached rendered 200)."""
+        """Whether this request gets Markdown (when its page is a rendered 200)."""
         if not self.enabled:
             return False
         forced = bool(self.bots or self.classes) and forced_for(bot, bot_class, self.bots, self.classes)

@@ -153,19 +153,11 @@ def test_every_route_of_the_built_app_is_reserved_from_the_bot_path(mode: str) -
     app.state.sessions.close()
 
 
-async def test_concurrent_first_visits_share_one_wait_and_one_render_now(tmp_path) -> None:
-    """``render.onMiss``: three bots miss a never-cached page at once; one render-now reaches the
-    owner, and all three get the page that render stores."""
+def _rendering_keeper(primary: Store, asked: list[str], html: bytes = HTML):
+    """The owner's keeper: render-now asked, the fleet's render stored a moment later."""
     import asyncio
 
-    cfg = Config.model_validate({"domains": ["x.example"], "server": {"data_dir": str(tmp_path)},
-                                 "render": {"onMiss": {"enabled": True, "waitMs": 5000}},
-                                 "renderNow": {"pollIntervalMs": 20}})
-    primary = Store(store_path(tmp_path, "n1", PAGES))
-    key = f"{URL}|desktop"
-    asked: list[str] = []
-
-    class Keeper:  # the owner's keeper: render-now asked, the fleet's render stored a moment later
+    class Keeper:
         class render_now:  # noqa: N801 - a Ray handle's method is an attribute with .remote
             @staticmethod
             def remote(k: str):
@@ -173,7 +165,7 @@ async def test_concurrent_first_visits_share_one_wait_and_one_render_now(tmp_pat
 
                 async def later() -> None:
                     await asyncio.sleep(0.3)
-                    page = Page(cache_key=k, status_code=200, content=HTML, last_cached=int(time.time() * 1000),
+                    page = Page(cache_key=k, status_code=200, content=html, last_cached=int(time.time() * 1000),
                                 expires_at=int(time.time() * 1000) + 60_000, headers={"content-type": "text/html"})
                     primary.put(k.encode(), wrap(Clock("n1").now(), page.encode()))
 
@@ -184,9 +176,27 @@ async def test_concurrent_first_visits_share_one_wait_and_one_render_now(tmp_pat
 
                 return answer()
 
+    return Keeper()
+
+
+def _on_miss_node(tmp_path, primary: Store, asked: list[str], html: bytes = HTML, **extra: object):
+    cfg = Config.model_validate({"domains": ["x.example"], "server": {"data_dir": str(tmp_path)},
+                                 "render": {"onMiss": {"enabled": True, "waitMs": 5000}},
+                                 "renderNow": {"pollIntervalMs": 20}, **extra})
     ctx = NodeContext(cfg=cfg, node=NodeInfo(name="n1", host="127.0.0.1", port=1, ray_node_id="x"),
-                      data_dir=str(tmp_path), keeper=Keeper())
-    asgi = create_asgi(ctx)
+                      data_dir=str(tmp_path), keeper=_rendering_keeper(primary, asked, html))
+    return create_asgi(ctx), ctx
+
+
+async def test_concurrent_first_visits_share_one_wait_and_one_render_now(tmp_path) -> None:
+    """``render.onMiss``: three bots miss a never-cached page at once; one render-now reaches the
+    owner, and all three get the page that render stores."""
+    import asyncio
+
+    primary = Store(store_path(tmp_path, "n1", PAGES))
+    key = f"{URL}|desktop"
+    asked: list[str] = []
+    asgi, ctx = _on_miss_node(tmp_path, primary, asked)
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi), base_url="http://t") as c:
             answers = await asyncio.gather(*(c.get(f"/p/{URL}", headers={"x-harper-prerender-debug": "1"})
@@ -194,6 +204,28 @@ async def test_concurrent_first_visits_share_one_wait_and_one_render_now(tmp_pat
         for r in answers:
             assert r.status_code == 200 and r.content == HTML and r.headers["x-harper-render-now"] == "on-miss"
         assert asked == [key]  # one render-now for the three
+    finally:
+        await close_replica(ctx)
+        primary.close()
+
+
+async def test_an_agent_that_asks_for_markdown_gets_the_page_rendered_for_its_miss_as_markdown(tmp_path) -> None:
+    """The miss path's render (on-miss here, render-now alike) is a rendered page: an agent that
+    prefers text/markdown gets it converted, as it would a cache hit; the origin's shell never is."""
+    primary = Store(store_path(tmp_path, "n1", PAGES))
+    page = b"<html><body><main><h1>Fresh widget</h1><p>Rendered for <b>this</b> miss.</p></main></body></html>"
+    asgi, ctx = _on_miss_node(tmp_path, primary, [], page)
+    md = {"accept": "text/markdown, text/html;q=0.9", "x-harper-prerender-debug": "1",
+          "user-agent": "Mozilla/5.0 (compatible; ClaudeBot/1.0)"}
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi), base_url="http://t") as c:
+            r = await c.get(f"/p/{URL}", headers=md)
+            assert r.status_code == 200 and r.headers["x-harper-render-now"] == "on-miss", r.headers
+            assert r.headers["content-type"] == "text/markdown; charset=utf-8", r.headers
+            assert "# Fresh widget" in r.text and "**this**" in r.text and "<p>" not in r.text
+            assert "Accept" in r.headers["vary"].split(", ")
+            r = await c.get(f"/p/{URL}", headers={**md, "accept": "text/html"})  # the same page, as HTML
+            assert r.headers["content-type"].startswith("text/html") and r.content == page
     finally:
         await close_replica(ctx)
         primary.close()
