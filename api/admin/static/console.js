@@ -6,7 +6,7 @@
   const $ = (id) => document.getElementById(id);
   const SVG = 'http://www.w3.org/2000/svg';
   const REFRESH_MS = 10000;
-  const VIEWS = ['overview', 'queue', 'explain', 'sitemaps', 'pages', 'config'];
+  const VIEWS = ['overview', 'queue', 'explain', 'sitemaps', 'pages', 'bots', 'config'];
   const state = { session: null, view: 'overview', timer: null, explained: null, devices: null,
     sitemap: null, pages: null };
 
@@ -108,12 +108,12 @@
   // What the last user saw must not linger in the page (hidden is not gone) for the next one.
   function forgetData() {
     for (const id of ['nodes', 'queue-nodes', 'sitemaps', 'sitemap-entries', 'pages', 'overrides', 'config-values',
-      'explain-history', 'robots']) {
+      'explain-history', 'robots', 'bot-policies', 'bot-missed']) {
       $(id).tBodies[0].replaceChildren();
     }
     for (const id of ['explain-facts', 'sitemap-facts', 'tiles', 'queue-tiles', 'config-warnings', 'explain-reports',
       'page-view-reports']) $(id).replaceChildren();
-    for (const id of ['explain-raw', 'page-view-text', 'override-result']) $(id).textContent = '';
+    for (const id of ['explain-raw', 'page-view-text', 'override-result', 'bot-facts']) $(id).textContent = '';
     for (const id of ['explain-result', 'sitemap-detail', 'page-view']) $(id).hidden = true;
     state.sitemap = null;
     state.sitemapAsk = (state.sitemapAsk || 0) + 1;
@@ -181,6 +181,7 @@
     if (view === 'queue') loadQueue();
     if (view === 'config') loadConfig();
     if (view === 'sitemaps') loadSitemaps();
+    if (view === 'bots') loadBots();
     if (view === 'pages' && !state.pages) listPages();
   }
 
@@ -438,6 +439,31 @@
         el('td', { text: conflicts.length ? conflicts.join(', ') : 'none' }));
     }));
     $('robots-empty').hidden = rows.length > 0;
+  }
+
+  // bots ----------------------------------------------------------------------------------------
+
+  // The policies in force and the pages bots asked for without a cached one: this replica's tallies
+  // (each ingress replica keeps its own; /metrics has the node's counts).
+  async function loadBots() {
+    const r = await api('bots');
+    if (!r.ok) { if (r.status !== 401) say(`bots: ${errorOf(r)}`, true); return; }
+    const d = r.data;
+    $('bots-generated').textContent = `from ${d.node}, ingress replica ${d.replica}`;
+    const p = d.policies;
+    const rows = [...Object.entries(p.classes).map(([c, x]) => [c, `class ${c}`, x]),
+      ...Object.entries(p.named).map(([n, x]) => [n, n, x])];
+    $('bot-policies').tBodies[0].replaceChildren(...rows.map(([id, who, x]) => el('tr', { 'data-policy': id },
+      el('td', { text: who }), el('td', { class: 'serve', text: x.serve === 'deny' ? `deny (${p.denyStatus})` : x.serve }),
+      el('td', { text: x.discover ? 'yes' : 'no' }))));
+    const v = d.verification || {};
+    $('bot-facts').textContent = `A claim that fails verification is served as class ${p.failedClass}. Verification `
+      + (v.enabled ? `on: ${fmtNum(v.cached)} answers cached, ${fmtNum(v.pending)} pending.` : 'off (bots.verify.enabled).');
+    const missed = Object.entries(d.missed || {}).flatMap(([c, urls]) => urls.map((m) => [c, m]));
+    $('bot-missed').tBodies[0].replaceChildren(...missed.map(([c, m]) => el('tr', { 'data-class': c },
+      el('td', { text: c }), el('td', { class: 'mono', text: m.url }), el('td', { class: 'num', text: fmtNum(m.count) }),
+      el('td', { text: fmtTime(m.firstMs) }), el('td', { text: fmtTime(m.lastMs) }), el('td', { text: m.lastBot || '-' }))));
+    $('bot-missed-empty').hidden = missed.length > 0;
   }
 
   async function openSitemap(url, offset) {
@@ -743,6 +769,7 @@
     $('config-refresh').addEventListener('click', loadConfig);
     $('config-filter').addEventListener('input', filterConfig);
     $('sitemaps-refresh').addEventListener('click', loadSitemaps);
+    $('bots-refresh').addEventListener('click', loadBots);
     $('sitemap-prev').addEventListener('click', () => pageSitemap(-1));
     $('sitemap-next').addEventListener('click', () => pageSitemap(1));
     $('pages-form').addEventListener('submit', listPages);

@@ -1,7 +1,8 @@
 """The console in a real browser: Debian's Chromium driven by Playwright (never `playwright install`).
 Sign in, read the overview and its chart, explain a URL and render it now, pause and resume a node,
 sign out; signed out nothing but the sign-in form shows; the effective config, a sitemap's entries
-with their states, and the page cache with a stored page shown as text. Screenshots of each view are
+with their states, the page cache with a stored page shown as text, and the bot policies and missed
+pages. Screenshots of each view are
 kept under test-artifacts/ (git-ignored)."""
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ ARGS = [
 URL = "https://console.test/products/1"
 ARTIFACTS = REPO / "test-artifacts"
 SITE_HOST = "console-sitemaps.test"
-VIEWS = ("overview", "queue", "explain", "sitemaps", "pages", "config")
+VIEWS = ("overview", "queue", "explain", "sitemaps", "pages", "bots", "config")
 
 
 @pytest.fixture(scope="module")
@@ -302,6 +303,29 @@ def test_the_sitemaps_tab_lists_the_root_and_its_entries_with_their_state(node, 
     assert page.is_disabled("#sitemap-next")
     page.click("#sitemap-prev")
     page.wait_for_selector("tr[data-entry='0']")
+    page.close()
+
+
+def test_the_bots_tab_shows_the_policies_and_the_pages_bots_missed(node, browser) -> None:
+    googlebot = {"user-agent": "Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)"}
+    missed = "https://console.test/missed/1"
+    for _ in range(2):  # no cached page: the origin answers (here it refuses: nothing listens on :80)
+        httpx.get(f"{node.url}/p/{missed}", headers=googlebot, timeout=30)
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    sign_in(page, node, "watcher", "watch-pass")
+    page.click("#tab-bots")
+    page.wait_for_selector("tr[data-policy='search']")
+    assert page.text_content("tr[data-policy='search'] td.serve") == "prerender"
+    assert page.locator("tr[data-policy]").count() == 6  # every class
+    assert "Verification off" in page.text_content("#bot-facts")
+    page.wait_for_selector("tr[data-class='search']")
+    row = page.locator("tr[data-class='search']", has_text=missed)
+    assert row.locator("td.num").text_content() == "2" and "Googlebot" in row.text_content()
+    assert not page.is_visible("#bot-missed-empty")
+    shot(page, "console-bots.png")
+    page.click("#logout")  # what it showed goes with the user
+    nothing_but_the_sign_in_form(page)
+    assert page.locator("tr[data-policy]").count() == 0 and page.locator("tr[data-class]").count() == 0
     page.close()
 
 
