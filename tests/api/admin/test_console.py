@@ -2,8 +2,7 @@
 Sign in, read the overview and its chart, explain a URL and render it now, pause and resume a node,
 sign out; signed out nothing but the sign-in form shows; the effective config, a sitemap's entries
 with their states, the page cache with a stored page shown as text, and the bot policies and missed
-pages. Screenshots of each view are
-kept under test-artifacts/ (git-ignored)."""
+pages. Screenshots of each view are kept under test-artifacts/ (git-ignored)."""
 
 from __future__ import annotations
 
