@@ -2,8 +2,11 @@
 URL's pages live on its first R nodes, and any other node serves a bot by reading a holder.
 
 The holders are asked in rank order (the owner first: results are applied there), each through its
-store actor under ``cluster.holderReadTimeoutMs``; the next one on a timeout or an error. A holder's
-answer is final, a page or none: they hold the same records. What was read is kept in a bounded
+store actor under ``cluster.holderReadTimeoutMs``; the next one on a timeout or an error, the slow
+ones still heard: the first answer wins, and once every holder was asked they get LATE_GRACE more
+timeouts (on a loaded machine every holder can be slower than one timeout, and giving up sent bots to
+the origin for minutes in the namespace test). A holder's answer is final, a page or none: they
+hold the same records. What was read is kept in a bounded
 cache (bytes, and ``cluster.holderCacheTtlMs``: a new render reaches this node's bots within that),
 so a crawler's repeats cost no call. When no holder answers in time (a holder just died, the machine
 is loaded), the copy read last is served if the cache still has it, past its TTL: the page's own
@@ -24,6 +27,7 @@ from prerender_ray.api.context import NodeContext
 from prerender_ray.config.model import Cluster
 
 log = logs.get("bot")
+LATE_GRACE = 3  # timeouts more for any holder asked, once every holder was asked
 
 
 @dataclass(slots=True)
@@ -58,35 +62,63 @@ class HolderReader:
             self._cache.move_to_end(key)
             metrics.holder_reads.labels("cached").inc()
             return HolderRead(hit[1], True)
-        for holder in self.ctx.holders_of(url):
-            if holder == self.ctx.node.name:
-                continue
-            t0 = time.perf_counter()
-            try:
-                async with asyncio.timeout(self.timeout_s):
-                    store = await self.ctx.actor("store", holder)
-                    [[raw, touch]] = await store.stored_pages.remote([key])
-            except Exception as e:  # a timeout, a node away, a stale handle: the next holder
+        holders = [h for h in self.ctx.holders_of(url) if h != self.ctx.node.name]
+        asked: dict[asyncio.Future, tuple[str, float]] = {}  # the calls not answered yet: holder, start
+        try:
+            for i, holder in enumerate(holders):
+                asked[asyncio.ensure_future(self._ask(holder, key))] = (holder, time.perf_counter())
+                wait = self.timeout_s * (1 + LATE_GRACE if i == len(holders) - 1 else 1)
+                got = await self._first_answer(asked, key, wait)
+                if got is not None:
+                    return self._answered(key, *got)
+        finally:
+            for call, (holder, _) in asked.items():  # slower than the whole wait
+                call.cancel()
                 metrics.holder_reads.labels("failed").inc()
-                log.info("holder read failed", key=key, holder=holder, error=type(e).__name__)
-                self.ctx.forget_remote()
-                continue
-            metrics.holder_read_seconds.observe(time.perf_counter() - t0)
-            try:
-                page = decode_page(key, raw, touch) if raw is not None else None
-            except UnreadablePage as e:
-                log.warning("unreadable page from a holder", key=key, holder=holder, error=str(e))
-                page = None
-            metrics.holder_reads.labels("page" if page is not None else "none").inc()
-            if page is not None:
-                self._keep(key, page)
-            else:
-                self._drop(key)
-            return HolderRead(page, True, holder)
+                log.info("holder read failed", key=key, holder=holder, error="TimeoutError")
         if hit is not None:  # no holder answered in time: the copy read last (its own freshness rules)
             metrics.holder_reads.labels("stale").inc()
             return HolderRead(hit[1], False)
         return HolderRead(None, False)
+
+    async def _ask(self, holder: str, key: str) -> tuple[bytes | None, bytes | None]:
+        store = await self.ctx.actor("store", holder)
+        [[raw, touch]] = await store.stored_pages.remote([key])
+        return raw, touch
+
+    async def _first_answer(self, asked: dict[asyncio.Future, tuple[str, float]], key: str,
+                            wait: float) -> tuple[str, float, tuple] | None:
+        """The first of ``asked`` to answer within ``wait`` (holder, start, answer); None when none
+        did, or every one failed (a node away, a stale handle: the caller asks the next)."""
+        deadline = time.monotonic() + wait
+        while asked:
+            done, _ = await asyncio.wait(asked, timeout=max(0.0, deadline - time.monotonic()),
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                return None
+            for call in done:
+                holder, t0 = asked.pop(call)
+                if call.exception() is None:
+                    return holder, t0, call.result()
+                metrics.holder_reads.labels("failed").inc()
+                log.info("holder read failed", key=key, holder=holder, error=type(call.exception()).__name__)
+                self.ctx.forget_remote()
+        return None
+
+    def _answered(self, key: str, holder: str, t0: float, answer: tuple) -> HolderRead:
+        metrics.holder_read_seconds.observe(time.perf_counter() - t0)
+        raw, touch = answer
+        try:
+            page = decode_page(key, raw, touch) if raw is not None else None
+        except UnreadablePage as e:
+            log.warning("unreadable page from a holder", key=key, holder=holder, error=str(e))
+            page = None
+        metrics.holder_reads.labels("page" if page is not None else "none").inc()
+        if page is not None:
+            self._keep(key, page)
+        else:
+            self._drop(key)
+        return HolderRead(page, True, holder)
 
     def _keep(self, key: str, page: StoredPage) -> None:
         size = page.size  # the negotiated forms it gains are bounded per page (VARIANTS_PER_PAGE)

@@ -353,8 +353,8 @@ class Cluster(Model):
         "the owner first (every node when there are fewer). 1 keeps one copy: a node lost is its pages lost.",
     )
     holder_read_timeout_ms: PositiveDuration = Field(
-        250, description="Deadline of one read from a holder by a node that holds no copy (the next holder "
-        "is tried after it)."
+        250, description="Deadline of one read from a holder by a node that holds no copy: the next holder "
+        "is asked after it, the slower ones still heard; once every holder was asked, three deadlines more."
     )
     holder_cache_bytes: int = Field(
         16 * 1024 * 1024, ge=0, le=1 << 32,

@@ -1,5 +1,6 @@
 """The holder reader (api/bot/holders.py) on a fake node context: rank order, the next holder on a
-timeout, the bounded cache, and the copy read last when no holder answers."""
+timeout, the slow holders still heard, the bounded cache, and the copy read last when no holder
+answers."""
 
 from __future__ import annotations
 
@@ -15,25 +16,30 @@ URL, KEY = "https://site.test/a", "https://site.test/a|desktop"
 
 
 class Store:
-    def __init__(self, raw: bytes | None = b"page", hang: bool = False):
-        self.raw, self.hang, self.calls = raw, hang, 0
+    def __init__(self, raw: bytes | None = b"page", hang: bool = False, delay: float = 0.0,
+                 error: Exception | None = None):
+        self.raw, self.hang, self.delay, self.error, self.calls = raw, hang, delay, error, 0
         self.stored_pages = SimpleNamespace(remote=self._read)
 
     async def _read(self, keys: list[str]) -> list[list]:
         self.calls += 1
         if self.hang:
             await asyncio.sleep(10)
+        await asyncio.sleep(self.delay)
+        if self.error is not None:
+            raise self.error
         return [[self.raw, None] for _ in keys]
 
 
-def reader(stores: dict[str, Store], monkeypatch: pytest.MonkeyPatch, ttl_ms: int = 30_000) -> H.HolderReader:
+def reader(stores: dict[str, Store], monkeypatch: pytest.MonkeyPatch, ttl_ms: int = 30_000,
+           timeout_ms: int = 50) -> H.HolderReader:
     async def actor(kind: str, name: str) -> Store:
         return stores[name]
 
     ctx = SimpleNamespace(node=SimpleNamespace(name="node-x"), holds=lambda url: False,
                           holders_of=lambda url: list(stores), actor=actor, forget_remote=lambda: None)
     monkeypatch.setattr(H, "decode_page", lambda key, raw, touch: SimpleNamespace(raw=raw, size=len(raw)))
-    return H.HolderReader(ctx, Cluster(holder_read_timeout_ms=50, holder_cache_ttl_ms=ttl_ms))  # type: ignore[arg-type]
+    return H.HolderReader(ctx, Cluster(holder_read_timeout_ms=timeout_ms, holder_cache_ttl_ms=ttl_ms))  # type: ignore[arg-type]
 
 
 def test_the_next_holder_answers_when_the_first_times_out(monkeypatch) -> None:
@@ -73,3 +79,33 @@ def test_when_no_holder_answers_the_copy_read_last_is_served_past_its_ttl(monkey
 def test_with_nothing_read_before_no_answer_is_no_page(monkeypatch) -> None:
     got = asyncio.run(reader({"node-a": Store(hang=True)}, monkeypatch).get(KEY, URL))
     assert got.page is None and not got.answered
+
+
+def test_holders_all_slower_than_one_timeout_are_still_heard_and_the_first_answer_wins(monkeypatch) -> None:
+    """Both holders answer after 2 timeouts (50 ms): the owner, asked first, answers first. Giving
+    up after one timeout each sent a loaded namespace node's bots to the origin for minutes."""
+    stores = {"node-a": Store(b"from a", delay=0.1), "node-b": Store(b"from b", delay=0.1)}
+    got = asyncio.run(reader(stores, monkeypatch).get(KEY, URL))
+    assert got.answered and got.page.raw == b"from a" and got.holder == "node-a"
+    assert stores["node-b"].calls == 1  # asked once the owner had been slower than a timeout
+
+
+def test_a_holder_that_fails_at_once_hands_over_to_the_next_without_waiting(monkeypatch) -> None:
+    import time
+
+    stores = {"node-a": Store(error=RuntimeError("actor died")), "node-b": Store(b"from b")}
+    t0 = time.monotonic()
+    got = asyncio.run(reader(stores, monkeypatch, timeout_ms=10_000).get(KEY, URL))
+    assert got.answered and got.page.raw == b"from b"
+    assert time.monotonic() - t0 < 5  # not node-a's 10 s timeout
+
+
+def test_the_wait_ends_three_timeouts_after_the_last_holder_was_asked(monkeypatch) -> None:
+    import time
+
+    stores = {"node-a": Store(hang=True), "node-b": Store(hang=True)}
+    t0 = time.monotonic()
+    got = asyncio.run(reader(stores, monkeypatch).get(KEY, URL))
+    took = time.monotonic() - t0
+    assert got.page is None and not got.answered
+    assert 0.05 * (1 + 1 + H.LATE_GRACE) <= took < 1.0  # a timeout for node-a, then four for both
