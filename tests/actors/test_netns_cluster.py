@@ -86,7 +86,11 @@ import pytest
 from prerender_ray.identity.nodes import Ownership
 from tests import netns
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(480)
+# How long the cluster may take to settle after a fault: two rounds of a rebalance walk that a loaded
+# peer did not answer (3 pushes of up to 15 s, then 30 s before the next walk). Under three times this
+# machine's usual load a record written during the cut stayed on its old holder past 90 s.
+SETTLE_S = 180.0
 
 R = 2  # cluster.replicas: each URL on two of the three nodes, so a node holds two thirds of them
 HOSTS = ("a", "b", "c")
@@ -516,7 +520,7 @@ def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.5,
     raise AssertionError(f"timed out after {timeout:g}s waiting for {what}" + (f" (last: {last()!r})" if last else ""))
 
 
-def settle(c: Cluster, hosts: tuple[str, ...], urls: list[str], timeout: float = 90.0, r: int = R) -> None:
+def settle(c: Cluster, hosts: tuple[str, ...], urls: list[str], timeout: float = SETTLE_S, r: int = R) -> None:
     """Every URL's target readable and every PAGED page a cache hit on each of ``hosts``, both on
     exactly their R holders, every key of URLS on exactly its owner: nothing lost."""
     seen: dict[str, Any] = {}
@@ -679,7 +683,7 @@ def test_a_node_cut_off_past_rays_timeout_loses_nothing_and_the_majority_serves_
     # A majority write that cannot reach its owner is told to retry (503), never a 500.
     assert not [w for w in rec["writes"] if w.get("status") not in (None, 200, 503)], rec["writes"]
 
-    settle(c, HOSTS, URLS + acked, timeout=90)
+    settle(c, HOSTS, URLS + acked)
     print(f"settled at +{(now_ms() - t['cut']) / 1000:.1f} s")
     # the majority: bots served throughout, nothing granted twice, its writes kept
     assert {r["node"] for r in rec["bots"]} == {"node-a", "node-b"} and len(during(rec["bots"], t["cut"], t["mend"])) > 10
@@ -727,7 +731,7 @@ def test_a_node_killed_with_sigkill_loses_nothing_and_the_others_serve_throughou
     time.sleep(2)
     rec = c.drv("probe_stop", "kill", timeout=60)
     acked = [w["url"] for w in rec["writes"] if w.get("status") == 200]
-    settle(c, ("a", "c"), URLS + acked, timeout=90)
+    settle(c, ("a", "c"), URLS + acked)
     c.ledger += rec["grants"]
     bots = rec["bots"]
     print(f"\nSIGKILL of {len(killed)} processes; node-b declared dead at +{(t_dead - t_kill) / 1000:.1f} s")
@@ -749,7 +753,7 @@ def test_two_nodes_leaving_at_once_lose_nothing_once_they_return_and_the_survivo
         c.net.kill("b")
         c.start_ray("b")
         c.wait_members(three, 120, healthy=True)
-    settle(c, HOSTS, URLS, timeout=120)
+    settle(c, HOSTS, URLS)
     own = Ownership(three)
     kept = {u for u in PAGED if "node-a" in own.holders(u, R)}
     assert kept and set(PAGED) - kept
@@ -773,7 +777,7 @@ def test_two_nodes_leaving_at_once_lose_nothing_once_they_return_and_the_survivo
     rec = c.drv("probe_stop", "two", timeout=60)
     acked = [w["url"] for w in rec["writes"] if w.get("status") == 200]
     c.ledger += rec["grants"]
-    settle(c, HOSTS, URLS + acked, timeout=120)
+    settle(c, HOSTS, URLS + acked)
     t["settled"] = now_ms()
     print("\ntwo nodes at once, s after the kill:", {k: round((v - t["kill"]) / 1000, 1) for k, v in t.items()})
     bots_kept = [r for r in rec["bots"] if r["url"].split("|")[0] in kept]
