@@ -91,6 +91,14 @@ class Hit:
         return prepared_reply(prepared, last_cached=meta.last_cached, now=now, request_headers=headers,
                               head=req.method == "HEAD", debug=self.debug(req, out) if debug else None)
 
+    async def answer(self, req: BotRequest, page: StoredPage, now: int, headers: dict[str, str], out: Outcome,
+                     debug: bool, markdown: bool) -> Reply | None:
+        """A rendered page, cached or found by the miss path: as Markdown when the request wants it
+        (``markdown.wants``), else as ``html``."""
+        if markdown:
+            return await self.as_markdown(req, page, now, headers, out, debug)
+        return self.html(req, page, now, headers, out, debug)
+
     def html(self, req: BotRequest, page: StoredPage, now: int, headers: dict[str, str], out: Outcome,
              debug: bool) -> Reply | None:
         """``cached``, with ``Vary: Accept`` on a 200 while Markdown is on (the same URL answers

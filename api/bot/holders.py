@@ -5,10 +5,9 @@ The holders are asked in rank order (the owner first: results are applied there)
 store actor under ``cluster.holderReadTimeoutMs``; the next one on a timeout or an error, the slow
 ones still heard: the first answer wins, and once every holder was asked they get LATE_GRACE more
 timeouts (on a loaded machine every holder can be slower than one timeout, and giving up sent bots to
-the origin for minutes in the namespace test). A holder's answer is final, a page or none: they
-hold the same records. What was read is kept in a bounded
-cache (bytes, and ``cluster.holderCacheTtlMs``: a new render reaches this node's bots within that),
-so a crawler's repeats cost no call. When no holder answers in time (a holder just died, the machine
+the origin for minutes in the namespace test). A holder's answer is final, a page or none: they hold
+the same records. What was read is kept in a bounded cache (bytes, and ``cluster.holderCacheTtlMs``:
+a new render reaches this node's bots within that), so a crawler's repeats cost no call. When no holder answers in time (a holder just died, the machine
 is loaded), the copy read last is served if the cache still has it, past its TTL: the page's own
 expiry decides whether it is a hit. Only when there is none does the caller go on to the miss path
 (render-now, the origin).

@@ -80,16 +80,13 @@ async def _cacheable(state: ReplicaState, req: BotRequest, headers: dict[str, st
                             request_headers=headers)
     hit = state.hit
     status, found = hit.look(req, now, skip=policy.skip_cache)
-    if found is None and status == "miss" and not policy.skip_cache and (
-            state.miss.holders.applies(req.url) or state.miss.holders.elsewhere(req.url)):
+    # a node that holds no copy asks the holders, and so does a holder when another holds it too
+    if found is None and status == "miss" and not policy.skip_cache and state.miss.holders.elsewhere(req.url):
         status, found = await state.miss.look_holders(req, now)
     markdown = hit.markdown.wants(headers.get("accept"), bot, decision.bot_class)
     if found is not None and (status == "hit" or status == "swr"):
         out = Outcome(status, "cache")
-        if markdown:
-            reply = await hit.as_markdown(req, found, now, headers, out, debug)
-        else:
-            reply = hit.html(req, found, now, headers, out, debug)
+        reply = await hit.answer(req, found, now, headers, out, debug, markdown)
         if reply is not None:
             return reply, out
         status = "unreadable"

@@ -101,12 +101,6 @@ class Miss:
 
     # ------------------------------------------------------------------------------ peer rescue
 
-    async def _page(self, req: BotRequest, page: StoredPage, now: int, headers: dict[str, str], out: Outcome,
-                    debug: bool, markdown: bool) -> Reply | None:
-        if markdown:
-            return await self.hit.as_markdown(req, page, now, headers, out, debug)
-        return self.hit.html(req, page, now, headers, out, debug)
-
     async def _peer_rescue(self, req: BotRequest, headers: dict[str, str], now: int,
                            debug: bool, markdown: bool) -> tuple[Reply, Outcome] | None:
         """A page the owner holds but this node has not received yet (replication lag)."""
@@ -126,7 +120,7 @@ class Miss:
         if verdict(got.meta, now, self.swr_ttl) not in ("hit", "swr"):
             return None
         out = Outcome("peer-rescue", "cache")
-        reply = await self._page(req, StoredPage(b"", got.meta, got.body), now, headers, out, debug, markdown)
+        reply = await self.hit.answer(req, StoredPage(b"", got.meta, got.body), now, headers, out, debug, markdown)
         if reply is None:
             return None
         ms = round((time.perf_counter() - t0) * 1000, 1)
@@ -144,7 +138,7 @@ class Miss:
         if fresh is not None:
             out = Outcome(status, "rendered")
             out.render_now = "hit"
-            reply = await self._page(req, fresh, now_ms(), headers, out, debug, markdown)
+            reply = await self.hit.answer(req, fresh, now_ms(), headers, out, debug, markdown)
             if reply is not None:
                 return reply, out
         out = Outcome(status)
@@ -156,7 +150,7 @@ class Miss:
             return reply, out
         if rn.fallback == "stale" and found is not None:
             out.source = "cache"
-            reply = await self._page(req, found, now_ms(), headers, out, debug, markdown)
+            reply = await self.hit.answer(req, found, now_ms(), headers, out, debug, markdown)
             if reply is not None:
                 return reply, out
             out.source = "origin"
@@ -197,7 +191,7 @@ class Miss:
             return None
         out = Outcome(status, "rendered")
         out.render_now = "on-miss"
-        reply = await self._page(req, fresh, now_ms(), headers, out, debug, markdown)
+        reply = await self.hit.answer(req, fresh, now_ms(), headers, out, debug, markdown)
         return None if reply is None else (reply, out)
 
     # ----------------------------------------------------------------------------------- origin

@@ -179,10 +179,10 @@ def _rendering_keeper(primary: Store, asked: list[str], html: bytes = HTML):
     return Keeper()
 
 
-def _on_miss_node(tmp_path, primary: Store, asked: list[str], html: bytes = HTML, **extra: object):
+def _on_miss_node(tmp_path, primary: Store, asked: list[str], html: bytes = HTML):
     cfg = Config.model_validate({"domains": ["x.example"], "server": {"data_dir": str(tmp_path)},
                                  "render": {"onMiss": {"enabled": True, "waitMs": 5000}},
-                                 "renderNow": {"pollIntervalMs": 20}, **extra})
+                                 "renderNow": {"pollIntervalMs": 20}})
     ctx = NodeContext(cfg=cfg, node=NodeInfo(name="n1", host="127.0.0.1", port=1, ray_node_id="x"),
                       data_dir=str(tmp_path), keeper=_rendering_keeper(primary, asked, html))
     return create_asgi(ctx), ctx
