@@ -28,7 +28,11 @@ async def call(ref: Awaitable[T], timeout: float) -> T:
     timeout means."""
     try:
         return await asyncio.wait_for(ref, timeout)
-    except asyncio.TimeoutError:
+    except DeadlineExceeded:
+        raise
+    except asyncio.TimeoutError as e:
+        if type(e) is not asyncio.TimeoutError:  # the call's own timeout (Ray's GetTimeoutError is one), not ours
+            raise DeadlineExceeded(f"{type(e).__name__} before the {timeout:g}s deadline: {str(e)[:200]}") from e
         raise DeadlineExceeded(f"no answer within {timeout:g}s") from None
 
 
