@@ -79,8 +79,9 @@ class QueueKeeper:
 
     # ---------------------------------------------------------------------------------- targets
 
-    async def put_targets(self, items: list[dict], forwarded: bool = False, absent_only: bool = False) -> dict:
-        return await self.keeper.targets.put_targets(items, forwarded, absent_only)
+    async def put_targets(self, items: list[dict], forwarded: bool = False, absent_only: bool = False,
+                          deleted_within_ms: int = 0) -> dict:
+        return await self.keeper.targets.put_targets(items, forwarded, absent_only, deleted_within_ms)
 
     async def put_listed(self, sitemap_url: str, urls: list[str], intervals: list[int],
                          dues: list[int | None], forwarded: bool = False, absent_only: bool = False) -> dict:

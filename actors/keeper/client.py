@@ -24,8 +24,10 @@ class KeeperClient:
     async def apply_rows(self, rows: list, deletes: list[str]) -> None:
         return await call(self.handle.apply_rows.remote(rows, deletes), self.deadline_s)
 
-    async def put_targets(self, items: list[dict], forwarded: bool = False, absent_only: bool = False) -> dict:
-        return await call(self.handle.put_targets.remote(items, forwarded, absent_only), self.long_deadline_s)
+    async def put_targets(self, items: list[dict], forwarded: bool = False, absent_only: bool = False,
+                          deleted_within_ms: int = 0) -> dict:
+        return await call(self.handle.put_targets.remote(items, forwarded, absent_only, deleted_within_ms),
+                          self.long_deadline_s)
 
     async def suppress(self, url: str, reason: str | None, status: int | None) -> dict:
         return await call(self.handle.suppress.remote(url, reason, status), self.deadline_s)

@@ -222,8 +222,9 @@ class Keeper:
     async def apply_rows(self, rows: list, deletes: list[str]) -> None:
         await self.targets.apply_rows(rows, deletes)
 
-    async def put_targets(self, items: list[dict], forwarded: bool = False, absent_only: bool = False) -> dict:
-        return await self.targets.put_targets(items, forwarded, absent_only)
+    async def put_targets(self, items: list[dict], forwarded: bool = False, absent_only: bool = False,
+                          deleted_within_ms: int = 0) -> dict:
+        return await self.targets.put_targets(items, forwarded, absent_only, deleted_within_ms)
 
     async def suppress(self, url: str, reason: str | None, status: int | None) -> dict:
         return await self.targets.suppress(url, reason, status)

@@ -35,14 +35,17 @@ class Targets:
         self.publish_now: Callable[[], None] = lambda: None
         self.woke: Callable[[], bool] = lambda: False  # did the last publish wake this node's consumers
 
-    async def put_targets(self, items: list[dict], forwarded: bool = False, absent_only: bool = False) -> dict:
+    async def put_targets(self, items: list[dict], forwarded: bool = False, absent_only: bool = False,
+                          deleted_within_ms: int = 0) -> dict:
         """Put semantics for canonical URLs: (re)activate, one jittered row per device.
 
         ``absent_only``: create only the targets that do not exist; the answer's ``held`` lists the
-        others as [url, stored payload], untouched (a sitemap walk decides about those)."""
+        others as [url, stored payload], untouched (a sitemap walk decides about those). With it,
+        ``deleted_within_ms``: a target deleted that recently counts as existing (held as ``b""``)."""
         return await self._put([it["url"] for it in items], [it.get("sitemapUrl") for it in items],
                                [it.get("renderInterval") for it in items],
-                               [it.get("nextRenderTime") for it in items], forwarded, absent_only)
+                               [it.get("nextRenderTime") for it in items], forwarded, absent_only,
+                               deleted_within_ms)
 
     async def put_listed(self, sitemap_url: str, urls: list[str], intervals: list[int],
                          dues: list[int | None], forwarded: bool = False, absent_only: bool = False) -> dict:
@@ -51,7 +54,7 @@ class Targets:
         return await self._put(urls, [sitemap_url] * len(urls), intervals, dues, forwarded, absent_only)
 
     async def _put(self, urls: list, sitemaps: list, intervals: list, dues: list,
-                   forwarded: bool, absent_only: bool) -> dict:
+                   forwarded: bool, absent_only: bool, deleted_within_ms: int = 0) -> dict:
         written, held = 0, []
         if len(self.ownership.names) > 1 and not forwarded:
             foreign: dict[str, list[int]] = {}
@@ -62,7 +65,7 @@ class Targets:
             for owner, idx in foreign.items():
                 items = [{"url": urls[i], "sitemapUrl": sitemaps[i], "renderInterval": intervals[i],
                           "nextRenderTime": dues[i]} for i in idx]
-                answer = await (await self.peers.of(owner)).put_targets(items, True, absent_only)
+                answer = await (await self.peers.of(owner)).put_targets(items, True, absent_only, deleted_within_ms)
                 written += answer["written"]
                 held += answer.get("held", [])
             if foreign:
@@ -76,7 +79,7 @@ class Targets:
         if not absent_only:
             await self.store.apply(registry)
         elif registry:
-            live = await self.store.apply_absent(registry)
+            live = await self.store.apply_absent(registry, deleted_within_ms)
             fresh = [i for i, payload in enumerate(live) if payload is None]
             if len(fresh) < len(urls):  # rows only for the targets just created (same now: same dues)
                 held += [[urls[i], payload] for i, payload in enumerate(live) if payload is not None]

@@ -106,10 +106,10 @@ class NodeStore(Replication):
         held = self.pages.get_many(stale)
         return [*pages, *((k, None) for k, v in zip(stale, held) if payload_of(v) is not None)]
 
-    async def apply_absent(self, registry: list[Op]) -> list[bytes | None]:
+    async def apply_absent(self, registry: list[Op], deleted_within_ms: int = 0) -> list[bytes | None]:
         """Registry puts of keys that hold nothing live; per op, None when written, else the payload
-        held (left as it is)."""
-        return self.commit_absent("registry", registry)
+        held (left as it is); ``deleted_within_ms``: see ``commit_absent``."""
+        return self.commit_absent("registry", registry, deleted_within_ms)
 
     # ------------------------------------------------------------------------------------- reads
 
@@ -234,8 +234,8 @@ class StoreClient:
                     history: Sequence[list] | None = None) -> int:
         return await call(self.handle.apply.remote(registry, pages or [], history or []), self.deadline_s)
 
-    async def apply_absent(self, registry: Sequence[rpc.Op]) -> list[bytes | None]:
-        return await call(self.handle.apply_absent.remote(registry), self.deadline_s)
+    async def apply_absent(self, registry: Sequence[rpc.Op], deleted_within_ms: int = 0) -> list[bytes | None]:
+        return await call(self.handle.apply_absent.remote(registry, deleted_within_ms), self.deadline_s)
 
     async def get(self, keys: list[bytes]) -> list[bytes | None]:
         return await call(self.handle.get.remote(keys), self.deadline_s)

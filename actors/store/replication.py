@@ -30,7 +30,15 @@ from prerender_ray.actors.store.rebalance import Rebalancing
 from prerender_ray.identity.nodes import Ownership
 from prerender_ray.storage.keys import FRESHNESS, HPTR, LIVE, RENDER_HISTORY, SHIPPED, TARGET, VIDX
 from prerender_ray.storage.placement import Placement
-from prerender_ray.storage.replication import Version, hlc_bytes, payload_of, unwrap, wins, wrap_many
+from prerender_ray.storage.replication import (
+    LOGICAL_BITS,
+    Version,
+    hlc_bytes,
+    payload_of,
+    unwrap,
+    wins,
+    wrap_many,
+)
 
 _LIVE_FLAG = (b"\x00", b"\x01")
 _NOT_PAGES = (FRESHNESS, RENDER_HISTORY)
@@ -147,15 +155,21 @@ class Replication(Rebalancing):
         self._commit(db, name, ops, olds, helds, lives)
         return len(ops)
 
-    def commit_absent(self, name: str, ops: list[tuple[bytes, bytes]]) -> list[bytes | None]:
+    def commit_absent(self, name: str, ops: list[tuple[bytes, bytes]], deleted_within_ms: int = 0) -> list[bytes | None]:
         """``commit_local`` of the puts whose key holds no live record (absent or deleted); the others
         are left as they are. Returns, per op, None when written, else the live payload held: a
-        sitemap walk creates its new targets in one call, the check and the write in one step."""
+        sitemap walk creates its new targets in one call, the check and the write in one step.
+        ``deleted_within_ms``: a key deleted that recently counts as held too (answered ``b""``): a
+        put made on what was seen before the delete must not undo it."""
         if not ops:
             return []
         db = self._db(name)
         olds, helds, lives = self._held(db, name, [key for key, _ in ops])
         live = [payload_of(old) for old in olds]
+        if deleted_within_ms > 0:
+            since = (int(time.time() * 1000) - deleted_within_ms) << LOGICAL_BITS
+            live = [b"" if payload is None and held is not None and _HLC.unpack(held)[0] >= since else payload
+                    for payload, held in zip(live, helds)]
         fresh = [i for i, payload in enumerate(live) if payload is None]
         if len(fresh) < len(ops):
             ops, olds, helds, lives = ([col[i] for i in fresh] for col in (ops, olds, helds, lives))

@@ -35,6 +35,9 @@ RENDER_NOW_CALL_S = 5.0  # the owner keeper's render_now call
 DISCOVERY_CALL_S = 10.0
 DISCOVERY_MEMO = 10_000  # URLs known to have a target (or just put), per replica
 DISCOVERY_MEMO_TTL_S = 600.0
+# What the origin served may predate a delete (a redirect's result retiring its source, an operator's
+# DELETE) by an origin fetch and a discovery call: a target deleted this recently is not re-created.
+DISCOVERY_AFTER_DELETE_MS = 120_000
 
 
 class Miss:
@@ -298,7 +301,8 @@ class Discovery:
                 return
             keeper = await self.ctx.keeper_of(canonical)
             # absent_only: a target put meanwhile (an operator's PUT with its own due) is left alone
-            answer = await call(keeper.put_targets.remote([{"url": canonical}], False, True), DISCOVERY_CALL_S)
+            answer = await call(keeper.put_targets.remote([{"url": canonical}], False, True, DISCOVERY_AFTER_DELETE_MS),
+                                DISCOVERY_CALL_S)
             if not answer.get("written"):
                 return
             metrics.discovered.inc()

@@ -67,7 +67,8 @@ class MemoryStore:
     def _meta(payload: bytes) -> PageMeta:
         return decode_meta(payload)[0]
 
-    async def apply_absent(self, registry: Sequence[Op]) -> list[bytes | None]:
+    async def apply_absent(self, registry: Sequence[Op], deleted_within_ms: int = 0) -> list[bytes | None]:
+        # no tombstones here: a delete forgets the key, so a recent one is never seen
         out: list[bytes | None] = []
         for key, payload in registry:
             assert isinstance(key, bytes) and payload is not None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import ray
 
@@ -42,6 +44,19 @@ def test_apply_absent_creates_only_what_holds_nothing_live_and_returns_what_is_h
     # a replay writes nothing: every key now holds a live record
     assert ray.get(store.apply_absent.remote(puts)) == [puts[0][1], held, puts[2][1]]
     assert ray.get(store.apply_absent.remote([])) == []
+
+
+def test_apply_absent_can_count_a_recent_delete_as_held(store) -> None:
+    """What a bot saw at the origin may predate a delete: discovery's put must not undo it."""
+    url = "https://s.test/p/retired-now"
+    ray.get(store.apply.remote([(target_key(url), Target(url=url).encode())]))
+    ray.get(store.apply.remote([(target_key(url), None)]))
+    put = [[target_key(url), Target(url=url).encode()]]
+    assert ray.get(store.apply_absent.remote(put, 60_000)) == [b""]
+    assert ray.get(store.get_targets.remote([url])) == [None]
+    time.sleep(0.05)
+    assert ray.get(store.apply_absent.remote(put, 1)) == [None]  # an older delete does not count
+    assert ray.get(store.get_targets.remote([url])) != [None]
 
 
 def test_counts_are_exact_through_overwrites_deletes_replays_and_a_restart(store) -> None:

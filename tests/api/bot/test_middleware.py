@@ -389,6 +389,19 @@ def test_an_indexable_miss_becomes_a_target_for_the_default_devices(node, site) 
         assert target_of(node, f"{site.base}{path}") is None, path
 
 
+def test_a_miss_does_not_revive_a_target_deleted_a_moment_ago(node, site) -> None:
+    """What the origin served may predate the delete (a 301's result retires its source while a bot's
+    miss is in flight): discovery leaves a target deleted in the last two minutes deleted."""
+    url = f"{site.base}/page/retired-a-moment-ago"
+    put_target(node.url, url)
+    assert httpx.delete(f"{node.url}/render_targets", params={"url": url}, timeout=30).status_code == 200
+    assert bot(node, url).status_code == 200
+    control = f"{site.base}/page/control-after-retired"
+    bot(node, control)
+    wait_for(lambda: target_of(node, control) is not None, what="the control's discovery")
+    assert target_of(node, url) is None
+
+
 # ------------------------------------------------------------------------------------ render-now
 
 
