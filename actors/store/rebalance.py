@@ -11,6 +11,10 @@ the store walks its per-URL records once:
   here: a local removal of the record and its bookkeeping, not a delete (nothing is shipped), and
   only if the version held is still the one every holder acknowledged.
 
+A record that reaches a node which does not hold it (shipped by a peer that had not yet learnt of the
+change, after this node's walk passed its key) is pushed on the same way: to its holders, then dropped
+here once each acknowledged; else it would stay here and its new holder would never get it.
+
 Pushes go to the peer's ``apply_remote`` directly, not through the outbox: a drop needs the ack. A
 change while a walk runs cancels it and starts again from the membership the cancelled walk started
 from (what it had not pushed yet is still owed); that membership is kept on disk until a walk
@@ -35,6 +39,7 @@ WALK_BYTES = 4 * 1024 * 1024  # and at most this many bytes of them (pages: ~30 
 PUSH_DEADLINE_S = 15.0
 PUSH_TRIES = 3
 RETRY_AFTER_S = 30.0  # a walk that left records behind (a holder did not answer) runs again after this
+PUSH_ON_TRIES = 5  # then a stray record waits here for the next walk
 # per-URL key ranges of each store: (prefix, start); page keys sort after every \x00 family
 RANGES = {"registry": ((TARGET, None),),
           "pages": ((FRESHNESS, None), (RENDER_HISTORY, None), (b"", b"\x01"))}
@@ -156,6 +161,34 @@ class Rebalancing:
                 report["unanswered"] += len(records)
         gone = [(key, sent) for key, sent, dests in leaving if all(d in answered for d in dests)]
         report["dropped"] += self.drop_local(name, gone)
+
+    def push_on(self, name: str, items: list[tuple[bytes, bytes]]) -> None:
+        """Records just received that this node does not hold (``items``: key, record): to their
+        holders, and dropped here once each has them."""
+        tasks = self._tasks  # type: ignore[attr-defined]
+        task = asyncio.get_running_loop().create_task(self._push_on(name, items))
+        tasks.append(task)
+        task.add_done_callback(lambda t: t in tasks and tasks.remove(t))
+
+    async def _push_on(self, name: str, items: list[tuple[bytes, bytes]]) -> None:
+        report = {"pushed": 0, "dropped": 0, "unanswered": 0}
+        db = self._db(name)  # type: ignore[attr-defined]
+        for attempt in range(PUSH_ON_TRIES):
+            if attempt:
+                await asyncio.sleep(RETRY_AFTER_S)
+                # only what is still here at the version received (a newer one is pushed on by itself)
+                held = db.get_many([key for key, _ in items])
+                items = [(key, now) for (key, was), now in zip(items, held)
+                         if now is not None and hlc_bytes(now) == hlc_bytes(was)]
+                report["unanswered"] = 0
+            try:
+                await self._move(name, items, self.placement, self.placement, report)
+            except Exception as e:
+                self.log.warning("pushing on a record held elsewhere failed", error=repr(e)[:300])
+                report["unanswered"] = len(items)
+            if not report["unanswered"] or not items:
+                break
+        self.log.info("records held elsewhere pushed on", db=name, **report)
 
     async def _push(self, peer: str, records: list[list]) -> bool:
         for attempt in range(PUSH_TRIES):

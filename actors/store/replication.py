@@ -212,6 +212,10 @@ class Replication(Rebalancing):
         if accepted:
             batch.append(self._counted(name, [r[0] for r in accepted], [r[3] for r in accepted], was))
         db.write(batch)
+        if accepted and self.placement.partial:
+            strays = [(r[0], r[1]) for r in accepted if not self.placement.holds(self.node, name, r[0])]
+            if strays:
+                self.push_on(name, strays)
         return len(accepted)
 
     def _batch(self, name: str, rows: list[tuple[bytes, bytes, int, bytes | None, bytes | None, bytes | None]]

@@ -95,6 +95,30 @@ async def test_a_joining_node_pulls_its_share_and_the_others_drop_what_it_took_o
     stop(nodes)
 
 
+async def test_a_record_shipped_to_a_node_after_its_walk_passed_is_pushed_on_to_its_holders(tmp_path) -> None:
+    """node-c writes records held by node-c and node-d; node-b joins and takes node-d's place for them.
+    Shipped to node-d only after node-d's walk (node-c had not yet learnt of node-b, and node-b's pull
+    came before them): node-d keeps none of them, node-b gets them all."""
+    three, four = ["node-a", "node-c", "node-d"], ["node-a", "node-b", "node-c", "node-d"]
+    net: dict[str, Node] = {}
+    nodes = await seeded(tmp_path, three, net)
+    b = Node("node-b", tmp_path, three, net, replicas=R)
+    nodes["node-b"] = net["node-b"] = b
+    await b.synced.wait()
+    late = [u for u in (f"https://x.com/late/{i}" for i in range(200))
+            if holders(three, u) == {"node-c", "node-d"} and holders(four, u) == {"node-b", "node-c"}]
+    assert late
+    d = net.pop("node-d")  # node-c's shipping to node-d stalls
+    write(nodes["node-c"], late)
+    for name in three:
+        await nodes[name].set_membership(four)
+    await _until(lambda: d.rebalance_report["state"] == "done", "node-d's walk")
+    net["node-d"] = d
+    await _until(lambda: all(v == {"node-b", "node-c"} for u in late for v in where(nodes, u).values()),
+                 "the late records on exactly their holders")
+    stop(nodes)
+
+
 async def test_a_lost_node_s_urls_get_their_new_holder_from_a_survivor(tmp_path) -> None:
     four = ["node-a", "node-b", "node-c", "node-d"]
     three = ["node-a", "node-b", "node-d"]
