@@ -119,10 +119,24 @@ async def lookup_async(kind: str, node: str, index: int | None = None) -> Any:
     return await asyncio.to_thread(lookup, kind, node, index)
 
 
+_controller: list[Any] = []  # the controller's handle, looked up once per process (see member_nodes)
+
+
 async def member_nodes(timeout: float = 10.0) -> list[dict]:
-    """The controller's current nodes (``NodeInfo`` dicts): the truth a membership push carries."""
-    controller = await asyncio.to_thread(ray.get_actor, CONTROLLER, namespace=NAMESPACE)
-    nodes: list[dict] = await call(controller.nodes_info.remote(), timeout)
+    """The controller's current nodes (``NodeInfo`` dicts): the truth a membership push carries.
+    The whole ask is under ``timeout``, the handle lookup (a thread: a GCS round trip) included;
+    the handle is kept, so a check every few seconds needs no thread, and forgotten on a failure
+    (a controller placed again has a new one)."""
+    async def ask() -> list[dict]:
+        if not _controller:
+            _controller.append(await asyncio.to_thread(ray.get_actor, CONTROLLER, namespace=NAMESPACE))
+        return await _controller[0].nodes_info.remote()
+
+    try:
+        nodes: list[dict] = await call(ask(), timeout)
+    except BaseException:
+        _controller.clear()
+        raise
     return nodes
 
 
@@ -139,12 +153,16 @@ async def follow_membership(held: Any, apply: Any, log: Any, every: float = MEMB
     controller's and apply the controller's (``apply(nodes)``) when they differ. Pushes are not
     ordered: one delivered late to an actor that was starting can replace a newer membership, and
     no later push need come (seen in CI: a restarted node kept a two-node view for minutes)."""
+    unasked_at = -60.0
     while True:
         await asyncio.sleep(every)
         try:
             nodes = await member_nodes()
-        except Exception:
-            continue  # the controller is away: the pushes and the next check will do
+        except Exception as e:  # the controller is away: the pushes and the next check will do
+            if time.monotonic() - unasked_at >= 60:  # said once a minute at most
+                unasked_at = time.monotonic()
+                log.warning("the controller's membership could not be read", error=repr(e)[:200])
+            continue
         try:
             names = sorted({n["name"] for n in nodes})
             if names and names != sorted(set(held())):

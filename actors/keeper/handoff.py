@@ -12,6 +12,7 @@ rows their receiver no longer owns: the receiver passes them on.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -36,6 +37,7 @@ class Handoff:
         self.node = node
         self.log = log
         self.members = members  # the controller's node list (None: membership comes by push only)
+        self._unasked_at = -60.0
         self.previous: Ownership | None = None  # the membership before the last change
         self.task: asyncio.Task | None = None
         self.report: dict[str, Any] = {"handedOff": 0, "adopted": 0, "pending": False}
@@ -61,7 +63,11 @@ class Handoff:
             return None
         try:
             names = await self.members()
-        except Exception:
+        except Exception as e:  # said once a minute at most: a check that never answers hides a stale view
+            now = time.monotonic()
+            if now - self._unasked_at >= 60:
+                self._unasked_at = now
+                self.log.warning("the controller's membership could not be read", error=repr(e)[:200])
             return None
         if not names or tuple(sorted(set(names))) == self.ownership.names:
             return {"changed": False}
