@@ -23,7 +23,7 @@ from prerender_ray.actors import deploy
 from prerender_ray.identity.nodes import RAY_SYSTEM_CONFIG
 from prerender_ray.processes import pid_alive
 from prerender_ray.worker.supervise import find_chromium
-from tests.support import free_port
+from tests.support import free_port, wait_for
 
 CLI = [sys.executable, "-m", "prerender_ray.cli.main"]
 
@@ -191,12 +191,17 @@ def foreground_up(data: Path, port: int, *args: str,
         assert until in out, out
         record = deploy.Record.read(data)
         assert record is not None and record.owns_ray
-        assert httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200
+        # each probe gives the node's actors 2 s to answer: on a loaded machine one can be late
+        wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=10).status_code == 200,
+                 timeout=30, what="/readyz after `up` said it was ready")
         yield proc, record, out
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.communicate()
+            try:  # what it started may still hold its output pipe open: never wait on that for good
+                proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.stdout.close()
         if (data / deploy.RECORD).exists():
             run("down", "--data-dir", str(data))
 
