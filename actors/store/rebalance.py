@@ -13,7 +13,8 @@ the store walks its per-URL records once:
 
 A record that reaches a node which does not hold it (shipped by a peer that had not yet learnt of the
 change, after this node's walk passed its key) is pushed on the same way: to its holders, then dropped
-here once each acknowledged; else it would stay here and its new holder would never get it.
+here once each acknowledged; else it would stay here and its new holder would never get it. That
+waits ``PUSH_ON_AFTER_S`` and asks the membership of then: a stale view must not send records away.
 
 Pushes go to the peer's ``apply_remote`` directly, not through the outbox: a drop needs the ack. A
 change while a walk runs cancels it and starts again from the membership the cancelled walk started
@@ -40,6 +41,9 @@ PUSH_DEADLINE_S = 15.0
 PUSH_TRIES = 3
 RETRY_AFTER_S = 30.0  # a walk that left records behind (a holder did not answer) runs again after this
 PUSH_ON_TRIES = 5  # then a stray record waits here for the next walk
+# A stray is pushed on only after this, and only if it still is one: a node whose membership is stale
+# (a late push applied; corrected within ~5 s) would otherwise send away records it holds.
+PUSH_ON_AFTER_S = 15.0
 # per-URL key ranges of each store: (prefix, start); page keys sort after every \x00 family
 RANGES = {"registry": ((TARGET, None),),
           "pages": ((FRESHNESS, None), (RENDER_HISTORY, None), (b"", b"\x01"))}
@@ -174,21 +178,25 @@ class Rebalancing:
         report = {"pushed": 0, "dropped": 0, "unanswered": 0}
         db = self._db(name)  # type: ignore[attr-defined]
         for attempt in range(PUSH_ON_TRIES):
-            if attempt:
-                await asyncio.sleep(RETRY_AFTER_S)
-                # only what is still here at the version received (a newer one is pushed on by itself)
-                held = db.get_many([key for key, _ in items])
-                items = [(key, now) for (key, was), now in zip(items, held)
-                         if now is not None and hlc_bytes(now) == hlc_bytes(was)]
-                report["unanswered"] = 0
+            await asyncio.sleep(RETRY_AFTER_S if attempt else PUSH_ON_AFTER_S)
+            # only what is still here at the version received (a newer one is pushed on by itself)
+            # and still not held here under the membership of now
+            held = db.get_many([key for key, _ in items])
+            items = [(key, now) for (key, was), now in zip(items, held)
+                     if now is not None and hlc_bytes(now) == hlc_bytes(was)
+                     and not self.placement.holds(self.node, name, key)]
+            report["unanswered"] = 0
+            if not items:
+                break
             try:
                 await self._move(name, items, self.placement, self.placement, report)
             except Exception as e:
                 self.log.warning("pushing on a record held elsewhere failed", error=repr(e)[:300])
                 report["unanswered"] = len(items)
-            if not report["unanswered"] or not items:
+            if not report["unanswered"]:
                 break
-        self.log.info("records held elsewhere pushed on", db=name, **report)
+        if any(report.values()):
+            self.log.info("records held elsewhere pushed on", db=name, **report)
 
     async def _push(self, peer: str, records: list[list]) -> bool:
         for attempt in range(PUSH_TRIES):

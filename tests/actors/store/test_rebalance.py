@@ -95,10 +95,11 @@ async def test_a_joining_node_pulls_its_share_and_the_others_drop_what_it_took_o
     stop(nodes)
 
 
-async def test_a_record_shipped_to_a_node_after_its_walk_passed_is_pushed_on_to_its_holders(tmp_path) -> None:
+async def test_a_record_shipped_to_a_node_after_its_walk_passed_is_pushed_on_to_its_holders(tmp_path, monkeypatch) -> None:
     """node-c writes records held by node-c and node-d; node-b joins and takes node-d's place for them.
     Shipped to node-d only after node-d's walk (node-c had not yet learnt of node-b, and node-b's pull
     came before them): node-d keeps none of them, node-b gets them all."""
+    monkeypatch.setattr(rebalance, "PUSH_ON_AFTER_S", 0.1)
     three, four = ["node-a", "node-c", "node-d"], ["node-a", "node-b", "node-c", "node-d"]
     net: dict[str, Node] = {}
     nodes = await seeded(tmp_path, three, net)
@@ -116,6 +117,31 @@ async def test_a_record_shipped_to_a_node_after_its_walk_passed_is_pushed_on_to_
     net["node-d"] = d
     await _until(lambda: all(v == {"node-b", "node-c"} for u in late for v in where(nodes, u).values()),
                  "the late records on exactly their holders")
+    stop(nodes)
+
+
+async def test_a_node_whose_membership_was_stale_for_a_moment_keeps_what_it_holds(tmp_path, monkeypatch) -> None:
+    """node-b applies a late push that still lists node-e (gone from the cluster, its store still up)
+    and receives records it holds, though not in that view; its membership is right again before a
+    stray is pushed on: it keeps them all (pushed on at once, they would have gone to node-e)."""
+    monkeypatch.setattr(rebalance, "PUSH_ON_AFTER_S", 0.5)
+    four, five = ["node-a", "node-b", "node-c", "node-d"], ["node-a", "node-b", "node-c", "node-d", "node-e"]
+    net: dict[str, Node] = {}
+    nodes = await seeded(tmp_path, four, net)
+    e = Node("node-e", tmp_path, [n for n in five if n != "node-e"], net, replicas=R)
+    net["node-e"] = e
+    await e.synced.wait()
+    fresh = [u for u in (f"https://x.com/fresh/{i}" for i in range(300))
+             if "node-b" in holders(four, u) and "node-b" not in holders(five, u)]
+    assert fresh
+    await nodes["node-b"].set_membership(five)
+    for u in fresh:
+        write(nodes[Ownership(four).owner(u)] if Ownership(four).owner(u) != "node-b" else nodes["node-a"], [u])
+    await _until(lambda: all(nodes["node-b"].target(u) is not None for u in fresh), "the records on node-b")
+    await nodes["node-b"].set_membership(four)
+    await asyncio.sleep(1.5)
+    assert [u for u in fresh if nodes["node-b"].target(u) is None] == []
+    e.crash()
     stop(nodes)
 
 
