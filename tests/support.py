@@ -226,15 +226,15 @@ def take(base: str, keys: list[str], timeout: float = 20, **kw: Any) -> dict[str
     return got
 
 
-def post_result(job: dict, *, worker: str | None = None, **kw: Any) -> httpx.Response:
+def post_result(job: dict, *, worker: str | None = None, retry_503: bool = True, **kw: Any) -> httpx.Response:
     """``worker``: the x-worker-id the reference fleet sends (none when None). A 503 is posted again
     after its Retry-After, a few times, as the fleet does (a node starved of CPU while the suite runs
-    beside it answered one: its store did not answer the result within 10 s); any other answer is
-    the caller's."""
+    beside it answered one: its store did not answer the result within 10 s), unless ``retry_503``
+    is False (a test of what is acknowledged); any other answer is the caller's."""
     body, headers = result_body(job, **kw)
     if worker is not None:
         headers["x-worker-id"] = worker
-    for _ in range(3):
+    for _ in range(3 if retry_503 else 1):
         r = httpx.post(f"{job['callbackOrigin']}/render_queue/job_result", content=body, headers=headers, timeout=30)
         if r.status_code != 503:
             break
