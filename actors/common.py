@@ -119,6 +119,21 @@ async def lookup_async(kind: str, node: str, index: int | None = None) -> Any:
     return await asyncio.to_thread(lookup, kind, node, index)
 
 
+class Sometimes:
+    """True at most once per ``every`` seconds: a warning a loop would otherwise repeat."""
+
+    def __init__(self, every: float = 60.0):
+        self.every = every
+        self._at = -every
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now - self._at < self.every:
+            return False
+        self._at = now
+        return True
+
+
 _controller: list[Any] = []  # the controller's handle, looked up once per process (see member_nodes)
 
 
@@ -153,14 +168,13 @@ async def follow_membership(held: Any, apply: Any, log: Any, every: float = MEMB
     controller's and apply the controller's (``apply(nodes)``) when they differ. Pushes are not
     ordered: one delivered late to an actor that was starting can replace a newer membership, and
     no later push need come (seen in CI: a restarted node kept a two-node view for minutes)."""
-    unasked_at = -60.0
+    unasked = Sometimes()
     while True:
         await asyncio.sleep(every)
         try:
             nodes = await member_nodes()
         except Exception as e:  # the controller is away: the pushes and the next check will do
-            if time.monotonic() - unasked_at >= 60:  # said once a minute at most
-                unasked_at = time.monotonic()
+            if unasked.due():
                 log.warning("the controller's membership could not be read", error=repr(e)[:200])
             continue
         try:

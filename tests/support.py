@@ -234,9 +234,10 @@ def post_result(job: dict, *, worker: str | None = None, retry_503: bool = True,
     body, headers = result_body(job, **kw)
     if worker is not None:
         headers["x-worker-id"] = worker
-    for _ in range(3 if retry_503 else 1):
+    tries = 3 if retry_503 else 1
+    for attempt in range(tries):
         r = httpx.post(f"{job['callbackOrigin']}/render_queue/job_result", content=body, headers=headers, timeout=30)
-        if r.status_code != 503:
+        if r.status_code != 503 or attempt == tries - 1:
             break
         time.sleep(min(5.0, float(r.headers.get("retry-after") or 1)))
     return r

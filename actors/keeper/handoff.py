@@ -12,10 +12,10 @@ rows their receiver no longer owns: the receiver passes them on.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from prerender_ray.actors.common import Sometimes
 from prerender_ray.actors.keeper.claims import Claims
 from prerender_ray.actors.keeper.rows import Rows
 from prerender_ray.identity.nodes import Ownership
@@ -37,7 +37,7 @@ class Handoff:
         self.node = node
         self.log = log
         self.members = members  # the controller's node list (None: membership comes by push only)
-        self._unasked_at = -60.0
+        self._unasked = Sometimes()
         self.previous: Ownership | None = None  # the membership before the last change
         self.task: asyncio.Task | None = None
         self.report: dict[str, Any] = {"handedOff": 0, "adopted": 0, "pending": False}
@@ -63,10 +63,8 @@ class Handoff:
             return None
         try:
             names = await self.members()
-        except Exception as e:  # said once a minute at most: a check that never answers hides a stale view
-            now = time.monotonic()
-            if now - self._unasked_at >= 60:
-                self._unasked_at = now
+        except Exception as e:  # said: a check that never answers hides a stale view
+            if self._unasked.due():
                 self.log.warning("the controller's membership could not be read", error=repr(e)[:200])
             return None
         if not names or tuple(sorted(set(names))) == self.ownership.names:

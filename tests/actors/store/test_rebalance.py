@@ -55,6 +55,13 @@ async def seeded(tmp_path, names: list[str], net: dict[str, Node]) -> dict[str, 
     return nodes
 
 
+async def joined(tmp_path, name: str, peers: list[str], nodes: dict[str, Node], net: dict[str, Node]) -> Node:
+    """``name`` started with ``peers``, reachable, and done with its catch-up."""
+    node = nodes[name] = net[name] = Node(name, tmp_path, peers, net, replicas=R)
+    await node.synced.wait()
+    return node
+
+
 def stop(nodes) -> None:
     for node in list(nodes.values()):
         node.crash()
@@ -78,9 +85,7 @@ async def test_a_joining_node_pulls_its_share_and_the_others_drop_what_it_took_o
     three, four = ["node-a", "node-b", "node-c"], ["node-a", "node-b", "node-c", "node-d"]
     net: dict[str, Node] = {}
     nodes = await seeded(tmp_path, three, net)
-    d = Node("node-d", tmp_path, three, net, replicas=R)
-    nodes["node-d"] = net["node-d"] = d
-    await d.synced.wait()
+    d = await joined(tmp_path, "node-d", three, nodes, net)
     mine = [u for u in URLS if "node-d" in holders(four, u)]
     assert mine and all(d.target(u) is not None for u in mine)  # its share, pulled
     assert [u for u in URLS if u not in mine and d.target(u) is not None] == []  # and nothing else
@@ -103,9 +108,7 @@ async def test_a_record_shipped_to_a_node_after_its_walk_passed_is_pushed_on_to_
     three, four = ["node-a", "node-c", "node-d"], ["node-a", "node-b", "node-c", "node-d"]
     net: dict[str, Node] = {}
     nodes = await seeded(tmp_path, three, net)
-    b = Node("node-b", tmp_path, three, net, replicas=R)
-    nodes["node-b"] = net["node-b"] = b
-    await b.synced.wait()
+    await joined(tmp_path, "node-b", three, nodes, net)
     late = [u for u in (f"https://x.com/late/{i}" for i in range(200))
             if holders(three, u) == {"node-c", "node-d"} and holders(four, u) == {"node-b", "node-c"}]
     assert late
