@@ -21,6 +21,7 @@ from prerender_ray.storage.touches import Touch, touch_key
 from prerender_ray.timeutil import now_ms
 
 SCAN_CHUNK = 2_000
+PATCH_TRIES = 3  # a target written between a patch's read and its write: read and patched again
 
 
 class Targets:
@@ -95,14 +96,26 @@ class Targets:
 
     async def patch_targets(self, items: list[list]) -> dict:
         """Merge fields into existing targets ([url, changes] pairs); never touches schedule rows (the
-        render clock)."""
-        found = await self.store.get_targets([u for u, _ in items])
-        registry: list[Any] = []
-        for (url, changes), data in zip(items, found):
-            if data is not None:
-                registry.append([target_key(url), Target.decode(url, data).patched(**changes).encode()])
-        await self.store.apply(registry)
-        return {"patched": len(registry)}
+        render clock). Each write is conditional on the target read: one deleted meanwhile (a
+        redirect retired it, an operator deleted it) stays deleted, and one written meanwhile is
+        read again and patched again (a sitemap walk patches what it saw seconds before)."""
+        patched = 0
+        for _ in range(PATCH_TRIES):
+            found = await self.store.get_targets([u for u, _ in items])
+            registry: list[Any] = []
+            expected: list[bytes | None] = []
+            tried = []
+            for (url, changes), data in zip(items, found):
+                if data is not None:
+                    registry.append([target_key(url), Target.decode(url, data).patched(**changes).encode()])
+                    expected.append(data)
+                    tried.append([url, changes])
+            written = await self.store.apply_if(registry, expected) if registry else []
+            patched += sum(written)
+            items = [item for item, ok in zip(tried, written) if not ok]
+            if not items:
+                break
+        return {"patched": patched}
 
     async def delete_targets(self, urls: list[str]) -> dict:
         found = await self.store.get_targets(urls)

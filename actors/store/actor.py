@@ -111,6 +111,13 @@ class NodeStore(Replication):
         held (left as it is); ``deleted_within_ms``: see ``commit_absent``."""
         return self.commit_absent("registry", registry, deleted_within_ms)
 
+    async def apply_if(self, registry: list[Op], expected: list[bytes | None]) -> list[bool]:
+        """Registry writes of keys that still hold ``expected``; per op, whether it was written
+        (see ``commit_if``)."""
+        if len(expected) != len(registry):
+            raise ValueError("one expected payload per op")
+        return self.commit_if("registry", registry, expected)
+
     # ------------------------------------------------------------------------------------- reads
 
     async def get(self, keys: list[bytes]) -> list[bytes | None]:
@@ -236,6 +243,9 @@ class StoreClient:
 
     async def apply_absent(self, registry: Sequence[rpc.Op], deleted_within_ms: int = 0) -> list[bytes | None]:
         return await call(self.handle.apply_absent.remote(registry, deleted_within_ms), self.deadline_s)
+
+    async def apply_if(self, registry: Sequence[rpc.Op], expected: list[bytes | None]) -> list[bool]:
+        return await call(self.handle.apply_if.remote(registry, expected), self.deadline_s)
 
     async def get(self, keys: list[bytes]) -> list[bytes | None]:
         return await call(self.handle.get.remote(keys), self.deadline_s)

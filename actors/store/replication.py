@@ -177,6 +177,20 @@ class Replication(Rebalancing):
             self._commit(db, name, ops, olds, helds, lives)
         return live
 
+    def commit_if(self, name: str, ops: list[tuple[bytes, bytes | None]], expected: list[bytes | None]) -> list[bool]:
+        """``commit_local`` of the ops whose key still holds the live payload ``expected`` (None: nothing
+        live); per op, whether it was written. A read-modify-write (a patch) made on what was read
+        before a delete or another write must not undo it: the check and the write in one step."""
+        if not ops:
+            return []
+        db = self._db(name)
+        olds, helds, lives = self._held(db, name, [key for key, _ in ops])
+        same = [payload_of(old) == want for old, want in zip(olds, expected)]
+        keep = [i for i, ok in enumerate(same) if ok]
+        if keep:
+            self._commit(db, name, *([col[i] for i in keep] for col in (ops, olds, helds, lives)))
+        return same
+
     def _commit(self, db: Any, name: str, ops: list, olds: list, helds: list, lives: list) -> None:
         first = self.clock.reserve(len(ops))
         records = wrap_many(self.node, first, [p for _, p in ops])

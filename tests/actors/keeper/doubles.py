@@ -78,6 +78,14 @@ class MemoryStore:
             out.append(held)
         return out
 
+    async def apply_if(self, registry: Sequence[Op], expected: list[bytes | None]) -> list[bool]:
+        out = []
+        for (key, payload), want in zip(registry, expected, strict=True):
+            out.append(self.registry.get(key) == want)
+            if out[-1]:
+                await self.apply([(key, payload)])
+        return out
+
     async def get(self, keys: list[bytes]) -> list[bytes | None]:
         return [self.registry.get(k) for k in keys]
 

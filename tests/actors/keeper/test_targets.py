@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from prerender_ray.queue.targets import paced_due
 from prerender_ray.storage.pages import Page
+from prerender_ray.storage.registry import Target
 from prerender_ray.timeutil import DAY_MS, HOUR_MS, minute, now_ms
 from tests.actors.keeper.conftest import SITE, config
 from tests.actors.keeper.test_claims import put_due
@@ -63,3 +64,33 @@ async def test_a_lastmod_newer_than_a_page_makes_it_due_paced_and_is_counted(kee
                for url in (fresh, unrendered) for key in k.conf.rules.keys_of(url))
     again = await k.targets.lastmod_due([stale], [lastmod], HOUR_MS)
     assert again == {"due": 0, "rows": 0}  # due within the window already: never delayed or rewritten
+
+
+async def test_a_patch_never_brings_back_a_target_deleted_after_it_was_read(keepers, monkeypatch) -> None:
+    """A sitemap walk patches targets it saw seconds before; a redirect's result may have retired one
+    meanwhile. Deleted between the patch's read and its write: it stays deleted. Written meanwhile:
+    read and patched again, the other write kept."""
+    k = keepers()
+    await k.load()
+    gone, moved = SITE + "/retired", SITE + "/rewritten"
+    await k.targets.put_targets([{"url": gone}, {"url": moved}])
+    read = k.store.get_targets
+    calls = 0
+
+    async def racing(urls: list[str]) -> list:
+        nonlocal calls
+        found = await read(urls)
+        calls += 1
+        if calls == 1:  # between the read and the write: a delete, and another writer's change
+            await k.targets.delete_targets([gone])
+            await k.targets.put_targets([{"url": moved, "renderInterval": 7 * DAY_MS}])
+        return found
+
+    monkeypatch.setattr(k.store, "get_targets", racing)
+    answer = await k.targets.patch_targets([[gone, {"sitemap_url": SITE + "/s.xml"}],
+                                            [moved, {"sitemap_url": SITE + "/s.xml"}]])
+    assert answer == {"patched": 1}
+    [left, kept] = await read([gone, moved])
+    assert left is None
+    target = Target.decode(moved, kept)
+    assert (target.sitemap_url, target.render_interval) == (SITE + "/s.xml", 7 * DAY_MS)

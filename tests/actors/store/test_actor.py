@@ -1,4 +1,5 @@
-"""The NodeStore's conditional write: what a sitemap walk creates its new targets with."""
+"""The NodeStore's conditional writes: what a sitemap walk creates its new targets with, and what a
+patch writes only over the target it read."""
 
 from __future__ import annotations
 
@@ -149,3 +150,21 @@ def test_a_freshness_record_replicates_and_applies_only_to_a_newer_write_of_its_
     assert expires(peer) == 2_000
     ray.get(peer.close.remote())
     ray.kill(peer)
+
+
+def test_apply_if_writes_only_over_the_payload_that_was_read(store) -> None:
+    same, changed, deleted = (f"https://s.test/if/{name}" for name in ("same", "changed", "deleted"))
+    was = {u: Target(url=u).encode() for u in (same, changed, deleted)}
+    ray.get(store.apply.remote([(target_key(u), p) for u, p in was.items()]))
+    now = Target(url=changed, sitemap_url="https://s.test/other.xml").encode()
+    ray.get(store.apply.remote([(target_key(changed), now), (target_key(deleted), None)]))
+
+    patch = {u: Target(url=u, sitemap_url="https://s.test/new.xml").encode() for u in was}
+    ops = [[target_key(u), p] for u, p in patch.items()]
+    assert ray.get(store.apply_if.remote(ops, list(was.values()))) == [True, False, False]
+    assert ray.get(store.get_targets.remote([same, changed, deleted])) == [patch[same], now, None]
+    # None expects nothing live: a write over a tombstone
+    assert ray.get(store.apply_if.remote([ops[2]], [None])) == [True]
+    assert ray.get(store.get_targets.remote([deleted])) == [patch[deleted]]
+    with pytest.raises(ray.exceptions.RayTaskError, match="one expected payload per op"):
+        ray.get(store.apply_if.remote(ops, []))
