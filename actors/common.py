@@ -115,8 +115,19 @@ def lookup(kind: str, node: str, index: int | None = None) -> Any:
         raise ActorNotPlaced(str(e)) from None
 
 
+LOOKUP_DEADLINE_S = 10.0
+
+
 async def lookup_async(kind: str, node: str, index: int | None = None) -> Any:
-    return await asyncio.to_thread(lookup, kind, node, index)
+    """``lookup`` in a thread, under a deadline (a GCS round trip; under load it can take long)."""
+    return await call(asyncio.to_thread(lookup, kind, node, index), LOOKUP_DEADLINE_S)
+
+
+def cancelled_here() -> bool:
+    """Whether the running task itself is being cancelled: a CancelledError that is not (one that
+    came out of an awaited call) must not end a loop that has to keep running."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 class Sometimes:
@@ -161,6 +172,7 @@ async def member_names(timeout: float = 10.0) -> list[str]:
 
 
 MEMBERSHIP_CHECK_S = 5.0
+MEMBERSHIP_APPLY_DEADLINE_S = 30.0  # a check that hangs in the apply would never check again
 
 
 async def follow_membership(held: Any, apply: Any, log: Any, every: float = MEMBERSHIP_CHECK_S) -> None:
@@ -173,7 +185,9 @@ async def follow_membership(held: Any, apply: Any, log: Any, every: float = MEMB
         await asyncio.sleep(every)
         try:
             nodes = await member_nodes()
-        except Exception as e:  # the controller is away: the pushes and the next check will do
+        except (Exception, asyncio.CancelledError) as e:  # the controller is away: the pushes and the next check will do
+            if isinstance(e, asyncio.CancelledError) and cancelled_here():
+                raise
             if unasked.due():
                 log.warning("the controller's membership could not be read", error=repr(e)[:200])
             continue
@@ -182,8 +196,10 @@ async def follow_membership(held: Any, apply: Any, log: Any, every: float = MEMB
             if names and names != sorted(set(held())):
                 log.warning("membership differs from the controller's; applying it", held=sorted(set(held())),
                             controller=names)
-                await apply(nodes)
-        except Exception as e:
+                await call(apply(nodes), MEMBERSHIP_APPLY_DEADLINE_S)
+        except (Exception, asyncio.CancelledError) as e:
+            if isinstance(e, asyncio.CancelledError) and cancelled_here():
+                raise
             metrics.loop_errors.labels("membership-check").inc()
             log.error("membership check failed", error=repr(e))
 
@@ -224,7 +240,7 @@ class Handles:
                 continue
             try:
                 fresh[node] = (time.monotonic(), self.wrap(await lookup_async(self.kind, node)))
-            except ValueError:
+            except (ValueError, DeadlineExceeded):
                 pass
         self._cache = fresh
 

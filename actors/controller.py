@@ -221,7 +221,8 @@ class Controller:
         return {
             "name": p.info.name, "url": p.info.url, "rayNodeId": p.info.ray_node_id,
             "keeper": {"state": keeper.get("phase", "down"), "rows": keeper.get("rows"),
-                       "reason": keeper.get("reason")},
+                       "reason": keeper.get("reason"), "members": keeper.get("members"),
+                       "membershipCheckedAt": keeper.get("membershipCheckedAt")},
             "leasesInFlight": leases.get("inFlight"),
             "ingressReplicas": {"up": up, "configured": len(replicas)},
             "queueStatus": keeper.get("queueStatus", "unready"),

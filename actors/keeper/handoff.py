@@ -21,6 +21,7 @@ from prerender_ray.actors.keeper.rows import Rows
 from prerender_ray.identity.nodes import Ownership
 from prerender_ray.queue.schedule import ScheduleRow
 from prerender_ray.rpc import LeaseApi, Peers
+from prerender_ray.timeutil import now_ms
 
 HANDOFF_BATCH = 1_000
 MAX_BACKOFF_S = 30.0
@@ -38,6 +39,7 @@ class Handoff:
         self.log = log
         self.members = members  # the controller's node list (None: membership comes by push only)
         self._unasked = Sometimes()
+        self.checked_at: int | None = None  # when the controller last answered a check (epoch ms)
         self.previous: Ownership | None = None  # the membership before the last change
         self.task: asyncio.Task | None = None
         self.report: dict[str, Any] = {"handedOff": 0, "adopted": 0, "pending": False}
@@ -67,6 +69,7 @@ class Handoff:
             if self._unasked.due():
                 self.log.warning("the controller's membership could not be read", error=repr(e)[:200])
             return None
+        self.checked_at = now_ms()
         if not names or tuple(sorted(set(names))) == self.ownership.names:
             return {"changed": False}
         self.log.warning("membership differs from the controller's; applying it", held=list(self.ownership.names),
@@ -76,17 +79,18 @@ class Handoff:
     async def set_membership(self, names: list[str]) -> dict:
         before = Ownership(self.ownership.names)
         changed = self.ownership.update(names)
+        answer: dict[str, Any] = {"changed": False}
+        if changed:  # all of it before the first await: a call cut off at its deadline leaves no half
+            self.previous = before
+            departed = [n for n in before.names if n not in self.ownership.names]
+            released = self.rows.ranking.drop_where(lambda k: not self.rows.owns(k))  # stop granting them now
+            self.log.info("membership", nodes=list(self.ownership.names), departed=departed, releasing=released)
+            self.kick()
+            if departed:
+                self.on_departed(departed, before)
+            answer = {"changed": True, "releasing": released, "departed": departed}
         await self.peers.renew([n for n in self.ownership.names if n != self.node])
-        if not changed:
-            return {"changed": False}
-        self.previous = before
-        departed = [n for n in before.names if n not in self.ownership.names]
-        released = self.rows.ranking.drop_where(lambda k: not self.rows.owns(k))  # stop granting them now
-        self.log.info("membership", nodes=list(self.ownership.names), departed=departed, releasing=released)
-        self.kick()
-        if departed:
-            self.on_departed(departed, before)
-        return {"changed": True, "releasing": released, "departed": departed}
+        return answer
 
     def kick(self) -> None:
         if self.task is None or self.task.done():

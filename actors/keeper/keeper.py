@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from prerender_ray import metrics
+from prerender_ray.actors.common import cancelled_here
 from prerender_ray.actors.keeper.claims import Claims
 from prerender_ray.actors.keeper.handoff import Handoff
 from prerender_ray.actors.keeper.repair import Repair
@@ -28,13 +29,14 @@ from prerender_ray.actors.keeper.targets import Targets
 from prerender_ray.config.model import Config
 from prerender_ray.config.overrides import LiveConfig
 from prerender_ray.identity.nodes import NodeInfo, Ownership
-from prerender_ray.rpc import LeaseApi, Peers, StoreApi
+from prerender_ray.rpc import LeaseApi, Peers, StoreApi, call
 from prerender_ray.storage.keys import OVERRIDES_KEY
 from prerender_ray.storage.rocks import Store
 from prerender_ray.timeutil import now_ms
 
 STORE_SYNC_S = 300.0
 MEMBERSHIP_CHECK_S = 5.0  # how often the keeper compares its membership with the controller's
+MEMBERSHIP_CHECK_DEADLINE_S = 30.0  # a check that hangs (a lookup, the apply) would never check again
 FREEZE_EVERY_S = 300.0
 LEASE_TABLE_TRIES = 30
 
@@ -194,8 +196,10 @@ class Keeper:
         while True:
             await asyncio.sleep(MEMBERSHIP_CHECK_S)
             try:
-                await self.handoff.check_membership()
-            except Exception as e:
+                await call(self.handoff.check_membership(), MEMBERSHIP_CHECK_DEADLINE_S)
+            except (Exception, asyncio.CancelledError) as e:  # only this task's own cancel ends the loop
+                if isinstance(e, asyncio.CancelledError) and cancelled_here():
+                    raise
                 metrics.loop_errors.labels("membership-check").inc()
                 self.log.error("membership check failed", error=repr(e))
 
@@ -238,6 +242,7 @@ class Keeper:
         rows = self.rows
         return {"phase": rows.phase, "live": rows.live, "rows": len(rows), "pid": os.getpid(),
                 "loadMs": rows.load_ms, "queueStatus": self.status.current, "paused": self.claims.paused,
+                "members": list(self.ownership.names), "membershipCheckedAt": self.handoff.checked_at,
                 "reason": None if rows.live else f"keeper is {rows.phase}"}
 
     def due_times(self, keys: list[str]) -> list[int | None]:

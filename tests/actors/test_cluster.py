@@ -105,8 +105,23 @@ class Holding:
         return not any(self.missing.values()) and not any(self.extra.values())
 
     def __repr__(self) -> str:
-        return ", ".join(f"{n}: {len(self.missing[n])} missing {self.missing[n][:3]}, {len(self.extra[n])} extra "
-                         f"{self.extra[n][:3]}" for n in self.missing)
+        off = ", ".join(f"{n}: {len(self.missing[n])} missing {self.missing[n][:3]}, {len(self.extra[n])} extra "
+                        f"{self.extra[n][:3]}" for n in self.missing)
+        return off + f"; keepers: {keeper_views(list(self.missing))}" if not self else off
+
+
+def keeper_views(names: list[str]) -> dict[str, str]:
+    """Each keeper's membership and how long ago its controller check last answered: what a wait
+    that timed out needs to say why."""
+    out = {}
+    for n in names:
+        try:
+            st = ray.get(lookup("keeper", n).status.remote(), timeout=10)
+            at = st.get("membershipCheckedAt")
+            out[n] = f"{st.get('phase')} {st.get('members')} checked {'never' if at is None else f'{time.time() - at / 1000:.0f}s ago'}"
+        except (ValueError, ray.exceptions.RayError) as e:
+            out[n] = type(e).__name__
+    return out
 
 
 def held_by_owners(names: tuple[str, ...]) -> Holding:

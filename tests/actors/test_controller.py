@@ -36,6 +36,8 @@ def test_every_node_gets_its_actors_and_answers_ready(ray_cluster, tmp_path) -> 
         # still answer 503 right after the controller reports ready
         wait_for(lambda: get(f"{d.url}/readyz").status_code == 200, timeout=15, what="readyz 200")
         assert (tmp_path / "data" / "nodes" / "node-a" / "schedule").is_dir()
+        assert node["keeper"]["members"] == ["node-a"]  # what it holds, beside when it last checked
+        assert "membershipCheckedAt" in node["keeper"]
         # Every actor runs on its node, named by the node's stable name.
         for kind in ("store", "leases", "keeper"):
             assert lookup(kind, "node-a") is not None

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from prerender_ray.actors.keeper import keeper as keeper_module
 from prerender_ray.identity.nodes import Ownership
 from tests.actors.keeper.test_claims import put_due
 
@@ -21,6 +24,20 @@ async def lagging_a(keepers):
     await b.load()
     await c.load()
     return a, b, c, urls
+
+
+async def stale_b(keepers):
+    """node-b, still starting, applied a late {a, b} after the controller moved to {a, b, c}, and
+    adopted rows of node-c's slice under it: node-b, node-c and those rows."""
+    a, b, c, urls = await lagging_a(keepers)
+    await b.handoff.set_membership(["node-a", "node-b"])  # the late push
+    await a.handoff.set_membership(["node-a", "node-b"])
+    await asyncio.wait_for(a.handoff.task, 10)
+    owners = Ownership(THREE)
+    keys = [key for u in urls for key in a.conf.rules.keys_of(u)]
+    strays = [k for k in keys if b.rows.row(k) is not None and owners.owner(a.conf.rules.url_of(k)) != "node-b"]
+    assert strays  # the case under test occurs
+    return b, c, strays
 
 
 async def test_a_joining_node_gets_its_rows_with_their_due_times_and_their_leases(keepers) -> None:
@@ -125,14 +142,7 @@ async def test_a_keeper_that_applied_a_stale_push_comes_back_to_the_controllers_
     """Pushes are not ordered: node-b, still starting, applies a late {a, b} after the controller
     moved to {a, b, c}, and adopts rows of node-c's slice under it. Its check against the
     controller applies {a, b, c}: those rows leave its ranking and reach node-c."""
-    a, b, c, urls = await lagging_a(keepers)
-    await b.handoff.set_membership(["node-a", "node-b"])  # the late push
-    await a.handoff.set_membership(["node-a", "node-b"])
-    await asyncio.wait_for(a.handoff.task, 10)
-    owners = Ownership(THREE)
-    keys = [key for u in urls for key in a.conf.rules.keys_of(u)]
-    strays = [k for k in keys if b.rows.row(k) is not None and owners.owner(a.conf.rules.url_of(k)) != "node-b"]
-    assert strays  # the case under test occurs
+    b, c, strays = await stale_b(keepers)
 
     async def controller() -> list[str]:
         return list(THREE)
@@ -143,3 +153,60 @@ async def test_a_keeper_that_applied_a_stale_push_comes_back_to_the_controllers_
     assert [k for k in strays if b.rows.row(k) is not None] == []
     assert [k for k in strays if c.rows.row(k) is None] == []
     assert await b.handoff.check_membership() == {"changed": False}
+
+
+async def test_the_membership_check_goes_on_after_a_stray_cancel_and_a_check_that_hangs(keepers, monkeypatch) -> None:
+    """A restarted node's keeper kept a stale {a, b} for minutes while the controller said {a, b, c}
+    and its 5 s check said nothing: a check that never returns (a lookup that hangs) or ends in a
+    CancelledError that is not the loop's own would stop the checking for good. Neither does now."""
+    monkeypatch.setattr(keeper_module, "MEMBERSHIP_CHECK_S", 0.01)
+    monkeypatch.setattr(keeper_module, "MEMBERSHIP_CHECK_DEADLINE_S", 0.2)
+    b = keepers("node-b", members=("node-a", "node-b"))
+    await b.load()
+    steps = iter(["cancelled", "hangs"])
+
+    async def controller() -> list[str]:
+        step = next(steps, "answers")
+        if step == "cancelled":
+            raise asyncio.CancelledError()
+        if step == "hangs":
+            await asyncio.sleep(3600)
+        return list(THREE)
+
+    b.handoff.members = controller
+    checker = asyncio.get_running_loop().create_task(b._membership_checker())
+    try:
+        for _ in range(200):
+            if b.ownership.names == THREE:
+                break
+            await asyncio.sleep(0.02)
+        assert b.ownership.names == THREE and not checker.done()
+        assert b.state()["members"] == list(THREE) and b.state()["membershipCheckedAt"] is not None
+    finally:
+        checker.cancel()
+    with pytest.raises(asyncio.CancelledError):  # its own cancel still ends it
+        await checker
+
+
+async def test_a_membership_applied_while_the_handle_lookup_hangs_still_moves_the_rows(keepers) -> None:
+    """Seen under load: node-b applied the controller's {a, b, c} (a push), then waited for good on
+    the lookup of the peers' handles before releasing node-c's rows; every later check found the
+    membership right and did nothing, so it kept node-c's rows for minutes. The rows are released
+    and handed off before the lookup is awaited; the lookup is bounded (``LOOKUP_DEADLINE_S``)."""
+    b, c, strays = await stale_b(keepers)
+
+    peers, renew = b.handoff.peers, b.handoff.peers.renew
+
+    async def hangs(nodes: list[str]) -> None:
+        await asyncio.sleep(3600)
+
+    peers.renew = hangs  # type: ignore[method-assign]
+    try:
+        with pytest.raises(asyncio.TimeoutError):  # what the push's caller sees: no answer in time
+            await asyncio.wait_for(b.handoff.set_membership(list(THREE)), 0.5)
+    finally:
+        peers.renew = renew  # type: ignore[method-assign]
+    assert b.handoff.task is not None
+    await asyncio.wait_for(b.handoff.task, 10)
+    assert [k for k in strays if b.rows.row(k) is not None] == []
+    assert [k for k in strays if c.rows.row(k) is None] == []
