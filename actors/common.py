@@ -123,11 +123,13 @@ async def lookup_async(kind: str, node: str, index: int | None = None) -> Any:
     return await call(asyncio.to_thread(lookup, kind, node, index), LOOKUP_DEADLINE_S)
 
 
-def cancelled_here() -> bool:
-    """Whether the running task itself is being cancelled: a CancelledError that is not (one that
-    came out of an awaited call) must not end a loop that has to keep running."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
+def survivable(e: BaseException) -> bool:
+    """What a loop that must keep running logs and goes on after: any Exception, and a CancelledError
+    that is not its own task's (one that came out of an awaited call); its own cancel still ends it."""
+    if isinstance(e, asyncio.CancelledError):
+        task = asyncio.current_task()
+        return task is not None and task.cancelling() == 0
+    return isinstance(e, Exception)
 
 
 class Sometimes:
@@ -171,8 +173,8 @@ async def member_names(timeout: float = 10.0) -> list[str]:
     return [n["name"] for n in await member_nodes(timeout)]
 
 
-MEMBERSHIP_CHECK_S = 5.0
-MEMBERSHIP_APPLY_DEADLINE_S = 30.0  # a check that hangs in the apply would never check again
+MEMBERSHIP_CHECK_S = 5.0  # how often an actor compares its membership with the controller's
+MEMBERSHIP_CHECK_DEADLINE_S = 30.0  # a check that hangs (a lookup, the apply) would never check again
 
 
 async def follow_membership(held: Any, apply: Any, log: Any, every: float = MEMBERSHIP_CHECK_S) -> None:
@@ -185,8 +187,8 @@ async def follow_membership(held: Any, apply: Any, log: Any, every: float = MEMB
         await asyncio.sleep(every)
         try:
             nodes = await member_nodes()
-        except (Exception, asyncio.CancelledError) as e:  # the controller is away: the pushes and the next check will do
-            if isinstance(e, asyncio.CancelledError) and cancelled_here():
+        except BaseException as e:  # the controller is away: the pushes and the next check will do
+            if not survivable(e):
                 raise
             if unasked.due():
                 log.warning("the controller's membership could not be read", error=repr(e)[:200])
@@ -196,9 +198,9 @@ async def follow_membership(held: Any, apply: Any, log: Any, every: float = MEMB
             if names and names != sorted(set(held())):
                 log.warning("membership differs from the controller's; applying it", held=sorted(set(held())),
                             controller=names)
-                await call(apply(nodes), MEMBERSHIP_APPLY_DEADLINE_S)
-        except (Exception, asyncio.CancelledError) as e:
-            if isinstance(e, asyncio.CancelledError) and cancelled_here():
+                await call(apply(nodes), MEMBERSHIP_CHECK_DEADLINE_S)
+        except BaseException as e:
+            if not survivable(e):
                 raise
             metrics.loop_errors.labels("membership-check").inc()
             log.error("membership check failed", error=repr(e))

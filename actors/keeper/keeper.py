@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from prerender_ray import metrics
-from prerender_ray.actors.common import cancelled_here
+from prerender_ray.actors.common import MEMBERSHIP_CHECK_DEADLINE_S, MEMBERSHIP_CHECK_S, survivable
 from prerender_ray.actors.keeper.claims import Claims
 from prerender_ray.actors.keeper.handoff import Handoff
 from prerender_ray.actors.keeper.repair import Repair
@@ -35,8 +35,6 @@ from prerender_ray.storage.rocks import Store
 from prerender_ray.timeutil import now_ms
 
 STORE_SYNC_S = 300.0
-MEMBERSHIP_CHECK_S = 5.0  # how often the keeper compares its membership with the controller's
-MEMBERSHIP_CHECK_DEADLINE_S = 30.0  # a check that hangs (a lookup, the apply) would never check again
 FREEZE_EVERY_S = 300.0
 LEASE_TABLE_TRIES = 30
 
@@ -197,8 +195,8 @@ class Keeper:
             await asyncio.sleep(MEMBERSHIP_CHECK_S)
             try:
                 await call(self.handoff.check_membership(), MEMBERSHIP_CHECK_DEADLINE_S)
-            except (Exception, asyncio.CancelledError) as e:  # only this task's own cancel ends the loop
-                if isinstance(e, asyncio.CancelledError) and cancelled_here():
+            except BaseException as e:
+                if not survivable(e):
                     raise
                 metrics.loop_errors.labels("membership-check").inc()
                 self.log.error("membership check failed", error=repr(e))

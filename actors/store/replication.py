@@ -170,11 +170,8 @@ class Replication(Rebalancing):
             since = (int(time.time() * 1000) - deleted_within_ms) << LOGICAL_BITS
             live = [b"" if payload is None and held is not None and _HLC.unpack(held)[0] >= since else payload
                     for payload, held in zip(live, helds)]
-        fresh = [i for i, payload in enumerate(live) if payload is None]
-        if len(fresh) < len(ops):
-            ops, olds, helds, lives = ([col[i] for i in fresh] for col in (ops, olds, helds, lives))
-        if fresh:
-            self._commit(db, name, ops, olds, helds, lives)
+        self._commit_picked(db, name, [i for i, payload in enumerate(live) if payload is None], ops, olds, helds,
+                            lives)
         return live
 
     def commit_if(self, name: str, ops: list[tuple[bytes, bytes | None]], expected: list[bytes | None]) -> list[bool]:
@@ -186,10 +183,13 @@ class Replication(Rebalancing):
         db = self._db(name)
         olds, helds, lives = self._held(db, name, [key for key, _ in ops])
         same = [payload_of(old) == want for old, want in zip(olds, expected)]
-        keep = [i for i, ok in enumerate(same) if ok]
-        if keep:
-            self._commit(db, name, *([col[i] for i in keep] for col in (ops, olds, helds, lives)))
+        self._commit_picked(db, name, [i for i, ok in enumerate(same) if ok], ops, olds, helds, lives)
         return same
+
+    def _commit_picked(self, db: Any, name: str, picked: list[int], *cols: list) -> None:
+        """``_commit`` of the ops at ``picked`` (the columns as ``_held`` gave them, ops first)."""
+        if picked:
+            self._commit(db, name, *([col[i] for i in picked] for col in cols))
 
     def _commit(self, db: Any, name: str, ops: list, olds: list, helds: list, lives: list) -> None:
         first = self.clock.reserve(len(ops))
