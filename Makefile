@@ -11,15 +11,31 @@ PYTEST_ARGS ?=
 # TEST_WORKERS=0: one process, in file order.
 TEST_WORKERS ?= 2
 
-.PHONY: install run test bench lint clean
+.PHONY: install lock run test test-latest bench lint clean
 
-$(STAMP): pyproject.toml
+# Installs exactly what requirements.lock pins (hashes checked, build tools included), so a fresh
+# machine gets what CI tested; the project itself goes in editable, with no dependency resolution.
+$(STAMP): pyproject.toml requirements.lock
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[test,render]"
+	$(BIN)/python -m pip install -q --require-hashes --no-deps -r requirements.lock
+	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
 	@touch $(STAMP)
 
 install: $(STAMP)
+
+# Regenerate the lock from pyproject.toml's ranges (newest versions they allow), with uv from PyPI.
+lock:
+	@test -x $(VENV)-tools/bin/uv || ($(PYTHON) -m venv $(VENV)-tools && $(VENV)-tools/bin/pip install -q uv)
+	$(VENV)-tools/bin/uv pip compile pyproject.toml requirements-build.in --extra test --extra render \
+	  --generate-hashes --universal --python-version 3.11 --upgrade -o requirements.lock
+
+# The suite against the newest releases pyproject.toml allows (not the lock), in its own venv: finds
+# the next release that breaks us before a user does.
+test-latest:
+	@test -x $(VENV)-latest/bin/python || $(PYTHON) -m venv $(VENV)-latest
+	$(VENV)-latest/bin/python -m pip install -q --upgrade pip
+	$(VENV)-latest/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e ".[test,render]"
+	$(VENV)-latest/bin/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 # `make run` also starts a render worker next to the node when Chromium is installed (WORKER=0: don't).
 CHROMIUM := $(shell test -x /usr/bin/chromium && echo /usr/bin/chromium || command -v chromium 2>/dev/null)
@@ -41,4 +57,4 @@ bench: $(STAMP)
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VENV)-latest $(VENV)-tools .pytest_cache .hypothesis

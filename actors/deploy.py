@@ -6,6 +6,7 @@ the same way ``up`` made it, and ``down`` stops only the Ray that ``up`` started
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -86,9 +87,17 @@ def port_free(host: str, port: int) -> bool:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    return free_ports(1, host)[0]
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct free ports: all are held open at once while the kernel picks them, so no two
+    are the same (separate picks can return one port twice, and Ray then refuses to start)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in socks:
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in socks]
 
 
 # -------------------------------------------------------------------------------------- local Ray
@@ -136,13 +145,14 @@ def start_local_ray(data_dir: Path, epoch: str) -> Record:
     temp_dir = Path("/tmp") / f"prerender-ray-{tag}"
     cluster_file = temp_dir / "ray_current_cluster"
     cluster_file.unlink(missing_ok=True)
+    gcs, client, dashboard, agent, metrics = free_ports(5)
     cmd = [
         str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
-        "--node-ip-address=127.0.0.1", f"--port={free_port()}", "--num-cpus=1",
+        "--node-ip-address=127.0.0.1", f"--port={gcs}", "--num-cpus=1",
         "--object-store-memory=100000000", "--include-dashboard=false", "--disable-usage-stats",
-        f"--temp-dir={temp_dir}", f"--ray-client-server-port={free_port()}",
-        f"--dashboard-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
-        f"--metrics-export-port={free_port()}", f"--system-config={json.dumps(RAY_SYSTEM_CONFIG)}",
+        f"--temp-dir={temp_dir}", f"--ray-client-server-port={client}",
+        f"--dashboard-port={dashboard}", f"--dashboard-agent-listen-port={agent}",
+        f"--metrics-export-port={metrics}", f"--system-config={json.dumps(RAY_SYSTEM_CONFIG)}",
     ]
     log = open(ray_dir / "ray-start.log", "ab")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

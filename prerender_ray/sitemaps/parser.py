@@ -191,13 +191,16 @@ class SitemapParser:
                 raise SitemapError("truncated gzip stream", "SITEMAP_BAD_GZIP")
             if self._probe is not None:
                 self._find_root(b"", closing=True)
+            # The root closes while the bytes are fed (libxml2 reports an end tag as soon as it has
+            # it). Not having seen it by now means the document was cut short, whatever close() says:
+            # some libxml2 releases close the open elements themselves and report no error.
             try:
                 self._xml.close()
             except etree.XMLSyntaxError as e:
-                self._drain(out)
-                if not self.done:
-                    raise _malformed(e) from None
-            self._drain(out)
+                raise _malformed(e) from None
+            raise SitemapError(
+                "malformed XML: the document ended before its root element closed", "SITEMAP_MALFORMED"
+            )
         except SitemapError as e:
             self._error = e
             raise

@@ -23,7 +23,7 @@ from prerender_ray.identity.urls import (
     whatwg_path,
 )
 
-VECTORS = json.loads((Path(__file__).resolve().parents[3] / "shared/vectors/canonicalize-url.json").read_text())
+VECTORS = json.loads((Path(__file__).resolve().parents[1] / "vectors/canonicalize-url.json").read_text())
 OPTION_NAMES = {
     "plusIsSpace": "plus_is_space", "trailingSlash": "trailing_slash", "decodeReserved": "decode_reserved"
 }

@@ -253,6 +253,33 @@ def test_a_sitemap_cut_short_is_malformed() -> None:
     assert err.code == "SITEMAP_MALFORMED" and str(err).startswith("malformed XML: ")
 
 
+@pytest.mark.parametrize("kind", ["urlset", "sitemapindex"])
+def test_a_document_cut_at_any_byte_is_refused_whole(kind: str) -> None:
+    """Whatever libxml2 release is installed: the parser itself decides the root closed. A cut that
+    leaves only the trailing newline off is complete; every shorter one is refused, fed whole or byte
+    by byte, plain or gzip (where the whole document arrived and only gzip's trailer is missing, it
+    is complete)."""
+    entry = "url" if kind == "urlset" else "sitemap"
+    doc = (b'<?xml version="1.0" encoding="UTF-8"?>\n<%s xmlns="%s"><%s><loc>https://a.com/1</loc>'
+           b"<lastmod>2024-01-01</lastmod></%s><%s><loc>https://a.com/2</loc></%s></%s>"
+           % (kind.encode(), NS, *(entry.encode(),) * 4, kind.encode()))
+    complete = len(doc)
+    for cut in range(complete):
+        with pytest.raises(SitemapError):
+            parse_bytes(doc[:cut])
+        with pytest.raises(SitemapError):
+            parse_chunks(doc[i : i + 1] for i in range(cut))
+    assert len(parse_bytes(doc).entries) == 2
+    zipped = gzip.compress(doc + b"\n")
+    for cut in range(len(zipped)):
+        if len(zlib.decompressobj(wbits=31).decompress(zipped[:cut])) >= complete:
+            assert len(parse_bytes(zipped[:cut]).entries) == 2  # only the gzip trailer is missing
+            continue
+        with pytest.raises(SitemapError):
+            parse_bytes(zipped[:cut])
+    assert len(parse_bytes(zipped).entries) == 2
+
+
 def test_an_undeclared_entity_is_malformed_not_expanded() -> None:
     assert _error(b"<urlset><url><loc>&foo;</loc></url></urlset>").code == "SITEMAP_MALFORMED"
 
