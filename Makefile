@@ -23,11 +23,13 @@ $(STAMP): pyproject.toml requirements.lock
 
 install: $(STAMP)
 
-# Regenerate the lock from pyproject.toml's ranges (newest versions they allow), with uv from PyPI.
+# Regenerate the lock from pyproject.toml's ranges with uv from PyPI: keeps the pinned versions that
+# still fit and adds what is new; `make lock UPGRADE=--upgrade` moves every pin to the newest allowed.
+UPGRADE ?=
 lock:
 	@test -x $(VENV)-tools/bin/uv || ($(PYTHON) -m venv $(VENV)-tools && $(VENV)-tools/bin/pip install -q uv)
 	$(VENV)-tools/bin/uv pip compile pyproject.toml requirements-build.in --extra test --extra render \
-	  --generate-hashes --universal --python-version 3.11 --upgrade -o requirements.lock
+	  --generate-hashes --universal --python-version 3.11 $(UPGRADE) -o requirements.lock
 
 # The suite against the newest releases pyproject.toml allows (not the lock), in its own venv: finds
 # the next release that breaks us before a user does.

@@ -1,7 +1,8 @@
 """Markdown for agents in the ingress: conversions off the event loop, coalesced, with a deadline,
 and kept per page version in a byte-bounded LRU (docs/serving.md#markdown-for-agents).
 
-A conversion runs in a small thread pool (html-to-markdown releases the GIL while it converts). The
+A conversion runs in a small thread pool (html-to-markdown releases the GIL while it converts, but for
+each call of the visitor that a page failing the inert check takes: serving/markdown_inert.py). The
 request waits at most ``markdown.timeoutMs``, then gets the HTML; the conversion still finishes and
 its result is kept, so the page's next request is answered from the cache. Concurrent requests for
 the same page version share one conversion. A thread cannot be stopped, so what bounds the work is

@@ -4,9 +4,10 @@ and the headers of its answer.
 Only a rendered page is converted: a single-page app's origin HTML is an empty shell, so an agent
 without a cached page gets what any bot gets (docs/serving.md#markdown-for-agents). The conversion is
 html-to-markdown (Rust): navigation, forms, asides and hidden content dropped, links made absolute
-against the page's URL, tables kept as GFM tables. Every input is bounded: the decoded HTML
-(``max_input_bytes``), the tree depth (``MAX_DEPTH``) and the Markdown (``max_output_bytes``); the
-wall-clock deadline is the caller's (``api/bot/markdown.py`` runs this off the event loop).
+against the page's URL, tables kept as GFM tables. The Markdown is inert (``markdown_inert.py``): text
+escaped, addresses only http(s), mailto or relative, front matter quoted. Every input is bounded: the
+decoded HTML (``max_input_bytes``), the tree depth (``MAX_DEPTH``) and the Markdown
+(``max_output_bytes``); the wall-clock deadline is the caller's (``api/bot/markdown.py`` runs this off the event loop).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import html_to_markdown
 import xxhash
 
 from prerender_ray.decoding import TooLarge
+from prerender_ray.serving.markdown_inert import VISITOR, front_matter, plainly_inert, without_front_matter
 from prerender_ray.serving.negotiation import EncodingError, add_vary, decode_body
 from prerender_ray.storage.pages import PageMeta
 
@@ -33,9 +35,11 @@ ACCEPT_MEMO = 1024  # distinct Accept values remembered (cleared when full)
 MAX_DEPTH = 256  # elements nested deeper are dropped (the converter recurses)
 GZIP_LEVEL = 6
 # The page chrome an agent does not need, on top of the converter's standard clean-up (which drops
-# <nav>, page <header>s, forms, scripts and styles).
-EXCLUDE = ["aside", "[aria-hidden=true]", "[role=navigation]", "[role=complementary]", "[role=contentinfo]"]
-_FRONT_MATTER = {"title": "title", "meta-description": "description", "canonical": "canonical"}
+# <nav>, page <header>s, forms, scripts and styles). With a visitor (markdown_inert.VISITOR) that clean-up
+# does not run (3.21): <nav> and forms are named here for that path too; page headers then stay (the
+# converter's selectors cannot say "not inside <main>/<article>").
+EXCLUDE = ["aside", "[aria-hidden=true]", "[role=navigation]", "[role=complementary]", "[role=contentinfo]",
+           "nav", "form"]
 # Why a page was served as HTML (x-harper-markdown-skipped); the first three are the conversion's own.
 SKIP_REASONS = ("too-large", "output-too-large", "failed", "timeout", "busy")
 TRANSIENT = frozenset({"timeout", "busy"})  # the HTML then says no-store: the next request may get Markdown
@@ -168,9 +172,18 @@ class MarkdownPolicy:
 # ------------------------------------------------------------------------------------- conversion
 
 
-def _options(base_url: str | None, limits: Limits) -> html_to_markdown.ConversionOptions:
+def _options(base_url: str | None, limits: Limits, metadata: bool = True) -> html_to_markdown.ConversionOptions:
     return html_to_markdown.ConversionOptions(
-        extract_metadata=True,
+        extract_metadata=metadata,
+        # Nothing the page showed as text becomes markup: <, >, &, brackets, backticks, emphasis ...
+        escape_misc=True, escape_asterisks=True, escape_underscores=True,
+        # What the converter would copy from attributes unchecked: an abbreviation's title, a quote's
+        # cite URL, an inline data: image or SVG (links and images: markdown_inert).
+        expand_abbreviations=False, include_blockquote_citations=False,
+        inline_data_media=html_to_markdown.InlineDataMedia.ALT_TEXT_ONLY,
+        # A backtick fence ends at a language holding a backtick (its code then reads as Markdown, raw
+        # HTML too); a tilde fence takes any language.
+        code_block_style=html_to_markdown.CodeBlockStyle.TILDES,
         preprocessing=html_to_markdown.PreprocessingOptions(enabled=True, preset="standard",
                                                             remove_navigation=True, remove_forms=True),
         exclude_selectors=EXCLUDE,
@@ -180,24 +193,6 @@ def _options(base_url: str | None, limits: Limits) -> html_to_markdown.Conversio
         autolinks=False,  # a bare URL in prose stays prose
         compact_tables=True,  # no padding: fewer tokens for the agent
     )
-
-
-def _front_matter(markdown: str) -> str:
-    """The converter's front matter cut to title, description and canonical (it lists every meta
-    tag, viewport included)."""
-    if not markdown.startswith("---\n"):
-        return markdown
-    end = markdown.find("\n---\n", 4)
-    if end < 0:
-        return markdown
-    found = {}
-    for line in markdown[4:end].splitlines():
-        key, sep, value = line.partition(": ")
-        if sep and key in _FRONT_MATTER:
-            found[key] = value
-    kept = [f"{name}: {found[key]}" for key, name in _FRONT_MATTER.items() if key in found]
-    rest = markdown[end + 5:].lstrip("\n")
-    return "---\n" + "\n".join(kept) + "\n---\n\n" + rest if kept else rest
 
 
 def charset_of(content_type: str | None) -> str:
@@ -212,18 +207,28 @@ def charset_of(content_type: str | None) -> str:
     return "utf-8"
 
 
+def _convert(text: str, options: html_to_markdown.ConversionOptions,
+             visitor: object | None = None) -> html_to_markdown.ConversionResult:
+    try:
+        return html_to_markdown.convert(text, options, visitor=visitor)  # type: ignore[arg-type]
+    except html_to_markdown.InputTooLargeError as e:  # characters re-encoded may exceed the byte count
+        raise MarkdownSkipped("too-large", str(e)) from None
+    except Exception as e:  # the converter's errors (ParseError, PanicError ...) and anything else
+        raise MarkdownSkipped("failed", repr(e)) from None
+
+
 def html_to_md(html: bytes | str, limits: Limits, base_url: str | None = None, charset: str = "utf-8") -> str:
     """``html`` as Markdown. Raises MarkdownSkipped (too-large, output-too-large, failed)."""
     if len(html) > limits.max_input_bytes:
         raise MarkdownSkipped("too-large", f"{len(html)} bytes of HTML")
     text = html if isinstance(html, str) else html.decode(charset, "replace")
-    try:
-        result = html_to_markdown.convert(text, _options(base_url, limits))
-    except html_to_markdown.InputTooLargeError as e:  # characters re-encoded may exceed the byte count
-        raise MarkdownSkipped("too-large", str(e)) from None
-    except Exception as e:  # the converter's errors (ParseError, PanicError ...) and anything else
-        raise MarkdownSkipped("failed", repr(e)) from None
-    markdown = _front_matter(result.content or "")
+    result = _convert(text, _options(base_url, limits))
+    body = without_front_matter(result.content or "")
+    if body is None or not plainly_inert(body):
+        # Converted again, links and images written by our visitor: twice the time, and its calls take
+        # the GIL (the converter alone releases it), so only for a page that needs it.
+        body = _convert(text, _options(base_url, limits, metadata=False), VISITOR).content or ""
+    markdown = front_matter(result.metadata.document if result.metadata else None) + body
     if len(markdown) > limits.max_output_bytes or len(markdown.encode()) > limits.max_output_bytes:
         raise MarkdownSkipped("output-too-large", f"{len(markdown)} characters of Markdown")
     return markdown

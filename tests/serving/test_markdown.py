@@ -110,7 +110,7 @@ def test_for_classes_accepts_only_the_bot_classes() -> None:
 
 def test_a_page_converts_to_its_main_content() -> None:
     md = html_to_md(PAGE, LIMITS, base_url="https://shop.example/widget")
-    assert md.startswith("---\ntitle: Widget - Shop\ndescription: A fine widget\n---\n\n")
+    assert md.startswith('---\ntitle: "Widget - Shop"\ndescription: "A fine widget"\n---\n\n')
     assert "viewport" not in md  # the front matter keeps title, description and canonical only
     assert "# The widget" in md and "## Sizes" in md
     assert "**steel**" in md

@@ -102,7 +102,7 @@ async def test_an_agent_gets_the_rendered_page_as_markdown(tmp_path, site, frame
         r = await c.get(f"/p/{url}", headers={**UA, **MD})
         assert r.status_code == 200
         md = _md(r)
-        assert md.startswith("---\ntitle: Widget\n---\n\n# The widget\n")
+        assert md.startswith('---\ntitle: "Widget"\n---\n\n# The widget\n')
         assert "Rendered by the browser" in md and f"[the specs]({site.base}/specs)" in md
         assert "| Size | Price |" in md and "Home" not in md
         h = r.headers
