@@ -28,6 +28,7 @@ START_DEADLINE_S = 90.0
 STARTUP_GRACE_S = 60.0  # actors placed this recently may not answer yet (imports, catch-up, load)
 DEAD_CHECK_PASSES = 5  # every ~10 s: is an actor gone for good?
 REPLACE_AFTER_S = 30.0  # a node placed (or placed again) this recently is left alone: no crash loop
+DRAIN_SLACK_S = 20.0  # past the drain period: the keeper's settle and its last lease-table look
 
 
 @dataclass
@@ -60,6 +61,7 @@ class Controller:
         self.nodes: dict[str, Placement] = {}
         self.ownership = Ownership()
         self.stopping = False
+        self.draining = False
         self._lock = asyncio.Lock()
         self._task = asyncio.get_running_loop().create_task(self._watch())
 
@@ -69,6 +71,9 @@ class Controller:
         passes = 0
         while not self.stopping:
             passes += 1
+            if self.draining:  # a node placed now would grant while the others say paused
+                await asyncio.sleep(WATCH_INTERVAL_S)
+                continue
             try:
                 await self.sync_nodes()
                 if passes % DEAD_CHECK_PASSES == 0:
@@ -239,6 +244,27 @@ class Controller:
         return [dataclasses.asdict(p.info) for p in self.nodes.values() if p.alive]
 
     # -------------------------------------------------------------------------------------- stopping
+
+    async def drain_budget_s(self) -> float:
+        """How long a caller of ``drain`` should wait for its answer."""
+        return self.cfg.fleet.drain_period / 1000 + DRAIN_SLACK_S
+
+    async def drain(self) -> dict:
+        """Before a stop, every node at once: say paused, then accept the results of the leases it
+        granted until none is outstanding or ``fleet.drainPeriod`` is over (``Keeper.drain``)."""
+        self.draining = True
+        period = self.cfg.fleet.drain_period
+        nodes = [p for p in self.nodes.values() if p.alive]
+        self.log.info("draining", nodes=[p.info.name for p in nodes], period_ms=period)
+        reports = await asyncio.gather(*(self._drain_node(p, period) for p in nodes))
+        return {"nodes": list(reports), "periodMs": period}
+
+    async def _drain_node(self, p: Placement, period_ms: int) -> dict:
+        try:
+            return await call(p.keeper.drain.remote(period_ms), period_ms / 1000 + DRAIN_SLACK_S)
+        except Exception as e:  # the stop goes on: a drain is a courtesy to the fleet, bounded
+            self.log.warning("drain failed", node=p.info.name, error=repr(e))
+            return {"node": p.info.name, "ended": "failed", "error": repr(e)[:300]}
 
     async def stop(self) -> dict:
         """Stop every node's actors: ingress first (stop accepting), then walker, keeper, leases, store."""

@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -349,13 +350,54 @@ def wait_ready(controller: Any, deadline_s: float, *, expect_nodes: int = 1) -> 
     raise DeployError(f"not ready within {deadline_s:g}s: {problem}")
 
 
-def stop_deployment(controller: Any, timeout: float = 60.0) -> dict:
+def drain_deployment(controller: Any, abort: threading.Event | None = None) -> dict:
+    """Every node says paused and accepts the results of the leases it granted, for at most
+    ``fleet.drainPeriod`` (``Controller.drain``); ``abort`` set (a second Ctrl-C) stops waiting."""
     import ray
 
+    try:
+        budget = ray.get(controller.drain_budget_s.remote(), timeout=STATUS_CALL_S)
+        ref = controller.drain.remote()
+        deadline = time.monotonic() + budget
+        while time.monotonic() < deadline:
+            ready, _ = ray.wait([ref], timeout=min(0.5, max(0.0, deadline - time.monotonic())))
+            if ready:
+                return ray.get(ref)
+            if abort is not None and abort.is_set():
+                return {"error": "skipped by a second signal"}
+        return {"error": f"no answer within {budget:g}s"}
+    except Exception as e:
+        return {"error": repr(e)}
+
+
+def describe_drain(report: dict) -> list[str]:
+    """One line per node of what a drain did, for the operator."""
+    if "error" in report:
+        return [f"drain: {report['error']}"]
+    lines = []
+    for n in report.get("nodes", []):
+        if n.get("ended") == "drained":
+            lines.append(f"{n['node']}: drained in {n['waitedMs'] / 1000:.1f}s (no result outstanding)")
+        elif n.get("ended") == "deadline":
+            lines.append(f"{n['node']}: drain period over with {n.get('awaitingResults')} result(s) outstanding "
+                         "(their leases are kept: a result posted after the next start is still accepted)")
+        else:
+            lines.append(f"{n['node']}: drain failed: {n.get('error')}")
+    return lines
+
+
+def stop_deployment(controller: Any, timeout: float = 60.0, *, drain: bool = True,
+                    abort: threading.Event | None = None) -> dict:
+    """Drain (unless told not to), then stop every node's actors and the controller."""
+    import ray
+
+    drained = drain_deployment(controller, abort) if drain else None
     try:
         result = ray.get(controller.stop.remote(), timeout=timeout)
     except Exception as e:
         result = {"error": repr(e)}
+    if drained is not None:
+        result["drain"] = drained
     try:
         ray.kill(controller, no_restart=True)
     except Exception:

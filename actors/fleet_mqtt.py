@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from prerender_ray.config.model import Mqtt
 
 DEFAULT_PORTS = {"mqtt": 1883, "mqtts": 8883, "ws": 80, "wss": 443}
+FLUSH_S = 3.0  # on close: how long the last status may take to reach the broker
 
 
 class StatusBroadcaster:
@@ -26,6 +27,7 @@ class StatusBroadcaster:
         self._stale: set[str] = set()  # topics this node published under a previous name
         self.log = log
         self._current: bytes | None = None
+        self._sent: Any = None  # the last status publish (its MQTTMessageInfo)
         self._lock = threading.Lock()
         import paho.mqtt.client as mqtt
 
@@ -56,7 +58,7 @@ class StatusBroadcaster:
         for topic in stale:
             self._clear(client, topic)
         if current is not None:  # a retained message may have been lost while we were away
-            client.publish(self.topic, current, qos=1, retain=True)
+            self._sent = client.publish(self.topic, current, qos=1, retain=True)
 
     def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason: Any, properties: Any = None) -> None:
         # Our own disconnect (on close) is routine; a broker that went away is worth a warning.
@@ -83,10 +85,19 @@ class StatusBroadcaster:
         with self._lock:
             self._current = payload
         if self.client.is_connected():
-            self.client.publish(self.topic, payload, qos=1, retain=True)
+            self._sent = self.client.publish(self.topic, payload, qos=1, retain=True)
 
     def close(self) -> None:
+        """Disconnect once the last status (``paused`` on a stop) reached the broker, or after
+        ``FLUSH_S``: it stays retained while the node is away, so the fleet does not poll a node that
+        is gone as if it had work."""
         self._closing = True
+        sent = self._sent
+        if sent is not None and self.client.is_connected():
+            try:
+                sent.wait_for_publish(FLUSH_S)
+            except (RuntimeError, ValueError) as e:  # not queued, or the connection went meanwhile
+                self.log.warning("mqtt last status not confirmed", error=repr(e))
         try:
             self.client.disconnect()
         finally:

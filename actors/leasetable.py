@@ -176,7 +176,7 @@ class DurableLeases:
         now = now_ms()
         oldest = self.table.oldest(now)
         return {"live": True, "pid": os.getpid(), "inFlight": self.table.occupancy(now),
-                "capacity": self.table.max_leases,
+                "awaitingResults": self.table.awaiting(now), "capacity": self.table.max_leases,
                 "oldest": {"key": oldest.key, "expiresAt": oldest.expires_at, "dueAt": oldest.due} if oldest else None}
 
     # ---------------------------------------------------------------------------------- sweeping

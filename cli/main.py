@@ -98,7 +98,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         status = deploy.wait_ready(controller, args.timeout)
     except deploy.DeployError as e:
         _err(str(e))
-        _teardown(record, data_dir, quiet=True, stop_controller=placed)
+        _teardown(record, data_dir, quiet=True, stop_controller=placed, drain=False)
         return EXIT_FAIL
     for node in status["nodes"]:
         print(f"{node['name']}: {node['url']}  (bots: {node['url']}{cfg.ingress.bot_path_prefix}<url>)")
@@ -116,12 +116,21 @@ def cmd_up(args: argparse.Namespace) -> int:
         worker = start_worker(cfg, status["nodes"][0]["url"])
     ended = _wait_for_end(record, data_dir)
     print("stopping ..." if ended is None else ended, flush=True)
+    again = _second_signal() if ended is None else None
+    drained = False
+    if ended is None:
+        period = cfg.fleet.drain_period / 1000
+        print(f"draining: the queue says paused; results for granted jobs are taken for up to {period:g}s "
+              "(Ctrl-C again to stop at once) ...", flush=True)
+        if worker is not None:  # it renders what it holds while the node still takes results
+            _print_drain(deploy.drain_deployment(controller, again))
+            drained = True
     if worker is not None:
         from prerender_ray.worker.supervise import stop_worker
 
         stop_worker(worker)
     if ended is None:
-        _teardown(record, data_dir)
+        _teardown(record, data_dir, drain=not drained, abort=again)
         return EXIT_OK
     if ended == DOWN_ELSEWHERE:
         _leave(EXIT_OK)
@@ -155,6 +164,19 @@ def _wait_for_end(record: deploy.Record, data_dir: Path) -> str | None:
     return None
 
 
+def _second_signal() -> threading.Event:
+    """Set by a further Ctrl-C or SIGTERM while stopping: the drain is skipped."""
+    again = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: again.set())
+    return again
+
+
+def _print_drain(report: dict) -> None:
+    for line in deploy.describe_drain(report):
+        print(line, flush=True)
+
+
 def _leave(code: int) -> NoReturn:
     """Exit without touching Ray: it is stopping (or gone) under us, and any call into it, even
     ``ray.shutdown()`` at exit, can block until its 60 s GCS reconnect timeout, which then aborts
@@ -165,14 +187,17 @@ def _leave(code: int) -> NoReturn:
 
 
 def _teardown(record: deploy.Record | None, data_dir: Path, *, quiet: bool = False,
-              stop_controller: bool = True) -> None:
-    """Stop the deployment's actors (unless told not to), then the local Ray if ``up`` started it."""
+              stop_controller: bool = True, drain: bool = True, abort: threading.Event | None = None) -> None:
+    """Drain and stop the deployment's actors (unless told not to), then the local Ray if ``up``
+    started it."""
     import ray
 
     if ray.is_initialized() and stop_controller:
         controller = deploy.find_controller()
         if controller is not None:
-            deploy.stop_deployment(controller)
+            result = deploy.stop_deployment(controller, drain=drain, abort=abort)
+            if "drain" in result and not quiet:
+                _print_drain(result["drain"])
     if ray.is_initialized():
         ray.shutdown()
     if record is not None and record.owns_ray:
@@ -241,7 +266,12 @@ def cmd_down(args: argparse.Namespace) -> int:
         ours.stopping = True
         with contextlib.suppress(OSError):
             ours.write(data_dir)
-    _teardown(ours, data_dir)
+    import ray
+
+    if ray.is_initialized():
+        print("draining: the queue says paused; results for granted jobs are taken for up to "
+              "fleet.drainPeriod (Ctrl-C to stop at once) ...", flush=True)
+    _teardown(ours, data_dir, abort=_second_signal())
     return EXIT_OK
 
 

@@ -122,10 +122,11 @@ class Deployment:
         self.status = deploy.controller_status(self.controller)
         return self.status
 
-    def stop(self) -> None:
+    def stop(self, *, drain: bool = True) -> dict:
+        """What `down` does: drain (``fleet.drainPeriod``; deploy_on makes it 0 unless asked), stop."""
         from prerender_ray.actors import deploy
 
-        deploy.stop_deployment(self.controller)
+        return deploy.stop_deployment(self.controller, drain=drain)
 
 
 def deploy_on(cluster: RayCluster, data_dir: Path, config: dict | None = None, *, timeout: float = 120.0,
@@ -139,6 +140,12 @@ def deploy_on(cluster: RayCluster, data_dir: Path, config: dict | None = None, *
     server.pop("dataDir", None)
     server["data_dir"] = str(data_dir)
     raw["server"] = server
+    fleet = dict(raw.get("fleet", {}))
+    if "drain_period" not in fleet and "drainPeriod" not in fleet:
+        # a test that leaves a lease unanswered would wait out the whole drain at every stop: tests
+        # that are about the drain ask for one
+        fleet["drain_period"] = 0
+    raw["fleet"] = fleet
     cfg = deploy.actor_config(loading.parse(raw).config, data_dir)
     old = deploy.find_controller()
     if old is not None:

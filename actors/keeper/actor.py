@@ -131,6 +131,9 @@ class QueueKeeper:
     def apply_overrides(self, raw: bytes | None) -> dict:
         return self.keeper.apply_overrides(raw)
 
+    async def drain(self, period_ms: int) -> dict:
+        return await self.keeper.drain(period_ms)
+
     # ------------------------------------------------------------------------------ membership
 
     async def set_membership(self, names: list[str]) -> dict:

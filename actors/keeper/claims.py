@@ -89,6 +89,14 @@ class Claims:
             self._publish_pending = True
             self._soon = asyncio.get_running_loop().call_later(PUBLISH_SOON_S, self.publish_now)
 
+    async def settle(self, timeout_s: float) -> bool:
+        """After a pause: wait (bounded) until no grant is on its way to the lease table, so what the
+        table counts afterwards is every lease this keeper will hand out. True when none is."""
+        deadline = time.monotonic() + timeout_s
+        while self.pending and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return not self.pending
+
     def close(self) -> None:
         """No publish after the keeper closed its store."""
         if self._soon is not None:
@@ -134,6 +142,8 @@ class Claims:
         rules = self.conf.rules
         jobs: list[dict] = []
         for _ in range(3):
+            if self.paused:  # paused (a stop drains) while an earlier round was being granted
+                break
             free = [i for i, job in enumerate(slots) if job is None]
             want = len(free)
             if self.cursor >= len(self.ready) and self._refill_allowed():

@@ -29,12 +29,14 @@ from prerender_ray.actors.keeper.targets import Targets
 from prerender_ray.config.model import Config
 from prerender_ray.config.overrides import LiveConfig
 from prerender_ray.identity.nodes import NodeInfo, Ownership
+from prerender_ray.queue import drain
 from prerender_ray.rpc import LeaseApi, Peers, StoreApi, call
 from prerender_ray.storage.keys import OVERRIDES_KEY
 from prerender_ray.storage.rocks import Store
 from prerender_ray.timeutil import now_ms
 
 STORE_SYNC_S = 300.0
+SETTLE_S = 10.0  # grants on their way to the lease table when the drain begins (its call's deadline is 5 s)
 FREEZE_EVERY_S = 300.0
 LEASE_TABLE_TRIES = 30
 
@@ -234,13 +236,31 @@ class Keeper:
     async def adopt(self, rows: list, leases: list) -> int:
         return await self.handoff.adopt(rows, leases)
 
+    # ------------------------------------------------------------------------------------ stop
+
+    async def drain(self, period_ms: int) -> dict:
+        """Before a stop: say ``paused`` (claims get ``[]``), then wait until every lease this node
+        granted has its result, or ``period_ms`` is over. Results keep being applied meanwhile."""
+        d = drain.Drain(period_ms, now_ms())
+        await self.status.begin_drain()
+        settled = await self.claims.settle(SETTLE_S)
+
+        async def awaiting() -> int | None:
+            return (await self.leases.status()).get("awaitingResults")
+
+        report = await drain.run(d, awaiting)
+        (self.log.info if report["ended"] == "drained" else self.log.warning)(
+            "drain ended", **report, period_ms=period_ms, grants_settled=settled)
+        return {"node": self.node, **report}
+
     # ------------------------------------------------------------------------------------ reads
 
     def state(self) -> dict:
         rows = self.rows
         return {"phase": rows.phase, "live": rows.live, "rows": len(rows), "pid": os.getpid(),
                 "loadMs": rows.load_ms, "queueStatus": self.status.current, "paused": self.claims.paused,
-                "members": list(self.ownership.names), "membershipCheckedAt": self.handoff.checked_at,
+                "draining": self.status.draining, "members": list(self.ownership.names),
+                "membershipCheckedAt": self.handoff.checked_at,
                 "reason": None if rows.live else f"keeper is {rows.phase}"}
 
     def due_times(self, keys: list[str]) -> list[int | None]:

@@ -41,6 +41,7 @@ class Status:
         self.reporter = StatusReporter()
         self.pause_source = "default"
         self.changed_at = now_ms()
+        self.draining = False  # a stop began: paused whatever the intent, until the process ends
         self.on_overrides: Callable[[bytes | None], Any] = lambda raw: None
 
     @property
@@ -68,7 +69,7 @@ class Status:
         if self.reporter.sync(status):
             self._announce()
 
-    def _announce(self) -> None:
+    def _announce(self) -> asyncio.Task:
         now = now_ms()
         self.changed_at = now
         status = self.reporter.status
@@ -79,7 +80,7 @@ class Status:
             self.mqtt.publish(status, now)
         row = encode_json({"hostname": self.info.host, "node": self.node, "status": status, "updatedTime": now,
                            "url": self.info.url})
-        asyncio.get_running_loop().create_task(self._write(row))
+        return asyncio.get_running_loop().create_task(self._write(row))
 
     async def _write(self, row: bytes) -> None:
         try:
@@ -99,8 +100,21 @@ class Status:
             self.log.error("config overrides failed", error=repr(e)[:500])
         node_row, cluster_row = (decode_json(r) if r else None for r in rows[:2])
         intent = resolve_desired_pause(node_row, cluster_row)
-        self.claims.paused, self.pause_source = intent.paused, intent.source
+        self.claims.paused = intent.paused or self.draining
+        self.pause_source = "stopping" if self.draining and not intent.paused else intent.source
         self.derive()
+
+    async def begin_drain(self) -> None:
+        """A stop: ``paused`` at once and for good (claims get ``[]``; a resume or the status sync
+        cannot lift it), announced like any change, the status row written before this returns so
+        ``GET /queue_status`` says it. Again: nothing new is announced."""
+        if self.draining:
+            return
+        self.draining = True
+        self.claims.paused = True
+        self.pause_source = "stopping"
+        self.reporter.report("paused", force=True)
+        await self._announce()
 
     async def set_pause(self, scope: str, paused: bool | None, by: str) -> dict:
         """Write pause intent (None deletes it: a node inherits the cluster's), then re-resolve."""

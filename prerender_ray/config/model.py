@@ -702,6 +702,13 @@ class Mqtt(Model):
 
 class Fleet(Model):
     mqtt: Mqtt = Mqtt()
+    drain_period: Annotated[int, BeforeValidator(_duration), Field(ge=0, le=10 * MINUTE)] = Field(
+        30 * SECOND,
+        description="On a stop (SIGTERM, Ctrl-C, `prerender-ray down`) each node first says `paused` "
+        "(retained MQTT message, `GET /queue_status`; claims get `[]`), then keeps accepting results "
+        "for the leases it granted for at most this long, ending early once none is outstanding; "
+        "0: stop right after saying paused.",
+    )
 
 
 # ----------------------------------------------------------------------------------------------- auth

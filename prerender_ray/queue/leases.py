@@ -294,6 +294,12 @@ class Leases:
         self._retire(now)
         return self._in_flight
 
+    def awaiting(self, now: int) -> int:
+        """Leases in flight that no result has answered yet: what a stopping node waits for (a lease
+        kept after its result, the fast retry lane, expects nothing more)."""
+        self._retire(now)
+        return sum(1 for lease in self._leases.values() if not lease.released and not lease.answered)
+
     def oldest(self, now: int) -> LeaseInfo | None:
         """The in-flight lease that expires first."""
         self._retire(now)

@@ -70,6 +70,7 @@ class Subscriber:
 def test_every_status_change_is_a_retained_message_a_late_worker_still_gets(ray_cluster, tmp_path, broker) -> None:
     d = deploy_on(ray_cluster, tmp_path / "data", {"fleet": {"mqtt": {"url": f"mqtt://127.0.0.1:{broker}"}}})
     sub = Subscriber(broker)
+    stopped = False
     try:
         first = wait_for(lambda: (m := sub.last()) and m["status"] in ("empty", "queued") and m, timeout=30,
                          what="a live status")
@@ -89,10 +90,22 @@ def test_every_status_change_is_a_retained_message_a_late_worker_still_gets(ray_
             late.close()
 
         httpx.post(f"{d.url}/render_queue/resume")
-        wait_for(lambda: (m := sub.last()) and m["status"] != "paused", timeout=10, what="resumed")
+        resumed = wait_for(lambda: (m := sub.last()) and m["status"] != "paused" and m, timeout=10, what="resumed")
+
+        d.stop()  # as `down` or SIGTERM to `up`: paused first, and it stays retained while the node is away
+        stopped = True
+        last = wait_for(lambda: (m := sub.last()) and m["status"] == "paused" and m, timeout=10, what="paused")
+        assert last["updatedTime"] >= resumed["updatedTime"]
+        away = Subscriber(broker)  # a worker that starts while the node is down is not sent to it
+        try:
+            retained = wait_for(lambda: away.last(), timeout=10, what="the retained message")
+            assert retained["status"] == "paused" and retained["retain"] is True
+        finally:
+            away.close()
     finally:
         sub.close()
-        d.stop()
+        if not stopped:
+            d.stop()
 
 
 def test_status_says_queued_only_while_a_claim_would_get_work_and_old_host_topics_are_cleared(

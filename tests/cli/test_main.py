@@ -166,6 +166,7 @@ def test_up_serves_status_reports_and_down_leaves_nothing_running(tmp_path: Path
     finally:
         down = run("down", "--data-dir", str(data))
     assert down.returncode == 0, down.stderr
+    assert re.search(r"^\S+: drained in [\d.]+s", down.stdout, re.M), down.stdout  # nothing was granted
     assert deploy.our_processes(record, data) == []
     assert deploy.port_free("127.0.0.1", port)
     assert not (data / deploy.RECORD).exists()
@@ -289,6 +290,7 @@ def test_piped_output_is_json_lines_logs_reads_them_a_missing_worker_login_is_sa
     if chromium:
         assert "PRERENDER_WORKER_USER" in out and "render worker: pid" not in out
     assert "stopping ..." in out and "stopped" in out
+    assert "draining: the queue says paused" in out and re.search(r"^\S+: drained in [\d.]+s", out, re.M), out
     assert_nothing_left(record, data, port)
     assert "\x1b[" not in out and "pid=" not in out, out
     assert "membership push failed" not in out, out

@@ -429,3 +429,23 @@ def test_a_durable_record_of_the_old_six_field_form_still_reads() -> None:
     for junk in ([], ["x", 1, 2, 3, 4, 5], [1, None, None, False, False, 0, 1, [1, 5, False, 2, False]]):
         with pytest.raises((ValueError, TypeError, IndexError)):
             read_record(junk, LEASE)
+
+
+def test_awaiting_counts_only_grants_no_result_has_answered_yet() -> None:
+    """What a stopping node waits for: a released lease (a result came) and a lease kept after its
+    result (the fast retry lane) await nothing; an expired one is no longer in flight."""
+    t = table()
+    for key in ("a", "b", "c", "d"):
+        assert t.grant(key, T0).ok
+    assert t.awaiting(T0) == 4
+    for key in ("a", "b"):
+        check = t.begin_result(key, None, T0 + 1)
+        assert t.awaiting(T0 + 1) == 4 - (key == "b")  # being answered: still awaited until finished
+        t.finish_result(key, check.granted_at, T0 + 2, hold=key == "b")
+    assert t.awaiting(T0 + 2) == 2 and t.occupancy(T0 + 2) == 3  # "b" is kept, but answered
+    t.abandon_result("c", t.begin_result("c", None, T0 + 3).granted_at)
+    assert t.awaiting(T0 + 3) == 2  # a failed apply: the fleet's retry is still expected
+    restored = table()  # a restart: the persisted leases are awaited as before
+    restored.restore(t.snapshot())
+    assert restored.awaiting(T0 + 3) == 2
+    assert t.awaiting(T0 + LEASE) == 0  # the rest expired unanswered

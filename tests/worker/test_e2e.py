@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import threading
 import time
 
 import httpx
@@ -20,7 +21,7 @@ import pytest_asyncio
 from prerender_ray.queue.leases import RELEASE_GRACE_MS
 from prerender_ray.worker.main import Worker
 from prerender_ray.worker.options import WorkerOptions, find_chromium
-from tests.support import deploy_on, put_target
+from tests.support import deploy_on, put_target, ready
 from tests.worker.site import Origin
 
 pytestmark = [
@@ -41,11 +42,14 @@ def site():
     o.stop()
 
 
+CONFIG = {"fleet": {"drainPeriod": "30s"}}  # the default: the last test stops and starts the node
+
+
 @pytest.fixture(scope="module")
 def node(ray_cluster, tmp_path_factory):
-    d = deploy_on(ray_cluster, tmp_path_factory.mktemp("e2e") / "data", {})
+    d = deploy_on(ray_cluster, tmp_path_factory.mktemp("e2e") / "data", CONFIG)
     yield d
-    d.stop()
+    d.stop(drain=False)  # whatever the stopped worker abandoned is no test's business
 
 
 @pytest_asyncio.fixture(scope="module")
@@ -308,3 +312,67 @@ async def test_render_with_diagnostics_brings_back_what_the_page_threw_and_a_scr
         assert base64.b64decode(rep["screenshot"]["data"])[:3] == b"\xff\xd8\xff"
         [entry] = got["renderHistory"]
         assert entry["outcome"] == "rendered" and entry["errors"] >= 1001 and entry["chars"] > 0
+
+
+async def test_a_stop_drains_and_a_start_takes_over_no_result_of_a_granted_job_is_lost(
+    ray_cluster, node, site, worker
+) -> None:
+    """Last: it stops the module's node as `down` or SIGTERM to `up` does, with renders in flight and
+    jobs claimed but not started, and starts it again on the same data dir. Before: the stop closed
+    the port at once; the worker's results failed after its ~7 s of retries and their keys waited out
+    the 10-minute lease."""
+    gate = threading.Event()  # the pages answer once the stop is under way: renders are in flight
+    reached: list[str] = []
+
+    def slow(req):
+        reached.append(req.path)
+        gate.wait(60)
+        return 200, {"content-type": "text/html; charset=utf-8"}, \
+            f"<html><body><h1>drained</h1><p>{req.path}</p></body></html>".encode()
+
+    paths = ["/drain/1", "/drain/2"]
+    for path in paths:
+        site.extra[path] = slow
+    urls = [site.base + path for path in paths]
+    results = lambda kind: worker.metrics.registry.get_sample_value(  # noqa: E731
+        "prerender_worker_results_total", {"result": kind}) or 0.0
+    kinds = ("delivered", "failed", "expired", "not-held", "rejected")
+    before = {k: results(k) for k in kinds}
+    keys = [key for url in urls for key in put_target(node.url, url, nextRenderTime=1)["cacheKeys"]]
+
+    async def rendering() -> bool:
+        return len(reached) >= 2  # both of the worker's slots wait on the origin
+
+    await until(rendering, timeout=60, what="renders in flight")
+    stopping = asyncio.create_task(asyncio.to_thread(node.stop))
+    try:
+        async with httpx.AsyncClient(timeout=10) as client:
+            async def paused() -> bool:
+                rows = (await client.get(f"{node.url}/queue_status")).json()
+                return [r["status"] for r in rows if r["node"] == "node-a"] == ["paused"]
+
+            await until(paused, timeout=30, what="the stopping node to say paused")
+            assert (await client.post(f"{node.url}/render_queue/claim", json={"limit": 5})).json() == []
+        assert not stopping.done()  # granted jobs are out: the node waits for their results
+    finally:
+        gate.set()
+    stopped = await asyncio.wait_for(stopping, 120)
+    [drained] = stopped["drain"]["nodes"]
+    assert drained["ended"] == "drained" and drained["awaitingResults"] == 0, stopped
+    assert not ready(node.url)  # it really stopped
+
+    restarted = await asyncio.to_thread(deploy_on, ray_cluster, node.data_dir, CONFIG)
+    node.controller, node.status = restarted.controller, restarted.status  # the fixture stops this one
+    after = {k: results(k) - before[k] for k in kinds}
+    assert after["delivered"] >= len(keys), after
+    assert {k: v for k, v in after.items() if k != "delivered"} == dict.fromkeys(kinds[1:], 0), after
+    async with httpx.AsyncClient(timeout=60) as client:
+        for url in urls:  # each was rendered and stored during the drain: nothing waits out a lease
+            hit = await until(lambda url=url: _hit(client, node, url), timeout=30, what=f"{url} served rendered")
+            assert "<h1>drained</h1>" in hit.text
+
+        async def live() -> bool:
+            rows = (await client.get(f"{node.url}/queue_status")).json()
+            return [r["status"] for r in rows if r["node"] == "node-a"] in (["empty"], ["queued"])
+
+        await until(live, timeout=60, what="the started node to say its real status")
