@@ -54,7 +54,7 @@ async def peer_page(request: Request) -> Response:
         return _error(400, "key is required")
     reader = open_replica(ctx).services.pages
     try:
-        found = reader.get_after_miss(key)
+        found = await reader.read(key)
         meta = found.meta if found is not None else None
     except UnreadablePage as e:
         return _error(410, str(e))

@@ -47,13 +47,16 @@ class Hit:
         self.swr_ttl = cfg.page.swr_ttl
         self.max_html_bytes = cfg.server.max_html_bytes
         self.markdown = MarkdownPolicy.from_config(cfg.markdown)
+        # the user agent can choose Markdown over HTML (markdown.forBots / forClasses)
+        self.markdown_by_agent = self.markdown.enabled and bool(self.markdown.bots or self.markdown.classes)
 
-    def look(self, req: BotRequest, now: int, *, skip: bool) -> tuple[str, StoredPage | None]:
-        """The cache status of ``req`` (``verdict``, or ``unreadable``) and the page found, if any."""
+    async def look(self, req: BotRequest, now: int, *, skip: bool) -> tuple[str, StoredPage | None]:
+        """The cache status of ``req`` (``verdict``, or ``unreadable``) and the page found, if any:
+        what the store holds now, a write it answered before this request included."""
         found = None
         if not skip:
             try:
-                found = self.pages.get_after_miss(req.cache_key)
+                found = await self.pages.read(req.cache_key)
             except UnreadablePage as e:
                 self._unreadable(e)
                 return "unreadable", None

@@ -79,7 +79,7 @@ async def _cacheable(state: ReplicaState, req: BotRequest, headers: dict[str, st
     policy = serving_policy(state.cfg.render_now, route_class=req.route_class, method=req.method,
                             request_headers=headers)
     hit = state.hit
-    status, found = hit.look(req, now, skip=policy.skip_cache)
+    status, found = await hit.look(req, now, skip=policy.skip_cache)
     # a node that holds no copy asks the holders, and so does a holder when another holds it too
     if found is None and status == "miss" and not policy.skip_cache and state.miss.holders.elsewhere(req.url):
         status, found = await state.miss.look_holders(req, now)

@@ -72,9 +72,8 @@ class Miss:
         holder's when this node holds no copy."""
         if self.holders.applies(req.url):
             return (await self.holders.get(req.cache_key, req.url, cached=False)).page
-        self.pages.catch_up()
         try:
-            return self.pages.get(req.cache_key)
+            return await self.pages.read(req.cache_key)
         except Exception:
             return None
 

@@ -4,9 +4,15 @@ decoding the record and negotiating it are kept with the page (``DecodedPages``)
 the same version.
 
 The NodeStore actor is the only writer. A secondary sees its writes only after
-``try_catch_up_with_primary()`` (about 0.8 ms when nothing changed, a few ms after many writes:
-docs/architecture.md#the-bot-hot-path-has-no-actor-hop), so it catches up on a short timer and after a miss
-(rate-limited), never per request. Render-now waiters ask for a catch-up too, through the same limit.
+``try_catch_up_with_primary()`` (about 0.7 ms when nothing changed, a few ms after many writes:
+docs/architecture.md#the-bot-hot-path-has-no-actor-hop), so it catches up on a short timer, and a read
+(``read``) catches up first whenever the store's write mark (``prerender_ray.storage.write_mark``) moved
+since the reader's last catch-up began: a node reads its own writes. A store writes before its
+caller gets an answer (a result's 204 included), so a request made after that answer finds the mark
+moved, and the catch-up it waits for starts after the write: it sees the page, or a newer one. Those
+catch-ups are shared: one at a time, at most one per ``gap_s``, each serving every read that began
+waiting before it started; reads while the mark stands still (a flood of misses for pages that do not
+exist, or hits) cost one load of the mark and no catch-up.
 """
 
 from __future__ import annotations
@@ -26,9 +32,13 @@ from prerender_ray.storage.pages import PageDecodeError, PageMeta, RecordHead, d
 from prerender_ray.storage.replication import EnvelopeError, payload_view
 from prerender_ray.storage.rocks import PAGES, node_dir, store_path
 from prerender_ray.storage.touches import applicable_to, touch_key
+from prerender_ray.storage.write_mark import WriteMark
 
-CATCH_UP_INTERVAL_S = 0.25  # the timer: a page written by a result is served within about this
-MISS_CATCH_UP_GAP_S = 0.05  # at most one extra catch-up per this long, however many misses
+CATCH_UP_INTERVAL_S = 0.25  # the timer (it also follows compactions, which move no mark)
+# Catch-ups a read waits for start at least this far apart: at about 0.7 ms each, a store that writes
+# without pause costs a replica at most ~7% of its loop, and a read after a write waits at most this.
+CATCH_UP_GAP_S = 0.01
+CATCH_UP_WAIT_S = 1.0  # a read's deadline for its catch-up; past it the read takes the view it has
 DECODED_MAX_PAGES = 4096  # decoded pages kept per replica (validated against the store every read)
 DECODED_MAX_BYTES = 64 * 1024 * 1024
 VARIANTS_PER_PAGE = 4  # negotiated forms kept per page (one per distinct Accept-Encoding value)
@@ -181,15 +191,21 @@ class DecodedPages:
 
 class PageReader:
     def __init__(self, primary: Path, secondary: Path, *, interval_s: float = CATCH_UP_INTERVAL_S,
-                 miss_gap_s: float = MISS_CATCH_UP_GAP_S):
+                 gap_s: float = CATCH_UP_GAP_S, wait_s: float = CATCH_UP_WAIT_S):
         self.primary = primary
         self.secondary = secondary
         self.interval_s = interval_s
-        self.miss_gap_s = miss_gap_s
+        self.gap_s = gap_s
+        self.wait_s = wait_s
         self._db: Rdict | None = None
         self._caught_up = 0.0  # monotonic time of the last catch-up (or open)
         self._task: asyncio.Task | None = None
+        self._mark: WriteMark | None = None  # the store's write mark, once it has one
+        self._seen: int | None = None  # the mark as read just before the last catch-up (or open) began
+        self._next: asyncio.Future | None = None  # the catch-up reads wait for, scheduled not started
+        self._closed = False
         self.catch_ups = 0
+        self.waited = 0  # catch-ups that reads waited for (the rest: the timer's)
         self.open_error: str | None = None
         self.decoded = DecodedPages()
         self.generation = 0  # bumped by every catch-up that ran
@@ -211,6 +227,7 @@ class PageReader:
         """Open the secondary once the primary exists (the store actor may start after us)."""
         if self._db is not None:
             return True
+        mark = self._follow()  # read before the open: the view is at least as new
         if not (self.primary / "CURRENT").exists():
             self.open_error = f"{self.primary} does not exist yet"
             return False
@@ -227,6 +244,7 @@ class PageReader:
             return False
         self.open_error = None
         self._caught_up = time.monotonic()
+        self._seen = mark
         log.info("page reader open", primary=str(self.primary))
         return True
 
@@ -244,6 +262,12 @@ class PageReader:
                 log.error("page catch-up failed", error=repr(e))
 
     def close(self) -> None:
+        self._closed = True
+        if self._next is not None and not self._next.done():
+            self._next.set_result(None)
+        if self._mark is not None:
+            self._mark.close()
+            self._mark = None
         if self._task is not None:
             self._task.cancel()
             self._task = None
@@ -256,16 +280,36 @@ class PageReader:
 
     # ------------------------------------------------------------------------------------- reads
 
+    def _follow(self) -> int | None:
+        """The store's write mark now (following it anew if its file was made again), or None while
+        the store has none."""
+        mark = self._mark
+        if mark is not None and mark.replaced():
+            mark.close()
+            mark = self._mark = None
+        if mark is None:
+            mark = self._mark = WriteMark.follow(self.primary)
+            if mark is None:
+                return None
+        return mark.value()
+
+    def behind(self) -> bool:
+        """The store wrote since the last catch-up began (one load; False while it has no mark)."""
+        mark = self._mark
+        return mark is not None and mark.value() != self._seen
+
     def catch_up(self, *, force: bool = False) -> bool:
-        """Replay the primary's new writes. Without ``force`` at most once per ``miss_gap_s``;
-        returns whether it ran."""
+        """Replay the primary's new writes. Without ``force`` at most once per ``gap_s``; returns
+        whether it ran."""
         now = time.monotonic()
-        if not force and now - self._caught_up < self.miss_gap_s:
+        if self._closed or (not force and now - self._caught_up < self.gap_s):
             return False
         self._caught_up = now
+        mark = self._follow()  # read before the replay starts: every write it counts is replayed
         if self._db is None:
             return self._open()
         self._db.try_catch_up_with_primary()
+        self._seen = mark
         self.catch_ups += 1
         self.generation += 1  # the view may have changed: every decoded page is re-read once
         return True
@@ -295,9 +339,47 @@ class PageReader:
         self.decoded.add(key, page)
         return page
 
-    def get_after_miss(self, key: str) -> StoredPage | None:
-        """``get``, and on a miss one rate-limited catch-up and a second look."""
+    async def read(self, key: str) -> StoredPage | None:
+        """``get`` of what the store holds now: first a catch-up when the store wrote since the last
+        one began, so a write answered before this call is seen (and a page never reads older
+        than one read before it). Raises UnreadablePage."""
+        if self.behind():
+            await self.sync()
         found = self.get(key)
-        if found is None and self.catch_up():
+        if found is None and self._mark is None and self._follow() is not None and self.behind():
+            await self.sync()  # the store opened since this reader last looked for its mark
             found = self.get(key)
         return found
+
+    async def sync(self) -> bool:
+        """Wait, at most ``wait_s``, for a catch-up that starts after this call. Every read that
+        calls meanwhile waits for the same one (one scheduled at a time, ``gap_s`` after the last
+        began), so a flood of reads costs one catch-up per gap at most. False past the deadline."""
+        fut = self._next
+        if fut is None:
+            loop = asyncio.get_running_loop()
+            fut = self._next = loop.create_future()
+            loop.call_later(max(0.0, self._caught_up + self.gap_s - time.monotonic()), self._run_scheduled, fut)
+        try:
+            async with asyncio.timeout(self.wait_s):
+                await asyncio.shield(fut)  # a reader that goes away does not cancel the others' catch-up
+        except TimeoutError:
+            metrics.serve_errors.labels("page-catch-up-late").inc()
+            return False
+        return True
+
+    def _run_scheduled(self, fut: asyncio.Future) -> None:
+        if self._next is fut:
+            self._next = None  # a read from now on waits for the next one: this one may miss its write
+        try:
+            # Not behind: a catch-up (the timer's) began after the last write its waiters could know of.
+            if self._db is not None and self._mark is not None and not self.behind():
+                return
+            if self.catch_up(force=True):
+                self.waited += 1
+        except Exception as e:  # the waiters read the view they have; the timer tries again
+            metrics.loop_errors.labels("page-catch-up").inc()
+            log.error("page catch-up failed", error=repr(e))
+        finally:
+            if not fut.done():
+                fut.set_result(None)

@@ -15,6 +15,8 @@ from typing import cast
 
 from rocksdict import AccessType, BlockBasedOptions, Options, Rdict, WriteBatch, WriteOptions
 
+from prerender_ray.storage.write_mark import WriteMark
+
 # Purposes, one RocksDB each (docs/architecture.md#stores).
 SCHEDULE = "schedule"  # owner tier, written by the keeper
 LEASES = "leases"  # owner tier, written by the lease table
@@ -76,6 +78,12 @@ class Store:
             raise StoreError(f"cannot open store {self.path}: {e}") from None
         self._write_opts = WriteOptions()
         self._write_opts.sync = sync
+        # The writer counts its writes where secondaries can see it (storage/write_mark.py).
+        try:
+            self.mark = WriteMark.publish(self.path) if secondary is None and not read_only else None
+        except OSError as e:
+            self._db.close()
+            raise StoreError(f"cannot publish the write mark of {self.path}: {e}") from None
 
     # --- reads
     def get(self, key: bytes) -> bytes | None:
@@ -127,9 +135,15 @@ class Store:
     # --- writes
     def put(self, key: bytes, value: bytes) -> None:
         self._db.put(key, value, self._write_opts)
+        self._bump()
 
     def delete(self, key: bytes) -> None:
         self._db.delete(key, self._write_opts)
+        self._bump()
+
+    def _bump(self) -> None:
+        if self.mark is not None:
+            self.mark.bump()
 
     def write(self, ops: Iterable[tuple[bytes, bytes | None]]) -> int:
         """Apply puts (value) and deletes (None) atomically; returns how many.
@@ -150,6 +164,7 @@ class Store:
                 batch.put(key, value)
         if ops:
             self._db.write(batch, self._write_opts)
+            self._bump()
         return len(ops)
 
     # --- lifecycle
@@ -166,6 +181,9 @@ class Store:
             self._db.close()
         except Exception:
             pass
+        if self.mark is not None:
+            self.mark.close()
+            self.mark = None
 
 
 def node_dir(data_dir: str | os.PathLike, node: str) -> Path:

@@ -29,7 +29,7 @@ def paths(tmp_path):
 
 def test_the_reader_opens_once_the_primary_exists_and_sees_writes_after_a_catch_up(paths) -> None:
     primary_path, secondary = paths
-    reader = PageReader(primary_path, secondary, miss_gap_s=0.0)
+    reader = PageReader(primary_path, secondary)
     assert not reader.ready and reader.get(KEY) is None
     primary = Store(primary_path)
     clock = Clock("n1")
@@ -41,21 +41,21 @@ def test_the_reader_opens_once_the_primary_exists_and_sees_writes_after_a_catch_
     reader.catch_up(force=True)
     assert bytes(reader.get(KEY).body) == b"v2"
     primary.put(KEY.encode(), wrap(clock.now(), None))  # a tombstone
-    assert reader.get_after_miss(KEY) is not None  # the first look still sees v2...
+    assert reader.get(KEY) is not None  # the view still holds v2...
     reader.catch_up(force=True)
     assert reader.get(KEY) is None  # ...the deleted page is gone after a catch-up
     reader.close()
     primary.close()
 
 
-def test_a_miss_catches_up_at_most_once_per_gap(paths) -> None:
+def test_a_non_forced_catch_up_runs_at_most_once_per_gap(paths) -> None:
     primary_path, secondary = paths
     primary = Store(primary_path)
-    reader = PageReader(primary_path, secondary, miss_gap_s=3600.0)
+    reader = PageReader(primary_path, secondary, gap_s=3600.0)
     primary.put(KEY.encode(), record(Clock("n1"), b"late"))
-    assert reader.get_after_miss(KEY) is None  # opened just now: the gap has not passed
-    reader.miss_gap_s = 0.0
-    assert bytes(reader.get_after_miss(KEY).body) == b"late"
+    assert not reader.catch_up() and reader.get(KEY) is None  # opened just now: the gap has not passed
+    reader.gap_s = 0.0
+    assert reader.catch_up() and bytes(reader.get(KEY).body) == b"late"
     reader.close()
     primary.close()
 
