@@ -98,6 +98,8 @@ bot_page_age_seconds = Histogram(
     buckets=(60, 600, 3600, 6 * 3600, 24 * 3600, 3 * 86400, 7 * 86400),
 )
 serve_errors = Counter("prerender_serve_errors_total", "Serve-path errors.", ["kind"])
+connections_closed = Counter("prerender_connections_closed_total", "Client connections an ingress closed "
+                             "early.", ["reason"])  # header-timeout, evicted, refused
 holder_reads = Counter("prerender_holder_reads_total",
                        "Pages read from a holder by a node that holds no copy.", ["outcome"])  # page, none, cached, failed, stale
 holder_read_seconds = Histogram("prerender_holder_read_seconds", "One read of a page from a holder.",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from prerender_ray import logs, metrics
@@ -242,14 +243,23 @@ class Miss:
         their validators."""
         out = Outcome("bypass")
         cap = self.cfg.server.max_body_bytes
-        body = await _read_body(receive, cap)
-        if body is None:
+        declared = headers.get("content-length")
+        if declared is not None and not declared.isdigit():
+            return error_reply(400, "content-length is not a number"), out
+        if declared is not None and int(declared) > cap:  # refused before a byte is read or sent
             return error_reply(413, f"request body is larger than {cap} bytes"), out
         pin = staging_ip(self.cfg.origin.staging, headers)
         forward = self._forward(req, headers, strip_validators=False)
+        body: bytes | AsyncIterator[bytes] = b""
+        if (declared is not None and declared != "0") or "transfer-encoding" in headers:
+            body = _streamed(receive, cap)
+            if declared is not None:  # the origin gets the framing the bot chose, not chunks
+                forward.append(("content-length", declared))
         try:
             answer = await self.origin.fetch(req.method, req.url, forward, reason="bypass", body=body,
                                              pin=pin)
+        except BodyRefused as e:
+            return error_reply(e.status, str(e)), out
         except OriginError as e:
             return self._origin_failed(req, e, debug, out), out
         out.via_staging = answer.via_staging
@@ -314,18 +324,29 @@ class Discovery:
             log.warning("discovery failed", url=url, error=repr(e))
 
 
-async def _read_body(receive: Any, cap: int) -> bytes | None:
-    """The request body, or None past ``cap`` bytes."""
-    chunks, size = [], 0
+class BodyRefused(Exception):
+    """A bot request's body that must not reach the origin: over the cap, or cut short."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+async def _streamed(receive: Any, cap: int) -> AsyncIterator[bytes]:
+    """The request body as uvicorn hands it over, relayed to the origin chunk by chunk: never held
+    whole, so the bytes a replica buffers for bodies stay bounded by its connections (uvicorn stops
+    reading a connection whose unread body passes 64 KiB). Raising aborts the origin request
+    mid-body, so a body cut short or over ``cap`` never arrives at the origin looking complete."""
+    size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            break
+            raise BodyRefused(400, "the client went away before its request body ended")
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > cap:
-            return None
-        chunks.append(chunk)
+            raise BodyRefused(413, f"request body is larger than {cap} bytes")
+        if chunk:
+            yield chunk
         if not message.get("more_body", False):
-            break
-    return b"".join(chunks)
+            return

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import httpcore
@@ -127,8 +127,9 @@ class OriginClient:
     # -------------------------------------------------------------------------------------- fetch
 
     async def fetch(self, method: str, url: str, headers: Sequence[tuple[str, str]], *, reason: str,
-                    body: bytes | None = None, pin: str | None = None) -> OriginAnswer:
-        """One origin request, its body read whole (within the cap). Raises OriginError."""
+                    body: bytes | AsyncIterator[bytes] | None = None, pin: str | None = None) -> OriginAnswer:
+        """One origin request, its answer's body read whole (within the cap); a request ``body`` given
+        as an iterator is streamed (what it raises passes through). Raises OriginError."""
         client = self.client
         try:
             request = client.build_request(method, url, headers=list(headers), content=body)

@@ -86,7 +86,26 @@ class Server(Model):
         "", description="Host the fleet and peers use for this node; default its Ray IP."
     )
     data_dir: str = Field("./data", description="Where each node keeps its RocksDB stores.")
-    max_body_bytes: int = Field(10 * 1024 * 1024, ge=1024, description="Largest request body accepted (413).")
+    max_body_bytes: int = Field(
+        10 * 1024 * 1024, ge=1024,
+        description="Largest request body accepted (413). A bot request's body (methods other than GET "
+                    "and HEAD) is streamed to the origin as it arrives, never held whole.",
+    )
+    header_timeout: PositiveDuration = Field(
+        10_000,
+        description="Deadline for a request's headers, from the connection's open or the first byte of "
+                    "a further keep-alive request; a client slower than that is disconnected.",
+    )
+    keep_alive_timeout: PositiveDuration = Field(
+        30_000, description="An idle keep-alive connection is closed after this long without a request."
+    )
+    max_connections: int = Field(
+        10_000, ge=16, le=1_000_000,
+        description="Open client connections per ingress replica. Over it, a new connection replaces the "
+                    "one that has waited longest without a request being served (headers still "
+                    "arriving, or idle), or is closed at once when every connection is serving. Lowered "
+                    "to half the process's open-file limit (raised toward twice this first).",
+    )
     max_html_bytes: int = Field(
         20 * 1024 * 1024, ge=1024,
         description="Largest decoded page: a render result whose gzip/br body decodes to more is refused "

@@ -229,3 +229,78 @@ async def test_an_agent_that_asks_for_markdown_gets_the_page_rendered_for_its_mi
     finally:
         await close_replica(ctx)
         primary.close()
+
+
+class BodySink:
+    """An origin on 127.0.0.1 that says when the first bytes of a request body arrive and whether a
+    whole body did (Content-Length or chunked), then answers 200."""
+
+    def __init__(self) -> None:
+        import asyncio
+
+        self.first = asyncio.Event()
+        self.bodies: asyncio.Queue[tuple[dict[str, str], bytes, bool]] = asyncio.Queue()  # headers, bytes, complete
+
+    async def handle(self, reader, writer) -> None:  # type: ignore[no-untyped-def]
+        import asyncio
+
+        head, data, complete = {}, b"", False
+        try:
+            lines = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")[1:]
+            head = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines if line)}
+            length = int(head.get("content-length", -1))
+            while len(data) != length and not data.endswith(b"0\r\n\r\n"):
+                chunk = await reader.read(65536)
+                if not chunk:
+                    break
+                data += chunk
+                self.first.set()
+            complete = len(data) == length or data.endswith(b"0\r\n\r\n")
+            if complete:
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nsunk")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        self.bodies.put_nowait((head, data, complete))
+        writer.close()
+
+
+async def test_a_bot_request_body_streams_to_the_origin_and_is_never_held_whole(tmp_path) -> None:
+    """The bypass (methods other than GET and HEAD) relays a body as it arrives: the origin has its
+    first bytes before the bot has sent the rest, and gets the bot's framing. A body over
+    ``server.maxBodyBytes`` is a 413, and the origin never gets it looking complete."""
+    import asyncio
+
+    from tests.api.live_server import connect, response, serving
+
+    sink = BodySink()
+    origin = await asyncio.start_server(sink.handle, "127.0.0.1", 0)
+    at = f"127.0.0.1:{origin.sockets[0].getsockname()[1]}"
+    cfg = Config.model_validate({"domains": [at], "server": {"data_dir": str(tmp_path), "maxBodyBytes": 300_000}})
+    ctx = NodeContext(cfg=cfg, node=NodeInfo(name="n1", host="127.0.0.1", port=1, ray_node_id="x"),
+                      data_dir=str(tmp_path))
+    body = bytes(range(256)) * 1000
+    try:
+        async with serving(create_asgi(ctx), cfg) as port:
+            r, w = await connect(port)
+            w.write(f"POST /p/http://{at}/sink HTTP/1.1\r\nhost: t\r\ncontent-length: {len(body)}\r\n\r\n".encode()
+                    + body[:100_000])
+            await asyncio.wait_for(sink.first.wait(), 15)  # before the bot sends the rest
+            w.write(body[100_000:])
+            assert await response(r) == (200, b"sunk")
+            head, got, complete = await asyncio.wait_for(sink.bodies.get(), 15)
+            assert got == body and complete and head["content-length"] == str(len(body))
+            assert "transfer-encoding" not in head
+
+            w.write(f"POST /p/http://{at}/sink HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n".encode())
+            for _ in range(5):  # 5 x 64 KiB: over the cap on the fifth
+                w.write(b"10000\r\n" + b"x" * 0x10000 + b"\r\n")
+            status, message = await response(r)
+            assert status == 413 and b"larger than 300000 bytes" in message
+            _, cut, complete = await asyncio.wait_for(sink.bodies.get(), 15)
+            assert not complete and len(cut) < 300_000  # cut off: never complete at the origin
+            w.close()
+    finally:
+        await close_replica(ctx)
+        origin.close()
+

@@ -1,0 +1,175 @@
+"""The ingress's HTTP protocol: uvicorn's httptools protocol with deadlines and a connection cap
+(docs/serving.md#slow-clients-and-connection-budgets).
+
+uvicorn bounds an idle keep-alive connection (``timeout_keep_alive``) but not the time a client takes
+to send a request's headers, and it caps nothing at accept: ``limit_concurrency`` answers 503 to new
+*requests* once the open connections reach it, so a crowd of slow clients would turn every real
+request away. Here:
+
+- **Header deadline.** A timer starts when a connection opens and when the first byte of each further
+  request arrives; the request's headers must be complete before it fires, or the connection is closed
+  (no answer: a slow client learns nothing, and nothing is written to a socket it may never read).
+- **Connection cap.** A replica keeps at most ``max_connections`` open. A new connection over the cap
+  takes the place of the connection that has waited longest without a request being served (headers
+  still arriving, or idle between keep-alive requests): a crowd of slow or idle clients cannot hold the
+  replica, and no request being served is touched. When every open connection is serving a request,
+  the new one is closed at once, before anything is read from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+from collections import OrderedDict
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from prerender_ray import metrics
+from prerender_ray.config.model import Config
+
+
+class GuardedHttp(HttpToolsProtocol):
+    """Set per server by ``guarded_protocol``; one subclass per uvicorn server."""
+
+    header_timeout_s: float = 10.0
+    max_connections: int = 10_000
+    # Connections not serving a request, longest waiting first (the order evictions take).
+    waiting: OrderedDict[GuardedHttp, None] = OrderedDict()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._refused = False
+
+    # ------------------------------------------------------------------------------- connection
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if len(self.connections) >= self.max_connections and not self._evict_one():
+            self._refused = True
+            metrics.connections_closed.labels("refused").inc()
+            transport.abort()  # nothing read, nothing written
+            return
+        super().connection_made(transport)
+        self._wait()
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._refused:
+            return
+        self._disarm()
+        self.waiting.pop(self, None)
+        super().connection_lost(exc)
+
+    def _evict_one(self) -> bool:
+        """Close the connection that has waited longest without a request being served."""
+        while self.waiting:
+            oldest, _ = self.waiting.popitem(last=False)
+            if oldest.transport is None or oldest.transport.is_closing():
+                continue
+            oldest._disarm()
+            self.connections.discard(oldest)  # its connection_lost comes on a later turn of the loop
+            oldest.transport.abort()
+            metrics.connections_closed.labels("evicted").inc()
+            return True
+        return False
+
+    # ------------------------------------------------------------------------------ the deadline
+
+    def _wait(self) -> None:
+        self.waiting.pop(self, None)
+        self.waiting[self] = None  # to the end: the newest waiter
+
+    def _arm(self) -> None:
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_later(self.header_timeout_s, self._headers_late)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_late(self) -> None:
+        self._header_timer = None
+        if self.transport is not None and not self.transport.is_closing():
+            metrics.connections_closed.labels("header-timeout").inc()
+            self.transport.abort()
+
+    def data_received(self, data: bytes) -> None:
+        # Bytes between requests that begin none (llhttp skips stray CRLFs) still stop uvicorn's
+        # keep-alive timer: they must not hold the connection past the header deadline either.
+        if self._header_timer is None and (self.cycle is None or self.cycle.response_complete):
+            self._arm()
+        super().data_received(data)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm()  # a further request on a keep-alive connection: its headers are timed too
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        self.waiting.pop(self, None)
+        super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        # idle between keep-alive requests (uvicorn's keep-alive timer runs), unless closing or a
+        # pipelined request was started
+        if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
+            self._wait()
+
+
+def guarded_protocol(*, header_timeout_s: float, max_connections: int) -> type[GuardedHttp]:
+    """A protocol class for one uvicorn server (``uvicorn.Config(http=...)``)."""
+    timeout, cap = header_timeout_s, max_connections
+
+    class Guarded(GuardedHttp):
+        header_timeout_s = timeout
+        max_connections = cap
+        waiting: OrderedDict[GuardedHttp, None] = OrderedDict()
+
+    return Guarded
+
+
+def connection_budget(wanted: int) -> int:
+    """The connection cap this process can keep: at most half its open files (it raises its soft limit
+    toward twice ``wanted`` first, up to the hard limit). The other half is for what the cap does not
+    see: asyncio accepts up to the listen backlog (2,048) at a time before any of them is counted, an
+    evicted connection's socket closes a turn of the loop later, and the stores and the origin and peer
+    pools need theirs. Measured: with a reserve of 4,096 under 20,000 reconnecting slow clients, the
+    replica still hit EMFILE (asyncio then stops accepting for a second)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = 2 * wanted
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    return max(1, min(wanted, soft // 2))
+
+
+def server_config(app: Any, cfg: Config, log: Any = None) -> uvicorn.Config:
+    """uvicorn's config for a replica: the guarded protocol and the keep-alive timeout, from
+    ``server``."""
+    srv = cfg.server
+    cap = connection_budget(srv.max_connections)
+    if cap < srv.max_connections and log is not None:
+        log.warning("server.maxConnections lowered to what the open-file limit allows",
+                    configured=srv.max_connections, cap=cap)
+    tls = srv.tls
+    return uvicorn.Config(
+        app, loop="none", lifespan="on", log_level="warning", access_log=False,
+        http=guarded_protocol(header_timeout_s=srv.header_timeout / 1000, max_connections=cap),
+        timeout_keep_alive=srv.keep_alive_timeout / 1000,  # type: ignore[arg-type]  # call_later takes it
+        timeout_graceful_shutdown=5, server_header=False,
+        date_header=False,  # ours, with Last-Modified held to it: prerender_ray.serving.dates
+        # Its default believes X-Forwarded-For from any loopback peer; api.auth resolves the client
+        # itself, trusting only server.trustedProxies.
+        proxy_headers=False,
+        ssl_certfile=tls.cert_file or None, ssl_keyfile=tls.key_file or None,
+    )
