@@ -27,8 +27,10 @@ from prerender_ray.actors.common import (
     read_overrides,
     untraced,
 )
+from prerender_ray.api.admin.bots import replica_report
 from prerender_ray.api.app import create_asgi
-from prerender_ray.api.bot.replica import apply_overrides, close_replica, open_replica
+from prerender_ray.api.bot.replica import apply_overrides, close_replica, open_replica, opened
+from prerender_ray.api.connections import server_config
 from prerender_ray.api.context import NodeContext
 from prerender_ray.config.loading import findings
 from prerender_ray.config.model import Config
@@ -128,22 +130,23 @@ class IngressReplica:
                     return
                 time.sleep(0.5)
         assert sock is not None  # the loop binds or returns
-        tls = cfg.server.tls
-        self.server = uvicorn.Server(uvicorn.Config(
-            self.app, loop="none", http="httptools", lifespan="on", log_level="warning", access_log=False,
-            timeout_keep_alive=30, timeout_graceful_shutdown=5, server_header=False,
-            # Its default believes X-Forwarded-For from any loopback peer; api.auth resolves the client
-            # itself, trusting only server.trustedProxies.
-            proxy_headers=False,
-            ssl_certfile=tls.cert_file or None, ssl_keyfile=tls.key_file or None,
-        ))
+        self.server = uvicorn.Server(server_config(self.app, cfg, self.log))
         self._syncer: asyncio.Task | None = None
         self.task = asyncio.get_running_loop().create_task(self._serve(sock))
         self.log.info("ingress listening", url=info.url, replica=index)
 
     async def status(self) -> dict:
         up = bool(self.server and self.server.started and self.task and not self.task.done())
-        return {"replica": self.index, "up": up, "error": self.error, "url": self.info.url, "pid": os.getpid()}
+        state = opened(self.ctx)
+        pages = state.services.pages if state is not None else None
+        # catch-ups of its page reader: all, and those reads waited for (the store had written)
+        catch_ups = {"all": pages.catch_ups, "waited": pages.waited} if pages is not None else None
+        return {"replica": self.index, "up": up, "error": self.error, "url": self.info.url, "pid": os.getpid(),
+                "pageCatchUps": catch_ups}
+
+    async def bots_report(self) -> dict:
+        """This replica's bot tallies, for the admin ``bots`` view that merges every replica's."""
+        return replica_report(self.ctx)
 
     async def apply_overrides(self, raw: bytes | None) -> bool:
         """Apply the stored live overrides (``o:config``) if they changed; True when they did."""

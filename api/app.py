@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterator
+from typing import Any
 
-from fastapi import FastAPI, Request, routing
+from fastapi import Depends, FastAPI, Request, routing
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from ray.exceptions import RayError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from prerender_ray import logs
+from prerender_ray.admin.users import Principal
 from prerender_ray.api import health, peer, render_queue, sitemaps, targets
 from prerender_ray.api.admin import routes as admin
+from prerender_ray.api.auth import require
 from prerender_ray.api.bot.middleware import BotMiddleware
 from prerender_ray.api.context import NodeContext
 from prerender_ray.rpc import DeadlineExceeded
 from prerender_ray.serving.classify import reserved_prefixes
+from prerender_ray.serving.dates import Dater
 
 log = logs.get("ingress")
 # No OpenTelemetry: FastAPI's native telemetry (newer releases) checks its providers on every request.
@@ -25,16 +29,42 @@ _NO_TELEMETRY = ({"telemetry": {"tracing": False, "metrics": False, "logs": Fals
                  if "telemetry" in inspect.signature(FastAPI.__init__).parameters else {})
 
 
-def create_asgi(ctx: NodeContext) -> BotMiddleware:
+def create_asgi(ctx: NodeContext) -> Dated:
     """What uvicorn serves: the bot path in front of the FastAPI app, so a bot request pays neither
-    FastAPI's routing nor its per-request middleware (bench/bench_serving.py)."""
-    return BotMiddleware(create_app(ctx), ctx)
+    FastAPI's routing nor its per-request middleware (bench/bench_serving.py); every answer dated."""
+    return Dated(BotMiddleware(create_app(ctx), ctx))
+
+
+class Dated:
+    """ASGI: every answer gets our Date, and no Last-Modified later than it
+    (``prerender_ray.serving.dates``; uvicorn's own Date is off)."""
+
+    def __init__(self, app: Any):
+        self.app = app
+        self.dater = Dater()
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        dater = self.dater
+
+        async def dated(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = dater.headers(message.get("headers", ()))
+            await send(message)
+
+        await self.app(scope, receive, dated)
 
 
 def create_app(ctx: NodeContext) -> FastAPI:
-    app = FastAPI(title="prerender-ray", docs_url=None, redoc_url=None, openapi_url="/openapi.json",
-                  **_NO_TELEMETRY)
+    # No docs UI, and no public route list: the port faces bots (management.openapi).
+    app = FastAPI(title="prerender-ray", docs_url=None, redoc_url=None, openapi_url=None, **_NO_TELEMETRY)
     app.state.ctx = ctx
+    if ctx.cfg.management.enabled and ctx.cfg.management.openapi == "admin":
+        @app.get("/openapi.json", include_in_schema=False)
+        async def _openapi(who: Principal = Depends(require("admin"))) -> JSONResponse:
+            return JSONResponse(app.openapi(), headers={"cache-control": "no-store"})
     app.include_router(peer.router)  # claimed before bot routing: the ingress decision reserves its path
     app.include_router(health.router)
     app.include_router(render_queue.router)

@@ -109,7 +109,7 @@ def serve_app(port: int, data_dir: str, config_json: str) -> None:
     node = NodeInfo(name="node-a", host="127.0.0.1", port=port, ray_node_id="")
     ctx = NodeContext(cfg=cfg, node=node, data_dir=data_dir, replica=99)
     uvicorn.run(create_asgi(ctx), host="127.0.0.1", port=port, log_level="warning", access_log=False,
-                server_header=False, loop="asyncio", http="httptools")
+                server_header=False, date_header=False, loop="asyncio", http="httptools")
 
 
 def actor_ceiling(port: int, body: bytes):

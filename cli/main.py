@@ -6,6 +6,8 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
+import shutil
 import signal
 import sys
 import threading
@@ -26,6 +28,24 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 def _err(msg: str) -> None:
     print(f"prerender-ray: {msg}", file=sys.stderr)
+
+
+def self_command(argv0: str | None = None) -> str:
+    """This command as the shell it runs in can start it again: ``prerender-ray`` when PATH finds this
+    very script, else its path (relative when under the working directory, e.g. a venv's
+    ``.venv/bin/prerender-ray``), or ``python -m`` when it runs as a module."""
+    argv0 = sys.argv[0] if argv0 is None else argv0
+    me = Path(argv0).absolute()
+    if me.name != "prerender-ray":
+        return f"{shlex.quote(sys.executable)} -m prerender_ray.cli.main"
+    found = shutil.which("prerender-ray")
+    if found and Path(found).absolute() == me:
+        return "prerender-ray"
+    try:
+        rel = str(me.relative_to(Path.cwd()))
+    except ValueError:
+        return shlex.quote(str(me))
+    return shlex.quote(rel if "/" in rel else f"./{rel}")  # a bare name would be looked up on PATH
 
 
 def _data_dir(arg: str | None, cfg: Config | None = None) -> Path:
@@ -103,7 +123,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     for node in status["nodes"]:
         print(f"{node['name']}: {node['url']}  (bots: {node['url']}{cfg.ingress.bot_path_prefix}<url>)")
     print(f"console: {status['nodes'][0]['url']}/prerender_admin/  logs: {data_dir}/nodes/*/logs/ "
-          f"(`prerender-ray logs --data-dir {data_dir}`)", flush=True)
+          f"(`{self_command()} logs --data-dir {shlex.quote(str(data_dir))}`)", flush=True)
     print("ready", flush=True)
     if args.detach:
         if args.with_worker:

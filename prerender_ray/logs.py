@@ -97,6 +97,7 @@ def setup(node: str = "", *, level: str = "info", json_lines: str = "auto", proc
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
+            *(() if as_json else (_escape_event,)),
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS.get(level, logging.INFO)),
@@ -186,17 +187,49 @@ def follow(find: Any, *, poll_s: float = 0.25, stop: Any = None, from_end: bool 
         time.sleep(poll_s)
 
 
+# Every control character (C0, DEL, C1) and the Unicode line/paragraph separators, as a visible
+# escape: a logged value (a login name, a URL, a header) must neither start a forged line nor send
+# the operator's terminal an escape sequence.
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_TERMINAL_SAFE = {c: _NAMED.get(chr(c), f"\\x{c:02x}")
+                  for c in (*range(0x20), *range(0x7F, 0xA0))} | {0x2028: "\\u2028", 0x2029: "\\u2029"}
+
+
+def terminal_safe(text: object) -> str:
+    """``text`` as a string a terminal shows as-is, on one line."""
+    return str(text).translate(_TERMINAL_SAFE)
+
+
+def _indented(block: str) -> str:
+    """A traceback keeps its lines, each indented so that none can pass for a log line."""
+    return "\n".join("    " + terminal_safe(line) for line in block.splitlines())
+
+
+def _escape_event(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """For structlog's console renderer, which writes the event, the keys and a traceback raw (it
+    shows other values as their repr, escaped already)."""
+    out = {terminal_safe(k): v for k, v in event.items()}
+    if isinstance(out.get("event"), str):
+        out["event"] = terminal_safe(out["event"])
+    if isinstance(out.get("exception"), str):
+        out["exception"] = _indented(out["exception"])
+    return out
+
+
 def pretty(line: str) -> str:
-    """A JSON line for a terminal: time, level, node/process, event, then the other fields."""
+    """A JSON line for a terminal: time, level, node/process, event, then the other fields; every
+    part with its control characters escaped."""
     try:
         d = json.loads(line)
     except ValueError:
-        return line
+        return terminal_safe(line)
     if not isinstance(d, dict):
-        return line
+        return terminal_safe(line)
     ts = str(d.pop("timestamp", ""))[11:23]
     level = str(d.pop("level", "")).upper()
     where = "/".join(str(d.pop(k)) for k in ("node", "process") if k in d)
     event = d.pop("event", "")
+    exc = d.pop("exception", None)
     rest = " ".join(f"{k}={v}" for k, v in d.items())
-    return f"{ts} {level:<7} {where:<18} {event} {rest}".rstrip()
+    out = terminal_safe(f"{ts} {level:<7} {where:<18} {event} {rest}".rstrip())
+    return f"{out}\n{_indented(str(exc))}" if exc else out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -86,3 +87,46 @@ def test_pretty_renders_a_line_for_a_terminal() -> None:
                        "timestamp": "2026-12-01T10:35:48.848259Z", "rows": 0})
     assert logs.pretty(line) == "10:35:48.848 INFO    n1/keeper          keeper live rows=0"
     assert logs.pretty("not json") == "not json"
+
+
+HOSTILE = "mallory\n10:00:00.000 INFO    n1/ingress-0       admin login user=root\x1b[2J\x1b]0;pwned\x07\r\x9b31m\x7f\u2028"
+
+
+def _forged(text: str) -> bool:
+    return any(ord(c) < 0x20 and c != "\n" or 0x7F <= ord(c) < 0xA0 or c in "\u2028\u2029" for c in text) \
+        or "\n" in text
+
+
+def test_pretty_escapes_control_characters_in_values_keys_and_the_event() -> None:
+    # Before: a login name with a newline and ESC sequences was printed raw: it forged a second log
+    # line and sent the operator's terminal escape sequences (clear screen, title, colour).
+    line = json.dumps({"event": f"login refused {HOSTILE}", "level": "warning", "node": "n1",
+                       "process": "ingress-0", "timestamp": "2026-12-01T10:35:48.848259Z",
+                       "user": HOSTILE, f"k{HOSTILE}": 1, "nested": {"u": HOSTILE}})
+    out = logs.pretty(line)
+    assert not _forged(out), repr(out)
+    assert "user=mallory\\n10:00:00.000 INFO" in out and "\\x1b[2J\\x1b]0;pwned\\x07\\r\\x9b31m\\x7f\\u2028" in out
+    assert not _forged(logs.pretty(HOSTILE)) and not _forged(logs.pretty(json.dumps([HOSTILE])))
+
+
+def test_pretty_keeps_a_tracebacks_lines_indented_and_escaped() -> None:
+    line = json.dumps({"event": "boom", "level": "error", "timestamp": "2026-12-01T10:35:48.848259Z",
+                       "exception": f"Traceback (most recent call last):\nValueError: {HOSTILE}"})
+    first, *rest = logs.pretty(line).split("\n")
+    assert first.endswith("boom") and rest[0] == "    Traceback (most recent call last):"
+    assert all(r.startswith("    ") and not _forged(r) for r in rest)
+
+
+def test_the_console_renderer_escapes_what_it_prints(capsys, monkeypatch) -> None:
+    # A foreground process on a terminal (the render worker) renders with structlog's console
+    # renderer, which wrote string values raw.
+    monkeypatch.delenv(logs.LOG_DIR_ENV, raising=False)
+    monkeypatch.setattr("sys.stdout.isatty", lambda: True)
+    try:
+        logs.setup("n1", process="render-worker", json_lines="auto")
+        logs.get().warning(f"event {HOSTILE}", url=HOSTILE)
+    finally:
+        structlog.reset_defaults()
+    out = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out.rstrip("\n"))  # the renderer's own colours
+    assert not _forged(out), repr(out)
+    assert "event mallory\\n10:00:00.000 INFO" in out

@@ -29,6 +29,17 @@ def test_the_ci_script_runs_the_readme_test_command() -> None:
     assert re.search(r"^make test\b", readme, re.M)
 
 
+def test_the_quickstart_shows_how_to_tell_a_rendered_answer_from_the_origins() -> None:
+    """The header every answer from a rendered page carries (``queue/results.py`` stores it with the
+    page; tests/api/bot/test_middleware.py sees it on a hit), asked for by a curl in the Quickstart."""
+    readme = (REPO / "README.md").read_text()
+    quickstart = readme[readme.index("## Quickstart"):readme.index("\n## ", readme.index("## Quickstart"))]
+    shown = [ln for ln in quickstart.splitlines() if ln.startswith("curl ") and "x-harper-rendered" in ln]
+    assert shown, "the Quickstart names no header that marks a rendered answer"
+    results = (REPO / "prerender_ray/queue/results.py").read_text()
+    assert 'headers["x-harper-rendered"] = "1"' in results
+
+
 if __name__ == "__main__":
     path = REPO / "README.md"
     text = path.read_text()

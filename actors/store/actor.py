@@ -192,7 +192,9 @@ class NodeStore(Replication):
         readable page: an unchanged render moves it too, so a lastmod older than it is no change."""
         return [m.last_cached if m is not None else None for m in await self.page_metas(keys)]
 
-    async def page_keys(self, prefix: str, start: str | None, limit: int) -> list[tuple[str, bytes]]:
+    async def page_keys(self, prefix: str, start: str | None, limit: int) -> dict:
+        """Up to ``limit`` live pages under ``prefix`` from ``start`` (key, payload), and the live
+        page count of the same moment (``total``), so that a listing and its total agree."""
         found = []
         first = start.encode() if start else (prefix.encode() or b"\x01")  # past the internal families
         for k, v in self.pages.items(prefix.encode(), first):
@@ -201,7 +203,8 @@ class NodeStore(Replication):
                 if len(found) >= limit:
                     break
         touches = self.pages.get_many([touch_key(k) for k, _ in found])
-        return [(k.decode(), touched_payload(v, t) or b"") for (k, v), t in zip(found, touches)]
+        return {"pages": [(k.decode(), touched_payload(v, t) or b"") for (k, v), t in zip(found, touches)],
+                "total": self.live["pages"]}
 
     async def render_history(self, key: str, screenshots: bool = False) -> dict:
         """``key``'s render history and diagnostics reports, newest first; a report's screenshot

@@ -1,23 +1,92 @@
-"""``GET bots``: this replica's view of bot traffic by class: the policies in force, the URLs bots
+"""``GET bots``: the cluster's view of bot traffic by class: the policies in force, the URLs bots
 asked for that had no cached page (per class, most asked first), and the verifier's state.
 
-Per replica, like ``unrouted``: each ingress replica keeps its own bounded tallies (metrics carry the
-node-wide counts: ``prerender_bot_class_serves_total``, ``prerender_bot_page_age_seconds``).
+Each ingress replica keeps its own bounded tallies (``replica_report``); this route asks every
+replica of every node (``IngressReplica.bots_report``, within ``management.peerTimeoutMs``) and merges
+them (``prerender_ray.admin.fanout.merge_missed``): a URL's counts add up over the replicas that
+answered, and ``replicas`` names each one with its error when it did not. (It once showed the one
+replica that answered the request as if it were the node: half the misses were missing.) Metrics carry
+the node-wide counts too: ``prerender_bot_class_serves_total``, ``prerender_bot_page_age_seconds``.
 """
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 from fastapi import Depends, Request
 from fastapi.responses import JSONResponse
 
+from prerender_ray.admin.fanout import merge_missed, sum_documents
 from prerender_ray.admin.users import Principal
-from prerender_ray.api.admin.common import admin_router, answer, ctx_of, query_int
+from prerender_ray.api.admin.common import (
+    admin_router,
+    answer,
+    call,
+    ctx_of,
+    heavy,
+    member_names,
+    peer_timeout_s,
+    query_int,
+)
 from prerender_ray.api.auth import require
 from prerender_ray.api.bot.replica import opened
+from prerender_ray.api.context import NodeContext
 from prerender_ray.serving.bots import BOT_CLASSES
 
 router = admin_router()
-MAX_LIMIT = 1_000
+MAX_LIMIT = 1_000  # rows per class, asked of each replica and answered
+
+
+def replica_report(ctx: NodeContext) -> dict:
+    """This replica's tallies: its missed URLs (the ``MAX_LIMIT`` most asked per class), how many it
+    evicted, and its verifier's counts."""
+    state = opened(ctx)
+    if state is None:
+        return {"available": False}
+    services = state.services
+    return {"available": True, "missed": services.misses.top(MAX_LIMIT), "evicted": services.misses.evicted,
+            "verification": services.verifier.snapshot() if services.verifier is not None else None}
+
+
+async def _reports(ctx: NodeContext) -> dict[str, tuple[bool, Any]]:
+    """``node/replica`` -> (True, its report) or (False, why not), every replica asked at once."""
+    import ray
+
+    from prerender_ray.actors.common import lookup_async  # Ray only where a request needs an actor
+
+    deadline = peer_timeout_s(ctx)
+
+    async def one(node: str, index: int) -> tuple[bool, Any]:
+        if node == ctx.node.name and index == ctx.replica:
+            return True, replica_report(ctx)
+        try:
+            handle = await lookup_async("ingress", node, index)
+            return True, await call(handle.bots_report.remote(), deadline)
+        except ValueError:  # not placed (yet), or the node is gone
+            return False, f"no ingress replica {index} on {node}"
+        except TimeoutError:
+            return False, f"no answer within {deadline * 1000:g} ms"
+        except Exception as e:  # a dead actor, a lost node: reported, the view goes on
+            return False, f"{type(e).__name__}: {str(e)[:200]}"
+
+    if not ray.is_initialized():  # an app without Ray (the bot path's tests): a lookup would start one
+        asked = [(ctx.node.name, ctx.replica)]
+    else:
+        asked = [(n, i) for n in member_names(ctx) for i in range(ctx.cfg.server.replicas)]
+        if ctx.replica not in range(ctx.cfg.server.replicas):  # a replica outside the count (tests)
+            asked.append((ctx.node.name, ctx.replica))
+    found = await asyncio.gather(*(one(n, i) for n, i in asked))
+    return {f"{n}/{i}": got for (n, i), got in zip(asked, found)}
+
+
+def _verification(reports: list[dict]) -> dict:
+    snaps = [r["verification"] for r in reports if r.get("verification")]
+    if not snaps:
+        return {}
+    merged = sum_documents([{k: v for k, v in s.items() if k != "rangeSets"} for s in snaps])
+    merged["rangeSets"] = snaps[0].get("rangeSets")  # the same ranges on every replica, not counts
+    return merged
 
 
 @router.get("/bots")
@@ -25,24 +94,23 @@ async def bots(request: Request, who: Principal = Depends(require("viewer"))) ->
     ctx = ctx_of(request)
     limit = query_int(request, "limit", default=50, minimum=1, maximum=MAX_LIMIT)
     cfg = ctx.cfg.bots
+    async with heavy(ctx).slot():
+        found = await _reports(ctx)
+    reports = [doc for ok, doc in found.values() if ok and isinstance(doc, dict) and doc.get("available")]
     body: dict = {
-        "node": ctx.node.name, "replica": ctx.replica, "perReplica": True,
+        "node": ctx.node.name, "scope": "cluster",
+        "replicas": {name: None if ok and isinstance(doc, dict) and doc.get("available")
+                     else (doc if not ok else "bot path not open") for name, (ok, doc) in found.items()},
+        "answered": len(reports), "asked": len(found), "partial": len(reports) < len(found),
         "policies": {
             "default": cfg.default.model_dump(),
             "classes": {c: (cfg.classes.get(c) or cfg.default).model_dump() for c in BOT_CLASSES},  # type: ignore[call-overload]
             "named": {name: p.model_dump() for name, p in cfg.named.items()},
             "denyStatus": cfg.deny_status, "failedClass": cfg.failed_class,
         },
-        "verification": {"enabled": cfg.verify.enabled},
+        "verification": {"enabled": cfg.verify.enabled, **_verification(reports)},
+        "available": bool(reports),
+        "missed": merge_missed([r.get("missed") or {} for r in reports], limit),
+        "missedEvicted": sum(r.get("evicted") or 0 for r in reports),
     }
-    state = opened(ctx)
-    body["available"] = state is not None
-    if state is None:
-        body["missed"] = {}
-        return answer(body)
-    services = state.services
-    body["missed"] = services.misses.top(limit)
-    body["missedEvicted"] = services.misses.evicted
-    if services.verifier is not None:
-        body["verification"].update(services.verifier.snapshot())
     return answer(body)

@@ -16,7 +16,7 @@ from prerender_ray.serving.answer import Reply, prepare, prepared_reply, verdict
 from prerender_ray.serving.classify import BotRequest
 from prerender_ray.serving.framing import framed_reply, sends_stored_coding
 from prerender_ray.serving.markdown import TRANSIENT, MarkdownPolicy, charset_of, convert_page, markdown_meta
-from prerender_ray.serving.negotiation import EncodingError
+from prerender_ray.serving.negotiation import EncodingError, add_vary
 from prerender_ray.serving.responses import debug_headers
 
 _FRESHNESS = (b"cache-control", b"expires")
@@ -98,9 +98,11 @@ class Hit:
                      debug: bool, markdown: bool) -> Reply | None:
         """A rendered page, cached or found by the miss path: as Markdown when the request wants it
         (``markdown.wants``), else as ``html``."""
-        if markdown:
-            return await self.as_markdown(req, page, now, headers, out, debug)
-        return self.html(req, page, now, headers, out, debug)
+        reply = (await self.as_markdown(req, page, now, headers, out, debug) if markdown
+                 else self.html(req, page, now, headers, out, debug))
+        if reply is not None and page.status_code == 200 and self.markdown_by_agent:
+            reply.headers["vary"] = add_vary(reply.headers.get("vary"), "User-Agent")
+        return reply
 
     def html(self, req: BotRequest, page: StoredPage, now: int, headers: dict[str, str], out: Outcome,
              debug: bool) -> Reply | None:

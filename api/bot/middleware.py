@@ -22,6 +22,7 @@ from prerender_ray.serving.answer import Reply, error_reply, route_label
 from prerender_ray.serving.bot_policy import UNCHECKED, Decision
 from prerender_ray.serving.bots import OTHER
 from prerender_ray.serving.classify import BadBotRequest, BotRequest, NotBot
+from prerender_ray.serving.negotiation import add_vary
 from prerender_ray.serving.origin_rules import serving_policy
 from prerender_ray.serving.responses import debug_requested
 from prerender_ray.timeutil import now_ms
@@ -69,6 +70,8 @@ async def serve(state: ReplicaState, req: BotRequest, headers: dict[str, str], s
                               "x-harper-bot-verification": verification, "x-harper-bot-policy": serve_as})
     if out.render_now:
         reply.headers["x-harper-render-now"] = out.render_now
+    if serve_as != "deny" and (named := state.ingress.device_vary):  # the device chose the answer
+        reply.headers["vary"] = add_vary(reply.headers.get("vary"), named)
     if record:
         _record(state, req, bot, out, now, decision)
     return reply

@@ -41,3 +41,24 @@ def sum_documents(docs: list[dict]) -> dict:
             out[k] = [sum(v[i] for v in values if i < len(v)) for i in range(width)]
         # anything else (words, booleans, lists of objects, None) does not add up
     return out
+
+
+def merge_missed(tallies: list[dict[str, list[dict]]], limit: int) -> dict[str, list[dict]]:
+    """The bots report's missed URLs of several ingress replicas as one (``MissTally.top`` rows, per
+    bot class): a URL's counts add up, its first and last times are the earliest and the latest, its
+    last bot the one of the latest; per class the ``limit`` most asked (ties: the most recent first)."""
+    merged: dict[str, dict[str, dict]] = {}
+    for tally in tallies:
+        for cls, rows in tally.items():
+            urls = merged.setdefault(cls, {})
+            for row in rows:
+                have = urls.get(row["url"])
+                if have is None:
+                    urls[row["url"]] = dict(row)
+                    continue
+                have["count"] += row["count"]
+                have["firstMs"] = min(have["firstMs"], row["firstMs"])
+                if row["lastMs"] > have["lastMs"]:
+                    have["lastMs"], have["lastBot"] = row["lastMs"], row["lastBot"]
+    return {cls: sorted(urls.values(), key=lambda r: (-r["count"], -r["lastMs"]))[:limit]
+            for cls, urls in sorted(merged.items())}

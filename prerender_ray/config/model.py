@@ -397,6 +397,11 @@ class Management(Model):
     peer_timeout_ms: PositiveDuration = Field(2_500, description="Deadline of admin calls to other nodes.")
     snapshot_table_counts: bool = Field(True, description="Show the exact target and page counts in the overview.")
     page_size: int = Field(50, ge=1, le=1000, description="Rows per page in admin lists.")
+    openapi: Literal["off", "admin"] = Field(
+        "off",
+        description="`/openapi.json`, the list of every route: `off` (404; the port also faces bots), or "
+                    "`admin` (admins only).",
+    )
 
 
 class Page(Model):

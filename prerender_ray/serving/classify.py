@@ -138,6 +138,11 @@ class Ingress:
         self.proto_header = ing.forwarded_proto_header.lower()
         self.default_protocol = ing.default_protocol
         self.domains = compiled(tuple(cfg.domains))
+        # The request header that picks the device (the render, and the user agent of an origin
+        # fetch), for Vary; None when the path picks it or there is one device to pick.
+        self.device_vary: str | None = (
+            ing.device_type_header if (self.mode == "prefix" or not self.device_from_path)
+            and len(self.devices.supported) > 1 else None)
 
     def resolve(self, method: str, path: str, query: str, headers: Mapping[str, str]) -> Decision:
         """Decide for one request. ``headers`` must answer lower-case names (Starlette's do)."""

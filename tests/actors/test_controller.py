@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 import ray
 
 from prerender_ray.actors.common import lookup
-from tests.support import deploy_on, get, ready, wait_for
+from tests.api.origin_site import OriginSite
+from tests.support import deploy_on, get, post_result, put_target, ready, take, wait_for, write_page
+
+BOT = {"user-agent": "Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)",
+       "x-harper-prerender-debug": "1"}
 
 
 def _pid(handle) -> int | None:
@@ -26,7 +33,8 @@ def _find(kind: str, node: str):
 
 
 def test_every_node_gets_its_actors_and_answers_ready(ray_cluster, tmp_path) -> None:
-    d = deploy_on(ray_cluster, tmp_path / "data", replicas=2)
+    site = OriginSite().start()
+    d = deploy_on(ray_cluster, tmp_path / "data", {"domains": [f"127.0.0.1:{site.port}"]}, replicas=2)
     try:
         [node] = d.status["nodes"]
         assert node["name"] == "node-a"
@@ -42,8 +50,75 @@ def test_every_node_gets_its_actors_and_answers_ready(ray_cluster, tmp_path) -> 
         for kind in ("store", "leases", "keeper"):
             assert lookup(kind, "node-a") is not None
         assert lookup("ingress", "node-a", 1) is not None
+        _every_replica_reads_the_node_s_writes(d.url, site)
     finally:
         d.stop()
+        site.stop()
+
+
+def _every_replica_reads_the_node_s_writes(base: str, site: OriginSite) -> None:
+    """Right after a write was answered (a result's 204, the store's reply), every bot request to
+    the node gets that page, whichever replica answers: each page read 12 times at once on new
+    connections (the port spreads them over both replicas). Three rounds of 12 pages: first renders
+    through the result path and new pages written by the store, while another client keeps both
+    replicas missing an absent page (before the fix a replica that had just caught up for a miss
+    served the origin for the next 50 ms; the issue measured 31 of 72 such reads), then a newer
+    version of each rendered page (before the fix a replica served the older one until its next
+    timed catch-up, up to 250 ms). A 204 here can take about as long as those windows, so the
+    store's rounds, answered in a few ms, are the ones that always caught the old reader."""
+    rendered = [f"{site.base}/page/ryw-{i}" for i in range(12)]
+    keys = [put_target(base, url, nextRenderTime=1)["cacheKeys"][0] for url in rendered]
+    assert keys == [f"{url}|desktop" for url in rendered]
+    written = [f"{site.base}/page/ryw-new-{i}" for i in range(12)]
+    stop = threading.Event()
+
+    def miss_on() -> None:  # misses all along: each replica has just caught up when a write lands
+        while not stop.is_set():
+            httpx.get(f"{base}/p/{site.base}/page/absent", headers=BOT, timeout=30)
+
+    # no keep-alive: each read a connection of its own, which the port hands to either replica (one
+    # client: a client of its own per read spent ~10 ms of CPU on its TLS context first)
+    client = httpx.Client(timeout=30, limits=httpx.Limits(max_keepalive_connections=0))
+
+    def read(url: str) -> tuple[str, str]:
+        r = client.get(f"{base}/p/{url}", headers=BOT)
+        return r.headers.get("x-harper-cache", ""), r.text
+
+    def status() -> dict:
+        return {i: ray.get(lookup("ingress", "node-a", i).status.remote(), timeout=30)["pageCatchUps"] for i in (0, 1)}
+
+    before = status()
+    missing = threading.Thread(target=miss_on)
+    missing.start()
+    wrong: list = []
+    with ThreadPoolExecutor(12) as pool:
+
+        def after(url: str, marker: str) -> None:
+            got = list(pool.map(read, [url] * 12))
+            wrong.extend((url, marker, cache) for cache, text in got if f"{marker} of {url}" not in text)
+
+        try:
+            jobs = take(base, keys, timeout=30)
+            for url, key in zip(rendered, keys):
+                assert read(url)[0] == "miss"  # the origin's, before the result
+                html = f"<html><body>render of {url}</body></html>".encode()
+                assert post_result(jobs[key], html=html).status_code == 204
+                after(url, "render")
+            for url in written:
+                assert read(url)[0] == "miss"
+                write_page("node-a", f"{url}|desktop", f"<html><body>page of {url}</body></html>".encode())
+                after(url, "page")
+        finally:
+            stop.set()
+            missing.join(60)
+        for url in rendered:
+            write_page("node-a", f"{url}|desktop", f"<html><body>newer page of {url}</body></html>".encode())
+            after(url, "newer page")
+    client.close()
+    by_round = {m: sum(w[1] == m for w in wrong) for m in ("render", "page", "newer page")}
+    assert not wrong, (f"{len(wrong)} of {3 * 12 * 12} reads, of 144 each: {by_round}", wrong[:6])
+    # each replica answered reads that had to wait for a write: both were read right after writes
+    assert all(now["waited"] > before[i]["waited"] for i, now in status().items()), (before, status())
 
 
 def test_a_killed_keeper_is_restarted_and_the_node_becomes_ready_again(ray_cluster, tmp_path) -> None:

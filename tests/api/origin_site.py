@@ -156,6 +156,8 @@ class OriginSite:
         if path == "/moved":
             return await self._send(writer, 301, b"", [("location", "/page/target"), ("set-cookie", "a=b")],
                                     "Moved Permanently")
+        if path == "/future-modified":  # a Last-Modified from a clock far ahead
+            return await self._send(writer, 200, JS_PAGE, html + [("last-modified", "Fri, 01 Jan 2100 00:00:00 GMT")])
         if path == "/noindex":
             return await self._send(writer, 200, JS_PAGE, html + [("x-robots-tag", "googlebot: noindex")])
         if path == "/data.json":

@@ -56,3 +56,33 @@ def test_a_lookup_of_an_actor_that_is_not_placed_is_an_actor_not_placed(monkeypa
         lookup("keeper", "node-b")
     assert isinstance(raised.value, ValueError)
 
+
+
+def _app(tmp_path, **management: object):
+    from prerender_ray.admin.users import hash_password
+
+    cfg = Config.model_validate({
+        "domains": ["x.example"], "server": {"data_dir": str(tmp_path)}, "management": management,
+        "auth": {"users": [{"name": "ops", "roles": ["admin"], "passwordHash": hash_password("pw-ops", iterations=1000)},
+                           {"name": "eve", "roles": ["viewer"], "passwordHash": hash_password("pw-eve", iterations=1000)}]}})
+    ctx = NodeContext(cfg=cfg, node=NodeInfo(name="n1", host="127.0.0.1", port=1, ray_node_id="x"),
+                      data_dir=str(tmp_path))
+    return ctx, httpx.AsyncClient(transport=httpx.ASGITransport(app=create_asgi(ctx)), base_url="http://t")
+
+
+async def test_the_route_list_is_off_by_default_and_admins_only_when_on(tmp_path) -> None:
+    # Before: /openapi.json listed every route to anyone who asked the bot-facing port.
+    ctx, c = _app(tmp_path)
+    async with c:
+        for path in ("/openapi.json", "/docs", "/redoc"):
+            assert (await c.get(path)).status_code == 404, path
+        assert (await c.get("/openapi.json", auth=("ops", "pw-ops"))).status_code == 404
+    await close_replica(ctx)
+    ctx, c = _app(tmp_path / "on", openapi="admin")
+    async with c:
+        assert (await c.get("/openapi.json")).status_code == 401
+        assert (await c.get("/openapi.json", auth=("eve", "pw-eve"))).status_code == 403
+        r = await c.get("/openapi.json", auth=("ops", "pw-ops"))
+        assert r.status_code == 200 and "/render_queue/claim" in r.json()["paths"]
+        assert r.headers["cache-control"] == "no-store"
+    await close_replica(ctx)

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -318,3 +319,36 @@ def test_a_foreground_up_cleans_up_and_fails_when_its_local_ray_dies(tmp_path: P
     assert proc.returncode == 1, out
     assert "the local Ray exited unexpectedly" in out
     assert_nothing_left(record, data, port)
+
+
+def test_the_start_message_names_a_command_that_runs_from_where_up_was_started(tmp_path: Path, monkeypatch) -> None:
+    """Before: it said `prerender-ray logs`, which is not on PATH after the Quickstart's install
+    (``.venv/bin/prerender-ray`` is)."""
+    from prerender_ray.cli.main import self_command
+
+    venv_bin = tmp_path / ".venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    script = venv_bin / "prerender-ray"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    assert self_command(".venv/bin/prerender-ray") == ".venv/bin/prerender-ray"
+    assert self_command(str(script)) == ".venv/bin/prerender-ray"
+    monkeypatch.chdir(venv_bin)
+    assert self_command(str(script)) == "./prerender-ray"  # a bare name would be looked up on PATH
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert self_command(str(script)) == str(script)
+    monkeypatch.setenv("PATH", f"{venv_bin}:/usr/bin:/bin")  # an activated venv
+    assert self_command(str(script)) == "prerender-ray"
+    assert self_command("/src/cli/main.py") == f"{sys.executable} -m prerender_ray.cli.main"
+    installed = Path(sys.executable).parent / "prerender-ray"  # this venv's script: what is named runs
+    monkeypatch.chdir(installed.parents[2])
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    named = self_command(str(installed))
+    assert named == f"{installed.parent.parent.name}/bin/prerender-ray"
+    done = subprocess.run([*shlex.split(named), "logs", "--data-dir", str(tmp_path / "none")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "no logs under" in done.stderr

@@ -217,14 +217,23 @@
     body.replaceChildren(...o.nodes.map(nodeRow));
   }
 
+  // A node's status is its render queue's (what the fleet reads), not the node's health: "empty" beside
+  // a node holding pages read as "no pages", so every status says whose it is and what it means.
+  const QUEUE_MEANS = { empty: 'nothing due', queued: 'jobs due', paused: 'claims refused', unready: 'not loaded yet' };
+
+  function queueStatus(status) {
+    if (!status) return '-';
+    return `queue: ${status}${QUEUE_MEANS[status] ? ` \u2014 ${QUEUE_MEANS[status]}` : ''}`;
+  }
+
   function nodeRow(n) {
     const live = n.live || {};
     const intent = n.override ? `${n.override.paused === true ? 'paused' : 'run'} (node, by ${n.override.updatedBy})`
       : `${n.intent.paused ? 'paused' : 'running'} (${n.intent.source})`;
-    const statusCell = el('td', { class: `status status-${n.status}`, text: n.status || '-' });
+    const statusCell = el('td', { class: `status status-${n.status}`, text: queueStatus(n.status) });
     statusCell.title = n.statusChangedTime ? `changed ${fmtAgo(-n.statusAgeMs)}` : '';
     const liveCell = el('td', { class: n.stale ? 'stale' : '',
-      text: n.live ? `${live.status} (${live.phase})${n.stale ? ' - stale' : ''}` : 'no answer' });
+      text: n.live ? `${queueStatus(live.status)} (${live.phase})${n.stale ? ' - stale' : ''}` : 'no answer' });
     liveCell.title = n.staleReason || '';
     const rec = n.reconcile && n.reconcile.lastRun;
     const recText = n.reconcile ? (n.reconcile.running ? 'running' : rec
@@ -308,7 +317,7 @@
       tile('Next 24 h', fmtNum(coming.next24h)), tile('Exact', q.trust && q.trust.exact ? 'yes' : 'no'));
     const rows = Object.entries(q.nodes || {}).map(([name, n]) => el('tr', { 'data-node': name },
       el('td', { text: name }), el('td', { text: n.answered ? 'yes' : 'no' }), el('td', { text: n.phase || '-' }),
-      el('td', { class: `status-${n.status}`, text: n.status || '-' }),
+      el('td', { class: `status-${n.status}`, text: queueStatus(n.status) }),
       el('td', { text: n.exact === undefined || n.exact === null ? '-' : n.exact ? 'yes' : 'no' }),
       el('td', { text: n.error || '' })));
     $('queue-nodes').tBodies[0].replaceChildren(...rows);
@@ -443,13 +452,15 @@
 
   // bots ----------------------------------------------------------------------------------------
 
-  // The policies in force and the pages bots asked for without a cached one: this replica's tallies
-  // (each ingress replica keeps its own; /metrics has the node's counts).
+  // The policies in force and the pages bots asked for without a cached one: every ingress replica's
+  // tallies of every node, merged by the route; the ones that did not answer are named.
   async function loadBots() {
     const r = await api('bots');
     if (!r.ok) { if (r.status !== 401) say(`bots: ${errorOf(r)}`, true); return; }
     const d = r.data;
-    $('bots-generated').textContent = `from ${d.node}, ingress replica ${d.replica}`;
+    const missing = Object.entries(d.replicas || {}).filter(([, why]) => why).map(([name, why]) => `${name} (${why})`);
+    $('bots-generated').textContent = `merged from ${fmtNum(d.answered)} of ${fmtNum(d.asked)} ingress replicas, `
+      + `all nodes${missing.length ? `; not included: ${missing.join(', ')}` : ''}`;
     const p = d.policies;
     const rows = [...Object.entries(p.classes).map(([c, x]) => [c, `class ${c}`, x]),
       ...Object.entries(p.named).map(([n, x]) => [n, n, x])];

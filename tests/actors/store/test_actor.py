@@ -125,7 +125,7 @@ def test_a_freshness_record_replicates_and_applies_only_to_a_newer_write_of_its_
     assert expires(store) == 9_000
     [meta] = ray.get(store.page_metas.remote([key]))
     assert (meta.last_cached, meta.expires_at, meta.headers) == (5_000, 9_000, page.headers)
-    listed = ray.get(store.page_keys.remote("https://f.test/", None, 10))
+    listed = ray.get(store.page_keys.remote("https://f.test/", None, 10))["pages"]
     assert [(k, Page.decode(v).expires_at) for k, v in listed] == [(key, 9_000)]  # the touch is no page
     assert ray.get(store.counts.remote())["pages"] == before + 1
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from prerender_ray.admin.explain import Explainer
-from prerender_ray.admin.fanout import sum_documents
+from prerender_ray.admin.fanout import merge_missed, sum_documents
 from prerender_ray.admin.sessions import (
     ADDRESS_FACTOR,
     Cursors,
@@ -194,6 +194,19 @@ def test_cluster_sums_add_counts_and_series_but_not_times() -> None:
     assert s["coming"] == {"byHour": [2, 3, 4, 4], "next24h": 13}
     assert s["dueHistogram"] == {"binMs": 3_600_000, "fromMs": 5, "bins": [1, 3]}
     assert "flag" not in s
+
+
+def test_missed_urls_of_every_replica_merge_into_one_tally() -> None:
+    def row(url: str, count: int, first: int, last: int, bot: str) -> dict:
+        return {"url": url, "count": count, "firstMs": first, "lastMs": last, "lastBot": bot}
+
+    a = {"search": [row("/x", 3, 10, 50, "Googlebot"), row("/y", 1, 20, 20, "Bingbot")]}
+    b = {"search": [row("/x", 2, 5, 60, "Bingbot"), row("/z", 4, 30, 40, "Googlebot")],
+         "social": [row("/s", 1, 1, 1, "facebookexternalhit")]}
+    merged = merge_missed([a, b, {}], 2)
+    assert merged == {"search": [row("/x", 5, 5, 60, "Bingbot"), row("/z", 4, 30, 40, "Googlebot")],
+                      "social": [row("/s", 1, 1, 1, "facebookexternalhit")]}
+    assert a["search"][0]["count"] == 3  # the inputs are left as they were
 
 
 async def test_heavy_slots_refuse_the_third_and_free_on_error() -> None:

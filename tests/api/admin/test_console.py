@@ -7,6 +7,7 @@ pages. Screenshots of each view are kept under test-artifacts/ (git-ignored)."""
 from __future__ import annotations
 
 import base64
+import re
 import shutil
 import time
 
@@ -325,6 +326,24 @@ def test_the_bots_tab_shows_the_policies_and_the_pages_bots_missed(node, browser
     page.click("#logout")  # what it showed goes with the user
     nothing_but_the_sign_in_form(page)
     assert page.locator("tr[data-policy]").count() == 0 and page.locator("tr[data-class]").count() == 0
+    page.close()
+
+
+def test_a_status_reads_as_the_queues_and_the_bots_tab_says_whose_figures(node, browser) -> None:
+    """Before: the overview showed a bare ``empty``, in green, beside a node holding pages, and the
+    Bots tab one replica's tallies as the node's."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    sign_in(page, node, "watcher", "watch-pass")
+    cell = "tr[data-node='node-a'] td.status"
+    page.wait_for_selector(f"{cell}:has-text('queue: ')")
+    assert re.fullmatch(r"queue: (empty|queued|paused|unready) \u2014 [a-z ]+", page.text_content(cell))
+    assert page.text_content("#nodes thead th:nth-child(2)") == "Queue status"
+    page.click("#tab-queue")
+    page.wait_for_selector("#queue-nodes tr[data-node='node-a'] td:has-text('queue: ')")
+    page.click("#tab-bots")
+    page.wait_for_selector("#bots-generated:has-text('merged from')")
+    replicas = node.config.get("server", {}).get("replicas", 2)
+    assert page.text_content("#bots-generated") == f"merged from {replicas} of {replicas} ingress replicas, all nodes"
     page.close()
 
 

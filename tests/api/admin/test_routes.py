@@ -582,6 +582,42 @@ def test_pages_are_browsed_with_signed_cursors_and_shown_as_text(node) -> None:
     assert x["verdict"]["servedStatus"] == 200 and x["rows"]["prerenderedPage"]["location"] is None
 
 
+def test_the_pages_total_agrees_with_what_the_listing_shows(node) -> None:
+    """Before: ``total`` was an overview's table-count snapshot (per replica, refreshed only by the
+    overview, absent before one), so it said 200 beside a listing of 202 pages."""
+    call("GET", node.url, "overview")  # the snapshot the total used to come from
+    for i in range(3):
+        write_page("node-a", f"https://shop.test/total/{i}|desktop", b"<html>t</html>")
+    for _ in range(4):  # each ingress replica in turn, whichever answers
+        seen, totals, cursor = 0, set(), None
+        while True:
+            r = call("GET", node.url, "pages", params={"cursor": cursor} if cursor else {})
+            assert r.status_code == 200, r.text
+            doc = r.json()
+            seen += len(doc["pages"])
+            totals.add(doc["total"])
+            cursor = doc["nextCursor"]
+            if not cursor:
+                break
+        assert totals == {seen}
+
+
+def test_the_bots_view_merges_every_replica_of_every_node(node) -> None:
+    """Before: the view showed the tallies of the one ingress replica that answered, as if they were
+    the node's: the misses the other replica and the other node saw were missing."""
+    urls = [f"https://shop.test/botsmiss/{i}" for i in range(8)]
+    for base in node.urls.values():
+        for url in urls:  # a connection each: the kernel spreads them over the node's replicas
+            r = httpx.get(f"{base}/p/{url}", headers={"user-agent": "Googlebot/2.1"}, timeout=30)
+            assert r.status_code in (200, 502, 504), r.text  # the origin: whatever it answers
+    doc = call("GET", node.url, "bots", params={"limit": 1000}, who="watcher").json()
+    counts = {m["url"]: m["count"] for rows in doc["missed"].values() for m in rows if "/botsmiss/" in m["url"]}
+    assert counts == dict.fromkeys(urls, 2)  # one miss of each URL on each node
+    replicas = node.config.get("server", {}).get("replicas", 2)
+    assert doc["asked"] == doc["answered"] == 2 * replicas and not doc["partial"], doc["replicas"]
+    assert set(doc["replicas"]) == {f"{n}/{i}" for n in ("node-a", "node-b") for i in range(replicas)}
+
+
 def test_page_content_never_decodes_a_stored_page_past_the_cap(node) -> None:
     key = "https://shop.test/pages/bomb|desktop"
     now = int(time.time() * 1000)

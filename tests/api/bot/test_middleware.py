@@ -103,7 +103,7 @@ def test_a_rendered_page_is_served_from_cache_as_stored(node, site) -> None:
     assert r.status_code == 200 and r.content == HTML  # httpx decodes the gzip it was sent
     h = r.headers
     assert h["content-encoding"] == "gzip" and h["etag"] == ETAG and h["x-robots-tag"] == "all"  # not "r1": the page's
-    assert h["x-harper-rendered"] == "1" and "link" not in h and h["vary"] == "Accept-Encoding, Accept"  # markdown.enabled
+    assert h["x-harper-rendered"] == "1" and "link" not in h and h["vary"] == "Accept-Encoding, Accept, x-device-type"  # markdown.enabled
     assert int(h["age"]) >= 0 and int(h["content-length"]) == len(gzip.compress(HTML))
     assert h["x-harper-cache"] == "hit" and h["x-harper-source"] == "cache"
     assert h["x-harper-cache-key"] == f"{url}|desktop" and h["x-harper-url"] == url
