@@ -22,6 +22,7 @@ import xxhash
 
 from prerender_ray.decoding import TooLarge
 from prerender_ray.serving.markdown_inert import VISITOR, front_matter, plainly_inert, without_front_matter
+from prerender_ray.serving.markdown_prepass import prepass
 from prerender_ray.serving.negotiation import EncodingError, add_vary, decode_body
 from prerender_ray.storage.pages import PageMeta
 
@@ -222,11 +223,12 @@ def html_to_md(html: bytes | str, limits: Limits, base_url: str | None = None, c
     if len(html) > limits.max_input_bytes:
         raise MarkdownSkipped("too-large", f"{len(html)} bytes of HTML")
     text = html if isinstance(html, str) else html.decode(charset, "replace")
-    result = _convert(text, _options(base_url, limits))
+    # Refused addresses taken out before, so that the converter needs no visitor (markdown_prepass).
+    result = _convert(prepass(text), _options(base_url, limits))
     body = without_front_matter(result.content or "")
     if body is None or not plainly_inert(body):
-        # Converted again, links and images written by our visitor: twice the time, and its calls take
-        # the GIL (the converter alone releases it), so only for a page that needs it.
+        # Rare: converted again, links and images written by our visitor: its calls take the GIL, which
+        # the converter alone releases (each waits out another busy thread's switch interval).
         body = _convert(text, _options(base_url, limits, metadata=False), VISITOR).content or ""
     markdown = front_matter(result.metadata.document if result.metadata else None) + body
     if len(markdown) > limits.max_output_bytes or len(markdown.encode()) > limits.max_output_bytes:

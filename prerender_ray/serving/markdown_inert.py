@@ -2,10 +2,11 @@
 text becomes markup, and no link or image points anywhere but http(s), mailto or a relative address.
 
 The converter escapes the text it writes itself (its escape options, ``markdown.py``), but writes
-addresses, titles and alt text as the attributes hold them. Its Markdown is kept when a check that
-over-approximates shows it inert (``plainly_inert``: most pages); otherwise the page is converted again
-with a visitor that writes every link, image and embed itself: one whose address is not allowed becomes
-its text alone. The front matter is ours: title, description and canonical as double-quoted YAML
+addresses, titles and alt text as the attributes hold them: refused ones are taken out of the HTML first
+(``markdown_prepass.py``). Its Markdown is kept when a check that over-approximates shows it inert
+(``plainly_inert``, which reads code as CommonMark does where that is certain: nearly all pages);
+otherwise the page is converted again with a visitor that writes every link, image and embed itself: one
+whose address is not allowed becomes its text alone. The front matter is ours: title, description and canonical as double-quoted YAML
 scalars that hold no Markdown either.
 """
 
@@ -56,8 +57,8 @@ _DEST_HEAD = re.compile(r"[^\s)]*")
 
 def _unescaped_lt(markdown: str) -> bool:
     """Whether ``markdown`` holds a < with no backslash escaping it (none, or an escaped backslash before
-    it): raw HTML and autolinks start there. Code holds such a < as text, but is not told apart here: a
-    page with one takes the visitor. (A loop of finds: a regex with a look-behind is 50 times slower.)"""
+    it): raw HTML and autolinks start there (run on the Markdown with its code taken out, ``without_code``).
+    (A loop of finds: a regex with a look-behind is 50 times slower.)"""
     at = markdown.find("<")
     while at >= 0:
         start = at
@@ -70,9 +71,11 @@ def _unescaped_lt(markdown: str) -> bool:
 
 
 def plainly_inert(markdown: str) -> bool:
-    """Whether the converter's Markdown is inert by a check that only errs towards "no": it holds no
-    unescaped ``<`` (no raw HTML, no autolink), and every place a link destination could start, escaped
-    or in code or not, holds an allowed address (a link needs "](" or a definition's "]:")."""
+    """Whether the converter's Markdown is inert by a check that only errs towards "no": outside the code
+    that ``without_code`` can tell exactly as CommonMark does, it holds no unescaped ``<`` (no raw HTML, no
+    autolink), and every place a link destination could start, escaped or not, holds an allowed address (a
+    link needs "](" or a definition's "]:")."""
+    markdown = without_code(markdown)
     if _unescaped_lt(markdown):
         return False
     for at in _DEST_AT.finditer(markdown):
@@ -80,6 +83,104 @@ def plainly_inert(markdown: str) -> bool:
         if head is not None and not allowed_url(head.group()):
             return False
     return True
+
+
+# ------------------------------------------------------------------------------------- code, exactly
+
+# Code holds "<" as text (the converter writes it there unescaped), so the check reads the Markdown with
+# the code CommonMark would see taken out, where that can be told without a parser:
+# - Fenced blocks at the top level: a fence line there starts at column 0 (indented up to 3 spaces, or
+#   after a container's marker, it may belong to a list item or quote whose extent a regex cannot know,
+#   so one such line anywhere turns fence-reading off, as does a fence line holding "|"). A column-0 line
+#   closes every open container (a fence is never a lazy continuation: it interrupts a paragraph), so
+#   CommonMark's top-level fences are exactly the ones this reads, from opener to closer (or the end).
+# - Code spans, one line at a time: backtick runs are paired as CommonMark pairs them (an escape is
+#   skipped, a run closes at the next run of its length). A line is read only when every run on it is
+#   paired on it (else a run may pair with one on the next line of its paragraph) and every "](" on it
+#   ends a link at once, "](" address ")" with no space, paren, backslash or backtick (else a title or
+#   address may hold a backtick that pairs otherwise); once a line is not read, neither is the rest of
+#   its paragraph (up to a blank line or a fence). A span holding an unescaped "|" is not taken as code:
+#   a GFM table row splits on it before it finds code.
+# tests/serving/test_markdown_inert.py checks this against markdown-it on generated Markdown.
+_NEWLINE = re.compile(r"\r\n?")
+# A fence line not at column 0, or one holding "|" (a GFM table's header row, when a delimiter row
+# follows, is read before a fence by some renderers).
+_FENCES_UNSURE = re.compile(r"^[ \t>*+\-.)0-9]+(?:```|~~~)|^(?:```|~~~)[^\n]*\|", re.MULTILINE)
+_FENCE_LINE = re.compile(r"^(?:(`{3,})[^`\n]*|(~{3,})[^\n]*)$", re.MULTILINE)
+_PARAGRAPH_END = re.compile(r"(\n[ \t]*\n)")
+_RUN = re.compile(r"\\[!-/:-@\[-`{-~]|`+")
+_TICKS = re.compile(r"`+")
+_LINK_AT = re.compile(r"\][(:]")
+_LINK_CLOSED = re.compile(r"\]\([^\s()<>\\`\[\]\x00-\x1f\x7f]*\)")
+_PIPE = re.compile(r"\\*\|")
+
+
+def _span_free(line: str) -> str | None:
+    """``line`` with each code span replaced by "x", or None when a run on it is not paired on it."""
+    parts: list[str] = []
+    at = last = 0
+    while (run := _RUN.search(line, at)) is not None:
+        at = run.end()
+        if run.group()[0] == "\\":  # an escape: no run starts at its character
+            continue
+        closer = _TICKS.search(line, at)
+        while closer is not None and len(closer.group()) != len(run.group()):
+            closer = _TICKS.search(line, closer.end())
+        if closer is None:
+            return None
+        if any(len(p.group()) % 2 for p in _PIPE.finditer(line, at, closer.start())):
+            return None  # an unescaped "|" (an even run of backslashes before it)
+        parts += (line[last:run.start()], "x")
+        at = last = closer.end()
+    parts.append(line[last:])
+    return "".join(parts)
+
+
+def _paragraph_without_spans(paragraph: str) -> str:
+    lines = paragraph.split("\n")
+    for i, line in enumerate(lines):
+        links = sum(1 for _ in _LINK_AT.finditer(line))
+        if links and (line.count("]:") or links != sum(1 for _ in _LINK_CLOSED.finditer(line))):
+            break
+        if "`" in line:
+            free = _span_free(line)
+            if free is None:
+                break
+            lines[i] = free
+    return "\n".join(lines)
+
+
+def _without_spans(text: str) -> str:
+    if "`" not in text:
+        return text
+    return "".join(_paragraph_without_spans(p) if "`" in p else p
+                   for p in _PARAGRAPH_END.split(text))
+
+
+def without_code(markdown: str) -> str:
+    """``markdown`` with line breaks as "\\n" and the code CommonMark reads in it (top-level fenced blocks,
+    code spans) taken out, where that is certain (see above); code not certain is left in."""
+    markdown = _NEWLINE.sub("\n", markdown)
+    if "<" not in markdown or "`" not in markdown and "~~~" not in markdown:
+        return markdown
+    if _FENCES_UNSURE.search(markdown):
+        return _without_spans(markdown)
+    parts: list[str] = []
+    last = 0
+    fence: tuple[str, int] | None = None  # the open fence's character and length
+    for line in _FENCE_LINE.finditer(markdown):
+        mark = line.group(1) or line.group(2)
+        if fence is None:
+            parts.append(_without_spans(markdown[last:line.start()]))
+            fence = (mark[0], len(mark))
+        elif mark[0] == fence[0] and len(mark) >= fence[1] and not line.group()[len(mark):].strip(" \t"):
+            parts.append("x")  # the block, its opener and closer (an info string is not markup either)
+            last, fence = line.end(), None
+    if fence is not None:
+        parts.append("x")
+    else:
+        parts.append(_without_spans(markdown[last:]))
+    return "".join(parts)
 
 
 # ------------------------------------------------------------------------------------- Markdown out

@@ -12,6 +12,8 @@ from pathlib import Path
 import lxml.html
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 
 from prerender_ray.serving.markdown import Limits, _options, html_to_md
@@ -46,19 +48,27 @@ def render(markdown: str) -> lxml.html.HtmlElement:
     return lxml.html.fragment_fromstring(RENDERER.render(markdown) or "<p></p>", create_parent="div")
 
 
-def live(markdown: str) -> list[str]:
+# GFM as markdown-it reads it (tables, strikethrough; linkify off: it makes only links it checks itself).
+GFM = MarkdownIt("gfm-like", {"html": True}).disable("linkify")
+GFM.validateLink = lambda url: True  # type: ignore[method-assign]
+MADE_GFM = MADE | {"table": set(), "thead": set(), "tbody": set(), "tr": set(), "th": {"style"}, "td": {"style"},
+                   "s": set()}
+
+
+def live(markdown: str, renderer: MarkdownIt = RENDERER) -> list[str]:
     """What in ``markdown``'s rendering is not inert, described (empty: all inert)."""
     found = []
-    root = render(markdown)
+    made = MADE if renderer is RENDERER else MADE_GFM
+    root = lxml.html.fragment_fromstring(renderer.render(markdown) or "<p></p>", create_parent="div")
     for el in root.iter():
         if not isinstance(el.tag, str):  # a comment or processing instruction: never run
             continue
-        if el is not root and el.tag not in MADE:
+        if el is not root and el.tag not in made:
             found.append(f"<{el.tag}> element")
         for name, value in el.attrib.items():
             if name.lower().startswith("on"):
                 found.append(f"handler {name}={value!r} on <{el.tag}>")
-            elif el is root or name not in MADE.get(el.tag, set()):
+            elif el is root or name not in made.get(el.tag, set()):
                 found.append(f"attribute {name}={value!r} on <{el.tag}>")
             elif name in ("href", "src") and scheme(value) not in ALLOWED_SCHEMES:
                 found.append(f"{name}={value!r} on <{el.tag}>")
@@ -246,9 +256,15 @@ def test_a_yaml_quoted_value_reads_back_and_holds_no_markup(value: str) -> None:
 
 
 @pytest.mark.parametrize("markdown", [
-    "<script>alert(1)</script>", "a \\\\<b>", "<javascript:alert(1)>", "~~~\n<b>\n~~~", "`<b>`",
+    "<script>alert(1)</script>", "a \\\\<b>", "<javascript:alert(1)>",
     "[x](javascript:alert(1))", "![x](data:image/png,x)", "[x]( \n JaVaScRiPt:x)", "[x](&#106;avascript:x)",
     "[x](javascript\\:x)", "\\[x\\](javascript:x)", "[x]: javascript:x", "[x]:\n  vbscript:x", "[t](tel:1)",
+    "[x](\rjavascript:alert(1))",  # a carriage return is a line break to CommonMark
+    # What looks like code and is not, or may not be, to a CommonMark (or GFM) renderer:
+    "[~~~ <a> ~~~](/x)", "` `<b>`", "\\``x`<b>`", "a `x\ny` `<b>`", "``x`<b>`",
+    "```\n~~~\n```\n<b>\n~~~", "~~~~\n<b>\n~~~ x\n~~~~\n<b>", " ~~~\n<b>\n ~~~", "- x\n  ~~~\n  <b>\n  ~~~",
+    "> ~~~\n> <b>\n> ~~~", "``` `\n<b>\n```", "[a](/x \"t\n`\")<b>`", "[a](/x`)<b>`", "[a]: /x`\n<b>`",
+    "| `|<img src=x onerror=alert(1)>` |\n| - |", "~~~ |\n| - |\n<b>\n~~~",
 ])
 def test_markdown_that_may_be_live_is_not_kept_as_the_converter_wrote_it(markdown: str) -> None:
     assert not plainly_inert(markdown)
@@ -256,9 +272,53 @@ def test_markdown_that_may_be_live_is_not_kept_as_the_converter_wrote_it(markdow
 
 @pytest.mark.parametrize("markdown", [
     "a \\< b \\& c", "a \\\\\\<b", "[x](https://a.example/) ![y](/i.png) [m](mailto:a@b.example)", "x](#f) y]: //h/",
+    # Code: "<" in a top-level fence or a span paired on its line is text.
+    "~~~\n<b>\n~~~", "`<b>`", "~~~~ lang`<b>\n<b>\n~~~\n<b>\n~~~~\nafter", "```rust\nfn f<T>() {}\n```",
+    "See [the guide](/g) for ``Vec<`T`>`` and `a < b`.", "| `x\\|<b>` |\n| --- |", "~~~\n<b>", "a\n~~~\n<b>\n~~~\nb",
+    "~~~\n<b>\r\n~~~\r\n",
 ])
 def test_markdown_shown_inert_is_kept(markdown: str) -> None:
     assert plainly_inert(markdown)
+
+
+# Pieces of Markdown for the generated documents: code of both kinds, what may end or hide it (containers,
+# indentation, links with titles, escapes, tables, carriage returns) and live bait (<b>, <img onerror>).
+PIECES = ["`", "``", "```", "~~~", "~~~~", "~", "<b>", "<", ">", "\\", "[a]", "](", ")", "(", "/x", " ", "\n", "\n\n",
+          "   ", "    ", "- ", "> ", "1. ", "|", "\\|", "---", '"', "x", "]:", "\r", "\t", "<!--", "-->", "*", "&#96;",
+          "`<b>`", "\n~~~\n", "\n```\n", "[a](/x)", '[a](/x "t`")', "| a | b |\n| - | - |\n", "\n- ", "\n> ",
+          "\n   ", "<img src=x onerror=y>", "javascript:x", "\n~~~ a | b\n", "| - | - |\n"]
+
+
+@settings(max_examples=3000, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(st.sampled_from(PIECES), min_size=4, max_size=40).map("".join))
+def test_markdown_kept_as_written_renders_inert(markdown: str) -> None:
+    """The check against the renderers on generated Markdown: whatever it keeps, a CommonMark renderer and
+    a GFM one render with no live markup (it reads code as they do, or not at all)."""
+    if plainly_inert(markdown):
+        assert live(markdown) == []
+        assert live(markdown, GFM) == []
+
+
+# Documents of the form the converter writes code in: top-level fences (any length, either character, an
+# info string) and one-line spans among escaped text, each run paired on its line. Here the check must read
+# every piece of code.
+_LINE = st.one_of(
+    st.builds(lambda n, c, info: c * n + info, st.integers(3, 5), st.sampled_from("~`"),
+              st.sampled_from(["", "rust", " a b", "x~y"])),
+    st.lists(st.sampled_from(["a", " ", "\\<b>", "\\`", "`<b>`", "``a`<b>``", "` <i> `", "\\\\", "*"]),
+             min_size=1, max_size=6).map(" ".join),
+    st.sampled_from(["", "<b>", "fn f<T>()", "x", "  <i>"]))
+
+
+@settings(max_examples=1500, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(_LINE, max_size=12).map("\n".join))
+def test_code_is_read_as_commonmark_reads_it(markdown: str) -> None:
+    """Exactly: kept when and only when markdown-it finds no HTML in it (its tokens), so no fence or span
+    markdown-it sees is missed and none it does not see is taken as code."""
+    tokens = RENDERER.parse(markdown)
+    html_found = any(t.type == "html_block" or any(c.type == "html_inline" for c in t.children or ())
+                     for t in tokens)
+    assert plainly_inert(markdown) is not html_found
 
 
 def test_an_ordinary_page_is_kept_as_the_converter_wrote_it() -> None:
