@@ -311,6 +311,8 @@ def cmd_config_check(args: argparse.Namespace) -> int:
         print(f"{f}", file=sys.stderr)
     for line in loading.explain_domains(loaded.config):
         print(line, file=sys.stderr)
+    for line in loading.explain_discovery(loaded.config):
+        print(line, file=sys.stderr)
     if args.robots:
         from prerender_ray.sitemaps.robots import check_file
 

@@ -105,6 +105,10 @@ holder_reads = Counter("prerender_holder_reads_total",
 holder_read_seconds = Histogram("prerender_holder_read_seconds", "One read of a page from a holder.",
                                 buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0))
 discovered = Counter("prerender_discovered_total", "Targets created by bot-miss discovery.")
+# rate, ceiling, sites (too many tracked), busy (discoveries in flight), failed-claim, unverified-claim
+# (prerender_ray.queue.discovery.REASONS)
+discovery_refused = Counter("prerender_discovery_refused_total", "Bot-miss discoveries refused by the "
+                            "discovery budget or a bot claim that is not verified.", ["reason"])
 unrouted = Counter("prerender_unrouted_total", "Bot requests served without prerendering.", ["route_class", "bucket"])
 # Markdown for agents (api/bot/markdown.py): converted, too-large, output-too-large, failed, timeout (a
 # request stopped waiting), busy (too many in flight). Pages served from the Markdown cache are not counted.

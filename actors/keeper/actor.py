@@ -87,6 +87,9 @@ class QueueKeeper:
                          dues: list[int | None], forwarded: bool = False, absent_only: bool = False) -> dict:
         return await self.keeper.targets.put_listed(sitemap_url, urls, intervals, dues, forwarded, absent_only)
 
+    async def discover_target(self, url: str, deleted_within_ms: int, forwarded: bool = False) -> dict:
+        return await self.keeper.discover_target(url, deleted_within_ms, forwarded)
+
     async def patch_targets(self, items: list[list]) -> dict:
         return await self.keeper.targets.patch_targets(items)
 

@@ -29,6 +29,9 @@ class KeeperClient:
         return await call(self.handle.put_targets.remote(items, forwarded, absent_only, deleted_within_ms),
                           self.long_deadline_s)
 
+    async def discover_target(self, url: str, deleted_within_ms: int, forwarded: bool = False) -> dict:
+        return await call(self.handle.discover_target.remote(url, deleted_within_ms, forwarded), self.long_deadline_s)
+
     async def suppress(self, url: str, reason: str | None, status: int | None) -> dict:
         return await call(self.handle.suppress.remote(url, reason, status), self.deadline_s)
 

@@ -20,6 +20,7 @@ from typing import Any
 from prerender_ray import metrics
 from prerender_ray.actors.common import MEMBERSHIP_CHECK_DEADLINE_S, MEMBERSHIP_CHECK_S, survivable
 from prerender_ray.actors.keeper.claims import Claims
+from prerender_ray.actors.keeper.discovery import Discoveries
 from prerender_ray.actors.keeper.handoff import Handoff
 from prerender_ray.actors.keeper.repair import Repair
 from prerender_ray.actors.keeper.results import Results
@@ -66,6 +67,8 @@ class Keeper:
         self.handoff = Handoff(self.rows, self.claims, leases, peers, self.ownership, self.node, log,
                                fetch_members)
         self.repair = Repair(self.rows, self.conf, store, self.handoff, self.ownership, self.node, log)
+        self.discoveries = Discoveries(self.rows, self.conf, self.targets, store, peers, self.ownership,
+                                       self.node, log)
         # the few edges that point back up, wired here once
         self.rows.on_due = self.claims.publish_soon
         self.claims.on_published = self.status.derive
@@ -74,6 +77,7 @@ class Keeper:
         self.targets.publish_now = self.claims.publish_now
         self.targets.woke = lambda: self.status.current == "queued"
         self.handoff.on_departed = self.repair.rebuild_soon
+        self.results.on_result = self.discoveries.result_for
         self.rows.on_unowned = self.handoff.kick
         self.loaded_at: float | None = None
         self._frozen_at = time.monotonic()
@@ -233,6 +237,9 @@ class Keeper:
     async def suppress(self, url: str, reason: str | None, status: int | None) -> dict:
         return await self.targets.suppress(url, reason, status)
 
+    async def discover_target(self, url: str, deleted_within_ms: int, forwarded: bool = False) -> dict:
+        return await self.discoveries.discover(url, deleted_within_ms, forwarded)
+
     async def adopt(self, rows: list, leases: list) -> int:
         return await self.handoff.adopt(rows, leases)
 
@@ -315,6 +322,7 @@ class Keeper:
             "coming": st["coming"], "lateness": st["lateness"], "dueHistogram": st["dueHistogram"],
             "classes": st["classes"][:200], "listsTruncated": len(st["classes"]) > 200,
             "flow": rows.flows.report(now), "leases": leases, "trust": trust,
+            "discovery": self.discoveries.report(),
         }
         return 200, json.loads(json.dumps(doc, default=str))
 

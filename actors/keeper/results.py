@@ -8,6 +8,7 @@ what it says (rows of keys another node owns go to that node's keeper) and relea
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from prerender_ray import metrics
@@ -48,6 +49,7 @@ class Results:
         self.ownership = ownership
         self.node = node
         self.log = log
+        self.on_result: Callable[[str], None] = lambda url: None  # a URL had a result (discovery's count)
         self._batch: GroupCommit[tuple[Result, dict, str | None], Any] = GroupCommit(self._flush,
                                                                                      max_batch=RESULT_BATCH)
 
@@ -200,6 +202,7 @@ class Results:
         """What follows an applied, finished result: its grace, a diagnosis asked meanwhile, metrics."""
         if plan.release:
             self.claims.note_released(r.id, now + RELEASE_GRACE_MS)
+        self.on_result(self.conf.rules.url_of(r.id))
         if not self.claims.diagnose.answered(r.id) and self.claims.diagnose.waiting(r.id, now):
             # asked while this render was in flight: its reschedule must not push the diagnosis back
             try:

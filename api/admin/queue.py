@@ -103,11 +103,22 @@ def cluster_state(ctx: NodeContext, found: dict[str, tuple[bool, object]]) -> tu
            "peerTimeoutMs": ctx.cfg.management.peer_timeout_ms, **summed,
            "leases": {"inFlight": sum(d.get("leases", {}).get("inFlight") or 0 for d in live)},
            "trust": {"exact": bool(live) and all(d.get("trust", {}).get("exact") for d in live)
-                     and len(counted) == len(nodes)}}
+                     and len(counted) == len(nodes)},
+           "discovery": _discovery(live)}
     if not live:
         doc["error"] = "no node could vouch for its queue state"
         return doc, 503
     return doc, 200
+
+
+def _discovery(live: list[dict]) -> dict:
+    """Each node's ``discovery`` budget summed: the unrendered discovered targets it counts, and the
+    sites whose share is spent, with the nodes where it is (each owner counts its slice)."""
+    spent: dict[str, list[str]] = {}
+    for d in live:
+        for site in (d.get("discovery") or {}).get("spent") or []:
+            spent.setdefault(site, []).append(d.get("node"))
+    return {"unrendered": sum((d.get("discovery") or {}).get("unrendered") or 0 for d in live), "spent": spent}
 
 
 # ---------------------------------------------------------------------------------------- schedule

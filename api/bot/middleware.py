@@ -70,6 +70,8 @@ async def serve(state: ReplicaState, req: BotRequest, headers: dict[str, str], s
                               "x-harper-bot-verification": verification, "x-harper-bot-policy": serve_as})
     if out.render_now:
         reply.headers["x-harper-render-now"] = out.render_now
+    if decision.withheld and out.source == "origin" and req.cacheable and req.route_class == "prerender":
+        counters.count(metrics.discovery_refused, decision.withheld)  # a miss its policy lets discover
     if serve_as != "deny" and (named := state.ingress.device_vary):  # the device chose the answer
         reply.headers["vary"] = add_vary(reply.headers.get("vary"), named)
     if record:

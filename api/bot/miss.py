@@ -19,6 +19,7 @@ from prerender_ray.api.bot.peer import PeerClient
 from prerender_ray.api.context import NodeContext
 from prerender_ray.config.model import Config
 from prerender_ray.identity.urls import UrlError
+from prerender_ray.queue.discovery import BUSY, RateBudget, site_of
 from prerender_ray.rpc import call
 from prerender_ray.serving.answer import Reply, error_reply, origin_reply, verdict
 from prerender_ray.serving.classify import BotRequest
@@ -36,6 +37,7 @@ RENDER_NOW_CALL_S = 5.0  # the owner keeper's render_now call
 DISCOVERY_CALL_S = 10.0
 DISCOVERY_MEMO = 10_000  # URLs known to have a target (or just put), per replica
 DISCOVERY_MEMO_TTL_S = 600.0
+DISCOVERY_TASKS = 64  # discoveries in flight per replica; over it, refused (busy)
 # What the origin served may predate a delete (a redirect's result retiring its source, an operator's
 # DELETE) by an origin fetch and a discovery call: a target deleted this recently is not re-created.
 DISCOVERY_AFTER_DELETE_MS = 120_000
@@ -269,14 +271,18 @@ class Miss:
 
 
 class Discovery:
-    """Makes targets of pages the origin served on prerender routes; its memo and tasks live as long
-    as the replica."""
+    """Makes targets of pages the origin served on prerender routes, within the discovery budget
+    (``prerender_ray.queue.discovery``: the rate here, the ceiling on the URL's owner keeper); its
+    memo, budget and tasks live as long as the replica. A refusal changes nothing a bot is served."""
 
     def __init__(self, ctx: NodeContext, counters: Counters):
         self.ctx = ctx
         self.counters = counters
         self._known: dict[str, float] = {}  # url -> monotonic time it was found or put
         self._tasks: set[asyncio.Task] = set()
+        budget = ctx.cfg.bots.discovery  # read at start (not a live option)
+        # the node's rate, split over its replicas (a bot's requests spread over them)
+        self.rate = RateBudget(budget.per_minute / ctx.cfg.server.replicas)
 
     def stop(self) -> None:
         for t in self._tasks:
@@ -294,10 +300,18 @@ class Discovery:
         seen = self._known.get(url)
         if seen is not None and now - seen < DISCOVERY_MEMO_TTL_S:
             return
+        if len(self._tasks) >= DISCOVERY_TASKS:  # a flood of new URLs waits for none of them
+            self._refused(BUSY)
+            return
         if len(self._known) >= DISCOVERY_MEMO:
             self._known.clear()
         self._known[url] = now  # also keeps a burst of misses to one check
         self._spawn(self._put_target(url))
+
+    def _refused(self, reason: str, url: str | None = None) -> None:
+        if url is not None:
+            self._known.pop(url, None)  # a later miss may try again
+        self.counters.count(metrics.discovery_refused, reason)
 
     async def _put_target(self, url: str) -> None:
         try:
@@ -306,12 +320,18 @@ class Discovery:
                 return
             store = await self.ctx.store_of(canonical)
             [existing] = await call(store.get_targets.remote([canonical]), DISCOVERY_CALL_S)
-            if existing is not None:
+            if existing is not None:  # known URLs cost nothing
+                return
+            refused = self.rate.take(site_of(canonical), time.monotonic() * 1000)
+            if refused is not None:
+                self._refused(refused, url)
                 return
             keeper = await self.ctx.keeper_of(canonical)
-            # absent_only: a target put meanwhile (an operator's PUT with its own due) is left alone
-            answer = await call(keeper.put_targets.remote([{"url": canonical}], False, True, DISCOVERY_AFTER_DELETE_MS),
-                                DISCOVERY_CALL_S)
+            # the owner counts the site's unrendered discoveries (the ceiling) and puts absent-only
+            answer = await call(keeper.discover_target.remote(canonical, DISCOVERY_AFTER_DELETE_MS), DISCOVERY_CALL_S)
+            if answer.get("refused"):  # counted by the keeper
+                self._known.pop(url, None)
+                return
             if not answer.get("written"):
                 return
             metrics.discovered.inc()

@@ -333,6 +333,32 @@ def explain_domains(cfg: Config) -> list[str]:
     return [f"domains: {d!r} allows {parse_entry(d).describe()}" for d in cfg.domains]
 
 
+def explain_discovery(cfg: Config) -> list[str]:
+    """What bot misses may add to the queue (``bots.discovery``, ``config check``)."""
+    budget, replicas = cfg.bots.discovery, cfg.server.replicas
+    if budget.per_minute == 0 or budget.max_unrendered == 0:
+        return ["discovery: off (bots.discovery.perMinute or maxUnrendered is 0): bot misses make no new target"]
+    bots = cfg.bots
+    off = [f"class {c}" for c, p in bots.classes.items() if not p.discover]
+    off += [f"bot {n}" for n, p in bots.named.items() if not p.discover]
+    if not bots.default.discover:
+        off.append("every other class (bots.default)")
+    lines = [
+        f"discovery: bot misses make at most {budget.per_minute} new targets per site and minute on each node "
+        f"({budget.per_minute / replicas:g} per ingress replica, {replicas} replicas); the cluster's rate is that "
+        "times the nodes bots reach",
+        f"discovery: at most {budget.max_unrendered} discovered targets per site wait for their first render "
+        "result, across the cluster (each owner node counts its share, ceil(maxUnrendered / nodes)); at it, "
+        "that site's misses make no new target until results come",
+        "discovery: a URL with a target already (a sitemap's, a PUT's, discovered) costs nothing; a bot claim "
+        "that failed or is not verified yet never discovers; refusals: prerender_discovery_refused_total{reason} "
+        "and queue-state `discovery`; the bot is served the same either way",
+    ]
+    if off:
+        lines.append(f"discovery: off by policy for {', '.join(off)}")
+    return lines
+
+
 def redact(cfg: Config) -> dict:
     """The effective config as plain data, secrets shown only as set/unset."""
     data = cfg.model_dump(mode="json")

@@ -888,6 +888,19 @@ class Verify(Model):
         return v
 
 
+class DiscoveryBudget(Model):
+    per_minute: int = Field(
+        60, ge=0, le=100_000, description="New targets bot misses may make per site (the URL's host) and minute "
+        "on each node, split over its ingress replicas (a minute's worth at once); 0: none. A URL with a target "
+        "already costs nothing."
+    )
+    max_unrendered: int = Field(
+        1_000, ge=0, le=1_000_000, description="Discovered targets per site that have had no render result yet, "
+        "across the cluster (each owner node counts its share of the URLs); at it, misses of that site make "
+        "no new target until results come."
+    )
+
+
 class Bots(Model):
     default: BotPolicy = Field(BotPolicy(), description="Policy of a class `classes` does not name.")
     classes: dict[BotClass, BotPolicy] = Field(
@@ -907,6 +920,7 @@ class Bots(Model):
         "other", description="A claim that fails verification is served as this class (never by its name)."
     )
     verify: Verify = Verify()
+    discovery: DiscoveryBudget = DiscoveryBudget()
 
 class Markdown(Model):
     enabled: bool = Field(

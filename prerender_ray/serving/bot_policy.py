@@ -5,8 +5,10 @@ A policy (``bots.named`` for the bot's name, else ``bots.classes`` for its class
 ``origin`` (proxied to the origin: no cache read, no render) or ``deny`` (``bots.denyStatus`` with a
 short body, nothing read), and whether a miss may discover a new page. A claim that failed
 verification is served as ``bots.failedClass``, never by the name it claims: a spoofed Googlebot
-must not get what Googlebot gets. The default config is today's behaviour: everything prerendered,
-discovery on.
+must not get what Googlebot gets. A claim that failed verification, or is not verified yet, never
+discovers, whatever its policy says: it claims to be a bot it may not be, and new targets are for
+traffic we can believe (``withheld`` says why). The default config prerenders everything; discovery
+is on for every request but those.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from prerender_ray.queue.discovery import FAILED_CLAIM, UNVERIFIED_CLAIM
 from prerender_ray.serving.answer import Reply
 from prerender_ray.serving.bots import DEBUG, BotRegistry
 
@@ -35,6 +38,7 @@ class Decision:
     discover: bool
     bot_class: str  # the class the request is served as
     verification: str
+    withheld: str = ""  # why discovery is off although the policy allows it (queue.discovery reasons)
 
 
 class Policies:
@@ -71,7 +75,10 @@ class Policies:
             cls = self.registry.class_of(name)
             policy = self.named.get(name.lower()) or self.classes.get(cls)  # type: ignore[call-overload]
         policy = policy or self.default
-        return Decision(policy.serve, policy.discover, cls, verification)
+        withheld = ""
+        if policy.discover and verification in (FAILED, UNVERIFIED):
+            withheld = FAILED_CLAIM if verification == FAILED else UNVERIFIED_CLAIM
+        return Decision(policy.serve, policy.discover and not withheld, cls, verification, withheld)
 
     def deny_reply(self) -> Reply:
         """A fresh copy: callers add headers to a reply."""

@@ -73,6 +73,17 @@ def test_config_check_explains_what_each_domains_entry_allows(tmp_path: Path) ->
     assert "domains: '[::1]:*' allows [::1]: http and https on any port" in out.stderr
 
 
+def test_config_check_shows_the_discovery_budget_an_operator_gets(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("domains: [shop.test]\nbots: {classes: {other: {discover: false}}}\n")
+    out = run("config", "check", str(f))
+    assert out.returncode == 0, out.stderr
+    assert "at most 60 new targets per site and minute on each node (30 per ingress replica, 2 replicas)" in out.stderr
+    assert "at most 1000 discovered targets per site wait for their first render" in out.stderr
+    assert "discovery: off by policy for class other" in out.stderr
+    assert yaml.safe_load(out.stdout)["bots"]["discovery"] == {"per_minute": 60, "max_unrendered": 1000}
+
+
 def test_config_check_warns_where_a_saved_robots_txt_disallows_a_served_bot(tmp_path: Path) -> None:
     f = tmp_path / "c.yaml"
     f.write_text("domains: [shop.test]\n")

@@ -20,12 +20,12 @@ def policies(raw: dict) -> Policies:
     return Policies(loaded.config.bots, REGISTRY)
 
 
-def test_the_default_is_todays_behaviour_for_every_bot_and_state() -> None:
+def test_the_default_prerenders_every_bot_and_state_and_only_believed_claims_discover() -> None:
     p = policies({})
-    for name in ("Googlebot", "GPTBot", "facebookexternalhit", "AhrefsBot", "other", "SomeBot", "debug"):
+    for name in ("Googlebot", "GPTBot", "facebookexternalhit", "AhrefsBot", "other", "SomeBot"):
         for state in (UNCHECKED, VERIFIED, FAILED, UNVERIFIED):
             d = p.decide(name, state)
-            assert (d.serve, d.discover) == ("prerender", True), (name, state)
+            assert (d.serve, d.discover) == ("prerender", state in (UNCHECKED, VERIFIED)), (name, state)
 
 
 def test_googlebot_being_prerendered_is_named_in_the_default_config() -> None:

@@ -189,6 +189,37 @@ async def test_a_real_googlebot_is_prerendered_and_a_spoofed_one_is_served_as_ot
             await close_replica(ctx)
 
 
+async def test_a_claim_that_is_not_verified_is_served_as_before_and_never_discovers(make, site) -> None:
+    """The issue's flood: a Googlebot User-Agent from an address that fails verification, served as
+    class `other`, which discovers. It gets the origin's page as before and makes no target; a claim
+    still unverified (its lookup hangs) is served as claimed and makes none either."""
+    import asyncio
+
+    from prerender_ray import metrics
+
+    class Hanging(Resolver):
+        async def reverse(self, address: str) -> list[str]:
+            await asyncio.sleep(3600)
+            return []
+
+    bots = {"verify": {"enabled": True, "deadlineMs": 5000}, "classes": {"other": {"serve": "prerender"}}}
+    for resolver, state in ((Resolver(lie=True), "failed"), (Hanging(), "unverified")):
+        if state == "unverified":
+            bots = {**bots, "verify": {"enabled": True, "deadlineMs": 20}}
+        asgi, ctx = make(bots, resolver=resolver)
+        found = spy_discovery(ctx)
+        try:
+            r = await get(asgi, f"{site.base}/page/spoofed-{state}", GOOGLEBOT)
+            assert (r.status_code, r.content, r.headers["x-harper-cache"]) == (200, JS_PAGE, "miss")
+            assert r.headers["x-harper-bot-verification"] == state and found == []
+            counters = open_replica(ctx).services.counters
+            assert counters._pending[(metrics.discovery_refused, (f"{state}-claim",))] == 1
+            r = await get(asgi, f"{site.base}/page/believed-{state}", UA["twitter"])  # no method: unchecked
+            assert r.content == JS_PAGE and found == [f"{site.base}/page/believed-{state}"]
+        finally:
+            await close_replica(ctx)
+
+
 async def test_x_forwarded_for_is_believed_only_from_a_trusted_proxy(make, site) -> None:
     resolver = Resolver(real="66.249.66.1")
     asgi, ctx = make(VERIFY, resolver=resolver)
