@@ -11,10 +11,10 @@ from typing import Any
 
 from fastapi import HTTPException, Request
 
-from prerender_ray.admin.users import LOOPBACK, Principal, is_loopback, verify_password
+from prerender_ray.admin.users import LOOPBACK, Principal, verify_password
 from prerender_ray.api.context import NodeContext
 from prerender_ray.config.model import User
-from prerender_ray.serving.proxies import Proxies
+from prerender_ray.serving.proxies import Proxies, is_loopback
 
 _VERIFIED_TTL_S = 300.0  # PBKDF2 is deliberately slow; remember good credentials for a while
 

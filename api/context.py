@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from prerender_ray.config.compiled import CompiledConfig
+from prerender_ray.compiled import CompiledConfig
 from prerender_ray.config.loading import findings
 from prerender_ray.config.model import Config
 from prerender_ray.config.overrides import LiveConfig

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from prerender_ray import metrics
-from prerender_ray.config.compiled import CompiledConfig
+from prerender_ray.compiled import CompiledConfig
 from prerender_ray.config.model import Config
 from prerender_ray.identity.nodes import Ownership
 from prerender_ray.queue.flow import Flow

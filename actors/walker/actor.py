@@ -45,7 +45,7 @@ from prerender_ray.actors.walker.walk import (
     WalkAborted,
     WalkEnv,
 )
-from prerender_ray.config.compiled import CompiledConfig
+from prerender_ray.compiled import CompiledConfig
 from prerender_ray.config.model import Config
 from prerender_ray.config.overrides import LiveConfig
 from prerender_ray.identity.nodes import NodeInfo, Ownership

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import ipaddress
 import os
 import secrets
 from dataclasses import dataclass
@@ -40,15 +39,6 @@ def same_secret(given: str | None, expected: str | None) -> bool:
     if not given or not expected:
         return False
     return hmac.compare_digest(hashlib.sha256(given.encode()).digest(), hashlib.sha256(expected.encode()).digest())
-
-
-def is_loopback(host: str | None) -> bool:
-    if not host:
-        return False
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 @dataclass(frozen=True)

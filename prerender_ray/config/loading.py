@@ -15,6 +15,10 @@ from pydantic import BaseModel, ValidationError
 from pydantic.alias_generators import to_snake
 
 from prerender_ray.config.model import MOVED_PATHS, SECRET_PATHS, UNSUPPORTED_PATHS, Config
+from prerender_ray.identity.routes import compile_routes
+from prerender_ray.identity.urls import DECODE_RESERVED_ALLOWED
+from prerender_ray.serving.origin_policy import parse_entry
+from prerender_ray.serving.proxies import parse_networks
 
 CONFIG_ENV = "PRERENDER_CONFIG"
 
@@ -187,6 +191,41 @@ def _format_errors(err: ValidationError) -> list[str]:
     return lines
 
 
+def _domains(entries: list[str]) -> None:
+    for entry in entries:
+        if entry.strip():
+            parse_entry(entry)  # ValueError says what is wrong and what to write instead
+
+
+def _decode_reserved(chars: list[str]) -> None:
+    bad = [c for c in chars if c not in DECODE_RESERVED_ALLOWED]
+    if bad:
+        raise ValueError(f"{bad} not allowed; only characters from {''.join(sorted(DECODE_RESERVED_ALLOWED))}")
+
+
+# Options whose entries need the URL, domain or proxy parsers: those modules import the model, so the
+# model cannot call them (an import cycle); each is checked here, on the document the model is given,
+# and reported in the model's own format.
+_FIELD_CHECKS = (
+    ("domains", _domains),
+    ("server.trusted_proxies", parse_networks),
+    ("cache_key.decode_reserved", _decode_reserved),
+)
+
+
+def _check_fields(data: dict) -> list[str]:
+    problems = []
+    for path, check in _FIELD_CHECKS:
+        value = _get(data, path)
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            continue  # absent (the default is good), or not a list of strings: the model says so
+        try:
+            check(value)
+        except ValueError as e:
+            problems.append(f"{path}: {e} (got {value!r})")
+    return problems
+
+
 def _apply_secret_env(data: dict, env: typing.Mapping[str, str]) -> None:
     for path, env_path in SECRET_PATHS.items():
         var = _get(data, env_path)
@@ -205,12 +244,13 @@ def parse(raw: Any, env: typing.Mapping[str, str] | None = None) -> Loaded:
     raw = _apply_moves(dict(raw), warnings)
     data = _normalize(raw, Config, "", warnings)
     _apply_secret_env(data, env)
+    checked = _check_fields(data)
     try:
         cfg = Config.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_format_errors(e)) from None
-    from prerender_ray.identity.routes import compile_routes  # late: routes imports config
-
+        raise ConfigError(checked + _format_errors(e)) from None
+    if checked:
+        raise ConfigError(checked)
     compiled = compile_routes(cfg)
     warnings.extend(compiled.warnings)
     problems = list(compiled.errors)
@@ -325,8 +365,6 @@ def _bot_findings(cfg: Config) -> list[Finding]:
 
 def explain_domains(cfg: Config) -> list[str]:
     """What each ``domains`` entry lets the service fetch and serve (``config check``)."""
-    from prerender_ray.serving.origin_policy import parse_entry
-
     if not cfg.domains:
         return ["domains: empty: any host and port" + (
             " (allowAnyDomain)" if cfg.allow_any_domain else " while the listener is loopback, else none")]

@@ -47,7 +47,6 @@ PositiveDuration = Annotated[int, BeforeValidator(_duration), Field(gt=0)]
 NonNegDuration = Annotated[int, BeforeValidator(_duration), Field(ge=0)]
 NonEmptyStr = Annotated[str, Field(min_length=1)]
 
-DECODE_RESERVED_ALLOWED = frozenset(":,@;$'()!*")
 ROLES = ("admin", "viewer", "fleet")
 
 
@@ -117,15 +116,7 @@ class Server(Model):
         "and `X-Forwarded-Proto` are believed (client = right-most untrusted hop); empty: the TCP peer, "
         "always.",
     )
-    tls: Tls = Tls()
-
-    @field_validator("trusted_proxies")
-    @classmethod
-    def _proxies(cls, v: list[str]) -> list[str]:
-        from prerender_ray.serving.proxies import parse_networks
-
-        parse_networks(v)  # ValueError names the bad entry
-        return v
+    tls: Tls = Tls()  # server.trusted_proxies entries are checked by config/loading.py
 
 
 # -------------------------------------------------------------------------------------------- ingress
@@ -237,16 +228,6 @@ class CacheKey(Model):
     def _attributes(cls, v: list[str]) -> list[str]:
         if "url" not in v or len(set(v)) != len(v):
             raise ValueError("must name url once, and each attribute at most once")
-        return v
-
-    @field_validator("decode_reserved")
-    @classmethod
-    def _reserved(cls, v: list[str]) -> list[str]:
-        bad = [c for c in v if c not in DECODE_RESERVED_ALLOWED]
-        if bad:
-            raise ValueError(
-                f"{bad} not allowed; only characters from {''.join(sorted(DECODE_RESERVED_ALLOWED))}"
-            )
         return v
 
 
@@ -996,11 +977,8 @@ class Config(Model):
     @field_validator("domains")
     @classmethod
     def _hosts(cls, v: list[str]) -> list[str]:
-        from prerender_ray.serving.origin_policy import (
-            parse_entry,  # late: it reads hosts through urls, which imports us
-        )
-
-        return [parse_entry(d).text for d in v if d.strip()]
+        # as serving.origin_policy.parse_entry keeps an entry; config/loading.py checks each one
+        return [d.strip().lower() for d in v if d.strip()]
 
     @model_validator(mode="after")
     def _keys_parse(self) -> Config:

@@ -16,8 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
-from prerender_ray.config.model import DECODE_RESERVED_ALLOWED
-from prerender_ray.identity.urls import TRAILING_SLASH_MODES, canonicalize_url
+from prerender_ray.identity.urls import DECODE_RESERVED_ALLOWED, TRAILING_SLASH_MODES, canonicalize_url
 
 if TYPE_CHECKING:
     from prerender_ray.config.model import CacheKey, Config

@@ -35,10 +35,10 @@ from urllib.parse import unquote_to_bytes
 # per-call dict and attribute loop (parse_url costs about twice as much per URL).
 from ada_url._ada_wrapper import ffi, lib
 
-from prerender_ray.config.model import DECODE_RESERVED_ALLOWED
-
 MAX_URL_LENGTH = 8192
 DEFAULT_DECODE_RESERVED = (":", ",", "@")
+# sub-delimiters whose escapes may be decoded without changing what the URL means (cacheKey.decodeReserved)
+DECODE_RESERVED_ALLOWED = frozenset(":,@;$'()!*")
 TRAILING_SLASH_MODES = ("strip", "preserve")
 _UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
 _HEX_DIGITS = frozenset("0123456789ABCDEFabcdef")

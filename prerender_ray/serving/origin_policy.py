@@ -29,7 +29,8 @@ from functools import lru_cache
 from http.cookiejar import Cookie, CookieJar
 from typing import TYPE_CHECKING, Any
 
-from prerender_ray.admin.users import is_loopback
+from prerender_ray.identity.urls import UrlError, url_parts
+from prerender_ray.serving.proxies import is_loopback
 
 if TYPE_CHECKING:
     from prerender_ray.config.model import Config
@@ -96,11 +97,6 @@ def parse_entry(text: str) -> DomainEntry:
 
 
 def _canonical_host(host: str, text: str) -> str:
-    from prerender_ray.identity.urls import (  # late: urls imports config, whose validator calls us
-        UrlError,
-        url_parts,
-    )
-
     if not host:
         raise ValueError(f"domains entry {text!r} has no host")
     try:
@@ -112,8 +108,6 @@ def _canonical_host(host: str, text: str) -> str:
 
 def _suggest(raw: str) -> str:
     """The entry a URL-shaped one most likely means: its host and port (default port dropped)."""
-    from prerender_ray.identity.urls import UrlError, url_parts
-
     try:
         target = raw if "://" in raw else f"http://{raw.lstrip('/')}"
         scheme, authority, _, _ = url_parts(target)
@@ -136,8 +130,6 @@ def split_authority(scheme: str, authority: str) -> tuple[str, int]:
 
 def origin_of(url: str) -> tuple[str, str, int] | None:
     """(scheme, host, port) of an absolute http(s) URL as a WHATWG parser reads it, or None."""
-    from prerender_ray.identity.urls import UrlError, url_parts
-
     try:
         scheme, authority, _, _ = url_parts(url)
     except UrlError:

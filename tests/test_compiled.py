@@ -1,6 +1,6 @@
 """One config version compiled once: every derived object shares one router and one key format."""
 
-from prerender_ray.config.compiled import CompiledConfig
+from prerender_ray.compiled import CompiledConfig
 from prerender_ray.config.loading import parse
 
 
