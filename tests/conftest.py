@@ -17,8 +17,14 @@ os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 os.environ.pop("PRERENDER_CONFIG", None)
 
 import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
 
 from tests.support import RayCluster  # noqa: E402
+
+# Hypothesis's per-example deadline (200 ms) is a wall-clock assertion: on two shared cores a property
+# that parses a config per example failed it once under load. Tests never assert speed.
+settings.register_profile("suite", deadline=None)
+settings.load_profile("suite")
 
 # `make test` runs the suite on two pytest-xdist workers. A worker is a session of its own, with its own
 # Ray: every module with a test on the session's cluster is in one group, on one worker, in file order,
