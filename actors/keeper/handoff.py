@@ -47,13 +47,18 @@ class Handoff:
         self.on_departed: Callable[[list[str], Ownership], None] = lambda departed, before: None
 
     async def fetch_membership(self) -> None:
-        """On a (re)start: the controller's current node list, which may be newer than our arguments."""
+        """On a (re)start: the controller's current node list, which may be newer than our arguments.
+        Applied like any change (``set_membership``): rows adopted under the arguments' membership
+        while the store caught up must leave the ranking, or no later check would move them."""
         if self.members is None:
             return
         try:
-            self.ownership.update(await self.members())
+            names = await self.members()
         except Exception as e:
             self.log.info("membership from arguments (controller not reachable)", error=type(e).__name__)
+            return
+        if names:
+            await self.set_membership(names)
 
     async def check_membership(self) -> dict | None:
         """The controller's node list applied as a push is (None: the controller did not answer).

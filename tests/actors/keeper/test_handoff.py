@@ -155,6 +155,24 @@ async def test_a_keeper_that_applied_a_stale_push_comes_back_to_the_controllers_
     assert await b.handoff.check_membership() == {"changed": False}
 
 
+async def test_the_membership_read_at_start_releases_rows_adopted_under_an_older_one(keepers) -> None:
+    """A restarting keeper waits for its store before it reads the controller's membership, and rows
+    can be adopted meanwhile under the membership it was placed with. The start-up read must release
+    what it no longer owns like any other change: it once replaced the ownership only, the rows stayed
+    in the ranking, and every later check found the membership right (CI: node-b kept 48 of node-c's
+    rows for 4 minutes in test_cluster)."""
+    b, c, strays = await stale_b(keepers)
+
+    async def controller() -> list[str]:
+        return list(THREE)
+
+    b.handoff.members = controller
+    await b.handoff.fetch_membership()
+    assert [k for k in strays if b.rows.row(k) is not None] == []  # not granted here any more
+    await asyncio.wait_for(b.handoff.task, 10)
+    assert [k for k in strays if c.rows.row(k) is None] == []
+
+
 async def test_the_membership_check_goes_on_after_a_stray_cancel_and_a_check_that_hangs(keepers, monkeypatch) -> None:
     """A restarted node's keeper kept a stale {a, b} for minutes while the controller said {a, b, c}
     and its 5 s check said nothing: a check that never returns (a lookup that hangs) or ends in a
