@@ -15,6 +15,7 @@ import os
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import ray
 import uvicorn
@@ -37,6 +38,7 @@ from prerender_ray.config.model import Config
 from prerender_ray.identity.nodes import NodeInfo
 from prerender_ray.identity.routes import compile_routes
 from prerender_ray.processes import pid_alive
+from prerender_ray.rpc import call
 from prerender_ray.storage.rocks import node_dir
 
 PROBE_ATTEMPTS = 10
@@ -89,6 +91,17 @@ def describe_bind_error(e: OSError, host: str, port: int) -> str:
     if e.errno == errno.EADDRNOTAVAIL:
         return f"address {host} is not available on this machine"
     return f"cannot bind {host}:{port}: {e.strerror or e}"
+
+
+class IngressClient:
+    """Typed calls to another ingress replica, each under the caller's deadline."""
+
+    def __init__(self, handle: Any, deadline_s: float):
+        self.handle = handle
+        self.deadline_s = deadline_s
+
+    async def bots_report(self) -> dict:
+        return await call(self.handle.bots_report.remote(), self.deadline_s)
 
 
 @ray.remote

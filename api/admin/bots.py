@@ -22,7 +22,6 @@ from prerender_ray.admin.users import Principal
 from prerender_ray.api.admin.common import (
     admin_router,
     answer,
-    call,
     ctx_of,
     heavy,
     member_names,
@@ -54,6 +53,7 @@ async def _reports(ctx: NodeContext) -> dict[str, tuple[bool, Any]]:
     import ray
 
     from prerender_ray.actors.common import lookup_async  # Ray only where a request needs an actor
+    from prerender_ray.actors.ingress import IngressClient
 
     deadline = peer_timeout_s(ctx)
 
@@ -61,8 +61,8 @@ async def _reports(ctx: NodeContext) -> dict[str, tuple[bool, Any]]:
         if node == ctx.node.name and index == ctx.replica:
             return True, replica_report(ctx)
         try:
-            handle = await lookup_async("ingress", node, index)
-            return True, await call(handle.bots_report.remote(), deadline)
+            replica = IngressClient(await lookup_async("ingress", node, index), deadline)
+            return True, await replica.bots_report()
         except ValueError:  # not placed (yet), or the node is gone
             return False, f"no ingress replica {index} on {node}"
         except TimeoutError:
