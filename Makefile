@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # TEST_WORKERS=0: one process, in file order.
 TEST_WORKERS ?= 2
 
-.PHONY: install lock run test test-latest bench lint clean
+.PHONY: install lock run test test-latest bench lint clean sim
 
 # Installs exactly what requirements.lock pins (hashes checked, build tools included), so a fresh
 # machine gets what CI tested; the project itself goes in editable, with no dependency resolution.
@@ -49,6 +49,14 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
+
+# The simulated cluster over more seeds than CI's fixed set (tests/sim/): `make sim SEEDS=500`;
+# SIM_ARGS passes more (`--first 5000 --steps 200 --nodes 5 --strays`). PYTHONHASHSEED is fixed so
+# that a printed seed replays the same way in another process.
+SEEDS ?= 200
+SIM_ARGS ?=
+sim: $(STAMP)
+	PYTHONHASHSEED=0 $(BIN)/python -m tests.sim $(SEEDS) $(SIM_ARGS)
 
 # ruff over the tree (pyflakes, import order) and mypy over every module (see pyproject.toml).
 lint: $(STAMP)

@@ -8,6 +8,7 @@ import inspect
 import os
 import time
 import types
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import ray
@@ -15,7 +16,9 @@ from ray.exceptions import RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from prerender_ray import logs, metrics
-from prerender_ray.identity.nodes import CONTROLLER, NAMESPACE, actor_name
+from prerender_ray.actors.controller_client import ControllerClient
+from prerender_ray.identity.membership import Membership
+from prerender_ray.identity.nodes import NAMESPACE, actor_name
 from prerender_ray.rpc import DeadlineExceeded, call
 from prerender_ray.storage.rocks import node_dir
 
@@ -78,13 +81,19 @@ def untraced(actor: object) -> None:
             setattr(actor, name, types.MethodType(plain, actor))
 
 
+OVERRIDES_READ_S = 10.0
+
+
 async def read_overrides(store: Any, apply: Any, log: Any) -> None:
-    """Read the live config overrides row from the node's store and hand it to ``apply`` (a plain or
-    an async function); a store that does not answer is logged, and the next read retries."""
+    """Read the live config overrides row from the node's store (its ``StoreClient``, or its handle)
+    and hand it to ``apply`` (a plain or an async function); a store that does not answer is logged,
+    and the next read retries."""
+    from prerender_ray.actors.store.actor import StoreClient
     from prerender_ray.storage.keys import OVERRIDES_KEY
 
+    client = StoreClient(store.handle if isinstance(store, StoreClient) else store, OVERRIDES_READ_S)
     try:
-        (raw,) = await call(store.get.remote([OVERRIDES_KEY]), 10)
+        (raw,) = await client.get([OVERRIDES_KEY])
         applied = apply(raw)
         if inspect.isawaitable(applied):
             await applied
@@ -147,46 +156,48 @@ class Sometimes:
         return True
 
 
-_controller: list[Any] = []  # the controller's handle, looked up once per process (see member_nodes)
+_controller: list[ControllerClient] = []  # the controller's client, looked up once per process
 
 
-async def member_nodes(timeout: float = 10.0) -> list[dict]:
-    """The controller's current nodes (``NodeInfo`` dicts): the truth a membership push carries.
-    The whole ask is under ``timeout``, the handle lookup (a thread: a GCS round trip) included;
-    the handle is kept, so a check every few seconds needs no thread, and forgotten on a failure
-    (a controller placed again has a new one)."""
-    async def ask() -> list[dict]:
+async def controller_membership(timeout: float = 10.0) -> Membership:
+    """The controller's current membership: the truth every push carries. The whole ask is under
+    ``timeout``, the handle lookup (a thread: a GCS round trip) included; the handle is kept, so a
+    check every few seconds needs no thread, and forgotten on a failure (a controller placed again
+    has a new one)."""
+    async def ask() -> Membership:
         if not _controller:
-            _controller.append(await asyncio.to_thread(ray.get_actor, CONTROLLER, namespace=NAMESPACE))
-        return await _controller[0].nodes_info.remote()
+            found = await asyncio.to_thread(ControllerClient.find)
+            if found is None:
+                raise ActorNotPlaced("the controller is not placed")
+            _controller.append(found)
+        m = await _controller[0].membership()
+        if m is None:
+            raise ActorNotPlaced("the controller has not seen a node yet")
+        return m
 
     try:
-        nodes: list[dict] = await call(ask(), timeout)
+        return await call(ask(), timeout)
     except BaseException:
         _controller.clear()
         raise
-    return nodes
 
 
-async def member_names(timeout: float = 10.0) -> list[str]:
-    """The controller's current node list (a restarted actor missed the membership pushes)."""
-    return [n["name"] for n in await member_nodes(timeout)]
-
-
-MEMBERSHIP_CHECK_S = 5.0  # how often an actor compares its membership with the controller's
+MEMBERSHIP_CHECK_S = 5.0  # how often an actor asks the controller for its membership
 MEMBERSHIP_CHECK_DEADLINE_S = 30.0  # a check that hangs (a lookup, the apply) would never check again
 
 
-async def follow_membership(held: Any, apply: Any, log: Any, every: float = MEMBERSHIP_CHECK_S) -> None:
-    """Every ``every`` seconds, compare the membership an actor holds (``held()``: names) with the
-    controller's and apply the controller's (``apply(nodes)``) when they differ. Pushes are not
-    ordered: one delivered late to an actor that was starting can replace a newer membership, and
-    no later push need come (seen in CI: a restarted node kept a two-node view for minutes)."""
+async def follow_membership(held_epoch: Callable[[], int], offer: Callable[[Membership], Awaitable[Any]],
+                            log: Any, every: float = MEMBERSHIP_CHECK_S,
+                            fetch: Callable[[], Awaitable[Membership]] | None = None) -> None:
+    """Every ``every`` seconds, ask the controller for its membership and ``offer`` it when its epoch
+    is newer than the one held: pushes can be lost (seen in CI: a restarted node kept a two-node view
+    for minutes), and the check is what converges every process on the controller's epoch.
+    ``fetch``: what answers for the controller (``controller_membership``, Ray's, unless told)."""
     unasked = Sometimes()
     while True:
         await asyncio.sleep(every)
         try:
-            nodes = await member_nodes()
+            m = await (fetch or controller_membership)()
         except BaseException as e:  # the controller is away: the pushes and the next check will do
             if not survivable(e):
                 raise
@@ -194,11 +205,10 @@ async def follow_membership(held: Any, apply: Any, log: Any, every: float = MEMB
                 log.warning("the controller's membership could not be read", error=repr(e)[:200])
             continue
         try:
-            names = sorted({n["name"] for n in nodes})
-            if names and names != sorted(set(held())):
-                log.warning("membership differs from the controller's; applying it", held=sorted(set(held())),
-                            controller=names)
-                await call(apply(nodes), MEMBERSHIP_CHECK_DEADLINE_S)
+            if m.epoch > held_epoch():
+                log.warning("a newer membership from the controller's check; applying it", held=held_epoch(),
+                            epoch=m.epoch, nodes=list(m.names))
+                await call(offer(m), MEMBERSHIP_CHECK_DEADLINE_S)
         except BaseException as e:
             if not survivable(e):
                 raise

@@ -6,21 +6,27 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 
 from prerender_ray import logs, metrics
-from prerender_ray.actors.common import DeadlineExceeded, call, placement, untraced
-from prerender_ray.actors.ingress import IngressReplica
-from prerender_ray.actors.keeper.actor import QueueKeeper
-from prerender_ray.actors.leasetable import LeaseTable
-from prerender_ray.actors.store.actor import NodeStore
-from prerender_ray.actors.walker.actor import SitemapWalker
+from prerender_ray.actors.client import ActorClient, NodeActorClient, spawn
+from prerender_ray.actors.common import DeadlineExceeded, controller_membership, placement, untraced
+from prerender_ray.actors.ingress import IngressClient, IngressReplicaActor
+from prerender_ray.actors.keeper.actor import QueueKeeperActor
+from prerender_ray.actors.keeper.client import DRAIN_SLACK_S, KeeperClient
+from prerender_ray.actors.leasetable import LeaseClient, LeaseTableActor
+from prerender_ray.actors.store.actor import NodeStoreActor, StoreClient
+from prerender_ray.actors.walker.actor import SitemapWalkerActor
+from prerender_ray.actors.walker.client import WalkerClient
 from prerender_ray.config.model import Config
-from prerender_ray.identity.nodes import NodeInfo, Ownership, actor_name, describe_ray_node, valid_name
+from prerender_ray.identity.membership import Membership, next_epoch
+from prerender_ray.identity.nodes import NodeInfo, actor_name, describe_ray_node, valid_name
 from prerender_ray.storage.rocks import node_dir
+from prerender_ray.timeutil import now_ms
 
 WATCH_INTERVAL_S = 2.0
 STATUS_DEADLINE_S = 3.0
@@ -28,7 +34,7 @@ START_DEADLINE_S = 90.0
 STARTUP_GRACE_S = 60.0  # actors placed this recently may not answer yet (imports, catch-up, load)
 DEAD_CHECK_PASSES = 5  # every ~10 s: is an actor gone for good?
 REPLACE_AFTER_S = 30.0  # a node placed (or placed again) this recently is left alone: no crash loop
-DRAIN_SLACK_S = 20.0  # past the drain period: the keeper's settle and its last lease-table look
+GONE_PROBE_S = 2.0  # one probe of an actor being killed
 
 
 @dataclass
@@ -46,6 +52,26 @@ class Placement:
     def handles(self) -> list[Any]:
         return [*self.ingress, self.sitemapper, self.keeper, self.leases, self.store]
 
+    def clients(self) -> NodeClients:
+        """The node's actors as typed clients, each call under ``STATUS_DEADLINE_S`` (a stop, a close
+        and a drain have their own, built into the method)."""
+        d = STATUS_DEADLINE_S
+        return NodeClients(StoreClient(self.store, d), LeaseClient(self.leases, d), KeeperClient(self.keeper, d),
+                           WalkerClient(self.sitemapper, d), [IngressClient(r, d) for r in self.ingress])
+
+
+@dataclass
+class NodeClients:
+    store: StoreClient
+    leases: LeaseClient
+    keeper: KeeperClient
+    walker: WalkerClient
+    ingress: list[IngressClient]
+
+    def closed_in_order(self) -> list[NodeActorClient]:
+        """After the ingress stopped: the walker, the keeper, the leases, the store last."""
+        return [self.walker, self.keeper, self.leases, self.store]
+
 
 @ray.remote
 class Controller:
@@ -59,10 +85,14 @@ class Controller:
         self.data_dir = data_dir
         self.epoch = epoch
         self.nodes: dict[str, Placement] = {}
-        self.ownership = Ownership()
+        # The membership every node follows: a new epoch for every change of the alive nodes
+        # (``next_epoch``: above the last, and at least the wall clock, so a controller placed again
+        # starts above every epoch a running process holds).
+        self.membership: Membership | None = None
         self.stopping = False
         self.draining = False
         self._lock = asyncio.Lock()
+        self._unwaited: set[asyncio.Future] = set()  # pushes sent and not waited for (kept from the GC)
         self._task = asyncio.get_running_loop().create_task(self._watch())
 
     # ------------------------------------------------------------------------------------ watching
@@ -108,32 +138,52 @@ class Controller:
                 if p.alive and (name not in seen or seen[name].ray_node_id != p.info.ray_node_id):
                     p.alive = False
                     self.log.warning("node left", node=name)
-            for name, info in seen.items():
-                p = self.nodes.get(name)
-                if p is None or not p.alive or p.info.ray_node_id != info.ray_node_id:
-                    self.nodes[name] = self._place(info, sorted(seen))
-            names = [n for n, p in self.nodes.items() if p.alive]
-            if self.ownership.update(names):
-                self.log.info("membership", nodes=list(self.ownership.names))
+            fresh = [info for name, info in seen.items()
+                     if (held := self.nodes.get(name)) is None or not held.alive
+                     or held.info.ray_node_id != info.ray_node_id]
+            changed = self._new_membership(list(seen.values()))
+            assert self.membership is not None or not seen
+            for info in fresh:  # placed knowing the membership they join (and its epoch)
+                self.nodes[info.name] = self._place(info)
+            if changed:
+                assert self.membership is not None
+                self.log.info("membership", epoch=self.membership.epoch, nodes=list(self.membership.names))
                 await self._push_membership()
 
-    def _place(self, info: NodeInfo, members: list[str]) -> Placement:
-        """Create (or find, after a controller restart) the node's actors, pinned to it. ``members``
-        (every alive node) lets a new node catch up from a peer and know what it owns from the start."""
+    def _new_membership(self, alive: list[NodeInfo]) -> bool:
+        """A new epoch when the alive nodes (names or addresses) differ from the membership's; an
+        empty list never replaces one."""
+        if not alive:
+            return False
+        if self.membership is not None and set(self.membership.nodes) == set(alive):
+            return False
+        last = self.membership.epoch if self.membership is not None else 0
+        self.membership = Membership(next_epoch(last, now_ms()), tuple(alive))
+        return True
+
+    def _wire(self) -> dict | None:
+        return self.membership.to_wire() if self.membership is not None else None
+
+    def _place(self, info: NodeInfo) -> Placement:
+        """Create (or find, after a controller restart) the node's actors, pinned to it. The current
+        membership (every alive node, its epoch) lets a new node catch up from a peer and know what
+        it owns from the start."""
+        members = self._wire()
         metrics.prepare_dir(node_dir(self.data_dir, info.name) / "metrics" / self.epoch)
         opts = lambda kind, i=None, **kw: placement(  # noqa: E731
             info.ray_node_id, actor_name(kind, info.name, i), data_dir=self.data_dir, node=info.name,
             epoch=self.epoch, **kw)
         p = Placement(info)
-        p.store = NodeStore.options(**opts("store")).remote(self.config, info.name, self.data_dir, members)
-        p.leases = LeaseTable.options(**opts("leases")).remote(self.config, info.name, self.data_dir)
-        p.keeper = QueueKeeper.options(**opts("keeper")).remote(self.config, dataclasses.asdict(info),
-                                                                 self.data_dir, p.leases, p.store, members)
-        p.sitemapper = SitemapWalker.options(**opts("sitemapper")).remote(
-            self.config, dataclasses.asdict(info), self.data_dir, p.store, p.keeper)
+        p.store = spawn(NodeStoreActor, opts("store"), self.config, info.name, self.data_dir, members,
+                        controller_membership)  # the store's periodic check asks the controller
+        p.leases = spawn(LeaseTableActor, opts("leases"), self.config, info.name, self.data_dir)
+        p.keeper = spawn(QueueKeeperActor, opts("keeper"), self.config, dataclasses.asdict(info), self.data_dir,
+                         p.leases, p.store, members)
+        p.sitemapper = spawn(SitemapWalkerActor, opts("sitemapper"), self.config, dataclasses.asdict(info),
+                             self.data_dir, p.store, p.keeper)
         p.ingress = [
-            IngressReplica.options(**opts("ingress", i)).remote(
-                self.config, dataclasses.asdict(info), i, self.data_dir, p.keeper, p.leases, p.store)
+            spawn(IngressReplicaActor, opts("ingress", i), self.config, dataclasses.asdict(info), i, self.data_dir,
+                  p.keeper, p.leases, p.store)
             for i in range(self.cfg.server.replicas)
         ]
         self.log.info("node placed", node=info.name, url=info.url, replicas=len(p.ingress))
@@ -160,13 +210,12 @@ class Controller:
                 self.log.error("an actor of the node is gone for good; placing the node again", node=name,
                                dead=[h._ray_actor_id.hex() for h in dead])
                 await self._stop_node(p)
-                members = sorted(n for n, q in self.nodes.items() if q.alive)
-                self.nodes[name] = self._place(p.info, members)
+                self.nodes[name] = self._place(p.info)
 
     async def _is_dead(self, handle: Any) -> bool:
         """Dead for good, as the GCS says (a restarting actor is not)."""
         try:
-            await asyncio.wait_for(handle.__ray_ready__.remote(), STATUS_DEADLINE_S)
+            await ActorClient(handle, STATUS_DEADLINE_S).ready(STATUS_DEADLINE_S)
             return False
         except ray.exceptions.ActorDiedError:
             pass
@@ -179,21 +228,27 @@ class Controller:
         return bool(info) and info.get("State") == "DEAD"
 
     async def _push_membership(self) -> None:
-        nodes = [dataclasses.asdict(p.info) for p in self.nodes.values() if p.alive]
+        wire = self._wire()
+        if wire is None:
+            return
         for p in self.nodes.values():
             if not p.alive:
                 continue
-            calls = [r.set_membership.remote(nodes) for r in p.ingress]
-            calls.append(p.keeper.set_membership.remote([n["name"] for n in nodes]))
-            calls.append(p.store.set_membership.remote([n["name"] for n in nodes]))
-            calls.append(p.sitemapper.set_membership.remote([n["name"] for n in nodes]))
+            c = p.clients()
+            # Each call is sent now (a task), whether or not it is waited for.
+            calls = [asyncio.ensure_future(x) for x in (
+                *(r.set_membership(wire) for r in c.ingress), c.keeper.set_membership(wire),
+                c.store.set_membership(wire), c.walker.set_membership(wire))]
             if time.time() - p.placed_at < STARTUP_GRACE_S:
                 # Actors still in __init__ (the keeper loads its rows) run these calls when they are
                 # up: Ray queues them. Waiting here only timed out and logged a failure every start.
+                for task in calls:
+                    self._unwaited.add(task)
+                    task.add_done_callback(self._unasked)
                 continue
-            for ref in calls:
+            for task in calls:
                 try:
-                    await call(ref, STATUS_DEADLINE_S)
+                    await task
                 except Exception as e:  # retried every ~20 s
                     self.log.warning("membership push failed", node=p.info.name, error=repr(e))
 
@@ -205,21 +260,24 @@ class Controller:
             p = self.nodes[name]
             if p.alive:
                 nodes.append(await self._node_status(p))
-        return {"nodes": nodes, "membership": list(self.ownership.names), "epoch": self.epoch,
+        m = self.membership
+        return {"nodes": nodes, "membership": list(m.names) if m else [], "membershipEpoch": m.epoch if m else None,
+                "epoch": self.epoch,
                 "healthy": bool(nodes) and all(n["healthy"] for n in nodes)}
 
     async def _node_status(self, p: Placement) -> dict:
-        async def ask(handle: Any) -> dict:
+        async def ask(client: ActorClient) -> dict:
             try:
-                return await call(handle.status.remote(), STATUS_DEADLINE_S)
+                return await client.status()
             except DeadlineExceeded:
                 return {"live": False, "reason": "no answer within deadline"}
             except Exception as e:
                 return {"live": False, "reason": f"unavailable: {type(e).__name__}"}
 
-        keeper, leases, store, walker = await asyncio.gather(ask(p.keeper), ask(p.leases), ask(p.store),
-                                                             ask(p.sitemapper))
-        replicas = await asyncio.gather(*(ask(r) for r in p.ingress))
+        c = p.clients()
+        keeper, leases, store, walker = await asyncio.gather(ask(c.keeper), ask(c.leases), ask(c.store),
+                                                             ask(c.walker))
+        replicas = await asyncio.gather(*(ask(r) for r in c.ingress))
         errors = [r["error"] for r in replicas if r.get("error")]
         up = sum(1 for r in replicas if r.get("up"))
         healthy = bool(keeper.get("live") and leases.get("live") and store.get("live")) and up == len(replicas)
@@ -238,10 +296,10 @@ class Controller:
             "healthy": healthy,
         }
 
-    async def nodes_info(self) -> list[dict]:
-        """The membership as a push carries it (``NodeInfo`` fields): what an actor that checks or
-        missed the pushes applies."""
-        return [dataclasses.asdict(p.info) for p in self.nodes.values() if p.alive]
+    async def membership_wire(self) -> dict | None:
+        """The membership as a push carries it (``Membership.to_wire``): what an actor that starts,
+        checks or missed the pushes applies. None before the first node is seen."""
+        return self._wire()
 
     # -------------------------------------------------------------------------------------- stopping
 
@@ -261,7 +319,7 @@ class Controller:
 
     async def _drain_node(self, p: Placement, period_ms: int) -> dict:
         try:
-            return await call(p.keeper.drain.remote(period_ms), period_ms / 1000 + DRAIN_SLACK_S)
+            return await p.clients().keeper.drain(period_ms)
         except Exception as e:  # the stop goes on: a drain is a courtesy to the fleet, bounded
             self.log.warning("drain failed", node=p.info.name, error=repr(e))
             return {"node": p.info.name, "ended": "failed", "error": repr(e)[:300]}
@@ -279,9 +337,10 @@ class Controller:
             return {"stopped": stopped}
 
     async def _stop_node(self, p: Placement) -> None:
-        await asyncio.gather(*(self._quiet(r.stop.remote(), 15) for r in p.ingress))
-        for handle in (p.sitemapper, p.keeper, p.leases, p.store):
-            await self._quiet(handle.close.remote(), 10)
+        c = p.clients()
+        await asyncio.gather(*(self._quiet(r.stop()) for r in c.ingress))
+        for client in c.closed_in_order():
+            await self._quiet(client.close())
         handles = p.handles()
         for handle in handles:
             try:
@@ -296,15 +355,22 @@ class Controller:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                await asyncio.wait_for(handle.__ray_ready__.remote(), 2)
+                await ActorClient(handle, GONE_PROBE_S).ready(GONE_PROBE_S)
             except ray.exceptions.RayActorError:
                 return
             except Exception:
                 pass
             await asyncio.sleep(0.2)
 
-    async def _quiet(self, ref: Any, timeout: float) -> None:
+    def _unasked(self, task: asyncio.Future) -> None:
+        """A push not waited for is done: its failure is not news (the next push and the checks follow)."""
+        self._unwaited.discard(task)
+        if not task.cancelled():
+            task.exception()
+
+    async def _quiet(self, step: Awaitable[None]) -> None:
         try:
-            await call(ref, timeout)
+            await step
         except Exception as e:
             self.log.warning("stop step failed", error=repr(e))
+

@@ -21,7 +21,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from prerender_ray.actors.controller_client import ControllerClient
 from prerender_ray.processes import pid_alive
+from prerender_ray.rpc import DeadlineExceeded
 
 RECORD = "deployment.json"
 RAY_START_DEADLINE_S = 90.0
@@ -200,7 +202,7 @@ def stop_local_ray(record: Record, grace_s: float = 20.0) -> None:
 
 
 def local_ray_alive(record: Record) -> bool:
-    return bool(record.ray_pid) and pid_alive(record.ray_pid)
+    return record.ray_pid is not None and record.ray_pid > 0 and pid_alive(record.ray_pid)
 
 
 def _reap(pid: int) -> None:
@@ -253,7 +255,7 @@ def _strays(*marks: str | None, workers_of: Record | None = None) -> list[int]:
 
 def our_processes(record: Record, data_dir: Path | None = None) -> list[int]:
     pids = set(_strays(record.temp_dir, str(data_dir) if data_dir else None, workers_of=record))
-    if local_ray_alive(record):
+    if record.ray_pid is not None and local_ray_alive(record):
         pids.add(record.ray_pid)
     return sorted(pids)
 
@@ -277,44 +279,28 @@ def connect(address: str, *, log_to_driver: bool = False) -> None:
         raise DeployError(f"cannot connect to Ray at {address}: {e}") from None
 
 
-def find_controller() -> Any | None:
-    import ray
-
-    from prerender_ray.identity.nodes import CONTROLLER, NAMESPACE
-
-    try:
-        return ray.get_actor(CONTROLLER, namespace=NAMESPACE)
-    except ValueError:
-        return None
+def find_controller() -> ControllerClient | None:
+    return ControllerClient.find()
 
 
-def place_controller(config: dict, data_dir: Path, epoch: str) -> Any:
-    from prerender_ray.actors.controller import Controller
-    from prerender_ray.identity.nodes import CONTROLLER, NAMESPACE
-
+def place_controller(config: dict, data_dir: Path, epoch: str) -> ControllerClient:
     if find_controller() is not None:
         raise DeployError("prerender-ray is already running on this cluster; run `prerender-ray down` first")
-    from prerender_ray.actors.common import TASK_EVENTS
-    from prerender_ray.logs import LOG_DIR_ENV
-
-    return Controller.options(name=CONTROLLER, namespace=NAMESPACE, lifetime="detached", num_cpus=0,
-                              max_restarts=-1, max_concurrency=100, enable_task_events=TASK_EVENTS,
-                              runtime_env={"env_vars": {LOG_DIR_ENV: str(Path(data_dir) / "logs")}},
-                              ).remote(config, str(data_dir), epoch)
+    return ControllerClient.place(config, data_dir, epoch)
 
 
-def controller_status(controller: Any, timeout: float = STATUS_CALL_S) -> dict:
+def controller_status(controller: ControllerClient, timeout: float = STATUS_CALL_S) -> dict:
     import ray
 
     try:
-        return ray.get(controller.status.remote(), timeout=timeout)
-    except ray.exceptions.GetTimeoutError:
-        raise ControllerSilent(f"the controller did not answer within {timeout:g}s") from None
+        return controller.status(timeout)
+    except DeadlineExceeded as e:
+        raise ControllerSilent(str(e)) from None
     except ray.exceptions.RayActorError:
         raise DeployError("the controller is gone (stopped by `prerender-ray down`?)") from None
 
 
-def wait_ready(controller: Any, deadline_s: float, *, expect_nodes: int = 1) -> dict:
+def wait_ready(controller: ControllerClient, deadline_s: float, *, expect_nodes: int = 1) -> dict:
     """Wait until every placed node is healthy (all its ingress replicas up) and answers /readyz
     with 200; fail fast on a node's start error (a port in use)."""
     import httpx
@@ -350,24 +336,16 @@ def wait_ready(controller: Any, deadline_s: float, *, expect_nodes: int = 1) -> 
     raise DeployError(f"not ready within {deadline_s:g}s: {problem}")
 
 
-def drain_deployment(controller: Any, abort: threading.Event | None = None) -> dict:
+def drain_deployment(controller: ControllerClient, abort: threading.Event | None = None) -> dict:
     """Every node says paused and accepts the results of the leases it granted, for at most
     ``fleet.drainPeriod`` (``Controller.drain``); ``abort`` set (a second Ctrl-C) stops waiting."""
-    import ray
-
     try:
-        budget = ray.get(controller.drain_budget_s.remote(), timeout=STATUS_CALL_S)
-        ref = controller.drain.remote()
-        deadline = time.monotonic() + budget
-        while time.monotonic() < deadline:
-            ready, _ = ray.wait([ref], timeout=min(0.5, max(0.0, deadline - time.monotonic())))
-            if ready:
-                return ray.get(ref)
-            if abort is not None and abort.is_set():
-                return {"error": "skipped by a second signal"}
-        return {"error": f"no answer within {budget:g}s"}
+        report = controller.drain(abort.is_set if abort is not None else lambda: False)
+    except DeadlineExceeded as e:
+        return {"error": str(e)}
     except Exception as e:
         return {"error": repr(e)}
+    return report if report is not None else {"error": "skipped by a second signal"}
 
 
 def describe_drain(report: dict) -> list[str]:
@@ -386,20 +364,15 @@ def describe_drain(report: dict) -> list[str]:
     return lines
 
 
-def stop_deployment(controller: Any, timeout: float = 60.0, *, drain: bool = True,
+def stop_deployment(controller: ControllerClient, timeout: float = 60.0, *, drain: bool = True,
                     abort: threading.Event | None = None) -> dict:
     """Drain (unless told not to), then stop every node's actors and the controller."""
-    import ray
-
     drained = drain_deployment(controller, abort) if drain else None
     try:
-        result = ray.get(controller.stop.remote(), timeout=timeout)
+        result = controller.stop(timeout)
     except Exception as e:
         result = {"error": repr(e)}
     if drained is not None:
         result["drain"] = drained
-    try:
-        ray.kill(controller, no_restart=True)
-    except Exception:
-        pass
+    controller.kill()
     return result

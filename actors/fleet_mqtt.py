@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import ssl
 import threading
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from prerender_ray.config.model import Mqtt
@@ -32,7 +32,7 @@ class StatusBroadcaster:
         import paho.mqtt.client as mqtt
 
         url = urlsplit(cfg.url)
-        transport = "websockets" if url.scheme in ("ws", "wss") else "tcp"
+        transport: Literal["websockets", "tcp"] = "websockets" if url.scheme in ("ws", "wss") else "tcp"
         self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=cfg.client_id or f"prerender-ray-{node}",
                                   transport=transport, clean_session=True)
         if url.scheme in ("mqtts", "wss"):

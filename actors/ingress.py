@@ -21,10 +21,11 @@ import ray
 import uvicorn
 
 from prerender_ray import logs, metrics
+from prerender_ray.actors.client import MEMBERSHIP_DEADLINE_S, ActorClient
 from prerender_ray.actors.common import (
+    controller_membership,
     follow_membership,
     follow_overrides,
-    member_nodes,
     read_overrides,
     untraced,
 )
@@ -35,6 +36,7 @@ from prerender_ray.api.connections import server_config
 from prerender_ray.api.context import NodeContext
 from prerender_ray.config.loading import findings
 from prerender_ray.config.model import Config
+from prerender_ray.identity.membership import Membership, MembershipView
 from prerender_ray.identity.nodes import NodeInfo
 from prerender_ray.identity.routes import compile_routes
 from prerender_ray.processes import pid_alive
@@ -42,6 +44,7 @@ from prerender_ray.rpc import call
 from prerender_ray.storage.rocks import node_dir
 
 PROBE_ATTEMPTS = 10
+STOP_DEADLINE_S = 15.0  # uvicorn's graceful stop is bounded by 10 s
 MEMBERSHIP_READ_S = 3.0  # at start, before serving: the controller answers from memory
 
 
@@ -93,7 +96,7 @@ def describe_bind_error(e: OSError, host: str, port: int) -> str:
     return f"cannot bind {host}:{port}: {e.strerror or e}"
 
 
-class IngressClient:
+class IngressClient(ActorClient):
     """Typed calls to another ingress replica, each under the caller's deadline."""
 
     def __init__(self, handle: Any, deadline_s: float):
@@ -103,11 +106,23 @@ class IngressClient:
     async def bots_report(self) -> dict:
         return await call(self.handle.bots_report.remote(), self.deadline_s)
 
+    async def set_membership(self, wire: dict) -> None:
+        await call(self.handle.set_membership.remote(wire), MEMBERSHIP_DEADLINE_S)
 
-@ray.remote
+    async def stop(self) -> None:
+        """Stop accepting and finish what is in flight (``IngressReplica.stop``)."""
+        await call(self.handle.stop.remote(), STOP_DEADLINE_S)
+
+
 class IngressReplica:
-    def __init__(self, config: dict, node: dict, index: int, data_dir: str, keeper, leases, store):
+    """The shell, plain: ``IngressReplicaActor`` below is what Ray places. ``membership`` answers for
+    the controller (``controller_membership``), ``lookup`` finds other nodes' actors (Ray's named actors
+    unless given: ``NodeContext``); the LocalNode harness passes single-node ones."""
+
+    def __init__(self, config: dict, node: dict, index: int, data_dir: str, keeper, leases, store,
+                 membership: Any = controller_membership, lookup: Any = None):
         untraced(self)
+        self._membership = membership
         cfg = Config.model_validate(config)
         info = NodeInfo(**node)
         logs.setup(info.name, level=cfg.logging.level, json_lines=cfg.logging.json_lines,
@@ -118,7 +133,10 @@ class IngressReplica:
         self.error: str | None = None
         self.ctx = NodeContext(cfg=cfg, node=info, data_dir=data_dir, keeper=keeper, leases=leases,
                                store=store, replica=index,
-                               findings=_findings(cfg))
+                               findings=_findings(cfg), lookup=lookup)
+        # This replica's one membership: alone until the controller's is read (before serving)
+        self.view = MembershipView.alone(info)
+        self.view.listen(self._changed)
         # What start-up printed as config warnings, as a gauge an operator can alert on.
         metrics.config_warnings.set(sum(1 for f in self.ctx.findings if f.severity == "warn"))
         metrics.prime()
@@ -172,7 +190,8 @@ class IngressReplica:
         self._syncer = asyncio.get_running_loop().create_task(
             follow_overrides(self.ctx.store, self.apply_overrides, self.log))
         self._members = asyncio.get_running_loop().create_task(
-            follow_membership(lambda: self.ctx.ownership.names, self.set_membership, self.log))
+            follow_membership(lambda: self.view.epoch, self._offer, self.log,
+                              fetch=self._membership))
         assert self.server is not None
         await self.server.serve(sockets=[sock])
 
@@ -181,18 +200,21 @@ class IngressReplica:
         only its own node, so without it every URL owned elsewhere went to the origin until the next
         check (seen: 9 s of origin answers after a kill)."""
         try:
-            nodes = await member_nodes(MEMBERSHIP_READ_S)
-            if nodes:
-                await self.set_membership(nodes)
+            self.view.offer(await self._membership(MEMBERSHIP_READ_S))
         except Exception as e:  # never in the way of serving
             self.log.warning("membership not read at start; the pushes and checks will bring it", error=repr(e))
 
-    async def set_membership(self, nodes: list[dict]) -> None:
-        infos = {n.name: n for n in (NodeInfo(**d) for d in nodes)}
-        changed = self.ctx.ownership.update(list(infos))
-        if infos and (changed or infos != self.ctx.peers):
-            self.ctx.peers = infos  # a node that came back may have a new port and new actors
-            self.ctx.forget_remote()
+    async def set_membership(self, wire: dict) -> bool:
+        """A push from the controller (``Membership.to_wire``): applied if its epoch is newer."""
+        return self.view.offer(Membership.from_wire(wire))
+
+    async def _offer(self, m: Membership) -> bool:
+        return self.view.offer(m)
+
+    def _changed(self, before: Membership, after: Membership) -> None:
+        self.ctx.ownership.update(list(after.names))
+        self.ctx.peers = {n.name: n for n in after.nodes}  # a node that came back may have a new port
+        self.ctx.forget_remote()  # and new actors
 
     async def stop(self) -> None:
         """Stop accepting, finish in-flight requests (bounded by uvicorn's graceful timeout)."""
@@ -206,6 +228,9 @@ class IngressReplica:
             except (asyncio.TimeoutError, Exception):
                 self.task.cancel()
         await close_replica(self.ctx)
+
+
+IngressReplicaActor = ray.remote(IngressReplica)
 
 
 def _findings(cfg: Config) -> list:

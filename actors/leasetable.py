@@ -18,12 +18,13 @@ from typing import Any
 import ray
 
 from prerender_ray import logs, metrics
+from prerender_ray.actors.client import NodeActorClient
 from prerender_ray.actors.common import call, untraced
 from prerender_ray.config.model import Config
 from prerender_ray.queue.leases import Leases, read_record
 from prerender_ray.storage.keys import LEASE, MISSES
 from prerender_ray.storage.rocks import LEASES, Store, store_path
-from prerender_ray.timeutil import now_ms
+from prerender_ray.timeutil import SYSTEM_CLOCK, Clock
 
 # l:<key> -> [expires, due, cadence, released, answered, written_at, lease_granted_at, grant]; grant is
 # [granted_at, worker, any_worker, ends, answered] (records of the six-field form predate grants)
@@ -34,8 +35,9 @@ class DurableLeases:
     """The durable lease table, plain: the core table and the node's lease store (``rpc.LeaseApi``).
     The actor below only starts it; the keeper's tests use it as it is, without Ray."""
 
-    def __init__(self, cfg: Config, db: Store, log: Any):
+    def __init__(self, cfg: Config, db: Store, log: Any, clock: Clock = SYSTEM_CLOCK):
         self.log = log
+        self.clock = clock  # the simulated cluster's is virtual
         self.cfg = cfg
         self.db = db
         self.table = Leases.from_config(cfg.queue, cfg.render)
@@ -45,7 +47,7 @@ class DurableLeases:
         self._task = asyncio.get_running_loop().create_task(self._sweeper())
 
     def _restore(self) -> None:
-        now = now_ms()
+        now = self.clock.now_ms()
         leases, grants, stale = [], [], []
         lease_time = self.table.lease_time
         for k, v in self.db.items(LEASE):
@@ -88,7 +90,7 @@ class DurableLeases:
     async def grant_many(self, items: list[list]) -> list[list]:
         """Exclusive grants for [key, due, cadence, worker]; each answer is [key, expiresAt or None,
         refusal] (lists: see ``Claims.grant``)."""
-        now = now_ms()
+        now = self.clock.now_ms()
         out, ops = [], []
         for key, due, cadence, *worker in items:
             g = self.table.grant(key, now, due=due, cadence=cadence, worker=worker[0] if worker else None)
@@ -103,7 +105,7 @@ class DurableLeases:
         """[verdict, granted_at] for each [key, worker]: may this result apply to the key's latest
         grant? Checked and marked in one step (no await in between), so two replays racing each other
         cannot both pass, in one call or in two."""
-        now = now_ms()
+        now = self.clock.now_ms()
         return [[(check := self.table.begin_result(key, worker, now)).verdict, check.granted_at]
                 for key, worker in items]
 
@@ -111,7 +113,7 @@ class DurableLeases:
         """Results were applied: for each [key, hold, granted_at] its grant is answered and its lease
         released (``hold``, the fast retry lane: kept, and no longer a miss); a lease granted since is
         left alone. One durable write for them all, before the answer."""
-        now = now_ms()
+        now = self.clock.now_ms()
         released = [self.table.finish_result(key, granted_at, now, hold=hold) for key, hold, granted_at in items]
         self.db.write([self._record(key, now) for key, _, _ in items])
         metrics.leases_in_flight.set(self.table.occupancy(now))
@@ -131,11 +133,11 @@ class DurableLeases:
 
     async def known(self, key: str) -> bool:
         """Was ``key`` granted recently enough that a result for it is expected?"""
-        return self.table.known(key, now_ms())
+        return self.table.known(key, self.clock.now_ms())
 
     async def blocked(self) -> list[tuple[str, int]]:
         """(key, until) for every key a grant would refuse now: the keeper's mirror."""
-        now = now_ms()
+        now = self.clock.now_ms()
         out = []
         for key in self.table.blocked(now):
             lease = self.table.export(key)
@@ -144,7 +146,7 @@ class DurableLeases:
         return out
 
     async def lease_of(self, key: str) -> dict | None:
-        now = now_ms()
+        now = self.clock.now_ms()
         info = self.table.lease_of(key, now)
         held = self.table.hold_of(key, now)
         if info is None and held is None:
@@ -154,12 +156,12 @@ class DurableLeases:
 
     async def export_keys(self, keys: list[str]) -> list[tuple[str, list]]:
         """The leases of keys that move to another node (their records travel with the rows)."""
-        self.table.occupancy(now_ms())  # retire what expired first
+        self.table.occupancy(self.clock.now_ms())  # retire what expired first
         return [(k, rec) for k in keys if (rec := self.table.export(k)) is not None]
 
     async def adopt(self, leases: list[tuple[str, list]]) -> int:
         """Leases of rows handed to this node: no key in flight is granted twice across the move."""
-        now = now_ms()
+        now = self.clock.now_ms()
         taken = [k for k, rec in leases if self.table.adopt(k, rec, now)]
         self.db.write([self._record(k, now) for k in taken])
         metrics.leases_in_flight.set(self.table.occupancy(now))
@@ -167,13 +169,13 @@ class DurableLeases:
 
     async def forget(self, keys: list[str]) -> None:
         """Rows handed to another node: their leases go with them (see ``adopt``)."""
-        now = now_ms()
+        now = self.clock.now_ms()
         for key in keys:
             self.table.forget(key, now)
         self.db.write((LEASE + k.encode(), None) for k in keys)
 
     async def status(self) -> dict:
-        now = now_ms()
+        now = self.clock.now_ms()
         oldest = self.table.oldest(now)
         return {"live": True, "pid": os.getpid(), "inFlight": self.table.occupancy(now),
                 "awaitingResults": self.table.awaiting(now), "capacity": self.table.max_leases,
@@ -191,7 +193,7 @@ class DurableLeases:
                 self.log.error("lease sweep failed", error=repr(e))
 
     def sweep(self) -> None:
-        now = now_ms()
+        now = self.clock.now_ms()
         report = self.table.sweep(now)
         for hold in report.holds:
             metrics.claim_health.labels("wedged").inc()
@@ -211,8 +213,9 @@ class DurableLeases:
         self.db.close()
 
 
-@ray.remote
 class LeaseTable(DurableLeases):
+    """The shell, plain (the LocalNode harness runs it): ``LeaseTableActor`` is what Ray places."""
+
     def __init__(self, config: dict, node: str, data_dir: str):
         untraced(self)
         cfg = Config.model_validate(config)
@@ -221,7 +224,10 @@ class LeaseTable(DurableLeases):
         self.start()
 
 
-class LeaseClient:
+LeaseTableActor = ray.remote(LeaseTable)
+
+
+class LeaseClient(NodeActorClient):
     """Typed calls to a node's LeaseTable actor (``rpc.LeaseApi``), each under a deadline: the hand-off's
     bulk calls (a batch of keys moving to another node) get a longer one."""
 

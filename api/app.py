@@ -25,7 +25,7 @@ from prerender_ray.serving.dates import Dater
 
 log = logs.get("ingress")
 # No OpenTelemetry: FastAPI's native telemetry (newer releases) checks its providers on every request.
-_NO_TELEMETRY = ({"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+_NO_TELEMETRY: dict[str, Any] = ({"telemetry": {"tracing": False, "metrics": False, "logs": False}}
                  if "telemetry" in inspect.signature(FastAPI.__init__).parameters else {})
 
 
@@ -93,7 +93,7 @@ def create_app(ctx: NodeContext) -> FastAPI:
         return JSONResponse({"error": "bad request", "details": errors}, status_code=400)
 
     # Every route of ours is kept from the bot path, whatever ingress.routes say (read by api.bot).
-    ctx.extras["reserved-paths"] = reserved_prefixes(route_paths(app))
+    ctx.reserved_paths = reserved_prefixes(route_paths(app))
     return app
 
 

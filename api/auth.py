@@ -71,9 +71,9 @@ def basic_credentials(request: Request) -> tuple[str | None, str] | None:
 
 
 def proxies_of(ctx: NodeContext) -> Proxies:
-    proxies = ctx.extras.get("proxies")
+    proxies = ctx.proxies
     if proxies is None:
-        proxies = ctx.extras["proxies"] = Proxies(ctx.cfg.server.trusted_proxies)
+        proxies = ctx.proxies = Proxies(ctx.cfg.server.trusted_proxies)
     return proxies
 
 
@@ -108,9 +108,9 @@ def forwarded_https(request: Request) -> bool:
 
 
 def authenticator(ctx: NodeContext) -> Authenticator:
-    auth = ctx.extras.get("authenticator")
+    auth = ctx.authenticator
     if auth is None:
-        auth = ctx.extras["authenticator"] = Authenticator(list(ctx.cfg.auth.users))
+        auth = ctx.authenticator = Authenticator(list(ctx.cfg.auth.users))
     return auth
 
 

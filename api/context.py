@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from prerender_ray.actors.client import ActorClient
+from prerender_ray.actors.keeper.client import KeeperClient
+from prerender_ray.actors.leasetable import LeaseClient
+from prerender_ray.actors.store.actor import StoreClient
+from prerender_ray.actors.walker.client import DEADLINE_S as WALKER_DEADLINE_S
+from prerender_ray.actors.walker.client import WalkerClient
 from prerender_ray.compiled import CompiledConfig
 from prerender_ray.config.loading import findings
 from prerender_ray.config.model import Config
@@ -13,9 +20,23 @@ from prerender_ray.config.overrides import LiveConfig
 from prerender_ray.identity.nodes import NodeInfo, Ownership
 from prerender_ray.queue.targets import Rules
 
+if TYPE_CHECKING:  # what the routes make on first use (they import this module)
+    import httpx
+
+    from prerender_ray.actors.ingress import IngressClient
+    from prerender_ray.api.admin.common import HeavySlots
+    from prerender_ray.api.admin.overview import CountsSnapshot
+    from prerender_ray.api.auth import Authenticator
+    from prerender_ray.batching import GroupCommit
+    from prerender_ray.serving.proxies import Proxies
+    from prerender_ray.serving.verification import Resolver
+
 # Deadlines (seconds) for control-plane calls from a request handler.
 STATUS_DEADLINE = 2.0
 CALL_DEADLINE = 5.0
+READ_DEADLINE_S = 10.0  # the node clients' own: a route that needs another passes it (``within``)
+
+C = TypeVar("C", bound=ActorClient)
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,20 +67,37 @@ class ReplicaConfig:
 
 
 class NodeContext:
+    """A route's view of its node. The constructor takes actor handles (Ray's, or ``rpc.Local`` ones in
+    the LocalNode harness); routes see only typed clients: ``keeper``, ``leases`` and ``store`` of this
+    node, ``keeper_at``/``store_at``/``walker_at``/``ingress_at`` of any node."""
+
+    # What a replica makes on first use and keeps (None until then); set by the module that uses it.
+    heavy_slots: HeavySlots | None = None  # api/admin/common.py
+    admin_http: httpx.AsyncClient | None = None  # api/admin/explain.py
+    counts: CountsSnapshot | None = None  # api/admin/overview.py
+    proxies: Proxies | None = None  # api/auth.py
+    authenticator: Authenticator | None = None  # api/auth.py
+    claims: GroupCommit[tuple[int, str | None], bytes] | None = None  # api/render_queue.py
+    results: GroupCommit[tuple[dict, bytes | None, str | None], dict] | None = None  # api/render_queue.py
+    ready: tuple[float, bool, dict] | None = None  # api/health.py: (taken at, ready, body)
+    reserved_paths: tuple[str, ...] | None = None  # api/app.py: our own routes, never bot requests
+
     def __init__(self, cfg: Config, node: NodeInfo, data_dir: str, keeper: Any = None, leases: Any = None,
                  store: Any = None, replica: int = 0, findings: list | None = None,
                  ownership: Ownership | None = None, peers: dict[str, NodeInfo] | None = None,
-                 started: float | None = None, extras: dict[str, Any] | None = None):
+                 started: float | None = None, lookup: Callable[[str, str], Awaitable[Any]] | None = None,
+                 resolver: Resolver | None = None):
         self.node = node
         self.data_dir = data_dir
-        self.keeper = keeper  # actor handles (None in tests that need no Ray)
-        self.leases = leases
-        self.store = store
+        # This node's actors (handles are None in tests that need no actor: a call then fails).
+        self.keeper = KeeperClient(keeper)
+        self.leases = LeaseClient(leases)
+        self.store = StoreClient(store, READ_DEADLINE_S)
         self.replica = replica
         self.ownership = ownership if ownership is not None else Ownership()
         self.peers = peers if peers is not None else {}
         self.started = time.time() if started is None else started
-        self.extras = extras if extras is not None else {}
+        self.bot_resolver = resolver  # a test's fake DNS for bot verification; None: the system's
         if not self.ownership.names:
             self.ownership.update([self.node.name])
         self.peers.setdefault(self.node.name, self.node)
@@ -67,6 +105,9 @@ class NodeContext:
         # is one assignment (``prerender_ray.api.bot.replica.reconfigure``).
         self.state: ReplicaConfig = ReplicaConfig(CompiledConfig(cfg), list(findings or []), LiveConfig(cfg))
         self._handles: dict[str, Any] = {}  # kind -> Handles
+        # How another node's actors are found: Ray's named actors by default; the LocalNode harness
+        # and the simulated cluster pass their own (kind, node) -> handle.
+        self._lookup = lookup
 
     @property
     def cfg(self) -> Config:
@@ -95,17 +136,42 @@ class NodeContext:
         """Does this node hold ``url``'s target and pages? (Every node does while R >= the node count.)"""
         return len(self.ownership.names) <= self.cfg.cluster.replicas or self.node.name in self.holders_of(url)
 
-    async def keeper_of(self, url: str) -> Any:
-        """The keeper of the node that owns ``url`` (this node's own without a lookup)."""
-        owner = self.ownership.owner(url)
-        return self.keeper if owner == self.node.name else await self.actor("keeper", owner)
+    def reads_from(self, url: str) -> str:
+        """The node whose store to read ``url``'s target and pages from: this one when it holds them,
+        else the URL's owner (the first holder)."""
+        return self.node.name if self.holds(url) else self.holders_of(url)[0]
 
-    async def store_of(self, url: str) -> Any:
-        """The store to read ``url``'s target and pages from: this node's when it holds them, else the
-        URL's owner's (the first holder)."""
-        if self.holds(url):
+    async def keeper_of(self, url: str) -> KeeperClient:
+        """The keeper of the node that owns ``url``."""
+        return await self.keeper_at(self.ownership.owner(url))
+
+    async def store_of(self, url: str) -> StoreClient:
+        """The store to read ``url``'s target and pages from (``reads_from``)."""
+        return await self.store_at(self.reads_from(url))
+
+    async def keeper_at(self, node: str) -> KeeperClient:
+        return self.keeper if node == self.node.name else await self._client("keeper", node, KeeperClient)
+
+    async def store_at(self, node: str) -> StoreClient:
+        if node == self.node.name:
             return self.store
-        return await self.actor("store", self.holders_of(url)[0])
+        return await self._client("store", node, lambda handle: StoreClient(handle, READ_DEADLINE_S))
+
+    async def walker_at(self, node: str) -> WalkerClient:
+        return await self._client("sitemapper", node, lambda handle: WalkerClient(handle, WALKER_DEADLINE_S))
+
+    async def ingress_at(self, node: str, index: int) -> IngressClient:
+        """Ingress replica ``index`` of ``node`` (a lookup is given the node as ``node:index``: the
+        replica's actor name is ``ingress:node:index``)."""
+        from prerender_ray.actors.ingress import IngressClient  # it imports this module
+
+        if self._lookup is not None:
+            handle = await self._lookup("ingress", f"{node}:{index}")
+        else:
+            from prerender_ray.actors.common import lookup_async  # Ray only where a request needs an actor
+
+            handle = await lookup_async("ingress", node, index)
+        return IngressClient(handle, CALL_DEADLINE)
 
     async def sitemap_urls(self, sitemap: str, limit: int, deadline_s: float) -> tuple[list[str], int]:
         """The targets attributed to ``sitemap`` across the cluster (``actors/store/everywhere.py``)."""
@@ -113,18 +179,20 @@ class NodeContext:
 
         return await urls_of_sitemap(sitemap, limit, node=self.node.name, names=self.ownership.names,
                                      replicas=self.cfg.cluster.replicas, local=self.store,
-                                     store_of=lambda n: self.actor("store", n), deadline_s=deadline_s)
+                                     store_of=self.store_at, deadline_s=deadline_s)
 
     def forget_remote(self) -> None:
         """Membership changed or a call failed: look every other node's actors up afresh."""
         self._handles.clear()
 
-    async def actor(self, kind: str, node: str) -> Any:
-        """A named actor of ``node``, through the one handle cache (``actors.common.Handles``: the
-        lookup runs off the event loop, a handle is trusted for seconds)."""
+    async def _client(self, kind: str, node: str, wrap: Callable[[Any], C]) -> C:
+        """A named actor of ``node`` as its client, through the one handle cache (``actors.common.Handles``:
+        the lookup runs off the event loop, a handle is trusted for seconds)."""
+        if self._lookup is not None:
+            return wrap(await self._lookup(kind, node))
         handles = self._handles.get(kind)
         if handles is None:
             from prerender_ray.actors.common import Handles  # Ray only where a request needs an actor
 
-            handles = self._handles[kind] = Handles(kind)
+            handles = self._handles[kind] = Handles(kind, wrap=wrap)
         return await handles.get(node)

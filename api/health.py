@@ -8,8 +8,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from prerender_ray import metrics
+from prerender_ray.actors.client import ActorClient
 from prerender_ray.api.context import STATUS_DEADLINE, NodeContext
-from prerender_ray.rpc import DeadlineExceeded, call
+from prerender_ray.rpc import DeadlineExceeded
 
 router = APIRouter()
 _READY_CACHE_S = 1.0
@@ -23,14 +24,15 @@ async def healthz(request: Request) -> dict:
 
 async def readiness(ctx: NodeContext) -> tuple[bool, dict]:
     """This node's keeper and stores are live. Cached for a second: probes may come often."""
-    cached = ctx.extras.get("ready")
+    cached = ctx.ready
     if cached and time.monotonic() - cached[0] < _READY_CACHE_S:
         return cached[1], cached[2]
     body: dict = {"node": ctx.node.name}
     ready = True
-    for name, handle in (("store", ctx.store), ("leases", ctx.leases), ("keeper", ctx.keeper)):
+    clients: tuple[tuple[str, ActorClient], ...] = (("store", ctx.store), ("leases", ctx.leases), ("keeper", ctx.keeper))
+    for name, client in clients:
         try:
-            st = await call(handle.status.remote(), STATUS_DEADLINE)
+            st = await client.within(STATUS_DEADLINE).status()
         except DeadlineExceeded:
             st, ready = {"live": False, "reason": f"{name} did not answer within {STATUS_DEADLINE:g}s"}, False
         except Exception as e:  # a dead or restarting actor
@@ -40,7 +42,7 @@ async def readiness(ctx: NodeContext) -> tuple[bool, dict]:
             ready = False
             body.setdefault("reason", st.get("reason") or f"{name} is {st.get('phase', 'not live')}")
     body["ready"] = ready
-    ctx.extras["ready"] = (time.monotonic(), ready, body)
+    ctx.ready = (time.monotonic(), ready, body)
     return ready, body
 
 

@@ -19,7 +19,6 @@ from prerender_ray.batching import GroupCommit
 from prerender_ray.decoding import DecodeError, TooLarge, decoded_size
 from prerender_ray.identity.cachekeys import DEVICE, CacheKeyError
 from prerender_ray.queue.results import ENCODINGS, Result, ResultError
-from prerender_ray.rpc import call
 from prerender_ray.storage.keys import QUEUE_CONTROL, QUEUE_STATUS
 from prerender_ray.storage.registry import decode_json
 
@@ -63,13 +62,13 @@ def worker_id(request: Request) -> str | None:
 def _claims(ctx: NodeContext) -> GroupCommit[tuple[int, str | None], bytes]:
     """Concurrent claims on this replica share one keeper call (the keeper deals the jobs out in
     arrival order and encodes each answer), so a busy fleet costs one actor hop per batch."""
-    claims = ctx.extras.get("claims")
+    claims = ctx.claims
     if claims is None:
         async def flush(asks: list[tuple[int, str | None]]) -> list[bytes]:
             limits, workers = [a[0] for a in asks], [a[1] for a in asks]
-            return await call(ctx.keeper.claim_json.remote(limits, workers), CLAIM_DEADLINE_S)
+            return await ctx.keeper.within(CLAIM_DEADLINE_S).claim_json(limits, workers)
 
-        claims = ctx.extras["claims"] = GroupCommit(flush)
+        claims = ctx.claims = GroupCommit(flush)
     return claims
 
 
@@ -80,7 +79,7 @@ def _results(ctx: NodeContext) -> GroupCommit[tuple[dict, bytes | None, str | No
     """Concurrent results for keys this node owns share keeper calls (the keeper applies them as one
     group: one lease-table call to begin them, one store read, one store write, one call to finish
     them), each call carrying at most ``RESULT_BATCH_BYTES`` of pages."""
-    results = ctx.extras.get("results")
+    results = ctx.results
     if results is None:
         async def flush(items: list[tuple[dict, bytes | None, str | None]]) -> list[dict]:
             groups: list[list] = [[]]
@@ -92,14 +91,14 @@ def _results(ctx: NodeContext) -> GroupCommit[tuple[dict, bytes | None, str | No
                     size = 0
                 groups[-1].append(item)
                 size += n
-            answers = await asyncio.gather(*(call(ctx.keeper.process_results.remote(g), RESULT_DEADLINE_S)
-                                             for g in groups), return_exceptions=True)
+            keeper = ctx.keeper.within(RESULT_DEADLINE_S)
+            answers = await asyncio.gather(*(keeper.process_results(g) for g in groups), return_exceptions=True)
             out: list[dict] = []
             for g, a in zip(groups, answers):
                 out += [{"error": repr(a)}] * len(g) if isinstance(a, BaseException) else a
             return out
 
-        results = ctx.extras["results"] = GroupCommit(flush)
+        results = ctx.results = GroupCommit(flush)
     return results
 
 
@@ -148,8 +147,7 @@ async def job_result(request: Request, who: Principal = Depends(require("fleet")
                                              2 * RESULT_DEADLINE_S)  # the group in flight, then ours
         else:
             keeper = await ctx.keeper_of(url)
-            outcome = await call(keeper.process_result.remote(meta, content, False, worker_id(request)),
-                                 RESULT_DEADLINE_S)
+            outcome = await keeper.within(RESULT_DEADLINE_S).process_result(meta, content, False, worker_id(request))
         if "error" in outcome:
             raise RuntimeError(outcome["error"])
     except Exception as e:  # the lease stays held: the job is re-granted when it expires
@@ -161,7 +159,7 @@ async def job_result(request: Request, who: Principal = Depends(require("fleet")
 
 
 async def _set_pause(ctx: NodeContext, paused: bool | None, who: Principal) -> JSONResponse:
-    result = await call(ctx.keeper.set_pause.remote(ctx.node.name, paused, who.name or "render_queue-api"), 10)
+    result = await ctx.keeper.within(10).set_pause(ctx.node.name, paused, who.name or "render_queue-api")
     return JSONResponse(result)
 
 
@@ -178,7 +176,7 @@ async def resume(request: Request, who: Principal = Depends(require("fleet"))) -
 
 
 async def _rows(ctx: NodeContext, prefix: bytes) -> list[dict]:
-    rows = await call(ctx.store.scan.remote(prefix, None, 10_000), 10)
+    rows = await ctx.store.within(10).scan(prefix, None, 10_000)
     return [{"scope" if prefix == QUEUE_CONTROL else "node": k[len(prefix):].decode(), **decode_json(v)}
             for k, v in rows]
 

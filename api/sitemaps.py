@@ -6,18 +6,17 @@ while a walk keeps the walker busy.
 
 from __future__ import annotations
 
-from typing import Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 
+from prerender_ray.actors.walker.client import WalkerClient
 from prerender_ray.admin.users import Principal
 from prerender_ray.api.auth import require
 from prerender_ray.api.bodies import bad_request, bool_field, read_object
 from prerender_ray.api.context import NodeContext
 from prerender_ray.identity.urls import UrlError, whatwg_path
-from prerender_ray.rpc import call
 from prerender_ray.serving.origin_policy import OriginPolicy
 from prerender_ray.sitemaps.rules import first_renders
 from prerender_ray.storage.keys import SITEMAP
@@ -44,8 +43,8 @@ def answer(body: object, status: int = 200) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers=NO_STORE)
 
 
-async def _walker(ctx: NodeContext) -> Any:
-    return await ctx.actor("sitemapper", ctx.node.name)
+async def _walker(ctx: NodeContext) -> WalkerClient:
+    return await ctx.walker_at(ctx.node.name)
 
 
 def sitemap_url(value: object) -> str:
@@ -79,9 +78,9 @@ async def refresh(request: Request, who: Principal = Depends(require("admin"))) 
     if background:
         try:
             if url is None:
-                started = (await call(walker.start_all.remote(revalidate), START_DEADLINE_S))["sitemaps"]
+                started = (await walker.within(START_DEADLINE_S).start_all(revalidate))["sitemaps"]
             else:
-                started = [await call(walker.start.remote(url, revalidate), START_DEADLINE_S)]
+                started = [await walker.within(START_DEADLINE_S).start(url, revalidate)]
         except Exception as e:  # a dead or restarting walker: nothing was started
             return answer({"error": "the sitemap walker did not answer", "reason": type(e).__name__,
                            "node": ctx.node.name}, 503)
@@ -93,9 +92,9 @@ async def refresh(request: Request, who: Principal = Depends(require("admin"))) 
 
     try:
         if url is None:
-            results = await call(walker.refresh_all.remote(revalidate), BLOCKING_DEADLINE_S)
+            results = await walker.within(BLOCKING_DEADLINE_S).refresh_all(revalidate)
         else:
-            results = [await call(walker.refresh.remote(url, revalidate), BLOCKING_DEADLINE_S)]
+            results = [await walker.within(BLOCKING_DEADLINE_S).refresh(url, revalidate)]
     except DeadlineExceeded:
         return answer({"error": f"the walk did not finish within {BLOCKING_DEADLINE_S:g}s; it goes on in the "
                        "background", "progress": progress_path(url) if url else None}, 504)
@@ -112,7 +111,7 @@ async def refresh_progress(request: Request, root: str = Query(...),
     """The progress row of a root's walk (``root=all``: the last refresh-all)."""
     ctx: NodeContext = request.app.state.ctx
     key = root if root == "all" else sitemap_url(root)
-    [raw] = await call(ctx.store.get.remote([sitemap_run_key(key)]), READ_DEADLINE_S)
+    [raw] = await ctx.store.within(READ_DEADLINE_S).get([sitemap_run_key(key)])
     if raw is None:
         return answer({"error": f"No refresh recorded for {key}", "root": key}, 404)
     return answer(decode_json(raw))
@@ -128,16 +127,16 @@ async def read(request: Request, url: str | None = Query(None), offset: int = Qu
     if url is None:
         return answer(await _roots(ctx))
     url = sitemap_url(url)
-    [raw, run] = await call(ctx.store.get.remote([sitemap_key(url), sitemap_run_key(url)]), READ_DEADLINE_S)
+    [raw, run] = await ctx.store.within(READ_DEADLINE_S).get([sitemap_key(url), sitemap_run_key(url)])
     if raw is None:
         return answer({"error": f"No sitemap stored under {url}", "url": url}, 404)
     row = decode_json(raw)
     limit = min(limit or ctx.cfg.management.page_size, ctx.cfg.management.page_size * 20)
     first, last = offset // ENTRY_CHUNK, (offset + limit - 1) // ENTRY_CHUNK
-    chunks = row.get("chunks") if isinstance(row.get("chunks"), int) else 0
+    chunks = row["chunks"] if isinstance(row.get("chunks"), int) else 0
     keys = [entries_key(url, i) for i in range(first, min(last + 1, chunks))]
     entries: list[dict] = []
-    for data in (await call(ctx.store.get.remote(keys), READ_DEADLINE_S) if keys else []):
+    for data in (await ctx.store.within(READ_DEADLINE_S).get(keys) if keys else []):
         try:
             entries += decode_entries(data) if data else []
         except RecordError:
@@ -153,7 +152,7 @@ async def delete(request: Request, url: str = Query(...),
                  who: Principal = Depends(require("admin"))) -> JSONResponse:
     ctx: NodeContext = request.app.state.ctx
     url = sitemap_url(url)
-    result = await call((await _walker(ctx)).delete.remote(url), DELETE_DEADLINE_S)
+    result = await (await _walker(ctx)).within(DELETE_DEADLINE_S).delete(url)
     if not result["deleted"]:
         return answer({"error": f"No sitemap stored under {url}", "url": url}, 404)
     return answer(result)
@@ -171,7 +170,7 @@ async def root_rows(ctx: NodeContext) -> list[dict]:
     rows: list[dict] = []
     start: bytes | None = None
     while True:
-        page = await call(ctx.store.scan.remote(SITEMAP, start, SCAN_PAGE), READ_DEADLINE_S)
+        page = await ctx.store.within(READ_DEADLINE_S).scan(SITEMAP, start, SCAN_PAGE)
         for _, v in page:
             try:
                 row = decode_json(v)
@@ -188,7 +187,7 @@ async def root_rows(ctx: NodeContext) -> list[dict]:
 async def _roots(ctx: NodeContext) -> dict:
     rows = await root_rows(ctx)
     keys = [sitemap_run_key(r["url"]) for r in rows]
-    runs = await call(ctx.store.get.remote(keys), READ_DEADLINE_S) if keys else []
+    runs = await ctx.store.within(READ_DEADLINE_S).get(keys) if keys else []
     for row, run in zip(rows, runs):
         state = decode_json(run) if run else None
         row["refresh"] = None if state is None else {

@@ -55,7 +55,7 @@ async def put_target(request: Request, who: Principal = Depends(require("admin")
         raise bad_request("sitemapUrl must be a string or null")
     item["sitemapUrl"] = sitemap or None
     keeper = await ctx.keeper_of(url)
-    await call(keeper.put_targets.remote([item]), DEADLINE_S)
+    await keeper.within(DEADLINE_S).put_targets([item])
     return JSONResponse({"url": url, "owner": ctx.owner_of(url), "cacheKeys": ctx.rules.keys_of(url)})
 
 
@@ -65,7 +65,7 @@ async def get_target(request: Request, url: str = Query(...),
     ctx: NodeContext = request.app.state.ctx
     canonical = _canonical(ctx, url, prerender_only=False)
     store = await ctx.store_of(canonical)
-    [data] = await call(store.get_targets.remote([canonical]), DEADLINE_S)
+    [data] = await store.within(DEADLINE_S).get_targets([canonical])
     if data is None:
         return JSONResponse({"error": "No target for this URL", "url": canonical}, status_code=404)
     return JSONResponse(Target.decode(canonical, data).as_json())
@@ -77,7 +77,7 @@ async def delete_target(request: Request, url: str = Query(...),
     ctx: NodeContext = request.app.state.ctx
     canonical = _canonical(ctx, url, prerender_only=False)
     keeper = await ctx.keeper_of(canonical)
-    result = await call(keeper.delete_targets.remote([canonical]), DEADLINE_S)
+    result = await call(keeper.delete_targets([canonical]), DEADLINE_S)  # the client's is a sitemap batch's
     if not result["deleted"]:
         return JSONResponse({"error": "No target for this URL", "url": canonical}, status_code=404)
     return JSONResponse({"url": canonical, "deleted": True})
@@ -109,7 +109,7 @@ async def target_action(request: Request, who: Principal = Depends(require("admi
     total = {"revalidating": 0, "examined": 0}
     for owner, group in by_owner.items():
         keeper = await ctx.keeper_of(group[0])
-        result = await call(keeper.revalidate.remote(group), DEADLINE_S)
+        result = await keeper.within(DEADLINE_S).revalidate(group)
         for k in total:
             total[k] += result[k]
     return JSONResponse(total)
@@ -128,8 +128,8 @@ async def _revalidate_paced(ctx: NodeContext, body: dict) -> JSONResponse:
 
     async def one(node: str) -> tuple[str, dict | str]:
         try:
-            keeper = ctx.keeper if node == ctx.node.name else await ctx.actor("keeper", node)
-            return node, await call(keeper.revalidate_prefix.remote(prefix, within), PACED_DEADLINE_S)
+            keeper = await ctx.keeper_at(node)
+            return node, await keeper.within(PACED_DEADLINE_S).revalidate_prefix(prefix, within)
         except Exception as e:  # the others still pace theirs; the answer says which did not
             return node, f"{type(e).__name__}: {str(e)[:200]}"
 

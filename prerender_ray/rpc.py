@@ -10,6 +10,8 @@ ObjectRef is awaitable, which is all ``call`` needs.
 from __future__ import annotations
 
 import asyncio
+import inspect
+import pickle
 from collections.abc import Awaitable, Sequence
 from typing import Protocol, TypeVar
 
@@ -95,21 +97,26 @@ class LeaseApi(Protocol):
 
 
 class KeeperApi(Protocol):
-    """What one node's keeper asks of another's: the owner of a key decides about it."""
+    """What one node's keeper asks of another's: the owner of a key decides about it. Calls that
+    move or write owned data carry the caller's membership epoch; a receiver on a newer one raises
+    ``identity.membership.StaleEpoch``."""
 
     async def process_result(self, meta: dict, content: bytes | None, forwarded: bool = False,
-                             worker: str | None = None) -> dict: ...
+                             worker: str | None = None, epoch: int | None = None) -> dict: ...
 
-    async def apply_rows(self, rows: list, deletes: list[str]) -> None: ...
+    async def apply_rows(self, rows: list, deletes: list[str], epoch: int | None = None) -> None: ...
 
-    async def put_targets(self, items: list[dict], forwarded: bool = False,
-                          absent_only: bool = False, deleted_within_ms: int = 0) -> dict: ...
+    async def put_targets(self, items: list[dict], forwarded: bool = False, absent_only: bool = False,
+                          deleted_within_ms: int = 0, epoch: int | None = None) -> dict: ...
 
     async def suppress(self, url: str, reason: str | None, status: int | None) -> dict: ...
 
-    async def discover_target(self, url: str, deleted_within_ms: int, forwarded: bool = False) -> dict: ...
+    async def discover_target(self, url: str, deleted_within_ms: int, forwarded: bool = False,
+                              epoch: int | None = None) -> dict: ...
 
-    async def adopt(self, rows: list, leases: list) -> int: ...
+    async def adopt(self, rows: list, leases: list, epoch: int, fences: list | None = None) -> int: ...
+
+    async def handoff_done(self, sender: str, epoch: int, fence: list | None = None) -> None: ...
 
 
 class Peers(Protocol):
@@ -119,3 +126,45 @@ class Peers(Protocol):
 
     async def renew(self, nodes: list[str]) -> None: ...
 
+
+
+class Local:
+    """An in-process handle: ``handle.method.remote(*args)`` runs ``obj.method`` on the caller's event
+    loop and returns an awaitable, as a Ray actor handle does. The typed clients take it in place of
+    a Ray handle, so the same clients and the same actor shells run in the ``LocalNode`` test harness
+    and the simulated cluster without Ray. Arguments and answers are copied (a pickle round trip), as
+    Ray copies them, so a caller can never share mutable state with the object it calls."""
+
+    def __init__(self, obj: object, *, copy: bool = True):
+        self._obj = obj
+        self._copy = copy
+
+    @property
+    def target(self) -> object:
+        return self._obj
+
+    def __getattr__(self, name: str) -> _LocalMethod:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return _LocalMethod(self._obj, name, self._copy)
+
+
+class _LocalMethod:
+    def __init__(self, obj: object, name: str, copy: bool):
+        self._fn = getattr(obj, name)
+        self._copy = copy
+
+    def remote(self, *args: object, **kwargs: object) -> Awaitable[object]:
+        if self._copy:
+            args, kwargs = _copied((args, kwargs))
+        return asyncio.ensure_future(self._run(args, kwargs))
+
+    async def _run(self, args: tuple, kwargs: dict) -> object:
+        got = self._fn(*args, **kwargs)
+        if inspect.isawaitable(got):
+            got = await got
+        return _copied(got) if self._copy else got
+
+
+def _copied(value: T) -> T:
+    return pickle.loads(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))  # noqa: S301 (our own bytes)

@@ -35,6 +35,28 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+class Clock:
+    """The time a part reads, passed to its constructor: the system's by default. The simulated
+    cluster (``tests/sim/``) passes a virtual one, so every decision a part makes on time follows the
+    simulation's clock and a seed replays exactly. Durations measured only for reports may still
+    use ``time.perf_counter``."""
+
+    def now_ms(self) -> int:
+        """Epoch ms."""
+        return time.time_ns() // 1_000_000
+
+    def time(self) -> float:
+        """Epoch seconds."""
+        return time.time()
+
+    def monotonic(self) -> float:
+        """Seconds that never go back (intervals, deadlines)."""
+        return time.monotonic()
+
+
+SYSTEM_CLOCK = Clock()
+
+
 def finite(value: Any) -> int | float | None:
     """The numeric value of ``value`` if it is a finite number, else None (absent is never 0).
 

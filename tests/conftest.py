@@ -28,8 +28,9 @@ settings.load_profile("suite")
 
 # `make test` runs the suite on two pytest-xdist workers. A worker is a session of its own, with its own
 # Ray: every module with a test on the session's cluster is in one group, on one worker, in file order,
-# so one shared cluster runs at a time on two cores. Every other module is a group of its own (its tests
-# in file order, its module fixtures set up once), dealt to whichever worker is free: the core, the
+# so one shared cluster runs at a time on two cores (a module that needs one node and not Ray runs the
+# node in process, tests/localnode.py, outside that group). Every other module is a group of its own (its
+# tests in file order, its module fixtures set up once), dealt to whichever worker is free: the core, the
 # keeper's parts, `up` with a local Ray of its own, the render worker with Chromium, and
 # tests/actors/test_cluster.py, which grows a cluster of its own nodes on its worker's Ray (its tests
 # each set up the membership they need), and the keeper's crash tests, which deploy on whichever Ray

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 import time
@@ -129,9 +130,9 @@ class Deployment:
         return deploy.stop_deployment(self.controller, drain=drain)
 
 
-def deploy_on(cluster: RayCluster, data_dir: Path, config: dict | None = None, *, timeout: float = 120.0,
-              replicas: int = 1) -> Deployment:
-    """Place a deployment with ``config`` (camelCase or snake_case) on every node of the shared cluster."""
+def node_config(data_dir: Path, config: dict | None = None, *, replicas: int = 1) -> dict:
+    """``config`` (camelCase or snake_case) as a node's actors get it (``deploy.actor_config``), with
+    ``data_dir``, ``replicas`` ingress replicas and no drain unless asked (``deploy_on``, LocalNode)."""
     from prerender_ray.actors import deploy
 
     raw = dict(config or {})
@@ -146,7 +147,15 @@ def deploy_on(cluster: RayCluster, data_dir: Path, config: dict | None = None, *
         # that are about the drain ask for one
         fleet["drain_period"] = 0
     raw["fleet"] = fleet
-    cfg = deploy.actor_config(loading.parse(raw).config, data_dir)
+    return deploy.actor_config(loading.parse(raw).config, data_dir)
+
+
+def deploy_on(cluster: RayCluster, data_dir: Path, config: dict | None = None, *, timeout: float = 120.0,
+              replicas: int = 1) -> Deployment:
+    """Place a deployment with ``config`` (camelCase or snake_case) on every node of the shared cluster."""
+    from prerender_ray.actors import deploy
+
+    cfg = node_config(data_dir, config, replicas=replicas)
     old = deploy.find_controller()
     if old is not None:
         deploy.stop_deployment(old)
@@ -258,13 +267,21 @@ def brotli_bomb(mib: int) -> bytes:
     return b"".join([c.process(chunk) for _ in range(mib)] + [c.finish()])
 
 
-def ingress_peak_rss_mb(node: str = "node-a", replica: int = 0) -> float:
-    """The ingress replica's peak RSS so far (VmHWM: the kernel's high-water mark, never lowered)."""
-    import ray
+def ingress_peak_rss_mb(node: Any = "node-a", replica: int = 0, *, reset: bool = False) -> float:
+    """The ingress replica's peak RSS so far (VmHWM: the kernel's high-water mark). ``node``: a node
+    name of the shared Ray cluster, or a ``tests.localnode.LocalNode``, whose replica runs in this
+    process: ``reset`` first lowers the mark to the current RSS (``clear_refs``), so that the growth
+    from here on is the replica's, not whatever this process did before."""
+    if isinstance(node, str):
+        import ray
 
-    from prerender_ray.actors.common import lookup
+        from prerender_ray.actors.common import lookup
 
-    pid = ray.get(lookup("ingress", node, replica).status.remote(), timeout=30)["pid"]
+        pid = ray.get(lookup("ingress", node, replica).status.remote(), timeout=30)["pid"]
+    else:
+        pid = os.getpid()
+        if reset:
+            Path("/proc/self/clear_refs").write_text("5")
     status = Path(f"/proc/{pid}/status").read_text()
     return next(int(ln.split()[1]) for ln in status.splitlines() if ln.startswith("VmHWM:")) / 1024
 
@@ -315,20 +332,26 @@ def sitemap_row(base: str, url: str) -> dict | None:
     return _found(base, "/sitemaps", url=url)
 
 
-def write_page(node_name: str, key: str, html: bytes, *, expires_in: int = 3_600_000) -> None:
-    """A gzip page stored under ``key`` by that node's store, as a result would store it."""
+def write_page(node: Any, key: str, html: bytes, *, expires_in: int = 3_600_000) -> None:
+    """A gzip page stored under ``key`` by that node's store, as a result would store it. ``node``: a
+    node name of the shared Ray cluster, or a ``tests.localnode.LocalNode``."""
     import gzip as _gzip
 
-    import ray
-
-    from prerender_ray.actors.common import lookup
     from prerender_ray.serving.framing import encode_page
     from prerender_ray.storage.pages import Page
 
     now = int(time.time() * 1000)
     page = Page(cache_key=key, status_code=200, headers={"content-type": "text/html", "content-encoding": "gzip"},
                 last_cached=now, expires_at=now + expires_in, is_indexable=True, content=_gzip.compress(html))
-    ray.get(lookup("store", node_name).apply.remote([], [(key.encode(), encode_page(page))]), timeout=30)
+    ops = [(key.encode(), encode_page(page))]
+    if not isinstance(node, str):
+        node.ask("store", "apply", [], ops)
+        return
+    import ray
+
+    from prerender_ray.actors.common import lookup
+
+    ray.get(lookup("store", node).apply.remote([], ops), timeout=30)
 
 
 # ------------------------------------------------------------------------------ the Grafana dashboard
@@ -352,3 +375,13 @@ def exposed_series(base: str) -> set[str]:
 
     text = httpx.get(f"{base}/metrics", timeout=10).text
     return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def metric_value(base: str, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples with ``labels`` on a node's /metrics (0 when none). A LocalNode
+    shares its process's registry with every node before it: compare a value with an earlier one."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{base}/metrics", timeout=10).text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))

@@ -279,7 +279,7 @@ class Worker:
         a 413 turns into an error result without content (and without the report)."""
         encoding = self.opts.content_encoding if html else None
         content = None
-        if html:
+        if html and encoding:
             if len(html) > BIG_HTML:
                 content = await asyncio.to_thread(oc.encode_html, html, encoding)
             else:

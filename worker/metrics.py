@@ -71,7 +71,7 @@ class WorkerMetrics:
 
     def take_window(self) -> dict:
         rendered = sum(self.window[o] for o in ("rendered", "redirected", "non-indexable", "error"))
-        out = {k: v for k, v in sorted(self.window.items())}
+        out: dict[str, int | None] = {k: v for k, v in sorted(self.window.items())}
         out["avg_render_ms"] = round(self.window_render_ms / rendered) if rendered else None
         self.window.clear()
         self.window_render_ms = 0.0

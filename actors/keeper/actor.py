@@ -16,12 +16,13 @@ from typing import Any
 import ray
 
 from prerender_ray import logs
-from prerender_ray.actors.common import Handles, bulk_gc, member_names, untraced
+from prerender_ray.actors.common import Handles, bulk_gc, controller_membership, untraced
 from prerender_ray.actors.keeper.client import KeeperClient
 from prerender_ray.actors.keeper.keeper import Keeper
 from prerender_ray.actors.leasetable import LeaseClient
 from prerender_ray.actors.store.actor import StoreClient
 from prerender_ray.config.model import Config
+from prerender_ray.identity.membership import Membership
 from prerender_ray.identity.nodes import NodeInfo
 from prerender_ray.queue.schedule import ScheduleRow
 from prerender_ray.storage.rocks import SCHEDULE, Store, store_path
@@ -38,10 +39,15 @@ def _freeze_loaded_rows() -> None:
     bulk_gc()
 
 
-@ray.remote
 class QueueKeeper:
+    """The shell, plain: ``QueueKeeperActor`` below is what Ray places. ``membership`` is the
+    controller's at placement (``Membership.to_wire``; None: this node alone); ``peers`` (other nodes'
+    keepers) and ``fetch_membership`` (the controller's current membership) default to Ray's; the
+    LocalNode harness and the simulated cluster pass their own."""
+
     def __init__(self, config: dict, node: dict, data_dir: str, leases: Any, store: Any,
-                 members: list[str] = ()):  # type: ignore[assignment]
+                 membership: dict | None = None, peers: Any = None,
+                 fetch_membership: Any = controller_membership):
         untraced(self)
         cfg = Config.model_validate(config)
         info = NodeInfo(**node)
@@ -56,8 +62,9 @@ class QueueKeeper:
         self.keeper = Keeper(
             cfg, info, Store(store_path(data_dir, info.name, SCHEDULE), memtable_bloom=False),  # written blind
             store=StoreClient(store, STORE_DEADLINE_S), leases=LeaseClient(leases, LEASE_DEADLINE_S),
-            peers=Handles("keeper", wrap=KeeperClient), log=log, members=members,
-            fetch_members=member_names, broadcaster=broadcaster, after_load=_freeze_loaded_rows)
+            peers=peers if peers is not None else Handles("keeper", wrap=KeeperClient), log=log,
+            membership=Membership.from_wire(membership) if membership is not None else None,
+            fetch_membership=fetch_membership, broadcaster=broadcaster, after_load=_freeze_loaded_rows)
         self.keeper.start()
 
     # ------------------------------------------------------------------------- the render fleet
@@ -69,8 +76,8 @@ class QueueKeeper:
         return await self.keeper.claims.claim(limit, workers)
 
     async def process_result(self, meta: dict, content: bytes | None, forwarded: bool = False,
-                             worker: str | None = None) -> dict:
-        return await self.keeper.results.process(meta, content, forwarded, worker)
+                             worker: str | None = None, epoch: int | None = None) -> dict:
+        return await self.keeper.process_result(meta, content, forwarded, worker, epoch)
 
     async def process_results(self, items: list, forwarded: bool = False) -> list[dict]:
         """[meta, content, worker] each; one answer each, ``{"error": ...}`` for one that failed."""
@@ -80,15 +87,16 @@ class QueueKeeper:
     # ---------------------------------------------------------------------------------- targets
 
     async def put_targets(self, items: list[dict], forwarded: bool = False, absent_only: bool = False,
-                          deleted_within_ms: int = 0) -> dict:
-        return await self.keeper.targets.put_targets(items, forwarded, absent_only, deleted_within_ms)
+                          deleted_within_ms: int = 0, epoch: int | None = None) -> dict:
+        return await self.keeper.put_targets(items, forwarded, absent_only, deleted_within_ms, epoch)
 
     async def put_listed(self, sitemap_url: str, urls: list[str], intervals: list[int],
                          dues: list[int | None], forwarded: bool = False, absent_only: bool = False) -> dict:
         return await self.keeper.targets.put_listed(sitemap_url, urls, intervals, dues, forwarded, absent_only)
 
-    async def discover_target(self, url: str, deleted_within_ms: int, forwarded: bool = False) -> dict:
-        return await self.keeper.discover_target(url, deleted_within_ms, forwarded)
+    async def discover_target(self, url: str, deleted_within_ms: int, forwarded: bool = False,
+                              epoch: int | None = None) -> dict:
+        return await self.keeper.discover_target(url, deleted_within_ms, forwarded, epoch)
 
     async def patch_targets(self, items: list[list]) -> dict:
         return await self.keeper.targets.patch_targets(items)
@@ -114,8 +122,8 @@ class QueueKeeper:
     async def render_now(self, key: str) -> int | None:
         return await self.keeper.targets.render_now(key)
 
-    async def apply_rows(self, rows: list[ScheduleRow], deletes: list[str]) -> None:
-        await self.keeper.targets.apply_rows(rows, deletes)
+    async def apply_rows(self, rows: list[ScheduleRow], deletes: list[str], epoch: int | None = None) -> None:
+        await self.keeper.apply_rows(rows, deletes, epoch)
 
     async def diagnose(self, key: str) -> dict:
         return await self.keeper.diagnose(key)
@@ -139,11 +147,15 @@ class QueueKeeper:
 
     # ------------------------------------------------------------------------------ membership
 
-    async def set_membership(self, names: list[str]) -> dict:
-        return await self.keeper.handoff.set_membership(names)
+    async def set_membership(self, wire: dict) -> dict:
+        """A push from the controller (``Membership.to_wire``); malformed is a ValueError, no change."""
+        return await self.keeper.handoff.set_membership(Membership.from_wire(wire))
 
-    async def adopt(self, rows: list[ScheduleRow], leases: list) -> int:
-        return await self.keeper.handoff.adopt(rows, leases)
+    async def adopt(self, rows: list[ScheduleRow], leases: list, epoch: int, fences: list | None = None) -> int:
+        return await self.keeper.adopt(rows, leases, epoch, fences)
+
+    async def handoff_done(self, sender: str, epoch: int, fence: list | None = None) -> None:
+        await self.keeper.handoff_done(sender, epoch, fence)
 
     # ---------------------------------------------------------------------------------- repair
 
@@ -172,3 +184,6 @@ class QueueKeeper:
 
     async def close(self) -> None:
         await self.keeper.close()
+
+
+QueueKeeperActor = ray.remote(QueueKeeper)

@@ -20,7 +20,6 @@ from prerender_ray.batching import GroupCommit
 from prerender_ray.queue import job_options
 from prerender_ray.queue.diagnostics import DiagnoseFlags
 from prerender_ray.rpc import LeaseApi
-from prerender_ray.timeutil import now_ms
 
 PUBLISH_SOON_S = 0.05
 REFUSED_BACKOFF_MS = 60_000  # a key the table refused is not offered again for a minute
@@ -57,15 +56,16 @@ class Claims:
 
     def blocked(self, key: str) -> bool:
         until = self.mirror.get(key)
-        return key in self.pending or (until is not None and until > self._now)
+        return (key in self.pending or (until is not None and until > self._now)
+                or (self.rows.fencing and self.rows.is_fenced(key, self._now)))
 
     def publish(self) -> None:
         t0 = time.perf_counter()
-        self._now = now = now_ms()
+        self._now = now = self.rows.clock.now_ms()
         self.mirror = {k: u for k, u in self.mirror.items() if u > now}
         self.ready = self.rows.ranking.top_k(self.conf.cfg.queue.ready.capacity, now, self.blocked)
         self.cursor = 0
-        self.published_at = time.time()
+        self.published_at = self.rows.clock.time()
         self.publish_ms = (time.perf_counter() - t0) * 1000
         metrics.keeper_publish_seconds.observe(self.publish_ms / 1000)
         metrics.keeper_rows.set(len(self.rows))
@@ -92,8 +92,8 @@ class Claims:
     async def settle(self, timeout_s: float) -> bool:
         """After a pause: wait (bounded) until no grant is on its way to the lease table, so what the
         table counts afterwards is every lease this keeper will hand out. True when none is."""
-        deadline = time.monotonic() + timeout_s
-        while self.pending and time.monotonic() < deadline:
+        deadline = self.rows.clock.monotonic() + timeout_s
+        while self.pending and self.rows.clock.monotonic() < deadline:
             await asyncio.sleep(0.01)
         return not self.pending
 
@@ -138,7 +138,7 @@ class Claims:
         if self.paused or self.published_at is None:
             return slots
         workers = workers if workers is not None else [None] * limit
-        self._now = now = now_ms()
+        self._now = now = self.rows.clock.now_ms()
         rules = self.conf.rules
         jobs: list[dict] = []
         for _ in range(3):
@@ -198,7 +198,7 @@ class Claims:
 
     def _refill_allowed(self) -> bool:
         capacity = self.conf.cfg.queue.ready.capacity
-        return len(self.ready) >= capacity > 0 and time.time() - (self.published_at or 0) > 0.1
+        return len(self.ready) >= capacity > 0 and self.rows.clock.time() - (self.published_at or 0) > 0.1
 
     async def grant(self, items: list[list]) -> list[list]:
         """Exclusive grants for ``items``; the table decides them, grouped with concurrent claims.

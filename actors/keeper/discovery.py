@@ -14,21 +14,20 @@ from typing import Any
 from prerender_ray import metrics
 from prerender_ray.actors.keeper.rows import CurrentConfig, Rows
 from prerender_ray.actors.keeper.targets import Targets
-from prerender_ray.identity.nodes import Ownership
+from prerender_ray.identity.membership import MembershipView, StaleEpoch
 from prerender_ray.queue.discovery import Unrendered, share_of, site_of
 from prerender_ray.rpc import Peers, StoreApi
-from prerender_ray.timeutil import now_ms
 
 
 class Discoveries:
     def __init__(self, rows: Rows, conf: CurrentConfig, targets: Targets, store: StoreApi, peers: Peers,
-                 ownership: Ownership, node: str, log: Any):
+                 view: MembershipView, node: str, log: Any):
         self.rows = rows
         self.conf = conf
         self.targets = targets
         self.store = store
         self.peers = peers
-        self.ownership = ownership
+        self.view = view
         self.node = node
         self.log = log
         self.unrendered = Unrendered()
@@ -36,18 +35,28 @@ class Discoveries:
     @property
     def share(self) -> int:
         """This owner's part of ``bots.discovery.maxUnrendered`` under the current membership."""
-        return share_of(self.conf.cfg.bots.discovery.max_unrendered, len(self.ownership.names))
+        return share_of(self.conf.cfg.bots.discovery.max_unrendered, len(self.view.current.names))
 
-    async def discover(self, url: str, deleted_within_ms: int, forwarded: bool = False) -> dict:
+    async def discover(self, url: str, deleted_within_ms: int, forwarded: bool = False,
+                       epoch: int | None = None) -> dict:
         """A bot miss found ``url`` (canonical): a target unless one exists, within the site's
         ceiling. Answers ``{written}``, ``{written: 0, known: true}`` or ``{written: 0, refused}``."""
-        if not forwarded and len(self.ownership.names) > 1:
-            owner = self.ownership.owner(url)
+        if forwarded and epoch is not None:
+            await self.targets.accept(epoch, "discover_target")
+        m = self.view.current
+        if not forwarded and len(m.names) > 1:
+            owner = m.owner(url)
             if owner != self.node:  # the caller's membership view lagged
-                return await (await self.peers.of(owner)).discover_target(url, deleted_within_ms, True)
+                try:
+                    return await (await self.peers.of(owner)).discover_target(url, deleted_within_ms, True, m.epoch)
+                except StaleEpoch:
+                    await self.targets.refresh()
+                    if self.view.epoch == m.epoch:
+                        raise
+                    return await self.discover(url, deleted_within_ms)
         if url in self.unrendered:  # discovered already, its render still to come
             return {"written": 0, "known": True}
-        now = now_ms()
+        now = self.rows.clock.now_ms()
         share = self.share
         refused = self.unrendered.admit(url, share, now)
         if refused is not None and self.unrendered.sweep_due(site_of(url), now):

@@ -18,84 +18,138 @@ from typing import Any
 from prerender_ray.actors.common import Sometimes
 from prerender_ray.actors.keeper.claims import Claims
 from prerender_ray.actors.keeper.rows import Rows
-from prerender_ray.identity.nodes import Ownership
+from prerender_ray.identity.membership import NOBODY, Membership, MembershipView, StaleEpoch
 from prerender_ray.queue.schedule import ScheduleRow
 from prerender_ray.rpc import LeaseApi, Peers
-from prerender_ray.timeutil import now_ms
+from prerender_ray.storage.keys import KEEPER_EPOCH
 
 HANDOFF_BATCH = 1_000
 MAX_BACKOFF_S = 30.0
 
 
+class MembershipMoved(Exception):
+    """The membership changed under a hand-off pass: the pass starts over against the new one."""
+
+
 class Handoff:
-    def __init__(self, rows: Rows, claims: Claims, leases: LeaseApi, peers: Peers, ownership: Ownership,
-                 node: str, log: Any, members: Callable[[], Awaitable[list[str]]] | None = None):
+    def __init__(self, rows: Rows, claims: Claims, leases: LeaseApi, peers: Peers, view: MembershipView,
+                 node: str, log: Any, members: Callable[[], Awaitable[Membership]] | None = None):
         self.rows = rows
         self.claims = claims
         self.leases = leases
         self.peers = peers
-        self.ownership = ownership
+        self.view = view
         self.node = node
         self.log = log
-        self.members = members  # the controller's node list (None: membership comes by push only)
+        self.members = members  # the controller's membership (None: membership comes by push only)
         self._unasked = Sometimes()
+        self._refusals: set[tuple[str, int]] = set()  # (peer, its epoch) refusals said once each
+        self._released = 0
+        self._told = NOBODY  # the epoch whose done the others were last told
         self.checked_at: int | None = None  # when the controller last answered a check (epoch ms)
-        self.previous: Ownership | None = None  # the membership before the last change
+        self.previous: Membership | None = None  # the membership before the last change
         self.task: asyncio.Task | None = None
-        self.report: dict[str, Any] = {"handedOff": 0, "adopted": 0, "pending": False}
+        self.report: dict[str, Any] = {"handedOff": 0, "adopted": 0, "pending": False, "staleRefusals": 0}
         # rebuild their slice: the departed nodes and the membership they were part of
-        self.on_departed: Callable[[list[str], Ownership], None] = lambda departed, before: None
+        self.on_departed: Callable[[list[str], Membership], None] = lambda departed, before: None
+        view.listen(self._changed)
 
-    async def fetch_membership(self) -> None:
-        """On a (re)start: the controller's current node list, which may be newer than our arguments.
-        Applied like any change (``set_membership``): rows adopted under the arguments' membership
-        while the store caught up must leave the ranking, or no later check would move them."""
+    async def fetch_membership(self) -> bool:
+        """The controller's current membership, applied if newer (the one path, ``set_membership``).
+        On a (re)start it may be newer than our arguments: rows adopted under the arguments'
+        membership while the store caught up must leave the ranking, or no later check would move
+        them. False when the controller did not answer."""
         if self.members is None:
-            return
+            return False
         try:
-            names = await self.members()
+            m = await self.members()
         except Exception as e:
-            self.log.info("membership from arguments (controller not reachable)", error=type(e).__name__)
-            return
-        if names:
-            await self.set_membership(names)
-
-    async def check_membership(self) -> dict | None:
-        """The controller's node list applied as a push is (None: the controller did not answer).
-        Pushes are not ordered: one delivered late to an actor that was starting replaced a newer
-        membership, and nothing corrected it (seen in CI: a restarted node kept a two-node view
-        for minutes while the controller had three, and held the third node's rows). The
-        controller is the truth; a keeper that checks it every few seconds converges."""
-        if self.members is None:
-            return None
-        try:
-            names = await self.members()
-        except Exception as e:  # said: a check that never answers hides a stale view
             if self._unasked.due():
                 self.log.warning("the controller's membership could not be read", error=repr(e)[:200])
-            return None
-        self.checked_at = now_ms()
-        if not names or tuple(sorted(set(names))) == self.ownership.names:
-            return {"changed": False}
-        self.log.warning("membership differs from the controller's; applying it", held=list(self.ownership.names),
-                         controller=sorted(set(names)))
-        return await self.set_membership(names)
+            return False
+        self.checked_at = self.rows.clock.now_ms()
+        if m.epoch > self.view.epoch:
+            await self.set_membership(m)
+        return True
 
-    async def set_membership(self, names: list[str]) -> dict:
-        before = Ownership(self.ownership.names)
-        changed = self.ownership.update(names)
-        answer: dict[str, Any] = {"changed": False}
-        if changed:  # all of it before the first await: a call cut off at its deadline leaves no half
-            self.previous = before
-            departed = [n for n in before.names if n not in self.ownership.names]
-            released = self.rows.ranking.drop_where(lambda k: not self.rows.owns(k))  # stop granting them now
-            self.log.info("membership", nodes=list(self.ownership.names), departed=departed, releasing=released)
-            self.kick()
-            if departed:
-                self.on_departed(departed, before)
-            answer = {"changed": True, "releasing": released, "departed": departed}
-        await self.peers.renew([n for n in self.ownership.names if n != self.node])
+    async def check_membership(self) -> dict | None:
+        """The periodic check: pushes can be lost, so the controller is asked every few seconds
+        (None: it did not answer)."""
+        before = self.view.epoch
+        if not await self.fetch_membership():
+            return None
+        return {"changed": self.view.epoch != before}
+
+    async def set_membership(self, m: Membership) -> dict:
+        """The one path by which the membership changes, whatever brought it (push, start-up read,
+        check): adopted only when its epoch is higher than the one held (a late push of an older
+        list is ignored). The change takes effect synchronously, in ``_changed``."""
+        if not self.view.offer(m):
+            return {"changed": False, "epoch": self.view.epoch}
+        departed = [n for n in (self.previous.names if self.previous else ()) if n not in m.names]
+        answer = {"changed": True, "epoch": m.epoch, "releasing": self._released, "departed": departed}
+        await self.peers.renew([n for n in m.names if n != self.node])
         return answer
+
+    def _changed(self, before: Membership, after: Membership) -> None:
+        """All of it before any await: a call cut off at its deadline leaves no half."""
+        self.previous = before
+        departed = [n for n in before.names if n not in after.names]
+        self._released = self.rows.ranking.drop_where(lambda k: not self.rows.owns(k, after))  # stop granting them now
+        self.log.info("membership", epoch=after.epoch, nodes=list(after.names), departed=departed,
+                      releasing=self._released)
+        self.kick()
+        self.fence(before)
+        self.rows.db.put(KEEPER_EPOCH, str(after.epoch).encode())
+        if departed and before.epoch >= 0:
+            self.on_departed(departed, before)
+
+    def fence(self, before: Membership | None) -> None:
+        """Keys gained now are not granted until their previous owner's hand-off is done, or a
+        lease's length passed (``Rows.fence``); ``before`` None: this keeper starts among others and
+        cannot know who owned what."""
+        m = self.view.current
+        if len(m.names) > 1:
+            before = before if before is not None and before.epoch != NOBODY else None
+            self.rows.fence(self.rows.clock.now_ms() + self.rows.conf.cfg.queue.job_lease_time, before, m.epoch)
+
+    async def handoff_done(self, sender: str, epoch: int, fence: list | None = None) -> None:
+        """``sender`` holds no row (and so no lease) that another node owns under ``epoch``: the keys
+        it owned before are no longer fenced here, unless its own fence (``fence``) still waits on
+        the node that owned them before it (a fence it handed on with a row came with the row)."""
+        if self.rows.said_done(sender, epoch, fence):
+            self.rows.on_due()  # fenced keys may be grantable now: publish soon
+
+    async def _tell_done(self, m: Membership) -> None:
+        """Every other member learns that this node's hand-off under ``m`` is done (best effort:
+        one that misses it waits out its fence)."""
+        fence = self.rows.fence_summary(self.rows.clock.now_ms())
+
+        async def tell(node: str) -> None:
+            try:
+                await (await self.peers.of(node)).handoff_done(self.node, m.epoch, fence)
+            except Exception as e:
+                self.log.info("hand-off done not told", peer=node, error=type(e).__name__)
+
+        await asyncio.gather(*(tell(n) for n in m.names if n != self.node))
+
+    async def accept(self, epoch: int, what: str) -> None:
+        """A call that moves or writes owned data, made under ``epoch``. A caller on a newer epoch
+        means ours is behind: refresh first (bounded), then decide. A caller on an older one is
+        refused (``StaleEpoch``): it refreshes and retries."""
+        if epoch > self.view.epoch:
+            await self.fetch_membership()
+        self.view.check(epoch, what)
+
+    def refused(self, peer: str, e: StaleEpoch) -> None:
+        """A peer refused our call as stale: said once per peer and epoch, with both epochs."""
+        self.report["staleRefusals"] += 1
+        if (peer, e.receiver) not in self._refusals:
+            self._refusals.add((peer, e.receiver))
+            if len(self._refusals) > 1024:
+                self._refusals.clear()
+            self.log.info("a peer is on a newer membership; refreshing", peer=peer, ours=e.caller,
+                          theirs=e.receiver)
 
     def kick(self) -> None:
         if self.task is None or self.task.done():
@@ -107,22 +161,40 @@ class Handoff:
         self.report["pending"] = True
         try:
             while True:
-                pending = self.rows.unowned()
+                m = self.view.current  # this pass's snapshot: a change starts a new pass
+                pending = self.rows.unowned(m)
                 if not pending:
-                    return
+                    if self.view.epoch != m.epoch or self._told == m.epoch:
+                        return
+                    await self._tell_done(m)
+                    self._told = m.epoch
+                    continue  # rows written meanwhile (the kick found this pass running) are looked at
                 try:
                     for owner, rows in pending.items():
                         keeper = await self.peers.of(owner)
                         for i in range(0, len(rows), HANDOFF_BATCH):
+                            if self.view.epoch != m.epoch:
+                                raise MembershipMoved()
                             batch = rows[i:i + HANDOFF_BATCH]
                             keys = [r.cache_key for r in batch]
                             leases = await self.leases.export_keys(keys)
-                            await keeper.adopt(batch, leases)
+                            now = self.rows.clock.now_ms()
+                            fences = [[k, *f] for k in keys if (f := self.rows.fence_of(k, now)) is not None]
+                            try:
+                                await keeper.adopt(batch, leases, m.epoch, fences)
+                            except StaleEpoch as e:  # the owner is on a newer membership than ours
+                                self.refused(owner, e)
+                                await self.fetch_membership()
+                                if self.view.epoch == m.epoch:
+                                    raise  # the controller did not tell us more: retried after a pause
+                                raise MembershipMoved() from None
                             self.rows.forget_stored(keys)
                             await self.leases.forget(keys)
                             self.report["handedOff"] += len(batch)
                             await asyncio.sleep(0)
                     backoff = 1.0
+                except MembershipMoved:
+                    continue  # against the new snapshot, at once
                 except Exception as e:
                     self.log.warning("hand-off incomplete; retrying", error=repr(e), retry_s=backoff)
                     await asyncio.sleep(backoff)
@@ -130,13 +202,17 @@ class Handoff:
         finally:
             self.report["pending"] = False
 
-    async def adopt(self, rows: list[ScheduleRow], leases: list) -> int:
-        """Rows handed over by their previous owner: their due times kept, their leases with them."""
+    async def adopt(self, rows: list[ScheduleRow], leases: list, epoch: int, fences: list | None = None) -> int:
+        """Rows handed over by their previous owner under ``epoch``: their due times kept, their
+        leases with them. A sender on an older membership is refused before anything is written."""
+        await self.accept(epoch, "adopt")
         if leases:
             await self.leases.adopt(leases)
             self.claims.note_adopted(leases)
         # Where the sender's view lagged ours, the write funnel keeps what we do not own out of the
         # ranking and kicks the hand-off: passed on now (no later membership change may come to move them).
-        self.rows.write(rows)
+        self.rows.write(rows, leased={key for key, _ in leases})
+        if fences:  # what the sender still waited on for these keys waits here now
+            self.rows.carry(fences[:len(rows)], self.rows.clock.now_ms())
         self.report["adopted"] += len(rows)
         return len(rows)

@@ -14,7 +14,7 @@ import gc
 import json
 import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from prerender_ray import metrics
@@ -29,12 +29,13 @@ from prerender_ray.actors.keeper.status import Status
 from prerender_ray.actors.keeper.targets import Targets
 from prerender_ray.config.model import Config
 from prerender_ray.config.overrides import LiveConfig
-from prerender_ray.identity.nodes import NodeInfo, Ownership
+from prerender_ray.identity.membership import Membership, MembershipView
+from prerender_ray.identity.nodes import NodeInfo
 from prerender_ray.queue import drain
 from prerender_ray.rpc import LeaseApi, Peers, StoreApi, call
-from prerender_ray.storage.keys import OVERRIDES_KEY
+from prerender_ray.storage.keys import KEEPER_EPOCH, OVERRIDES_KEY
 from prerender_ray.storage.rocks import Store
-from prerender_ray.timeutil import now_ms
+from prerender_ray.timeutil import SYSTEM_CLOCK, Clock
 
 STORE_SYNC_S = 300.0
 SETTLE_S = 10.0  # grants on their way to the lease table when the drain begins (its call's deadline is 5 s)
@@ -44,9 +45,10 @@ LEASE_TABLE_TRIES = 30
 
 class Keeper:
     def __init__(self, cfg: Config, info: NodeInfo, db: Store, *, store: StoreApi, leases: LeaseApi,
-                 peers: Peers, log: Any, members: Sequence[str] = (),
-                 fetch_members: Callable[[], Awaitable[list[str]]] | None = None,
-                 broadcaster: Any = None, after_load: Callable[[], None] = lambda: None):
+                 peers: Peers, log: Any, membership: Membership | None = None,
+                 fetch_membership: Callable[[], Awaitable[Membership]] | None = None,
+                 broadcaster: Any = None, after_load: Callable[[], None] = lambda: None,
+                 clock: Clock = SYSTEM_CLOCK):
         self.info = info
         self.node = info.name
         self.log = log
@@ -54,20 +56,21 @@ class Keeper:
         self.leases = leases
         self.live_config = LiveConfig(cfg)  # the file's config, and live overrides on top of it
         self.conf = CurrentConfig(cfg)
-        self.ownership = Ownership([self.node])
-        self.ownership.update(list(members))
+        # the one membership of this process (``membership``: the controller's at placement; it is
+        # read again before the load, and only a higher epoch replaces it)
+        self.view = MembershipView(membership) if membership is not None else MembershipView.alone(info)
         self.after_load = after_load  # e.g. freeze the loaded rows out of the cyclic GC
-        self.rows = Rows(db, self.conf, self.ownership, self.node, log)
+        self.rows = Rows(db, self.conf, self.view, self.node, log, clock)
         self.claims = Claims(self.rows, self.conf, leases, info.url, log)
         self.status = Status(self.rows, self.claims, store, info, log, broadcaster,
                              status_sync_ms=cfg.queue.status_sync_interval)
-        self.targets = Targets(self.rows, self.conf, store, peers, self.ownership, self.node)
+        self.targets = Targets(self.rows, self.conf, store, peers, self.view, self.node)
         self.results = Results(self.rows, self.claims, self.targets, self.conf, leases, store, peers,
-                               self.ownership, self.node, log)
-        self.handoff = Handoff(self.rows, self.claims, leases, peers, self.ownership, self.node, log,
-                               fetch_members)
-        self.repair = Repair(self.rows, self.conf, store, self.handoff, self.ownership, self.node, log)
-        self.discoveries = Discoveries(self.rows, self.conf, self.targets, store, peers, self.ownership,
+                               self.view, self.node, log)
+        self.handoff = Handoff(self.rows, self.claims, leases, peers, self.view, self.node, log,
+                               fetch_membership)
+        self.repair = Repair(self.rows, self.conf, store, self.handoff, self.view, self.node, log)
+        self.discoveries = Discoveries(self.rows, self.conf, self.targets, store, peers, self.view,
                                        self.node, log)
         # the few edges that point back up, wired here once
         self.rows.on_due = self.claims.publish_soon
@@ -77,15 +80,31 @@ class Keeper:
         self.targets.publish_now = self.claims.publish_now
         self.targets.woke = lambda: self.status.current == "queued"
         self.handoff.on_departed = self.repair.rebuild_soon
+        self._fence_if_away(db)
+        self.targets.accept = self.results.accept = self.handoff.accept
+        self.targets.refresh = self.results.refresh = self.handoff.fetch_membership
         self.results.on_result = self.discoveries.result_for
         self.rows.on_unowned = self.handoff.kick
         self.loaded_at: float | None = None
-        self._frozen_at = time.monotonic()
+        self._frozen_at = self.rows.clock.monotonic()
         self.tasks: list[asyncio.Task] = []
 
     @property
     def cfg(self) -> Config:
         return self.conf.cfg
+
+    def _fence_if_away(self, db: Store) -> None:
+        """A keeper that starts among other nodes, new or back after membership changes it did not
+        see (its rows were placed under another epoch), cannot know who owned and granted its keys
+        meanwhile: none is granted until its previous owner said its hand-off is done, or a lease's
+        length passed, unless handed over with its lease (``Rows.fence``). A restart under the same
+        epoch (a crash in a stable cluster) fences nothing: its own leases are read back."""
+        stored = db.get(KEEPER_EPOCH)
+        epoch = self.view.epoch
+        if epoch >= 0 and (stored is None or int(stored) != epoch):
+            self.handoff.fence(None)
+        if epoch >= 0:
+            db.put(KEEPER_EPOCH, str(epoch).encode())
 
     def start(self) -> None:
         """The load and the loops, on the running event loop."""
@@ -137,7 +156,7 @@ class Keeper:
             await self.handoff.fetch_membership()
             await self.read_overrides()  # classify the rows with the live config, not the file's
             await self._restore_mirror()
-            unowned = await self.rows.load()
+            await self.rows.load()
         except Exception as e:
             self.rows.phase = "failed"
             metrics.loop_errors.labels("keeper-load").inc()
@@ -146,7 +165,7 @@ class Keeper:
         self.after_load()
         rows = self.rows
         rows.load_ms = (time.perf_counter() - t0) * 1000
-        self.loaded_at = time.time()
+        self.loaded_at = self.rows.clock.time()
         rows.phase = "live"
         metrics.keeper_rows.set(len(rows))
         metrics.keeper_live.set(1)
@@ -154,8 +173,7 @@ class Keeper:
         self.log.info("keeper live", rows=len(rows), load_ms=round(rows.load_ms, 1), unreadable=rows.unreadable)
         self.claims.publish()
         await self.status.sync()
-        if unowned:
-            self.handoff.kick()
+        self.handoff.kick()  # hands over what it no longer owns, then tells the others it is done
 
     async def _restore_mirror(self) -> None:
         for _ in range(LEASE_TABLE_TRIES):
@@ -177,10 +195,11 @@ class Keeper:
             try:
                 self.claims.publish()
                 self.status.derive()
-                if time.monotonic() - self._frozen_at > FREEZE_EVERY_S:
+
+                if self.rows.clock.monotonic() - self._frozen_at > FREEZE_EVERY_S:
                     # rows added since the load (sitemaps, discovery): keep them out of full GC passes
                     gc.freeze()
-                    self._frozen_at = time.monotonic()
+                    self._frozen_at = self.rows.clock.monotonic()
             except Exception as e:
                 metrics.loop_errors.labels("keeper-publish").inc()
                 self.log.error("publish failed", error=repr(e))
@@ -190,7 +209,7 @@ class Keeper:
             await asyncio.sleep(self.cfg.queue.status_sync_interval / 1000)
             try:
                 await self.status.sync()
-                metrics.queue_due.set(self.rows.ranking.state(now_ms())["now"]["due"] if self.rows.live else 0)
+                metrics.queue_due.set(self.rows.ranking.state(self.rows.clock.now_ms())["now"]["due"] if self.rows.live else 0)
             except Exception as e:
                 metrics.loop_errors.labels("keeper-status").inc()
                 self.log.error("status sync failed", error=repr(e))
@@ -224,31 +243,37 @@ class Keeper:
     # ------------------------------------------------- what other keepers ask (rpc.KeeperApi)
 
     async def process_result(self, meta: dict, content: bytes | None, forwarded: bool = False,
-                             worker: str | None = None) -> dict:
-        return await self.results.process(meta, content, forwarded, worker)
+                             worker: str | None = None, epoch: int | None = None) -> dict:
+        return await self.results.process(meta, content, forwarded, worker, epoch)
 
-    async def apply_rows(self, rows: list, deletes: list[str]) -> None:
+    async def apply_rows(self, rows: list, deletes: list[str], epoch: int | None = None) -> None:
+        if epoch is not None:
+            await self.handoff.accept(epoch, "apply_rows")
         await self.targets.apply_rows(rows, deletes)
 
     async def put_targets(self, items: list[dict], forwarded: bool = False, absent_only: bool = False,
-                          deleted_within_ms: int = 0) -> dict:
-        return await self.targets.put_targets(items, forwarded, absent_only, deleted_within_ms)
+                          deleted_within_ms: int = 0, epoch: int | None = None) -> dict:
+        return await self.targets.put_targets(items, forwarded, absent_only, deleted_within_ms, epoch)
 
     async def suppress(self, url: str, reason: str | None, status: int | None) -> dict:
         return await self.targets.suppress(url, reason, status)
 
-    async def discover_target(self, url: str, deleted_within_ms: int, forwarded: bool = False) -> dict:
-        return await self.discoveries.discover(url, deleted_within_ms, forwarded)
+    async def discover_target(self, url: str, deleted_within_ms: int, forwarded: bool = False,
+                              epoch: int | None = None) -> dict:
+        return await self.discoveries.discover(url, deleted_within_ms, forwarded, epoch)
 
-    async def adopt(self, rows: list, leases: list) -> int:
-        return await self.handoff.adopt(rows, leases)
+    async def adopt(self, rows: list, leases: list, epoch: int, fences: list | None = None) -> int:
+        return await self.handoff.adopt(rows, leases, epoch, fences)
+
+    async def handoff_done(self, sender: str, epoch: int, fence: list | None = None) -> None:
+        await self.handoff.handoff_done(sender, epoch, fence)
 
     # ------------------------------------------------------------------------------------ stop
 
     async def drain(self, period_ms: int) -> dict:
         """Before a stop: say ``paused`` (claims get ``[]``), then wait until every lease this node
         granted has its result, or ``period_ms`` is over. Results keep being applied meanwhile."""
-        d = drain.Drain(period_ms, now_ms())
+        d = drain.Drain(period_ms, self.rows.clock.now_ms())
         await self.status.begin_drain()
         settled = await self.claims.settle(SETTLE_S)
 
@@ -266,7 +291,8 @@ class Keeper:
         rows = self.rows
         return {"phase": rows.phase, "live": rows.live, "rows": len(rows), "pid": os.getpid(),
                 "loadMs": rows.load_ms, "queueStatus": self.status.current, "paused": self.claims.paused,
-                "draining": self.status.draining, "members": list(self.ownership.names),
+                "draining": self.status.draining, "members": list(self.view.current.names),
+                "epoch": self.view.epoch,
                 "membershipCheckedAt": self.handoff.checked_at,
                 "reason": None if rows.live else f"keeper is {rows.phase}"}
 
@@ -277,7 +303,7 @@ class Keeper:
     async def diagnose(self, key: str) -> dict:
         """Admin: ``key`` due now, its next job asking prerender-ray's worker for a diagnostics report
         (``renderOptions.diagnostics``; the flag lives in memory until its result or its expiry)."""
-        now = now_ms()
+        now = self.rows.clock.now_ms()
         until = self.claims.diagnose.add(key, now)
         due = await self.targets.render_now(key)
         lease = await self.leases.lease_of(key)
@@ -286,7 +312,7 @@ class Keeper:
 
     async def schedule_row(self, key: str) -> dict:
         """This node's row for ``key`` (the leaf the explainer proxies to; it never proxies on)."""
-        now = now_ms()
+        now = self.rows.clock.now_ms()
         row = self.rows.row(key)
         lease = await self.leases.lease_of(key)
         described = None
@@ -302,7 +328,7 @@ class Keeper:
         return {"node": self.node, "renderSchedule": described, "checkedAt": now}
 
     async def queue_state(self) -> tuple[int, dict]:
-        now = now_ms()
+        now = self.rows.clock.now_ms()
         rows, claims = self.rows, self.claims
         trust = {"live": rows.live, "phase": rows.phase, "exact": rows.exact,
                  "unreadableRows": rows.unreadable, "loadMs": rows.load_ms, "publishMs": claims.publish_ms,

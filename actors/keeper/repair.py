@@ -15,25 +15,26 @@ from typing import Any
 from prerender_ray import metrics
 from prerender_ray.actors.keeper.handoff import Handoff
 from prerender_ray.actors.keeper.rows import CurrentConfig, Rows
-from prerender_ray.identity.nodes import Ownership
+from prerender_ray.identity.membership import Membership, MembershipView
 from prerender_ray.rpc import StoreApi
 from prerender_ray.storage.keys import TARGET
 from prerender_ray.storage.registry import RecordError, Target
-from prerender_ray.timeutil import fnv1a32, now_ms
+from prerender_ray.timeutil import fnv1a32
 
 SCAN_CHUNK = 2_000
+SNAPSHOT_TRIES = 3
 PAGE_CHECK_CHUNK = 500
 WRITE_CHUNK = 1_000
 
 
 class Repair:
-    def __init__(self, rows: Rows, conf: CurrentConfig, store: StoreApi, handoff: Handoff, ownership: Ownership,
+    def __init__(self, rows: Rows, conf: CurrentConfig, store: StoreApi, handoff: Handoff, view: MembershipView,
                  node: str, log: Any):
         self.rows = rows
         self.conf = conf
         self.store = store
         self.handoff = handoff
-        self.ownership = ownership
+        self.view = view
         self.node = node
         self.log = log
         self.running = False
@@ -55,14 +56,14 @@ class Repair:
                     self.log.error("reconcile failed", error=repr(e))
             await asyncio.sleep(self.conf.cfg.render.reconcile.interval / 1000)
 
-    def rebuild_soon(self, departed: list[str], before: Ownership) -> None:
+    def rebuild_soon(self, departed: list[str], before: Membership) -> None:
         """The slice of departed nodes: their rows died with them. ``before`` is the membership they
         left, fixed now: another change may come before the pass runs."""
         task = asyncio.get_running_loop().create_task(self._rebuild(departed, before))
         self._rebuilds.add(task)
         task.add_done_callback(self._rebuilds.discard)
 
-    async def _rebuild(self, departed: list[str], before: Ownership) -> None:
+    async def _rebuild(self, departed: list[str], before: Membership) -> None:
         # after a running pass (it may predate the change) and after a load still under way
         while self.running or self.rows.phase == "loading":
             await asyncio.sleep(1)
@@ -98,7 +99,7 @@ class Repair:
         self._admin_task = asyncio.get_running_loop().create_task(run())
         return {"started": True, "alreadyRunning": False, "lastRun": self.last}
 
-    async def reconcile(self, *, departed: list[str] | None = None, before: Ownership | None = None) -> dict:
+    async def reconcile(self, *, departed: list[str] | None = None, before: Membership | None = None) -> dict:
         """One pass. ``departed``: only URLs that were owned by these nodes in ``before`` (default:
         the membership before the last change; their rows died with them); None: every owned target."""
         if self.running:
@@ -107,7 +108,7 @@ class Repair:
         if not self.rows.live:
             return {"skipped": True, "reason": f"the keeper is {self.rows.phase}", "lastRun": self.last}
         self.running = True
-        started = now_ms()
+        started = self.rows.clock.now_ms()
         run: dict[str, Any] = {"node": self.node, "startedAt": started}
         try:
             run.update(await self._pass(departed, before or self.handoff.previous))
@@ -115,14 +116,25 @@ class Repair:
             run["error"] = repr(e)
             raise
         finally:
-            run["finishedAt"] = now_ms()
+            run["finishedAt"] = self.rows.clock.now_ms()
             self.last = run
             self.running = False
         level = self.log.warning if run.get("restored") or run.get("truncated") else self.log.info
         level("reconcile", **{k: v for k, v in run.items() if k != "node"})
         return run
 
-    async def _pass(self, departed: list[str] | None, previous: Ownership | None) -> dict:
+    async def _pass(self, departed: list[str] | None, previous: Membership | None) -> dict:
+        """Against one membership snapshot; a change while it reads (before anything is written)
+        starts it over against the new one, up to ``SNAPSHOT_TRIES`` times."""
+        for _ in range(SNAPSHOT_TRIES - 1):
+            m = self.view.current
+            done = await self._pass_under(m, departed, previous)
+            if done is not None:
+                return done
+        return await self._pass_under(self.view.current, departed, previous, last=True) or {}
+
+    async def _pass_under(self, m: Membership, departed: list[str] | None, previous: Membership | None,
+                          last: bool = False) -> dict | None:
         rules = self.conf.rules
         cap = self.conf.cfg.render.reconcile.max_restores
         examined = owned = missing = 0
@@ -134,7 +146,7 @@ class Repair:
             for k, payload in chunk:
                 examined += 1
                 url = k[len(TARGET):].decode()
-                if self.ownership.owner(url) != self.node:
+                if m.owner(url) != self.node:
                     continue
                 if departed is not None and (previous is None or previous.owner(url) not in departed):
                     continue
@@ -155,7 +167,11 @@ class Repair:
             cursor = chunk[-1][0] + b"\x00"
             await asyncio.sleep(0)
         collected = await self._pageless_first(collected)
-        now = now_ms()
+        if self.view.epoch != m.epoch and not last:
+            return None  # decided against a membership that is gone: read again under the new one
+        # (the last try writes anyway: the funnel keeps rows it no longer owns out of the ranking
+        # and the hand-off takes them to their owner)
+        now = self.rows.clock.now_ms()
         rows = [rules.restore_row(target, key, now) for target, key in collected]
         for i in range(0, len(rows), WRITE_CHUNK):  # phase 2: the writes
             self.rows.write(rows[i:i + WRITE_CHUNK])

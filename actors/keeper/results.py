@@ -8,7 +8,7 @@ what it says (rows of keys another node owns go to that node's keeper) and relea
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from prerender_ray import metrics
@@ -16,7 +16,7 @@ from prerender_ray.actors.keeper.claims import Claims
 from prerender_ray.actors.keeper.rows import CurrentConfig, Rows
 from prerender_ray.actors.keeper.targets import Targets
 from prerender_ray.batching import GroupCommit
-from prerender_ray.identity.nodes import Ownership
+from prerender_ray.identity.membership import MembershipView, StaleEpoch, never_refreshed, unchecked
 from prerender_ray.queue import diagnostics
 from prerender_ray.queue.results import Plan, Result, resolve_outcome
 from prerender_ray.queue.schedule import ScheduleRow
@@ -25,7 +25,6 @@ from prerender_ray.serving.framing import encode_page
 from prerender_ray.storage import history
 from prerender_ray.storage.registry import Target, target_key
 from prerender_ray.storage.touches import touch_key
-from prerender_ray.timeutil import now_ms
 
 
 class ResultBusy(RuntimeError):
@@ -38,7 +37,7 @@ RELEASE_GRACE_MS = 5_000  # a released key is not offered again at once (the lea
 
 class Results:
     def __init__(self, rows: Rows, claims: Claims, targets: Targets, conf: CurrentConfig, leases: LeaseApi,
-                 store: StoreApi, peers: Peers, ownership: Ownership, node: str, log: Any):
+                 store: StoreApi, peers: Peers, view: MembershipView, node: str, log: Any):
         self.rows = rows
         self.claims = claims
         self.targets = targets
@@ -46,28 +45,31 @@ class Results:
         self.leases = leases
         self.store = store
         self.peers = peers
-        self.ownership = ownership
+        self.view = view
         self.node = node
         self.log = log
+        # the membership protocol (Handoff.accept / fetch_membership), wired by the keeper
+        self.accept: Callable[[int, str], Awaitable[None]] = unchecked
+        self.refresh: Callable[[], Awaitable[bool]] = never_refreshed
         self.on_result: Callable[[str], None] = lambda url: None  # a URL had a result (discovery's count)
         self._batch: GroupCommit[tuple[Result, dict, str | None], Any] = GroupCommit(self._flush,
                                                                                      max_batch=RESULT_BATCH)
 
     async def _keeper_of(self, url: str) -> KeeperApi | None:
-        owner = self.ownership.owner(url)
+        owner = self.view.current.owner(url)
         return None if owner == self.node else await self.peers.of(owner)
 
     async def process(self, meta: dict, content: bytes | None, forwarded: bool = False,
-                      worker: str | None = None) -> dict:
+                      worker: str | None = None, epoch: int | None = None) -> dict:
         """Apply one render result, at most once per grant (see ``process_many``). Raises on failure:
         the lease is then held and the grant stays open for the fleet's retry."""
-        [answer] = await self.process_many([(meta, content, worker)], forwarded)
+        [answer] = await self.process_many([(meta, content, worker)], forwarded, epoch)
         if isinstance(answer, BaseException):
             raise answer
         return answer
 
     async def process_many(self, items: list[tuple[dict, bytes | None, str | None]],
-                           forwarded: bool = False) -> list[dict | BaseException]:
+                           forwarded: bool = False, epoch: int | None = None) -> list[dict | BaseException]:
         """Apply render results ([meta, content, worker] each), each at most once per grant; one
         answer per item, in order: its outcome, or the exception that failed it (its lease is then
         held, its grant open for the fleet's retry).
@@ -79,9 +81,12 @@ class Results:
         for an answered grant (a replay, or a retry after a lost 204) and a result from another worker
         than the latest grant's (the key was re-granted: the late result of a previous holder) are
         acknowledged and change nothing, neither the new lease nor the schedule, strikes or page."""
+        if forwarded and epoch is not None:  # a forwarder on an older membership is refused, not obeyed
+            await self.accept(epoch, "process_result")
         answers: list[Any] = [None] * len(items)
         local: list[tuple[int, Result, dict, str | None]] = []
         forwards = []
+        m = self.view.current
         for i, (meta, content, worker) in enumerate(items):
             try:
                 r = Result.parse(meta, content)
@@ -90,7 +95,7 @@ class Results:
                 answers[i] = e
                 continue
             if owner is not None:  # the sender's membership view lagged ours: the owner decides (one hop)
-                forwards.append((i, owner.process_result(meta, content, True, worker)))
+                forwards.append((i, self._forward(owner, meta, content, worker, m.epoch)))
             else:
                 local.append((i, r, meta, worker))
         done = await asyncio.gather(*(self._batch.submit(item[1:]) for item in local),
@@ -98,6 +103,18 @@ class Results:
         for i, answer in zip([item[0] for item in local] + [i for i, _ in forwards], done):
             answers[i] = answer
         return answers
+
+    async def _forward(self, owner: KeeperApi, meta: dict, content: bytes | None, worker: str | None,
+                       epoch: int) -> dict:
+        """A result for a key another node owns, under our ``epoch``; refused as stale, our view is
+        refreshed and the result routed again (here, or to the owner the newer membership names)."""
+        try:
+            return await owner.process_result(meta, content, True, worker, epoch)
+        except StaleEpoch:
+            await self.refresh()
+            if self.view.epoch == epoch:
+                raise
+            return await self.process(meta, content, False, worker)
 
     async def _flush(self, batch: list[tuple[Result, dict, str | None]]) -> list[Any]:
         """One group of results: begun together, then applied in waves of results that share no
@@ -127,7 +144,7 @@ class Results:
             for i, _ in admitted:
                 answers[i] = e
         for wave in waves:
-            now = now_ms()
+            now = self.rows.clock.now_ms()
             try:
                 plans = await self._plan_wave([(batch[i][0], granted_at, dest) for i, granted_at, dest in wave],
                                               now)
@@ -152,7 +169,7 @@ class Results:
                 for i, _, _ in finished:
                     answers[i] = e
                 return answers
-        now = now_ms()
+        now = self.rows.clock.now_ms()
         for i, _, plan in finished:
             answers[i] = await self._after(batch[i][0], plan, batch[i][2], now)
         return answers
@@ -260,9 +277,10 @@ class Results:
         local_rows: list[ScheduleRow] = []
         local_deletes: list[str] = []
         foreign: dict[str, tuple[list, list]] = {}
+        m = self.view.current
 
         def route_row(key: str, row: ScheduleRow | None) -> None:
-            owner = self.ownership.owner(rules.url_of(key))  # the one key parser, any layout
+            owner = m.owner(rules.url_of(key))  # the one key parser, any layout
             if owner == self.node:
                 (local_rows.append(row) if row else local_deletes.append(key))
             else:
@@ -300,9 +318,33 @@ class Results:
         self.rows.write(local_rows)
         self.rows.delete(local_deletes)
         for owner, (rows, deletes) in foreign.items():
-            await (await self.peers.of(owner)).apply_rows(rows, deletes)
+            await self._rows_to(owner, rows, deletes, m.epoch)
         for plan, _ in plans:
             await self._follow_up(plan)
+
+    async def _rows_to(self, owner: str, rows: list[ScheduleRow], deletes: list[str], epoch: int) -> None:
+        """Schedule writes for keys ``owner`` owns under ``epoch``. Refused as stale: refresh, and
+        route each again under the newer membership (ours through the funnel, others onward)."""
+        try:
+            await (await self.peers.of(owner)).apply_rows(rows, deletes, epoch)
+            return
+        except StaleEpoch:
+            await self.refresh()
+            if self.view.epoch == epoch:
+                raise
+        m = self.view.current
+        url_of = self.conf.rules.url_of
+        again: dict[str, tuple[list, list]] = {}
+        for row in rows:
+            again.setdefault(m.owner(url_of(row.cache_key)), ([], []))[0].append(row)
+        for key in deletes:
+            again.setdefault(m.owner(url_of(key)), ([], []))[1].append(key)
+        for node, (r, d) in again.items():
+            if node == self.node:
+                self.rows.write(r)
+                self.rows.delete(d)
+            else:
+                await self._rows_to(node, r, d, m.epoch)
 
     async def _follow_up(self, plan: Plan) -> None:
         if plan.adopt is not None:

@@ -8,12 +8,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from prerender_ray import metrics
 from prerender_ray.compiled import CompiledConfig
 from prerender_ray.config.model import Config
+from prerender_ray.identity.membership import Membership, MembershipView
 from prerender_ray.identity.nodes import Ownership
 from prerender_ray.queue.flow import Flow
 from prerender_ray.queue.job_options import RouteOptions
@@ -21,12 +23,24 @@ from prerender_ray.queue.ranking import Ranking
 from prerender_ray.queue.results import Planner
 from prerender_ray.queue.schedule import ScheduleRow, UnreadableRow, encode_many
 from prerender_ray.queue.targets import Rules
+from prerender_ray.storage.keys import KEEPER_META
 from prerender_ray.storage.rocks import Store
-from prerender_ray.timeutil import now_ms
+from prerender_ray.timeutil import SYSTEM_CLOCK, Clock
 
 LOAD_CHUNK = 20_000
 HEAD_REPAIR = 64
 FLOWS = ("added", "rescheduled", "removed", "granted", "results")
+
+
+@dataclass(frozen=True)
+class Said:
+    """What a node said with its hand-off's done: the epoch, and the fence on every key it still had
+    then (``Rows.fence_summary``): the nodes it was taken among and those not yet clear."""
+
+    epoch: int
+    others: Ownership | None
+    waiting: frozenset[str]
+    fence_epoch: int
 
 
 class CurrentConfig:
@@ -57,10 +71,12 @@ class CurrentConfig:
 
 
 class Rows:
-    def __init__(self, db: Store, conf: CurrentConfig, ownership: Ownership, node: str, log: Any):
+    def __init__(self, db: Store, conf: CurrentConfig, view: MembershipView, node: str, log: Any,
+                 clock: Clock = SYSTEM_CLOCK):
         self.db = db
+        self.clock = clock  # the keeper's parts read time here (the simulated cluster's is virtual)
         self.conf = conf
-        self.ownership = ownership
+        self.view = view  # the process's one membership: read at each decision, never held across an await
         self.node = node
         self.log = log
         keys = conf.rules.keys  # the key layout cannot change while running
@@ -78,6 +94,12 @@ class Rows:
         self.unreadable = 0
         self.load_ms: float | None = None
         self.verify_report: dict | None = None
+        self._fences: list[tuple[int, Membership, int]] = []  # (until, before, epoch): see ``fence``
+        self.fenced: dict[str, tuple[int, str, int]] = {}  # key -> (until, previous owner, epoch)
+        self.fence_all: tuple[int, int, Ownership] | None = None  # (until, epoch, the others): see ``fence``
+        self._handed: set[str] = set()  # keys adopted while ``fence_all`` stands
+        # node -> what it said last: its hand-off for that epoch is done, and the fence it still had
+        self.done: dict[str, Said] = {}
 
     def __len__(self) -> int:
         return len(self.ranking)
@@ -87,7 +109,7 @@ class Rows:
         return self.phase == "live"
 
     def flow(self, name: str, n: int) -> None:
-        self.flows.add(name, n, now_ms())
+        self.flows.add(name, n, self.clock.now_ms())
 
     # --------------------------------------------------------------------------------- identity
 
@@ -111,13 +133,15 @@ class Rows:
             return rules.router.first_match("/")
         return rules.router.first_match(url[host_end:].partition("?")[0])
 
-    def owns(self, key: str) -> bool:
-        return len(self.ownership.names) <= 1 or self.ownership.owner(self.conf.rules.url_of(key)) == self.node
+    def owns(self, key: str, m: Membership | None = None) -> bool:
+        """Under ``m`` (a snapshot a caller works against), else the current membership."""
+        own = (m or self.view.current).ownership
+        return len(own.names) <= 1 or own.owner(self.conf.rules.url_of(key)) == self.node
 
     def _owned(self, rows: list) -> list:
         """The rows of ``rows`` this node owns (device variants of one URL arrive together: the owner
         is asked once per URL)."""
-        url_of, owner, node = self.conf.rules.url_of, self.ownership.owner, self.node
+        url_of, owner, node = self.conf.rules.url_of, self.view.current.owner, self.node
         last, mine, out = None, False, []
         for r in rows:
             url = url_of(r[0])
@@ -134,15 +158,19 @@ class Rows:
 
     # ----------------------------------------------------------------------------------- writes
 
-    def write(self, rows: list[ScheduleRow] | list[tuple], route_of: Any = None) -> None:
+    def write(self, rows: list[ScheduleRow] | list[tuple], route_of: Any = None,
+              leased: Collection[str] = ()) -> None:
         """The one funnel for schedule writes: RocksDB first, then memory. Rows are ``ScheduleRow``s or
         plain tuples in its field order (a bulk put builds no objects); ``route_of`` overrides
-        ``self.route_of`` when the caller already knows the routes."""
+        ``self.route_of`` when the caller already knows the routes. ``leased``: keys handed over with
+        their leases by the node that held them (never fenced: see ``fence``)."""
         if not rows:
             return
         self.db.write(encode_many(rows))
-        now = now_ms()
-        if len(self.ownership.names) > 1:
+        now = self.clock.now_ms()
+        if self._fences or self.fence_all is not None or (leased and self.fenced):
+            self._fence_new(rows, now, leased)
+        if len(self.view.current.names) > 1:
             # A writer decided on ownership before an await (a rebuild's scan, a store call, a lagging
             # sender) and the membership changed since: such rows are kept out of memory, so they are
             # never granted here, and the hand-off carries them from the store to their owner.
@@ -157,6 +185,138 @@ class Rows:
         if any(r[1] is not None and r[1] <= now for r in rows):
             self.on_due()
         self.flow("rescheduled", len(rows))
+
+    # ---------------------------------------------------------------------------------- fences
+
+    def fence(self, until: int, before: Membership | None, epoch: int) -> None:
+        """Keys this node gains at ``epoch`` may still be leased by their previous owner (one that
+        was down or cut off could not hand them over with their leases). A key that arrives here by
+        any other path than a hand-off (a put, a rebuild, a result's row) is not granted until its
+        previous owner under ``before`` said its hand-off for ``epoch`` is done (``done``), or left,
+        or ``until`` (a lease's length) passed. ``before`` None (a keeper that starts among others
+        and cannot know who owned what): every key not handed over waits for every other member."""
+        now = self.clock.now_ms()
+        if before is None:  # the owner of each key among the others: who held it before we came
+            others = [n for n in self.view.current.names if n != self.node]
+            self.fence_all = (until, epoch, Ownership(others))
+            return
+        self._fences = [f for f in self._fences if f[0] > now] + [(until, before, epoch)]
+
+    def _fence_new(self, rows: list, now: int, leased: Collection[str]) -> None:
+        if leased:  # their lease came with them: the lease table blocks them while it runs
+            if self.fence_all is not None:
+                self._handed.update(leased)
+            for key in leased:
+                self.fenced.pop(key, None)
+        self._fences = [f for f in self._fences if f[0] > now]
+        if not self._fences:
+            return
+        url_of, held, node = self.conf.rules.url_of, self.ranking, self.node
+        members = self.view.current.names
+        for r in rows:
+            key = r[0]
+            if key in held or key in self.fenced or key in leased:
+                continue
+            url = url_of(key)
+            for until, before, epoch in self._fences:
+                prev = before.owner(url) if before.names else node
+                if prev != node and prev in members:
+                    self.fenced[key] = (until, prev, epoch)
+                    break
+
+    def is_fenced(self, key: str, now: int) -> bool:
+        if self.fence_all is not None:
+            until, epoch, others = self.fence_all
+            if until > now and not all(self._said_clean(n, epoch) for n in others.names):
+                if key not in self._handed and key not in self.fenced:
+                    url = self.conf.rules.url_of(key)
+                    if not self.clear(others.owner(url), epoch, url):
+                        return True
+            else:
+                self.fence_all, self._handed = None, set()
+        entry = self.fenced.get(key)
+        if entry is None:
+            return False
+        until, prev, epoch = entry
+        if until <= now or self.clear(prev, epoch, self.conf.rules.url_of(key)):
+            del self.fenced[key]
+            return False
+        return True
+
+    def clear(self, node: str, epoch: int, url: str, visited: frozenset[str] = frozenset()) -> bool:
+        """Can ``node`` (the previous owner of ``url`` as of ``epoch``) no longer hold a lease on it?
+        Yes when it is us, has left, or said its hand-off for ``epoch`` is done while it had no open
+        fence on ``url`` itself; if it had one (it gained ``url`` from a node that was down and never
+        handed it on), the node that fence waits on must be clear too: a lease can outlive several
+        moves of its key while its holder is down (seen in the simulation)."""
+        if node == self.node or node in visited or node not in self.view.current.names:
+            return True
+        said = self.done.get(node)
+        if said is None or said.epoch < epoch:
+            return False
+        if said.others is None:
+            return True
+        prev = said.others.owner(url)
+        return prev not in said.waiting or self.clear(prev, said.fence_epoch, url, visited | {self.node, node})
+
+    def _said_clean(self, node: str, epoch: int) -> bool:
+        said = self.done.get(node)
+        return node not in self.view.current.names or (said is not None and said.epoch >= epoch and said.others is None)
+
+    def fence_summary(self, now: int) -> list | None:
+        """This node's fence on every key (``fence_all``) while it is open, for its done: [epoch, the
+        others it was taken among, those not yet clear]; None when it has none."""
+        if self.fence_all is None or not self.is_fenced_any(now):
+            return None
+        until, epoch, others = self.fence_all
+        return [epoch, list(others.names), [n for n in others.names if not self._said_clean(n, epoch)]]
+
+    def is_fenced_any(self, now: int) -> bool:
+        if self.fence_all is None:
+            return False
+        until, epoch, others = self.fence_all
+        if until <= now or all(self._said_clean(n, epoch) for n in others.names):
+            self.fence_all, self._handed = None, set()
+            return False
+        return True
+
+    def said_done(self, node: str, epoch: int, fence: list | None) -> bool:
+        """``node`` said its hand-off for ``epoch`` is done (``fence``: its ``fence_summary``)."""
+        said = self.done.get(node)
+        if said is not None and (said.epoch > epoch or (said.epoch == epoch and said.others is None)):
+            return False
+        if fence is not None:
+            fe, others, waiting = fence
+            self.done[node] = Said(epoch, Ownership([n for n in others if isinstance(n, str)][:1024]),
+                                   frozenset(n for n in waiting if isinstance(n, str)), int(fe))
+        else:
+            self.done[node] = Said(epoch, None, frozenset(), epoch)
+        return True
+
+    @property
+    def fencing(self) -> bool:
+        return self.fence_all is not None or bool(self.fenced)
+
+    def fence_of(self, key: str, now: int) -> tuple[int, str, int] | None:
+        """``key``'s open fence as (until, the node it waits on, epoch): it travels with the row when
+        the key is handed on (``carry``), as its lease does. Seen in the simulation without it: a
+        lease outlived two moves of its key while its holder was down, and the third owner granted."""
+        if not self.is_fenced(key, now):
+            return None
+        entry = self.fenced.get(key)
+        if entry is not None:
+            return entry
+        assert self.fence_all is not None
+        until, epoch, others = self.fence_all
+        return until, others.owner(self.conf.rules.url_of(key)), epoch
+
+    def carry(self, fences: list, now: int) -> None:
+        """Fences that came with handed rows ([key, until, node, epoch] each)."""
+        members = self.view.current.names
+        for key, until, node, epoch in fences:
+            if isinstance(key, str) and int(until) > now and node in members \
+                    and not self.clear(node, int(epoch), self.conf.rules.url_of(key)):
+                self.fenced[key] = (int(until), node, int(epoch))
 
     def delete(self, keys: list[str]) -> None:
         if not keys:
@@ -186,6 +346,8 @@ class Rows:
         chunk: list[tuple[str, Any, bool, Any]] = []
         unowned = 0
         for k, v in self.db.items():
+            if k[:1] == KEEPER_META:
+                continue
             try:
                 r = ScheduleRow.decode(k, v)
             except UnreadableRow as e:
@@ -209,7 +371,7 @@ class Rows:
     def repair_head(self, ready: list[str]) -> None:
         """Point-read the head of the published set (each key at most once a minute) and fix any row
         held wrongly. Expected never to find anything; counted when it does."""
-        stamp = time.monotonic()
+        stamp = self.clock.monotonic()
         for key in ready[:HEAD_REPAIR]:
             if stamp - self.head_checked.get(key, -1e9) < 60:
                 continue
@@ -240,6 +402,8 @@ class Rows:
         seen: set[str] = set()
         try:
             for i, (k, v) in enumerate(self.db.items()):
+                if k[:1] == KEEPER_META:
+                    continue
                 scanned += 1
                 try:
                     truth = ScheduleRow.decode(k, v)
@@ -270,19 +434,21 @@ class Rows:
         self.exact = unreadable == 0
         self.verify_report = {"scanned": scanned, "owned": len(self.ranking), "missing": missing,
                               "mismatched": mismatched, "deleted": len(extra), "unreadable": unreadable,
-                              "ms": round((time.perf_counter() - t0) * 1000, 1), "at": int(time.time() * 1000)}
+                              "ms": round((time.perf_counter() - t0) * 1000, 1), "at": self.clock.now_ms()}
         return self.verify_report
 
-    def unowned(self) -> dict[str, list[ScheduleRow]]:
-        """Stored rows another node owns now, by owner (the hand-off's work)."""
+    def unowned(self, m: Membership) -> dict[str, list[ScheduleRow]]:
+        """Stored rows another node owns under ``m``, by owner (the hand-off's work)."""
         by_owner: dict[str, list[ScheduleRow]] = defaultdict(list)
-        if len(self.ownership.names) <= 1:
+        if len(m.names) <= 1:
             return by_owner
         for k, v in self.db.items():
+            if k[:1] == KEEPER_META:
+                continue
             key = k.decode()
-            if not self.owns(key):
+            if not self.owns(key, m):
                 try:
-                    by_owner[self.ownership.owner(self.conf.rules.url_of(key))].append(ScheduleRow.decode(key, v))
+                    by_owner[m.owner(self.conf.rules.url_of(key))].append(ScheduleRow.decode(key, v))
                 except (UnreadableRow, ValueError):
                     continue
         return by_owner

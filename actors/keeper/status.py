@@ -21,7 +21,6 @@ from prerender_ray.queue.status import StatusReporter, derive_status, resolve_de
 from prerender_ray.rpc import StoreApi
 from prerender_ray.storage.keys import OVERRIDES_KEY, QUEUE_CONTROL, QUEUE_STATUS
 from prerender_ray.storage.registry import decode_json, encode_json
-from prerender_ray.timeutil import now_ms
 
 CLUSTER_SCOPE = "all"
 STATUSES = ("unready", "empty", "queued", "paused")
@@ -40,7 +39,7 @@ class Status:
         self.status_sync_ms = status_sync_ms
         self.reporter = StatusReporter()
         self.pause_source = "default"
-        self.changed_at = now_ms()
+        self.changed_at = self.rows.clock.now_ms()
         self.draining = False  # a stop began: paused whatever the intent, until the process ends
         self.on_overrides: Callable[[bytes | None], Any] = lambda raw: None
 
@@ -70,7 +69,7 @@ class Status:
             self._announce()
 
     def _announce(self) -> asyncio.Task:
-        now = now_ms()
+        now = self.rows.clock.now_ms()
         self.changed_at = now
         status = self.reporter.status
         for s in STATUSES:
@@ -123,7 +122,7 @@ class Status:
             await self.store.apply([(key, None)])
         else:
             await self.store.apply([(key, encode_json({"paused": bool(paused), "updatedBy": by,
-                                                     "updatedTime": now_ms()}))])
+                                                     "updatedTime": self.rows.clock.now_ms()}))])
         await self.sync()
         return {"scope": scope, "paused": paused, "inherited": paused is None, "node": self.node,
                 "local": {"status": self.reporter.status, "paused": self.claims.paused, "source": self.pause_source},

@@ -8,41 +8,46 @@ go on to their owners' keepers.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from prerender_ray.actors.keeper.rows import CurrentConfig, Rows
-from prerender_ray.identity.nodes import Ownership
+from prerender_ray.identity.membership import MembershipView, StaleEpoch, never_refreshed, unchecked
 from prerender_ray.queue.schedule import ScheduleRow
 from prerender_ray.rpc import Peers, StoreApi
 from prerender_ray.storage.keys import TARGET
 from prerender_ray.storage.registry import RecordError, Target, target_key
 from prerender_ray.storage.touches import Touch, touch_key
-from prerender_ray.timeutil import now_ms
 
 SCAN_CHUNK = 2_000
 PATCH_TRIES = 3  # a target written between a patch's read and its write: read and patched again
 
 
 class Targets:
-    def __init__(self, rows: Rows, conf: CurrentConfig, store: StoreApi, peers: Peers, ownership: Ownership,
+    def __init__(self, rows: Rows, conf: CurrentConfig, store: StoreApi, peers: Peers, view: MembershipView,
                  node: str):
         self.rows = rows
         self.conf = conf
         self.store = store
         self.peers = peers
-        self.ownership = ownership
+        self.view = view
         self.node = node
+        # the membership protocol (Handoff.accept / fetch_membership), wired by the keeper
+        self.accept: Callable[[int, str], Awaitable[None]] = unchecked
+        self.refresh: Callable[[], Awaitable[bool]] = never_refreshed
         self.publish_now: Callable[[], None] = lambda: None
         self.woke: Callable[[], bool] = lambda: False  # did the last publish wake this node's consumers
 
     async def put_targets(self, items: list[dict], forwarded: bool = False, absent_only: bool = False,
-                          deleted_within_ms: int = 0) -> dict:
+                          deleted_within_ms: int = 0, epoch: int | None = None) -> dict:
         """Put semantics for canonical URLs: (re)activate, one jittered row per device.
 
         ``absent_only``: create only the targets that do not exist; the answer's ``held`` lists the
         others as [url, stored payload], untouched (a sitemap walk decides about those). With it,
-        ``deleted_within_ms``: a target deleted that recently counts as existing (held as ``b""``)."""
+        ``deleted_within_ms``: a target deleted that recently counts as existing (held as ``b""``).
+        ``epoch``: the forwarding keeper's membership epoch (``Handoff.accept``)."""
+        if forwarded and epoch is not None:
+            await self.accept(epoch, "put_targets")
         return await self._put([it["url"] for it in items], [it.get("sitemapUrl") for it in items],
                                [it.get("renderInterval") for it in items],
                                [it.get("nextRenderTime") for it in items], forwarded, absent_only,
@@ -57,21 +62,31 @@ class Targets:
     async def _put(self, urls: list, sitemaps: list, intervals: list, dues: list,
                    forwarded: bool, absent_only: bool, deleted_within_ms: int = 0) -> dict:
         written, held = 0, []
-        if len(self.ownership.names) > 1 and not forwarded:
+        m = self.view.current  # routed under one membership; a receiver on a newer one refuses
+        if len(m.names) > 1 and not forwarded:
             foreign: dict[str, list[int]] = {}
             mine = []
             for i, url in enumerate(urls):
-                owner = self.ownership.owner(url)
+                owner = m.owner(url)
                 (mine.append(i) if owner == self.node else foreign.setdefault(owner, []).append(i))
             for owner, idx in foreign.items():
                 items = [{"url": urls[i], "sitemapUrl": sitemaps[i], "renderInterval": intervals[i],
                           "nextRenderTime": dues[i]} for i in idx]
-                answer = await (await self.peers.of(owner)).put_targets(items, True, absent_only, deleted_within_ms)
+                try:
+                    answer = await (await self.peers.of(owner)).put_targets(items, True, absent_only,
+                                                                           deleted_within_ms, m.epoch)
+                except StaleEpoch:  # our view lagged: refresh, then route these again (once more at most)
+                    await self.refresh()
+                    if self.view.epoch == m.epoch:
+                        raise
+                    answer = await self._put([urls[i] for i in idx], [sitemaps[i] for i in idx],
+                                             [intervals[i] for i in idx], [dues[i] for i in idx], False,
+                                             absent_only, deleted_within_ms)
                 written += answer["written"]
                 held += answer.get("held", [])
             if foreign:
                 urls, sitemaps, intervals, dues = (_pick(col, mine) for col in (urls, sitemaps, intervals, dues))
-        now = now_ms()
+        now = self.rows.clock.now_ms()
         rules = self.conf.rules
         routes: dict[str, Any] = {}  # found while building the rows: ranking them asks no router again
         # absent_only creates only new targets (no held row to look at); any other put may be a re-put
@@ -135,7 +150,7 @@ class Targets:
         [data] = await self.store.get_targets([url])
         existing = Target.decode(url, data) if data else None
         rules = self.conf.rules
-        s = rules.suppress(existing, url, reason=reason, status_code=status, now=now_ms())
+        s = rules.suppress(existing, url, reason=reason, status_code=status, now=self.rows.clock.now_ms())
         if s.deleted or s.target is None:
             return await self.delete_targets([url])
         pages: list[tuple[bytes, bytes | None]] = [(k.encode(), None) for k in rules.all_keys(url)]
@@ -146,7 +161,7 @@ class Targets:
     async def revalidate(self, urls: list[str]) -> dict:
         """Every device of each target due now (cadence left to config); cached pages expire now, by
         a freshness record each (the pages themselves are not rewritten)."""
-        now = now_ms()
+        now = self.rows.clock.now_ms()
         rules = self.conf.rules
         found = await self.store.get_targets(urls)
         rows: list[ScheduleRow] = []
@@ -171,7 +186,7 @@ class Targets:
         """Every target this node owns whose URL starts with ``prefix`` ("" = all) due within
         ``within`` ms, paced by key (``paced_due``); rows only, the pages stay served until their
         re-render (expiring them would rewrite and re-replicate every page). Never delays a row."""
-        now = now_ms()
+        now = self.rows.clock.now_ms()
         rules = self.conf.rules
         start = TARGET + prefix.encode()
         cursor: bytes | None = None
@@ -181,7 +196,7 @@ class Targets:
             rows: list[ScheduleRow] = []
             for k, payload in chunk:
                 url = k[len(TARGET):].decode()
-                if self.ownership.owner(url) != self.node:
+                if self.view.current.owner(url) != self.node:
                     continue
                 try:
                     target = Target.decode(url, payload)
@@ -203,9 +218,10 @@ class Targets:
         (``Rules.lastmod_due``). Reads targets and page times, never page bodies. A URL this node does
         not own (the walk's membership view lagged) is left to its cadence. Answers how many URLs were
         made due."""
-        now = now_ms()
+        now = self.rows.clock.now_ms()
         rules = self.conf.rules
-        mine = [(u, at) for u, at in zip(urls, lastmods) if self.ownership.owner(u) == self.node]
+        m = self.view.current
+        mine = [(u, at) for u, at in zip(urls, lastmods) if m.owner(u) == self.node]
         found = await self.store.get_targets([u for u, _ in mine])
         keyed: list[tuple[int, Target, list[str]]] = []
         for (url, at), data in zip(mine, found):
@@ -236,7 +252,7 @@ class Targets:
         [data] = await self.store.get_targets([url])
         if data is None:
             return None
-        row = rules.due_now(Target.decode(url, data), key, now_ms())
+        row = rules.due_now(Target.decode(url, data), key, self.rows.clock.now_ms())
         self.rows.write([row])
         self.publish_now()  # one key: publish at once, so the answer can say whether consumers woke
         return {"cacheKey": key, "nextRenderTime": row.next_render_time, "scheduleOwnedBy": self.node,
@@ -247,7 +263,7 @@ class Targets:
         rules = self.conf.rules
         url = rules.url_of(key)
         [data] = await self.store.get_targets([url])
-        row = rules.due_now(Target.decode(url, data) if data else None, key, now_ms())
+        row = rules.due_now(Target.decode(url, data) if data else None, key, self.rows.clock.now_ms())
         self.rows.write([row])
         self.publish_now()
         return row.next_render_time

@@ -9,55 +9,67 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import ray
 
 from prerender_ray import logs, metrics, rpc
-from prerender_ray.actors.common import bulk_gc, call, follow_membership, untraced
+from prerender_ray.actors.client import MEMBERSHIP_DEADLINE_S, NodeActorClient
+from prerender_ray.actors.common import bulk_gc, call, untraced
 from prerender_ray.actors.store.replication import Replication
 from prerender_ray.config.model import Config
 from prerender_ray.identity.cachekeys import KeyFormat
+from prerender_ray.identity.membership import Membership
 from prerender_ray.identity.nodes import Ownership
 from prerender_ray.storage import history
 from prerender_ray.storage.history import is_history_key
 from prerender_ray.storage.keys import TARGET
 from prerender_ray.storage.pages import PageDecodeError, PageMeta, decode_meta
 from prerender_ray.storage.registry import SitemapReader, by_sitemap_prefix, sitemap_of_record
-from prerender_ray.storage.replication import CLOCK_OFFSET_ENV, Clock, payload_of, wall_clock
+from prerender_ray.storage.replication import CLOCK_OFFSET_ENV, Clock, payload_of
 from prerender_ray.storage.rocks import PAGES, REGISTRY, Store, store_path
 from prerender_ray.storage.touches import applicable, is_touch_key, touch_key, touched, touched_payload
+from prerender_ray.timeutil import SYSTEM_CLOCK
+from prerender_ray.timeutil import Clock as WallClock
 
 Op = tuple[bytes, bytes | None]  # (key, payload) ; payload None = delete
 
 
-@ray.remote
 class NodeStore(Replication):
-    def __init__(self, config: dict, node: str, data_dir: str, peers: list[str] = ()):
+    """The shell, plain: ``NodeStoreActor`` below is what Ray places. ``membership``: the controller's
+    at placement (``Membership.to_wire``; None: alone until the first push or check); ``fetch``: the
+    controller's current membership, asked every few seconds (None: by push only); ``clock``: the
+    time it reads; ``stores``: the peers' stores by name (Ray's named actors unless told); ``log``:
+    its logger. The LocalNode harness and the simulated cluster pass their own."""
+
+    def __init__(self, config: dict, node: str, data_dir: str, membership: dict | None = None,
+                 fetch: Callable[[], Awaitable[Membership]] | None = None, clock: WallClock = SYSTEM_CLOCK,
+                 stores: Any = None, log: Any = None):
         untraced(self)
         bulk_gc()
         cfg = Config.model_validate(config)
-        logs.setup(node, level=cfg.logging.level, json_lines=cfg.logging.json_lines, process="store")
-        self.log = logs.get("store")
+        if log is None:
+            logs.setup(node, level=cfg.logging.level, json_lines=cfg.logging.json_lines, process="store")
+        self.log = log if log is not None else logs.get("store")
         self.node = node
         self.cfg = cfg
         offset = int(os.environ.get(CLOCK_OFFSET_ENV) or 0)
-        self.clock = Clock(node, wall_clock(offset))
+        self.clock = Clock(node, lambda: clock.now_ms() + offset)
         if offset:
             self.log.warning("replication clock offset (a testing aid)", offset_ms=offset)
         self.pages = Store(store_path(data_dir, node, PAGES))
         self.registry = Store(store_path(data_dir, node, REGISTRY))
-        self.started = time.time()
+        self.started = clock.time()
         self._tasks: list = []
         self._sitemap_of = SitemapReader()
         self.log.info("store open", pages=str(self.pages.path), registry=str(self.registry.path))
         self.load_live_counts()
-        self.init_replication(list(peers), cfg.cluster.replicas, KeyFormat.from_config(cfg).url_of)
-        self._tasks.append(asyncio.get_running_loop().create_task(follow_membership(
-            lambda: [self.node, *self.peers], lambda nodes: self.set_membership([n["name"] for n in nodes]),
-            self.log)))
+        self.init_replication(Membership.from_wire(membership) if membership is not None else None,
+                              cfg.cluster.replicas, KeyFormat.from_config(cfg).url_of, fetch=fetch, wall=clock,
+                              stores=stores)
+        if fetch is not None:
+            self._tasks.append(asyncio.get_running_loop().create_task(self.follow_membership()))
 
     # ------------------------------------------------------------------------------------ writes
 
@@ -74,7 +86,7 @@ class NodeStore(Replication):
         if prefix is not None:
             out.append((prefix + url, b""))
 
-    async def apply(self, registry: list[Op] = (), pages: list[Op] = (), history: Sequence[list] = ()) -> int:
+    async def apply(self, registry: Sequence[Op] = (), pages: Sequence[Op] = (), history: Sequence[list] = ()) -> int:
         """Local writes (targets, control rows, pages, freshness records) with fresh versions; every
         peer gets the same records (see ``Replication``). ``history``: render-history items
         ``[cache key, entry, report]`` (``storage/history.py``), written in the batch of ``pages``."""
@@ -95,7 +107,7 @@ class NodeStore(Replication):
         heads = self.pages.get_many([history.head_key(k) for k in keys])
         return history.plan_ops(items, {k: payload_of(v) for k, v in zip(keys, heads)})
 
-    def _untouch(self, pages: list[Op]) -> list[Op]:
+    def _untouch(self, pages: Sequence[Op]) -> Sequence[Op]:
         """``pages`` and, in the same batch, the delete of each freshness record a page write or
         delete in it supersedes (readers ignore it anyway: it is older than the page)."""
         touches = {bytes(k) for k, _ in pages if is_touch_key(k)}
@@ -144,7 +156,8 @@ class NodeStore(Replication):
         ``owned_under`` (a membership), only the URLs this node owns there (``actors/store/everywhere.py``)."""
         prefix = by_sitemap_prefix(sitemap_url)
         owner = Ownership(owned_under).owner if owned_under else None
-        urls, n = [], 0
+        urls: list[str] = []
+        n = 0
         for k in self.registry.keys(prefix):
             url = k[len(prefix):].decode()
             if owner is not None and owner(url) != self.node:
@@ -232,7 +245,10 @@ class NodeStore(Replication):
             db.close()
 
 
-class StoreClient:
+NodeStoreActor = ray.remote(NodeStore)
+
+
+class StoreClient(NodeActorClient):
     """Typed calls to a node's NodeStore, each under one deadline: the methods a caller uses are
     names tools can follow, not strings (``NodeStore`` above defines each)."""
 
@@ -280,3 +296,34 @@ class StoreClient:
     async def wait_synced(self, timeout: float) -> dict:
         """Until the store caught up with its peers, or ``timeout``: this call's deadline follows it."""
         return await call(self.handle.wait_synced.remote(timeout), timeout + 10)
+
+    async def urls_of_sitemap(self, sitemap_url: str, limit: int,
+                              owned_under: list[str] | None = None) -> tuple[list[str], int]:
+        return await call(self.handle.urls_of_sitemap.remote(sitemap_url, limit, owned_under), self.deadline_s)
+
+    # ------------------------------------------------------------------------ the ingress's reads
+
+    async def stored_pages(self, keys: list[str]) -> list[list[bytes | None]]:
+        return await call(self.handle.stored_pages.remote(keys), self.deadline_s)
+
+    async def page_keys(self, prefix: str, start: str | None, limit: int) -> dict:
+        return await call(self.handle.page_keys.remote(prefix, start, limit), self.deadline_s)
+
+    async def counts(self) -> dict:
+        return await call(self.handle.counts.remote(), self.deadline_s)
+
+    # ------------------------------------------------------------ one store asks another (replication)
+
+    async def apply_remote(self, records: list[list], epoch: int | None = None) -> int:
+        """``StaleEpoch`` when the peer is on a newer membership than ``epoch`` (the sender's)."""
+        return await call(self.handle.apply_remote.remote(records, epoch), self.deadline_s)
+
+    async def since(self, name: str, hlc: int, after: bytes | None, limit: int,
+                    holder: str | None = None, members: list[str] | None = None, epoch: int | None = None) -> dict:
+        return await call(self.handle.since.remote(name, hlc, after, limit, holder, members, epoch), self.deadline_s)
+
+    # ------------------------------------------------------------------------ the controller's
+
+    async def set_membership(self, wire: dict) -> dict:
+        """The controller's push (``Membership.to_wire()``): adopted only when its epoch is newer."""
+        return await call(self.handle.set_membership.remote(wire), MEMBERSHIP_DEADLINE_S)

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from prerender_ray.rpc import call
+from prerender_ray.actors.store.actor import StoreClient
 
 
 async def urls_of_sitemap(sitemap: str, limit: int, *, node: str, names: Sequence[str], replicas: int, local: Any,
@@ -21,13 +21,14 @@ async def urls_of_sitemap(sitemap: str, limit: int, *, node: str, names: Sequenc
     node answers for the URLs it owns under ``names`` (one node per URL: the lists are disjoint and
     the counts add up). When a node did not answer the count is one more than it knows, so a caller
     sees the list as incomplete (a prune scan leaves the rest to its next walk; a delete loop asks
-    again)."""
+    again). ``local`` and what ``store_of`` gives: a store's ``StoreClient`` or its handle; every
+    call is under ``deadline_s``."""
     if replicas >= len(names):
-        return await call(local.urls_of_sitemap.remote(sitemap, limit), deadline_s)
+        return await _client(local, deadline_s).urls_of_sitemap(sitemap, limit)
 
     async def one(name: str) -> tuple[list[str], int]:
-        store = local if name == node else await store_of(name)
-        return await call(store.urls_of_sitemap.remote(sitemap, limit, list(names)), deadline_s)
+        store = _client(local if name == node else await store_of(name), deadline_s)
+        return await store.urls_of_sitemap(sitemap, limit, list(names))
 
     answers = await asyncio.gather(*(one(n) for n in names), return_exceptions=True)
     urls: list[str] = []
@@ -39,3 +40,8 @@ async def urls_of_sitemap(sitemap: str, limit: int, *, node: str, names: Sequenc
         urls += answer[0]
         total += answer[1]
     return sorted(urls)[:limit], total
+
+
+def _client(store: Any, deadline_s: float) -> StoreClient:
+    """This read's deadline on a store's client (the api passes handles, the walker clients)."""
+    return StoreClient(store.handle if isinstance(store, StoreClient) else store, deadline_s)

@@ -18,26 +18,28 @@ waits ``PUSH_ON_AFTER_S`` and asks the membership of then: a stale view must not
 
 Pushes go to the peer's ``apply_remote`` directly, not through the outbox: a drop needs the ack. A
 change while a walk runs cancels it and starts again from the membership the cancelled walk started
-from (what it had not pushed yet is still owed); that membership is kept on disk until a walk
-finishes, so a store that died mid-walk resumes it when it starts again. A holder that did not
-answer keeps the record here and is retried by a later walk.
+from (what it had not pushed yet is still owed). Each walk works against one epoch's membership and
+drops nothing once the epoch moved. The membership the held records were placed under is kept on
+disk (with whether a walk from it is owed), so a store that died mid-walk resumes it, and a store
+that starts on another membership (it left while down and came back) walks from it. A holder that
+did not answer keeps the record here and is retried by a later walk.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import Any
 
 from prerender_ray import metrics
+from prerender_ray.identity.membership import NOBODY, MembershipView, StaleEpoch
 from prerender_ray.storage.keys import FRESHNESS, HPTR, REBALANCE, RENDER_HISTORY, TARGET, VIDX
 from prerender_ray.storage.placement import Placement
 from prerender_ray.storage.replication import hlc_bytes
+from prerender_ray.timeutil import Clock
 
 WALK_CHUNK = 500  # records read per step of a walk
 WALK_BYTES = 4 * 1024 * 1024  # and at most this many bytes of them (pages: ~30 KB each)
-PUSH_DEADLINE_S = 15.0
 PUSH_TRIES = 3
 RETRY_AFTER_S = 30.0  # a walk that left records behind (a holder did not answer) runs again after this
 PUSH_ON_TRIES = 5  # then a stray record waits here for the next walk
@@ -49,55 +51,99 @@ RANGES = {"registry": ((TARGET, None),),
           "pages": ((FRESHNESS, None), (RENDER_HISTORY, None), (b"", b"\x01"))}
 
 
+class MembershipMoved(Exception):
+    """The membership changed under a walk's decision: nothing of it is committed."""
+
+
 class Rebalancing:
     placement: Placement
+    view: MembershipView
+    wall: Clock
     node: str
     log: Any
+
+    async def refused(self, peer: str, e: StaleEpoch) -> None: ...
 
     def init_rebalancing(self) -> None:
         self.rebalance_task: asyncio.Task | None = None
         self._walk_from: Placement | None = None  # the membership the unfinished walk started from
+        self._walk_everyone = False  # that walk pushes to every new holder (see ``settle``)
         self.rebalance_report: dict[str, Any] = {"state": "idle"}
-        owed = self.registry.get(REBALANCE)  # type: ignore[attr-defined]
-        if owed is not None:  # a walk this store's last process did not finish: resume it
-            try:
-                names = [n for n in json.loads(owed) if isinstance(n, str)]
-            except ValueError:
-                names = []
-            if names:
-                self._start_walk(self.placement.under(names))
+        self.share_moved = False  # placed under another membership than the one this store started on
+        if self.view.epoch != NOBODY:
+            self.settle(self.placement)
 
-    def _start_walk(self, before: Placement) -> None:
+    def placed_under(self) -> tuple[Placement | None, bool]:
+        """The membership the records held here were last placed under, kept on disk (None for a
+        store that never kept one), and whether a walk from it is still owed: records may have come
+        in under the memberships since (a store of an older release kept a bare list: owed)."""
+        raw = self.registry.get(REBALANCE)  # type: ignore[attr-defined]
+        if raw is None:
+            return None, False
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            return None, False
+        names, owed = (doc.get("placed"), bool(doc.get("owed"))) if isinstance(doc, dict) else (doc, True)
+        names = [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+        return (self.placement.under(names) if names else None), owed
+
+    def _placed(self, placement: Placement, owed: bool) -> None:
+        doc = {"placed": list(placement.ownership.names), "owed": owed}
+        self.registry.put(REBALANCE, json.dumps(doc).encode())  # type: ignore[attr-defined]
+
+    def settle(self, current: Placement) -> None:
+        """At start (or at the first membership of a store that started alone): what this store holds
+        was placed under the membership it kept on disk; when that is not ``current`` (a walk left
+        unfinished, or a node that left while down and came back under another membership), walk
+        from it. Its new holders may have joined while this node was away and will not pull from
+        it: they are pushed to, whoever they are."""
+        placed, owed = self.placed_under()
+        if placed is None or (placed.ownership.names == current.ownership.names and not owed):
+            self._placed(current, owed=False)
+            return
+        self.share_moved = current.partial and placed.ownership.names != current.ownership.names  # it may hold URLs it never had: its catch-up pulls all of its share
+        self._start_walk(placed, everyone=True)
+
+    def _start_walk(self, before: Placement, everyone: bool = False) -> None:
         if self.rebalance_task is not None and not self.rebalance_task.done():
             self.rebalance_task.cancel()
         if self._walk_from is None:
-            self._walk_from = before
-            self.registry.put(REBALANCE, json.dumps(list(before.ownership.names)).encode())  # type: ignore[attr-defined]
-        self.rebalance_task = asyncio.get_running_loop().create_task(self._rebalance(self._walk_from, self.placement))
+            self._walk_from, self._walk_everyone = before, everyone
+            self._placed(before, owed=True)
+        self.rebalance_task = asyncio.get_running_loop().create_task(
+            self._rebalance(self._walk_from, self.placement, self.view.epoch))
 
-    def rebalance_on(self, names: list[str]) -> None:
-        """A new membership: from now on records ship to their new holders; a walk moves what is held."""
-        before = self.placement
-        after = before.under(names)
+    def rebalance_on(self, before: Placement, after: Placement, first: bool = False) -> None:
+        """A new membership (``placement`` is ``after`` already: from now on records ship to their new
+        holders); a walk moves what is held. ``first``: this store started alone, ``before`` is no
+        placement its records were ever under."""
+        if first:
+            self.settle(after)
+            return
         if after.ownership.names == before.ownership.names:
             return
-        self.placement = after
         if not (before.partial or after.partial or self._walk_from is not None):
+            self._placed(after, owed=False)
             return  # every node holds everything, before and after
         self._start_walk(before)
 
-    async def _rebalance(self, before: Placement, after: Placement) -> None:
-        t0 = time.monotonic()
-        report = {"state": "running", "members": list(after.ownership.names), "pushed": 0, "dropped": 0,
-                  "unanswered": 0, "startedAt": int(time.time() * 1000)}
+    async def _rebalance(self, before: Placement, after: Placement, epoch: int) -> None:
+        """One walk against the membership of ``epoch`` (``after``): a change cancels it (and a drop
+        checks the epoch again), and the next walk starts from ``before`` again."""
+        t0 = self.wall.monotonic()
+        report = {"state": "running", "members": list(after.ownership.names), "epoch": epoch, "pushed": 0,
+                  "dropped": 0, "unanswered": 0, "startedAt": self.wall.now_ms()}
         self.rebalance_report = report
         try:
             for name in ("registry", "pages"):
                 for prefix, start in RANGES[name]:
-                    await self._walk(name, prefix, start, before, after, report)
+                    await self._walk(name, prefix, start, before, after, report, epoch)
         except asyncio.CancelledError:
             report["state"] = "superseded"
             raise
+        except MembershipMoved:
+            report["state"] = "superseded"
         except Exception as e:
             metrics.loop_errors.labels("rebalance").inc()
             self.log.error("rebalance failed", error=repr(e))
@@ -105,17 +151,18 @@ class Rebalancing:
             report["error"] = repr(e)[:300]
         else:
             report["state"] = "done" if not report["unanswered"] else "incomplete"
-        report["ms"] = round((time.monotonic() - t0) * 1000)
+        report["ms"] = round((self.wall.monotonic() - t0) * 1000)
         self.log.info("rebalance", **{k: v for k, v in report.items() if k != "members"})
-        if report["state"] == "done":
-            self._walk_from = None
-            self.registry.delete(REBALANCE)  # type: ignore[attr-defined]
+        if report["state"] == "done" and self.view.epoch == epoch:
+            self._walk_from, self._walk_everyone = None, False
+            self._placed(after, owed=False)
         elif report["state"] in ("incomplete", "failed"):
             await asyncio.sleep(RETRY_AFTER_S)  # another change cancels this wait and walks at once
-            self.rebalance_task = asyncio.get_running_loop().create_task(self._rebalance(before, self.placement))
+            self.rebalance_task = asyncio.get_running_loop().create_task(
+                self._rebalance(before, self.placement, self.view.epoch))
 
     async def _walk(self, name: str, prefix: bytes, start: bytes | None, before: Placement, after: Placement,
-                    report: dict) -> None:
+                    report: dict, epoch: int) -> None:
         db = self._db(name)  # type: ignore[attr-defined]
         cursor = start
         while True:
@@ -130,17 +177,19 @@ class Rebalancing:
             if not chunk:
                 return
             cursor = chunk[-1][0] + b"\x00"
-            await self._move(name, chunk, before, after, report)
+            await self._move(name, chunk, before, after, report, epoch, self._walk_everyone)
             if not full:
                 return
             await asyncio.sleep(0)
 
     async def _move(self, name: str, chunk: list[tuple[bytes, bytes]], before: Placement, after: Placement,
-                    report: dict) -> None:
-        """Push what others must now hold; drop what this node no longer holds once its holders have it."""
+                    report: dict, epoch: int, everyone: bool = False) -> None:
+        """Push what others must now hold; drop what this node no longer holds once its holders have it.
+        ``after`` is the membership of ``epoch``: nothing is dropped once the epoch moved. A holder
+        that joined since ``before`` pulls its share itself, unless ``everyone``."""
         sends: dict[str, list[list]] = {}
         leaving: list[tuple[bytes, bytes | None, tuple[str, ...]]] = []
-        members_before = set(before.ownership.names)
+        members_before = set(after.ownership.names if everyone else before.ownership.names)
         for key, record in chunk:
             now = after.holders(name, key)
             if now is None:
@@ -158,11 +207,13 @@ class Rebalancing:
                 sends.setdefault(peer, []).append([name, key, record])
         answered = set()
         for peer, records in sends.items():
-            if await self._push(peer, records):
+            if await self._push(peer, records, epoch):
                 answered.add(peer)
                 report["pushed"] += len(records)
             else:
                 report["unanswered"] += len(records)
+        if self.view.epoch != epoch:
+            raise MembershipMoved()  # decided against a membership that is gone: the next walk decides
         gone = [(key, sent) for key, sent, dests in leaving if all(d in answered for d in dests)]
         report["dropped"] += self.drop_local(name, gone)
 
@@ -181,15 +232,18 @@ class Rebalancing:
             await asyncio.sleep(RETRY_AFTER_S if attempt else PUSH_ON_AFTER_S)
             # only what is still here at the version received (a newer one is pushed on by itself)
             # and still not held here under the membership of now
+            epoch, placement = self.view.epoch, self.placement  # this attempt's snapshot
             held = db.get_many([key for key, _ in items])
             items = [(key, now) for (key, was), now in zip(items, held)
                      if now is not None and hlc_bytes(now) == hlc_bytes(was)
-                     and not self.placement.holds(self.node, name, key)]
+                     and not placement.holds(self.node, name, key)]
             report["unanswered"] = 0
             if not items:
                 break
             try:
-                await self._move(name, items, self.placement, self.placement, report)
+                await self._move(name, items, placement, placement, report, epoch)
+            except MembershipMoved:
+                report["unanswered"] = len(items)  # the next attempt, under the membership of then
             except Exception as e:
                 self.log.warning("pushing on a record held elsewhere failed", error=repr(e)[:300])
                 report["unanswered"] = len(items)
@@ -198,16 +252,19 @@ class Rebalancing:
         if any(report.values()):
             self.log.info("records held elsewhere pushed on", db=name, **report)
 
-    async def _push(self, peer: str, records: list[list]) -> bool:
+    async def _push(self, peer: str, records: list[list], epoch: int) -> bool:
         for attempt in range(PUSH_TRIES):
             try:
                 store = await self._peer_store(peer)  # type: ignore[attr-defined]
-                await asyncio.wait_for(store.apply_remote.remote(records), PUSH_DEADLINE_S)
+                await store.apply_remote(records, epoch)  # under the peer client's deadline (SHIP_DEADLINE_S)
                 metrics.replication_shipped_bytes.labels("rebalance").inc(
                     sum(len(key) + len(record) for _, key, record in records))
                 return True
             except asyncio.CancelledError:
                 raise
+            except StaleEpoch as e:  # the peer is on a newer membership: a walk under it pushes again
+                await self.refused(peer, e)
+                return False
             except Exception as e:
                 self.log.info("rebalance push failed", peer=peer, attempt=attempt + 1, error=type(e).__name__)
                 await asyncio.sleep(0.5 * (attempt + 1))

@@ -20,18 +20,19 @@ from __future__ import annotations
 
 import asyncio
 import struct
-import time
 from collections import deque
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from prerender_ray import metrics
-from prerender_ray.actors.common import Handles
+from prerender_ray.actors.common import MEMBERSHIP_CHECK_S, Handles, Sometimes, survivable
 from prerender_ray.actors.store.rebalance import Rebalancing
-from prerender_ray.identity.nodes import Ownership
+from prerender_ray.identity.membership import NOBODY, Membership, MembershipView, StaleEpoch
 from prerender_ray.storage.keys import FRESHNESS, HPTR, LIVE, RENDER_HISTORY, SHIPPED, TARGET, VIDX
 from prerender_ray.storage.placement import Placement
 from prerender_ray.storage.replication import (
     LOGICAL_BITS,
+    Clock,
     Version,
     hlc_bytes,
     payload_of,
@@ -39,6 +40,12 @@ from prerender_ray.storage.replication import (
     wins,
     wrap_many,
 )
+from prerender_ray.storage.rocks import Store
+from prerender_ray.timeutil import SYSTEM_CLOCK
+from prerender_ray.timeutil import Clock as WallClock
+
+if TYPE_CHECKING:
+    from prerender_ray.actors.store.actor import StoreClient
 
 _LIVE_FLAG = (b"\x00", b"\x01")
 _NOT_PAGES = (FRESHNESS, RENDER_HISTORY)
@@ -60,14 +67,37 @@ def _whole_key(key: str) -> str:
 
 
 class Replication(Rebalancing):
-    def init_replication(self, peers: list[str], replicas: int = 64,
-                         url_of_key: Any = _whole_key) -> None:
-        """``replicas``: how many nodes hold each URL's records (``cluster.replicas``);
-        ``url_of_key``: a cache key's URL (the key layout is config)."""
-        self.peers: list[str] = [p for p in peers if p != self.node]
-        self.placement = Placement(Ownership([self.node, *self.peers]), replicas, url_of_key)
+    # what the store this is part of provides (``NodeStore``; the tests' ``Node``)
+    clock: Clock
+    registry: Store
+    pages: Store
+    _tasks: list[asyncio.Task]
+
+    def _index_ops(self, out: list[tuple[bytes, bytes | None]], key: bytes, old: bytes | None,
+                   new: bytes | None) -> None:
+        """The derived index entries of a registry write (``NodeStore`` keeps targets by sitemap)."""
+
+    def init_replication(self, membership: Membership | None, replicas: int = 64,
+                         url_of_key: Any = _whole_key,
+                         fetch: Callable[[], Awaitable[Membership]] | None = None,
+                         wall: WallClock = SYSTEM_CLOCK, stores: Any = None) -> None:
+        """``membership``: the controller's at placement (None, or one without this node: alone until
+        the first push or check); ``replicas``: how many nodes hold each URL's records
+        (``cluster.replicas``); ``url_of_key``: a cache key's URL (the key layout is config);
+        ``fetch``: the controller's current membership (None: by push only); ``wall``: the time
+        this store reads; ``stores``: the peers' stores by name (``Handles``, Ray's, unless told)."""
+        if membership is None or self.node not in membership.names:
+            membership = Membership.of(NOBODY, [self.node])
+        self.view = MembershipView(membership)
+        self.fetch_membership = fetch
+        self.wall = wall
+        self._unasked = Sometimes()
+        self._refusals: set[tuple[str, int]] = set()  # (peer, its epoch) refusals said once each
+        self.peers: list[str] = [p for p in membership.names if p != self.node]
+        self.placement = Placement(membership.ownership, replicas, url_of_key)
         self.init_rebalancing()
-        self.stores = Handles("store")  # the peers' stores
+        self.view.listen(self._changed)
+        self.stores = stores if stores is not None else Handles("store", wrap=_peer_client)  # the peers' stores
         self.outbox: dict[str, deque[Record]] = {}
         self.resync_from: dict[str, int] = {}  # peer -> hlc to re-push from (its outbox overflowed)
         self.wake: dict[str, asyncio.Event] = {}
@@ -145,7 +175,7 @@ class Replication(Rebalancing):
 
     # -------------------------------------------------------------------------------- committing
 
-    def commit_local(self, name: str, ops: list[tuple[bytes, bytes | None]]) -> int:
+    def commit_local(self, name: str, ops: Sequence[tuple[bytes, bytes | None]]) -> int:
         """This node's writes (payload None deletes): stamped with consecutive fresh versions, written
         with their index entries, and queued for every peer."""
         if not ops:
@@ -155,7 +185,8 @@ class Replication(Rebalancing):
         self._commit(db, name, ops, olds, helds, lives)
         return len(ops)
 
-    def commit_absent(self, name: str, ops: list[tuple[bytes, bytes]], deleted_within_ms: int = 0) -> list[bytes | None]:
+    def commit_absent(self, name: str, ops: Sequence[tuple[bytes, bytes | None]],
+                      deleted_within_ms: int = 0) -> list[bytes | None]:
         """``commit_local`` of the puts whose key holds no live record (absent or deleted); the others
         are left as they are. Returns, per op, None when written, else the live payload held: a
         sitemap walk creates its new targets in one call, the check and the write in one step.
@@ -167,14 +198,15 @@ class Replication(Rebalancing):
         olds, helds, lives = self._held(db, name, [key for key, _ in ops])
         live = [payload_of(old) for old in olds]
         if deleted_within_ms > 0:
-            since = (int(time.time() * 1000) - deleted_within_ms) << LOGICAL_BITS
+            since = (self.wall.now_ms() - deleted_within_ms) << LOGICAL_BITS
             live = [b"" if payload is None and held is not None and _HLC.unpack(held)[0] >= since else payload
                     for payload, held in zip(live, helds)]
         self._commit_picked(db, name, [i for i, payload in enumerate(live) if payload is None], ops, olds, helds,
                             lives)
         return live
 
-    def commit_if(self, name: str, ops: list[tuple[bytes, bytes | None]], expected: list[bytes | None]) -> list[bool]:
+    def commit_if(self, name: str, ops: Sequence[tuple[bytes, bytes | None]],
+                  expected: list[bytes | None]) -> list[bool]:
         """``commit_local`` of the ops whose key still holds the live payload ``expected`` (None: nothing
         live); per op, whether it was written. A read-modify-write (a patch) made on what was read
         before a delete or another write must not undo it: the check and the write in one step."""
@@ -186,12 +218,12 @@ class Replication(Rebalancing):
         self._commit_picked(db, name, [i for i, ok in enumerate(same) if ok], ops, olds, helds, lives)
         return same
 
-    def _commit_picked(self, db: Any, name: str, picked: list[int], *cols: list) -> None:
+    def _commit_picked(self, db: Any, name: str, picked: list[int], *cols: Sequence) -> None:
         """``_commit`` of the ops at ``picked`` (the columns as ``_held`` gave them, ops first)."""
         if picked:
             self._commit(db, name, *([col[i] for i in picked] for col in cols))
 
-    def _commit(self, db: Any, name: str, ops: list, olds: list, helds: list, lives: list) -> None:
+    def _commit(self, db: Any, name: str, ops: Sequence, olds: list, helds: list, lives: list) -> None:
         first = self.clock.reserve(len(ops))
         records = wrap_many(self.node, first, [p for _, p in ops])
         batch = self._batch(name, [(key, records[i], first + i, payload, olds[i], helds[i])
@@ -209,7 +241,7 @@ class Replication(Rebalancing):
     def commit_remote(self, name: str, items: list[tuple[bytes, bytes]]) -> int:
         """A peer's enveloped records, each applied only when newer than what is held."""
         db = self._db(name)
-        now = time.time() * 1000
+        now = self.wall.now_ms()
         keys = [key for key, _ in items]
         olds, helds, lives = self._held(db, name, keys)
         accepted, was = [], []
@@ -270,18 +302,25 @@ class Replication(Rebalancing):
         return ([None] * len(keys), [p[:8] if p is not None else None for p in pointers],
                 [False if p is None else (p[8] == 1 if len(p) > 8 else None) for p in pointers])
 
-    async def apply_remote(self, records: list[Record]) -> int:
-        """Records shipped by a peer (or pulled in a catch-up)."""
+    async def apply_remote(self, records: list[Record], epoch: int | None = None) -> int:
+        """Records shipped by a peer (or pulled in a catch-up), sent under its membership ``epoch``
+        (None: a local apply): see ``accept``."""
+        if epoch is not None:
+            await self.accept(epoch, "apply_remote")
         by_db: dict[str, list[tuple[bytes, bytes]]] = {n: [] for n in DBS}
         for name, key, record in records:
             by_db[name].append((key, record))
         return sum(self.commit_remote(n, items) for n, items in by_db.items() if items)
 
     async def since(self, name: str, hlc: int, after: bytes | None, limit: int = BATCH_RECORDS,
-                    holder: str | None = None, members: list[str] | None = None) -> dict:
+                    holder: str | None = None, members: list[str] | None = None,
+                    epoch: int | None = None) -> dict:
         """Records of one store with a version at or after ``hlc``, in version order, from the index
         position ``after`` (exclusive); answers ``{records, next}`` within a byte budget. With
-        ``holder``: only the records that node holds under ``members`` (default: this node's view)."""
+        ``holder``: only the records that node holds under ``members`` (default: this node's view),
+        the caller's membership of ``epoch`` (see ``accept``)."""
+        if epoch is not None:
+            await self.accept(epoch, "since")
         db = self._db(name)
         start = after + b"\x00" if after else VIDX + _HLC.pack(hlc)
         out: list[Record] = []
@@ -310,11 +349,72 @@ class Replication(Rebalancing):
 
     # -------------------------------------------------------------------------------- membership
 
-    async def set_membership(self, names: list[str]) -> None:
-        peers = [n for n in names if n != self.node]
-        if not peers and not names:
-            return  # an empty list is never trusted
-        self.rebalance_on([self.node, *peers])
+    async def set_membership(self, wire: dict) -> dict:
+        """The controller's push (``Membership.to_wire``), through the one path (``offer``); a
+        malformed one is a ValueError and changes nothing."""
+        return await self.offer(Membership.from_wire(wire))
+
+    async def offer(self, m: Membership) -> dict:
+        """The one way the membership changes, whatever brought it (push, start, check): only a higher
+        epoch replaces the one held; the change takes effect synchronously, in ``_changed``."""
+        if not self.view.offer(m):
+            return {"changed": False, "epoch": self.view.epoch}
+        await self.stores.renew(list(self.peers))
+        return {"changed": True, "epoch": m.epoch}
+
+    async def refresh(self) -> bool:
+        """The controller's membership, offered (False: no controller to ask, or it did not answer)."""
+        if self.fetch_membership is None:
+            return False
+        try:
+            m = await self.fetch_membership()
+        except Exception as e:
+            if self._unasked.due():
+                self.log.warning("the controller's membership could not be read", error=repr(e)[:200])
+            return False
+        await self.offer(m)
+        return True
+
+    async def follow_membership(self) -> None:
+        """Pushes can be lost or overtaken: the controller is asked every ``MEMBERSHIP_CHECK_S``."""
+        while True:
+            await asyncio.sleep(MEMBERSHIP_CHECK_S)
+            try:
+                await self.refresh()
+            except BaseException as e:
+                if not survivable(e):
+                    raise
+                metrics.loop_errors.labels("membership-check").inc()
+                self.log.error("membership check failed", error=repr(e)[:300])
+
+    async def accept(self, epoch: int, what: str) -> None:
+        """A call that moves or writes held data, made under ``epoch``. A caller on a newer epoch
+        means ours is behind: refresh first, then decide; one on an older epoch is refused
+        (``StaleEpoch``): it refreshes and sends again."""
+        if epoch > self.view.epoch:
+            await self.refresh()
+        self.view.check(epoch, what)
+
+    async def refused(self, peer: str, e: StaleEpoch) -> None:
+        """``peer`` refused our call as stale: said once per peer and epoch (both epochs, no
+        traceback), and our membership refreshed."""
+        if (peer, e.receiver) not in self._refusals:
+            if len(self._refusals) > 1024:
+                self._refusals.clear()
+            self._refusals.add((peer, e.receiver))
+            self.log.info("a peer store is on a newer membership; refreshing", peer=peer, ours=e.caller,
+                          theirs=e.receiver)
+        await self.refresh()
+
+    def _changed(self, before: Membership, after: Membership) -> None:
+        """All of it before any await: records ship to their new holders from now on, the peers'
+        shippers follow the node list, and a walk moves what is held."""
+        if self.node not in after.names:  # placed, or left: the controller stops this node; keep what it holds
+            self.log.warning("the membership does not list this node", epoch=after.epoch, nodes=list(after.names))
+            return
+        placed = self.placement
+        self.placement = placed.under(after.names)
+        peers = [n for n in after.names if n != self.node]
         for peer in peers:
             if peer not in self.outbox:  # a peer that was away pulls what it missed when it starts
                 self._add_peer(peer)
@@ -324,7 +424,10 @@ class Replication(Rebalancing):
             self.resync_from.pop(peer, None)
             metrics.replication_pending.labels(peer).set(0)
         self.peers = peers
-        await self.stores.renew(peers)
+        self.log.info("membership", epoch=after.epoch, nodes=list(after.names))
+        self.rebalance_on(placed, self.placement, first=before.epoch == NOBODY)
+        if before.epoch == NOBODY and self.synced.is_set():  # its catch-up ran alone: now there are peers
+            self._tasks.append(asyncio.get_running_loop().create_task(self._initial_catch_up()))
 
     def _add_peer(self, peer: str) -> None:
         self.outbox[peer] = deque()
@@ -349,8 +452,9 @@ class Replication(Rebalancing):
 
     # ---------------------------------------------------------------------------------- shipping
 
-    async def _peer_store(self, peer: str) -> Any:
-        return await self.stores.get(peer)
+    async def _peer_store(self, peer: str) -> StoreClient:
+        client: StoreClient = await self.stores.get(peer)
+        return client
 
     async def _ship(self, peer: str) -> None:
         backoff = 1.0
@@ -362,14 +466,15 @@ class Replication(Rebalancing):
             try:
                 if peer in self.resync_from:
                     await self._repush(peer)
-                batch, size = [], 0
+                batch: list[Record] = []
+                size = 0
                 while box and len(batch) < BATCH_RECORDS and size < BATCH_BYTES:
                     rec = box.popleft()
                     batch.append(rec)
                     size += len(rec[2])
                 if batch:
                     try:
-                        await asyncio.wait_for((await self._peer_store(peer)).apply_remote.remote(batch), SHIP_DEADLINE_S)
+                        await (await self._peer_store(peer)).apply_remote(batch, self.view.epoch)
                     except BaseException:
                         box.extendleft(reversed(batch))  # keep order; retried after the backoff
                         raise
@@ -380,6 +485,10 @@ class Replication(Rebalancing):
                 backoff = 1.0
             except asyncio.CancelledError:
                 raise
+            except StaleEpoch as e:  # sent again once we know the membership the peer is on
+                await self.refused(peer, e)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
             except Exception as e:
                 self.log.info("peer unreachable; retrying", peer=peer, pending=len(box), error=type(e).__name__,
                               retry_s=backoff)
@@ -397,7 +506,7 @@ class Replication(Rebalancing):
             while True:
                 page = await self.since(name, since, after, holder=peer)
                 if page["records"]:
-                    await asyncio.wait_for(target.apply_remote.remote(page["records"]), SHIP_DEADLINE_S)
+                    await target.apply_remote(page["records"], self.view.epoch)
                     metrics.replication_shipped_bytes.labels("repush").inc(_size(page["records"]))
                 after = page["next"]
                 if after is None:
@@ -418,46 +527,88 @@ class Replication(Rebalancing):
 
     async def _initial_catch_up(self) -> None:
         """Before the keeper loads: pull what peers hold that this node missed while away (all of it
-        for a new node). Two passes, the second from a margin before the first began, so records
-        that reached the peer during the first pass are not missed."""
-        t0 = time.time()
+        for a new node, and all of its share for one back under another membership: it may hold URLs
+        it never had). Two passes, the second from a margin before the first began, so records that
+        reached the peer during the first pass are not missed. A peer that does not answer is asked
+        again in the background until it does (or leaves): the others push only to holders that were
+        members before them, so nobody else would send what it holds."""
+        if self.view.epoch == NOBODY:
+            await self.refresh()  # placed alone: the peers to pull from are the controller's
+        t0 = self.wall.monotonic()
         newest = self.newest_hlc()
-        since = max(0, newest - (CATCH_UP_MARGIN_MS << 16)) if newest else 0
+        since = max(0, newest - (CATCH_UP_MARGIN_MS << 16)) if newest and not self.share_moved else 0
         pulled = 0
         sources: list[str] = []
+        failed: list[str] = []
         partial = self.placement.partial
         for peer in sorted(self.peers):
             try:
-                began = self.clock.now().hlc
-                n = await self._pull(peer, since, partial)
-                n += await self._pull(peer, max(0, began - (CATCH_UP_MARGIN_MS << 16)), partial)
-                pulled += n
+                pulled += await self._pull_twice(peer, since, partial)
                 sources.append(peer)
                 if not partial:
                     break  # every peer holds everything: one is enough
             except Exception as e:
-                self.log.warning("catch-up from a peer failed; trying the next", peer=peer, error=repr(e))
+                failed.append(peer)
+                if isinstance(e, StaleEpoch):  # asked again later, under the membership it is on
+                    await self.refused(peer, e)
+                else:
+                    self.log.warning("catch-up from a peer failed; trying the next", peer=peer, error=repr(e)[:300])
         # holding a share, this node pulls from every peer (each sends what this node holds)
         self.sync_report = {"state": "synced", "from": sources[0] if sources else None, "records": pulled,
-                            "since": since, "ms": round((time.time() - t0) * 1000), "peers": list(self.peers)}
+                            "since": since, "ms": round((self.wall.monotonic() - t0) * 1000), "peers": list(self.peers)}
         if partial:
             self.sync_report["sources"] = sources
+            self.sync_report["retrying"] = failed
+            for peer in failed:
+                self._tasks.append(asyncio.get_running_loop().create_task(self._catch_up_later(peer, since)))
         if self.peers and not sources:
             self.sync_report["state"] = "no-peer-answered"
+            if not partial:
+                self._tasks.append(asyncio.get_running_loop().create_task(self._catch_up_later(None, since)))
         self.log.info("replica catch-up", **self.sync_report)
         self.synced.set()
+
+    async def _pull_twice(self, peer: str, since: int, share: bool) -> int:
+        began = self.clock.now().hlc
+        n = await self._pull(peer, since, share)
+        return n + await self._pull(peer, max(0, began - (CATCH_UP_MARGIN_MS << 16)), share)
+
+    async def _catch_up_later(self, peer: str | None, since: int) -> None:
+        """The catch-up from ``peer`` (None: from any one peer) that failed at start, retried with
+        backoff until it answers or leaves the membership."""
+        backoff = 1.0
+        while True:
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 30.0)
+            candidates = sorted(self.peers) if peer is None else [peer] if peer in self.peers else []
+            if not candidates:
+                return
+            for p in candidates:
+                try:
+                    n = await self._pull_twice(p, since, self.placement.partial)
+                except StaleEpoch as e:
+                    await self.refused(p, e)
+                    continue
+                except Exception as e:
+                    self.log.info("catch-up from a peer failed again; retrying", peer=p, error=type(e).__name__,
+                                  retry_s=backoff)
+                    continue
+                self.log.info("replica catch-up from a peer that had not answered", peer=p, records=n)
+                if self.sync_report.get("retrying"):
+                    self.sync_report["retrying"] = [x for x in self.sync_report["retrying"] if x != p]
+                return
 
     async def _pull(self, peer: str, since: int, share: bool = False) -> int:
         """What ``peer`` holds since ``since``; with ``share``, only what this node holds."""
         target = await self._peer_store(peer)
         n = 0
+        epoch = self.view.epoch
         members = list(self.placement.ownership.names) if share else None
         for name in DBS:
             after = None
             while True:
-                page = await asyncio.wait_for(
-                    target.since.remote(name, since, after, BATCH_RECORDS, self.node if share else None, members),
-                    SHIP_DEADLINE_S)
+                page = await target.since(name, since, after, BATCH_RECORDS, self.node if share else None, members,
+                                          epoch)
                 n += await self.apply_remote(page["records"])
                 after = page["next"]
                 if after is None:
@@ -475,6 +626,13 @@ class Replication(Rebalancing):
         return {"sync": self.sync_report, "pending": {p: len(b) for p, b in self.outbox.items()},
                 "resyncing": sorted(self.resync_from), "replicas": self.placement.replicas,
                 "rebalance": self.rebalance_report}
+
+
+def _peer_client(handle: Any) -> StoreClient:
+    """A peer's store, each call under ``SHIP_DEADLINE_S``."""
+    from prerender_ray.actors.store.actor import StoreClient  # that module imports this one
+
+    return StoreClient(handle, SHIP_DEADLINE_S)
 
 
 def _size(records: list[Record]) -> int:

@@ -28,19 +28,19 @@ from prerender_ray import logs, metrics
 from prerender_ray.actors.common import (
     Handles,
     bulk_gc,
-    call,
+    controller_membership,
     follow_overrides,
-    member_names,
     read_overrides,
     untraced,
 )
+from prerender_ray.actors.keeper.client import KeeperClient
+from prerender_ray.actors.store.actor import StoreClient
 from prerender_ray.actors.store.everywhere import urls_of_sitemap
 from prerender_ray.actors.walker.fetch import Fetcher
 from prerender_ray.actors.walker.robots import Discovery
 from prerender_ray.actors.walker.walk import (
     BATCH,
     STORE_DEADLINE_S,
-    WRITE_DEADLINE_S,
     Walk,
     WalkAborted,
     WalkEnv,
@@ -48,6 +48,7 @@ from prerender_ray.actors.walker.walk import (
 from prerender_ray.compiled import CompiledConfig
 from prerender_ray.config.model import Config
 from prerender_ray.config.overrides import LiveConfig
+from prerender_ray.identity.membership import Membership, MembershipView
 from prerender_ray.identity.nodes import NodeInfo, Ownership
 from prerender_ray.sitemaps.parser import SitemapEntry
 from prerender_ray.sitemaps.robots import configured_origins
@@ -87,10 +88,14 @@ class Run:
     cancel_reason: str | None = None
 
 
-@ray.remote
 class SitemapWalker:
-    def __init__(self, config: dict, node: dict, data_dir: str, store: Any, keeper: Any):
+    """The shell, plain: ``SitemapWalkerActor`` is what Ray places. ``fetch_membership`` answers for
+    the controller (``controller_membership``); the LocalNode harness passes its own."""
+
+    def __init__(self, config: dict, node: dict, data_dir: str, store: Any, keeper: Any,
+                 fetch_membership: Any = controller_membership):
         untraced(self)
+        self._fetch_membership = fetch_membership
         bulk_gc()
         cfg = Config.model_validate(config)
         self.cfg = cfg
@@ -99,13 +104,15 @@ class SitemapWalker:
         logs.setup(self.node, level=cfg.logging.level, json_lines=cfg.logging.json_lines,
                    process="sitemapper")
         self.log = logs.get("sitemaps")
-        self.store = store
-        self.keepers = Handles("keeper", own=(self.node, keeper))
-        self.stores = Handles("store", own=(self.node, store))
-        self.ownership = Ownership([self.node])
+        self.store = StoreClient(store, STORE_DEADLINE_S)
+        self.keepers = Handles("keeper", own=(self.node, KeeperClient(keeper)), wrap=KeeperClient)
+        self.stores = Handles("store", own=(self.node, self.store), wrap=_store_client)
+        self.ownership = Ownership([self.node])  # the walks' router: follows ``view``
+        self.view = MembershipView.alone(self.info)
+        self.view.listen(self._changed)
         classify = CompiledConfig(cfg).router.classify
         self.fetcher = Fetcher(cfg, classify, canonicalizer(cfg))
-        self.env = WalkEnv(cfg, self.node, store, self.ownership.owner, self.keepers.get, self.fetcher,
+        self.env = WalkEnv(cfg, self.node, self.store, self.ownership.owner, self.keepers.get, self.fetcher,
                            classify, self.log, self._sole_owner, self.sitemap_urls)
         self.runs: dict[str, Run] = {}
         self.all_task: asyncio.Task | None = None
@@ -141,13 +148,16 @@ class SitemapWalker:
         names = self.ownership.names
         return names[0] if len(names) == 1 else None
 
-    async def set_membership(self, names: list[str]) -> dict:
-        changed = self.ownership.update(names)
-        if changed:
-            self.log.info("membership", nodes=list(self.ownership.names))
+    async def set_membership(self, wire: dict) -> dict:
+        """A push from the controller (``Membership.to_wire``): applied if its epoch is newer."""
+        changed = self.view.offer(Membership.from_wire(wire))
         await self.keepers.renew(list(self.ownership.names))
         await self.stores.renew(list(self.ownership.names))
-        return {"changed": changed}
+        return {"changed": changed, "epoch": self.view.epoch}
+
+    def _changed(self, before: Membership, after: Membership) -> None:
+        self.ownership.update(list(after.names))
+        self.log.info("membership", epoch=after.epoch, nodes=list(after.names))
 
     async def sitemap_urls(self, sitemap: str, limit: int) -> tuple[list[str], int]:
         """The targets attributed to ``sitemap`` across the cluster (``actors/store/everywhere.py``)."""
@@ -158,7 +168,7 @@ class SitemapWalker:
     async def _startup(self) -> None:
         """Learn the membership (a restarted walker missed the pushes), then resume dead runs."""
         try:
-            self.ownership.update(await member_names())
+            self.view.offer(await self._fetch_membership())
         except Exception as e:
             self.log.warning("membership unknown at start; this node only until the controller pushes it",
                              error=repr(e))
@@ -185,7 +195,8 @@ class SitemapWalker:
         left: list[str] = []
         if job is not None:
             roots = [r for r in job.get("roots") or [] if isinstance(r, str)]
-            done = job.get("done") if isinstance(job.get("done"), int) else 0
+            got = job.get("done")
+            done = got if isinstance(got, int) else 0
             left = roots[done:]
             self.log.warning("resuming a refresh-all after a restart", roots=len(left))
             self.all_task = asyncio.get_running_loop().create_task(
@@ -207,7 +218,7 @@ class SitemapWalker:
             reason = f"a refresh on {self.node} is already running (started {ago}s ago)"
             return ClaimCheck(False, reason=reason)
         try:
-            [raw] = await call(self.store.get.remote([sitemap_run_key(root)]), STORE_DEADLINE_S)
+            [raw] = await self.store.get([sitemap_run_key(root)])
             row: Any = decode_json(raw) if raw else None
         except Exception as e:  # a guard that cannot read must not block the work
             row = e
@@ -273,8 +284,7 @@ class SitemapWalker:
         return encode_json(row)
 
     async def _write(self, run: Run, state: str, **extra: Any) -> None:
-        await call(self.store.apply.remote([(sitemap_run_key(run.root), self._row(run, state, **extra))]),
-                   STORE_DEADLINE_S)
+        await self.store.apply([(sitemap_run_key(run.root), self._row(run, state, **extra))])
 
     async def _quiet_write(self, run: Run, state: str, **extra: Any) -> None:
         try:
@@ -288,7 +298,7 @@ class SitemapWalker:
         if run is None or run.walk is not walk:
             raise WalkAborted("the run is no longer registered")
         try:
-            [raw] = await call(self.store.get.remote([sitemap_run_key(walk.root)]), STORE_DEADLINE_S)
+            [raw] = await self.store.get([sitemap_run_key(walk.root)])
             row = decode_json(raw) if raw else {}
         except Exception:
             row = {}
@@ -345,8 +355,7 @@ class SitemapWalker:
             row = {"state": state, "node": self.node, "trigger": trigger, "revalidate": revalidate,
                    "roots": everything, "done": n, "startedAt": started, "updatedAt": now_ms(), **extra}
             try:
-                await call(self.store.apply.remote([(sitemap_run_key(ALL), encode_json(row))]),
-                           STORE_DEADLINE_S)
+                await self.store.apply([(sitemap_run_key(ALL), encode_json(row))])
             except Exception as e:
                 self.log.warning("refresh-all row write failed", error=repr(e))
 
@@ -406,7 +415,7 @@ class SitemapWalker:
         out: list[tuple[bytes, bytes]] = []
         start: bytes | None = None
         while True:
-            page = await call(self.store.scan.remote(prefix, start, SCAN_PAGE), STORE_DEADLINE_S)
+            page = await self.store.scan(prefix, start, SCAN_PAGE)
             out += page
             if len(page) < SCAN_PAGE:
                 return out
@@ -455,10 +464,11 @@ class SitemapWalker:
             targets += await self._delete_targets_of(s, kept)
         ops: list[tuple[bytes, bytes | None]] = []
         for s in order:
-            chunks = rows[s].get("chunks") if isinstance(rows[s].get("chunks"), int) else 0
+            got = rows[s].get("chunks")
+            chunks = got if isinstance(got, int) else 0
             ops += [(entries_key(s, i), None) for i in range(chunks)]
             ops.append((sitemap_key(s), None))
-        await call(self.store.apply.remote(ops), STORE_DEADLINE_S)
+        await self.store.apply(ops)
         self.log.info("sitemap deleted", url=url, sitemaps=len(order), targets=targets,
                       reattributed=len(kept))
         return {"url": url, "deleted": True, "sitemaps": order, "targets": targets,
@@ -481,7 +491,7 @@ class SitemapWalker:
         for s in remaining:
             keys = [entries_key(s, i) for i in range(rows[s]["chunks"])]
             for i in range(0, len(keys), 16):  # a chunk holds ENTRY_CHUNK entries: bounded reads
-                for raw in await call(self.store.get.remote(keys[i:i + 16]), STORE_DEADLINE_S):
+                for raw in await self.store.get(keys[i:i + 16]):
                     if raw:
                         entries = [SitemapEntry(*(list(r) + [None] * 4)[:4]) for r in orjson.loads(raw)
                                    if isinstance(r, list)]
@@ -502,13 +512,12 @@ class SitemapWalker:
                 drop, move = by_owner.setdefault(self.ownership.owner(u), ([], []))
                 (move.append([u, {"sitemap_url": kept[u]}]) if u in kept else drop.append(u))
             keepers = {owner: await self.keepers.get(owner) for owner in by_owner}
-            refs = [keepers[o].delete_targets.remote(drop[i:i + BATCH]) for o, (drop, _) in by_owner.items()
-                    for i in range(0, len(drop), BATCH)]
-            moves = [keepers[o].patch_targets.remote(move[i:i + BATCH]) for o, (_, move) in by_owner.items()
+            drops = [keepers[o].delete_targets(drop[i:i + BATCH]) for o, (drop, _) in by_owner.items()
+                     for i in range(0, len(drop), BATCH)]
+            moves = [keepers[o].patch_targets(move[i:i + BATCH]) for o, (_, move) in by_owner.items()
                      for i in range(0, len(move), BATCH)]
-            for answer in await asyncio.gather(*(call(r, WRITE_DEADLINE_S) for r in refs)):
-                deleted += answer.get("deleted", 0)
-            await asyncio.gather(*(call(r, WRITE_DEADLINE_S) for r in moves))
+            answers = await asyncio.gather(*drops, *moves)
+            deleted += sum(answer.get("deleted", 0) for answer in answers[:len(drops)])
 
     # ---------------------------------------------------------------------------------- status
 
@@ -530,3 +539,9 @@ class SitemapWalker:
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.fetcher.aclose()
 
+
+def _store_client(handle: Any) -> StoreClient:
+    return StoreClient(handle, STORE_DEADLINE_S)
+
+
+SitemapWalkerActor = ray.remote(SitemapWalker)

@@ -17,9 +17,7 @@ from typing import Any
 import httpx
 
 from prerender_ray import metrics
-from prerender_ray.actors.common import call
 from prerender_ray.actors.walker.fetch import Fetcher, SitemapFetchError
-from prerender_ray.actors.walker.walk import STORE_DEADLINE_S
 from prerender_ray.decoding import DecodeError, Decoder
 from prerender_ray.sitemaps.robots import (
     OK,
@@ -167,7 +165,7 @@ class Discovery:
     async def one(self, origin: str, refresh: bool) -> dict:
         rb = self.w.cfg.robots
         key = robots_key(origin)
-        [raw] = await call(self.w.store.get.remote([key]), STORE_DEADLINE_S)
+        [raw] = await self.w.store.get([key])
         try:
             row = decode_json(raw) if raw else None
         except RecordError:
@@ -182,7 +180,7 @@ class Discovery:
                                      deadline_s=rb.fetch_timeout_ms / 1000)
         kept, doc = await settle_and_report(last, fetched, self.w.fetcher, rb.max_sitemaps, served_by(self.w.cfg))
         row = {"origin": origin, **kept.to_row(), "checkedAt": fetched.fetched_at, "report": doc}
-        await call(self.w.store.apply.remote([(key, encode_json(row))]), STORE_DEADLINE_S)
+        await self.w.store.apply([(key, encode_json(row))])
         conflicts = {c["bot"] for c in doc["conflicts"]}
         self.gauge.update(origin, conflicts)
         log = self.w.log.warning if fetched.state != "ok" or doc["sitemapsIgnoredCount"] else self.w.log.info

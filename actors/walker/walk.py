@@ -14,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
 from prerender_ray import metrics
-from prerender_ray.actors.common import call
+from prerender_ray.actors.keeper.client import KeeperClient
+from prerender_ray.actors.store.actor import StoreClient
 from prerender_ray.actors.walker.fetch import Document, Fetcher
 from prerender_ray.config.model import Config
 from prerender_ray.identity.urls import UrlError, whatwg_path
@@ -51,8 +52,7 @@ from prerender_ray.timeutil import now_ms
 BATCH = 2000  # URLs per write call (one owner)
 IN_FLIGHT = 3  # batches of one document in flight: keeps the store and the keepers busy together
 HEARTBEAT_S = 5.0  # a long document still bumps updatedAt this often
-STORE_DEADLINE_S = 30.0
-WRITE_DEADLINE_S = 120.0
+STORE_DEADLINE_S = 30.0  # the walker's store client (a keeper's bulk writes: keeper.client.BULK_DEADLINE_S)
 _URL = itemgetter(0)  # (url, entry) pairs sort by URL
 
 
@@ -66,9 +66,9 @@ class WalkEnv:
 
     cfg: Config
     node: str
-    store: Any
+    store: StoreClient
     owner_of: Callable[[str], str]  # canonical URL -> the owner node's name
-    keeper: Callable[[str], Awaitable[Any]]  # node name -> its keeper (a handle lookup off the loop)
+    keeper: Callable[[str], Awaitable[KeeperClient]]  # node name -> its keeper (a handle lookup off the loop)
     fetcher: Fetcher
     classify: Classify
     log: Any
@@ -222,7 +222,7 @@ class Walk:
         cap = env.cfg.scan.collect_cap
         # Phase A: the prune scan over the targets attributed to this document (no write meanwhile).
         urls, total = await (env.sitemap_urls(sitemap, cap) if env.sitemap_urls is not None
-                             else call(env.store.urls_of_sitemap.remote(sitemap, cap), STORE_DEADLINE_S))
+                             else env.store.urls_of_sitemap(sitemap, cap))
         scan = PruneScan(sitemap, part.incoming, env.classify, cap)
         for url in urls:
             scan.add(url)
@@ -260,7 +260,7 @@ class Walk:
     async def _changed(self, sitemap: str, part: Partition) -> dict[str, int]:
         """The entries whose lastmod is newer than this document's previous walk (``changed_entries``);
         the bad ones are counted."""
-        [raw] = await call(self.env.store.get.remote([sitemap_key(sitemap)]), STORE_DEADLINE_S)
+        [raw] = await self.env.store.get([sitemap_key(sitemap)])
         try:
             old = decode_json(raw) if raw else {}
         except RecordError:
@@ -278,12 +278,10 @@ class Walk:
         within = self.env.cfg.sitemap.lastmod_within
         urls = sorted(changed)
         ats = [changed[u] for u in urls]
-        calls = []
-        for owner, (u, at, _) in self._by_owner(urls, ats, [None] * len(urls)).items():
-            keeper = await self.env.keeper(owner)
-            calls += [keeper.lastmod_due.remote(u[i:i + BATCH], at[i:i + BATCH], within)
-                      for i in range(0, len(u), BATCH)]
-        answers = await asyncio.gather(*(call(ref, WRITE_DEADLINE_S) for ref in calls))
+        by_owner = self._by_owner(urls, ats, [None] * len(urls))
+        keepers = await self._keepers(by_owner)
+        answers = await asyncio.gather(*(keepers[owner].lastmod_due(u[i:i + BATCH], at[i:i + BATCH], within)
+                                         for owner, (u, at, _) in by_owner.items() for i in range(0, len(u), BATCH)))
         due = sum(a["due"] for a in answers)
         self.result.lastmod_due += due
         metrics.sitemap_entries.labels("lastmod-due").inc(due)
@@ -300,9 +298,13 @@ class Walk:
         # RocksDB writes then only merge runs
         items = sorted(items, key=_URL)
         async with gate:
-            kw = {"visited": self.visited, "revalidate": self.revalidate, "page_cfg": env.cfg.page,
-                  "now_ms": now_ms()}
-            plan = plan_batch(sitemap, items, None, **kw)
+            at = now_ms()
+
+            def planned(batch: list[tuple[str, Any]], existing: list | None) -> BatchPlan:
+                return plan_batch(sitemap, batch, existing, visited=self.visited, revalidate=self.revalidate,
+                                  page_cfg=env.cfg.page, now_ms=at)
+
+            plan = planned(items, None)
             if not read:
                 await self._write_many(sitemap, plan.urls, plan.intervals, plan.dues, plan.patches)
                 counts = plan.counts
@@ -316,8 +318,8 @@ class Walk:
                             changed.pop(url, None)  # created just now: no page to be stale
                 if held:
                     entries = dict(items)
-                    rest = plan_batch(sitemap, [(url, entries[url]) for url, _ in held],
-                                      [_attribution(url, data) for url, data in held], **kw)
+                    rest = planned([(url, entries[url]) for url, _ in held],
+                                   [_attribution(url, data) for url, data in held])
                     await self._write_many(sitemap, rest.urls, rest.intervals, rest.dues, rest.patches)
                     for action, n in rest.counts.items():
                         counts[action] = counts.get(action, 0) + n
@@ -331,10 +333,10 @@ class Walk:
     async def _create_absent(self, sitemap: str, plan: BatchPlan) -> list[list]:
         """Create the targets of a plan of creates where none exists (one call per owner, all owners at
         once); returns the [url, stored payload] of those that exist, untouched."""
-        keeper = self.env.keeper
-        calls = [(await keeper(owner)).put_listed.remote(sitemap, u, iv, d, False, True)
-                 for owner, (u, iv, d) in self._by_owner(plan.urls, plan.intervals, plan.dues).items()]
-        answers = await asyncio.gather(*(call(ref, WRITE_DEADLINE_S) for ref in calls))
+        by_owner = self._by_owner(plan.urls, plan.intervals, plan.dues)
+        keepers = await self._keepers(by_owner)
+        answers = await asyncio.gather(*(keepers[owner].put_listed(sitemap, u, iv, d, False, True)
+                                         for owner, (u, iv, d) in by_owner.items()))
         return [pair for answer in answers for pair in answer["held"]]
 
     def _by_owner(self, urls: list[str], intervals: list[int], dues: list[int | None]
@@ -358,33 +360,36 @@ class Walk:
                           patches: list[tuple[str, dict]]) -> None:
         """Puts of URLs listed by ``sitemap`` (as columns) and patches: one call per owner and batch,
         all owners at once; a failed call fails the document."""
-        owner_of, keeper_of = self.env.owner_of, self.env.keeper
+        owner_of = self.env.owner_of
         puts = self._by_owner(urls, intervals, dues)
         by_owner: dict[str, list] = {}
         for url, change in patches:
             by_owner.setdefault(owner_of(url), []).append([url, change])  # lists: msgpack, not pickle
-        calls = []
-        for owner, (u, iv, d) in puts.items():
-            keeper = await keeper_of(owner)
-            calls += [keeper.put_listed.remote(sitemap, u[i:i + BATCH], iv[i:i + BATCH], d[i:i + BATCH])
-                      for i in range(0, len(u), BATCH)]
-        for owner, q in by_owner.items():
-            keeper = await keeper_of(owner)
-            calls += [keeper.patch_targets.remote(q[i:i + BATCH]) for i in range(0, len(q), BATCH)]
+        keepers = await self._keepers([*puts, *by_owner])
+        calls = [keepers[owner].put_listed(sitemap, u[i:i + BATCH], iv[i:i + BATCH], d[i:i + BATCH])
+                 for owner, (u, iv, d) in puts.items() for i in range(0, len(u), BATCH)]
+        calls += [keepers[owner].patch_targets(q[i:i + BATCH])
+                  for owner, q in by_owner.items() for i in range(0, len(q), BATCH)]
         if calls:
-            await asyncio.gather(*(call(ref, WRITE_DEADLINE_S) for ref in calls))
+            await asyncio.gather(*calls)
+
+    async def _keepers(self, owners: Iterable[str]) -> dict[str, KeeperClient]:
+        """Each owner's keeper, looked up before any call is made (a failed lookup leaves no call
+        unawaited)."""
+        return {owner: await self.env.keeper(owner) for owner in dict.fromkeys(owners)}
 
     # ------------------------------------------------------------------------------------- rows
 
     async def _put_row(self, doc: Document, parent: str | None) -> None:
         """The document's row and, when its body changed, its entry chunks (stale chunks deleted)."""
         store = self.env.store
-        [raw] = await call(store.get.remote([sitemap_key(doc.url)]), STORE_DEADLINE_S)
+        [raw] = await store.get([sitemap_key(doc.url)])
         try:
             old = decode_json(raw) if raw else {}
         except RecordError:
             old = {}
-        old_chunks = old.get("chunks") if isinstance(old.get("chunks"), int) else 0
+        chunks = old.get("chunks")
+        old_chunks = chunks if isinstance(chunks, int) else 0
         ops: list[tuple[bytes, bytes | None]] = []
         if old.get("digest") != doc.digest or old_chunks != len(doc.chunks):
             ops += [(entries_key(doc.url, i), chunk) for i, chunk in enumerate(doc.chunks)]
@@ -399,7 +404,7 @@ class Walk:
         if doc.final_url != doc.url:
             row["finalUrl"] = doc.final_url
         ops.append((sitemap_key(doc.url), encode_json(row)))
-        await call(store.apply.remote(ops), STORE_DEADLINE_S)
+        await store.apply(ops)
 
 
 def _stopped(finishing: asyncio.Task | None) -> None:

@@ -52,17 +52,13 @@ async def _reports(ctx: NodeContext) -> dict[str, tuple[bool, Any]]:
     """``node/replica`` -> (True, its report) or (False, why not), every replica asked at once."""
     import ray
 
-    from prerender_ray.actors.common import lookup_async  # Ray only where a request needs an actor
-    from prerender_ray.actors.ingress import IngressClient
-
     deadline = peer_timeout_s(ctx)
 
     async def one(node: str, index: int) -> tuple[bool, Any]:
         if node == ctx.node.name and index == ctx.replica:
             return True, replica_report(ctx)
         try:
-            replica = IngressClient(await lookup_async("ingress", node, index), deadline)
-            return True, await replica.bots_report()
+            return True, await (await ctx.ingress_at(node, index)).within(deadline).bots_report()
         except ValueError:  # not placed (yet), or the node is gone
             return False, f"no ingress replica {index} on {node}"
         except TimeoutError:

@@ -22,7 +22,6 @@ from prerender_ray.api.admin.common import (
     admin_router,
     answer,
     body_int,
-    call,
     ctx_of,
     heavy,
     query_int,
@@ -83,7 +82,7 @@ async def sitemaps(request: Request, who: Principal = Depends(require("viewer"))
     ctx = ctx_of(request)
     roots = await root_rows(ctx)
     keys = [sitemap_run_key(r["url"]) for r in roots] + [SITEMAP_RUN + b"all"]
-    runs = await call(ctx.store.get.remote(keys), DEADLINE_S)
+    runs = await ctx.store.within(DEADLINE_S).get(keys)
     for row, run in zip(roots, runs):
         row["refresh"] = _run(run)
     return answer({"node": ctx.node.name, "sitemaps": roots, "lastFullPass": _run(runs[-1])})
@@ -99,7 +98,8 @@ async def _entry_states(ctx: NodeContext, entries: list[dict]) -> tuple[list[dic
                 "priority": e.get("priority"), "state": None}
         out.append(item)
         try:
-            url = ctx.rules.canonical(e.get("loc") if isinstance(e.get("loc"), str) else "")
+            loc = e.get("loc")
+            url = ctx.rules.canonical(loc if isinstance(loc, str) else "")
         except UrlError:
             item.update(state="invalid", stateDetail="not an absolute URL")
             continue
@@ -140,13 +140,14 @@ async def _due_times(ctx: NodeContext, scheduled: list[tuple[dict, str, str]]) -
     """``nextRenderTime`` of each scheduled entry (when its first render is due), asked of each
     owner's keeper in one call; False when an owner did not answer in time (the entries keep no
     time, and the answer says it is degraded)."""
-    by_owner: dict[Any, list[tuple[dict, str]]] = {}
+    by_owner: dict[str, list[tuple[dict, str]]] = {}
     for item, url, key in scheduled:
-        by_owner.setdefault(await ctx.keeper_of(url), []).append((item, key))
+        by_owner.setdefault(ctx.owner_of(url), []).append((item, key))
     ok = True
-    for keeper, items in by_owner.items():
+    for owner, items in by_owner.items():
+        keeper = (await ctx.keeper_at(owner)).within(READ_DEADLINE_S)
         try:
-            dues = await call(keeper.due_times.remote([k for _, k in items]), READ_DEADLINE_S)
+            dues = await keeper.due_times([k for _, k in items])
         except Exception:
             ok = False
             continue
@@ -167,8 +168,7 @@ async def sitemap(request: Request, who: Principal = Depends(require("viewer")))
     offset = body_int(body, "offset", default=0, minimum=0, maximum=MAX_OFFSET)
     async with heavy(ctx).slot():
         try:
-            raw, run = await call(ctx.store.get.remote([sitemap_key(url), sitemap_run_key(url)]),
-                                  READ_DEADLINE_S)
+            raw, run = await ctx.store.within(READ_DEADLINE_S).get([sitemap_key(url), sitemap_run_key(url)])
         except Exception:
             return answer({"error": "sitemap read timed out", "url": url}, 504)
         if raw is None:
@@ -177,12 +177,12 @@ async def sitemap(request: Request, who: Principal = Depends(require("viewer")))
             row = decode_json(raw)
         except RecordError:
             return answer({"error": f"The sitemap row of {url} is unreadable", "url": url}, 500)
-        chunks = row.get("chunks") if isinstance(row.get("chunks"), int) else 0
+        chunks = row["chunks"] if isinstance(row.get("chunks"), int) else 0
         first, last = offset // ENTRY_CHUNK, (offset + limit - 1) // ENTRY_CHUNK
         keys = [entries_key(url, i) for i in range(first, min(last + 1, chunks))]
         entries: list[dict] = []
         degraded: list[str] = []
-        for data in (await call(ctx.store.get.remote(keys), READ_DEADLINE_S) if keys else []):
+        for data in (await ctx.store.within(READ_DEADLINE_S).get(keys) if keys else []):
             try:
                 entries += decode_entries(data) if data else []
             except RecordError:
@@ -235,7 +235,7 @@ async def pages(request: Request, who: Principal = Depends(require("viewer"))) -
                 from None
     async with heavy(ctx).slot():
         try:
-            listing = await call(ctx.store.page_keys.remote(prefix, start, limit + 1), READ_DEADLINE_S)
+            listing = await ctx.store.within(READ_DEADLINE_S).page_keys(prefix, start, limit + 1)
         except Exception:
             return answer({"error": "page-cache read timed out"}, 504)
     found = listing["pages"]
@@ -245,7 +245,7 @@ async def pages(request: Request, who: Principal = Depends(require("viewer"))) -
         entry: dict = {"cacheKey": key}
         try:
             meta, body = decode_meta(payload)
-            entry.update(describe_page(meta, now, swr), bytes=body.nbytes)
+            entry.update(describe_page(meta, now, swr) or {}, bytes=body.nbytes)
         except PageDecodeError as e:
             entry["error"] = str(e)
         try:
@@ -274,7 +274,7 @@ async def page_content(request: Request, who: Principal = Depends(require("viewe
         raise bad_request("cacheKey is too long")
     async with heavy(ctx).slot():
         try:
-            [raw] = await call(ctx.store.get_pages.remote([key]), READ_DEADLINE_S)
+            [raw] = await ctx.store.within(READ_DEADLINE_S).get_pages([key])
         except Exception:
             return answer({"error": "page-cache read timed out", "cacheKey": key}, 504)
         if raw is None:
@@ -302,33 +302,33 @@ async def unrouted(request: Request, who: Principal = Depends(require("viewer"))
     ctx = ctx_of(request)
     state = opened(ctx)
     rep = ctx.cfg.ingress.report
+    report: dict[str, Any] = {"overflowed": {}, "unclassified": [], "passthrough": []}
     body = {"node": ctx.node.name, "replica": ctx.replica, "perReplica": True, "interval": rep.interval,
-            "enabled": bool(state is not None and state.services.report_unrouted),
-            "report": {"overflowed": {}, "unclassified": [], "passthrough": []}}
+            "enabled": bool(state is not None and state.services.report_unrouted), "report": report}
     if state is None:
         body["available"] = False
         return answer(body)
     body["available"] = True
     for cls, t in state.services.unrouted.peek().items():
         rows = sorted(t.buckets.items(), key=lambda kv: (-kv[1].count, kv[0]))
-        body["report"][cls] = [{"bucket": name, "count": b.count, "samplePath": b.sample_path,
-                                "firstMs": b.first_ms, "lastMs": b.last_ms} for name, b in rows]
-        body["report"]["overflowed"][cls] = t.overflowed
+        report[cls] = [{"bucket": name, "count": b.count, "samplePath": b.sample_path,
+                        "firstMs": b.first_ms, "lastMs": b.last_ms} for name, b in rows]
+        report["overflowed"][cls] = t.overflowed
     return answer(body)
 
 
 async def _read_held(ctx: NodeContext, urls: list[str], keys: list[str]) -> tuple[list, list]:
     """Targets of ``urls`` and pages of ``keys`` (one key per URL), each from a store that holds it:
     one call of each kind per store."""
-    groups: dict[int, tuple[Any, list[int]]] = {}
+    groups: dict[str, list[int]] = {}
     for i, url in enumerate(urls):
-        store = await ctx.store_of(url)
-        groups.setdefault(id(store), (store, []))[1].append(i)
+        groups.setdefault(ctx.reads_from(url), []).append(i)
     targets: list = [None] * len(urls)
     pages: list = [None] * len(urls)
-    for store, idx in groups.values():
-        got_t = await call(store.get_targets.remote([urls[i] for i in idx]), READ_DEADLINE_S)
-        got_p = await call(store.get_pages.remote([keys[i] for i in idx]), READ_DEADLINE_S)
+    for node, idx in groups.items():
+        store = (await ctx.store_at(node)).within(READ_DEADLINE_S)
+        got_t = await store.get_targets([urls[i] for i in idx])
+        got_p = await store.get_pages([keys[i] for i in idx])
         for i, t, p in zip(idx, got_t, got_p):
             targets[i], pages[i] = t, p
     return targets, pages

@@ -6,14 +6,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from ray.exceptions import RayError
 
-from prerender_ray import logs, rpc
+from prerender_ray import logs
+from prerender_ray.actors.client import ActorClient
 from prerender_ray.api.bodies import bad_request
 from prerender_ray.api.context import NodeContext
 from prerender_ray.identity.cachekeys import CacheKeyError
@@ -23,6 +24,8 @@ log = logs.get("admin")
 DEADLINE_S = 10.0  # actor calls on this node
 HEAVY_SLOTS = 2  # concurrent heavy reads per replica (sitemap detail, pages, page content, fan-out)
 HEAVY_RETRY_AFTER_S = 1
+C = TypeVar("C", bound=ActorClient)
+T = TypeVar("T")
 
 
 class AdminRoute(APIRoute):
@@ -60,11 +63,6 @@ def admin_router() -> APIRouter:
 
 def answer(body: object, status: int = 200, headers: dict | None = None) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers={**NO_STORE, **(headers or {})})
-
-
-async def call(ref: Awaitable[Any], timeout: float = DEADLINE_S) -> Any:
-    """``rpc.call`` with the admin API's default deadline."""
-    return await rpc.call(ref, timeout)
 
 
 def ctx_of(request: Request) -> NodeContext:
@@ -107,9 +105,9 @@ class HeavySlots:
 
 
 def heavy(ctx: NodeContext) -> HeavySlots:
-    slots = ctx.extras.get("admin-heavy")
+    slots = ctx.heavy_slots
     if slots is None:
-        slots = ctx.extras["admin-heavy"] = HeavySlots()
+        slots = ctx.heavy_slots = HeavySlots()
     return slots
 
 
@@ -162,22 +160,18 @@ def member_names(ctx: NodeContext) -> list[str]:
     return sorted(set(ctx.peers) | {ctx.node.name})
 
 
-async def fan_out(ctx: NodeContext, kind: str, method: str, *args: Any,
-                  timeout: float | None = None) -> dict[str, tuple[bool, Any]]:
-    """Call ``method`` on the ``kind`` actor of every node at once, each within the deadline
-    (``management.peerTimeoutMs`` unless told). Node name -> (True, answer) or (False, reason)."""
+async def fan_out(ctx: NodeContext, at: Callable[[str], Awaitable[C]], ask: Callable[[C], Awaitable[T]],
+                  *, timeout: float | None = None) -> dict[str, tuple[bool, T | str]]:
+    """``ask`` (a client method, e.g. ``KeeperClient.queue_state``) of the client ``at`` gives for every
+    node (e.g. ``ctx.keeper_at``), all at once, each within the deadline (``management.peerTimeoutMs``
+    unless told). Node name -> (True, answer) or (False, reason)."""
     deadline = peer_timeout_s(ctx) if timeout is None else timeout
 
-    async def one(name: str) -> tuple[bool, Any]:
+    async def one(name: str) -> tuple[bool, T | str]:
         try:
-            if name == ctx.node.name:
-                handle = {"keeper": ctx.keeper, "leases": ctx.leases, "store": ctx.store}.get(kind)
-                handle = handle if handle is not None else await ctx.actor(kind, name)
-            else:
-                handle = await ctx.actor(kind, name)
-            return True, await call(getattr(handle, method).remote(*args), deadline)
+            return True, await ask((await at(name)).within(deadline))
         except ValueError:  # ray.get_actor: no such actor (not placed yet, or the node is gone)
-            return False, f"no {kind} on {name}"
+            return False, f"no actor placed on {name} to answer"
         except TimeoutError:
             return False, f"no answer within {deadline * 1000:g} ms"
         except Exception as e:  # a dead actor, a lost node: the node is reported, the view goes on

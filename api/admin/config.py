@@ -15,7 +15,7 @@ from fastapi import Depends, Request
 from fastapi.responses import JSONResponse
 
 from prerender_ray.admin.users import Principal
-from prerender_ray.api.admin.common import admin_router, answer, call, ctx_of, log
+from prerender_ray.api.admin.common import DEADLINE_S, admin_router, answer, ctx_of, log
 from prerender_ray.api.admin.queue import nudge_other_keepers
 from prerender_ray.api.auth import require
 from prerender_ray.api.bodies import bad_request, check_keys, read_object
@@ -81,7 +81,7 @@ async def config_override(request: Request, who: Principal = Depends(require("ad
     if type(dry_run) is not bool:
         raise bad_request("dryRun must be true or false")
     live = ctx.state.live
-    (raw,) = await call(ctx.store.get.remote([OVERRIDES_KEY]))
+    (raw,) = await ctx.store.within(DEADLINE_S).get([OVERRIDES_KEY])
     try:
         current = Overrides.decode(raw)
     except OverrideError as e:  # replaced by this write
@@ -99,13 +99,13 @@ async def config_override(request: Request, who: Principal = Depends(require("ad
         return answer({**out, "applied": False})
     new = result.overrides
     stored = new.encode() if new.values else None  # nothing left: a tombstone, replicated like a write
-    await call(ctx.store.apply.remote([(OVERRIDES_KEY, stored)]))
+    await ctx.store.within(DEADLINE_S).apply([(OVERRIDES_KEY, stored)])
     log.warning("config overrides written", by=who.name, changes=[c["path"] for c in result.changes],
                 overrides=sorted(camel_path(p) for p in new.values))
     # This replica and this node's keeper apply it now; the rest within one status sync.
     apply_overrides(ctx, stored)
     try:
-        await call(ctx.keeper.sync_status.remote(), NUDGE_DEADLINE_S)
+        await ctx.keeper.within(NUDGE_DEADLINE_S).sync_status()
         keeper = "applied"
     except Exception as e:  # it reads the row at its next status sync anyway
         keeper = f"pending ({type(e).__name__})"

@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 
 from prerender_ray import logs
 from prerender_ray.admin.users import Principal
-from prerender_ray.api.admin.common import admin_router, answer, call, ctx_of, heavy, parse_key
+from prerender_ray.api.admin.common import DEADLINE_S, admin_router, answer, ctx_of, heavy, parse_key
 from prerender_ray.api.admin.queue import canonical_url
 from prerender_ray.api.auth import require
 from prerender_ray.api.bodies import bad_request, read_object
@@ -38,7 +38,7 @@ async def diagnose(request: Request, who: Principal = Depends(require("admin")))
     key = ctx.rules.keys.key(url, (device or ctx.rules.supported[0]).lower())
     owner = ctx.owner_of(url)
     try:
-        got = await call((await ctx.keeper_of(url)).diagnose.remote(key))
+        got = await (await ctx.keeper_of(url)).within(DEADLINE_S).diagnose(key)
     except Exception as e:
         return answer({"error": f"the owner {owner} did not answer; nothing may have changed",
                        "reason": type(e).__name__, "scheduleOwnedBy": owner}, 504)
@@ -54,7 +54,7 @@ async def diagnostics(request: Request, who: Principal = Depends(require("viewer
     key = parse_key(ctx, request.query_params.get("cacheKey"))
     async with heavy(ctx).slot():  # reports carry screenshots: up to a few MB
         try:
-            got = await call(ctx.store.render_history.remote(key, True), READ_DEADLINE_S)
+            got = await ctx.store.within(READ_DEADLINE_S).render_history(key, True)
         except TimeoutError:
             return answer({"error": "page-store read timed out", "cacheKey": key}, 504)
     return answer({"cacheKey": key, "node": ctx.node.name, **got})

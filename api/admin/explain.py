@@ -13,7 +13,8 @@ a failure costs the one field and is reported in ``residency.peerError``.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 import httpx
 from fastapi import Depends, Request
@@ -28,13 +29,14 @@ from prerender_ray.admin.explain import (
 )
 from prerender_ray.admin.sessions import SESSION_COOKIE
 from prerender_ray.admin.users import Principal
-from prerender_ray.api.admin.common import admin_router, answer, call, ctx_of, peer_timeout_s
+from prerender_ray.api.admin.common import admin_router, answer, ctx_of, peer_timeout_s
 from prerender_ray.api.auth import require
 from prerender_ray.api.bodies import bad_request, read_object
 from prerender_ray.api.context import NodeContext
 from prerender_ray.identity.nodes import NodeInfo
 from prerender_ray.identity.urls import UrlError
 from prerender_ray.jsonbody import JsonError, parse_json
+from prerender_ray.rpc import call
 from prerender_ray.serving.origin_policy import NoCookies
 from prerender_ray.storage.pages import PageDecodeError, decode_meta
 from prerender_ray.storage.registry import RecordError, Target
@@ -43,6 +45,7 @@ from prerender_ray.timeutil import now_ms
 router = admin_router()
 SCHEDULE_PATH = "/prerender_admin/schedule"
 PEER_ANSWER_MAX_BYTES = 256 * 1024
+T = TypeVar("T")
 READ_DEADLINE_S = 3.0  # per live row, as the reference's readWithTimeout
 
 
@@ -66,11 +69,10 @@ def forwardable(headers: Any) -> dict[str, str]:
 
 
 def _client(ctx: NodeContext) -> httpx.AsyncClient:
-    client = ctx.extras.get("admin-http")
+    client = ctx.admin_http
     if client is None or client.is_closed:
         # No jar: only the caller's own credentials (``forwardable``) go to the owner.
-        client = ctx.extras["admin-http"] = httpx.AsyncClient(follow_redirects=False, trust_env=False,
-                                                              cookies=NoCookies())
+        client = ctx.admin_http = httpx.AsyncClient(follow_redirects=False, trust_env=False, cookies=NoCookies())
     return client
 
 
@@ -123,7 +125,7 @@ async def fetch_schedule_from_peer(client: httpx.AsyncClient, peers: dict[str, N
 # ----------------------------------------------------------------------------------- live rows
 
 
-async def _timed(what: str, coro: Any, timed_out: list[str]) -> Any:
+async def _timed(what: str, coro: Awaitable[T], timed_out: list[str]) -> T | None:
     try:
         return await call(coro, READ_DEADLINE_S)
     except Exception as e:
@@ -136,10 +138,10 @@ async def explain_live(request: Request, ctx: NodeContext, doc: dict) -> dict:
     failed: list[str] = []
     store = await _timed("holder", ctx.store_of(canonical), failed) or ctx.store
     targets, row, pages, history = await asyncio.gather(
-        _timed("target", store.get_targets.remote([canonical]), failed),
-        _timed("schedule", ctx.keeper.schedule_row.remote(key), failed),
-        _timed("page", store.get_pages.remote([key]), failed),
-        _timed("history", store.render_history.remote(key), failed),
+        _timed("target", store.get_targets([canonical]), failed),
+        _timed("schedule", ctx.keeper.schedule_row(key), failed),
+        _timed("page", store.get_pages([key]), failed),
+        _timed("history", store.render_history(key), failed),
     )
     now = now_ms()
     target = None

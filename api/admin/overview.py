@@ -19,9 +19,10 @@ import time
 from fastapi import Depends, Request
 from fastapi.responses import JSONResponse
 
+from prerender_ray.actors.keeper.client import KeeperClient
 from prerender_ray.admin.fanout import sum_documents
 from prerender_ray.admin.users import Principal
-from prerender_ray.api.admin.common import admin_router, answer, call, ctx_of, fan_out, heavy
+from prerender_ray.api.admin.common import admin_router, answer, ctx_of, fan_out, heavy
 from prerender_ray.api.admin.queue import CLUSTER, registry_rows
 from prerender_ray.api.auth import require
 from prerender_ray.api.context import NodeContext
@@ -56,7 +57,7 @@ class CountsSnapshot:
 
     async def _count(self, ctx: NodeContext) -> None:
         try:
-            self.value = await call(ctx.store.counts.remote(), COUNTS_DEADLINE_S)
+            self.value = await ctx.store.within(COUNTS_DEADLINE_S).counts()
             self.as_of, self.error = now_ms(), None
         except Exception as e:
             self.error = f"{type(e).__name__}: {str(e)[:200]}"
@@ -67,9 +68,9 @@ class CountsSnapshot:
 
 
 def counts_of(ctx: NodeContext) -> CountsSnapshot:
-    snap = ctx.extras.get("admin-counts")
+    snap = ctx.counts
     if snap is None:
-        snap = ctx.extras["admin-counts"] = CountsSnapshot(COUNTS_FRESH_MS)
+        snap = ctx.counts = CountsSnapshot(COUNTS_FRESH_MS)
     return snap
 
 
@@ -78,7 +79,8 @@ def _control(row: dict | None) -> dict | None:
 
 
 def _node_entry(ctx: NodeContext, name: str, now: int, status_row: dict | None, control: dict,
-                state: tuple[bool, object] | None, repair: tuple[bool, object] | None) -> dict:
+                state: tuple[bool, tuple[int, dict] | str] | None,
+                repair: tuple[bool, dict | str] | None) -> dict:
     info = ctx.peers.get(name)
     override = control.get(name)
     entry = {"name": name, "url": info.url if info else (status_row or {}).get("url"),
@@ -91,7 +93,7 @@ def _node_entry(ctx: NodeContext, name: str, now: int, status_row: dict | None, 
     intent = resolve_desired_pause(override, control.get(CLUSTER))
     entry["intent"] = {"paused": intent.paused, "source": intent.source}
     live = None
-    if state is not None and state[0]:
+    if state is not None and not isinstance(state[1], str):
         code, doc = state[1]
         now_part, trust = doc.get("now") or {}, doc.get("trust") or {}
         live = {"phase": trust.get("phase"), "status": now_part.get("status"),
@@ -122,8 +124,8 @@ async def overview(request: Request, who: Principal = Depends(require("viewer"))
     async with heavy(ctx).slot():
         statuses, controls = await asyncio.gather(registry_rows(ctx, QUEUE_STATUS),
                                                   registry_rows(ctx, QUEUE_CONTROL))
-        states, repairs = await asyncio.gather(fan_out(ctx, "keeper", "queue_state"),
-                                               fan_out(ctx, "keeper", "reconcile_status"))
+        states, repairs = await asyncio.gather(fan_out(ctx, ctx.keeper_at, KeeperClient.queue_state),
+                                               fan_out(ctx, ctx.keeper_at, KeeperClient.reconcile_status))
         snap = counts_of(ctx)
         if ctx.cfg.management.snapshot_table_counts:
             await snap.get(ctx)
@@ -131,10 +133,10 @@ async def overview(request: Request, who: Principal = Depends(require("viewer"))
     names = sorted(set(states) | set(statuses))
     nodes = [_node_entry(ctx, n, now, statuses.get(n), controls, states.get(n), repairs.get(n))
              for n in names]
-    live_docs = [got[1][1] for got in states.values() if got[0] and got[1][0] == 200]
+    live_docs = [got[1] for _, got in states.values() if not isinstance(got, str) and got[0] == 200]
     summed = sum_documents([{"now": d.get("now"), "coming": d.get("coming")} for d in live_docs])
     now_part, coming = summed.get("now", {}), summed.get("coming", {})
-    unanswered = sorted(n for n, (ok, got) in states.items() if not ok or got[0] != 200)
+    unanswered = sorted(n for n, (_, got) in states.items() if isinstance(got, str) or got[0] != 200)
     cluster = controls.get(CLUSTER)
     cfg = ctx.cfg
     body = {

@@ -8,18 +8,19 @@ Cluster views ask every node's keeper directly (Ray actor calls, each within
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from fastapi import Depends, Request
 from fastapi.responses import JSONResponse
 
 from prerender_ray import logs
+from prerender_ray.actors.keeper.client import KeeperClient
 from prerender_ray.admin.fanout import sum_documents
 from prerender_ray.admin.users import Principal
 from prerender_ray.api.admin.common import (
     DEADLINE_S,
     admin_router,
     answer,
-    call,
     ctx_of,
     fan_out,
     heavy,
@@ -47,7 +48,7 @@ OWNER_NOTE = ("reconcile restores missing schedule rows only for targets THIS no
 async def registry_rows(ctx: NodeContext, prefix: bytes, limit: int = 1000) -> dict[str, dict]:
     """Replicated rows under ``prefix`` (one per node or scope, so a single page), name -> row."""
     out = {}
-    for k, v in await call(ctx.store.scan.remote(prefix, None, limit), DEADLINE_S):
+    for k, v in await ctx.store.within(DEADLINE_S).scan(prefix, None, limit):
         try:
             out[k[len(prefix):].decode()] = decode_json(v)
         except (RecordError, UnicodeDecodeError):
@@ -69,20 +70,21 @@ async def queue_state(request: Request, who: Principal = Depends(require("viewer
                           knownScopes=["node", "cluster"])
     if scope == "node":
         try:
-            status, doc = await call(ctx.keeper.queue_state.remote())
+            status, doc = await ctx.keeper.within(DEADLINE_S).queue_state()
         except Exception as e:
             return answer({"error": "the keeper did not answer", "reason": type(e).__name__,
                            "node": ctx.node.name}, 503)
         return answer(doc, status)
     async with heavy(ctx).slot():
-        found = await fan_out(ctx, "keeper", "queue_state")
+        found = await fan_out(ctx, ctx.keeper_at, KeeperClient.queue_state)
     return answer(*cluster_state(ctx, found))
 
 
-def cluster_state(ctx: NodeContext, found: dict[str, tuple[bool, object]]) -> tuple[dict, int]:
-    nodes, live = {}, []
-    for name, (ok, got) in found.items():
-        if not ok:
+def cluster_state(ctx: NodeContext, found: dict[str, tuple[bool, tuple[int, dict] | str]]) -> tuple[dict, int]:
+    nodes: dict[str, dict] = {}
+    live: list[dict] = []
+    for name, (_, got) in found.items():
+        if isinstance(got, str):  # the reason it did not answer
             nodes[name] = {"answered": False, "error": got}
             continue
         status, doc = got
@@ -114,7 +116,7 @@ def cluster_state(ctx: NodeContext, found: dict[str, tuple[bool, object]]) -> tu
 def _discovery(live: list[dict]) -> dict:
     """Each node's ``discovery`` budget summed: the unrendered discovered targets it counts, and the
     sites whose share is spent, with the nodes where it is (each owner counts its slice)."""
-    spent: dict[str, list[str]] = {}
+    spent: dict[str, list[str | None]] = {}
     for d in live:
         for site in (d.get("discovery") or {}).get("spent") or []:
             spent.setdefault(site, []).append(d.get("node"))
@@ -153,7 +155,7 @@ async def schedule(request: Request, who: Principal = Depends(require("viewer"))
     ctx = ctx_of(request)
     key = key_from(ctx, await read_object(request, 64 * 1024, keys={"cacheKey", "url", "deviceType"}))
     try:
-        return answer(await call(ctx.keeper.schedule_row.remote(key), 3.0))
+        return answer(await ctx.keeper.within(3.0).schedule_row(key))
     except Exception:
         return answer({"error": "local schedule read timed out", "node": ctx.node.name}, 504)
 
@@ -187,22 +189,22 @@ async def queue(request: Request, who: Principal = Depends(require("admin"))) ->
         write = validate_admin_pause(scope, body.get("paused", MISSING), node_scope=ctx.node.name,
                                      known_scopes=known)
     except PauseRequestError as e:
-        extra = {"knownScopes": e.known_scopes} if e.known_scopes else {}
+        extra: dict[str, Any] = {"knownScopes": e.known_scopes} if e.known_scopes else {}
         raise bad_request(str(e), **extra) from None
     by = who.name
     applied_on, result = ctx.node.name, None
     if write.scope not in (CLUSTER, ctx.node.name) and write.scope in ctx.peers:
         # The node's own keeper writes its intent and applies it at once.
         try:
-            keeper = await ctx.actor("keeper", write.scope)
-            result = await call(keeper.set_pause.remote(write.scope, write.paused, by), peer_timeout_s(ctx))
+            keeper = await ctx.keeper_at(write.scope)
+            result = await keeper.within(peer_timeout_s(ctx)).set_pause(write.scope, write.paused, by)
             applied_on = write.scope
         except Exception as e:
             log.warning("pause: the node's keeper did not answer; writing the intent here", node=write.scope,
                         error=type(e).__name__)
             ctx.forget_remote()
     if result is None:
-        result = await call(ctx.keeper.set_pause.remote(write.scope, write.paused, by))
+        result = await ctx.keeper.within(DEADLINE_S).set_pause(write.scope, write.paused, by)
     if write.scope == CLUSTER:
         asyncio.get_running_loop().create_task(nudge_other_keepers(ctx))
     log.warning("queue pause intent", scope=write.scope, paused=write.paused, by=by)
@@ -217,7 +219,7 @@ async def nudge_other_keepers(ctx: NodeContext) -> None:
     others = [n for n in member_names(ctx) if n != ctx.node.name]
     for name in others:
         try:
-            await call((await ctx.actor("keeper", name)).sync_status.remote(), peer_timeout_s(ctx))
+            await (await ctx.keeper_at(name)).within(peer_timeout_s(ctx)).sync_status()
         except Exception as e:
             log.info("pause nudge not delivered", node=name, error=type(e).__name__)
 
@@ -242,18 +244,19 @@ async def revalidate(request: Request, who: Principal = Depends(require("admin")
     keeper = await ctx.keeper_of(url)
     owner = ctx.owner_of(url)
     try:
-        done = [await call(keeper.revalidate_key.remote(k)) for k in keys]
+        done = [await keeper.within(DEADLINE_S).revalidate_key(k) for k in keys]
     except Exception as e:
         return answer({"error": f"the owner {owner} did not answer; nothing may have changed",
                        "reason": type(e).__name__, "scheduleOwnedBy": owner}, 504)
-    if any(d is None for d in done):
+    found = [d for d in done if d is not None]
+    if len(found) < len(done):
         return answer({"error": "No target for this URL: a render would happen once and be dropped; add it "
                        "as a target (PUT /render_targets) or through a sitemap first", "canonicalUrl": url,
                        "cacheKeys": keys}, 409)
     log.info("admin revalidate", url=url, keys=len(keys), by=who.name)
     return answer({"canonicalUrl": url, "cacheKeys": keys, "cacheKey": keys[0],
-                   "nextRenderTime": done[0]["nextRenderTime"], "scheduleOwnedBy": owner,
-                   "wokeLocalConsumers": any(d.get("wokeLocalConsumers") for d in done),
+                   "nextRenderTime": found[0]["nextRenderTime"], "scheduleOwnedBy": owner,
+                   "wokeLocalConsumers": any(d.get("wokeLocalConsumers") for d in found),
                    "node": ctx.node.name})
 
 
@@ -262,7 +265,7 @@ async def reconcile(request: Request, who: Principal = Depends(require("admin"))
     """Start a schedule-repair pass on this node (owner-only, scan then write, capped, jittered)."""
     ctx = ctx_of(request)
     await read_object(request, 1024, keys=(), allow_empty=True)
-    got = await call(ctx.keeper.start_reconcile.remote())
+    got = await ctx.keeper.within(DEADLINE_S).start_reconcile()
     body = {"node": ctx.node.name, "ownerScopeNote": OWNER_NOTE, **got}
     if not got["started"] and not got["alreadyRunning"]:
         return answer({**body, "error": got.get("reason")}, 503)

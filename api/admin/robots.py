@@ -14,7 +14,7 @@ from fastapi import Depends, Request
 from fastapi.responses import JSONResponse
 
 from prerender_ray.admin.users import Principal
-from prerender_ray.api.admin.common import DEADLINE_S, admin_router, answer, call, ctx_of
+from prerender_ray.api.admin.common import DEADLINE_S, admin_router, answer, ctx_of
 from prerender_ray.api.auth import require
 from prerender_ray.api.bodies import bad_request, bool_field, read_object
 from prerender_ray.api.context import NodeContext
@@ -63,11 +63,11 @@ async def discover(request: Request, who: Principal = Depends(require("admin")))
                               "name one with {\"domain\": ...}")
     deadline = min(MAX_DEADLINE_S, len(origins) * (ctx.cfg.robots.fetch_timeout_ms / 1000 + 5) + DEADLINE_S)
     try:
-        walker = await ctx.actor("sitemapper", ctx.node.name)
+        walker = await ctx.walker_at(ctx.node.name)
     except ValueError:
         return answer({"error": "the sitemap walker of this node is not running; retry", "node": ctx.node.name},
                       503)
-    doc = await call(walker.discover_robots.remote(origins, refresh, walk), deadline)
+    doc = await walker.within(deadline).discover_robots(origins, refresh, walk)
     for domain in doc["domains"]:
         for w in domain["walks"]:
             w["progress"] = progress_path(w["url"])
@@ -82,13 +82,13 @@ async def report(request: Request, who: Principal = Depends(require("viewer"))) 
     domain = request.query_params.get("domain")
     if domain is not None:
         origin = _origin(ctx, domain)
-        [raw] = await call(ctx.store.get.remote([robots_key(origin)]))
+        [raw] = await ctx.store.within(DEADLINE_S).get([robots_key(origin)])
         row = _decode(raw)
         if row is None:
             return answer({"error": f"No robots.txt fetched for {origin} yet; {HOW} fetches it",
                            "domain": origin}, 404)
         return answer({"node": ctx.node.name, **_public(row)})
-    rows = [_decode(v) for _, v in await call(ctx.store.scan.remote(ROBOTS, None, 1000))]
+    rows = [_decode(v) for _, v in await ctx.store.within(DEADLINE_S).scan(ROBOTS, None, 1000)]
     found = [_public(r) for r in rows if r is not None]
     return answer({"node": ctx.node.name, "domains": found,
                    "conflicts": sum(len(d["robots"].get("conflicts") or ()) for d in found)})

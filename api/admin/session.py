@@ -39,7 +39,7 @@ from prerender_ray.admin.sessions import (
     TokenError,
 )
 from prerender_ray.admin.users import Principal, hash_password, verify_password
-from prerender_ray.api.admin.common import DEADLINE_S, admin_router, answer, call, ctx_of
+from prerender_ray.api.admin.common import DEADLINE_S, admin_router, answer, ctx_of
 from prerender_ray.api.auth import authenticator, client_address, forwarded_https
 from prerender_ray.api.bodies import bad_request, read_object
 from prerender_ray.api.context import NodeContext
@@ -151,15 +151,15 @@ class Sessions:
             await asyncio.sleep(REVOCATION_REFRESH_S)
 
     async def refresh_revocations(self) -> None:
-        store = self.ctx.store
-        if store is None:
+        store = self.ctx.store.within(DEADLINE_S)
+        if store.handle is None:  # a replica without actors (tests)
             return
         now = now_ms()
         found: dict[str, int] = {}
         expired: list[bytes] = []
         start: bytes | None = None
         while True:
-            page = await call(store.scan.remote(REVOKED, start, 1000), DEADLINE_S)
+            page = await store.scan(REVOKED, start, 1000)
             for k, v in page:
                 try:
                     exp = decode_json(v).get("exp")
@@ -176,7 +176,7 @@ class Sessions:
         self.revoked = {**{s: e for s, e in self.revoked.items() if e > now}, **found}
         self.refreshed_at = time.time()
         if expired and self.ctx.replica == 0:  # one replica per node tidies up (tombstones replicate)
-            await call(store.apply.remote([(k, None) for k in expired[:1000]]), DEADLINE_S)
+            await store.apply([(k, None) for k in expired[:1000]])
 
     def close(self) -> None:
         if self._refresher is not None:
@@ -186,7 +186,7 @@ class Sessions:
     async def revoke(self, claims: SessionClaims, by: str) -> None:
         self.revoked[claims.sid] = claims.expires_at
         row = encode_json({"exp": claims.expires_at, "user": claims.user, "revokedAt": now_ms(), "by": by})
-        await call(self.ctx.store.apply.remote([(REVOKED + claims.sid.encode(), row)]), DEADLINE_S)
+        await self.ctx.store.within(DEADLINE_S).apply([(REVOKED + claims.sid.encode(), row)])
 
 
 @functools.cache

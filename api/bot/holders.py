@@ -63,9 +63,10 @@ class HolderReader:
             return HolderRead(hit[1], True)
         holders = [h for h in self.ctx.holders_of(url) if h != self.ctx.node.name]
         asked: dict[asyncio.Future, tuple[str, float]] = {}  # the calls not answered yet: holder, start
+        longest = self.timeout_s * (len(holders) + LATE_GRACE)  # all this get waits: a call's deadline
         try:
             for i, holder in enumerate(holders):
-                asked[asyncio.ensure_future(self._ask(holder, key))] = (holder, time.perf_counter())
+                asked[asyncio.ensure_future(self._ask(holder, key, longest))] = (holder, time.perf_counter())
                 wait = self.timeout_s * (1 + LATE_GRACE if i == len(holders) - 1 else 1)
                 got = await self._first_answer(asked, key, wait)
                 if got is not None:
@@ -80,9 +81,9 @@ class HolderReader:
             return HolderRead(hit[1], False)
         return HolderRead(None, False)
 
-    async def _ask(self, holder: str, key: str) -> tuple[bytes | None, bytes | None]:
-        store = await self.ctx.actor("store", holder)
-        [[raw, touch]] = await store.stored_pages.remote([key])
+    async def _ask(self, holder: str, key: str, deadline_s: float) -> tuple[bytes | None, bytes | None]:
+        store = await self.ctx.store_at(holder)
+        [[raw, touch]] = await store.within(deadline_s).stored_pages([key])
         return raw, touch
 
     async def _first_answer(self, asked: dict[asyncio.Future, tuple[str, float]], key: str,

@@ -20,7 +20,6 @@ from prerender_ray.api.context import NodeContext
 from prerender_ray.config.model import Config
 from prerender_ray.identity.urls import UrlError
 from prerender_ray.queue.discovery import BUSY, RateBudget, site_of
-from prerender_ray.rpc import call
 from prerender_ray.serving.answer import Reply, error_reply, origin_reply, verdict
 from prerender_ray.serving.classify import BotRequest
 from prerender_ray.serving.origin_rules import (
@@ -168,7 +167,7 @@ class Miss:
         deadline = time.monotonic() + wait_s
         try:
             keeper = await self.ctx.keeper_of(req.url)
-            await call(keeper.render_now.remote(req.cache_key), min(RENDER_NOW_CALL_S, wait_s))
+            await keeper.within(min(RENDER_NOW_CALL_S, wait_s)).render_now(req.cache_key)
         except Exception as e:  # the owner is away: no render is coming, fall back at once
             self.counters.child(metrics.serve_errors, "render-now-call").inc()
             log.warning("render-now call failed", key=req.cache_key, error=repr(e))
@@ -319,7 +318,7 @@ class Discovery:
             if self.ctx.rules.route_class(canonical) != "prerender":
                 return
             store = await self.ctx.store_of(canonical)
-            [existing] = await call(store.get_targets.remote([canonical]), DISCOVERY_CALL_S)
+            [existing] = await store.within(DISCOVERY_CALL_S).get_targets([canonical])
             if existing is not None:  # known URLs cost nothing
                 return
             refused = self.rate.take(site_of(canonical), time.monotonic() * 1000)
@@ -328,7 +327,7 @@ class Discovery:
                 return
             keeper = await self.ctx.keeper_of(canonical)
             # the owner counts the site's unrendered discoveries (the ceiling) and puts absent-only
-            answer = await call(keeper.discover_target.remote(canonical, DISCOVERY_AFTER_DELETE_MS), DISCOVERY_CALL_S)
+            answer = await keeper.within(DISCOVERY_CALL_S).discover_target(canonical, DISCOVERY_AFTER_DELETE_MS)
             if answer.get("refused"):  # counted by the keeper
                 self._known.pop(url, None)
                 return

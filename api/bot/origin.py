@@ -22,6 +22,7 @@ and proxies any host it is asked for:
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -202,7 +203,7 @@ class OriginClient:
         if future is None:
             future = asyncio.ensure_future(start())
             self._inflight[key] = future
-            future.add_done_callback(lambda f, k=key: self._settled(k, f))
+            future.add_done_callback(functools.partial(self._settled, key))
         return await asyncio.shield(future), leader
 
     def _settled(self, key: Hashable, future: asyncio.Future) -> None:

@@ -69,7 +69,7 @@ class Services:
         self.proxies = Proxies(cfg.server.trusted_proxies)
         verify = cfg.bots.verify
         # a test injects a fake resolver here; nothing else does
-        self.verifier = (Verifier(verify, resolver=ctx.extras.get("bot-resolver"), fetch=fetch_ranges)
+        self.verifier = (Verifier(verify, resolver=ctx.bot_resolver, fetch=fetch_ranges)
                          if verify.enabled else None)
         self.ranges_refresh_s = verify.range_refresh / 1000
         self._report: asyncio.Task | None = None
@@ -188,7 +188,7 @@ def build(ctx: NodeContext, current: ReplicaConfig, services: Services) -> Repli
 
 def reserved_of(ctx: NodeContext) -> tuple[str, ...]:
     """The paths of our own routes (set by api.app when it builds the app), never bot requests."""
-    return ctx.extras.get("reserved-paths", RESERVED_PATHS)
+    return ctx.reserved_paths if ctx.reserved_paths is not None else RESERVED_PATHS
 
 
 # ---------------------------------------------------------------------------------------- lifecycle

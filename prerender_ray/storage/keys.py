@@ -41,6 +41,10 @@ RENDER_HISTORY = b"\x00r"
 # --- schedule (owner tier, the keeper's): <cache key> -> the schedule row (queue/schedule.py)
 
 # --- leases (owner tier, the lease table's)
+# The keeper's schedule store: cache keys, and the keeper's own records under \x00 (no cache key
+# starts so).
+KEEPER_META = b"\x00"
+KEEPER_EPOCH = KEEPER_META + b"membership-epoch"  # the membership its rows were last placed under
 LEASE = b"l:"  # l:<cache key> -> [expires, due, cadence, released, answered, written_at, granted_at, grant]
 MISSES = b"m"  # the miss histories, one JSON document (small; rewritten on each sweep)
 
@@ -48,3 +52,4 @@ REGISTRY_PREFIXES = (TARGET, QUEUE_CONTROL, QUEUE_STATUS, SITEMAP, SITEMAP_RUN, 
                      SITEMAP_ENTRIES, OVERRIDES_KEY, REVOKED, ROBOTS, VIDX, HPTR, LIVE, SHIPPED, REBALANCE)
 PAGE_PREFIXES = (VIDX, HPTR, LIVE, FRESHNESS, RENDER_HISTORY)
 LEASE_PREFIXES = (LEASE, MISSES)
+SCHEDULE_PREFIXES = (KEEPER_META, KEEPER_EPOCH)

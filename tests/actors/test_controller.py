@@ -161,14 +161,15 @@ def test_a_controller_slower_than_one_status_call_is_waited_for_until_the_deadli
     """The first status call waits for the controller's worker to start; a busy machine stretched
     that past one call's deadline and the deploy failed although its own deadline had minutes left."""
     from prerender_ray.actors import deploy
+    from prerender_ray.actors.controller_client import ControllerClient
 
     monkeypatch.setattr(deploy, "STATUS_CALL_S", 1.0)
     slow, slow2 = _SlowController.remote(3.0), _SlowController.remote(60.0)
     try:
-        assert deploy.wait_ready(slow, 30.0, expect_nodes=0)["healthy"] is True
+        assert deploy.wait_ready(ControllerClient(slow), 30.0, expect_nodes=0)["healthy"] is True
         t0 = time.monotonic()
         with pytest.raises(deploy.DeployError, match="not ready within 4s: the controller did not answer"):
-            deploy.wait_ready(slow2, 4.0, expect_nodes=0)
+            deploy.wait_ready(ControllerClient(slow2), 4.0, expect_nodes=0)
         assert time.monotonic() - t0 < 10
     finally:
         ray.kill(slow)

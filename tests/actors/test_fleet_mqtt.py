@@ -1,4 +1,5 @@
-"""The queue status broadcast against a real MQTT broker (Debian's mosquitto)."""
+"""The queue status broadcast against a real MQTT broker (Debian's mosquitto): on one node's real parts
+without Ray (``tests.localnode``), and a keeper killed and restarted by Ray."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import httpx
 import paho.mqtt.client as mqtt
 import pytest
 
+from tests.localnode import LocalNode
 from tests.support import deploy_on, free_port, wait_for
 
 
@@ -67,8 +69,8 @@ class Subscriber:
         self.client.disconnect()
 
 
-def test_every_status_change_is_a_retained_message_a_late_worker_still_gets(ray_cluster, tmp_path, broker) -> None:
-    d = deploy_on(ray_cluster, tmp_path / "data", {"fleet": {"mqtt": {"url": f"mqtt://127.0.0.1:{broker}"}}})
+def test_every_status_change_is_a_retained_message_a_late_worker_still_gets(tmp_path, broker) -> None:
+    d = LocalNode.start(tmp_path / "data", {"fleet": {"mqtt": {"url": f"mqtt://127.0.0.1:{broker}"}}})
     sub = Subscriber(broker)
     stopped = False
     try:

@@ -185,7 +185,7 @@ def drv_deploy(address: str, data_dir: str, extra: dict | None = None) -> dict:
     Controller.options = lambda **kw: plain(scheduling_strategy=here, **kw)  # type: ignore[method-assign]
     d = deploy_on(SimpleNamespace(nodes=HOSTS), Path(data_dir), {**CONFIG, **(extra or {})}, timeout=150)
     _STATE["d"] = d
-    info = ray._private.state.actors(actor_id=d.controller._actor_id.hex())
+    info = ray._private.state.actors(actor_id=d.controller.handle._actor_id.hex())
     where = next((n.get("Labels") or {}).get(LABEL_NAME) for n in ray.nodes()
                  if n["NodeID"] == info["Address"]["NodeID"])
     return {"urls": d.urls, "controller": where}

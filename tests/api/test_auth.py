@@ -6,13 +6,13 @@ import httpx
 import pytest
 
 from prerender_ray.admin.users import hash_password
-from tests.support import deploy_on
+from tests.localnode import LocalNode
 
 USERS = {"ops": ("admin", "ops-pass"), "watcher": ("viewer", "watch-pass"), "renderer": ("fleet", "fleet-pass")}
 
 
 @pytest.fixture(scope="module")
-def node(ray_cluster, tmp_path_factory):
+def node(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("RENDERER_PASSWORD", USERS["renderer"][1])
     users = [
@@ -21,7 +21,7 @@ def node(ray_cluster, tmp_path_factory):
         {"name": "renderer", "roles": ["fleet"], "passwordEnv": "RENDERER_PASSWORD"},
     ]
     mp.setenv("WATCHER_PASSWORD", USERS["watcher"][1])
-    d = deploy_on(ray_cluster, tmp_path_factory.mktemp("auth") / "data", {"auth": {"users": users}})
+    d = LocalNode.start(tmp_path_factory.mktemp("auth") / "data", {"auth": {"users": users}})
     mp.undo()
     yield d
     d.stop()

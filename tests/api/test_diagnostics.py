@@ -10,7 +10,8 @@ import time
 import httpx
 import pytest
 
-from tests.support import deploy_on, post_result, put_target, take, wait_for
+from tests.localnode import LocalNode
+from tests.support import post_result, put_target, take, wait_for
 
 WIRE = {"id", "url", "deviceType", "expiresAt", "callbackOrigin", "isFromSitemap"}
 JPEG = base64.b64encode(b"\xff\xd8\xff\xe0" + bytes(300)).decode()
@@ -18,8 +19,8 @@ LATER = int(time.time() * 1000) + 6 * 3_600_000
 
 
 @pytest.fixture(scope="module")
-def node(ray_cluster, tmp_path_factory):
-    d = deploy_on(ray_cluster, tmp_path_factory.mktemp("diag") / "data")
+def node(tmp_path_factory):
+    d = LocalNode.start(tmp_path_factory.mktemp("diag") / "data")
     yield d
     d.stop()
 

@@ -9,7 +9,7 @@ import pytest
 
 from prerender_ray.admin.users import hash_password
 from tests.api.origin_site import OriginSite
-from tests.support import deploy_on
+from tests.localnode import LocalNode
 
 OPS, FLEET = ("ops", "ops-pass"), ("renderer", "fleet-pass")
 TARGET = "http://127.0.0.1:1/hostile"  # in the catch-all route; never a target after this module's bodies
@@ -53,10 +53,10 @@ def site():
 
 
 @pytest.fixture(scope="module")
-def node(ray_cluster, tmp_path_factory, site):
+def node(tmp_path_factory, site):
     users = [{"name": name, "roles": [role], "passwordHash": hash_password(password, iterations=1000)}
              for (name, password), role in ((OPS, "admin"), (FLEET, "fleet"))]
-    d = deploy_on(ray_cluster, tmp_path_factory.mktemp("hostile") / "data", {
+    d = LocalNode.start(tmp_path_factory.mktemp("hostile") / "data", {
         "domains": [f"127.0.0.1:{site.port}"],
         "ingress": {"mode": "forwarded", "routes": [{"match": "prefix", "path": "/"}]},
         "auth": {"users": users},

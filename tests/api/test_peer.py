@@ -15,7 +15,8 @@ import pytest
 from prerender_ray.api.bot.peer import META_HEADER, PeerClient, parse_metadata
 from prerender_ray.config.model import PeerRescue
 from prerender_ray.decoding import decoded_digest
-from tests.support import claim, deploy_on, free_port, post_result, put_target, wait_for
+from tests.localnode import LocalNode
+from tests.support import claim, free_port, post_result, put_target, wait_for
 
 TOKEN = "peer-secret"
 PATH = "/prerender_peer/page"
@@ -27,8 +28,8 @@ ETAG = f'"{decoded_digest(HTML, "identity", None)}"'  # stored for the rendered 
 
 
 @pytest.fixture(scope="module")
-def node(ray_cluster, tmp_path_factory):
-    d = deploy_on(ray_cluster, tmp_path_factory.mktemp("peer") / "data", {
+def node(tmp_path_factory):
+    d = LocalNode.start(tmp_path_factory.mktemp("peer") / "data", {
         "domains": ["peer.example"], "peerRescue": {"enabled": True, "token": TOKEN, "timeoutMs": 800},
     })
     keys = put_target(d.url, URL, nextRenderTime=1)["cacheKeys"]

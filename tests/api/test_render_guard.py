@@ -7,7 +7,8 @@ import time
 import httpx
 import pytest
 
-from tests.support import deploy_on, post_result, put_target, schedule, take, wait_for
+from tests.localnode import LocalNode
+from tests.support import post_result, put_target, schedule, take, wait_for
 
 URL = "https://guard.example/product/1"
 GOOD = (b"<!doctype html><html><head><title>Product 1</title></head><body><main><h1>Product 1</h1>"
@@ -17,8 +18,8 @@ SHELL = b"<!doctype html><html><head><script src='/app.js'></script></head><body
 
 
 @pytest.fixture(scope="module")
-def node(ray_cluster, tmp_path_factory):
-    d = deploy_on(ray_cluster, tmp_path_factory.mktemp("guard") / "data", {"domains": ["guard.example"]})
+def node(tmp_path_factory):
+    d = LocalNode.start(tmp_path_factory.mktemp("guard") / "data", {"domains": ["guard.example"]})
     yield d
     d.stop()
 

@@ -1,4 +1,5 @@
-"""The render fleet's protocol through real HTTP, real actors and real RocksDB (docs/fleet-protocol.md)."""
+"""The render fleet's protocol through real HTTP, a node's real parts and real RocksDB, without Ray
+(``tests.localnode``; docs/fleet-protocol.md)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ import pytest
 
 from prerender_ray.storage.pages import Page
 from prerender_ray.timeutil import MINUTE_MS, minute, next_slot, now_ms
+from tests.localnode import LocalNode
 from tests.support import (
     brotli_bomb,
     claim,
     claim_until,
-    deploy_on,
     ingress_peak_rss_mb,
+    metric_value,
     post_result,
     put_target,
     result_body,
@@ -32,8 +34,8 @@ DAY = 86_400_000
 
 
 @pytest.fixture(scope="module")
-def node(ray_cluster, tmp_path_factory):
-    d = deploy_on(ray_cluster, tmp_path_factory.mktemp("rq") / "data", {
+def node(tmp_path_factory):
+    d = LocalNode.start(tmp_path_factory.mktemp("rq") / "data", {
         "ingress": {"routes": [{"match": "prefix", "path": "/hourly/", "renderInterval": 6 * 3600_000}]},
         "server": {"maxBodyBytes": 2 * 1024 * 1024},
     })
@@ -292,12 +294,7 @@ def test_gzip_bodies_are_stored_as_posted(node) -> None:
     jobs = take(node.url, keys, timeout=15)
     html = b"<html><body>" + b"x" * 5000 + b"</body></html>"
     assert post_result(jobs[keys[0]], html=html).status_code == 204
-    import ray
-
-    from prerender_ray.actors.common import lookup
-    from prerender_ray.storage.pages import Page
-
-    [raw] = ray.get(lookup("store", "node-a").get_pages.remote([keys[0]]))
+    [raw] = node.ask("store", "get_pages", [keys[0]])
     page = Page.decode(raw)
     assert gzip.decompress(page.content) == html
     assert page.headers["content-encoding"] == "gzip" and page.headers["x-harper-rendered"] == "1"
@@ -319,12 +316,8 @@ def _post_coded(job: dict, content: bytes, encoding: str) -> httpx.Response:
                       headers={**headers, "x-metadata-size": str(len(raw))}, timeout=30)
 
 
-def _stored(key: str) -> bytes | None:
-    import ray
-
-    from prerender_ray.actors.common import lookup
-
-    [raw] = ray.get(lookup("store", "node-a").get_pages.remote([key]), timeout=30)
+def _stored(node: LocalNode, key: str) -> bytes | None:
+    [raw] = node.ask("store", "get_pages", [key])
     return raw
 
 
@@ -338,15 +331,15 @@ def test_a_brotli_bomb_is_413_changes_nothing_and_is_never_decoded_whole(node) -
     jobs = take(node.url, keys, timeout=15)
     bomb = _gib_bomb()
     assert len(bomb) < 4096
-    before = ingress_peak_rss_mb()
+    before = ingress_peak_rss_mb(node, reset=True)  # the replica runs in this process
     r = _post_coded(jobs[keys[0]], bomb, "br")
-    grown = ingress_peak_rss_mb() - before
+    grown = ingress_peak_rss_mb(node) - before
     assert r.status_code == 413, r.text
     assert "decodes to more than 20971520 bytes" in r.json()["error"] and "maxHtmlBytes" in r.json()["error"]
     # The bound: decoding stops one piece past the 20 MB cap and drops pieces as it goes, so the
     # replica's peak RSS grows by less than 100 MB (decoding it whole would take 1 GiB).
     assert grown < 100, f"peak RSS grew by {grown:.0f} MB"
-    assert _stored(keys[0]) is None
+    assert _stored(node, keys[0]) is None
     row = schedule(node.url, keys[0])
     assert row["nextRenderTime"] == 1 and row["leased"] is True  # the lease is untouched
     for key in keys:
@@ -367,11 +360,11 @@ def test_a_corrupt_gzip_or_truncated_brotli_result_is_400_and_changes_nothing(no
     assert r.status_code == 400 and "not br-encoded: truncated" in r.json()["error"], r.text
     r = _post_coded(job, gzip.compress(html) + b"<script>", "gzip")
     assert r.status_code == 400 and "after the end" in r.json()["error"], r.text
-    assert _stored(keys[0]) is None
+    assert _stored(node, keys[0]) is None
     row = schedule(node.url, keys[0])
     assert row["nextRenderTime"] == 1 and row["leased"] is True
     assert _post_coded(job, br, "br").status_code == 204  # the whole stream is accepted
-    assert brotli.decompress(Page.decode(_stored(keys[0])).content) == html
+    assert brotli.decompress(Page.decode(_stored(node, keys[0])).content) == html
     for key in keys[1:]:
         assert post_result(jobs[key]).status_code == 204
 
@@ -382,6 +375,8 @@ def test_a_corrupt_gzip_or_truncated_brotli_result_is_400_and_changes_nothing(no
 def test_a_result_posted_four_times_is_applied_once(node) -> None:
     keys = due_now(node.url, "https://shop.example/replayed")
     jobs = take(node.url, keys, timeout=15)
+    duplicates = functools.partial(metric_value, node.url, "prerender_results_ignored_total", reason="duplicate")
+    ignored = duplicates()  # one registry per process: other modules' nodes counted too
     assert post_result(jobs[keys[0]], html=b"<html>first</html>").status_code == 204
     first = stored_page(node.url, keys[0])
     for _ in range(3):  # a replay (or a retry after a lost 204) is acknowledged, never applied
@@ -397,8 +392,7 @@ def test_a_result_posted_four_times_is_applied_once(node) -> None:
         assert r.status_code == 204
     target = httpx.get(f"{node.url}/render_targets", params={"url": "https://shop.example/replayed"})
     assert target.status_code == 200 and target.json()["strikes"] == 1
-    wait_for(lambda: 'prerender_results_ignored_total{reason="duplicate"}'
-             in httpx.get(f"{node.url}/metrics", timeout=10).text, what="the ignored-results metric")
+    wait_for(lambda: duplicates() > ignored, what="the ignored-results metric")
 
 
 def test_two_devices_reporting_404_in_one_cycle_are_one_strike(node) -> None:

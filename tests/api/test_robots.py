@@ -1,5 +1,5 @@
 """robots.txt end to end: POST /prerender_admin/robots/discover and GET /prerender_admin/robots over
-real HTTP, the real walker, keeper and store on the shared Ray cluster, robots.txt and sitemaps served
+real HTTP, the real walker, keeper and store of one node without Ray (``tests.localnode``), robots.txt and sitemaps served
 by a local test server (hostile ones included)."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.localnode import LocalNode
 from tests.sitemap_server import SitemapSite, index, urlset
-from tests.support import deploy_on, progress, target, wait_for
+from tests.support import progress, target, wait_for
 
 HOST = "robots.test"  # resolves nowhere: every fetch is pinned to 127.0.0.1 by origin.staging.ip
 
@@ -24,8 +25,8 @@ def site():
 
 
 @pytest.fixture(scope="module")
-def node(ray_cluster, tmp_path_factory, site):
-    d = deploy_on(ray_cluster, tmp_path_factory.mktemp("robots") / "data", {
+def node(tmp_path_factory, site):
+    d = LocalNode.start(tmp_path_factory.mktemp("robots") / "data", {
         "domains": ["shop.test", f"{HOST}:{site.port}"],
         "origin": {"staging": {"ip": "127.0.0.1"}},
         "ingress": {"defaultProtocol": "http"},

@@ -1,5 +1,6 @@
-"""Sitemap ingestion end to end: real HTTP, the real walker, keeper and store on the shared Ray cluster,
-sitemaps served by a local test server (hostile ones included). docs/sitemaps.md."""
+"""Sitemap ingestion end to end: real HTTP, the real walker, keeper and store of one node without Ray
+(``tests.localnode``), sitemaps served by a local test server (hostile ones included). docs/sitemaps.md.
+A walker killed and restarted by Ray: ``test_sitemaps_restart.py``."""
 
 from __future__ import annotations
 
@@ -8,16 +9,14 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-import ray
 
-from prerender_ray.actors.common import lookup
 from prerender_ray.queue.targets import paced_due
 from prerender_ray.sitemaps.rules import next_daily_refresh
 from prerender_ray.storage.registry import encode_json, sitemap_run_key
 from prerender_ray.timeutil import DAY_MS, HOUR_MS, minute, next_slot, now_ms
+from tests.localnode import LocalNode
 from tests.sitemap_server import BILLION_LAUGHS, HTML, XXE, SitemapSite, gzip_bomb, index, urlset
 from tests.support import (
-    deploy_on,
     post_result,
     progress,
     put_target,
@@ -48,8 +47,8 @@ def canary():
 
 
 @pytest.fixture(scope="module")
-def node(ray_cluster, tmp_path_factory, site):
-    d = deploy_on(ray_cluster, tmp_path_factory.mktemp("sitemaps") / "data", {
+def node(tmp_path_factory, site):
+    d = LocalNode.start(tmp_path_factory.mktemp("sitemaps") / "data", {
         "domains": ["shop.test", f"{HOST}:{site.port}"],
         "origin": {"staging": {"ip": "127.0.0.1"}},
         "sitemap": {"fetchTimeoutMs": 5000, "maxBytes": 1024 * 1024, "node": "node-a",
@@ -199,8 +198,7 @@ def test_create_duplicate_reattach_unlink_defer_and_convergence(node, site) -> N
     put_target(node.url, "https://shop.test/d/5")
     before = schedule(node.url, "https://shop.test/d/5|desktop")["nextRenderTime"]
     # A target of A whose URL no longer routes to prerender is deferred, never unlinked.
-    keeper = lookup("keeper", "node-a")
-    ray.get(keeper.put_targets.remote([{"url": "https://shop.test/search/d", "sitemapUrl": a}]))
+    node.ask("keeper", "put_targets", [{"url": "https://shop.test/search/d", "sitemapUrl": a}])
     site.put("/d/a.xml", urlset("https://shop.test/d/1", "https://shop.test/d/2",
                                 ("https://shop.test/d/5", "monthly")))
     site.put("/d/b.xml", urlset())  # an empty urlset keeps its targets attributed
@@ -309,11 +307,10 @@ def test_a_background_walk_shows_its_progress_and_refuses_a_second_walk(node, si
 def test_a_running_claim_is_refused_until_its_progress_is_stale(node, site) -> None:
     root = u(site, "/claim.xml")
     site.put("/claim.xml", urlset("https://shop.test/claim/1"))
-    store = lookup("store", "node-a")
 
     def fake(updated_at: object) -> None:
         row = {"state": "running", "node": "node-x", "runId": "elsewhere", "updatedAt": updated_at}
-        ray.get(store.apply.remote([(sitemap_run_key(root), encode_json(row))]))
+        node.ask("store", "apply", [(sitemap_run_key(root), encode_json(row))])
 
     fake(now_ms())
     refused = start(node.url, root)
@@ -326,35 +323,6 @@ def test_a_running_claim_is_refused_until_its_progress_is_stale(node, site) -> N
     fake("not a time")  # unreadable progress: taken over too
     assert start(node.url, root)["started"] is True
     finished(node.url, root)
-
-
-def test_a_killed_walker_resumes_its_run_after_restart(node, site) -> None:
-    kids = [u(site, f"/kill/{i}.xml") for i in range(6)]
-    for i in range(6):
-        site.delayed(f"/kill/{i}.xml", urlset(f"https://shop.test/kill/{i}"), 1.0)
-    root = u(site, "/kill/index.xml")
-    site.put("/kill/index.xml", index(*kids))
-    walker = lookup("sitemapper", "node-a")
-    pid = ray.get(walker.status.remote())["pid"]
-    assert start(node.url, root)["started"] is True
-    first = wait_for(lambda: (p := progress(node.url, root)) and p["sitemapsProcessed"] >= 2 and p,
-                     timeout=30)
-    assert first["state"] == "running"
-
-    ray.kill(walker, no_restart=False)
-    wait_for(lambda: _pid(walker) not in (None, pid), timeout=60, what="a new walker process")
-    row = finished(node.url, root, timeout=90)
-    assert row["state"] == "completed" and row["trigger"] == "resumed" and row["runId"] != first["runId"]
-    assert "after a restart" in row["takenOverFrom"]
-    assert row["sitemapsProcessed"] == 7
-    assert all(target(node.url, f"https://shop.test/kill/{i}") for i in range(6))
-
-
-def _pid(handle: object) -> int | None:
-    try:
-        return ray.get(handle.status.remote(), timeout=2)["pid"]  # type: ignore[attr-defined]
-    except Exception:
-        return None
 
 
 # ---------------------------------------------------------------------------- refresh-all, delete
@@ -388,8 +356,7 @@ def test_delete_cascades_to_descendants_targets_schedule_rows_and_pages(node, si
     [result] = walk(node.url, root)
     assert result["created"] == 3 and result["repeatedChildren"] == 1
     key = "https://shop.test/del/1|desktop"
-    store = lookup("store", "node-a")
-    ray.get(store.apply.remote([], [(key.encode(), b"a page")]))
+    node.ask("store", "apply", [], [(key.encode(), b"a page")])
 
     r = httpx.delete(f"{node.url}/sitemaps", params={"url": root}, timeout=60)
     assert r.status_code == 200, r.text
@@ -398,7 +365,7 @@ def test_delete_cascades_to_descendants_targets_schedule_rows_and_pages(node, si
     for n in (1, 2, 3):
         assert target(node.url, f"https://shop.test/del/{n}") is None
         assert schedule(node.url, f"https://shop.test/del/{n}|mobile") is None
-    assert ray.get(store.get_pages.remote([key])) == [None]
+    assert node.ask("store", "get_pages", [key]) == [None]
     assert all(sitemap_row(node.url, s) is None for s in (root, kid, loop))
     assert progress(node.url, root)["state"] == "completed"  # refresh rows are kept
     assert httpx.delete(f"{node.url}/sitemaps", params={"url": root}).status_code == 404
@@ -450,6 +417,6 @@ def test_bad_reads_are_clear(node) -> None:
 
 
 def test_the_daily_refresh_is_armed_on_the_configured_node(node) -> None:
-    status = ray.get(lookup("sitemapper", "node-a").status.remote())
+    status = node.ask("sitemapper", "status")
     assert status["nextDailyRefresh"] == next_daily_refresh("03:30", "UTC", now_ms())
     assert node.refresh()["nodes"][0]["sitemapWalker"]["live"] is True

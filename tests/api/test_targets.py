@@ -7,15 +7,16 @@ import httpx
 import pytest
 
 from prerender_ray.timeutil import minute, now_ms
-from tests.support import deploy_on, put_target, schedule
+from tests.localnode import LocalNode
+from tests.support import put_target, schedule
 
 SITE = "https://shop.test"
 LATER = 2**50
 
 
 @pytest.fixture(scope="module")
-def node(ray_cluster, tmp_path_factory):
-    d = deploy_on(ray_cluster, tmp_path_factory.mktemp("targets") / "data", {})
+def node(tmp_path_factory):
+    d = LocalNode.start(tmp_path_factory.mktemp("targets") / "data", {})
     yield d
     d.stop()
 

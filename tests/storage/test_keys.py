@@ -19,7 +19,8 @@ def test_no_prefix_of_a_store_is_a_prefix_of_another() -> None:
 
 def test_key_prefixes_are_declared_in_the_keys_module_only() -> None:
     declared = {name for name, value in vars(keys).items() if isinstance(value, bytes)}
-    assert set(keys.REGISTRY_PREFIXES) | set(keys.PAGE_PREFIXES) | set(keys.LEASE_PREFIXES) == {getattr(keys, n) for n in declared}
+    assert (set(keys.REGISTRY_PREFIXES) | set(keys.PAGE_PREFIXES) | set(keys.LEASE_PREFIXES)
+            | set(keys.SCHEDULE_PREFIXES)) == {getattr(keys, n) for n in declared}
     elsewhere = []
     for top in ("prerender_ray", "actors", "api", "worker", "cli"):
         for path in (REPO / top).rglob("*.py"):

@@ -1,5 +1,5 @@
 """The whole loop, end to end, with a real browser: a site on 127.0.0.1 whose pages build their content
-with a script, a sitemap listing them, prerender-ray on its defaults (real Ray, RocksDB, HTTP), the
+with a script, a sitemap listing them, prerender-ray on its defaults (one node's real parts without Ray: ``tests.localnode``; RocksDB, HTTP), the
 render worker, and bots that receive the script-built HTML.
 
 Also: a noindex page ends suppressed, and a 301 retires its source and adopts the destination. The
@@ -21,12 +21,12 @@ import pytest_asyncio
 from prerender_ray.queue.leases import RELEASE_GRACE_MS
 from prerender_ray.worker.main import Worker
 from prerender_ray.worker.options import WorkerOptions, find_chromium
-from tests.support import deploy_on, put_target, ready
+from tests.localnode import LocalNode
+from tests.support import put_target, ready
 from tests.worker.site import Origin
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.cluster,
     pytest.mark.skipif(find_chromium() is None, reason="needs Debian's chromium (apt install chromium)"),
 ]
 
@@ -46,8 +46,8 @@ CONFIG = {"fleet": {"drainPeriod": "30s"}}  # the default: the last test stops a
 
 
 @pytest.fixture(scope="module")
-def node(ray_cluster, tmp_path_factory):
-    d = deploy_on(ray_cluster, tmp_path_factory.mktemp("e2e") / "data", CONFIG)
+def node(tmp_path_factory):
+    d = LocalNode.start(tmp_path_factory.mktemp("e2e") / "data", CONFIG)
     yield d
     d.stop(drain=False)  # whatever the stopped worker abandoned is no test's business
 
@@ -315,7 +315,7 @@ async def test_render_with_diagnostics_brings_back_what_the_page_threw_and_a_scr
 
 
 async def test_a_stop_drains_and_a_start_takes_over_no_result_of_a_granted_job_is_lost(
-    ray_cluster, node, site, worker
+    node, site, worker
 ) -> None:
     """Last: it stops the module's node as `down` or SIGTERM to `up` does, with renders in flight and
     jobs claimed but not started, and starts it again on the same data dir. Before: the stop closed
@@ -361,8 +361,7 @@ async def test_a_stop_drains_and_a_start_takes_over_no_result_of_a_granted_job_i
     assert drained["ended"] == "drained" and drained["awaitingResults"] == 0, stopped
     assert not ready(node.url)  # it really stopped
 
-    restarted = await asyncio.to_thread(deploy_on, ray_cluster, node.data_dir, CONFIG)
-    node.controller, node.status = restarted.controller, restarted.status  # the fixture stops this one
+    await asyncio.to_thread(node.restart)  # same data dir and port; the fixture stops it
     after = {k: results(k) - before[k] for k in kinds}
     assert after["delivered"] >= len(keys), after
     assert {k: v for k, v in after.items() if k != "delivered"} == dict.fromkeys(kinds[1:], 0), after

@@ -12,6 +12,7 @@ from prerender_ray import logs
 from prerender_ray.actors.keeper.keeper import Keeper
 from prerender_ray.actors.leasetable import DurableLeases
 from prerender_ray.config.model import Config
+from prerender_ray.identity.membership import Membership
 from prerender_ray.identity.nodes import NodeInfo
 from prerender_ray.rpc import Op
 from prerender_ray.storage.history import decoded, head_key, plan_ops, slots_of, summarized
@@ -135,6 +136,9 @@ class LocalPeers:
         self.renewed.append(list(nodes))
 
 
+FIRST_EPOCH = 1  # the membership a keeper made with ``members`` starts at; a test's changes go above it
+
+
 def make_keeper(tmp: Path, cfg: Config, node: str = "node-a", *, store: MemoryStore | None = None,
                 peers: LocalPeers | None = None, members: Sequence[str] = ()) -> Keeper:
     """A keeper of ``node`` with its own schedule and lease RocksDBs under ``tmp``; not started (tests
@@ -145,6 +149,7 @@ def make_keeper(tmp: Path, cfg: Config, node: str = "node-a", *, store: MemorySt
     leases = DurableLeases(cfg, Store(root / "leases"), log)
     peers = peers if peers is not None else LocalPeers()
     keeper = Keeper(cfg, NodeInfo(node, "127.0.0.1", 9926), Store(root / "schedule"), store=store or MemoryStore(),
-                    leases=leases, peers=peers, log=log, members=members)
+                    leases=leases, peers=peers, log=log,
+                    membership=Membership.of(FIRST_EPOCH, members) if members else None)
     peers.keepers[node] = keeper
     return keeper

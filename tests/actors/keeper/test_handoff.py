@@ -8,10 +8,17 @@ import asyncio
 import pytest
 
 from prerender_ray.actors.keeper import keeper as keeper_module
+from prerender_ray.identity.membership import Membership, StaleEpoch
 from prerender_ray.identity.nodes import Ownership
+from tests.actors.keeper.conftest import SITE
 from tests.actors.keeper.test_claims import put_due
 
 THREE = ("node-a", "node-b", "node-c")
+AB = ("node-a", "node-b")
+
+
+def at(epoch: int, *names: str) -> Membership:
+    return Membership.of(epoch, names)
 
 
 async def lagging_a(keepers):
@@ -27,11 +34,11 @@ async def lagging_a(keepers):
 
 
 async def stale_b(keepers):
-    """node-b, still starting, applied a late {a, b} after the controller moved to {a, b, c}, and
+    """node-b applied {a, b} (epoch 2) and missed the push of {a, b, c} (epoch 3) that followed, and
     adopted rows of node-c's slice under it: node-b, node-c and those rows."""
     a, b, c, urls = await lagging_a(keepers)
-    await b.handoff.set_membership(["node-a", "node-b"])  # the late push
-    await a.handoff.set_membership(["node-a", "node-b"])
+    await b.handoff.set_membership(at(2, *AB))
+    await a.handoff.set_membership(at(2, *AB))
     await asyncio.wait_for(a.handoff.task, 10)
     owners = Ownership(THREE)
     keys = [key for u in urls for key in a.conf.rules.keys_of(u)]
@@ -50,14 +57,14 @@ async def test_a_joining_node_gets_its_rows_with_their_due_times_and_their_lease
     dues = {key: a.rows.row(key).next_render_time for u in urls for key in a.conf.rules.keys_of(u)}
     b = keepers("node-b", members=("node-a", "node-b"))
     await b.load()
-    answer = await a.handoff.set_membership(["node-a", "node-b"])
+    answer = await a.handoff.set_membership(at(1, *AB))
     owners = Ownership(["node-a", "node-b"])
     moving = {key for key in dues if owners.owner(a.conf.rules.url_of(key)) == "node-b"}
     assert moving and answer["releasing"] == len(moving)
     assert not any(key in a.rows.ranking for key in moving)  # a stops granting them at once
     await asyncio.wait_for(a.handoff.task, 10)
     assert {key: b.rows.row(key).next_render_time for key in moving} == {key: dues[key] for key in moving}
-    assert a.rows.unowned() == {}  # deleted here once b acknowledged them
+    assert a.rows.unowned(a.view.current) == {}  # deleted here once b acknowledged them
     for key in moving & in_flight:  # still leased, now on b: never granted twice across the move
         assert (await b.leases.lease_of(key))["leaseExpiresAt"] is not None
     b.claims.publish()
@@ -65,11 +72,11 @@ async def test_a_joining_node_gets_its_rows_with_their_due_times_and_their_lease
 
 
 async def test_rows_handed_over_by_a_node_whose_view_lagged_go_on_to_their_owner(keepers) -> None:
-    """Two nodes come back at once: node-a still sees {a, b} and hands node-b the rows b owns there,
-    but b already sees {a, b, c}, so some of what it adopts is c's. b passes those on to c by
-    itself; nothing else would ever move them (no further membership change comes)."""
+    """node-a applies {a, b} at epoch 2 and hands node-b the rows b owns there, while b (epoch 1,
+    {a, b, c}) has not heard of it: b adopts (a newer caller is not refused) and some of what it
+    adopts is c's under its view. b passes those on to c by itself; nothing else would move them."""
     a, b, c, urls = await lagging_a(keepers)
-    await a.handoff.set_membership(["node-a", "node-b"])
+    await a.handoff.set_membership(at(2, *AB))
     await asyncio.wait_for(a.handoff.task, 10)
     owners = Ownership(THREE)
     keys = [key for u in urls for key in a.conf.rules.keys_of(u)]
@@ -79,8 +86,8 @@ async def test_rows_handed_over_by_a_node_whose_view_lagged_go_on_to_their_owner
     assert b.handoff.task is not None
     await asyncio.wait_for(b.handoff.task, 10)
     assert [k for k in passed_on if c.rows.row(k) is None] == []
-    assert b.rows.unowned() == {}
-    await a.handoff.set_membership(list(THREE))
+    assert b.rows.unowned(b.view.current) == {}
+    await a.handoff.set_membership(at(3, *THREE))
     await asyncio.wait_for(a.handoff.task, 10)
     for k in keys:
         owner = {"node-a": a, "node-b": b, "node-c": c}[owners.owner(a.conf.rules.url_of(k))]
@@ -98,16 +105,17 @@ async def test_two_departures_in_a_row_rebuild_both_slices_on_the_survivor(keepe
     urls = await put_due(a, *(f"/p{i}" for i in range(60)))
     keys = [key for u in urls for key in a.conf.rules.keys_of(u)]
     assert 0 < len([k for k in keys if a.rows.row(k) is not None]) < len(keys)
-    await a.handoff.set_membership(["node-a", "node-c"])
-    await a.handoff.set_membership(["node-a"])
+    await a.handoff.set_membership(at(2, "node-a", "node-c"))
+    await a.handoff.set_membership(at(3, "node-a"))
     await asyncio.wait_for(asyncio.gather(*a.repair._rebuilds), 20)
     assert [k for k in keys if a.rows.row(k) is None] == []
 
 
 async def test_a_rebuild_whose_scan_predates_a_join_hands_the_joiners_rows_on(keepers) -> None:
     """node-b sees node-c leave and starts rebuilding c's slice; node-c comes back while the pass is
-    between its scan and its writes. The rows it collected for c's URLs are c's again: b must
-    neither hold nor grant them, and they reach c (no later membership change comes to move them)."""
+    between its scan and its writes. The rows it collected for c's URLs are c's again: the pass sees
+    the epoch moved before it writes and reads again under the new membership (where b owns none of
+    c's slice), so it writes none of them; b neither holds nor grants them, and c has them."""
     a, b, c = (keepers(n, members=THREE) for n in THREE)
     for k in (a, b, c):
         await k.load()
@@ -122,30 +130,31 @@ async def test_a_rebuild_whose_scan_predates_a_join_hands_the_joiners_rows_on(ke
         return await pageless_first(collected)
 
     b.repair._pageless_first = held_after_the_scan
-    await b.handoff.set_membership(["node-a", "node-b"])
+    await b.handoff.set_membership(at(2, *AB))
     await asyncio.wait_for(scanned.wait(), 10)
-    await b.handoff.set_membership(list(THREE))
+    b.repair._pageless_first = pageless_first
+    await b.handoff.set_membership(at(3, *THREE))
     resume.set()
     await asyncio.wait_for(asyncio.gather(*b.repair._rebuilds), 20)
     owners = Ownership(THREE)
-    assert b.repair.last["restored"] > 0  # the pass wrote rows of c's slice
+    assert b.repair.last["restored"] == 0  # decided under epoch 2, redone under 3: nothing of c's
     assert [k for k in keys if b.rows.row(k) is not None and owners.owner(a.conf.rules.url_of(k)) != "node-b"] == []
     if b.handoff.task is not None:
         await asyncio.wait_for(b.handoff.task, 10)
-    assert b.rows.unowned() == {}
+    assert b.rows.unowned(b.view.current) == {}
     for k in keys:
         owner = {"node-a": a, "node-b": b, "node-c": c}[owners.owner(a.conf.rules.url_of(k))]
         assert owner.rows.row(k) is not None
 
 
-async def test_a_keeper_that_applied_a_stale_push_comes_back_to_the_controllers_membership(keepers) -> None:
-    """Pushes are not ordered: node-b, still starting, applies a late {a, b} after the controller
-    moved to {a, b, c}, and adopts rows of node-c's slice under it. Its check against the
-    controller applies {a, b, c}: those rows leave its ranking and reach node-c."""
+async def test_a_keeper_that_missed_a_push_comes_back_to_the_controllers_membership(keepers) -> None:
+    """Pushes can be lost: node-b holds {a, b} (epoch 2) after the controller moved to {a, b, c}
+    (epoch 3), and adopted rows of node-c's slice under it. Its check against the controller
+    applies epoch 3: those rows leave its ranking and reach node-c."""
     b, c, strays = await stale_b(keepers)
 
-    async def controller() -> list[str]:
-        return list(THREE)
+    async def controller() -> Membership:
+        return at(3, *THREE)
 
     b.handoff.members = controller
     assert (await b.handoff.check_membership())["changed"] is True
@@ -163,8 +172,8 @@ async def test_the_membership_read_at_start_releases_rows_adopted_under_an_older
     rows for 4 minutes in test_cluster)."""
     b, c, strays = await stale_b(keepers)
 
-    async def controller() -> list[str]:
-        return list(THREE)
+    async def controller() -> Membership:
+        return at(3, *THREE)
 
     b.handoff.members = controller
     await b.handoff.fetch_membership()
@@ -183,22 +192,22 @@ async def test_the_membership_check_goes_on_after_a_stray_cancel_and_a_check_tha
     await b.load()
     steps = iter(["cancelled", "hangs"])
 
-    async def controller() -> list[str]:
+    async def controller() -> Membership:
         step = next(steps, "answers")
         if step == "cancelled":
             raise asyncio.CancelledError()
         if step == "hangs":
             await asyncio.sleep(3600)
-        return list(THREE)
+        return at(2, *THREE)
 
     b.handoff.members = controller
     checker = asyncio.get_running_loop().create_task(b._membership_checker())
     try:
         for _ in range(200):
-            if b.ownership.names == THREE:
+            if b.view.current.names == THREE:
                 break
             await asyncio.sleep(0.02)
-        assert b.ownership.names == THREE and not checker.done()
+        assert b.view.current.names == THREE and not checker.done()
         assert b.state()["members"] == list(THREE) and b.state()["membershipCheckedAt"] is not None
     finally:
         checker.cancel()
@@ -221,10 +230,106 @@ async def test_a_membership_applied_while_the_handle_lookup_hangs_still_moves_th
     peers.renew = hangs  # type: ignore[method-assign]
     try:
         with pytest.raises(asyncio.TimeoutError):  # what the push's caller sees: no answer in time
-            await asyncio.wait_for(b.handoff.set_membership(list(THREE)), 0.5)
+            await asyncio.wait_for(b.handoff.set_membership(at(3, *THREE)), 0.5)
     finally:
         peers.renew = renew  # type: ignore[method-assign]
     assert b.handoff.task is not None
     await asyncio.wait_for(b.handoff.task, 10)
     assert [k for k in strays if b.rows.row(k) is not None] == []
     assert [k for k in strays if c.rows.row(k) is None] == []
+
+
+async def test_a_late_push_of_an_older_epoch_changes_nothing(keepers) -> None:
+    """Pushes are not ordered: {a, b} at epoch 2 arriving after {a, b, c} at epoch 3 is ignored (it
+    once replaced the newer list, and the node held another node's rows for minutes)."""
+    b = keepers("node-b", members=THREE)
+    keepers("node-a", members=THREE), keepers("node-c", members=THREE)
+    await b.load()
+    await b.handoff.set_membership(at(3, *THREE))
+    await put_due(b, *(f"/p{i}" for i in range(30)))
+    held = {h.key for h in b.rows.ranking.rows()}
+    assert held  # b owns some of them
+    assert await b.handoff.set_membership(at(2, *AB)) == {"changed": False, "epoch": 3}
+    assert b.view.current.names == THREE and {h.key for h in b.rows.ranking.rows()} == held
+
+
+async def test_rows_sent_under_an_older_epoch_are_refused_and_the_sender_routes_them_again(keepers) -> None:
+    """node-a hands rows over under epoch 2 ({a, b}) while node-b is at epoch 3 ({a, b, c}): b
+    refuses before it writes anything (``StaleEpoch``, both epochs), a reads the controller's epoch
+    3 and hands each row to its owner under it, so none lands where it must move again."""
+    a, b, c, urls = await lagging_a(keepers)
+    for k in (b, c):
+        await k.handoff.set_membership(at(3, *THREE))
+    keys = [key for u in urls for key in a.conf.rules.keys_of(u)]
+    with pytest.raises(StaleEpoch) as refused:
+        await b.handoff.adopt([a.rows.row(keys[0])], [], 2)
+    assert (refused.value.caller, refused.value.receiver) == (2, 3) and b.rows.row(keys[0]) is None
+
+    async def controller() -> Membership:
+        return at(3, *THREE)
+
+    a.handoff.members = controller
+    await a.handoff.set_membership(at(2, *AB))
+    await asyncio.wait_for(a.handoff.task, 10)
+    assert a.view.epoch == 3 and a.handoff.report["staleRefusals"] >= 1
+    owners = Ownership(THREE)
+    for k in keys:
+        owner = {"node-a": a, "node-b": b, "node-c": c}[owners.owner(a.conf.rules.url_of(k))]
+        assert owner.rows.row(k) is not None
+        assert [n.node for n in (a, b, c) if n is not owner and n.rows.row(k) is not None] == []
+    assert b.handoff.report["adopted"] == len([k for k in keys if owners.owner(a.conf.rules.url_of(k)) == "node-b"])
+
+
+async def settled(*ks) -> None:
+    """Each keeper's hand-off pass has run (and told the others it is done)."""
+    for k in ks:
+        if k.handoff.task is not None:
+            await asyncio.wait_for(k.handoff.task, 10)
+
+
+async def test_a_new_cluster_grants_at_once(keepers) -> None:
+    """Every keeper of a first deployment starts fenced (it cannot know who held what); each tells
+    the others its hand-off is done once loaded, so work is granted at once, not a lease later."""
+    a, b = keepers("node-a", members=AB), keepers("node-b", members=AB)
+    for k in (a, b):
+        await k.load()
+    await settled(a, b)
+    urls = await put_due(a, *(f"/p{i}" for i in range(20)))
+    granted = set()
+    for k in (a, b):
+        k.claims.publish()
+        granted |= {j["id"] for j in await k.claims.claim(100)}
+    assert granted == {key for u in urls for key in a.conf.rules.keys_of(u)}
+
+
+async def test_a_key_whose_owner_was_down_when_it_moved_is_not_granted_while_that_owner_may_hold_its_lease(keepers) -> None:
+    """node-a granted a key, then went down; node-c joined and now owns the key. A put brings the key
+    to c, but a's lease may still run: c grants it only once a is back and its hand-off is done (the
+    row then comes with its lease, which keeps it from a second grant until it ends). Seen in the
+    simulation before the fence: c granted it at once, two workers rendered one key."""
+    a, b = keepers("node-a", members=AB), keepers("node-b", members=AB)
+    for k in (a, b):
+        await k.load()
+    await settled(a, b)
+    after = Ownership(list(THREE))
+    path = next(p for p in (f"/p{i}" for i in range(200))
+                if after.owner(SITE + p) == "node-c" and Ownership(list(AB)).owner(SITE + p) == "node-a")
+    [url] = await put_due(a, path)
+    a.claims.publish()
+    leased = {j["id"] for j in await a.claims.claim(10)}
+    assert leased == set(a.conf.rules.keys_of(url))
+    c = keepers("node-c", members=())  # placed under epoch 2 below; a is down and hears nothing
+    await c.handoff.set_membership(at(2, *THREE))  # a keeper placed among others: fenced (``Rows.fence``)
+    await c.load()
+    await b.handoff.set_membership(at(2, *THREE))
+    await settled(b, c)
+    await b.targets.put_targets([{"url": url, "nextRenderTime": 1}])  # routed to its owner, c
+    assert {k for k in leased if c.rows.row(k) is not None} == leased
+    c.claims.publish()
+    assert [j for j in await c.claims.claim(10) if j["id"] in leased] == []  # a's lease may run
+    await a.handoff.set_membership(at(2, *THREE))  # a is back: its rows and leases go to c
+    await settled(a, c)
+    c.claims.publish()
+    assert [j for j in await c.claims.claim(10) if j["id"] in leased] == []  # now its lease blocks them
+    for k in leased:
+        assert (await c.leases.lease_of(k))["leaseExpiresAt"] is not None

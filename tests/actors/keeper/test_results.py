@@ -11,7 +11,7 @@ from prerender_ray.actors.keeper import results as results_part
 from prerender_ray.identity.nodes import Ownership
 from prerender_ray.storage.pages import Page
 from prerender_ray.storage.registry import Target, target_key
-from prerender_ray.timeutil import now_ms
+from prerender_ray.timeutil import Clock, now_ms
 from tests.actors.keeper.conftest import SITE
 from tests.actors.keeper.test_claims import put_due
 
@@ -114,6 +114,16 @@ async def test_a_result_posted_to_a_node_that_does_not_own_the_key_is_applied_by
     assert b.rows.row(job["id"]).next_render_time > now_ms() and len(a.rows) == 0
 
 
+class Later(Clock):
+    """The system clock, moved to ``at`` (epoch ms)."""
+
+    def __init__(self, at: int):
+        self.at = at
+
+    def now_ms(self) -> int:
+        return self.at
+
+
 async def test_an_identical_render_keeps_its_validators_and_a_changed_one_gets_new_ones(keepers, monkeypatch) -> None:
     k = keepers()
     await k.load()
@@ -127,7 +137,7 @@ async def test_an_identical_render_keeps_its_validators_and_a_changed_one_gets_n
     async def again(content: bytes) -> dict:
         k.claims.mirror.pop(job["id"], None)  # the keeper's copy of that grace
         later = now_ms() + 3_600_000  # an hour on: a Last-Modified of now would differ
-        monkeypatch.setattr(results_part, "now_ms", lambda: later)
+        monkeypatch.setattr(k.rows, "clock", Later(later))  # the keeper's parts read time there
         await k.targets.revalidate_key(job["id"])
         [j] = [j for j in await k.claims.claim(10) if j["id"] == job["id"]]
         await k.results.process(rendered(j["id"], j["url"], headers={"content-type": "text/html", **shell}), content)
@@ -188,7 +198,7 @@ async def test_an_identical_render_writes_a_freshness_record_and_leaves_the_page
 
     async def again(content: bytes, later: int) -> Page:
         k.claims.mirror.pop(key, None)  # the keeper's copy of the release grace
-        monkeypatch.setattr(results_part, "now_ms", lambda: later)
+        monkeypatch.setattr(k.rows, "clock", Later(later))
         await k.targets.revalidate_key(key)
         [j] = [j for j in await k.claims.claim(10) if j["id"] == key]
         await k.results.process(rendered(j["id"], j["url"]), content)
@@ -206,7 +216,7 @@ async def test_an_identical_render_writes_a_freshness_record_and_leaves_the_page
 
     await k.targets.revalidate([job["url"]])  # every device's page expires now: by a touch too
     assert store.writes["page"] == 1 and store.pages[key.encode()] == stored  # type: ignore[attr-defined]
-    assert (await store.page_metas([key]))[0].expires_at <= now_ms()  # type: ignore[union-attr,operator]
+    assert (await store.page_metas([key]))[0].expires_at <= k.rows.clock.now_ms()  # type: ignore[union-attr,operator]
 
     page = await again(HTML.replace(b"rendered", b"changed"), later + 1000)
     assert store.writes["page"] == 2 and touch_key(key) not in store.pages  # type: ignore[attr-defined]

@@ -103,7 +103,7 @@ def test_counts_are_exact_through_overwrites_deletes_replays_and_a_restart(store
 
 
 def test_a_freshness_record_replicates_and_applies_only_to_a_newer_write_of_its_etag(deployed, store, tmp_path) -> None:
-    from prerender_ray.actors.store.actor import NodeStore
+    from prerender_ray.actors.store.actor import NodeStoreActor
     from prerender_ray.storage.pages import Page
     from prerender_ray.storage.replication import unwrap, wrap_many
     from prerender_ray.storage.touches import Touch, touch_key
@@ -131,7 +131,7 @@ def test_a_freshness_record_replicates_and_applies_only_to_a_newer_write_of_its_
 
     first = shipped()
     assert set(first) == {key.encode(), touch_key(key)}
-    peer = NodeStore.options(num_cpus=0).remote(deployed.config, "node-z", str(tmp_path), [])
+    peer = NodeStoreActor.options(num_cpus=0).remote(deployed.config, "node-z", str(tmp_path), None)
     ray.get(peer.apply_remote.remote([["pages", k, first[k]] for k in (touch_key(key), key.encode())]))  # touch first
     assert expires(peer) == 9_000 and ray.get(peer.counts.remote())["pages"] == 1
 

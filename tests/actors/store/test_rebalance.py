@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from prerender_ray.actors.store import rebalance
+from prerender_ray.identity.membership import Membership
 from prerender_ray.identity.nodes import Ownership
 from prerender_ray.storage.keys import FRESHNESS, SITEMAP, TARGET, VIDX
 from prerender_ray.storage.replication import payload_of
@@ -14,6 +15,11 @@ from tests.actors.store.test_replication import Node, _until
 
 R = 2
 URLS = [f"https://x.com/{i}" for i in range(60)]
+
+
+def wire(names: list[str], epoch: int) -> dict:
+    """The controller's push of ``names`` at ``epoch`` (every store starts at epoch 1)."""
+    return Membership.of(epoch, names).to_wire()
 
 
 def holders(names: list[str], url: str) -> set[str]:
@@ -57,7 +63,7 @@ async def seeded(tmp_path, names: list[str], net: dict[str, Node]) -> dict[str, 
 
 async def joined(tmp_path, name: str, peers: list[str], nodes: dict[str, Node], net: dict[str, Node]) -> Node:
     """``name`` started with ``peers``, reachable, and done with its catch-up."""
-    node = nodes[name] = net[name] = Node(name, tmp_path, peers, net, replicas=R)
+    node = nodes[name] = net[name] = Node(name, tmp_path, peers, net, replicas=R, epoch=2)
     await node.synced.wait()
     return node
 
@@ -91,7 +97,7 @@ async def test_a_joining_node_pulls_its_share_and_the_others_drop_what_it_took_o
     assert [u for u in URLS if u not in mine and d.target(u) is not None] == []  # and nothing else
     assert d.sync_report["sources"] == three
     for name in three:
-        await nodes[name].set_membership(four)
+        await nodes[name].set_membership(wire(four, 2))
     await _until(lambda: not placed(nodes, four), "every record on exactly its holders among four", timeout=20)
     for s in nodes.values():  # a dropped record leaves no bookkeeping behind
         assert s.rebalance_report["state"] in ("idle", "done")
@@ -115,7 +121,7 @@ async def test_a_record_shipped_to_a_node_after_its_walk_passed_is_pushed_on_to_
     d = net.pop("node-d")  # node-c's shipping to node-d stalls
     write(nodes["node-c"], late)
     for name in three:
-        await nodes[name].set_membership(four)
+        await nodes[name].set_membership(wire(four, 2))
     await _until(lambda: d.rebalance_report["state"] == "done", "node-d's walk")
     net["node-d"] = d
     await _until(lambda: all(v == {"node-b", "node-c"} for u in late for v in where(nodes, u).values()),
@@ -124,24 +130,27 @@ async def test_a_record_shipped_to_a_node_after_its_walk_passed_is_pushed_on_to_
 
 
 async def test_a_node_whose_membership_was_stale_for_a_moment_keeps_what_it_holds(tmp_path, monkeypatch) -> None:
-    """node-b applies a late push that still lists node-e (gone from the cluster, its store still up)
-    and receives records it holds, though not in that view; its membership is right again before a
-    stray is pushed on: it keeps them all (pushed on at once, they would have gone to node-e)."""
+    """node-b is still on the membership that lists node-e (gone from the cluster since, its store
+    still up) and receives records it holds, though not in that view; its membership is right again
+    before a stray is pushed on: it keeps them all (pushed on at once, they would have gone to node-e)."""
     monkeypatch.setattr(rebalance, "PUSH_ON_AFTER_S", 0.5)
     four, five = ["node-a", "node-b", "node-c", "node-d"], ["node-a", "node-b", "node-c", "node-d", "node-e"]
     net: dict[str, Node] = {}
     nodes = await seeded(tmp_path, four, net)
-    e = Node("node-e", tmp_path, [n for n in five if n != "node-e"], net, replicas=R)
+    e = Node("node-e", tmp_path, [n for n in five if n != "node-e"], net, replicas=R, epoch=2)
     net["node-e"] = e
     await e.synced.wait()
     fresh = [u for u in (f"https://x.com/fresh/{i}" for i in range(300))
              if "node-b" in holders(four, u) and "node-b" not in holders(five, u)]
     assert fresh
-    await nodes["node-b"].set_membership(five)
+    await nodes["node-b"].set_membership(wire(five, 2))
+    for name in four:  # the others are on the four-node membership of after node-e left
+        if name != "node-b":
+            await nodes[name].set_membership(wire(four, 3))
     for u in fresh:
         write(nodes[Ownership(four).owner(u)] if Ownership(four).owner(u) != "node-b" else nodes["node-a"], [u])
     await _until(lambda: all(nodes["node-b"].target(u) is not None for u in fresh), "the records on node-b")
-    await nodes["node-b"].set_membership(four)
+    await nodes["node-b"].set_membership(wire(four, 3))
     await asyncio.sleep(1.5)
     assert [u for u in fresh if nodes["node-b"].target(u) is None] == []
     e.crash()
@@ -157,7 +166,7 @@ async def test_a_lost_node_s_urls_get_their_new_holder_from_a_survivor(tmp_path)
     lost = [u for u in URLS if "node-c" in holders(four, u)]
     assert lost
     for s in nodes.values():
-        await s.set_membership(three)
+        await s.set_membership(wire(three, 2))
     await _until(lambda: not placed(nodes, three), "two copies of every URL again", timeout=20)
     assert sum(s.rebalance_report["pushed"] for s in nodes.values()) >= 2 * len(lost)  # target, page, touch
     stop(nodes)
@@ -169,11 +178,11 @@ async def test_a_record_is_dropped_only_after_every_holder_has_it(tmp_path, monk
     three, four = ["node-a", "node-b", "node-c"], ["node-a", "node-b", "node-c", "node-d"]
     net: dict[str, Node] = {}
     nodes = await seeded(tmp_path, three, net)
-    d = Node("node-d", tmp_path, three, net, replicas=R)
+    d = Node("node-d", tmp_path, three, net, replicas=R, epoch=2)
     await d.synced.wait()
     # node-d is up, but not in the network: unreachable from the others
     for name in three:
-        await nodes[name].set_membership(four)
+        await nodes[name].set_membership(wire(four, 2))
     moving = [u for u in URLS if "node-d" in holders(four, u)]
     await asyncio.sleep(0.5)
     for u in moving:  # the node it moves away from keeps it: node-d never acknowledged
@@ -189,16 +198,16 @@ async def test_a_store_that_died_mid_walk_resumes_it_when_it_starts_again(tmp_pa
     three, four = ["node-a", "node-b", "node-c"], ["node-a", "node-b", "node-c", "node-d"]
     net: dict[str, Node] = {}
     nodes = await seeded(tmp_path, three, net)
-    d = Node("node-d", tmp_path, three, net, replicas=R)
+    d = Node("node-d", tmp_path, three, net, replicas=R, epoch=2)
     await d.synced.wait()  # node-d is up but unreachable: every walk stays owed
     for name in three:
-        await nodes[name].set_membership(four)
+        await nodes[name].set_membership(wire(four, 2))
     await asyncio.sleep(0.3)
     for name in three:  # every store dies mid-walk, and starts again already on the four-node membership
         nodes.pop(name).crash()
     net["node-d"] = nodes["node-d"] = d
     for name in three:
-        nodes[name] = net[name] = Node(name, tmp_path, [n for n in four if n != name], net, replicas=R)
+        nodes[name] = net[name] = Node(name, tmp_path, [n for n in four if n != name], net, replicas=R, epoch=2)
     await _until(lambda: not placed(nodes, four), "the resumed walks to finish", timeout=20)
     stop(nodes)
 
@@ -223,3 +232,57 @@ async def test_a_filtered_since_pages_through_every_record_of_a_holder(tmp_path,
     want = {TARGET + u.encode() for u in URLS if "node-d" in holders(four, u)}
     assert want and got == want
     a.crash()
+
+
+async def test_a_joiner_whose_catch_up_failed_from_a_peer_pulls_its_share_from_it_later(tmp_path) -> None:
+    """node-b leaves as node-d joins: a URL held by node-b and node-c moves to node-c and node-d. node-c
+    keeps it and pushes it to no joiner (a joiner pulls its share), node-b is gone: node-d must pull it
+    from node-c, which did not answer during node-d's catch-up. Found by the simulation (seed 3)."""
+    three, after = ["node-a", "node-b", "node-c"], ["node-a", "node-c", "node-d"]
+    net: dict[str, Node] = {}
+    nodes = await seeded(tmp_path, three, net)
+    nodes.pop("node-b").crash()
+    only_c = [u for u in URLS if holders(three, u) == {"node-b", "node-c"} and holders(after, u) == {"node-c", "node-d"}]
+    assert only_c
+    c = net.pop("node-c")  # unreachable during node-d's catch-up
+    d = nodes["node-d"] = net["node-d"] = Node("node-d", tmp_path, ["node-a", "node-c"], net, replicas=R, epoch=2)
+    await d.synced.wait()
+    assert d.sync_report["sources"] == ["node-a"] and d.sync_report["retrying"] == ["node-c"]
+    assert [u for u in only_c if d.target(u) is not None] == []
+    net["node-c"] = c
+    for name in ("node-a", "node-c"):
+        await nodes[name].set_membership(wire(after, 2))
+    await _until(lambda: not placed(nodes, after), "every record on exactly its holders", timeout=20)
+    stop(nodes)
+
+
+async def test_a_store_back_under_another_membership_drops_what_it_no_longer_holds_and_pulls_its_new_share(
+        tmp_path, monkeypatch) -> None:
+    """node-c is down while node-d joins and node-c is removed; node-c comes back later, as node-b
+    leaves: it starts on a membership it was never part of the change to, with what it held under
+    the old one. Its walk from the membership its records were placed under sends away and drops
+    what it no longer holds; its catch-up pulls all of its new share, old records too (the others
+    count it a joiner and push it nothing, and node-b, which held some of it, is gone). Found by the
+    simulation (seed 1, with the stray check on)."""
+    from prerender_ray.actors.store import replication
+
+    monkeypatch.setattr(replication, "CATCH_UP_MARGIN_MS", 0)  # a restart pulls only what is newer than it holds
+    three, with_d, last = ["node-a", "node-b", "node-c"], ["node-a", "node-b", "node-d"], ["node-a", "node-c", "node-d"]
+    net: dict[str, Node] = {}
+    nodes = await seeded(tmp_path, three, net)
+    nodes.pop("node-c").crash()
+    d = nodes["node-d"] = net["node-d"] = Node("node-d", tmp_path, ["node-a", "node-b"], net, replicas=R, epoch=2)
+    await d.synced.wait()
+    for name in ("node-a", "node-b"):
+        await nodes[name].set_membership(wire(with_d, 2))
+    await _until(lambda: not placed(nodes, with_d), "the placement without node-c", timeout=20)
+    kept = [u for u in URLS if "node-c" in holders(three, u) and "node-c" not in holders(last, u)]
+    gained = [u for u in URLS if "node-c" not in holders(three, u) and "node-b" in holders(with_d, u)
+              and "node-c" in holders(last, u)]
+    assert kept and gained
+    nodes.pop("node-b").crash()
+    for name in ("node-a", "node-d"):
+        await nodes[name].set_membership(wire(last, 3))
+    nodes["node-c"] = net["node-c"] = Node("node-c", tmp_path, ["node-a", "node-d"], net, replicas=R, epoch=3)
+    await _until(lambda: not placed(nodes, last), "every record on exactly its holders", timeout=20)
+    stop(nodes)

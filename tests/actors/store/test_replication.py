@@ -10,7 +10,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from prerender_ray import logs
-from prerender_ray.actors.store.replication import Replication
+from prerender_ray.actors.store.actor import StoreClient
+from prerender_ray.actors.store.replication import SHIP_DEADLINE_S, Replication
+from prerender_ray.identity.membership import Membership
+from prerender_ray.rpc import Local
 from prerender_ray.storage.keys import SHIPPED, TARGET
 from prerender_ray.storage.replication import Clock, payload_of
 from prerender_ray.storage.rocks import PAGES, REGISTRY, Store, store_path
@@ -19,7 +22,8 @@ from prerender_ray.storage.rocks import PAGES, REGISTRY, Store, store_path
 class Node(Replication):
     """A NodeStore's replication part on its own: its stores, its clock, and the network."""
 
-    def __init__(self, name: str, data_dir: Path, peers: list[str], net: dict[str, Node], replicas: int = 64):
+    def __init__(self, name: str, data_dir: Path, peers: list[str], net: dict[str, Node], replicas: int = 64,
+                 epoch: int = 1, fetch: Any = None):
         self.log = logs.get("store")
         self.node = name
         self.clock = Clock(name)
@@ -28,8 +32,8 @@ class Node(Replication):
         self._tasks: list = []
         self.net = net
         self.load_live_counts()
-        self.init_replication(peers, replicas, lambda key: key.split("|")[0])
-        self.stores = SimpleNamespace(renew=lambda names: asyncio.sleep(0))  # the network is ``net``
+        self.init_replication(Membership.of(epoch, [name, *peers]), replicas, lambda key: key.split("|")[0],
+                              fetch=fetch, stores=SimpleNamespace(renew=lambda names: asyncio.sleep(0)))  # the network is ``net``
 
     def _index_ops(self, out: list, key: bytes, old: bytes | None, new: bytes | None) -> None:
         """NodeStore's targets-by-sitemap index: none here."""
@@ -38,8 +42,7 @@ class Node(Replication):
         node = self.net.get(peer)
         if node is None:
             raise ConnectionError(f"{peer} is unreachable")
-        return SimpleNamespace(apply_remote=SimpleNamespace(remote=node.apply_remote),
-                               since=SimpleNamespace(remote=node.since))
+        return StoreClient(Local(node), SHIP_DEADLINE_S)
 
     def page(self, key: str) -> bytes | None:
         return payload_of(self.pages.get(key.encode()))

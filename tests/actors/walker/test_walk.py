@@ -1,5 +1,5 @@
-"""The walk's document pipeline (actors/walker/walk.py) on a real deployment: the document cap, and
-consecutive urlsets whose rows are written while the next one reconciles."""
+"""The walk's document pipeline (actors/walker/walk.py) on a node's real parts (``tests.localnode``):
+the document cap, and consecutive urlsets whose rows are written while the next one reconciles."""
 
 from __future__ import annotations
 
@@ -7,13 +7,12 @@ import time
 
 import httpx
 import pytest
-import ray
 
-from prerender_ray.actors.common import lookup
 from prerender_ray.storage.registry import decode_json, encode_json, sitemap_run_key
 from prerender_ray.timeutil import now_ms
+from tests.localnode import LocalNode
 from tests.sitemap_server import SitemapSite, index, urlset
-from tests.support import deploy_on, progress, schedule, sitemap_row, target, wait_for, walk
+from tests.support import progress, schedule, sitemap_row, target, wait_for, walk
 
 CAP = 4  # sitemap.maxDocuments of this deployment: the index and three children
 
@@ -26,8 +25,8 @@ def site():
 
 
 @pytest.fixture(scope="module")
-def node(ray_cluster, tmp_path_factory, site):
-    d = deploy_on(ray_cluster, tmp_path_factory.mktemp("walk") / "data", {
+def node(tmp_path_factory, site):
+    d = LocalNode.start(tmp_path_factory.mktemp("walk") / "data", {
         "domains": ["shop.test", f"127.0.0.1:{site.port}"],
         "sitemap": {"fetchTimeoutMs": 5000, "maxDocuments": CAP},
     })
@@ -86,13 +85,12 @@ def test_a_walk_taken_over_midway_stops_at_its_next_document_and_leaves_the_row_
     wait_for(lambda: (progress(node.url, root) or {}).get("sitemapsProcessed", 0) >= 2,
              timeout=30, interval=0.05, what="the index and the first child")
     # Another walker takes the run over (its fresh row): this walk must stop without touching it.
-    store, walker = lookup("store", "node-a"), lookup("sitemapper", "node-a")
     theirs = {"state": "running", "node": "node-x", "runId": "elsewhere", "updatedAt": now_ms()}
-    ray.get(store.apply.remote([(sitemap_run_key(root), encode_json(theirs))]))
-    wait_for(lambda: not any(run["root"] == root for run in ray.get(walker.status.remote())["running"]),
+    node.ask("store", "apply", [(sitemap_run_key(root), encode_json(theirs))])
+    wait_for(lambda: not any(run["root"] == root for run in node.ask("sitemapper", "status")["running"]),
              timeout=30, what="the walk to stop")
     time.sleep(0.5)
-    [raw] = ray.get(store.get.remote([sitemap_run_key(root)]))
+    [raw] = node.ask("store", "get", [sitemap_run_key(root)])
     assert decode_json(raw) == theirs
     created = [target(node.url, f"https://shop.test/lost/{i}") is not None for i in range(6)]
     assert created == [True, True, False, False, False, False]  # kids[2] was fetched, never written

@@ -15,8 +15,9 @@ import httpx
 import pytest
 
 from prerender_ray.admin.users import hash_password
+from tests.localnode import LocalNode
 from tests.sitemap_server import SitemapSite, urlset
-from tests.support import REPO, deploy_on, result_body, take, wait_for, write_page
+from tests.support import REPO, result_body, take, wait_for, write_page
 
 pytestmark = pytest.mark.browser
 CHROMIUM = "/usr/bin/chromium"
@@ -41,7 +42,7 @@ def site():
 
 
 @pytest.fixture(scope="module")
-def node(ray_cluster, tmp_path_factory):
+def node(tmp_path_factory):
     users = [
         {"name": "ops", "roles": ["admin"], "passwordHash": hash_password("ops-pass", iterations=1000)},
         {
@@ -50,8 +51,7 @@ def node(ray_cluster, tmp_path_factory):
             "passwordHash": hash_password("watch-pass", iterations=1000),
         },
     ]
-    d = deploy_on(
-        ray_cluster,
+    d = LocalNode.start(
         tmp_path_factory.mktemp("console") / "data",
         {
             "domains": ["console.test", f"{SITE_HOST}:*"],
@@ -278,7 +278,7 @@ def test_the_sitemaps_tab_lists_the_root_and_its_entries_with_their_state(node, 
         f"{node.url}/sitemaps", json={"url": root, "background": False}, timeout=300, auth=("ops", "ops-pass")
     )
     assert r.status_code == 200, r.text
-    write_page("node-a", "https://console.test/sm/0|desktop", b"<html>0</html>")
+    write_page(node, "https://console.test/sm/0|desktop", b"<html>0</html>")
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     sign_in(page, node, "watcher", "watch-pass")
     page.click("#tab-sitemaps")
@@ -351,7 +351,7 @@ def test_the_pages_tab_lists_cached_pages_and_shows_their_html_as_text(node, bro
     keys = [f"https://console.test/pg/{i}|desktop" for i in range(6)]
     markup = "<html><body><b id=injected>bold</b><script>window.pwned = 1</script></body></html>"
     for k in keys:
-        write_page("node-a", k, markup.encode())
+        write_page(node, k, markup.encode())
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     problems: list[str] = []
     page.on("pageerror", lambda e: problems.append(str(e)))
@@ -383,7 +383,7 @@ def test_a_read_refused_as_busy_is_asked_again_after_retry_after(node, browser) 
     # The overview's fan-out can hold the replica's heavy-read slots while a tab is switched: the
     # listing that meets the 429 must still arrive (before: an empty table and "busy").
     key = "https://console.test/busy/0|desktop"
-    write_page("node-a", key, b"<html><body>busy</body></html>")
+    write_page(node, key, b"<html><body>busy</body></html>")
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     refused: list[str] = []
 

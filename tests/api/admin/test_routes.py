@@ -708,7 +708,7 @@ async def local(node, targets):
     await client.aclose()
     await close_replica(ctx)
     app.state.sessions.close()
-    http = ctx.extras.get("admin-http")
+    http = ctx.admin_http
     if http is not None:
         await http.aclose()
 

@@ -61,9 +61,7 @@ def make(tmp_path, site):
         cfg = parse({"domains": [f"127.0.0.1:{site.port}"], "server": {"data_dir": str(tmp_path), **(server or {})},
                      "bots": bots}).config
         ctx = NodeContext(cfg=cfg, node=NodeInfo(name="n1", host="127.0.0.1", port=1, ray_node_id="x"),
-                          data_dir=str(tmp_path))
-        if resolver is not None:
-            ctx.extras["bot-resolver"] = resolver
+                          data_dir=str(tmp_path), resolver=resolver)
         return create_asgi(ctx), ctx
 
     yield build  # each test closes its replicas (on its own loop) before this

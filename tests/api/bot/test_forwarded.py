@@ -8,14 +8,15 @@ import httpx
 import pytest
 
 from tests.api.origin_site import JS_PAGE
-from tests.support import claim, deploy_on, post_result, put_target, wait_for
+from tests.localnode import LocalNode
+from tests.support import claim, post_result, put_target, wait_for
 
 DEBUG = {"x-harper-prerender-debug": "1"}
 
 
 @pytest.fixture(scope="module")
-def node(ray_cluster, tmp_path_factory, site):
-    d = deploy_on(ray_cluster, tmp_path_factory.mktemp("fwd") / "data", {
+def node(tmp_path_factory, site):
+    d = LocalNode.start(tmp_path_factory.mktemp("fwd") / "data", {
         "domains": [f"127.0.0.1:{site.port}"],
         "ingress": {"mode": "forwarded", "routes": [
             {"match": "prefix", "path": "/page/", "queryParams": ["ref"]},

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from prerender_ray.actors.store.actor import StoreClient
 from prerender_ray.api.bot import holders as H
 from prerender_ray.config.model import Cluster
 
@@ -33,11 +34,11 @@ class Store:
 
 def reader(stores: dict[str, Store], monkeypatch: pytest.MonkeyPatch, ttl_ms: int = 30_000,
            timeout_ms: int = 50) -> H.HolderReader:
-    async def actor(kind: str, name: str) -> Store:
-        return stores[name]
+    async def store_at(name: str) -> StoreClient:
+        return StoreClient(stores[name], 60)
 
     ctx = SimpleNamespace(node=SimpleNamespace(name="node-x"), holds=lambda url: False,
-                          holders_of=lambda url: list(stores), actor=actor, forget_remote=lambda: None)
+                          holders_of=lambda url: list(stores), store_at=store_at, forget_remote=lambda: None)
     monkeypatch.setattr(H, "decode_page", lambda key, raw, touch: SimpleNamespace(raw=raw, size=len(raw)))
     return H.HolderReader(ctx, Cluster(holder_read_timeout_ms=timeout_ms, holder_cache_ttl_ms=ttl_ms))  # type: ignore[arg-type]
 

@@ -1,5 +1,5 @@
-"""The bot path end to end (docs/serving.md): real ingress over HTTP on the shared Ray
-cluster, pages produced the way the fleet produces them (claim, post a result), and a real origin site
+"""The bot path end to end (docs/serving.md): a node's real ingress over HTTP without Ray
+(``tests.localnode``), pages produced the way the fleet produces them (claim, post a result), and a real origin site
 on 127.0.0.1 that can be slow, huge, broken or redirecting."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import pytest
 
 from prerender_ray.decoding import decoded_digest
 from tests.api.origin_site import JS_PAGE, OriginSite
+from tests.localnode import LocalNode
 from tests.support import (
     CLUSTER_SERIES,
     brotli_bomb,
     dashboard_series,
-    deploy_on,
     exposed_series,
     post_result,
     put_target,
@@ -49,8 +49,8 @@ def canary():
 
 
 @pytest.fixture(scope="module")
-def node(ray_cluster, tmp_path_factory, site, other):
-    d = deploy_on(ray_cluster, tmp_path_factory.mktemp("bot") / "data", {
+def node(tmp_path_factory, site, other):
+    d = LocalNode.start(tmp_path_factory.mktemp("bot") / "data", {
         "domains": [f"127.0.0.1:{site.port}", f"127.0.0.1:{other.port}", f"site.test:{site.port}"],
         "origin": {"connectTimeoutMs": 1000, "readTimeoutMs": 1500, "maxBodyBytes": 1024 * 1024,
                    "securityToken": {"value": "s3cret"}, "staging": {"ip": "127.0.0.1"},
@@ -179,9 +179,6 @@ def test_a_br_page_is_decoded_for_a_bot_that_sends_no_accept_encoding(node, site
 def test_a_stored_bomb_is_never_decoded_for_a_bot(node, site) -> None:
     """A page stored before results were checked (or under a larger cap) that decodes past
     server.maxHtmlBytes: a bot that cannot take br gets the origin's page, not 64 MiB of zeros."""
-    import ray
-
-    from prerender_ray.actors.common import lookup
     from prerender_ray.serving.framing import encode_page
     from prerender_ray.storage.pages import Page
 
@@ -192,7 +189,7 @@ def test_a_stored_bomb_is_never_decoded_for_a_bot(node, site) -> None:
     page = Page(cache_key=key, status_code=200,
                 headers={"content-type": "text/html", "content-encoding": "br"},
                 last_cached=now, expires_at=now + 3_600_000, content=bomb)
-    ray.get(lookup("store", "node-a").apply.remote([], [(key.encode(), encode_page(page))]), timeout=30)
+    node.ask("store", "apply", [], [(key.encode(), encode_page(page))])
     wait_for(lambda: cache_status(node, url, **{"accept-encoding": "br"}) == "hit", what="the stored page")
     with httpx.stream("GET", f"{node.url}/p/{url}", headers={"accept-encoding": "br"}) as r:
         assert b"".join(r.iter_raw()) == bomb  # sent as stored: nothing decoded

@@ -11,15 +11,16 @@ import time
 import httpx
 import pytest
 
-from tests.support import claim, deploy_on, post_result
+from tests.localnode import LocalNode
+from tests.support import claim, post_result
 
 DEBUG = {"x-harper-prerender-debug": "1"}
 HTML = b"<!doctype html><html><body><p>rendered on the first visit</p></body></html>"
 
 
 @pytest.fixture(scope="module")
-def node(ray_cluster, tmp_path_factory, site):
-    d = deploy_on(ray_cluster, tmp_path_factory.mktemp("onmiss") / "data", {
+def node(tmp_path_factory, site):
+    d = LocalNode.start(tmp_path_factory.mktemp("onmiss") / "data", {
         "domains": [f"127.0.0.1:{site.port}"],
         "render": {"onMiss": {"enabled": True, "waitMs": 6000}},
         "renderNow": {"pollIntervalMs": 50},

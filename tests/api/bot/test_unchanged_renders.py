@@ -8,7 +8,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support import deploy_on, post_result, put_target, take, wait_for
+from tests.localnode import LocalNode
+from tests.support import post_result, put_target, take, wait_for
 
 DEBUG = {"x-harper-prerender-debug": "1"}
 
@@ -19,8 +20,8 @@ def html(nonce: str, text: str = "the same page") -> bytes:
 
 
 @pytest.fixture(scope="module")
-def node(ray_cluster, tmp_path_factory, site):
-    d = deploy_on(ray_cluster, tmp_path_factory.mktemp("unchanged") / "data", {
+def node(tmp_path_factory, site):
+    d = LocalNode.start(tmp_path_factory.mktemp("unchanged") / "data", {
         "domains": [f"127.0.0.1:{site.port}"],
         "page": {"swrTtl": 0},  # an expired page is not served at all: its freshness is what serves it
     })

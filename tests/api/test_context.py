@@ -1,0 +1,122 @@
+"""NodeContext's typed seams without Ray: the clients over in-process handles (``rpc.Local``), a call
+under another deadline (``within``), the per-node accessors routed by ownership, and the admin
+fan-out by client method."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from prerender_ray.actors.keeper.client import KeeperClient
+from prerender_ray.actors.store.actor import StoreClient
+from prerender_ray.api.admin.common import fan_out
+from prerender_ray.api.context import NodeContext
+from prerender_ray.config.model import Config
+from prerender_ray.identity.nodes import NodeInfo, Ownership
+from prerender_ray.rpc import DeadlineExceeded, Local
+
+
+class Keeper:
+    """A keeper's answers, by node; ``hang`` never answers."""
+
+    def __init__(self, node: str, hang: bool = False):
+        self.node, self.hang = node, hang
+
+    async def queue_state(self) -> tuple[int, dict]:
+        if self.hang:
+            await asyncio.Event().wait()
+        return 200, {"node": self.node}
+
+    async def reconcile_status(self) -> dict:
+        return {"node": self.node}
+
+
+class Store:
+    def __init__(self, node: str):
+        self.node = node
+        self.gate = asyncio.Event()
+
+    async def get(self, keys: list[bytes]) -> list[bytes | None]:
+        return [self.node.encode() + b":" + k for k in keys]
+
+    async def counts(self) -> dict:
+        await self.gate.wait()
+        return {"targets": 1, "pages": 2}
+
+
+def node_ctx(names: list[str], placed: dict[tuple[str, str], object], replicas: int = 3) -> NodeContext:
+    """Node ``n1`` of a cluster of ``names``: another node's actor is ``placed[(kind, node)]``, else
+    not placed (a ValueError, as ``ray.get_actor`` raises)."""
+
+    async def lookup(kind: str, node: str) -> Local:
+        if (kind, node) not in placed:
+            raise ValueError(f"Failed to look up actor with name '{kind}:{node}'")
+        return Local(placed[kind, node])
+
+    ownership = Ownership()
+    ownership.update(names)
+    cfg = Config.model_validate({"cluster": {"replicas": replicas}})
+    return NodeContext(cfg=cfg, node=NodeInfo("n1", "127.0.0.1", 1), data_dir="/nonexistent",
+                       keeper=Local(Keeper("n1")), store=Local(Store("n1")), ownership=ownership,
+                       peers={n: NodeInfo(n, "127.0.0.1", 1) for n in names}, lookup=lookup)
+
+
+async def test_the_node_clients_are_typed_and_reach_the_node_actors() -> None:
+    ctx = node_ctx(["n1"], {})
+    assert isinstance(ctx.keeper, KeeperClient) and isinstance(ctx.store, StoreClient)
+    assert await ctx.store.get([b"a"]) == [b"n1:a"]
+    assert await ctx.keeper.queue_state() == (200, {"node": "n1"})
+
+
+async def test_within_bounds_one_call_and_leaves_the_client_as_it_was() -> None:
+    ctx = node_ctx(["n1"], {})
+    quick = ctx.store.within(0.05)
+    assert quick.deadline_s == 0.05 and ctx.store.deadline_s > 1
+    with pytest.raises(DeadlineExceeded):
+        await quick.counts()  # the store never opens its gate
+    keeper = ctx.keeper.within(0.05)
+    assert keeper.deadline_s == keeper.long_deadline_s == 0.05  # every deadline the client has
+    assert ctx.keeper.long_deadline_s > 1
+
+
+async def test_another_nodes_actors_are_found_by_ownership() -> None:
+    names = ["n1", "n2", "n3"]
+    ctx = node_ctx(names, {("keeper", "n2"): Keeper("n2"), ("keeper", "n3"): Keeper("n3"),
+                           ("store", "n2"): Store("n2"), ("store", "n3"): Store("n3")}, replicas=1)
+    owners = set()
+    for i in range(40):
+        url = f"https://x.example/{i}"
+        owner = ctx.owner_of(url)
+        owners.add(owner)
+        keeper = await ctx.keeper_of(url)
+        assert (await keeper.queue_state())[1] == {"node": owner}
+        assert await (await ctx.store_of(url)).get([b"k"]) == [owner.encode() + b":k"]
+        assert (keeper is ctx.keeper) == (owner == "n1")
+    assert owners == set(names)
+    with pytest.raises(ValueError):
+        await ctx.walker_at("n2")  # not placed
+
+
+async def test_fan_out_asks_a_client_method_of_every_node_and_names_those_that_did_not_answer() -> None:
+    ctx = node_ctx(["n1", "n2", "n3", "n4"], {("keeper", "n2"): Keeper("n2"), ("keeper", "n4"): Keeper("n4", hang=True)})
+    found = await fan_out(ctx, ctx.keeper_at, KeeperClient.queue_state, timeout=0.2)
+    assert found["n1"] == (True, (200, {"node": "n1"}))
+    assert found["n2"] == (True, (200, {"node": "n2"}))
+    assert found["n3"] == (False, "no actor placed on n3 to answer")
+    assert found["n4"] == (False, "no answer within 200 ms")
+    repairs = await fan_out(ctx, ctx.keeper_at, KeeperClient.reconcile_status, timeout=0.2)
+    assert repairs["n2"] == (True, {"node": "n2"})
+
+
+def test_no_route_writes_remote_or_finds_a_service_by_key() -> None:
+    """The api/ tree calls actors only through the typed clients, and NodeContext has no string-keyed
+    services."""
+    from pathlib import Path
+
+    import prerender_ray.api as api
+
+    root = Path(api.__file__).parent
+    offenders = [str(p.relative_to(root)) for p in sorted(root.rglob("*.py"))
+                 if ".remote(" in p.read_text() or "extras" in p.read_text()]
+    assert offenders == []

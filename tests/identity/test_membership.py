@@ -1,0 +1,77 @@
+"""The membership value and the one place a process holds it (prerender_ray/identity/membership.py)."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from prerender_ray.identity.membership import NOBODY, Membership, MembershipView, StaleEpoch, next_epoch
+from prerender_ray.identity.nodes import NodeInfo, Ownership
+
+A = NodeInfo("node-a", "127.0.0.1", 8001)
+B = NodeInfo("node-b", "127.0.0.1", 8002)
+C = NodeInfo("node-c", "127.0.0.1", 8003)
+
+
+def test_a_membership_is_sorted_and_its_ownership_is_that_of_its_names() -> None:
+    m = Membership(7, (C, A, B))
+    assert m.names == ("node-a", "node-b", "node-c") and m.nodes == (A, B, C)
+    url = "https://shop.test/p/1"
+    assert m.owner(url) == Ownership(["node-a", "node-b", "node-c"]).owner(url)
+    assert m.node("node-b") == B and m.node("node-x") is None
+
+
+def test_a_node_named_twice_is_refused() -> None:
+    with pytest.raises(ValueError, match="twice"):
+        Membership(1, (A, NodeInfo("node-a", "10.0.0.1", 1)))
+
+
+def test_the_wire_form_round_trips_and_refuses_what_is_malformed() -> None:
+    m = Membership(12, (A, B))
+    assert Membership.from_wire(m.to_wire()) == m
+    for bad in ({}, {"epoch": -1, "nodes": [A.__dict__]}, {"epoch": True, "nodes": [A.__dict__]},
+                {"epoch": 1, "nodes": []}, {"epoch": 1, "nodes": "node-a"}, {"epoch": 1, "nodes": [1]},
+                {"epoch": 1, "nodes": [{"name": "../etc", "host": "h", "port": 1}]},
+                {"epoch": 1, "nodes": [{"host": "h", "port": 1}]}, [], "x"):
+        with pytest.raises(ValueError):
+            Membership.from_wire(bad)  # type: ignore[arg-type]
+
+
+def test_a_view_moves_only_forward_and_tells_its_listeners_before_offer_returns() -> None:
+    view = MembershipView.alone(A)
+    assert view.epoch == NOBODY and view.current.names == ("node-a",)
+    seen: list[tuple[int, int]] = []
+    view.listen(lambda before, after: seen.append((before.epoch, after.epoch)))
+    assert view.offer(Membership(5, (A, B)))
+    assert not view.offer(Membership(4, (A, B, C)))  # a late push of an older list
+    assert not view.offer(Membership(5, (A, C)))  # the same epoch never replaces
+    assert view.current.names == ("node-a", "node-b") and seen == [(NOBODY, 5)]
+    assert view.offer(Membership(9, (A,)))
+    assert seen == [(NOBODY, 5), (5, 9)]
+
+
+def test_a_call_under_an_older_epoch_is_refused_with_both_epochs() -> None:
+    view = MembershipView(Membership(8, (A, B)))
+    view.check(8)
+    view.check(9)  # a newer caller is the receiver's cue to refresh, not a refusal
+    with pytest.raises(StaleEpoch) as e:
+        view.check(7, "adopt")
+    assert (e.value.caller, e.value.receiver) == (7, 8) and "adopt" in str(e.value)
+    again = pickle.loads(pickle.dumps(e.value))  # crosses processes intact
+    assert (again.caller, again.receiver) == (7, 8)
+
+
+@given(st.lists(st.integers(min_value=0, max_value=10**6), max_size=40))
+def test_whatever_order_offers_arrive_in_the_view_ends_on_the_highest(epochs: list[int]) -> None:
+    view = MembershipView.alone(A)
+    for e in epochs:
+        view.offer(Membership(e, (A, B) if e % 2 else (A,)))
+    assert view.epoch == max(epochs, default=NOBODY)
+
+
+def test_a_controller_placed_again_starts_above_the_epochs_it_forgot() -> None:
+    assert next_epoch(5, 1_000) == 1_000
+    assert next_epoch(2_000, 1_000) == 2_001

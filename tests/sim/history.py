@@ -1,0 +1,261 @@
+"""One simulated history: a seeded random walk of client actions and faults over a cluster, the
+invariants checked after every step and at quiescence.
+
+``simulate(seed)`` is the whole of it: the same seed gives the same history, the same network
+trace and the same outcome (``Outcome.digest``). A failure raises ``SimFailure``, which names the
+seed, the step and the invariant, and says how to replay it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import random
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prerender_ray.rpc import call
+from tests.sim.cluster import SITE, Cluster, SimNode
+from tests.sim.invariants import ObservedLeases, Violation, observed
+from tests.sim.loop import SimStuck, run
+from tests.sim.network import CLIENT, CONTROLLER, Faults, Network
+
+NAMES = ("n1", "n2", "n3", "n4", "n5")
+PATHS = [f"/p{i}" for i in range(30)]
+HTML = b"<html><body>rendered in the simulation</body></html>"
+SETTLE_S = 600.0  # quiescence: membership checks (5 s), hand-off and rebalance retries (30 s), pushes on (15 s)
+
+
+class SimFailure(AssertionError):
+    def __init__(self, seed: int, step: int, cause: BaseException, tail: list[str]):
+        name = cause.name if isinstance(cause, Violation) else type(cause).__name__
+        super().__init__(f"simulation seed {seed} failed at step {step}: {cause}\n"
+                         f"replay: SIM_SEED={seed} .venv/bin/python -m pytest -q tests/sim -k replay\n"
+                         + "\n".join(tail[-30:]))
+        self.seed, self.step, self.invariant, self.log = seed, step, name, tail
+
+
+@dataclass
+class Outcome:
+    seed: int
+    steps: int
+    trace: list = field(repr=False)
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(repr(self.trace).encode()).hexdigest()[:16]
+
+
+@dataclass
+class Job:
+    job: dict
+    worker: str
+    at: float
+
+
+class World:
+    """The driver: the cluster, its clients (a fleet of workers) and the oracle."""
+
+    def __init__(self, seed: int, root: Path, faults: Faults, twin: Callable[[Cluster], None] | None):
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.net = Network(random.Random(self.rng.getrandbits(64)), faults)
+        self.faults = faults
+        self.cluster = Cluster(root, self.net)
+        self.oracle = self.cluster.oracle
+        self.cluster.make_leases = observed(ObservedLeases, self.oracle)
+        if twin is not None:
+            twin(self.cluster)
+        self.jobs: list[Job] = []
+        self.strays = True
+        self.log: list[str] = []
+        self.step = 0
+
+    def say(self, *what: Any) -> None:
+        line = f"[{self.step}] t={asyncio.get_running_loop().time():.3f} " + " ".join(map(str, what))
+        self.log.append(line)
+        self.net.trace.append(("step", self.step, " ".join(map(str, what))))
+
+    async def client_call(self, node: str, method: str, *args: Any, deadline: float = 30.0) -> Any:
+        """A client outside the cluster (the fleet, an API user) calls a node's front door."""
+        return await call(getattr(self.net.handle(CLIENT, node, "node"), method).remote(*args), deadline)
+
+    # ------------------------------------------------------------------------------- actions
+
+    def pick_live(self) -> SimNode | None:
+        live = [n for n in self.cluster.nodes.values() if n.up]
+        return self.rng.choice(live) if live else None
+
+    async def put(self) -> None:
+        node = self.pick_live()
+        if node is None:
+            return
+        urls = [SITE + p for p in self.rng.sample(PATHS, self.rng.randint(1, 4))]
+        self.say("put", node.name, urls)
+        try:
+            answer = await self.client_call(node.name, "put_targets", [{"url": u, "nextRenderTime": 1} for u in urls])
+        except Exception as e:
+            self.say("put failed", type(e).__name__)
+            return
+        if answer.get("written") == len(urls):
+            self.oracle.targets.update(urls)
+
+    async def claim(self) -> None:
+        node = self.pick_live()
+        if node is None:
+            return
+        worker = f"w{self.rng.randint(1, 4)}"
+        try:
+            jobs = await self.client_call(node.name, "claim", self.rng.randint(1, 5), worker, deadline=10.0)
+        except Exception as e:
+            self.say("claim failed", node.name, type(e).__name__)
+            return
+        self.say("claimed", node.name, worker, [j["id"] for j in jobs])
+        now = asyncio.get_running_loop().time()
+        self.jobs += [Job(j, worker, now) for j in jobs]
+
+    async def result(self, replay: bool = False) -> None:
+        node = self.pick_live()
+        if node is None or not self.jobs:
+            return
+        i = self.rng.randrange(len(self.jobs))
+        job = self.jobs[i] if replay else self.jobs.pop(i)
+        j = job.job
+        meta = {"id": j["id"], "url": j["url"], "statusCode": 200, "outcome": "rendered", "renderTime": 100,
+                "headers": {"content-type": "text/html; charset=utf-8"}}
+        self.say("result", node.name, job.worker, j["id"], "replay" if replay else "")
+        try:
+            answer = await self.client_call(node.name, "result", meta, HTML, job.worker)
+        except Exception as e:
+            self.say("result failed", type(e).__name__)
+            if not replay and self.rng.random() < 0.5:
+                self.jobs.append(job)  # the fleet retries a result it got no answer for
+            return
+        self.say("result answer", answer)
+        if isinstance(answer, dict) and answer.get("outcome") == "rendered":
+            self.oracle.results.add(j["id"])
+
+    async def kill(self) -> None:
+        node = self.pick_live()
+        if node is None or len(self.cluster.live()) <= 1:
+            return
+        self.say("crash", node.name)
+        await node.kill()
+
+    def restart(self) -> None:
+        down = [n for n in self.cluster.nodes.values() if not n.up and n.name in self.cluster.controller.membership.names]
+        if down:
+            node = self.rng.choice(down)
+            self.say("restart", node.name)
+            node.start()
+
+    async def leave(self) -> None:
+        m = self.cluster.controller.membership
+        if len(m.names) <= 2:
+            return
+        name = self.rng.choice(m.names)
+        node = self.cluster.nodes[name]
+        self.say("leave", name)
+        if node.up:
+            await node.kill()
+        self.oracle.node_left(name)
+        await self.cluster.set_members([n for n in m.names if n != name])
+
+    async def join(self) -> None:
+        m = self.cluster.controller.membership
+        out = [n for n in NAMES if n not in m.names]
+        if not out:
+            return
+        name = self.rng.choice(out)
+        node = self.cluster.nodes.setdefault(name, SimNode(self.cluster, name))
+        if node.up:
+            await node.kill()
+        self.say("join", name)
+        await self.cluster.set_members([*m.names, name])
+        node.start()
+
+    def partition(self) -> None:
+        names = [*self.cluster.controller.membership.names, CONTROLLER]
+        self.rng.shuffle(names)
+        cut = self.rng.randint(1, len(names) - 1)
+        self.say("partition", names[:cut], names[cut:])
+        self.net.partition(set(names[:cut]), set(names[cut:]))
+
+    def heal(self) -> None:
+        self.say("heal")
+        self.net.heal()
+
+    # ------------------------------------------------------------------------------- the walk
+
+    async def start(self, n: int) -> None:
+        names = list(NAMES[:n])
+        await self.cluster.set_members(names)
+        for name in names:
+            self.cluster.nodes[name] = node = SimNode(self.cluster, name)
+            node.start()
+        await asyncio.sleep(5)
+
+    async def walk(self, steps: int, membership: bool) -> None:
+        acts: list[tuple[float, Callable[[], Any]]] = [
+            (4, self.put), (5, self.claim), (4, self.result), (0.7, lambda: self.result(replay=True))]
+        if membership:
+            acts += [(0.4, self.kill), (0.6, self.restart), (0.3, self.leave), (0.3, self.join),
+                     (0.4, self.partition), (0.5, self.heal)]
+        weights = [w for w, _ in acts]
+        for self.step in range(1, steps + 1):
+            _, act = self.rng.choices(acts, weights)[0]
+            got = act()
+            if asyncio.iscoroutine(got):
+                await got
+            self.check_now()
+            await asyncio.sleep(self.rng.choice((0.0, 0.01, 0.5, 2.0, 20.0)))
+
+    def check_now(self) -> None:
+        if self.oracle.violations:
+            raise self.oracle.violations[0]
+
+    async def settle(self) -> None:
+        self.step += 1
+        self.say("settle")
+        self.net.faults = Faults.none()
+        self.net.heal()
+        # every node that ever ran is back: what one acknowledged is on its disk at least (replication is
+        # asynchronous: a node that leaves for good takes what it had not shipped yet)
+        await self.cluster.set_members(sorted(self.cluster.nodes))
+        for node in self.cluster.nodes.values():
+            if not node.up:
+                node.start()
+        await asyncio.sleep(SETTLE_S)
+        self.check_now()
+        self.oracle.check_settled(self.cluster, self.strays)
+
+
+def simulate(seed: int, *, steps: int = 60, nodes: int = 3, faults: Faults | None = None, membership: bool = True,
+             twin: Callable[[Cluster], None] | None = None, max_steps: int = 3_000_000,
+             strays: bool = True) -> Outcome:
+    """Run one history; raise ``SimFailure`` (with the seed and step) when an invariant breaks."""
+    with tempfile.TemporaryDirectory(prefix=f"sim-{seed}-") as tmp:
+        world = World(seed, Path(tmp), faults if faults is not None else Faults.rough(), twin)
+        world.strays = strays
+
+        async def main() -> None:
+            world.cluster.install(asyncio.get_running_loop())
+            await world.start(nodes)
+            await world.walk(steps, membership)
+            await world.settle()
+            for node in world.cluster.live():
+                await node.kill()
+
+        try:
+            run(main(), steps=max_steps)
+        except (Violation, SimStuck) as e:
+            raise SimFailure(seed, world.step, e, world.log + world.cluster.log[-int(os.environ.get("SIM_LOG_TAIL", 20)):]) from e
+        o = world.oracle
+        stats = {**world.net.stats, "grants": sum(map(len, o.grants.values())), "applied": sum(o.finished.values()),
+                 "targets": len(o.targets), "results": len(o.results)}
+        return Outcome(seed, world.step, world.net.trace, stats)

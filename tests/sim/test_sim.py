@@ -1,0 +1,152 @@
+"""The simulated cluster (docs/architecture.md#the-simulated-cluster): the fixed seeds CI runs, the
+determinism a replay rests on, the harness itself, and a broken twin for each invariant.
+
+Replay a failing seed: ``SIM_SEED=<seed> .venv/bin/python -m pytest -q tests/sim -k replay``
+(``SIM_STEPS``, ``SIM_NODES`` if the failure named them); longer searches: ``make sim SEEDS=500``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+
+import pytest
+
+from prerender_ray.rpc import DeadlineExceeded, call
+from tests.sim.history import SimFailure, simulate
+from tests.sim.loop import SimStuck, run
+from tests.sim.network import Faults, Network, NodeDown
+from tests.sim.twins import TWINS
+
+# Histories of 100 steps over 3 to 5 nodes with drops, duplicates, slow links, partitions, kills,
+# restarts, joins and leaves; a few seconds in all.
+CI_SEEDS = [1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]
+STEPS = 100
+# Every history also checks that no node keeps a record it does not hold (``no-strays``).
+STRAYS = True
+
+
+# Seeds where a node still keeps a record it no longer holds after settling: an open defect of the
+# store's rebalance (issue 36's notes), pinned so a fix shows as an unexpected pass. Every other
+# invariant is checked on them as on the rest.
+STRAY_DEFECTS = {5}
+
+
+@pytest.mark.parametrize("seed", CI_SEEDS)
+def test_a_history_keeps_every_invariant(seed: int) -> None:
+    simulate(seed, steps=STEPS, strays=STRAYS and seed not in STRAY_DEFECTS)
+
+
+@pytest.mark.xfail(strict=True, reason="open defect: a stray record survives the store's rebalance")
+@pytest.mark.parametrize("seed", sorted(STRAY_DEFECTS))
+def test_no_record_stays_on_a_node_that_does_not_hold_it(seed: int) -> None:
+    simulate(seed, steps=STEPS, strays=True)
+
+
+def test_one_seed_gives_one_history() -> None:
+    a, b = simulate(6, steps=40, strays=STRAYS), simulate(6, steps=40, strays=STRAYS)
+    assert a.trace == b.trace and a.digest == b.digest
+    assert simulate(7, steps=40, strays=STRAYS).digest != a.digest
+    assert a.stats["grants"] and a.stats["applied"] and a.stats["targets"]  # the history did something
+
+
+@pytest.mark.skipif("SIM_SEED" not in os.environ, reason="set SIM_SEED to replay one history")
+def test_replay() -> None:
+    seed = int(os.environ["SIM_SEED"])
+    out = simulate(seed, steps=int(os.environ.get("SIM_STEPS", STEPS)), nodes=int(os.environ.get("SIM_NODES", 3)),
+                   strays=os.environ.get("SIM_STRAYS", "0") == "1")
+    print(f"seed {seed}: {out.steps} steps, trace {out.digest}, {out.stats}")
+
+
+# ------------------------------------------------------------------------------ broken twins
+
+
+@pytest.mark.parametrize("name", sorted(TWINS))
+def test_a_broken_twin_is_caught_within_the_ci_seeds(name: str) -> None:
+    twin, invariant = TWINS[name]
+    for seed in CI_SEEDS:
+        try:
+            simulate(seed, steps=STEPS, twin=twin, strays=STRAYS)
+        except SimFailure as e:
+            assert e.invariant in invariant, f"seed {seed}: {e}"
+            assert f"seed {seed}" in str(e) and f"SIM_SEED={seed}" in str(e)
+            return
+    pytest.fail(f"no CI seed caught the {name} twin")
+
+
+# ------------------------------------------------------------------- found by the simulation
+
+
+def test_a_node_back_under_another_membership_drops_what_it_no_longer_holds() -> None:
+    """A node removed while down, back later: its store starts on the new membership with what it held
+    under the old one; it walks from the membership its records were placed under (kept on disk).
+    Without that walk this history fails ``no-strays``
+    (tests/actors/store/test_rebalance.py::test_a_store_back_under_another_membership_...)."""
+    simulate(1, steps=STEPS, faults=Faults.none(), strays=True)
+
+
+def test_every_holder_gets_its_records_after_joins_and_partitions() -> None:
+    """A joiner's catch-up that a peer did not answer is asked again until it does: the others push
+    nothing to a joiner. (tests/actors/store/test_rebalance.py::test_a_joiner_whose_catch_up_failed_...)"""
+    simulate(3, steps=STEPS, strays=True)
+
+
+# ------------------------------------------------------------------------------ the harness
+
+
+def test_the_virtual_loop_jumps_to_the_next_timer_and_runs_threads_inline() -> None:
+    async def main() -> tuple[float, int]:
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(3600)
+        return loop.time(), await asyncio.to_thread(lambda: 41 + 1)
+
+    assert run(main()) == (3600.0, 42)
+
+
+def test_a_deadlock_and_a_livelock_fail_rather_than_hang() -> None:
+    async def deadlock() -> None:
+        await asyncio.get_running_loop().create_future()
+
+    async def livelock() -> None:
+        while True:
+            await asyncio.sleep(0)
+
+    with pytest.raises(SimStuck, match="deadlock"):
+        run(deadlock())
+    with pytest.raises(SimStuck, match="step budget"):
+        run(livelock(), steps=10_000)
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def bump(self, by: int) -> int:
+        self.calls += by
+        return self.calls
+
+
+def test_the_network_drops_duplicates_partitions_and_reports_a_node_down() -> None:
+    async def main() -> None:
+        net = Network(random.Random(1), Faults(drop=1.0))
+        c = Counter()
+        net.serve("b", "counter", c)
+        with pytest.raises(DeadlineExceeded):
+            await call(net.handle("a", "b", "counter").bump.remote(1), 5)
+        assert c.calls == 0
+        net.faults = Faults(duplicate=1.0)
+        assert await call(net.handle("a", "b", "counter").bump.remote(1), 5) in (1, 2)
+        await asyncio.sleep(1)
+        assert c.calls == 2  # the duplicate ran too
+        net.faults = Faults()
+        net.partition({"a"}, {"b"})
+        with pytest.raises(DeadlineExceeded):
+            await call(net.handle("a", "b", "counter").bump.remote(1), 5)
+        net.heal()
+        assert await call(net.handle("a", "b", "counter").bump.remote(1), 5) == 3
+        net.down("b")
+        with pytest.raises(NodeDown):
+            await call(net.handle("a", "b", "counter").bump.remote(1), 5)
+
+    run(main())
