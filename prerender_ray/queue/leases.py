@@ -352,12 +352,29 @@ class Leases:
 
     def adopt(self, key: str, record: list, now: int) -> bool:
         """Take over a lease exported by another table (ownership moved): the key stays unclaimable
-        until the lease it already has ends. A live lease here is kept (never shortened). A record
-        of the old five-field form takes any worker's result."""
+        until the lease it comes with ends. Of two grants the later one is the key's (its worker's
+        result applies), and the lease ends at the later expiry of the two. A record of the old
+        five-field form takes any worker's result."""
         expires, due, cadence, released, answered, *rest = record
-        if int(expires) <= now or key in self._leases:
+        if int(expires) <= now:
             return False
+        held = self._leases.get(key)
         at = int(rest[0]) if rest and rest[0] is not None else int(expires) - self.lease_time
+        # The later grant is the key's: a lease this table still holds from when it owned the key
+        # before (it left and came back) must not hide the live one the key comes back with, nor a
+        # released one here (its key moved away, and back): either was kept, and the key granted
+        # again while the later grant's worker still rendered (seen in the simulation). Whichever
+        # wins, the key stays blocked until the later of the two expiries (never shortened).
+        if held is not None and not held.released and held.at >= at:
+            if int(expires) > held.expires:
+                held.expires = int(expires)
+                self._arm(key, held)
+            return False
+        if held is not None and bool(released) and int(expires) <= held.expires:
+            return False
+        if held is not None and not held.released:
+            expires = max(int(expires), held.expires)
+            self._in_flight -= 1  # counted again below
         lease = self._leases[key] = _Lease(int(expires), _opt_int(due), _opt_int(cadence), bool(released),
                                            bool(answered), at)
         self._arm(key, lease)

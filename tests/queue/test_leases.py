@@ -412,6 +412,39 @@ def test_an_exported_lease_carries_its_grant_and_the_old_five_field_form_is_adop
     assert old.begin_result(K, "w9", T0 + 2) == ResultCheck("apply", T0)
 
 
+def test_a_key_that_moved_away_and_back_takes_the_live_lease_it_comes_back_with() -> None:
+    """Node A granted K and handed it to B (its lease released here, in grace); B hands it back with
+    the live lease. The released one here must not hide it: it was kept, and K was granted again
+    once the grace ended while its worker still rendered (seen in the simulation)."""
+    a = table()
+    a.grant(K, T0, worker="w1")
+    b = table()
+    assert b.adopt(K, a.export(K), T0 + 1)
+    a.forget(K, T0 + 1)
+    assert a.adopt(K, b.export(K), T0 + 2)
+    assert a.lease_of(K, T0 + 3) == LeaseInfo(K, T0 + LEASE, None)
+    assert a.is_leased(K, T0 + LEASE - 1)
+    assert a.begin_result(K, "w1", T0 + 4) == ResultCheck("apply", T0)
+    held = table()
+    held.grant(K, T0 + 10, worker="w2")  # a later grant here stays the key's
+    assert not held.adopt(K, a.export(K), T0 + 11)
+    assert held.begin_result(K, "w2", T0 + 12) == ResultCheck("apply", T0 + 10)
+
+
+def test_a_lease_left_from_an_earlier_ownership_gives_way_to_the_later_grant_it_meets() -> None:
+    """Node C owned K and granted it (to w4), left, and came back with that lease on disk; K was
+    granted meanwhile by its next owner (to w2) and comes back to C with that lease. C kept its own
+    (it expired first) and granted K again while w2 still rendered (seen in the simulation)."""
+    c = table()
+    c.grant(K, T0, worker="w4")
+    b = table()
+    b.grant(K, T0 + 100, worker="w2")
+    assert c.adopt(K, b.export(K), T0 + 200)
+    assert c.begin_result(K, "w4", T0 + 201).verdict == "superseded"
+    assert c.is_leased(K, T0 + 100 + LEASE - 1)  # until the later grant's lease ends
+    assert c.lease_of(K, T0 + 202) == LeaseInfo(K, T0 + 100 + LEASE, None)
+
+
 def test_a_durable_record_of_the_old_six_field_form_still_reads() -> None:
     from prerender_ray.queue.leases import read_record
 
