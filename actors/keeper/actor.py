@@ -154,8 +154,8 @@ class QueueKeeper:
     async def adopt(self, rows: list[ScheduleRow], leases: list, epoch: int, fences: list | None = None) -> int:
         return await self.keeper.adopt(rows, leases, epoch, fences)
 
-    async def handoff_done(self, sender: str, epoch: int, fence: list | None = None) -> None:
-        await self.keeper.handoff_done(sender, epoch, fence)
+    async def handoff_done(self, sender: str, epoch: int, fence: list | None = None) -> list | None:
+        return await self.keeper.handoff_done(sender, epoch, fence)
 
     # ---------------------------------------------------------------------------------- repair
 

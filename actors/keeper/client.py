@@ -44,8 +44,8 @@ class KeeperClient(NodeActorClient):
     async def adopt(self, rows: list, leases: list, epoch: int, fences: list | None = None) -> int:
         return await call(self.handle.adopt.remote(rows, leases, epoch, fences), self.long_deadline_s)
 
-    async def handoff_done(self, sender: str, epoch: int, fence: list | None = None) -> None:
-        await call(self.handle.handoff_done.remote(sender, epoch, fence), self.deadline_s)
+    async def handoff_done(self, sender: str, epoch: int, fence: list | None = None) -> list | None:
+        return await call(self.handle.handoff_done.remote(sender, epoch, fence), self.deadline_s)
 
     # ---------------------------------------------------------- the ingress's (fleet, routes, bots)
 

@@ -113,12 +113,18 @@ class Handoff:
             before = before if before is not None and before.epoch != NOBODY else None
             self.rows.fence(self.rows.clock.now_ms() + self.rows.conf.cfg.queue.job_lease_time, before, m.epoch)
 
-    async def handoff_done(self, sender: str, epoch: int, fence: list | None = None) -> None:
+    async def handoff_done(self, sender: str, epoch: int, fence: list | None = None) -> list | None:
         """``sender`` holds no row (and so no lease) that another node owns under ``epoch``: the keys
         it owned before are no longer fenced here, unless its own fence (``fence``) still waits on
-        the node that owned them before it (a fence it handed on with a row came with the row)."""
+        the node that owned them before it (a fence it handed on with a row came with the row).
+        Answers our own done the same way ([epoch, fence], None while our hand-off is not done): a
+        keeper that restarted forgot what it was told, and learns it back here."""
         if self.rows.said_done(sender, epoch, fence):
             self.rows.on_due()  # fenced keys may be grantable now: publish soon
+        idle = self.task is None or self.task.done()
+        if not idle or self._told != self.view.epoch:
+            return None
+        return [self._told, self.rows.fence_summary(self.rows.clock.now_ms())]
 
     async def _tell_done(self, m: Membership) -> None:
         """Every other member learns that this node's hand-off under ``m`` is done (best effort:
@@ -127,7 +133,10 @@ class Handoff:
 
         async def tell(node: str) -> None:
             try:
-                await (await self.peers.of(node)).handoff_done(self.node, m.epoch, fence)
+                theirs = await (await self.peers.of(node)).handoff_done(self.node, m.epoch, fence)
+                if isinstance(theirs, list) and len(theirs) == 2 and isinstance(theirs[0], int):
+                    if self.rows.said_done(node, theirs[0], theirs[1] if isinstance(theirs[1], list) else None):
+                        self.rows.on_due()
             except Exception as e:
                 self.log.info("hand-off done not told", peer=node, error=type(e).__name__)
 

@@ -265,8 +265,8 @@ class Keeper:
     async def adopt(self, rows: list, leases: list, epoch: int, fences: list | None = None) -> int:
         return await self.handoff.adopt(rows, leases, epoch, fences)
 
-    async def handoff_done(self, sender: str, epoch: int, fence: list | None = None) -> None:
-        await self.handoff.handoff_done(sender, epoch, fence)
+    async def handoff_done(self, sender: str, epoch: int, fence: list | None = None) -> list | None:
+        return await self.handoff.handoff_done(sender, epoch, fence)
 
     # ------------------------------------------------------------------------------------ stop
 
