@@ -223,12 +223,15 @@ class Handles:
     """Named actors of other nodes by node name, the one handle cache: a lookup runs off the event
     loop, a handle is trusted for ``HANDLE_TTL_S`` at most, and every membership push renews the
     members' handles and forgets the others (a node that came back has new actors under the same
-    names). ``wrap`` turns a handle into its typed client."""
+    names). ``wrap`` turns a handle into its typed client; ``lookup`` (kind, node) -> handle replaces
+    Ray's named actors (the LocalNode and LocalCluster test harnesses)."""
 
-    def __init__(self, kind: str, own: tuple[str, Any] | None = None, wrap: Any = None):
+    def __init__(self, kind: str, own: tuple[str, Any] | None = None, wrap: Any = None,
+                 lookup: Callable[[str, str], Awaitable[Any]] | None = None):
         self.kind = kind
         self.own = own  # this node's own actor (or client), never looked up
         self.wrap = wrap or (lambda handle: handle)
+        self._lookup = lookup or lookup_async
         self._cache: dict[str, tuple[float, Any]] = {}
 
     async def get(self, node: str) -> Any:
@@ -237,7 +240,7 @@ class Handles:
         hit = self._cache.get(node)
         now = time.monotonic()
         if hit is None or now - hit[0] > HANDLE_TTL_S:
-            hit = self._cache[node] = (now, self.wrap(await lookup_async(self.kind, node)))
+            hit = self._cache[node] = (now, self.wrap(await self._lookup(self.kind, node)))
         return hit[1]
 
     async def of(self, node: str) -> Any:  # rpc.Peers
@@ -251,7 +254,7 @@ class Handles:
             if self.own is not None and node == self.own[0]:
                 continue
             try:
-                fresh[node] = (time.monotonic(), self.wrap(await lookup_async(self.kind, node)))
+                fresh[node] = (time.monotonic(), self.wrap(await self._lookup(self.kind, node)))
             except (ValueError, DeadlineExceeded):
                 pass
         self._cache = fresh

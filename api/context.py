@@ -181,6 +181,11 @@ class NodeContext:
                                      replicas=self.cfg.cluster.replicas, local=self.store,
                                      store_of=self.store_at, deadline_s=deadline_s)
 
+    @property
+    def has_lookup(self) -> bool:
+        """Other nodes' actors are found by the lookup given (a test harness), not by Ray."""
+        return self._lookup is not None
+
     def forget_remote(self) -> None:
         """Membership changed or a call failed: look every other node's actors up afresh."""
         self._handles.clear()

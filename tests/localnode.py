@@ -4,9 +4,10 @@ The actor shells themselves (``QueueKeeper``, ``LeaseTable``, ``NodeStore``, ``S
 ``IngressReplica``), their RocksDB stores under a temp dir, and the ingress app served by uvicorn on
 127.0.0.1 (real HTTP), all on one event loop in a background thread. They call each other through
 ``rpc.Local`` handles, which copy arguments and answers as Ray does; the controller's part (the
-membership) is answered by the node itself: a single-node cluster. What only Ray shows (several
-nodes, process restarts, placement, per-process memory, ``up``/``down``) stays on the shared cluster
-(``tests.support.deploy_on``); every other API test runs here, in a fraction of the time.
+membership) is answered by the node itself: a single-node cluster (several nodes on one loop:
+``tests.localcluster``). What only Ray shows (process restarts, placement, per-process memory,
+``up``/``down``) stays on the shared cluster (``tests.support.deploy_on``); every other API test runs
+here, in a fraction of the time.
 
 The surface mirrors ``tests.support.Deployment`` (``url``, ``urls``, ``data_dir``, ``config``,
 ``status``, ``refresh()``, ``stop()``), so a module moves by swapping its fixture.
@@ -137,18 +138,22 @@ class LocalNode:
         from prerender_ray.actors.walker.actor import SitemapWalker
 
         cfg, name, data_dir, node = self.config, self.name, str(self.data_dir), dataclasses.asdict(self.info)
-        self._add("store", NodeStore(cfg, name, data_dir, self._wire(), self._membership))
+        self._add("store", NodeStore(cfg, name, data_dir, self._wire(), self._membership, stores=self._peers("store")))
         self._add("leases", LeaseTable(cfg, name, data_dir))
         self._add("keeper", QueueKeeper(cfg, node, data_dir, self.handles["leases"], self.handles["store"],
-                                        self._wire(), peers=OnlyNode(name), fetch_membership=self._membership))
+                                        self._wire(), peers=self._peers("keeper"), fetch_membership=self._membership))
         self._add("sitemapper", SitemapWalker(cfg, node, data_dir, self.handles["store"], self.handles["keeper"],
-                                              fetch_membership=self._membership))
+                                              fetch_membership=self._membership, lookup=self._lookup))
         for i in range(int(cfg["server"]["replicas"])):
             replica = IngressReplica(cfg, node, i, data_dir, self.handles["keeper"], self.handles["leases"],
                                      self.handles["store"], membership=self._membership, lookup=self._lookup)
             if replica.error:
                 raise RuntimeError(f"{name}: {replica.error}")
             self.ingress.append(replica)
+
+    def _peers(self, kind: str) -> Any:
+        """Other nodes' keepers or stores (``rpc.Peers``, the store's ``stores``): none here."""
+        return OnlyNode(self.name)
 
     def _add(self, kind: str, part: Any) -> None:
         self.parts[kind] = part
@@ -189,6 +194,10 @@ class LocalNode:
         return self.status
 
     async def _status(self) -> dict:
+        node = await self._node_status()
+        return {"nodes": [node], "membership": [self.name], "epoch": "local", "healthy": node["healthy"]}
+
+    async def _node_status(self) -> dict:
         async def ask(part: Any) -> dict:
             try:
                 return await asyncio.wait_for(part.status(), 2.0)
@@ -211,7 +220,7 @@ class LocalNode:
             "errors": [r["error"] for r in replicas if r.get("error")],
             "healthy": bool(keeper.get("live") and leases.get("live") and store.get("live")) and up == len(replicas),
         }
-        return {"nodes": [node], "membership": [self.name], "epoch": "local", "healthy": node["healthy"]}
+        return node
 
     def stop(self, *, drain: bool = True) -> dict:
         """What ``down`` does: drain (``fleet.drainPeriod``, 0 unless asked), then ingress, walker,
@@ -249,17 +258,15 @@ class LocalNode:
         return await self.parts["keeper"].drain(self.config["fleet"]["drain_period"])
 
     async def _close(self) -> None:
+        await self._close_parts()
+        await _cancel_the_rest()
+
+    async def _close_parts(self) -> None:
         for replica in self.ingress:
             await _quiet(replica.stop(), 15)
         for kind in ("sitemapper", "keeper", "leases", "store"):
             if kind in self.parts:
                 await _quiet(self.parts[kind].close(), 10)
-        # what the shells leave running (a process exit ends them under Ray)
-        me = asyncio.current_task()
-        left = [t for t in asyncio.all_tasks() if t is not me]
-        for t in left:
-            t.cancel()
-        await asyncio.wait_for(asyncio.gather(*left, return_exceptions=True), 10)
 
     # ------------------------------------------------------------------------------ test helpers
 
@@ -288,6 +295,15 @@ class LocalNode:
                 return await use(client)
 
         return self.run(go(), timeout)
+
+
+async def _cancel_the_rest() -> None:
+    """What the shells leave running on the loop (a process exit ends them under Ray)."""
+    me = asyncio.current_task()
+    left = [t for t in asyncio.all_tasks() if t is not me]
+    for t in left:
+        t.cancel()
+    await asyncio.wait_for(asyncio.gather(*left, return_exceptions=True), 10)
 
 
 async def _within(coro: Awaitable[T], timeout: float) -> T:

@@ -53,3 +53,30 @@ def test_nodes_one_after_another_each_see_only_their_own_data_and_series(tmp_pat
             assert httpx.get(f"{node.url}/readyz", timeout=5).status_code == 200
         finally:
             node.stop()
+
+
+def test_a_cluster_runs_every_node_on_one_loop_and_each_finds_the_others_parts(tmp_path) -> None:
+    """Two nodes in this process: one membership (both, one epoch), each node's keeper routes a row
+    to its owner's keeper, each store replicates to the other's; a stop closes them all."""
+    from prerender_ray.identity.nodes import Ownership
+    from tests.localcluster import LocalCluster
+    from tests.support import schedule, wait_for
+
+    cluster = LocalCluster.start(tmp_path / "data", names=("node-a", "node-b"))
+    try:
+        assert cluster.status["healthy"] and cluster.status["epoch"] == 1
+        assert [n["keeper"]["members"] for n in cluster.status["nodes"]] == [["node-a", "node-b"]] * 2
+        assert localnode_threads() == [cluster.thread]  # one loop, one thread, for every node
+        assert {n.data_dir.name for n in cluster.nodes.values()} == {"node-a", "node-b"}
+        url = next(u for u in (f"https://local.test/b/{i}" for i in range(100))
+                   if Ownership(["node-a", "node-b"]).owner(u) == "node-b")
+        key = put_target(cluster.urls["node-a"], url, nextRenderTime=1)["cacheKeys"][0]
+        assert schedule(cluster.urls["node-b"], key) is not None  # the row is on its owner's keeper
+        write_page(cluster["node-a"], f"{url}|desktop", b"<html>both</html>")
+        wait_for(lambda: cluster["node-b"].ask("store", "has_pages", [f"{url}|desktop"]) == [True],
+                 timeout=30, what="the page replicated to node-b")
+    finally:
+        report = cluster.stop()
+    assert report["stopped"] == ["node-a", "node-b"] and len(report["drain"]["nodes"]) == 2
+    assert localnode_threads() == [] and not ready(cluster.urls["node-b"])
+    assert cluster.stop() == {"stopped": []}

@@ -90,10 +90,11 @@ class Run:
 
 class SitemapWalker:
     """The shell, plain: ``SitemapWalkerActor`` is what Ray places. ``fetch_membership`` answers for
-    the controller (``controller_membership``); the LocalNode harness passes its own."""
+    the controller (``controller_membership``), ``lookup`` finds other nodes' keepers and stores (Ray's
+    named actors unless given); the LocalNode and LocalCluster harnesses pass their own."""
 
     def __init__(self, config: dict, node: dict, data_dir: str, store: Any, keeper: Any,
-                 fetch_membership: Any = controller_membership):
+                 fetch_membership: Any = controller_membership, lookup: Any = None):
         untraced(self)
         self._fetch_membership = fetch_membership
         bulk_gc()
@@ -105,8 +106,8 @@ class SitemapWalker:
                    process="sitemapper")
         self.log = logs.get("sitemaps")
         self.store = StoreClient(store, STORE_DEADLINE_S)
-        self.keepers = Handles("keeper", own=(self.node, KeeperClient(keeper)), wrap=KeeperClient)
-        self.stores = Handles("store", own=(self.node, self.store), wrap=_store_client)
+        self.keepers = Handles("keeper", own=(self.node, KeeperClient(keeper)), wrap=KeeperClient, lookup=lookup)
+        self.stores = Handles("store", own=(self.node, self.store), wrap=_store_client, lookup=lookup)
         self.ownership = Ownership([self.node])  # the walks' router: follows ``view``
         self.view = MembershipView.alone(self.info)
         self.view.listen(self._changed)

@@ -66,7 +66,7 @@ async def _reports(ctx: NodeContext) -> dict[str, tuple[bool, Any]]:
         except Exception as e:  # a dead actor, a lost node: reported, the view goes on
             return False, f"{type(e).__name__}: {str(e)[:200]}"
 
-    if not ray.is_initialized():  # an app without Ray (the bot path's tests): a lookup would start one
+    if not ctx.has_lookup and not ray.is_initialized():  # no Ray and no harness: a lookup would start Ray
         asked = [(ctx.node.name, ctx.replica)]
     else:
         asked = [(n, i) for n in member_names(ctx) for i in range(ctx.cfg.server.replicas)]

@@ -1,6 +1,6 @@
 """A device-first cache key with a delimiter that occurs in every URL (``:``), end to end on two
-nodes: claims, results, reschedules, suppression and rows routed to another node's keeper all find
-the right URL (one key parser, cachekeys.KeyFormat)."""
+nodes (a ``LocalCluster``, over real HTTP): claims, results, reschedules, suppression and rows routed
+to another node's keeper all find the right URL (one key parser, cachekeys.KeyFormat)."""
 
 from __future__ import annotations
 
@@ -11,21 +11,21 @@ import pytest
 
 from prerender_ray.identity.nodes import Ownership
 from prerender_ray.timeutil import DAY_MS, HOUR_MS, next_slot, now_ms
-from tests.support import claim, deploy_on, post_result, put_target, schedule, wait_for
+from tests.localcluster import LocalCluster
+from tests.support import claim, post_result, put_target, schedule, wait_for
 
 OWNERS = Ownership(["node-a", "node-b"])
 
 
 @pytest.fixture(scope="module")
-def cluster(ray_cluster, tmp_path_factory):
-    with ray_cluster.added("node-b"):
-        d = deploy_on(ray_cluster, tmp_path_factory.mktemp("layout") / "data", {
-            "cacheKey": {"attributes": ["deviceType", "url"], "delimiter": ":"},
-            "ingress": {"routes": [{"match": "prefix", "path": "/hourly/", "renderInterval": 6 * HOUR_MS}]},
-            "render": {"reconcile": {"startDelay": "1h"}},
-        })
-        yield d
-        d.stop()
+def cluster(tmp_path_factory):
+    d = LocalCluster.start(tmp_path_factory.mktemp("layout") / "data", {
+        "cacheKey": {"attributes": ["deviceType", "url"], "delimiter": ":"},
+        "ingress": {"routes": [{"match": "prefix", "path": "/hourly/", "renderInterval": 6 * HOUR_MS}]},
+        "render": {"reconcile": {"startDelay": "1h"}},
+    }, names=("node-a", "node-b"))
+    yield d
+    d.stop()
 
 
 def take_everywhere(d, keys: list[str]) -> dict[str, dict]:

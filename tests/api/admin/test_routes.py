@@ -1,7 +1,8 @@
-"""The admin API over real HTTP on a real two-node deployment: every route with each role (admin,
-viewer, fleet, anonymous), sessions and bearer tokens across nodes, bad input that changes nothing,
-the schedule proxy to the owner that answers, and (in-process, with the node's real actors) peers
-that hang, answer garbage or are gone, and the heavy-read cap."""
+"""The admin API over real HTTP on two nodes (a ``LocalCluster``: each node's real actors and app, in
+this process, without Ray): every route with each role (admin, viewer, fleet, anonymous), sessions
+and bearer tokens across nodes, bad input that changes nothing, the schedule proxy to the owner that
+answers, and (one more replica of node-a's app, over ASGI) peers that hang, answer garbage or are
+gone, and the heavy-read cap."""
 
 from __future__ import annotations
 
@@ -12,15 +13,14 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-import ray
 
-from prerender_ray.actors.common import lookup
 from prerender_ray.admin.sessions import SESSION_COOKIE
 from prerender_ray.admin.users import hash_password
 from prerender_ray.identity.nodes import Ownership
 from prerender_ray.storage.pages import Page
+from tests.localcluster import LocalCluster
 from tests.sitemap_server import SitemapSite, urlset
-from tests.support import brotli_bomb, deploy_on, wait_for, write_page
+from tests.support import brotli_bomb, wait_for, write_page
 
 PASSWORDS = {"ops": "ops-pass", "watcher": "watch-pass", "renderer": "fleet-pass"}
 ROLE = {"ops": "admin", "watcher": "viewer", "renderer": "fleet", None: None}
@@ -50,26 +50,25 @@ def site():
 
 
 @pytest.fixture(scope="module")
-def node(ray_cluster, tmp_path_factory):
+def node(tmp_path_factory):
     users = [
         {"name": n, "roles": [ROLE[n]], "passwordHash": hash_password(p, iterations=1000)}
         for n, p in PASSWORDS.items()
     ]
-    with ray_cluster.added("node-b"):
-        d = deploy_on(
-            ray_cluster,
-            tmp_path_factory.mktemp("admin") / "data",
-            {
-                "domains": ["shop.test", f"{SITE_HOST}:*"],
-                "origin": {"staging": {"ip": "127.0.0.1"}},
-                "auth": {"users": users, "maxFailedLoginsPerMinute": 3},
-                "render": {"reconcile": {"startDelay": "1h"}},
-                "management": {"pageSize": 5},
-                "sitemap": {"fetchTimeoutMs": 5000},
-            },
-        )
-        yield d
-        d.stop()
+    d = LocalCluster.start(
+        tmp_path_factory.mktemp("admin") / "data",
+        {
+            "domains": ["shop.test", f"{SITE_HOST}:*"],
+            "origin": {"staging": {"ip": "127.0.0.1"}},
+            "auth": {"users": users, "maxFailedLoginsPerMinute": 3},
+            "render": {"reconcile": {"startDelay": "1h"}},
+            "management": {"pageSize": 5},
+            "sitemap": {"fetchTimeoutMs": 5000},
+        },
+        names=("node-a", "node-b"),
+    )
+    yield d
+    d.stop()
 
 
 def auth(who: str | None) -> dict:
@@ -551,7 +550,7 @@ def test_reconcile_starts_once_and_reports_its_pass(node, targets) -> None:
 def test_pages_are_browsed_with_signed_cursors_and_shown_as_text(node) -> None:
     keys = [f"https://shop.test/pages/{i:02d}|desktop" for i in range(7)]
     for k in keys:
-        write_page("node-a", k, f"<html><script>alert('{k}')</script></html>".encode())
+        write_page(node["node-a"], k, f"<html><script>alert('{k}')</script></html>".encode())
     seen, cursor = [], None
     for _ in range(3):
         params = {"prefix": "https://shop.test/pages/"} | ({"cursor": cursor} if cursor else {})
@@ -587,7 +586,7 @@ def test_the_pages_total_agrees_with_what_the_listing_shows(node) -> None:
     overview, absent before one), so it said 200 beside a listing of 202 pages."""
     call("GET", node.url, "overview")  # the snapshot the total used to come from
     for i in range(3):
-        write_page("node-a", f"https://shop.test/total/{i}|desktop", b"<html>t</html>")
+        write_page(node["node-a"], f"https://shop.test/total/{i}|desktop", b"<html>t</html>")
     for _ in range(4):  # each ingress replica in turn, whichever answers
         seen, totals, cursor = 0, set(), None
         while True:
@@ -624,7 +623,7 @@ def test_page_content_never_decodes_a_stored_page_past_the_cap(node) -> None:
     page = Page(cache_key=key, status_code=200,
                 headers={"content-type": "text/html", "content-encoding": "br"},
                 last_cached=now, expires_at=now + 3_600_000, content=brotli_bomb(64))  # 64 MiB of zeros
-    ray.get(lookup("store", "node-a").apply.remote([], [(key.encode(), page.encode())]), timeout=30)
+    node["node-a"].ask("store", "apply", [], [(key.encode(), page.encode())])
     r = call("GET", node.url, "page-content", params={"cacheKey": key}, who="watcher")
     assert r.status_code == 500 and r.headers["content-type"] == "application/json"
     assert "decodes to more than 20971520 bytes" in r.json()["error"]
@@ -638,7 +637,7 @@ def test_sitemaps_and_one_sitemaps_entries_with_their_state(node, site) -> None:
         f"{node.url}/sitemaps", json={"url": root, "background": False}, timeout=300, **auth("ops")
     )
     assert r.status_code == 200, r.text
-    write_page("node-a", "https://shop.test/sm/0|desktop", b"<html>0</html>")
+    write_page(node["node-a"], "https://shop.test/sm/0|desktop", b"<html>0</html>")
     listing = wait_for(
         lambda: [s for s in call("GET", node.url, "sitemaps").json()["sitemaps"] if s["url"] == root],
         timeout=30,
@@ -677,40 +676,65 @@ def test_config_is_redacted_and_unrouted_is_an_honest_empty_report(node) -> None
 # ------------------------------------------- in process: peers that hang, lie or vanish; the cap
 
 
+class OnTheClusterLoop:
+    """An httpx client whose requests are sent from the cluster's loop, where the app and node-a's
+    parts live, and awaited from the test's."""
+
+    def __init__(self, cluster: LocalCluster, client: httpx.AsyncClient):
+        self.cluster, self.client = cluster, client
+
+    async def get(self, *args, **kw) -> httpx.Response:
+        return await self.cluster.arun(self.client.get(*args, **kw), 90)
+
+    async def post(self, *args, **kw) -> httpx.Response:
+        return await self.cluster.arun(self.client.post(*args, **kw), 90)
+
+
 @pytest.fixture
-async def local(node, targets):
-    """This test process runs one more replica of node-a's app, with node-a's real actors, and a
-    membership that names a fake node-z (the outside world) as the owner of some URLs."""
+def local(node, targets):
+    """One more replica of node-a's app, with node-a's real actors, and a membership that names a
+    fake node-z (the outside world) as the owner of some URLs. It runs on the cluster's loop (its
+    bot path opened there), as node-a's own replicas do."""
     from prerender_ray.api.app import create_app
-    from prerender_ray.api.bot.replica import close_replica
+    from prerender_ray.api.bot.replica import close_replica, open_replica
     from prerender_ray.api.context import NodeContext
     from prerender_ray.config.model import Config
     from prerender_ray.identity.nodes import NodeInfo
 
-    port = urlsplit(node.url).port
-    ctx = NodeContext(
-        cfg=Config.model_validate(node.config),
-        node=NodeInfo("node-a", "127.0.0.1", port),
-        data_dir=str(node.data_dir),
-        keeper=lookup("keeper", "node-a"),
-        leases=lookup("leases", "node-a"),
-        store=lookup("store", "node-a"),
-        replica=9,
-    )
-    app = create_app(ctx)
-    client = httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app, client=("127.0.0.1", 4242)),
-        base_url="http://node-a.local",
-        auth=("ops", PASSWORDS["ops"]),
-        timeout=60,
-    )
-    yield ctx, client
-    await client.aclose()
-    await close_replica(ctx)
-    app.state.sessions.close()
-    http = ctx.admin_http
-    if http is not None:
-        await http.aclose()
+    a = node["node-a"]
+
+    async def make() -> tuple:
+        ctx = NodeContext(
+            cfg=Config.model_validate(a.config),
+            node=NodeInfo("node-a", "127.0.0.1", urlsplit(a.url).port),
+            data_dir=str(a.data_dir),
+            keeper=a.handles["keeper"],
+            leases=a.handles["leases"],
+            store=a.handles["store"],
+            replica=9,
+            lookup=node.lookup,
+        )
+        app = create_app(ctx)
+        open_replica(ctx)
+        client = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app, client=("127.0.0.1", 4242)),
+            base_url="http://node-a.local",
+            auth=("ops", PASSWORDS["ops"]),
+            timeout=60,
+        )
+        return ctx, app, client
+
+    async def close() -> None:
+        await client.aclose()
+        await close_replica(ctx)
+        app.state.sessions.close()
+        http = ctx.admin_http
+        if http is not None:
+            await http.aclose()
+
+    ctx, app, client = node.run(make())
+    yield ctx, OnTheClusterLoop(node, client)
+    node.run(close())
 
 
 def with_fake_owner(ctx, port: int) -> str:
