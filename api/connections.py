@@ -164,6 +164,10 @@ def server_config(app: Any, cfg: Config, log: Any = None) -> uvicorn.Config:
     tls = srv.tls
     return uvicorn.Config(
         app, loop="none", lifespan="on", log_level="warning", access_log=False,
+        # uvicorn's own logging config gives its loggers a stderr handler and cuts them off from the
+        # root: its lines then missed the node's JSON log files (logs.setup), and in one test process
+        # every later logger test (LocalNode serves in-process)
+        log_config=None,
         http=guarded_protocol(header_timeout_s=srv.header_timeout / 1000, max_connections=cap),
         timeout_keep_alive=srv.keep_alive_timeout / 1000,  # type: ignore[arg-type]  # call_later takes it
         timeout_graceful_shutdown=5, server_header=False,

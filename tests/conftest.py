@@ -16,10 +16,33 @@ os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 os.environ.pop("PRERENDER_CONFIG", None)
 
+import httpx._transports.default as _httpx_transport  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
 from tests.support import RayCluster  # noqa: E402
+
+
+def _shared_default_ssl_context() -> Any:
+    """Every ``httpx.get`` of a test builds a client, and with it an SSL context that loads certifi's
+    CA bundle: 250-290 ms a call on two loaded cores (0.4 ms shared), most of some modules' time.
+    The default context (verify=True, no client cert) is the same every time, so the tests share one;
+    any other ``verify`` is built as httpx builds it. Tests only: the service's clients are long-lived."""
+    build = _httpx_transport.create_ssl_context
+    shared: list[Any] = []
+
+    def create_ssl_context(verify: Any = True, cert: Any = None, trust_env: bool = True) -> Any:
+        if verify is not True or cert is not None:
+            return build(verify=verify, cert=cert, trust_env=trust_env)
+        if not shared:
+            shared.append(build(verify=True, cert=None, trust_env=trust_env))
+        return shared[0]
+
+    return create_ssl_context
+
+
+if hasattr(_httpx_transport, "create_ssl_context"):
+    _httpx_transport.create_ssl_context = _shared_default_ssl_context()
 
 # Hypothesis's per-example deadline (200 ms) is a wall-clock assertion: on two shared cores a property
 # that parses a config per example failed it once under load. Tests never assert speed.
@@ -40,7 +63,7 @@ settings.load_profile("suite")
 # `--dist loadgroup` does not take here (pytest 9.2 no longer lets it rename test ids), so the groups are
 # a scheduler's, drawn from each module's source.
 TESTS = Path(__file__).resolve().parent
-OWN_CLUSTER = {"tests/actors/test_cluster.py", "tests/actors/test_replicas.py", "tests/actors/keeper/test_actor.py",
+OWN_CLUSTER = {"tests/actors/test_cluster.py", "tests/actors/keeper/test_actor.py",
                "tests/actors/test_netns_cluster.py"}
 # Modules that skip where the machine cannot run them (no root, no namespaces): the summary says why,
 # even without -rs.

@@ -32,28 +32,40 @@ def _find(kind: str, node: str):
         return None
 
 
-def test_every_node_gets_its_actors_and_answers_ready(ray_cluster, tmp_path) -> None:
-    site = OriginSite().start()
-    d = deploy_on(ray_cluster, tmp_path / "data", {"domains": [f"127.0.0.1:{site.port}"]}, replicas=2)
-    try:
-        [node] = d.status["nodes"]
-        assert node["name"] == "node-a"
-        assert node["url"] == f"http://127.0.0.1:{ray_cluster.ports['node-a']}"
-        assert node["ingressReplicas"] == {"up": 2, "configured": 2}
-        # a replica caches its readiness for a second: one that probed while the node came up may
-        # still answer 503 right after the controller reports ready
-        wait_for(lambda: get(f"{d.url}/readyz").status_code == 200, timeout=15, what="readyz 200")
-        assert (tmp_path / "data" / "nodes" / "node-a" / "schedule").is_dir()
-        assert node["keeper"]["members"] == ["node-a"]  # what it holds, beside when it last checked
-        assert "membershipCheckedAt" in node["keeper"]
-        # Every actor runs on its node, named by the node's stable name.
-        for kind in ("store", "leases", "keeper"):
-            assert lookup(kind, "node-a") is not None
-        assert lookup("ingress", "node-a", 1) is not None
-        _every_replica_reads_the_node_s_writes(d.url, site)
-    finally:
-        d.stop()
-        site.stop()
+@pytest.fixture(scope="module")
+def site():
+    s = OriginSite().start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def deployment(ray_cluster, tmp_path_factory, site):
+    """One deployment for the module: the restart test comes after the first, so the controller's
+    hold-off on placing a node again (``REPLACE_AFTER_S`` from its placement) has passed by then."""
+    d = deploy_on(ray_cluster, tmp_path_factory.mktemp("controller") / "data",
+                  {"domains": [f"127.0.0.1:{site.port}"]}, replicas=2)
+    yield d
+    d.stop()
+
+
+def test_every_node_gets_its_actors_and_answers_ready(ray_cluster, deployment, site) -> None:
+    d = deployment
+    [node] = d.status["nodes"]
+    assert node["name"] == "node-a"
+    assert node["url"] == f"http://127.0.0.1:{ray_cluster.ports['node-a']}"
+    assert node["ingressReplicas"] == {"up": 2, "configured": 2}
+    # a replica caches its readiness for a second: one that probed while the node came up may
+    # still answer 503 right after the controller reports ready
+    wait_for(lambda: get(f"{d.url}/readyz").status_code == 200, timeout=15, what="readyz 200")
+    assert (d.data_dir / "nodes" / "node-a" / "schedule").is_dir()
+    assert node["keeper"]["members"] == ["node-a"]  # what it holds, beside when it last checked
+    assert "membershipCheckedAt" in node["keeper"]
+    # Every actor runs on its node, named by the node's stable name.
+    for kind in ("store", "leases", "keeper"):
+        assert lookup(kind, "node-a") is not None
+    assert lookup("ingress", "node-a", 1) is not None
+    _every_replica_reads_the_node_s_writes(d.url, site)
 
 
 def _every_replica_reads_the_node_s_writes(base: str, site: OriginSite) -> None:
@@ -121,25 +133,22 @@ def _every_replica_reads_the_node_s_writes(base: str, site: OriginSite) -> None:
     assert all(now["waited"] > before[i]["waited"] for i, now in status().items()), (before, status())
 
 
-def test_a_killed_keeper_is_restarted_and_the_node_becomes_ready_again(ray_cluster, tmp_path) -> None:
-    d = deploy_on(ray_cluster, tmp_path / "data")
-    try:
-        keeper = lookup("keeper", "node-a")
-        pid = ray.get(keeper.status.remote())["pid"]
-        ray.kill(keeper, no_restart=False)
-        wait_for(lambda: _pid(keeper) not in (None, pid), timeout=60, what="a new keeper process")
-        wait_for(lambda: get(f"{d.url}/readyz").status_code == 200, timeout=60, what="the keeper to come back")
-        assert get(f"{d.url}/healthz").status_code == 200
+def test_a_killed_keeper_is_restarted_and_the_node_becomes_ready_again(deployment) -> None:
+    d = deployment
+    keeper = lookup("keeper", "node-a")
+    pid = ray.get(keeper.status.remote(), timeout=30)["pid"]
+    ray.kill(keeper, no_restart=False)
+    wait_for(lambda: _pid(keeper) not in (None, pid), timeout=60, what="a new keeper process")
+    wait_for(lambda: get(f"{d.url}/readyz").status_code == 200, timeout=60, what="the keeper to come back")
+    assert get(f"{d.url}/healthz").status_code == 200
 
-        # Killed for good (an operator's `ray kill`): Ray does not start it again, the controller
-        # places the node again whole (its other actors held the dead handle).
-        pid = _pid(lookup("keeper", "node-a"))
-        ray.kill(lookup("keeper", "node-a"), no_restart=True)
-        wait_for(lambda: _pid(_find("keeper", "node-a")) not in (None, pid), timeout=90, interval=1,
-                 what="a keeper placed again by the controller")
-        wait_for(lambda: ready(d.url), timeout=60, what="the node to be ready again")
-    finally:
-        d.stop()
+    # Killed for good (an operator's `ray kill`): Ray does not start it again, the controller
+    # places the node again whole (its other actors held the dead handle).
+    pid = _pid(lookup("keeper", "node-a"))
+    ray.kill(lookup("keeper", "node-a"), no_restart=True)
+    wait_for(lambda: _pid(_find("keeper", "node-a")) not in (None, pid), timeout=90, interval=1,
+             what="a keeper placed again by the controller")
+    wait_for(lambda: ready(d.url), timeout=60, what="the node to be ready again")
 
 
 @ray.remote(num_cpus=0)

@@ -3,6 +3,7 @@ due (docs/queue.md#first-render, docs/sitemaps.md#lastmod)."""
 
 from __future__ import annotations
 
+from prerender_ray.identity.nodes import Ownership
 from prerender_ray.queue.targets import paced_due
 from prerender_ray.storage.pages import Page
 from prerender_ray.storage.registry import Target
@@ -94,3 +95,21 @@ async def test_a_patch_never_brings_back_a_target_deleted_after_it_was_read(keep
     assert left is None
     target = Target.decode(moved, kept)
     assert (target.sitemap_url, target.render_interval) == (SITE + "/s.xml", 7 * DAY_MS)
+
+
+async def test_listed_urls_sent_to_a_node_that_does_not_own_them_are_created_only_on_their_owner(keepers) -> None:
+    """A sitemap walk whose membership lagged sends node-a URLs that node-b owns, create-only: node-a
+    forwards them with that condition, so node-b creates the absent ones and hands back the one it
+    holds with its render clock kept; node-a keeps no row of them."""
+    two = ("node-a", "node-b")
+    a, b = keepers("node-a", members=two), keepers("node-b", members=two)
+    await a.load()
+    await b.load()
+    on_b = [u for u in (f"{SITE}/l/{i}" for i in range(40)) if Ownership(list(two)).owner(u) == "node-b"][:4]
+    [held] = await put_due(b, on_b[0].removeprefix(SITE), due=now_ms() + 30 * DAY_MS)
+    dues = {key: b.rows.row(key).next_render_time for key in b.conf.rules.keys_of(held)}
+    answer = await a.targets.put_listed(f"{SITE}/sitemap.xml", on_b, [DAY_MS] * 4, [None] * 4, False, True)
+    assert answer["written"] == 3 and [u for u, _ in answer["held"]] == [held]
+    keys = [key for u in on_b for key in b.conf.rules.keys_of(u)]
+    assert [key for key in keys if b.rows.row(key) is None] == [] and [key for key in keys if a.rows.row(key)] == []
+    assert {key: b.rows.row(key).next_render_time for key in dues} == dues

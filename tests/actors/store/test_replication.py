@@ -14,7 +14,7 @@ from prerender_ray.actors.store.actor import StoreClient
 from prerender_ray.actors.store.replication import SHIP_DEADLINE_S, Replication
 from prerender_ray.identity.membership import Membership
 from prerender_ray.rpc import Local
-from prerender_ray.storage.keys import SHIPPED, TARGET
+from prerender_ray.storage.keys import QUEUE_CONTROL, SHIPPED, TARGET
 from prerender_ray.storage.replication import Clock, payload_of
 from prerender_ray.storage.rocks import PAGES, REGISTRY, Store, store_path
 
@@ -23,10 +23,10 @@ class Node(Replication):
     """A NodeStore's replication part on its own: its stores, its clock, and the network."""
 
     def __init__(self, name: str, data_dir: Path, peers: list[str], net: dict[str, Node], replicas: int = 64,
-                 epoch: int = 1, fetch: Any = None):
+                 epoch: int = 1, fetch: Any = None, skew_ms: int = 0):
         self.log = logs.get("store")
         self.node = name
-        self.clock = Clock(name)
+        self.clock = Clock(name, lambda: int(time.time() * 1000) + skew_ms)  # skew_ms: its wall clock's error
         self.pages = Store(store_path(data_dir, name, PAGES))
         self.registry = Store(store_path(data_dir, name, REGISTRY))
         self._tasks: list = []
@@ -121,3 +121,60 @@ async def test_a_store_without_a_mark_re_pushes_its_recent_writes_at_start(tmp_p
     await _until(lambda: b.target("https://x.com/old") == b"{}", "the write to reach node-b")
     b.crash()
     a.crash()
+
+
+class Stalled:
+    """A peer's store that takes calls and answers none of them until ``answer`` is set (a process
+    stopped with SIGSTOP, a link that hangs)."""
+
+    def __init__(self, node: Node):
+        self.node, self.answer = node, asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(self.node, name)
+
+        async def hangs(*args: Any, **kw: Any) -> Any:
+            await self.answer.wait()
+            return await real(*args, **kw)
+
+        return hangs
+
+
+async def test_a_stalled_peer_delays_no_other_peer_and_gets_every_write_once_it_answers(tmp_path) -> None:
+    net: dict[str, Any] = {}
+    a = net["node-a"] = Node("node-a", tmp_path, ["node-b", "node-c"], net)
+    b = net["node-b"] = Node("node-b", tmp_path, ["node-a", "node-c"], net)
+    c = Node("node-c", tmp_path, ["node-a", "node-b"], net)
+    for n in (a, b, c):
+        await n.synced.wait()
+    net["node-c"] = stalled = Stalled(c)
+    urls = [f"https://x.com/stall/{i}" for i in range(20)]
+    for url in urls:  # one write at a time: the first call to node-c hangs, the rest queue behind it
+        a.commit_local("registry", [(TARGET + url.encode(), b"{}")])
+        await asyncio.sleep(0)
+    await _until(lambda: all(b.target(u) == b"{}" for u in urls), "every write on node-b while node-c hangs")
+    assert [u for u in urls if c.target(u) is not None] == [] and a.outbox["node-c"]
+    stalled.answer.set()
+    await _until(lambda: all(c.target(u) == b"{}" for u in urls), "every write on node-c once it answers")
+    await _until(lambda: not a.outbox["node-c"], "node-a's backlog for node-c drained")
+    for n in (a, b, c):
+        n.crash()
+
+
+async def test_a_later_write_wins_over_a_peer_whose_clock_runs_5_s_ahead(tmp_path) -> None:
+    """A cluster pause written on node-a, whose clock is 5 s fast, then a resume written on node-b
+    after it saw the pause: with wall-clock versions the pause would win for 5 s; the hybrid clock
+    (a received version moves the receiver's clock past it) makes the later write win on both."""
+    net: dict[str, Node] = {}
+    a = net["node-a"] = Node("node-a", tmp_path, ["node-b"], net, skew_ms=5_000)
+    b = net["node-b"] = Node("node-b", tmp_path, ["node-a"], net)
+    await a.synced.wait()
+    await b.synced.wait()
+    key = QUEUE_CONTROL + b"all"
+    a.commit_local("registry", [(key, b"paused")])
+    await _until(lambda: payload_of(b.registry.get(key)) == b"paused", "the pause on node-b")
+    b.commit_local("registry", [(key, b"running")])
+    await _until(lambda: payload_of(a.registry.get(key)) == b"running", "the later resume on node-a")
+    assert payload_of(b.registry.get(key)) == b"running"
+    a.crash()
+    b.crash()

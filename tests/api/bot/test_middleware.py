@@ -484,7 +484,7 @@ def test_bot_analytics_and_serve_outcomes_are_metrics(node, site) -> None:
 
 
 def test_every_series_the_grafana_dashboard_queries_exists_on_a_running_node(node, site) -> None:
-    """A single node emits all but the cluster's series (tests/actors/test_replicas.py checks those)."""
+    """A single node emits all but the cluster's series (tests/actors/test_cluster.py checks those)."""
     render(node, f"{site.base}/dash/page")  # a claim and a result, then a cache hit
     bot(node, f"{site.base}/dash/miss")  # an origin fetch
     md = bot(node, f"{site.base}/dash/page", headers={"user-agent": "Mozilla/5.0 (compatible; Googlebot/2.1)",
