@@ -6,7 +6,7 @@ the store walks its per-URL records once:
 
 - a record whose holder set gained a node that was already a member is pushed to it by one of the
   holders it had before (the first in rank order), since such a node does not catch up by itself; a
-  node that just joined pulls its share in its own catch-up;
+  node that just joined pulls its share in its own catch-up, except recent records (``JOINER_MARGIN_MS``);
 - a record this node no longer holds is pushed to every holder and, once each acknowledged, dropped
   here: a local removal of the record and its bookkeeping, not a delete (nothing is shipped), and
   only if the version held is still the one every holder acknowledged.
@@ -35,7 +35,7 @@ from prerender_ray import metrics
 from prerender_ray.identity.membership import NOBODY, MembershipView, StaleEpoch
 from prerender_ray.storage.keys import FRESHNESS, HPTR, REBALANCE, RENDER_HISTORY, TARGET, VIDX
 from prerender_ray.storage.placement import Placement
-from prerender_ray.storage.replication import hlc_bytes
+from prerender_ray.storage.replication import LOGICAL_BITS, hlc_bytes
 from prerender_ray.timeutil import Clock
 
 WALK_CHUNK = 500  # records read per step of a walk
@@ -46,6 +46,11 @@ PUSH_ON_TRIES = 5  # then a stray record waits here for the next walk
 # A stray is pushed on only after this, and only if it still is one: a node whose membership is stale
 # (a late push applied; corrected within ~5 s) would otherwise send away records it holds.
 PUSH_ON_AFTER_S = 15.0
+# A holder that joined after the membership a walk starts from pulled its share when it started, but
+# not what this node wrote (or received) after that pull while its view did not list the joiner yet:
+# every record versioned from that membership's epoch (a controller time in ms) on, less this margin
+# for clock skew, is pushed to it too.
+JOINER_MARGIN_MS = 10 * 60_000
 # per-URL key ranges of each store: (prefix, start); page keys sort after every \x00 family
 RANGES = {"registry": ((TARGET, None),),
           "pages": ((FRESHNESS, None), (RENDER_HISTORY, None), (b"", b"\x01"))}
@@ -68,6 +73,7 @@ class Rebalancing:
         self.rebalance_task: asyncio.Task | None = None
         self._walk_from: Placement | None = None  # the membership the unfinished walk started from
         self._walk_everyone = False  # that walk pushes to every new holder (see ``settle``)
+        self._walk_since = 0  # the epoch of ``_walk_from``: records from then on go to joiners too
         self.rebalance_report: dict[str, Any] = {"state": "idle"}
         self.share_moved = False  # placed under another membership than the one this store started on
         if self.view.epoch != NOBODY:
@@ -105,28 +111,28 @@ class Rebalancing:
         self.share_moved = current.partial and placed.ownership.names != current.ownership.names  # it may hold URLs it never had: its catch-up pulls all of its share
         self._start_walk(placed, everyone=True)
 
-    def _start_walk(self, before: Placement, everyone: bool = False) -> None:
+    def _start_walk(self, before: Placement, everyone: bool = False, before_epoch: int = 0) -> None:
         if self.rebalance_task is not None and not self.rebalance_task.done():
             self.rebalance_task.cancel()
         if self._walk_from is None:
-            self._walk_from, self._walk_everyone = before, everyone
+            self._walk_from, self._walk_everyone, self._walk_since = before, everyone, before_epoch
             self._placed(before, owed=True)
         self.rebalance_task = asyncio.get_running_loop().create_task(
             self._rebalance(self._walk_from, self.placement, self.view.epoch))
 
-    def rebalance_on(self, before: Placement, after: Placement, first: bool = False) -> None:
+    def rebalance_on(self, before: Placement, after: Placement, first: bool = False, before_epoch: int = 0) -> None:
         """A new membership (``placement`` is ``after`` already: from now on records ship to their new
         holders); a walk moves what is held. ``first``: this store started alone, ``before`` is no
-        placement its records were ever under."""
+        placement its records were ever under; ``before_epoch``: the epoch ``before`` was placed under."""
         if first:
             self.settle(after)
             return
-        if after.ownership.names == before.ownership.names:
-            return
+        if after.ownership.names == before.ownership.names and self._walk_from is None:
+            return  # a new epoch of the same nodes; an unfinished walk, though, aborts on it: walked again below
         if not (before.partial or after.partial or self._walk_from is not None):
             self._placed(after, owed=False)
             return  # every node holds everything, before and after
-        self._start_walk(before)
+        self._start_walk(before, before_epoch=before_epoch)
 
     async def _rebalance(self, before: Placement, after: Placement, epoch: int) -> None:
         """One walk against the membership of ``epoch`` (``after``): a change cancels it (and a drop
@@ -154,7 +160,7 @@ class Rebalancing:
         report["ms"] = round((self.wall.monotonic() - t0) * 1000)
         self.log.info("rebalance", **{k: v for k, v in report.items() if k != "members"})
         if report["state"] == "done" and self.view.epoch == epoch:
-            self._walk_from, self._walk_everyone = None, False
+            self._walk_from, self._walk_everyone, self._walk_since = None, False, 0
             self._placed(after, owed=False)
         elif report["state"] in ("incomplete", "failed"):
             await asyncio.sleep(RETRY_AFTER_S)  # another change cancels this wait and walks at once
@@ -177,19 +183,22 @@ class Rebalancing:
             if not chunk:
                 return
             cursor = chunk[-1][0] + b"\x00"
-            await self._move(name, chunk, before, after, report, epoch, self._walk_everyone)
+            await self._move(name, chunk, before, after, report, epoch, self._walk_everyone, self._walk_since)
             if not full:
                 return
             await asyncio.sleep(0)
 
     async def _move(self, name: str, chunk: list[tuple[bytes, bytes]], before: Placement, after: Placement,
-                    report: dict, epoch: int, everyone: bool = False) -> None:
+                    report: dict, epoch: int, everyone: bool = False, since_epoch: int | None = None) -> None:
         """Push what others must now hold; drop what this node no longer holds once its holders have it.
         ``after`` is the membership of ``epoch``: nothing is dropped once the epoch moved. A holder
-        that joined since ``before`` pulls its share itself, unless ``everyone``."""
+        that joined since ``before`` pulls its share itself, unless ``everyone``, or unless the record
+        is versioned from ``since_epoch`` (``before``'s; see ``JOINER_MARGIN_MS``) on."""
         sends: dict[str, list[list]] = {}
         leaving: list[tuple[bytes, bytes | None, tuple[str, ...]]] = []
         members_before = set(after.ownership.names if everyone else before.ownership.names)
+        recent = None if since_epoch is None else \
+            (max(0, since_epoch - JOINER_MARGIN_MS) << LOGICAL_BITS).to_bytes(8, "big")
         for key, record in chunk:
             now = after.holders(name, key)
             if now is None:
@@ -202,7 +211,8 @@ class Rebalancing:
                 pusher = next((n for n in now if n in was), None)
                 if pusher != self.node:
                     continue
-                dests = tuple(n for n in now if n not in was and n in members_before)
+                fresh = recent is not None and (hlc_bytes(record) or b"") >= recent  # joiners may lack it
+                dests = tuple(n for n in now if n not in was and (fresh or n in members_before))
             for peer in dests:
                 sends.setdefault(peer, []).append([name, key, record])
         answered = set()

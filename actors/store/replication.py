@@ -95,6 +95,7 @@ class Replication(Rebalancing):
         self._refusals: set[tuple[str, int]] = set()  # (peer, its epoch) refusals said once each
         self.peers: list[str] = [p for p in membership.names if p != self.node]
         self.placement = Placement(membership.ownership, replicas, url_of_key)
+        self.placed_epoch = membership.epoch  # the epoch ``placement`` is of
         self.init_rebalancing()
         self.view.listen(self._changed)
         self.stores = stores if stores is not None else Handles("store", wrap=_peer_client)  # the peers' stores
@@ -412,8 +413,8 @@ class Replication(Rebalancing):
         if self.node not in after.names:  # placed, or left: the controller stops this node; keep what it holds
             self.log.warning("the membership does not list this node", epoch=after.epoch, nodes=list(after.names))
             return
-        placed = self.placement
-        self.placement = placed.under(after.names)
+        placed, placed_epoch = self.placement, self.placed_epoch
+        self.placement, self.placed_epoch = placed.under(after.names), after.epoch
         peers = [n for n in after.names if n != self.node]
         for peer in peers:
             if peer not in self.outbox:  # a peer that was away pulls what it missed when it starts
@@ -425,7 +426,7 @@ class Replication(Rebalancing):
             metrics.replication_pending.labels(peer).set(0)
         self.peers = peers
         self.log.info("membership", epoch=after.epoch, nodes=list(after.names))
-        self.rebalance_on(placed, self.placement, first=before.epoch == NOBODY)
+        self.rebalance_on(placed, self.placement, first=before.epoch == NOBODY, before_epoch=placed_epoch)
         if before.epoch == NOBODY and self.synced.is_set():  # its catch-up ran alone: now there are peers
             self._tasks.append(asyncio.get_running_loop().create_task(self._initial_catch_up()))
 

@@ -68,6 +68,12 @@ async def joined(tmp_path, name: str, peers: list[str], nodes: dict[str, Node], 
     return node
 
 
+def no_walk_pushes_to_joiners(monkeypatch) -> None:
+    """A walk pushes a joiner no record, however recent (``JOINER_MARGIN_MS`` puts the cut-off in the
+    far future): what is tested is what covers the rest (its pull, the push on)."""
+    monkeypatch.setattr(rebalance, "JOINER_MARGIN_MS", -10**14)
+
+
 def stop(nodes) -> None:
     for node in list(nodes.values()):
         node.crash()
@@ -111,6 +117,7 @@ async def test_a_record_shipped_to_a_node_after_its_walk_passed_is_pushed_on_to_
     Shipped to node-d only after node-d's walk (node-c had not yet learnt of node-b, and node-b's pull
     came before them): node-d keeps none of them, node-b gets them all."""
     monkeypatch.setattr(rebalance, "PUSH_ON_AFTER_S", 0.1)
+    no_walk_pushes_to_joiners(monkeypatch)
     three, four = ["node-a", "node-c", "node-d"], ["node-a", "node-b", "node-c", "node-d"]
     net: dict[str, Node] = {}
     nodes = await seeded(tmp_path, three, net)
@@ -234,10 +241,11 @@ async def test_a_filtered_since_pages_through_every_record_of_a_holder(tmp_path,
     a.crash()
 
 
-async def test_a_joiner_whose_catch_up_failed_from_a_peer_pulls_its_share_from_it_later(tmp_path) -> None:
+async def test_a_joiner_whose_catch_up_failed_from_a_peer_pulls_its_share_from_it_later(tmp_path, monkeypatch) -> None:
     """node-b leaves as node-d joins: a URL held by node-b and node-c moves to node-c and node-d. node-c
     keeps it and pushes it to no joiner (a joiner pulls its share), node-b is gone: node-d must pull it
     from node-c, which did not answer during node-d's catch-up. Found by the simulation (seed 3)."""
+    no_walk_pushes_to_joiners(monkeypatch)
     three, after = ["node-a", "node-b", "node-c"], ["node-a", "node-c", "node-d"]
     net: dict[str, Node] = {}
     nodes = await seeded(tmp_path, three, net)
@@ -285,4 +293,51 @@ async def test_a_store_back_under_another_membership_drops_what_it_no_longer_hol
         await nodes[name].set_membership(wire(last, 3))
     nodes["node-c"] = net["node-c"] = Node("node-c", tmp_path, ["node-a", "node-d"], net, replicas=R, epoch=3)
     await _until(lambda: not placed(nodes, last), "every record on exactly its holders", timeout=20)
+    stop(nodes)
+
+
+async def test_a_walk_cut_short_by_a_new_epoch_of_the_same_nodes_is_walked_again(tmp_path, monkeypatch) -> None:
+    """node-d joins, unreachable at first; while the others walk, the controller gives the same four
+    nodes a new epoch. The walk under the old one stops at its next step (it drops nothing under a
+    membership that is gone) and must be walked again under the new one: before, nothing did, and the
+    records moving to node-d stayed where they were for good. Found by the simulation (seed 5)."""
+    monkeypatch.setattr(rebalance, "RETRY_AFTER_S", 0.2)
+    monkeypatch.setattr(rebalance, "PUSH_TRIES", 1)
+    three, four = ["node-a", "node-b", "node-c"], ["node-a", "node-b", "node-c", "node-d"]
+    net: dict[str, Node] = {}
+    nodes = await seeded(tmp_path, three, net)
+    d = nodes["node-d"] = Node("node-d", tmp_path, three, net, replicas=R, epoch=2)
+    await d.synced.wait()
+    for name in three:
+        await nodes[name].set_membership(wire(four, 2))
+    for name in three:  # the same nodes, a new epoch, while the walks wait on node-d
+        await nodes[name].set_membership(wire(four, 3))
+    await asyncio.sleep(1.0)
+    net["node-d"] = d
+    await _until(lambda: not placed(nodes, four), "every record on exactly its holders", timeout=20)
+    stop(nodes)
+
+
+async def test_records_written_under_a_stale_view_reach_a_holder_that_joined_meanwhile(tmp_path) -> None:
+    """node-c misses node-d's join (its catch-up pulled from node-c before these writes) and writes
+    records it holds with node-b; node-b dies and leaves, and node-c learns the membership of then,
+    where node-d holds them with node-c. node-d is no joiner of that change for node-c's walk, yet it
+    never pulls them: the walk pushes it what was written since the membership it walks from. Before,
+    it pushed a joiner nothing, the records waiting for node-b went with it, and node-d never had
+    them. Found by the simulation (seed 6)."""
+    three, four, last = ["node-a", "node-b", "node-c"], ["node-a", "node-b", "node-c", "node-d"], ["node-a", "node-c", "node-d"]
+    net: dict[str, Node] = {}
+    nodes = await seeded(tmp_path, three, net)
+    await joined(tmp_path, "node-d", three, nodes, net)
+    for name in ("node-a", "node-b"):
+        await nodes[name].set_membership(wire(four, 2))
+    late = [u for u in (f"https://x.com/late/{i}" for i in range(300))
+            if holders(three, u) == {"node-b", "node-c"} and holders(last, u) == {"node-c", "node-d"}]
+    assert late
+    nodes.pop("node-b").crash()
+    write(nodes["node-c"], late)  # for node-b, under node-c's view of epoch 1
+    for name in ("node-a", "node-c", "node-d"):
+        await nodes[name].set_membership(wire(last, 3))
+    await _until(lambda: all(v == {"node-c", "node-d"} for u in late for v in where(nodes, u).values()),
+                 "the late records on exactly their holders")
     stop(nodes)
