@@ -160,6 +160,11 @@ class Handoff:
             self.log.info("a peer is on a newer membership; refreshing", peer=peer, ours=e.caller,
                           theirs=e.receiver)
 
+    def close(self) -> None:
+        """A pass still running would write to a store about to close."""
+        if self.task is not None:
+            self.task.cancel()
+
     def kick(self) -> None:
         if self.task is None or self.task.done():
             self.task = asyncio.get_running_loop().create_task(self.run())

@@ -355,6 +355,7 @@ class Keeper:
     async def close(self) -> None:
         for t in self.tasks:
             t.cancel()
+        self.handoff.close()
         self.claims.close()
         self.status.close()
         self.rows.db.flush()

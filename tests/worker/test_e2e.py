@@ -362,6 +362,11 @@ async def test_a_stop_drains_and_a_start_takes_over_no_result_of_a_granted_job_i
     assert not ready(node.url)  # it really stopped
 
     await asyncio.to_thread(node.restart)  # same data dir and port; the fixture stops it
+
+    async def all_delivered() -> bool:  # a job claimed but not started renders once the gate opens,
+        return results("delivered") - before["delivered"] >= len(keys)  # its post may land after the start
+
+    await until(all_delivered, timeout=60, what="every granted job's result delivered")
     after = {k: results(k) - before[k] for k in kinds}
     assert after["delivered"] >= len(keys), after
     assert {k: v for k, v in after.items() if k != "delivered"} == dict.fromkeys(kinds[1:], 0), after

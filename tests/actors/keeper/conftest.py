@@ -42,6 +42,7 @@ async def close(keeper: Keeper) -> None:
     """What a process exit does to a keeper (closing twice is harmless)."""
     for t in keeper.tasks:
         t.cancel()
+    keeper.handoff.close()
     keeper.claims.close()
     keeper.rows.db.close()
     keeper.leases.db.close()  # type: ignore[attr-defined]
