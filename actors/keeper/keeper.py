@@ -349,6 +349,7 @@ class Keeper:
             "classes": st["classes"][:200], "listsTruncated": len(st["classes"]) > 200,
             "flow": rows.flows.report(now), "leases": leases, "trust": trust,
             "discovery": self.discoveries.report(),
+            "fences": self.rows.fence_report(now),
         }
         return 200, json.loads(json.dumps(doc, default=str))
 

@@ -280,6 +280,25 @@ class Rows:
             return False
         return True
 
+    def fence_report(self, now: int) -> dict:
+        """For the queue state: keys held back by a fence, until when, and the nodes whose hand-off
+        they wait on (a node down for long shows here until a lease's length has passed)."""
+        waiting: set[str] = set()
+        keys = 0
+        for key in list(self.fenced):
+            if self.is_fenced(key, now):
+                keys += 1
+                waiting.add(self.fenced[key][1])
+        every = None
+        if self.is_fenced_any(now):
+            assert self.fence_all is not None
+            until, epoch, others = self.fence_all
+            every = until
+            members = self.view.current.names
+            waiting.update(n for n in others.names if n in members
+                           and (n not in self.done or self.done[n].epoch < epoch))
+        return {"keys": keys, "everyKeyUntil": every, "waitingOn": sorted(waiting)}
+
     def said_done(self, node: str, epoch: int, fence: list | None) -> bool:
         """``node`` said its hand-off for ``epoch`` is done (``fence``: its ``fence_summary``)."""
         said = self.done.get(node)

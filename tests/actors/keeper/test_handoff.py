@@ -327,9 +327,13 @@ async def test_a_key_whose_owner_was_down_when_it_moved_is_not_granted_while_tha
     assert {k for k in leased if c.rows.row(k) is not None} == leased
     c.claims.publish()
     assert [j for j in await c.claims.claim(10) if j["id"] in leased] == []  # a's lease may run
+    fences = (await c.queue_state())[1]["fences"]
+    assert fences["everyKeyUntil"] is not None and fences["waitingOn"] == ["node-a"]  # what an operator sees
     await a.handoff.set_membership(at(2, *THREE))  # a is back: its rows and leases go to c
     await settled(a, c)
     c.claims.publish()
     assert [j for j in await c.claims.claim(10) if j["id"] in leased] == []  # now its lease blocks them
+    fences = (await c.queue_state())[1]["fences"]
+    assert fences["keys"] == 0 and fences["waitingOn"] == []
     for k in leased:
         assert (await c.leases.lease_of(k))["leaseExpiresAt"] is not None
