@@ -278,23 +278,7 @@ class Controller:
         keeper, leases, store, walker = await asyncio.gather(ask(c.keeper), ask(c.leases), ask(c.store),
                                                              ask(c.walker))
         replicas = await asyncio.gather(*(ask(r) for r in c.ingress))
-        errors = [r["error"] for r in replicas if r.get("error")]
-        up = sum(1 for r in replicas if r.get("up"))
-        healthy = bool(keeper.get("live") and leases.get("live") and store.get("live")) and up == len(replicas)
-        return {
-            "name": p.info.name, "url": p.info.url, "rayNodeId": p.info.ray_node_id,
-            "keeper": {"state": keeper.get("phase", "down"), "rows": keeper.get("rows"),
-                       "reason": keeper.get("reason"), "members": keeper.get("members"),
-                       "membershipCheckedAt": keeper.get("membershipCheckedAt")},
-            "leasesInFlight": leases.get("inFlight"),
-            "ingressReplicas": {"up": up, "configured": len(replicas)},
-            "queueStatus": keeper.get("queueStatus", "unready"),
-            # reported, not part of health: bots and the fleet are served without it
-            "sitemapWalker": {"live": bool(walker.get("live")), "running": len(walker.get("running") or []),
-                              "reason": walker.get("reason")},
-            "errors": errors + [x["reason"] for x in (keeper, leases, store) if not x.get("live") and x.get("reason")],
-            "healthy": healthy,
-        }
+        return node_status(p.info, keeper, leases, store, walker, list(replicas))
 
     async def membership_wire(self) -> dict | None:
         """The membership as a push carries it (``Membership.to_wire``): what an actor that starts,
@@ -374,3 +358,24 @@ class Controller:
         except Exception as e:
             self.log.warning("stop step failed", error=repr(e))
 
+
+def node_status(info: NodeInfo, keeper: dict, leases: dict, store: dict, walker: dict,
+                replicas: list[dict]) -> dict:
+    """One node's health from its actors' status answers (``{"live": False, "reason": ...}`` for one
+    that did not answer): what ``status`` reports per node, and what the LocalNode harness reports."""
+    up = sum(1 for r in replicas if r.get("up"))
+    return {
+        "name": info.name, "url": info.url, "rayNodeId": info.ray_node_id,
+        "keeper": {"state": keeper.get("phase", "down"), "rows": keeper.get("rows"),
+                   "reason": keeper.get("reason"), "members": keeper.get("members"),
+                   "membershipCheckedAt": keeper.get("membershipCheckedAt")},
+        "leasesInFlight": leases.get("inFlight"),
+        "ingressReplicas": {"up": up, "configured": len(replicas)},
+        "queueStatus": keeper.get("queueStatus", "unready"),
+        # reported, not part of health: bots and the fleet are served without it
+        "sitemapWalker": {"live": bool(walker.get("live")), "running": len(walker.get("running") or []),
+                          "reason": walker.get("reason")},
+        "errors": [r["error"] for r in replicas if r.get("error")]
+        + [x["reason"] for x in (keeper, leases, store) if not x.get("live") and x.get("reason")],
+        "healthy": bool(keeper.get("live") and leases.get("live") and store.get("live")) and up == len(replicas),
+    }

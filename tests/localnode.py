@@ -205,22 +205,10 @@ class LocalNode:
                 return {"live": False, "reason": f"unavailable: {type(e).__name__}"}
 
         keeper, leases, store, walker = [await ask(self.parts[k]) for k in ("keeper", "leases", "store", "sitemapper")]
+        from prerender_ray.actors.controller import node_status
+
         replicas = [await ask(r) for r in self.ingress]
-        up = sum(1 for r in replicas if r.get("up"))
-        node = {
-            "name": self.name, "url": self.url, "rayNodeId": "",
-            "keeper": {"state": keeper.get("phase", "down"), "rows": keeper.get("rows"),
-                       "reason": keeper.get("reason"), "members": keeper.get("members"),
-                       "membershipCheckedAt": keeper.get("membershipCheckedAt")},
-            "leasesInFlight": leases.get("inFlight"),
-            "ingressReplicas": {"up": up, "configured": len(replicas)},
-            "queueStatus": keeper.get("queueStatus", "unready"),
-            "sitemapWalker": {"live": bool(walker.get("live")), "running": len(walker.get("running") or []),
-                              "reason": walker.get("reason")},
-            "errors": [r["error"] for r in replicas if r.get("error")],
-            "healthy": bool(keeper.get("live") and leases.get("live") and store.get("live")) and up == len(replicas),
-        }
-        return node
+        return node_status(self.info, keeper, leases, store, walker, replicas)
 
     def stop(self, *, drain: bool = True) -> dict:
         """What ``down`` does: drain (``fleet.drainPeriod``, 0 unless asked), then ingress, walker,

@@ -50,8 +50,7 @@ class Discoveries:
                 try:
                     return await (await self.peers.of(owner)).discover_target(url, deleted_within_ms, True, m.epoch)
                 except StaleEpoch:
-                    await self.targets.refresh()
-                    if self.view.epoch == m.epoch:
+                    if not await self.targets.moved_past(m.epoch):
                         raise
                     return await self.discover(url, deleted_within_ms)
         if url in self.unrendered:  # discovered already, its render still to come

@@ -142,6 +142,12 @@ class Handoff:
 
         await asyncio.gather(*(tell(n) for n in m.names if n != self.node))
 
+    async def moved_past(self, epoch: int) -> bool:
+        """After a peer refused a call made under ``epoch`` as stale: read the controller's
+        membership; True when ours is now newer, so the call can be routed again under it."""
+        await self.fetch_membership()
+        return self.view.epoch > epoch
+
     async def accept(self, epoch: int, what: str) -> None:
         """A call that moves or writes owned data, made under ``epoch``. A caller on a newer epoch
         means ours is behind: refresh first (bounded), then decide. A caller on an older one is
@@ -198,8 +204,7 @@ class Handoff:
                                 await keeper.adopt(batch, leases, m.epoch, fences)
                             except StaleEpoch as e:  # the owner is on a newer membership than ours
                                 self.refused(owner, e)
-                                await self.fetch_membership()
-                                if self.view.epoch == m.epoch:
+                                if not await self.moved_past(m.epoch):
                                     raise  # the controller did not tell us more: retried after a pause
                                 raise MembershipMoved() from None
                             self.rows.forget_stored(keys)

@@ -82,7 +82,7 @@ class Keeper:
         self.handoff.on_departed = self.repair.rebuild_soon
         self._fence_if_away(db)
         self.targets.accept = self.results.accept = self.handoff.accept
-        self.targets.refresh = self.results.refresh = self.handoff.fetch_membership
+        self.targets.moved_past = self.results.moved_past = self.handoff.moved_past
         self.results.on_result = self.discoveries.result_for
         self.rows.on_unowned = self.handoff.kick
         self.loaded_at: float | None = None

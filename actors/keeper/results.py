@@ -16,7 +16,7 @@ from prerender_ray.actors.keeper.claims import Claims
 from prerender_ray.actors.keeper.rows import CurrentConfig, Rows
 from prerender_ray.actors.keeper.targets import Targets
 from prerender_ray.batching import GroupCommit
-from prerender_ray.identity.membership import MembershipView, StaleEpoch, never_refreshed, unchecked
+from prerender_ray.identity.membership import MembershipView, StaleEpoch, never_moved, unchecked
 from prerender_ray.queue import diagnostics
 from prerender_ray.queue.results import Plan, Result, resolve_outcome
 from prerender_ray.queue.schedule import ScheduleRow
@@ -50,7 +50,7 @@ class Results:
         self.log = log
         # the membership protocol (Handoff.accept / fetch_membership), wired by the keeper
         self.accept: Callable[[int, str], Awaitable[None]] = unchecked
-        self.refresh: Callable[[], Awaitable[bool]] = never_refreshed
+        self.moved_past: Callable[[int], Awaitable[bool]] = never_moved
         self.on_result: Callable[[str], None] = lambda url: None  # a URL had a result (discovery's count)
         self._batch: GroupCommit[tuple[Result, dict, str | None], Any] = GroupCommit(self._flush,
                                                                                      max_batch=RESULT_BATCH)
@@ -111,8 +111,7 @@ class Results:
         try:
             return await owner.process_result(meta, content, True, worker, epoch)
         except StaleEpoch:
-            await self.refresh()
-            if self.view.epoch == epoch:
+            if not await self.moved_past(epoch):
                 raise
             return await self.process(meta, content, False, worker)
 
@@ -329,8 +328,7 @@ class Results:
             await (await self.peers.of(owner)).apply_rows(rows, deletes, epoch)
             return
         except StaleEpoch:
-            await self.refresh()
-            if self.view.epoch == epoch:
+            if not await self.moved_past(epoch):
                 raise
         m = self.view.current
         url_of = self.conf.rules.url_of

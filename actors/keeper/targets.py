@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from prerender_ray.actors.keeper.rows import CurrentConfig, Rows
-from prerender_ray.identity.membership import MembershipView, StaleEpoch, never_refreshed, unchecked
+from prerender_ray.identity.membership import MembershipView, StaleEpoch, never_moved, unchecked
 from prerender_ray.queue.schedule import ScheduleRow
 from prerender_ray.rpc import Peers, StoreApi
 from prerender_ray.storage.keys import TARGET
@@ -34,7 +34,7 @@ class Targets:
         self.node = node
         # the membership protocol (Handoff.accept / fetch_membership), wired by the keeper
         self.accept: Callable[[int, str], Awaitable[None]] = unchecked
-        self.refresh: Callable[[], Awaitable[bool]] = never_refreshed
+        self.moved_past: Callable[[int], Awaitable[bool]] = never_moved
         self.publish_now: Callable[[], None] = lambda: None
         self.woke: Callable[[], bool] = lambda: False  # did the last publish wake this node's consumers
 
@@ -76,8 +76,7 @@ class Targets:
                     answer = await (await self.peers.of(owner)).put_targets(items, True, absent_only,
                                                                            deleted_within_ms, m.epoch)
                 except StaleEpoch:  # our view lagged: refresh, then route these again (once more at most)
-                    await self.refresh()
-                    if self.view.epoch == m.epoch:
+                    if not await self.moved_past(m.epoch):
                         raise
                     answer = await self._put([urls[i] for i in idx], [sitemaps[i] for i in idx],
                                              [intervals[i] for i in idx], [dues[i] for i in idx], False,

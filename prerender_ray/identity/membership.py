@@ -157,6 +157,6 @@ async def unchecked(epoch: int, what: str) -> None:
     """The epoch gate of a part wired without a membership protocol (a lone keeper in a test)."""
 
 
-async def never_refreshed() -> bool:
-    """The refresh of a part wired without a controller to ask."""
+async def never_moved(epoch: int) -> bool:
+    """The refresh of a part wired without a controller to ask: its membership never moves on."""
     return False
