@@ -159,18 +159,18 @@ class Sometimes:
 _controller: list[ControllerClient] = []  # the controller's client, looked up once per process
 
 
-async def controller_membership(timeout: float = 10.0) -> Membership:
+async def controller_membership(timeout: float = 10.0, node: str | None = None) -> Membership:
     """The controller's current membership: the truth every push carries. The whole ask is under
     ``timeout``, the handle lookup (a thread: a GCS round trip) included; the handle is kept, so a
     check every few seconds needs no thread, and forgotten on a failure (a controller placed again
-    has a new one)."""
+    has a new one). ``node``: a keeper's own check (``ControllerClient.membership``)."""
     async def ask() -> Membership:
         if not _controller:
             found = await asyncio.to_thread(ControllerClient.find)
             if found is None:
                 raise ActorNotPlaced("the controller is not placed")
             _controller.append(found)
-        m = await _controller[0].membership()
+        m = await _controller[0].membership(node)
         if m is None:
             raise ActorNotPlaced("the controller has not seen a node yet")
         return m

@@ -23,7 +23,7 @@ from prerender_ray.actors.store.actor import NodeStoreActor, StoreClient
 from prerender_ray.actors.walker.actor import SitemapWalkerActor
 from prerender_ray.actors.walker.client import WalkerClient
 from prerender_ray.config.model import Config
-from prerender_ray.identity.membership import Membership, next_epoch
+from prerender_ray.identity.membership import Confirmations, Membership, next_epoch
 from prerender_ray.identity.nodes import NodeInfo, actor_name, describe_ray_node, valid_name
 from prerender_ray.storage.rocks import node_dir
 from prerender_ray.timeutil import now_ms
@@ -35,6 +35,10 @@ STARTUP_GRACE_S = 60.0  # actors placed this recently may not answer yet (import
 DEAD_CHECK_PASSES = 5  # every ~10 s: is an actor gone for good?
 REPLACE_AFTER_S = 30.0  # a node placed (or placed again) this recently is left alone: no crash loop
 GONE_PROBE_S = 2.0  # one probe of an actor being killed
+
+
+class NodeLeaving(RuntimeError):
+    """A keeper's membership check while Ray no longer lists its node: not confirmed."""
 
 
 @dataclass
@@ -89,6 +93,10 @@ class Controller:
         # (``next_epoch``: above the last, and at least the wall clock, so a controller placed again
         # starts above every epoch a running process holds).
         self.membership: Membership | None = None
+        # A node Ray no longer lists stays a member until it cannot grant any more (it may still run,
+        # cut off from this side of a partition): its keys then go to others, granted at once.
+        self.confirmations = Confirmations(now_ms())
+        self._held_said: set[str] = set()
         self.stopping = False
         self.draining = False
         self._lock = asyncio.Lock()
@@ -141,7 +149,13 @@ class Controller:
             fresh = [info for name, info in seen.items()
                      if (held := self.nodes.get(name)) is None or not held.alive
                      or held.info.ray_node_id != info.ray_node_id]
-            changed = self._new_membership(list(seen.values()))
+            members = self.membership.nodes if self.membership is not None else ()
+            keep = set(self.confirmations.held([n.name for n in members], seen, now_ms()))
+            if keep and keep != self._held_said:
+                self.log.info("nodes Ray lost stay members until they stopped granting", nodes=sorted(keep),
+                              leave_at={n: self.confirmations.leaves_at(n) for n in sorted(keep)})
+            self._held_said = keep
+            changed = self._new_membership([*seen.values(), *(n for n in members if n.name in keep)])
             assert self.membership is not None or not seen
             for info in fresh:  # placed knowing the membership they join (and its epoch)
                 self.nodes[info.name] = self._place(info)
@@ -280,9 +294,12 @@ class Controller:
         replicas = await asyncio.gather(*(ask(r) for r in c.ingress))
         return node_status(p.info, keeper, leases, store, walker, list(replicas))
 
-    async def membership_wire(self) -> dict | None:
+    async def membership_wire(self, node: str | None = None) -> dict | None:
         """The membership as a push carries it (``Membership.to_wire``): what an actor that starts,
-        checks or missed the pushes applies. None before the first node is seen."""
+        checks or missed the pushes applies. None before the first node is seen. ``node``: a
+        keeper's check, which confirms its membership (``Confirmations``): refused while it leaves."""
+        if node is not None and not self.confirmations.confirm(node, now_ms()):
+            raise NodeLeaving(f"{node} is leaving the membership: Ray no longer lists it")
         return self._wire()
 
     # -------------------------------------------------------------------------------------- stopping

@@ -97,8 +97,9 @@ class ControllerClient:
 
     # ------------------------------------------------------------------- the actors' (async)
 
-    async def membership(self) -> Membership | None:
+    async def membership(self, node: str | None = None) -> Membership | None:
         """The controller's current membership (None before it saw a node); a malformed answer is a
-        ValueError, never a half value."""
-        wire = await call(self.handle.membership_wire.remote(), NODES_DEADLINE_S)
+        ValueError, never a half value. ``node``: a keeper's check, which confirms it is a member
+        (refused while it leaves: ``Confirmations``)."""
+        wire = await call(self.handle.membership_wire.remote(node), NODES_DEADLINE_S)
         return None if wire is None else Membership.from_wire(wire)

@@ -42,7 +42,7 @@ queue_status = Gauge(
     multiprocess_mode="livemax",
 )
 claims = Counter("prerender_claim_jobs_total", "Jobs granted by claims.")
-claim_health = Counter("prerender_claim_health_total", "Claim anomalies.", ["kind"])  # stale, wedged, refused
+claim_health = Counter("prerender_claim_health_total", "Claim anomalies.", ["kind"])  # stale, wedged, refused, unconfirmed
 leases_in_flight = Gauge("prerender_leases_in_flight", "Live, unreleased leases.", multiprocess_mode="livemax")
 render_outcomes = Counter("prerender_render_outcomes_total", "Posted render results.", ["outcome", "detail"])
 # A stored render whose bytes equal the page it replaces re-rendered for nothing: per route, so an

@@ -10,6 +10,7 @@ is acknowledged.
 
 from __future__ import annotations
 
+import functools
 import gc
 from typing import Any
 
@@ -47,7 +48,7 @@ class QueueKeeper:
 
     def __init__(self, config: dict, node: dict, data_dir: str, leases: Any, store: Any,
                  membership: dict | None = None, peers: Any = None,
-                 fetch_membership: Any = controller_membership):
+                 fetch_membership: Any = None):
         untraced(self)
         cfg = Config.model_validate(config)
         info = NodeInfo(**node)
@@ -64,7 +65,8 @@ class QueueKeeper:
             store=StoreClient(store, STORE_DEADLINE_S), leases=LeaseClient(leases, LEASE_DEADLINE_S),
             peers=peers if peers is not None else Handles("keeper", wrap=KeeperClient), log=log,
             membership=Membership.from_wire(membership) if membership is not None else None,
-            fetch_membership=fetch_membership, broadcaster=broadcaster, after_load=_freeze_loaded_rows)
+            fetch_membership=fetch_membership or functools.partial(controller_membership, node=info.name),
+            broadcaster=broadcaster, after_load=_freeze_loaded_rows)
         self.keeper.start()
 
     # ------------------------------------------------------------------------- the render fleet

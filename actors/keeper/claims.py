@@ -47,6 +47,7 @@ class Claims:
         self._grants: GroupCommit[list[list], list[list]] = GroupCommit(self._grant_batch)
         self.on_published: Callable[[], None] = lambda: None  # the status follows each publish
         self.on_idle: Callable[[], None] = lambda: None  # a claim found nothing grantable
+        self.trusted: Callable[[int], bool] = lambda now: True  # may grant now (``Handoff.trusted``)
 
     @property
     def serving(self) -> bool:
@@ -139,6 +140,11 @@ class Claims:
             return slots
         workers = workers if workers is not None else [None] * limit
         self._now = now = self.rows.clock.now_ms()
+        if not self.trusted(now):
+            metrics.claim_health.labels("unconfirmed").inc()
+            if self.rows.live:
+                self.on_idle()
+            return slots
         rules = self.conf.rules
         jobs: list[dict] = []
         for _ in range(3):

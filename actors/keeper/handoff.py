@@ -18,7 +18,13 @@ from typing import Any
 from prerender_ray.actors.common import Sometimes
 from prerender_ray.actors.keeper.claims import Claims
 from prerender_ray.actors.keeper.rows import Rows
-from prerender_ray.identity.membership import NOBODY, Membership, MembershipView, StaleEpoch
+from prerender_ray.identity.membership import (
+    MEMBERSHIP_TRUST_MS,
+    NOBODY,
+    Membership,
+    MembershipView,
+    StaleEpoch,
+)
 from prerender_ray.queue.schedule import ScheduleRow
 from prerender_ray.rpc import LeaseApi, Peers
 from prerender_ray.storage.keys import KEEPER_EPOCH
@@ -47,6 +53,8 @@ class Handoff:
         self._released = 0
         self._told = NOBODY  # the epoch whose done the others were last told
         self.checked_at: int | None = None  # when the controller last answered a check (epoch ms)
+        self.confirmed_at: int | None = None  # when a check answered listing this node was sent (epoch ms)
+        self._unconfirmed = Sometimes()
         self.previous: Membership | None = None  # the membership before the last change
         self.task: asyncio.Task | None = None
         self.report: dict[str, Any] = {"handedOff": 0, "adopted": 0, "pending": False, "staleRefusals": 0}
@@ -61,6 +69,7 @@ class Handoff:
         them. False when the controller did not answer."""
         if self.members is None:
             return False
+        sent = self.rows.clock.now_ms()  # the answer is true as of no earlier than this (``trusted``)
         try:
             m = await self.members()
         except Exception as e:
@@ -70,7 +79,23 @@ class Handoff:
         self.checked_at = self.rows.clock.now_ms()
         if m.epoch > self.view.epoch:
             await self.set_membership(m)
+        if self.node in m.names and m.epoch >= self.view.epoch:
+            self.confirmed_at = sent if self.confirmed_at is None else max(self.confirmed_at, sent)
         return True
+
+    def trusted(self, now: int) -> bool:
+        """May this keeper grant now? Only while the controller confirmed, lately, that it is a member.
+        A keeper cut off from the controller may have been dropped from the membership while it still
+        runs, its keys given to others; theirs wait out a lease's length plus ``MEMBERSHIP_TRUST_MS``
+        (``fence``), and this keeper stops granting within the latter. Pushes do not confirm: when a
+        push was sent is unknown. Without a controller (a node alone, in tests) always."""
+        if self.members is None:
+            return True
+        ok = self.confirmed_at is not None and now - self.confirmed_at < MEMBERSHIP_TRUST_MS
+        if not ok and self._unconfirmed.due():
+            self.log.warning("not granting: the controller has not confirmed this node's membership lately",
+                             confirmed_at=self.confirmed_at, checked_at=self.checked_at)
+        return ok
 
     async def check_membership(self) -> dict | None:
         """The periodic check: pushes can be lost, so the controller is asked every few seconds
@@ -106,12 +131,13 @@ class Handoff:
 
     def fence(self, before: Membership | None) -> None:
         """Keys gained now are not granted until their previous owner's hand-off is done, or a
-        lease's length passed (``Rows.fence``); ``before`` None: this keeper starts among others and
+        lease's length passed after the previous owner stopped granting (``Rows.fence``, ``trusted``); ``before`` None: this keeper starts among others and
         cannot know who owned what."""
         m = self.view.current
         if len(m.names) > 1:
             before = before if before is not None and before.epoch != NOBODY else None
-            self.rows.fence(self.rows.clock.now_ms() + self.rows.conf.cfg.queue.job_lease_time, before, m.epoch)
+            until = self.rows.clock.now_ms() + self.rows.conf.cfg.queue.job_lease_time + MEMBERSHIP_TRUST_MS
+            self.rows.fence(until, before, m.epoch)
 
     async def handoff_done(self, sender: str, epoch: int, fence: list | None = None) -> list | None:
         """``sender`` holds no row (and so no lease) that another node owns under ``epoch``: the keys

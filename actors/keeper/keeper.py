@@ -80,6 +80,7 @@ class Keeper:
         self.targets.publish_now = self.claims.publish_now
         self.targets.woke = lambda: self.status.current == "queued"
         self.handoff.on_departed = self.repair.rebuild_soon
+        self.claims.trusted = self.handoff.trusted
         self._fence_if_away(db)
         self.targets.accept = self.results.accept = self.handoff.accept
         self.targets.moved_past = self.results.moved_past = self.handoff.moved_past
@@ -294,6 +295,7 @@ class Keeper:
                 "draining": self.status.draining, "members": list(self.view.current.names),
                 "epoch": self.view.epoch,
                 "membershipCheckedAt": self.handoff.checked_at,
+                "membershipConfirmedAt": self.handoff.confirmed_at,
                 "reason": None if rows.live else f"keeper is {rows.phase}"}
 
     def due_times(self, keys: list[str]) -> list[int | None]:

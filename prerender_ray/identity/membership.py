@@ -9,6 +9,11 @@ Work that moves or writes owned or held data captures one ``Membership`` (its ``
 for that epoch), does its work against it, and checks ``view.epoch`` again before it commits; a call
 between nodes carries the caller's epoch, and a receiver on a newer epoch refuses it with
 ``StaleEpoch`` so the caller refreshes and retries.
+
+A node leaves the membership only once it can no longer grant (``Confirmations``): a keeper grants
+only while the controller confirmed its membership lately, so a node the controller cannot reach but
+that still runs (the controller's side of a partition is the smaller one) has stopped granting before
+its keys are given to others, who grant them at once as a departed node's.
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ from prerender_ray.identity.nodes import NodeInfo, Ownership, valid_name
 
 MAX_NODES = 1024  # a wire membership with more is refused: no deployment comes near it
 NOBODY = -1  # the epoch of a view that has not heard from the controller: any real epoch replaces it
+# A keeper grants only while a membership check it sent within this long was answered listing its
+# node; the controller drops a node only this long after it last answered it. Three checks (5 s each).
+MEMBERSHIP_TRUST_MS = 20_000
 
 
 def next_epoch(last: int, now_ms: int) -> int:
@@ -73,9 +81,6 @@ class Membership:
     def names(self) -> tuple[str, ...]:
         return self.ownership.names
 
-    def node(self, name: str) -> NodeInfo | None:
-        return next((n for n in self.nodes if n.name == name), None)
-
     def owner(self, url: str) -> str:
         return self.ownership.owner(url)
 
@@ -109,6 +114,39 @@ class Membership:
             infos.append(info)
         return cls(epoch, tuple(infos))
 
+
+class Confirmations:
+    """The controller's side of ``MEMBERSHIP_TRUST_MS``: when it last confirmed to each node that it is
+    a member, and so when a node that Ray no longer lists may leave the membership. Until then the node
+    stays in it (its keys stay its own), and its checks are not answered (``confirm`` is False), so
+    the trust it holds runs out. A controller that starts takes every node as confirmed at its start:
+    one placed before it may have answered them."""
+
+    def __init__(self, now_ms: int, trust_ms: int = MEMBERSHIP_TRUST_MS):
+        self.started = now_ms
+        self.trust_ms = trust_ms
+        self._answered: dict[str, int] = {}
+        self._leaving: set[str] = set()
+
+    def confirm(self, node: str, now_ms: int) -> bool:
+        """A check from ``node`` is answered (True) unless the node is leaving."""
+        if node in self._leaving:
+            return False
+        self._answered[node] = max(now_ms, self._answered.get(node, 0))
+        if len(self._answered) > 4 * MAX_NODES:  # names the controller never placed: bounded
+            self._answered = dict(sorted(self._answered.items(), key=lambda kv: -kv[1])[:MAX_NODES])
+        return True
+
+    def leaves_at(self, node: str) -> int:
+        return max(self._answered.get(node, 0), self.started) + self.trust_ms
+
+    def held(self, members: Iterable[str], alive: Iterable[str], now_ms: int) -> list[str]:
+        """Members Ray no longer lists that must stay in the membership for now (each stops being
+        answered); a member listed again, or one gone from the membership, is no longer leaving."""
+        alive = set(alive)
+        gone = [n for n in members if n not in alive]
+        self._leaving = set(gone)
+        return [n for n in gone if now_ms < self.leaves_at(n)]
 
 
 class MembershipView:

@@ -8,7 +8,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prerender_ray.identity.membership import NOBODY, Membership, MembershipView, StaleEpoch, next_epoch
+from prerender_ray.identity.membership import (
+    NOBODY,
+    Confirmations,
+    Membership,
+    MembershipView,
+    StaleEpoch,
+    next_epoch,
+)
 from prerender_ray.identity.nodes import NodeInfo, Ownership
 
 A = NodeInfo("node-a", "127.0.0.1", 8001)
@@ -21,7 +28,6 @@ def test_a_membership_is_sorted_and_its_ownership_is_that_of_its_names() -> None
     assert m.names == ("node-a", "node-b", "node-c") and m.nodes == (A, B, C)
     url = "https://shop.test/p/1"
     assert m.owner(url) == Ownership(["node-a", "node-b", "node-c"]).owner(url)
-    assert m.node("node-b") == B and m.node("node-x") is None
 
 
 def test_a_node_named_twice_is_refused() -> None:
@@ -75,3 +81,15 @@ def test_whatever_order_offers_arrive_in_the_view_ends_on_the_highest(epochs: li
 def test_a_controller_placed_again_starts_above_the_epochs_it_forgot() -> None:
     assert next_epoch(5, 1_000) == 1_000
     assert next_epoch(2_000, 1_000) == 2_001
+
+
+def test_a_node_ray_lost_stays_a_member_until_its_trust_ran_out_and_is_not_confirmed_meanwhile() -> None:
+    c = Confirmations(now_ms=1_000, trust_ms=20_000)
+    assert c.held(["a", "b"], ["a"], 1_000) == ["b"]  # a controller that just started: it may have answered b
+    assert c.confirm("a", 5_000) and not c.confirm("b", 5_000)  # b is leaving: its checks are not answered
+    assert c.held(["a", "b"], ["a"], 20_999) == ["b"] and c.held(["a", "b"], ["a"], 21_000) == []
+    c = Confirmations(now_ms=0, trust_ms=20_000)
+    assert c.confirm("b", 30_000)
+    assert c.held(["a", "b"], ["a"], 49_999) == ["b"] and c.leaves_at("b") == 50_000
+    assert c.held(["a", "b"], ["a", "b"], 50_000) == [] and c.confirm("b", 50_000)  # listed again: answered
+    assert c.held(["a"], ["a"], 60_000) == [] and c.confirm("b", 60_000)  # gone from the membership: answered

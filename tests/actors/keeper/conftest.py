@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,8 +29,8 @@ async def keepers(tmp_path: Path) -> AsyncIterator[Callable[..., Keeper]]:
     made: list[Keeper] = []
     store, peers = MemoryStore(), LocalPeers()
 
-    def make(node: str = "node-a", members: tuple[str, ...] = (), cfg: Config | None = None) -> Keeper:
-        k = make_keeper(tmp_path, cfg or config(), node, store=store, peers=peers, members=members)
+    def make(node: str = "node-a", members: tuple[str, ...] = (), cfg: Config | None = None, **kw: Any) -> Keeper:
+        k = make_keeper(tmp_path, cfg or config(), node, store=store, peers=peers, members=members, **kw)
         made.append(k)
         return k
 

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from prerender_ray.storage.pages import PageMeta, decode_meta, retimed
 from prerender_ray.storage.registry import target_key
 from prerender_ray.storage.rocks import Store
 from prerender_ray.storage.touches import Touch, is_touch_key, touch_key
+from prerender_ray.timeutil import SYSTEM_CLOCK, Clock
 
 
 class MemoryStore:
@@ -140,16 +141,18 @@ FIRST_EPOCH = 1  # the membership a keeper made with ``members`` starts at; a te
 
 
 def make_keeper(tmp: Path, cfg: Config, node: str = "node-a", *, store: MemoryStore | None = None,
-                peers: LocalPeers | None = None, members: Sequence[str] = ()) -> Keeper:
+                peers: LocalPeers | None = None, members: Sequence[str] = (), clock: Clock = SYSTEM_CLOCK,
+                fetch: Callable[[], Awaitable[Membership]] | None = None) -> Keeper:
     """A keeper of ``node`` with its own schedule and lease RocksDBs under ``tmp``; not started (tests
-    drive ``load``, publishes and calls themselves)."""
+    drive ``load``, publishes and calls themselves). ``fetch``: its controller (None: none)."""
     log = logs.get("keeper-test")
     root = tmp / node
     root.mkdir(parents=True, exist_ok=True)
-    leases = DurableLeases(cfg, Store(root / "leases"), log)
+    leases = DurableLeases(cfg, Store(root / "leases"), log, clock)
     peers = peers if peers is not None else LocalPeers()
     keeper = Keeper(cfg, NodeInfo(node, "127.0.0.1", 9926), Store(root / "schedule"), store=store or MemoryStore(),
                     leases=leases, peers=peers, log=log,
-                    membership=Membership.of(FIRST_EPOCH, members) if members else None)
+                    membership=Membership.of(FIRST_EPOCH, members) if members else None,
+                    fetch_membership=fetch, clock=clock)
     peers.keepers[node] = keeper
     return keeper

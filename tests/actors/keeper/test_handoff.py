@@ -8,8 +8,9 @@ import asyncio
 import pytest
 
 from prerender_ray.actors.keeper import keeper as keeper_module
-from prerender_ray.identity.membership import Membership, StaleEpoch
+from prerender_ray.identity.membership import MEMBERSHIP_TRUST_MS, Confirmations, Membership, StaleEpoch
 from prerender_ray.identity.nodes import Ownership
+from prerender_ray.timeutil import Clock
 from tests.actors.keeper.conftest import SITE
 from tests.actors.keeper.test_claims import put_due
 
@@ -337,3 +338,63 @@ async def test_a_key_whose_owner_was_down_when_it_moved_is_not_granted_while_tha
     assert fences["keys"] == 0 and fences["waitingOn"] == []
     for k in leased:
         assert (await c.leases.lease_of(k))["leaseExpiresAt"] is not None
+
+
+class Manual(Clock):
+    """A clock the test moves (epoch ms)."""
+
+    def __init__(self, at: int):
+        self.at = at
+
+    def now_ms(self) -> int:
+        return self.at
+
+    def time(self) -> float:
+        return self.at / 1000
+
+
+async def test_a_node_cut_off_from_the_controller_stops_granting_before_it_leaves_the_membership(keepers) -> None:
+    """The controller's side of a partition is the smaller one: Ray stops listing node-b, which still
+    runs, cut off. Once b leaves the membership, node-a grants b's keys at once (a departed node's
+    leases are taken as gone with it), so b must not grant from then on: b grants only while the
+    controller confirmed it lately, and the controller keeps b a member until that trust has run out
+    (``Confirmations``). Without either half, b and a both grant b's keys after b left."""
+    clock = Manual(1_700_000_000_000)
+    confirmations = Confirmations(clock.at)
+    controller = {"m": at(2, *AB), "reach": {"node-a", "node-b"}}
+
+    def fetch(node: str):
+        async def members() -> Membership:
+            if node not in controller["reach"] or not confirmations.confirm(node, clock.at):
+                raise ConnectionError("no answer")
+            return controller["m"]
+        return members
+
+    a, b = (keepers(n, members=AB, clock=clock, fetch=fetch(n)) for n in AB)
+    for k in (a, b):
+        await k.load()
+    await settled(a, b)
+    paths = [p for p in (f"/p{i}" for i in range(100)) if Ownership(list(AB)).owner(SITE + p) == "node-b"]
+    urls = await put_due(b, *paths)
+    b_keys = {key for u in urls for key in b.conf.rules.keys_of(u)}
+    controller["reach"] = {"node-a"}  # b is cut off from here on, and Ray soon stops listing it
+    left_at = None
+    grants: list[tuple[str, str, int]] = []
+    for _ in range(12):
+        clock.at += 5_000
+        for k in (a, b):
+            await k.handoff.check_membership()
+        if left_at is None and "node-b" not in confirmations.held(AB, ["node-a"], clock.at):
+            controller["m"] = at(3, "node-a")
+            await a.handoff.set_membership(controller["m"])
+            await settled(a)
+            await a.targets.put_targets([{"url": u, "nextRenderTime": 1} for u in urls])  # its rows now
+            left_at = clock.at
+        if left_at is not None:
+            for k in (b, a):
+                k.claims.publish()
+                grants += [(k.node, j["id"], clock.at) for j in await k.claims.claim(500) if j["id"] in b_keys]
+    assert left_at is not None and left_at >= 1_700_000_000_000 + MEMBERSHIP_TRUST_MS
+    assert {key for node, key, _ in grants if node == "node-a"} == b_keys  # a took them over at once
+    assert [g for g in grants if g[0] == "node-b"] == []  # b stopped granting before it left
+    assert b.state()["membershipConfirmedAt"] <= left_at - MEMBERSHIP_TRUST_MS
