@@ -35,6 +35,7 @@ STARTUP_GRACE_S = 60.0  # actors placed this recently may not answer yet (import
 DEAD_CHECK_PASSES = 5  # every ~10 s: is an actor gone for good?
 REPLACE_AFTER_S = 30.0  # a node placed (or placed again) this recently is left alone: no crash loop
 GONE_PROBE_S = 2.0  # one probe of an actor being killed
+EXPECTED_TERMINATION = 1  # Ray's NodeDeathInfo reason for a raylet that ended on its own
 
 
 class NodeLeaving(RuntimeError):
@@ -150,7 +151,10 @@ class Controller:
                      if (held := self.nodes.get(name)) is None or not held.alive
                      or held.info.ray_node_id != info.ray_node_id]
             members = self.membership.nodes if self.membership is not None else ()
-            keep = set(self.confirmations.held([n.name for n in members], seen, now_ms()))
+            # a raylet that ended on its own (SIGTERM, `ray stop`) said so: it runs nothing any more
+            ended = {raw.get("NodeID") for raw in table if not raw.get("Alive") and raw.get("DeathReason") == EXPECTED_TERMINATION}
+            stopped = [name for name, p in self.nodes.items() if p.info.ray_node_id in ended]
+            keep = set(self.confirmations.held([n.name for n in members], [*seen, *stopped], now_ms()))
             if keep and keep != self._held_said:
                 self.log.info("nodes Ray lost stay members until they stopped granting", nodes=sorted(keep),
                               leave_at={n: self.confirmations.leaves_at(n) for n in sorted(keep)})
