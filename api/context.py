@@ -133,8 +133,11 @@ class NodeContext:
         return self.ownership.holders(url, self.cfg.cluster.replicas)
 
     def holds(self, url: str) -> bool:
-        """Does this node hold ``url``'s target and pages? (Every node does while R >= the node count.)"""
-        return len(self.ownership.names) <= self.cfg.cluster.replicas or self.node.name in self.holders_of(url)
+        """Does this node hold ``url``'s target and pages? Every member does while R >= the node count;
+        a node the membership no longer lists (it left while it still runs) holds nothing."""
+        names = self.ownership.names
+        return self.node.name in names and (len(names) <= self.cfg.cluster.replicas
+                                            or self.node.name in self.holders_of(url))
 
     def reads_from(self, url: str) -> str:
         """The node whose store to read ``url``'s target and pages from: this one when it holds them,

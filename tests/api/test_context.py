@@ -120,3 +120,15 @@ def test_no_route_writes_remote_or_finds_a_service_by_key() -> None:
     offenders = [str(p.relative_to(root)) for p in sorted(root.rglob("*.py"))
                  if ".remote(" in p.read_text() or "extras" in p.read_text()]
     assert offenders == []
+
+
+def test_a_node_the_membership_no_longer_lists_holds_nothing_and_reads_from_the_holders() -> None:
+    """node-b left the membership while it still runs (cut off, then told by the controller's check):
+    with R = 2 and two members left, every member holds every URL, but node-b holds none. It once
+    took itself for a holder and answered 404 for targets it never had (the namespace soak)."""
+    cfg = Config.model_validate({"domains": ["shop.test"], "cluster": {"replicas": 2}})
+    b = NodeContext(cfg, NodeInfo("node-b", "127.0.0.1", 9002), "/tmp", ownership=Ownership(["node-a", "node-c"]))
+    url = "https://shop.test/p/1"
+    assert not b.holds(url) and b.reads_from(url) in ("node-a", "node-c")
+    a = NodeContext(cfg, NodeInfo("node-a", "127.0.0.1", 9001), "/tmp", ownership=Ownership(["node-a", "node-c"]))
+    assert a.holds(url) and a.reads_from(url) == "node-a"
