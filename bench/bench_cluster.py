@@ -298,7 +298,8 @@ def main() -> None:
         print(f"\njoin: {joined['targets']:,} targets on 3 nodes with R = 2 (written in {joined['write_s']:.0f} s); "
               f"node-d ready with its slice ({joined['slice']:,} targets owned, {joined['share']:,} held) in "
               f"{joined['join_s']:.1f} s; its catch-up pulled {joined['sync'].get('records', 0):,} records from "
-              f"{len(joined['sync'].get('sources', []))} peers in {joined['sync'].get('ms', 0) / 1000:.1f} s")
+              f"{len(joined['sync'].get('sources', []))} peers in {joined['sync'].get('ms', 0) / 1000:.1f} s "
+              f"({joined['sync'].get('received', 0):,} sent by them)")
 
 
 if __name__ == "__main__":

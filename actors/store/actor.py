@@ -319,8 +319,12 @@ class StoreClient(NodeActorClient):
         return await call(self.handle.apply_remote.remote(records, epoch), self.deadline_s)
 
     async def since(self, name: str, hlc: int, after: bytes | None, limit: int,
-                    holder: str | None = None, members: list[str] | None = None, epoch: int | None = None) -> dict:
-        return await call(self.handle.since.remote(name, hlc, after, limit, holder, members, epoch), self.deadline_s)
+                    holder: str | None = None, members: list[str] | None = None, epoch: int | None = None,
+                    senders: list[str] | None = None, instead_of: list[str] | None = None,
+                    arrived: Any = None) -> dict:
+        """A page of records (``NodeStore.since``; ``senders``: one sender per record of a share)."""
+        return await call(self.handle.since.remote(name, hlc, after, limit, holder, members, epoch, senders,
+                                                   instead_of, arrived), self.deadline_s)
 
     # ------------------------------------------------------------------------ the controller's
 

@@ -15,6 +15,10 @@ A record that reaches a node which does not hold it (shipped by a peer that had 
 change, after this node's walk passed its key) is pushed on the same way: to its holders, then dropped
 here once each acknowledged; else it would stay here and its new holder would never get it. That
 waits ``PUSH_ON_AFTER_S`` and asks the membership of then: a stale view must not send records away.
+A record written here that this node does not hold (its writer routed it under an older membership:
+a keeper learns a change on its own, a result answers a grant made before it) goes the same way; so
+do records written while this store knew no membership, through the walk its first one starts. A
+push on lives in memory: until it is done, the placement kept on disk says a walk is owed.
 
 Pushes go to the peer's ``apply_remote`` directly, not through the outbox: a drop needs the ack. A
 change while a walk runs cancels it and starts again from the membership the cancelled walk started
@@ -76,6 +80,10 @@ class Rebalancing:
         self._walk_since = 0  # the epoch of ``_walk_from``: records from then on go to joiners too
         self.rebalance_report: dict[str, Any] = {"state": "idle"}
         self.share_moved = False  # placed under another membership than the one this store started on
+        # Strays being pushed on live in memory only: while any is, or one was left unanswered, the
+        # placement kept on disk says a walk is owed, so a store that dies first walks when it starts.
+        self._pushing_on = 0
+        self._strays_left = False
         if self.view.epoch != NOBODY:
             self.settle(self.placement)
 
@@ -95,8 +103,18 @@ class Rebalancing:
         return (self.placement.under(names) if names else None), owed
 
     def _placed(self, placement: Placement, owed: bool) -> None:
+        owed = owed or self._pushing_on > 0 or self._strays_left
         doc = {"placed": list(placement.ownership.names), "owed": owed}
         self.registry.put(REBALANCE, json.dumps(doc).encode())  # type: ignore[attr-defined]
+
+    def written_alone(self) -> None:
+        """Records came in while this store knows no membership (it started alone, and its keeper
+        took writes): they were placed under none, and the first membership may not list this node
+        among their holders. The placement kept on disk (this node alone, for a store that kept
+        none) says a walk is owed, so that membership (or a restart before it) walks them."""
+        placed, owed = self.placed_under()
+        if not owed and self._walk_from is None:
+            self._placed(placed or self.placement, owed=True)
 
     def settle(self, current: Placement) -> None:
         """At start (or at the first membership of a store that started alone): what this store holds
@@ -161,6 +179,7 @@ class Rebalancing:
         self.log.info("rebalance", **{k: v for k, v in report.items() if k != "members"})
         if report["state"] == "done" and self.view.epoch == epoch:
             self._walk_from, self._walk_everyone, self._walk_since = None, False, 0
+            self._strays_left = False  # the walk pushed on (and dropped) every record here it does not hold
             self._placed(after, owed=False)
         elif report["state"] in ("incomplete", "failed"):
             await asyncio.sleep(RETRY_AFTER_S)  # another change cancels this wait and walks at once
@@ -228,15 +247,32 @@ class Rebalancing:
         report["dropped"] += self.drop_local(name, gone)
 
     def push_on(self, name: str, items: list[tuple[bytes, bytes]]) -> None:
-        """Records just received that this node does not hold (``items``: key, record): to their
-        holders, and dropped here once each has them."""
+        """Records just received or written that this node does not hold (``items``: key, record):
+        to their holders, and dropped here once each has them."""
         tasks = self._tasks  # type: ignore[attr-defined]
+        self._pushing_on += 1
+        if self._pushing_on == 1 and self._walk_from is None:
+            self._placed(self.placement, owed=True)
         task = asyncio.get_running_loop().create_task(self._push_on(name, items))
         tasks.append(task)
         task.add_done_callback(lambda t: t in tasks and tasks.remove(t))
 
     async def _push_on(self, name: str, items: list[tuple[bytes, bytes]]) -> None:
         report = {"pushed": 0, "dropped": 0, "unanswered": 0}
+        try:
+            await self._push_on_tries(name, items, report)
+        except BaseException:  # cancelled with the process (or failed): the walk owed on disk stays owed
+            self._pushing_on -= 1
+            self._strays_left = True
+            raise
+        self._pushing_on -= 1
+        self._strays_left = self._strays_left or bool(report["unanswered"])
+        if not self._pushing_on and self._walk_from is None and not self._strays_left:
+            self._placed(self.placement, owed=False)
+        if any(report.values()):
+            self.log.info("records held elsewhere pushed on", db=name, **report)
+
+    async def _push_on_tries(self, name: str, items: list[tuple[bytes, bytes]], report: dict) -> None:
         db = self._db(name)  # type: ignore[attr-defined]
         for attempt in range(PUSH_ON_TRIES):
             await asyncio.sleep(RETRY_AFTER_S if attempt else PUSH_ON_AFTER_S)
@@ -259,8 +295,6 @@ class Rebalancing:
                 report["unanswered"] = len(items)
             if not report["unanswered"]:
                 break
-        if any(report.values()):
-            self.log.info("records held elsewhere pushed on", db=name, **report)
 
     async def _push(self, peer: str, records: list[list], epoch: int) -> bool:
         for attempt in range(PUSH_TRIES):

@@ -26,10 +26,11 @@ from typing import TYPE_CHECKING, Any
 
 from prerender_ray import metrics
 from prerender_ray.actors.common import MEMBERSHIP_CHECK_S, Handles, Sometimes, survivable
+from prerender_ray.actors.store.catchup import Arrivals, Pulled, pull_share
 from prerender_ray.actors.store.rebalance import Rebalancing
 from prerender_ray.identity.membership import NOBODY, Membership, MembershipView, StaleEpoch
 from prerender_ray.storage.keys import FRESHNESS, HPTR, LIVE, RENDER_HISTORY, SHIPPED, TARGET, VIDX
-from prerender_ray.storage.placement import Placement
+from prerender_ray.storage.placement import NEVER, Placement, share_sender
 from prerender_ray.storage.replication import (
     LOGICAL_BITS,
     Clock,
@@ -106,6 +107,8 @@ class Replication(Rebalancing):
         self.synced = asyncio.Event()
         self.sync_report: dict[str, Any] = {"state": "pending"}
         self.shipped: dict[str, int] = {}
+        self._inflight: dict[str, int] = {}  # peer -> first version of the batch being shipped to it
+        self.arrivals = Arrivals(wall.monotonic())
         newest = self.newest_hlc()
         for peer in self.peers:
             self._resume(peer, newest)
@@ -232,12 +235,29 @@ class Replication(Rebalancing):
         batch.append(self._counted(name, [k for k, _ in ops], [p for _, p in ops], lives))
         db.write(batch)
         shipped = [[name, key, record] for (key, _), record in zip(ops, records)]
+        if self.view.epoch == NOBODY:
+            self._alone(name, [key for key, _ in ops])
         if not self.placement.partial:
             for peer in self.peers:
                 self._enqueue(peer, shipped)
             return
-        for peer, held in self.placement.split(self.peers, name, [key for key, _ in ops]).items():
+        plan = self.placement.split([*self.peers, self.node], name, [key for key, _ in ops])
+        mine = plan.pop(self.node)
+        for peer, held in plan.items():
             self._enqueue(peer, [shipped[i] for i in held])
+        if len(mine) < len(ops):
+            # A writer routed under an older membership than this store's (a keeper learns a change
+            # on its own, later; a result of a grant made before it): records this node does not
+            # hold, written after its walk may have passed them. Pushed on and dropped here, as a
+            # stray received is; else they would stay here for good.
+            here = set(mine)
+            self.push_on(name, [(key, shipped[i][2]) for i, (key, _) in enumerate(ops) if i not in here])
+
+    def _alone(self, name: str, keys: list[bytes]) -> None:
+        """Records written while this store knows no membership: per-URL ones owe a walk (cluster-wide
+        rows, a keeper's status at start, are held everywhere under any membership)."""
+        if any(self.placement.url_of(name, key) is not None for key in keys):
+            self.written_alone()
 
     def commit_remote(self, name: str, items: list[tuple[bytes, bytes]]) -> int:
         """A peer's enveloped records, each applied only when newer than what is held."""
@@ -259,6 +279,10 @@ class Replication(Rebalancing):
         if accepted:
             batch.append(self._counted(name, [r[0] for r in accepted], [r[3] for r in accepted], was))
         db.write(batch)
+        if accepted:  # a joiner's second pass asks for what arrived since its first (``catchup.py``)
+            self.arrivals.accepted(min(r[2] for r in accepted))
+        if accepted and self.view.epoch == NOBODY:
+            self._alone(name, [r[0] for r in accepted])
         if accepted and self.placement.partial:
             strays = [(r[0], r[1]) for r in accepted if not self.placement.holds(self.node, name, r[0])]
             if strays:
@@ -315,29 +339,41 @@ class Replication(Rebalancing):
 
     async def since(self, name: str, hlc: int, after: bytes | None, limit: int = BATCH_RECORDS,
                     holder: str | None = None, members: list[str] | None = None,
-                    epoch: int | None = None) -> dict:
+                    epoch: int | None = None, senders: list[str] | None = None,
+                    instead_of: list[str] | None = None, arrived: Any = None) -> dict:
         """Records of one store with a version at or after ``hlc``, in version order, from the index
         position ``after`` (exclusive); answers ``{records, next}`` within a byte budget. With
         ``holder``: only the records that node holds under ``members`` (default: this node's view),
-        the caller's membership of ``epoch`` (see ``accept``)."""
+        the caller's membership of ``epoch`` (see ``accept``); with ``senders`` too (the peers the
+        holder asks), only those this node is the designated sender of (``share_sender``).
+        ``arrived``: a mark of this store's (``arrivals`` in an earlier answer): from the lowest
+        version accepted since, not ``hlc``. Each answer says whether this store has caught up
+        itself (``synced``: it may lack records it is designated for)."""
         if epoch is not None:
             await self.accept(epoch, "since")
+        answer = {"synced": self.synced.is_set() and not self.sync_report.get("retrying"),
+                  "arrivals": self.arrivals.mark()}
+        if arrived is not None and after is None:
+            low = self.arrivals.lowest_since(arrived)
+            if low == NEVER:  # nothing reached this store since
+                return {"records": [], "next": None, **answer}
+            if low is not None:
+                hlc = low
         db = self._db(name)
         start = after + b"\x00" if after else VIDX + _HLC.pack(hlc)
         out: list[Record] = []
         size = 0
         nxt = None
         placement = self.placement if members is None else self.placement.under(members)
-        keep = (lambda key: True) if holder is None or not placement.partial else (
-            lambda key: placement.holds(holder, name, key))
+        keep = self._since_filter(name, placement, holder, senders, instead_of)
         scanned = 0
         for ikey, _ in db.items(VIDX, start):
             if scanned >= SCAN_BUDGET and nxt is not None:  # the next call goes on after ``nxt``
-                return {"records": out, "next": nxt}
+                return {"records": out, "next": nxt, **answer}
             scanned += 1
             key = ikey[len(VIDX) + _HLC.size:]
             nxt = ikey
-            if not keep(key):
+            if keep is not None and not keep(key, ikey):
                 continue
             record = db.get(key)
             if record is None:
@@ -345,8 +381,31 @@ class Replication(Rebalancing):
             out.append([name, key, record])
             size += len(record) + len(key)
             if len(out) >= limit or size >= BATCH_BYTES:
-                return {"records": out, "next": nxt}
-        return {"records": out, "next": None}
+                return {"records": out, "next": nxt, **answer}
+        return {"records": out, "next": None, **answer}
+
+    def _since_filter(self, name: str, placement: Placement, holder: str | None, senders: list[str] | None,
+                      instead_of: list[str] | None) -> Callable[[bytes, bytes], bool] | None:
+        """keep(key, index key) of a ``since`` scan (None: everything)."""
+        if holder is None or not placement.partial:
+            return None
+        if senders is None:
+            return lambda key, _: placement.holds(holder, name, key)
+        members = set(placement.ownership.names)
+        senders = [p for p in senders if isinstance(p, str) and p in members]
+        instead_of = [p for p in instead_of or () if isinstance(p, str) and p in members]
+        unshipped = {p: self._unshipped_from(p) for p in senders if p != self.node}
+        sends = share_sender(placement, self._walk_from, holder, self.node, senders, instead_of, unshipped)
+        at = len(VIDX)
+        return lambda key, ikey: sends(name, key, _HLC.unpack_from(ikey, at)[0])
+
+    def _unshipped_from(self, peer: str) -> int:
+        """The oldest version of this node's writes that may not have reached ``peer`` yet (in its
+        outbox, being shipped, or owed by a re-push); ``NEVER`` when every one has."""
+        box = self.outbox.get(peer)
+        lows = [_version(box[0])] if box else []
+        lows += [v for v in (self.resync_from.get(peer), self._inflight.get(peer)) if v is not None]
+        return min(lows, default=NEVER)
 
     # -------------------------------------------------------------------------------- membership
 
@@ -418,8 +477,16 @@ class Replication(Rebalancing):
         peers = [n for n in after.names if n != self.node]
         for peer in peers:
             if peer not in self.outbox:  # a peer that was away pulls what it missed when it starts
+                # and, back from a leave, is sent what its outbox here lost when it left: its pull
+                # starts a margin before the newest record it holds, and it may have written its own
+                # while cut off from this node for longer. A store that started alone does at its
+                # first membership what it does at start (its outboxes died with its last process).
+                if before.epoch == NOBODY or self.registry.get(SHIPPED + peer.encode()) is not None:
+                    self._resume(peer, self.newest_hlc())
                 self._add_peer(peer)
         for peer in [p for p in self.outbox if p not in peers]:
+            if peer in self.shipped:  # its mark as of now (on disk only once it moved): see above
+                self.registry.put(SHIPPED + peer.encode(), _HLC.pack(self.shipped[peer]))
             self.shippers.pop(peer).cancel()
             del self.outbox[peer], self.wake[peer]
             self.resync_from.pop(peer, None)
@@ -474,11 +541,14 @@ class Replication(Rebalancing):
                     batch.append(rec)
                     size += len(rec[2])
                 if batch:
+                    self._inflight[peer] = _version(batch[0])  # neither in the box nor arrived (see ``since``)
                     try:
                         await (await self._peer_store(peer)).apply_remote(batch, self.view.epoch)
                     except BaseException:
                         box.extendleft(reversed(batch))  # keep order; retried after the backoff
                         raise
+                    finally:
+                        self._inflight.pop(peer, None)
                     metrics.replication_shipped_bytes.labels("write").inc(_size(batch))
                     # The outbox is in version order: what is left in it is all that has not been shipped.
                     self._mark_shipped(peer, _version(box[0]) if box else _version(batch[-1]) + 1)
@@ -529,35 +599,37 @@ class Replication(Rebalancing):
     async def _initial_catch_up(self) -> None:
         """Before the keeper loads: pull what peers hold that this node missed while away (all of it
         for a new node, and all of its share for one back under another membership: it may hold URLs
-        it never had). Two passes, the second from a margin before the first began, so records that
-        reached the peer during the first pass are not missed. A peer that does not answer is asked
-        again in the background until it does (or leaves): the others push only to holders that were
-        members before them, so nobody else would send what it holds."""
+        it never had). Holding a share, from every peer at once, each record from one of them
+        (``catchup.py``); else from one peer. Two passes, the second for what reached the peer
+        during the first. A peer that does not answer is asked again in the background until it does
+        (or leaves): the others push only to holders that were members before them, so nobody else
+        would send what it holds."""
         if self.view.epoch == NOBODY:
             await self.refresh()  # placed alone: the peers to pull from are the controller's
         t0 = self.wall.monotonic()
         newest = self.newest_hlc()
         since = max(0, newest - (CATCH_UP_MARGIN_MS << 16)) if newest and not self.share_moved else 0
-        pulled = 0
+        got = Pulled()
         sources: list[str] = []
         failed: list[str] = []
         partial = self.placement.partial
-        for peer in sorted(self.peers):
+        if partial:
+            got, sources, failed = await pull_share(self, since, CATCH_UP_MARGIN_MS << 16)
+        for peer in [] if partial else sorted(self.peers):
             try:
-                pulled += await self._pull_twice(peer, since, partial)
+                got.accepted += await self._pull_twice(peer, since, False)
                 sources.append(peer)
-                if not partial:
-                    break  # every peer holds everything: one is enough
+                break  # every peer holds everything: one is enough
             except Exception as e:
                 failed.append(peer)
                 if isinstance(e, StaleEpoch):  # asked again later, under the membership it is on
                     await self.refused(peer, e)
                 else:
                     self.log.warning("catch-up from a peer failed; trying the next", peer=peer, error=repr(e)[:300])
-        # holding a share, this node pulls from every peer (each sends what this node holds)
-        self.sync_report = {"state": "synced", "from": sources[0] if sources else None, "records": pulled,
+        self.sync_report = {"state": "synced", "from": sources[0] if sources else None, "records": got.accepted,
                             "since": since, "ms": round((self.wall.monotonic() - t0) * 1000), "peers": list(self.peers)}
         if partial:
+            self.sync_report["received"] = got.received  # sent by the peers (duplicates of a record included)
             self.sync_report["sources"] = sources
             self.sync_report["retrying"] = failed
             for peer in failed:
@@ -570,9 +642,12 @@ class Replication(Rebalancing):
         self.synced.set()
 
     async def _pull_twice(self, peer: str, since: int, share: bool) -> int:
+        """Everything ``peer`` holds since ``since`` (with ``share``: of this node's share), then what
+        reached it during that pull (from the margin before it began, if the peer lost our mark)."""
         began = self.clock.now().hlc
-        n = await self._pull(peer, since, share)
-        return n + await self._pull(peer, max(0, began - (CATCH_UP_MARGIN_MS << 16)), share)
+        first = await self._pull(peer, since, share)
+        second = await self._pull(peer, max(0, began - (CATCH_UP_MARGIN_MS << 16)), share, arrived=first.mark)
+        return first.accepted + second.accepted
 
     async def _catch_up_later(self, peer: str | None, since: int) -> None:
         """The catch-up from ``peer`` (None: from any one peer) that failed at start, retried with
@@ -599,22 +674,24 @@ class Replication(Rebalancing):
                     self.sync_report["retrying"] = [x for x in self.sync_report["retrying"] if x != p]
                 return
 
-    async def _pull(self, peer: str, since: int, share: bool = False) -> int:
-        """What ``peer`` holds since ``since``; with ``share``, only what this node holds."""
+    async def _pull(self, peer: str, since: int, share: bool = False, senders: list[str] | None = None,
+                    instead_of: list[str] | None = None, arrived: Any = None) -> Pulled:
+        """What ``peer`` holds since ``since``; with ``share``, only what this node holds (and with
+        ``senders``, only what ``peer`` is the designated sender of: see ``since``)."""
         target = await self._peer_store(peer)
-        n = 0
+        got = Pulled()
         epoch = self.view.epoch
         members = list(self.placement.ownership.names) if share else None
         for name in DBS:
             after = None
             while True:
                 page = await target.since(name, since, after, BATCH_RECORDS, self.node if share else None, members,
-                                          epoch)
-                n += await self.apply_remote(page["records"])
+                                          epoch, senders, instead_of, arrived)
+                got.page(page, await self.apply_remote(page["records"]))
                 after = page["next"]
                 if after is None:
                     break
-        return n
+        return got
 
     async def wait_synced(self, timeout: float) -> dict:
         try:

@@ -79,3 +79,57 @@ class Placement:
 def of_members(members: list[str] | tuple[str, ...], replicas: int,
                url_of_key: Callable[[str], str]) -> Placement:
     return Placement(Ownership(list(members)), replicas, url_of_key)
+
+
+NEVER = (1 << 64) - 1  # a version above every real one
+
+
+def share_sender(placement: Placement, before: Placement | None, holder: str, me: str, senders: list[str],
+                 instead_of: list[str] | None = None, unshipped: dict[str, int] | None = None
+                 ) -> Callable[[str, bytes, int], bool]:
+    """Whether ``me`` sends a record (db, key, version) to ``holder``'s pull of its share under
+    ``placement``: one sender per record among the peers that answer (``senders``).
+
+    A record's designated sender is the first of ``senders`` in its URL's rendezvous order among its
+    holders under ``placement`` (a joiner's other holders: the ones that held it before and keep it),
+    and also among its holders under ``before`` (the membership this peer's records were placed
+    under while its walk from it runs: after a leave with the join, the holders of the record that
+    keep it may rank below one that never had it). Every peer that answers one pull computes the same
+    first holders; a cluster-wide record's sender is the first of ``senders`` by name. A record with
+    no designated sender among ``senders`` is sent by every peer holding it. ``me`` also sends a
+    record versioned at or after ``unshipped[d]`` (the oldest of ``me``'s writes that may not have
+    reached the designated ``d``): the writer sends what the designated one may not have yet.
+
+    ``instead_of``: peers designated in a first pull that did not answer it (or were catching up
+    themselves): only the records one of them was designated for, each by the first of ``senders``
+    that would be designated without them."""
+    among = frozenset(senders)
+    missing = frozenset(instead_of or ())
+    everyone = among | missing
+    unshipped = unshipped or {}
+
+    def firsts(held: tuple[str, ...] | None, was: tuple[str, ...] | None, pool: frozenset[str]) -> set[str]:
+        if held is None:  # cluster-wide
+            return {min(pool)} if pool else set()
+        out = {next((n for n in held if n in pool), "")}
+        if was is not None:
+            out.add(next((n for n in was if n in pool), ""))
+        out.discard("")
+        return out
+
+    def keep(db: str, key: bytes, hlc: int) -> bool:
+        url = placement.url_of(db, key)
+        held = was = None
+        if url is not None:
+            held = placement.url_holders(url)
+            if holder not in held:
+                return False
+            was = before.url_holders(url) if before is not None else None
+        if missing and not firsts(held, was, everyone) & missing:
+            return False  # its designated sender answered the first pull
+        designated = firsts(held, was, among)
+        if not designated or me in designated:
+            return True
+        return any(hlc >= unshipped.get(d, NEVER) for d in designated)
+
+    return keep

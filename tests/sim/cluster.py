@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from prerender_ray.actors.store.actor import NodeStore, StoreClient
 from prerender_ray.actors.store.replication import SHIP_DEADLINE_S
 from prerender_ray.config.loading import parse
 from prerender_ray.config.model import Config
-from prerender_ray.identity.membership import Membership, next_epoch
+from prerender_ray.identity.membership import Confirmations, Membership, next_epoch
 from prerender_ray.identity.nodes import NodeInfo
 from prerender_ray.rpc import call
 from prerender_ray.storage.rocks import LEASES, SCHEDULE, Store, store_path
@@ -138,7 +138,7 @@ class SimNode:
                                    store=StoreClient(net.handle(name, name, "store"), 10.0),
                                    leases=LeaseClient(net.handle(name, name, "leases")),
                                    peers=peers, log=log, membership=m if name in m.names else None,
-                                   fetch_membership=self._membership, clock=self.clock)
+                                   fetch_membership=self._keeper_membership, clock=self.clock)
             self.keeper, self.leases, self.store = keeper, leases, store
             net.serve(name, "leases", leases)
             net.serve(name, "store", store)
@@ -153,6 +153,11 @@ class SimNode:
 
     async def _membership(self) -> Membership:
         doc = await call(self.cluster.net.handle(self.name, CONTROLLER, "controller").membership.remote(), 3.0)
+        return Membership.from_wire(doc)
+
+    async def _keeper_membership(self) -> Membership:
+        """The keeper's check names its node: the controller's answer confirms it (``Confirmations``)."""
+        doc = await call(self.cluster.net.handle(self.name, CONTROLLER, "controller").membership.remote(self.name), 3.0)
         return Membership.from_wire(doc)
 
     async def kill(self) -> None:
@@ -190,12 +195,16 @@ class NodeFacade:
         assert self.node.keeper is not None
         return await self.node.keeper.put_targets(items)
 
-    async def push_membership(self, doc: dict) -> None:
+    async def push_membership(self, doc: dict, to: str = "both") -> None:
+        """The controller's push to the keeper, the store, or (``both``) the keeper then the store.
+        The real controller sends each process its own call: they arrive in any order, and one may
+        be lost (``Cluster.set_members`` sends them apart)."""
         k, s = self.node.keeper, self.node.store
         assert k is not None and s is not None
-        m = Membership.from_wire(doc)
-        await k.handoff.set_membership(m)
-        await s.set_membership(doc)
+        if to in ("keeper", "both"):
+            await k.handoff.set_membership(Membership.from_wire(doc))
+        if to in ("store", "both"):
+            await s.set_membership(doc)
 
 
 class Controller:
@@ -204,6 +213,8 @@ class Controller:
     def __init__(self) -> None:
         self.clock = NodeClock()
         self.membership = Membership.of(0, ["nobody"])  # replaced by the cluster's first change
+        self.confirmations = Confirmations(EPOCH_0_MS)
+        self.lost: set[str] = set()  # members Ray stopped listing while they still run (``Cluster.ray_loses``)
 
     def change(self, names: list[str]) -> Membership:
         self.membership = Membership.of(next_epoch(self.membership.epoch, self.clock.now_ms()), sorted(names))
@@ -214,8 +225,11 @@ class ControllerFacade:
     def __init__(self, controller: Controller):
         self.controller = controller
 
-    async def membership(self) -> dict:
-        return self.controller.membership.to_wire()
+    async def membership(self, node: str | None = None) -> dict:
+        c = self.controller
+        if node is not None and not c.confirmations.confirm(node, c.clock.now_ms()):
+            raise ConnectionError(f"{node} is leaving the membership")  # the real one's NodeLeaving
+        return c.membership.to_wire()
 
 
 class Cluster:
@@ -260,15 +274,47 @@ class Cluster:
     def live(self) -> list[SimNode]:
         return [n for n in self.nodes.values() if n.up]
 
-    async def set_members(self, names: list[str]) -> Membership:
-        """The controller's change: a new epoch, pushed to every member (a push may be lost: the
-        periodic check corrects it)."""
+    async def ray_loses(self, away: list[str], detect_s: float) -> None:
+        """Ray's head is on the controller's side of a partition and stops listing ``away`` after
+        ``detect_s`` (its health checks), though they still run, cut off; unless the partition healed
+        first. The controller keeps them members until their trust ran out, as the real one does
+        (``Confirmations``), then drops them: what they granted until then counts as gone with them
+        (``Oracle.node_left``), and a grant of theirs after it is a second holder."""
+        await asyncio.sleep(detect_s)
+        c = self.controller
+        if any(self.net.connected(CONTROLLER, n) for n in away):
+            return
+        c.lost |= set(away)
+        self.log.append(f"t={asyncio.get_running_loop().time():.3f} Ray lists {sorted(away)} dead")
+        while True:
+            members = list(c.membership.names)
+            alive = [n for n in members if n not in c.lost]
+            if not set(c.confirmations.held(members, alive, c.clock.now_ms())) & set(away):
+                break
+            await asyncio.sleep(1.0)
+        gone = [n for n in away if n in c.membership.names]
+        if len(gone) == len(c.membership.names):
+            return  # the head is a member: Ray never loses every node at once
+        for name in gone:
+            self.oracle.node_left(name)
+        if gone:
+            self.log.append(f"t={asyncio.get_running_loop().time():.3f} the controller drops {gone}")
+            await self.set_members([n for n in c.membership.names if n not in gone])
+
+    async def set_members(self, names: list[str], unsent: Collection[tuple[str, str]] = ()) -> Membership:
+        """The controller's change: a new epoch, pushed to every member's keeper and store, each its
+        own message (either may be lost or overtaken: the periodic checks correct it). ``unsent``:
+        (node, "keeper" or "store") pushes lost for sure (a scripted history's shape)."""
         m = self.controller.change(names)
+        self.controller.lost -= set(names)  # listed again: a node Ray placed anew
         for name in m.names:
             node = self.nodes.get(name)
             if node is not None and node.up:
-                fut = self.net.handle(CONTROLLER, name, "node").push_membership.remote(m.to_wire())
-                fut.add_done_callback(_quietly)
+                for to in ("keeper", "store"):
+                    if (name, to) in unsent:
+                        continue
+                    fut = self.net.handle(CONTROLLER, name, "node").push_membership.remote(m.to_wire(), to)
+                    fut.add_done_callback(_quietly)
         return m
 
 

@@ -13,7 +13,7 @@ import hashlib
 import os
 import random
 import tempfile
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,6 +72,8 @@ class World:
         if twin is not None:
             twin(self.cluster)
         self.jobs: list[Job] = []
+        self.away: list[str] = []  # the two members ``lose_two`` took out, until ``back_together``
+        self.background: list[asyncio.Future] = []  # the controller's drops after a partition
         self.strays = True
         self.log: list[str] = []
         self.step = 0
@@ -91,9 +93,12 @@ class World:
         live = [n for n in self.cluster.nodes.values() if n.up]
         return self.rng.choice(live) if live else None
 
-    async def put(self) -> None:
-        node = self.pick_live()
-        if node is None:
+    async def put(self, on: str | None = None, after: float = 0.0) -> None:
+        """A target write through a live node (``on``: that one, ``after`` seconds from now)."""
+        if after:
+            await asyncio.sleep(after)
+        node = self.pick_live() if on is None else self.cluster.nodes[on]
+        if node is None or not node.up:
             return
         urls = [SITE + p for p in self.rng.sample(PATHS, self.rng.randint(1, 4))]
         self.say("put", node.name, urls)
@@ -179,16 +184,63 @@ class World:
         await self.cluster.set_members([*m.names, name])
         node.start()
 
+    async def lose_two(self) -> None:
+        """Two members die at the same moment and the controller drops both in one change (Ray
+        declared them dead); they come back together, with their disks, in ``back_together``."""
+        m = self.cluster.controller.membership
+        if len(m.names) < 3 or self.away:
+            return
+        self.away = sorted(self.rng.sample(m.names, 2))
+        self.say("lose two", self.away)
+        await asyncio.gather(*(self.cluster.nodes[name].kill() for name in self.away if self.cluster.nodes[name].up))
+        for name in self.away:
+            self.oracle.node_left(name)
+        await self.cluster.set_members([n for n in m.names if n not in self.away])
+
+    async def back_together(self, keepers_late: bool = False) -> None:
+        """The two lost by ``lose_two`` restart together (same names, same data dirs) and the controller
+        adds both in one change, while the survivors keep writing: puts decided under the smaller
+        membership land around the moment it grows back. ``keepers_late``: the push to the survivors'
+        keepers is lost (they learn the change at their next check, their stores at once)."""
+        m = self.cluster.controller.membership
+        back, self.away = [n for n in self.away if n not in m.names], []
+        if not back:
+            return
+        survivors = [n for n in m.names if self.cluster.nodes[n].up]
+        self.say("back together", back, "writes on", survivors)
+        writing = [asyncio.ensure_future(self.put(on=self.rng.choice(survivors), after=self.rng.uniform(0, 4.0)))
+                   for _ in range(self.rng.randint(2, 6) if survivors else 0)]
+        started_first = self.rng.random() < 0.5  # Ray places the actors, then the controller adds them; or not
+        for name in back if started_first else ():
+            if not self.cluster.nodes[name].up:
+                self.cluster.nodes[name].start()
+        await self.cluster.set_members([*m.names, *back], unsent={(n, "keeper") for n in survivors} if keepers_late else ())
+        for name in () if started_first else back:
+            if not self.cluster.nodes[name].up:
+                self.cluster.nodes[name].start()
+        await asyncio.gather(*writing)
+
     def partition(self) -> None:
+        """Two groups; the side without the controller (Ray's head with it) is lost to Ray after its
+        health checks, unless healed first, while its nodes still run (``Cluster.ray_loses``)."""
         names = [*self.cluster.controller.membership.names, CONTROLLER]
         self.rng.shuffle(names)
         cut = self.rng.randint(1, len(names) - 1)
         self.say("partition", names[:cut], names[cut:])
         self.net.partition(set(names[:cut]), set(names[cut:]))
+        away = [n for n in (names[cut:] if CONTROLLER in names[:cut] else names[:cut]) if n != CONTROLLER]
+        if away and len(away) < len(names) - 1:  # the head is a member: the controller is never alone
+            self.background.append(asyncio.ensure_future(self.cluster.ray_loses(away, self.rng.choice((3.0, 8.0, 15.0)))))
 
-    def heal(self) -> None:
+    async def heal(self) -> None:
+        """The partition heals; a node Ray listed dead meanwhile ends (its raylet is told so)."""
         self.say("heal")
         self.net.heal()
+        for name in sorted(self.cluster.controller.lost):
+            node = self.cluster.nodes[name]
+            if node.up:
+                self.say("ends: Ray listed it dead", name)
+                await node.kill()
 
     # ------------------------------------------------------------------------------- the walk
 
@@ -205,7 +257,7 @@ class World:
             (4, self.put), (5, self.claim), (4, self.result), (0.7, lambda: self.result(replay=True))]
         if membership:
             acts += [(0.4, self.kill), (0.6, self.restart), (0.3, self.leave), (0.3, self.join),
-                     (0.4, self.partition), (0.5, self.heal)]
+                     (0.4, self.partition), (0.5, self.heal), (0.15, self.lose_two), (0.4, self.back_together)]
         weights = [w for w, _ in acts]
         for self.step in range(1, steps + 1):
             _, act = self.rng.choices(acts, weights)[0]
@@ -223,7 +275,10 @@ class World:
         self.step += 1
         self.say("settle")
         self.net.faults = Faults.none()
-        self.net.heal()
+        for pending in self.background:
+            pending.cancel()
+        await asyncio.gather(*self.background, return_exceptions=True)
+        await self.heal()
         # every node that ever ran is back: what one acknowledged is on its disk at least (replication is
         # asynchronous: a node that leaves for good takes what it had not shipped yet)
         await self.cluster.set_members(sorted(self.cluster.nodes))
@@ -235,10 +290,33 @@ class World:
         self.oracle.check_settled(self.cluster, self.strays)
 
 
+async def two_at_once(world: World) -> None:
+    """The shape of tests/actors/test_netns_cluster.py's two-nodes-at-once test: two of three nodes die
+    together while the survivor takes writes, and come back together while it goes on writing."""
+    for world.step in range(1, 7):
+        await world.put()
+        world.check_now()
+    await asyncio.sleep(world.rng.choice((1.0, 5.0, 20.0)))
+    world.step += 1
+    await world.lose_two()
+    for _ in range(world.rng.randint(2, 6)):  # the survivor, alone
+        world.step += 1
+        await world.put()
+        await asyncio.sleep(world.rng.choice((0.0, 0.75, 2.0)))
+    world.step += 1
+    await world.back_together(keepers_late=True)
+    for _ in range(4):
+        world.step += 1
+        await world.put()
+        world.check_now()
+        await asyncio.sleep(world.rng.choice((0.0, 0.01, 0.5)))
+
+
 def simulate(seed: int, *, steps: int = 60, nodes: int = 3, faults: Faults | None = None, membership: bool = True,
              twin: Callable[[Cluster], None] | None = None, max_steps: int = 3_000_000,
-             strays: bool = True) -> Outcome:
-    """Run one history; raise ``SimFailure`` (with the seed and step) when an invariant breaks."""
+             strays: bool = True, script: Callable[[World], Awaitable[None]] | None = None) -> Outcome:
+    """Run one history; raise ``SimFailure`` (with the seed and step) when an invariant breaks.
+    ``script``: a fixed shape of steps instead of the random walk (``two_at_once``)."""
     with tempfile.TemporaryDirectory(prefix=f"sim-{seed}-") as tmp:
         world = World(seed, Path(tmp), faults if faults is not None else Faults.rough(), twin)
         world.strays = strays
@@ -246,7 +324,7 @@ def simulate(seed: int, *, steps: int = 60, nodes: int = 3, faults: Faults | Non
         async def main() -> None:
             world.cluster.install(asyncio.get_running_loop())
             await world.start(nodes)
-            await world.walk(steps, membership)
+            await (script(world) if script is not None else world.walk(steps, membership))
             await world.settle()
             for node in world.cluster.live():
                 await node.kill()

@@ -76,6 +76,18 @@ def stale_epoch(cluster: Cluster) -> None:
     cluster.make_keeper = keeper
 
 
+def grants_cut_off(cluster: Cluster) -> None:
+    """A keeper that grants whether or not the controller confirmed its membership lately: cut off on
+    the far side of a partition from the controller, it goes on granting keys given to others."""
+
+    def keeper(*args: Any, **kwargs: Any) -> Keeper:
+        k = Keeper(*args, **kwargs)
+        k.claims.trusted = lambda now: True
+        return k
+
+    cluster.make_keeper = keeper
+
+
 def never_ships(cluster: Cluster) -> None:
     """A node store whose writes never leave the node."""
     make = cluster.make_store
@@ -100,4 +112,5 @@ TWINS: dict[str, tuple[Callable[[Cluster], None], tuple[str, ...]]] = {
     # a keeper left on an old membership also grants keys it no longer owns
     "stale-epoch": (stale_epoch, ("one-epoch", "double-grant")),
     "never-ships": (never_ships, ("records-on-holders", "result-lost")),
+    "grants-cut-off": (grants_cut_off, ("double-grant",)),
 }

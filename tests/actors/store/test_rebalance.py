@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from prerender_ray.actors.store import rebalance
-from prerender_ray.identity.membership import Membership
+from prerender_ray.identity.membership import NOBODY, Membership
 from prerender_ray.identity.nodes import Ownership
 from prerender_ray.storage.keys import FRESHNESS, SITEMAP, TARGET, VIDX
 from prerender_ray.storage.replication import payload_of
@@ -340,4 +340,72 @@ async def test_records_written_under_a_stale_view_reach_a_holder_that_joined_mea
         await nodes[name].set_membership(wire(last, 3))
     await _until(lambda: all(v == {"node-c", "node-d"} for u in late for v in where(nodes, u).values()),
                  "the late records on exactly their holders")
+    stop(nodes)
+
+
+async def test_a_record_written_here_after_the_walk_passed_it_goes_to_its_holders_and_leaves(
+        tmp_path, monkeypatch) -> None:
+    """node-b and node-c died together and come back together; node-a, alone meanwhile, learns the
+    three-node membership and walks. Then a write its keeper still routed under the one-node view
+    (the keeper learns the change on its own, later) lands here: records node-a no longer holds, after
+    its walk passed them. They reach their holders and leave node-a; before, they shipped to the
+    holders and stayed here for good. Found by the simulation (seed 2059, two nodes lost and back)."""
+    monkeypatch.setattr(rebalance, "PUSH_ON_AFTER_S", 0.1)
+    three = ["node-a", "node-b", "node-c"]
+    net: dict[str, Node] = {}
+    a = net["node-a"] = Node("node-a", tmp_path, [], net, replicas=R)
+    write(a, URLS)  # alone: it holds everything
+    nodes = {"node-a": a}
+    for name in ("node-b", "node-c"):
+        nodes[name] = net[name] = Node(name, tmp_path, [n for n in three if n != name], net, replicas=R, epoch=2)
+    await a.set_membership(wire(three, 2))
+    await _until(lambda: a.rebalance_report["state"] == "done", "node-a's walk")
+    late = [u for u in (f"https://x.com/late/{i}" for i in range(100)) if holders(three, u) == {"node-b", "node-c"}]
+    assert late
+    write(a, late)
+    await _until(lambda: all(v == {"node-b", "node-c"} for u in late for v in where(nodes, u).values()),
+                 "the late records on exactly their holders", timeout=5)
+    await _until(lambda: not placed(nodes, three), "every record on exactly its holders")
+    stop(nodes)
+
+
+async def test_a_stray_whose_push_on_died_with_its_store_is_pushed_on_when_it_starts_again(tmp_path) -> None:
+    """node-a writes records it does not hold (its keeper routed them under an older membership) and
+    dies before their push on (it waits ``PUSH_ON_AFTER_S``, in memory). It starts again on the same
+    membership: the placement it kept on disk says a walk is owed, and the walk sends them on and
+    drops them. Before, nothing looked at them again. Found by the simulation (seed 2060)."""
+    three = ["node-a", "node-b", "node-c"]
+    net: dict[str, Node] = {}
+    nodes = await seeded(tmp_path, three, net)
+    late = [u for u in (f"https://x.com/late/{i}" for i in range(100)) if holders(three, u) == {"node-b", "node-c"}]
+    assert late
+    write(nodes["node-a"], late)
+    await _until(lambda: all(v >= {"node-b", "node-c"} for u in late for v in where(nodes, u).values()),
+                 "the late records shipped to their holders")
+    nodes.pop("node-a").crash()
+    nodes["node-a"] = net["node-a"] = Node("node-a", tmp_path, ["node-b", "node-c"], net, replicas=R)
+    await _until(lambda: all(v == {"node-b", "node-c"} for u in late for v in where(nodes, u).values()),
+                 "the late records on exactly their holders", timeout=5)
+    assert not placed(nodes, three)
+    stop(nodes)
+
+
+async def test_records_written_while_the_store_knew_no_membership_go_to_their_holders(tmp_path) -> None:
+    """node-c starts again cut off from the controller (it knows no membership: alone) and its keeper
+    takes writes of URLs node-a and node-b hold. When node-c learns the membership, the same one its
+    records were placed under before it died, it walks them: before, it found nothing owed and kept
+    them for good. Found by the simulation (seed 2102)."""
+    three = ["node-a", "node-b", "node-c"]
+    net: dict[str, Node] = {}
+    nodes = await seeded(tmp_path, three, net)
+    nodes.pop("node-c").crash()
+    c = nodes["node-c"] = net["node-c"] = Node("node-c", tmp_path, [], net, replicas=R, epoch=NOBODY)
+    await c.synced.wait()
+    late = [u for u in (f"https://x.com/late/{i}" for i in range(100)) if holders(three, u) == {"node-a", "node-b"}]
+    assert late
+    write(c, late)
+    await c.set_membership(wire(three, 2))
+    await _until(lambda: all(v == {"node-a", "node-b"} for u in late for v in where(nodes, u).values()),
+                 "the records written alone on exactly their holders", timeout=5)
+    assert not placed(nodes, three)
     stop(nodes)

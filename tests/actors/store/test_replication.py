@@ -12,7 +12,7 @@ from typing import Any
 from prerender_ray import logs
 from prerender_ray.actors.store.actor import StoreClient
 from prerender_ray.actors.store.replication import SHIP_DEADLINE_S, Replication
-from prerender_ray.identity.membership import Membership
+from prerender_ray.identity.membership import NOBODY, Membership
 from prerender_ray.rpc import Local
 from prerender_ray.storage.keys import QUEUE_CONTROL, SHIPPED, TARGET
 from prerender_ray.storage.replication import Clock, payload_of
@@ -121,6 +121,58 @@ async def test_a_store_without_a_mark_re_pushes_its_recent_writes_at_start(tmp_p
     await _until(lambda: b.target("https://x.com/old") == b"{}", "the write to reach node-b")
     b.crash()
     a.crash()
+
+
+async def test_a_peer_back_from_a_leave_is_sent_what_it_missed_while_cut_off(tmp_path, monkeypatch) -> None:
+    """node-a writes while node-b is cut off from it; node-b writes on, leaves (node-a's outbox for it
+    goes) and comes back. Its pull starts a margin before the newest record it holds, and that one is
+    newer than node-a's write: node-a sends it what it missed, from the mark of what reached it.
+    Before, nothing did. Found by the simulation (seed 1031: a partition, then a leave)."""
+    from prerender_ray.actors.store import replication
+
+    monkeypatch.setattr(replication, "CATCH_UP_MARGIN_MS", 0)
+    net: dict[str, Node] = {}
+    a = net["node-a"] = Node("node-a", tmp_path, ["node-b"], net)
+    b = net["node-b"] = Node("node-b", tmp_path, ["node-a"], net)
+    await a.synced.wait()
+    await b.synced.wait()
+    a.commit_local("registry", [(TARGET + b"https://x.com/before", b"{}")])
+    await _until(lambda: a.registry.get(SHIPPED + b"node-b") is not None, "a first write to reach node-b")
+    net.pop("node-b")  # cut off from node-a
+    a.commit_local("registry", [(TARGET + b"https://x.com/missed", b"{}")])
+    await asyncio.sleep(0.05)
+    b.commit_local("registry", [(TARGET + b"https://x.com/own", b"{}")])  # newer than what it missed
+    await a.set_membership(Membership.of(2, ["node-a"]).to_wire())  # node-b left
+    b.crash()
+    b = net["node-b"] = Node("node-b", tmp_path, ["node-a"], net, epoch=3)
+    await a.set_membership(Membership.of(3, ["node-a", "node-b"]).to_wire())
+    await _until(lambda: b.target("https://x.com/missed") == b"{}", "what node-b missed to reach it", timeout=5)
+    a.crash()
+    b.crash()
+
+
+async def test_a_store_that_starts_alone_re_pushes_what_its_last_outbox_held_at_its_first_membership(
+        tmp_path) -> None:
+    """node-a writes while node-b is unreachable (no mark for it on disk: nothing ever reached it), dies,
+    and starts again knowing no membership (the controller did not list it yet): it has no peers to
+    re-push to at start. At its first membership it does what it does at start: node-b gets the write.
+    Before, it never did (node-b's own catch-up was long over). Found by the simulation (seed 4161)."""
+    net: dict[str, Node] = {}
+    b = Node("node-b", tmp_path, ["node-a"], net)  # up all along, unreachable from node-a for now
+    a = net["node-a"] = Node("node-a", tmp_path, ["node-b"], net)
+    await a.synced.wait()
+    await b.synced.wait()
+    a.commit_local("registry", [(TARGET + b"https://x.com/1", b'{"url": 1}')])
+    await asyncio.sleep(0.2)  # its shipper tried, and backs off
+    assert len(a.outbox["node-b"]) == 1 and a.registry.get(SHIPPED + b"node-b") is None
+    a.crash()  # the outbox is gone
+    net["node-b"] = b
+    a = net["node-a"] = Node("node-a", tmp_path, [], net, epoch=NOBODY)
+    await a.synced.wait()
+    await a.set_membership(Membership.of(2, ["node-a", "node-b"]).to_wire())
+    await _until(lambda: b.target("https://x.com/1") == b'{"url": 1}', "the write to reach node-b", timeout=5)
+    a.crash()
+    b.crash()
 
 
 class Stalled:
