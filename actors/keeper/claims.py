@@ -64,7 +64,14 @@ class Claims:
         t0 = time.perf_counter()
         self._now = now = self.rows.clock.now_ms()
         self.mirror = {k: u for k, u in self.mirror.items() if u > now}
-        self.ready = self.rows.ranking.top_k(self.conf.cfg.queue.ready.capacity, now, self.blocked)
+        mirror, pending = self.mirror, self.pending
+        fenced = self.rows.fence_test(now) if self.rows.fencing else None
+
+        def blocked(key: str) -> bool:  # ``blocked`` with the fences decided once for this publish
+            until = mirror.get(key)
+            return key in pending or (until is not None and until > now) or (fenced is not None and fenced(key))
+
+        self.ready = self.rows.ranking.top_k(self.conf.cfg.queue.ready.capacity, now, blocked)
         self.cursor = 0
         self.published_at = self.rows.clock.time()
         self.publish_ms = (time.perf_counter() - t0) * 1000

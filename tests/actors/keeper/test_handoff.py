@@ -281,6 +281,14 @@ async def test_rows_sent_under_an_older_epoch_are_refused_and_the_sender_routes_
     assert b.handoff.report["adopted"] == len([k for k in keys if owners.owner(a.conf.rules.url_of(k)) == "node-b"])
 
 
+def same_fences(k) -> None:
+    """A publish's fence test (decided once for all keys) says what ``is_fenced`` says key by key."""
+    now = k.rows.clock.now_ms()
+    keys = [h.key for h in k.rows.ranking.rows()]
+    fenced = k.rows.fence_test(now)
+    assert keys and [fenced(key) for key in keys] == [k.rows.is_fenced(key, now) for key in keys]
+
+
 async def settled(*ks) -> None:
     """Each keeper's hand-off pass has run (and told the others it is done)."""
     for k in ks:
@@ -301,6 +309,19 @@ async def test_a_new_cluster_grants_at_once(keepers) -> None:
         k.claims.publish()
         granted |= {j["id"] for j in await k.claims.claim(100)}
     assert granted == {key for u in urls for key in a.conf.rules.keys_of(u)}
+
+
+async def test_a_keeper_that_starts_among_others_waits_on_every_key_until_the_others_said_done(keepers) -> None:
+    """node-c is placed among node-a and node-b, which have said nothing yet: none of its keys is
+    granted (the publish decides the fence once for all keys, and must say what each key's check says)."""
+    keepers("node-a", members=THREE), keepers("node-b", members=THREE)  # placed, not loaded: silent
+    c = keepers("node-c", members=THREE)
+    await c.load()
+    owners = Ownership(list(THREE))
+    await put_due(c, *(p for p in (f"/p{i}" for i in range(60)) if owners.owner(SITE + p) == "node-c"))
+    same_fences(c)
+    c.claims.publish()
+    assert c.claims.ready == [] and await c.claims.claim(100) == []
 
 
 async def test_a_key_whose_owner_was_down_when_it_moved_is_not_granted_while_that_owner_may_hold_its_lease(keepers) -> None:
@@ -326,12 +347,14 @@ async def test_a_key_whose_owner_was_down_when_it_moved_is_not_granted_while_tha
     await settled(b, c)
     await b.targets.put_targets([{"url": url, "nextRenderTime": 1}])  # routed to its owner, c
     assert {k for k in leased if c.rows.row(k) is not None} == leased
+    same_fences(c)
     c.claims.publish()
     assert [j for j in await c.claims.claim(10) if j["id"] in leased] == []  # a's lease may run
     fences = (await c.queue_state())[1]["fences"]
     assert fences["everyKeyUntil"] is not None and fences["waitingOn"] == ["node-a"]  # what an operator sees
     await a.handoff.set_membership(at(2, *THREE))  # a is back: its rows and leases go to c
     await settled(a, c)
+    same_fences(c)
     c.claims.publish()
     assert [j for j in await c.claims.claim(10) if j["id"] in leased] == []  # now its lease blocks them
     fences = (await c.queue_state())[1]["fences"]
