@@ -48,6 +48,7 @@ class Claims:
         self.on_published: Callable[[], None] = lambda: None  # the status follows each publish
         self.on_idle: Callable[[], None] = lambda: None  # a claim found nothing grantable
         self.trusted: Callable[[int], bool] = lambda now: True  # may grant now (``Handoff.trusted``)
+        self._fenced: Callable[[str], bool] | None = None  # during a publish: ``Rows.fence_test``
 
     @property
     def serving(self) -> bool:
@@ -57,21 +58,21 @@ class Claims:
 
     def blocked(self, key: str) -> bool:
         until = self.mirror.get(key)
-        return (key in self.pending or (until is not None and until > self._now)
-                or (self.rows.fencing and self.rows.is_fenced(key, self._now)))
+        if key in self.pending or (until is not None and until > self._now):
+            return True
+        if self._fenced is not None:  # a publish: the fences decided once for all its keys
+            return self._fenced(key)
+        return self.rows.fencing and self.rows.is_fenced(key, self._now)
 
     def publish(self) -> None:
         t0 = time.perf_counter()
         self._now = now = self.rows.clock.now_ms()
         self.mirror = {k: u for k, u in self.mirror.items() if u > now}
-        mirror, pending = self.mirror, self.pending
-        fenced = self.rows.fence_test(now) if self.rows.fencing else None
-
-        def blocked(key: str) -> bool:  # ``blocked`` with the fences decided once for this publish
-            until = mirror.get(key)
-            return key in pending or (until is not None and until > now) or (fenced is not None and fenced(key))
-
-        self.ready = self.rows.ranking.top_k(self.conf.cfg.queue.ready.capacity, now, blocked)
+        self._fenced = self.rows.fence_test(now) if self.rows.fencing else None
+        try:
+            self.ready = self.rows.ranking.top_k(self.conf.cfg.queue.ready.capacity, now, self.blocked)
+        finally:
+            self._fenced = None
         self.cursor = 0
         self.published_at = self.rows.clock.time()
         self.publish_ms = (time.perf_counter() - t0) * 1000
