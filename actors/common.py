@@ -134,11 +134,23 @@ async def lookup_async(kind: str, node: str, index: int | None = None) -> Any:
 
 def survivable(e: BaseException) -> bool:
     """What a loop that must keep running logs and goes on after: any Exception, and a CancelledError
-    that is not its own task's (one that came out of an awaited call); its own cancel still ends it."""
-    if isinstance(e, asyncio.CancelledError):
-        task = asyncio.current_task()
-        return task is not None and task.cancelling() == 0
-    return isinstance(e, Exception)
+    that is not its own task's (one that came out of an awaited call); its own cancel still ends it,
+    as a CancelledError even when a ``wait_for`` on the way turned it into another exception."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        if not isinstance(e, asyncio.CancelledError):
+            raise asyncio.CancelledError() from e
+        return False
+    return isinstance(e, (Exception, asyncio.CancelledError))
+
+
+def end_if_cancelled() -> None:
+    """For a loop that must keep running, at the top of each turn: Python 3.11's ``wait_for`` can
+    swallow a cancel that lands as its inner call ends (it returns the result), and no later await
+    raises it again, so the loop would never end (seen once under load)."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError()
 
 
 class Sometimes:
@@ -196,6 +208,7 @@ async def follow_membership(held_epoch: Callable[[], int], offer: Callable[[Memb
     unasked = Sometimes()
     while True:
         await asyncio.sleep(every)
+        end_if_cancelled()
         try:
             m = await (fetch or controller_membership)()
         except BaseException as e:  # the controller is away: the pushes and the next check will do

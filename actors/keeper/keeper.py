@@ -18,7 +18,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from prerender_ray import metrics
-from prerender_ray.actors.common import MEMBERSHIP_CHECK_DEADLINE_S, MEMBERSHIP_CHECK_S, survivable
+from prerender_ray.actors.common import (
+    MEMBERSHIP_CHECK_DEADLINE_S,
+    MEMBERSHIP_CHECK_S,
+    end_if_cancelled,
+    survivable,
+)
 from prerender_ray.actors.keeper.claims import Claims
 from prerender_ray.actors.keeper.discovery import Discoveries
 from prerender_ray.actors.keeper.handoff import Handoff
@@ -219,6 +224,7 @@ class Keeper:
         """Every few seconds, the controller's membership applied as a push is (``Handoff.check_membership``)."""
         while True:
             await asyncio.sleep(MEMBERSHIP_CHECK_S)
+            end_if_cancelled()
             try:
                 await call(self.handoff.check_membership(), MEMBERSHIP_CHECK_DEADLINE_S)
             except BaseException as e:

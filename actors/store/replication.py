@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from prerender_ray import metrics
-from prerender_ray.actors.common import MEMBERSHIP_CHECK_S, Handles, Sometimes, survivable
+from prerender_ray.actors.common import MEMBERSHIP_CHECK_S, Handles, Sometimes, end_if_cancelled, survivable
 from prerender_ray.actors.store.catchup import Arrivals, Pulled, pull_share
 from prerender_ray.actors.store.rebalance import Rebalancing
 from prerender_ray.identity.membership import NOBODY, Membership, MembershipView, StaleEpoch
@@ -439,6 +439,7 @@ class Replication(Rebalancing):
         """Pushes can be lost or overtaken: the controller is asked every ``MEMBERSHIP_CHECK_S``."""
         while True:
             await asyncio.sleep(MEMBERSHIP_CHECK_S)
+            end_if_cancelled()
             try:
                 await self.refresh()
             except BaseException as e:

@@ -216,6 +216,29 @@ async def test_the_membership_check_goes_on_after_a_stray_cancel_and_a_check_tha
         await checker
 
 
+async def test_a_cancel_that_wait_for_swallows_still_ends_the_membership_check(keepers, monkeypatch) -> None:
+    """Python 3.11's ``wait_for`` returns the inner call's result when the cancel of its caller lands
+    as that call ends, and no later await raises it again: the checker never ended (a test of
+    the close path hung 180 s under load). It ends at the next turn now (``end_if_cancelled``)."""
+    monkeypatch.setattr(keeper_module, "MEMBERSHIP_CHECK_S", 0.01)
+    b = keepers("node-b", members=AB)
+    await b.load()
+    checker: asyncio.Task | None = None
+    calls = 0
+
+    async def controller() -> Membership:
+        nonlocal calls
+        calls += 1
+        if calls == 1:  # the check's own task (wait_for's inner): cancel the checker as it ends
+            asyncio.current_task().add_done_callback(lambda _: checker.cancel())
+        return at(2, *AB)
+
+    b.handoff.members = controller
+    checker = asyncio.get_running_loop().create_task(b._membership_checker())
+    done, _ = await asyncio.wait({checker}, timeout=5)
+    assert checker in done and checker.cancelled() and calls == 1
+
+
 async def test_a_membership_applied_while_the_handle_lookup_hangs_still_moves_the_rows(keepers) -> None:
     """Seen under load: node-b applied the controller's {a, b, c} (a push), then waited for good on
     the lookup of the peers' handles before releasing node-c's rows; every later check found the
