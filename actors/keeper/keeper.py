@@ -18,12 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from prerender_ray import metrics
-from prerender_ray.actors.common import (
-    MEMBERSHIP_CHECK_DEADLINE_S,
-    MEMBERSHIP_CHECK_S,
-    end_if_cancelled,
-    survivable,
-)
+from prerender_ray.actors.common import MEMBERSHIP_CHECK_DEADLINE_S, end_if_cancelled, survivable
 from prerender_ray.actors.keeper.claims import Claims
 from prerender_ray.actors.keeper.discovery import Discoveries
 from prerender_ray.actors.keeper.handoff import Handoff
@@ -43,6 +38,9 @@ from prerender_ray.storage.rocks import Store
 from prerender_ray.timeutil import SYSTEM_CLOCK, Clock
 
 STORE_SYNC_S = 300.0
+# A keeper checks its membership more often than the other processes (5 s): each answer confirms it
+# may grant for MEMBERSHIP_TRUST_MS (``Handoff.trusted``), four of these.
+MEMBERSHIP_CHECK_S = 2.5
 SETTLE_S = 10.0  # grants on their way to the lease table when the drain begins (its call's deadline is 5 s)
 FREEZE_EVERY_S = 300.0
 LEASE_TABLE_TRIES = 30

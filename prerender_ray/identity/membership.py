@@ -28,8 +28,10 @@ from prerender_ray.identity.nodes import NodeInfo, Ownership, valid_name
 MAX_NODES = 1024  # a wire membership with more is refused: no deployment comes near it
 NOBODY = -1  # the epoch of a view that has not heard from the controller: any real epoch replaces it
 # A keeper grants only while a membership check it sent within this long was answered listing its
-# node; the controller drops a node only this long after it last answered it. Three checks (5 s each).
-MEMBERSHIP_TRUST_MS = 20_000
+# node; the controller drops a node only this long after it last answered it. Four of a keeper's
+# checks (2.5 s each), and below Ray's own time to declare a node dead (about 30 s by default), so a
+# crashed node leaves no later than Ray says so.
+MEMBERSHIP_TRUST_MS = 10_000
 
 
 def next_epoch(last: int, now_ms: int) -> int:
