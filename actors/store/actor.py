@@ -318,6 +318,10 @@ class StoreClient(NodeActorClient):
         """``StaleEpoch`` when the peer is on a newer membership than ``epoch`` (the sender's)."""
         return await call(self.handle.apply_remote.remote(records, epoch), self.deadline_s)
 
+    async def holding(self, name: str, items: list[list], epoch: int | None = None) -> list[bool]:
+        """Per [key, hlc, writer]: whether the peer holds that version or a newer one (``Replication.holding``)."""
+        return await call(self.handle.holding.remote(name, items, epoch), self.deadline_s)
+
     async def since(self, name: str, hlc: int, after: bytes | None, limit: int,
                     holder: str | None = None, members: list[str] | None = None, epoch: int | None = None,
                     senders: list[str] | None = None, instead_of: list[str] | None = None,

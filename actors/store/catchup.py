@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from prerender_ray.identity.membership import StaleEpoch
+from prerender_ray.storage.keys import PULL_OWED
 from prerender_ray.storage.placement import NEVER
 
 if TYPE_CHECKING:
@@ -64,6 +66,54 @@ class Arrivals:
                 and self.kept_from <= mark[2] <= self.next):
             return None
         return min((low for index, low in self.spans if index >= mark[2]), default=NEVER)
+
+
+OWED_KEPT = 64  # peers a store keeps owing a pull from (the oldest debts beyond are forgotten)
+
+
+class Owed:
+    """The peers a store still owes a pull of its share from, each from a version, kept on disk.
+
+    A peer that lists this store in a membership counts its share as delivered (it records its
+    records as placed under that membership and its walks push this store nothing of it): the pull
+    is the only way those records arrive. So the debt outlives a failed pull, the peer leaving the
+    membership and this store's restarts, and is paid only when that peer answered a pull (or, with
+    every node holding everything, any one peer did). Before, it lived in a retry task that gave up
+    when the peer left the membership or the store died: a joiner cut off during its catch-up never
+    pulled what the peer alone held, and the peer, back later, took it for delivered (simulation
+    seeds 5000 and 6057)."""
+
+    def __init__(self, db: Any):
+        self.db = db
+
+    def load(self) -> dict[str, int]:
+        raw = self.db.get(PULL_OWED)
+        try:
+            doc = json.loads(raw) if raw is not None else {}
+        except ValueError:
+            return {}
+        if not isinstance(doc, dict):
+            return {}
+        return {p: v for p, v in doc.items() if isinstance(p, str) and isinstance(v, int) and v >= 0}
+
+    def add(self, peers: list[str], since: int) -> None:
+        owed = self.load()
+        for peer in peers:
+            owed[peer] = min(since, owed.get(peer, since))
+        self._save(dict(list(owed.items())[-OWED_KEPT:]))
+
+    def paid(self, peers: list[str], since: int) -> None:
+        """A pull from ``since`` pays the debts from that version on (not an older one)."""
+        owed = self.load()
+        left = {p: v for p, v in owed.items() if not (p in peers and v >= since)}
+        if left != owed:
+            self._save(left)
+
+    def _save(self, owed: dict[str, int]) -> None:
+        if owed:
+            self.db.put(PULL_OWED, json.dumps(owed).encode())
+        else:
+            self.db.delete(PULL_OWED)
 
 
 @dataclass

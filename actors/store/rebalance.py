@@ -21,6 +21,11 @@ do records written while this store knew no membership, through the walk its fir
 push on lives in memory: until it is done, the placement kept on disk says a walk is owed.
 
 Pushes go to the peer's ``apply_remote`` directly, not through the outbox: a drop needs the ack. A
+push asks first (``holding``: keys and versions, no bytes) and sends only what the peer lacks: the
+holder that keeps a record has it, and a joiner pulled its share (one sender per record,
+``catchup.py``); a walk asks a joiner once its catch-up is done (``JOINER_WAIT_S``), so each record
+of its share reaches it once, and what it lacks still goes (written after its pull, under a view
+that did not list it yet). "It holds it" is the ack a drop needs, as an applied push is. A
 change while a walk runs cancels it and starts again from the membership the cancelled walk started
 from (what it had not pushed yet is still owed). Each walk works against one epoch's membership and
 drops nothing once the epoch moved. The membership the held records were placed under is kept on
@@ -39,7 +44,7 @@ from prerender_ray import metrics
 from prerender_ray.identity.membership import NOBODY, MembershipView, StaleEpoch
 from prerender_ray.storage.keys import FRESHNESS, HPTR, REBALANCE, RENDER_HISTORY, TARGET, VIDX
 from prerender_ray.storage.placement import Placement
-from prerender_ray.storage.replication import LOGICAL_BITS, hlc_bytes
+from prerender_ray.storage.replication import LOGICAL_BITS, hlc_bytes, unwrap
 from prerender_ray.timeutil import Clock
 
 WALK_CHUNK = 500  # records read per step of a walk
@@ -55,6 +60,10 @@ PUSH_ON_AFTER_S = 15.0
 # every record versioned from that membership's epoch (a controller time in ms) on, less this margin
 # for clock skew, is pushed to it too.
 JOINER_MARGIN_MS = 10 * 60_000
+# A walk asks a joiner what it holds only once its catch-up is done (its pull brought its share), waiting
+# at most this long while it answers that it is still pulling; then whatever it lacks is pushed.
+JOINER_WAIT_S = 120.0
+ASK_CHUNK = 1_000  # versions per ``holding`` call (the receiver takes at most ``HOLDING_MAX``)
 # per-URL key ranges of each store: (prefix, start); page keys sort after every \x00 family
 RANGES = {"registry": ((TARGET, None),),
           "pages": ((FRESHNESS, None), (RENDER_HISTORY, None), (b"", b"\x01"))}
@@ -236,9 +245,13 @@ class Rebalancing:
                 sends.setdefault(peer, []).append([name, key, record])
         answered = set()
         for peer, records in sends.items():
-            if await self._push(peer, records, epoch):
+            if peer not in before.ownership.names:
+                await self._joiner_synced(peer, report, epoch)
+            pushed = await self._push(peer, records, epoch)
+            if pushed is not None:
                 answered.add(peer)
-                report["pushed"] += len(records)
+                report["pushed"] += pushed
+                report["held"] = report.get("held", 0) + len(records) - pushed
             else:
                 report["unanswered"] += len(records)
         if self.view.epoch != epoch:
@@ -296,23 +309,58 @@ class Rebalancing:
             if not report["unanswered"]:
                 break
 
-    async def _push(self, peer: str, records: list[list], epoch: int) -> bool:
+    async def _joiner_synced(self, peer: str, report: dict, epoch: int) -> None:
+        """Before a walk asks a joiner what it holds (once per walk): the end of its catch-up, while it
+        answers that it is still pulling (at most ``JOINER_WAIT_S``), so that what it pulled is not
+        pushed to it again. One that does not answer is not waited for: the push fails or decides."""
+        waited = report.setdefault("waitedFor", [])
+        if peer in waited:
+            return
+        waited.append(peer)
+        deadline = self.wall.monotonic() + JOINER_WAIT_S
+        while (left := deadline - self.wall.monotonic()) > 0:
+            try:
+                store = await self._peer_store(peer)  # type: ignore[attr-defined]
+                state = (await store.wait_synced(min(left, 10.0))).get("state")
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                return
+            if self.view.epoch != epoch:
+                raise MembershipMoved()
+            if state != "timeout":
+                return
+
+    async def _push(self, peer: str, records: list[list], epoch: int) -> int | None:
+        """``records`` (of one db) to ``peer``, but those it holds already (it is asked first, by
+        version: a joiner pulled its share, a holder that keeps a record has it): how many were
+        sent, None when it did not answer."""
         for attempt in range(PUSH_TRIES):
             try:
                 store = await self._peer_store(peer)  # type: ignore[attr-defined]
-                await store.apply_remote(records, epoch)  # under the peer client's deadline (SHIP_DEADLINE_S)
-                metrics.replication_shipped_bytes.labels("rebalance").inc(
-                    sum(len(key) + len(record) for _, key, record in records))
-                return True
+                missing: list[list] = []
+                for i in range(0, len(records), ASK_CHUNK):
+                    part = records[i:i + ASK_CHUNK]
+                    asked = []
+                    for _, key, record in part:
+                        version = unwrap(record)[0]
+                        asked.append([key, version.hlc, version.node])
+                    held = await store.holding(part[0][0], asked, epoch)
+                    missing += [r for r, has in zip(part, held) if not has]
+                if missing:
+                    await store.apply_remote(missing, epoch)  # under the peer client's deadline (SHIP_DEADLINE_S)
+                    metrics.replication_shipped_bytes.labels("rebalance").inc(
+                        sum(len(key) + len(record) for _, key, record in missing))
+                return len(missing)
             except asyncio.CancelledError:
                 raise
             except StaleEpoch as e:  # the peer is on a newer membership: a walk under it pushes again
                 await self.refused(peer, e)
-                return False
+                return None
             except Exception as e:
                 self.log.info("rebalance push failed", peer=peer, attempt=attempt + 1, error=type(e).__name__)
                 await asyncio.sleep(0.5 * (attempt + 1))
-        return False
+        return None
 
     def drop_local(self, name: str, items: list[tuple[bytes, bytes | None]]) -> int:
         """Remove records this node no longer holds (each only while its version is still ``sent``):

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from prerender_ray import metrics
 from prerender_ray.actors.common import MEMBERSHIP_CHECK_S, Handles, Sometimes, end_if_cancelled, survivable
-from prerender_ray.actors.store.catchup import Arrivals, Pulled, pull_share
+from prerender_ray.actors.store.catchup import Arrivals, Owed, Pulled, pull_share
 from prerender_ray.actors.store.rebalance import Rebalancing
 from prerender_ray.identity.membership import NOBODY, Membership, MembershipView, StaleEpoch
 from prerender_ray.storage.keys import FRESHNESS, HPTR, LIVE, RENDER_HISTORY, SHIPPED, TARGET, VIDX
@@ -38,6 +38,7 @@ from prerender_ray.storage.replication import (
     hlc_bytes,
     payload_of,
     unwrap,
+    version_of,
     wins,
     wrap_many,
 )
@@ -58,6 +59,7 @@ MAX_PENDING = 200_000
 SHIP_DEADLINE_S = 15.0
 CATCH_UP_MARGIN_MS = 10 * 60_000  # records this much older than the newest held are pulled again
 SCAN_BUDGET = 20_000  # index entries one ``since`` call reads at most (a filtered scan may skip many)
+HOLDING_MAX = 2_000  # versions one ``holding`` call asks about at most
 # [db name, key, enveloped record]: a list, since Ray pickles every tuple of an argument (see
 # Claims.grant) and a batch carries hundreds of records
 Record = list
@@ -109,6 +111,8 @@ class Replication(Rebalancing):
         self.shipped: dict[str, int] = {}
         self._inflight: dict[str, int] = {}  # peer -> first version of the batch being shipped to it
         self.arrivals = Arrivals(wall.monotonic())
+        self.owed = Owed(self.registry)  # the pulls this store owes, on disk (see ``Owed``)
+        self._owed_tasks: dict[str, asyncio.Task] = {}
         newest = self.newest_hlc()
         for peer in self.peers:
             self._resume(peer, newest)
@@ -337,6 +341,32 @@ class Replication(Rebalancing):
             by_db[name].append((key, record))
         return sum(self.commit_remote(n, items) for n, items in by_db.items() if items)
 
+    async def holding(self, name: str, items: list[list], epoch: int | None = None) -> list[bool]:
+        """Per [key, hlc, writer]: whether this store holds that version of the record or one that wins
+        over it. A walk asks before it pushes (``Rebalancing._push``): a holder that has a record is
+        not sent its bytes again (a joiner pulled its share already). Asked under the caller's
+        membership ``epoch`` (see ``accept``): the answer lets the caller drop its copy."""
+        if epoch is not None:
+            await self.accept(epoch, "holding")
+        if name not in DBS or not isinstance(items, list) or len(items) > HOLDING_MAX:
+            raise ValueError(f"holding: a db name and at most {HOLDING_MAX} versions")
+        asked: list[tuple[bytes, Version]] = []
+        for item in items:
+            if not (isinstance(item, (list, tuple)) and len(item) == 3 and isinstance(item[0], bytes)
+                    and isinstance(item[1], int) and isinstance(item[2], str)):
+                raise ValueError("holding: each item is [key, hlc, writer]")
+            asked.append((item[0], Version(item[1], item[2])))
+        db = self._db(name)
+        olds, helds, _ = self._held(db, name, [key for key, _ in asked])
+        out = []
+        for (key, want), old, held in zip(asked, olds, helds):
+            if held is None or _HLC.unpack(held)[0] != want.hlc:
+                out.append(held is not None and _HLC.unpack(held)[0] > want.hlc)
+                continue
+            mine = version_of(old if name == "registry" else db.get(key))  # a tie: read the writer
+            out.append(mine is not None and not want.newer_than(mine))
+        return out
+
     async def since(self, name: str, hlc: int, after: bytes | None, limit: int = BATCH_RECORDS,
                     holder: str | None = None, members: list[str] | None = None,
                     epoch: int | None = None, senders: list[str] | None = None,
@@ -497,6 +527,8 @@ class Replication(Rebalancing):
         self.rebalance_on(placed, self.placement, first=before.epoch == NOBODY, before_epoch=placed_epoch)
         if before.epoch == NOBODY and self.synced.is_set():  # its catch-up ran alone: now there are peers
             self._tasks.append(asyncio.get_running_loop().create_task(self._initial_catch_up()))
+        elif self.synced.is_set():
+            self._pull_owed()  # a peer this store owes a pull from may be back
 
     def _add_peer(self, peer: str) -> None:
         self.outbox[peer] = deque()
@@ -610,6 +642,7 @@ class Replication(Rebalancing):
         t0 = self.wall.monotonic()
         newest = self.newest_hlc()
         since = max(0, newest - (CATCH_UP_MARGIN_MS << 16)) if newest and not self.share_moved else 0
+        self.owed.add(list(self.peers), since)  # paid below by each peer that answers
         got = Pulled()
         sources: list[str] = []
         failed: list[str] = []
@@ -633,14 +666,25 @@ class Replication(Rebalancing):
             self.sync_report["received"] = got.received  # sent by the peers (duplicates of a record included)
             self.sync_report["sources"] = sources
             self.sync_report["retrying"] = failed
-            for peer in failed:
-                self._tasks.append(asyncio.get_running_loop().create_task(self._catch_up_later(peer, since)))
+        self.owed.paid(sources if partial or not sources else list(self.peers), since)  # (every peer holds
+        # everything: one is enough)
         if self.peers and not sources:
             self.sync_report["state"] = "no-peer-answered"
             if not partial:
                 self._tasks.append(asyncio.get_running_loop().create_task(self._catch_up_later(None, since)))
         self.log.info("replica catch-up", **self.sync_report)
         self.synced.set()
+        if partial:
+            self._pull_owed()  # the peers that failed, and any owed from before a restart
+
+    def _pull_owed(self) -> None:
+        """A pull, retried until it answers, from each member this store owes one (``Owed``); one
+        whose peer is not a member waits on disk for a membership that lists it again."""
+        for peer, since in self.owed.load().items():
+            task = self._owed_tasks.get(peer)
+            if peer in self.peers and (task is None or task.done()):
+                self._owed_tasks[peer] = task = asyncio.get_running_loop().create_task(self._catch_up_later(peer, since))
+                self._tasks.append(task)
 
     async def _pull_twice(self, peer: str, since: int, share: bool) -> int:
         """Everything ``peer`` holds since ``since`` (with ``share``: of this node's share), then what
@@ -651,18 +695,19 @@ class Replication(Rebalancing):
         return first.accepted + second.accepted
 
     async def _catch_up_later(self, peer: str | None, since: int) -> None:
-        """The catch-up from ``peer`` (None: from any one peer) that failed at start, retried with
-        backoff until it answers or leaves the membership."""
+        """The catch-up from ``peer`` (None: from any one peer) that failed, retried with backoff until
+        it answers or leaves the membership; a debt to ``peer`` stays on disk until paid (``Owed``)."""
         backoff = 1.0
         while True:
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 30.0)
             candidates = sorted(self.peers) if peer is None else [peer] if peer in self.peers else []
-            if not candidates:
-                return
+            if not candidates or (peer is not None and peer not in self.owed.load()):
+                return  # the debt stays on disk for a membership that lists the peer again (or was paid)
             for p in candidates:
+                partial = self.placement.partial
                 try:
-                    n = await self._pull_twice(p, since, self.placement.partial)
+                    n = await self._pull_twice(p, since, partial)
                 except StaleEpoch as e:
                     await self.refused(p, e)
                     continue
@@ -671,6 +716,7 @@ class Replication(Rebalancing):
                                   retry_s=backoff)
                     continue
                 self.log.info("replica catch-up from a peer that had not answered", peer=p, records=n)
+                self.owed.paid([p] if partial else list(self.peers), since)
                 if self.sync_report.get("retrying"):
                     self.sync_report["retrying"] = [x for x in self.sync_report["retrying"] if x != p]
                 return

@@ -29,6 +29,9 @@ SHIPPED = b"\x00s"
 # registry only, node-local: \x00b -> the membership (JSON list) a rebalance walk started from, while one
 # is owed (actors/store/rebalance.py); a store that starts again resumes it
 REBALANCE = b"\x00b"
+# registry only, node-local: \x00p -> {peer: hlc} (JSON), the peers this store still owes a pull of its
+# share from, each from that version (actors/store/catchup.py, ``Owed``): kept until that peer answers
+PULL_OWED = b"\x00p"
 
 # --- pages (replicated): <cache key> -> the page record (pages.py); no prefix of its own
 # \x00f<cache key> -> the freshness record an identical render wrote instead of the page (touches.py);
@@ -49,7 +52,8 @@ LEASE = b"l:"  # l:<cache key> -> [expires, due, cadence, released, answered, wr
 MISSES = b"m"  # the miss histories, one JSON document (small; rewritten on each sweep)
 
 REGISTRY_PREFIXES = (TARGET, QUEUE_CONTROL, QUEUE_STATUS, SITEMAP, SITEMAP_RUN, TARGET_BY_SITEMAP,
-                     SITEMAP_ENTRIES, OVERRIDES_KEY, REVOKED, ROBOTS, VIDX, HPTR, LIVE, SHIPPED, REBALANCE)
+                     SITEMAP_ENTRIES, OVERRIDES_KEY, REVOKED, ROBOTS, VIDX, HPTR, LIVE, SHIPPED, REBALANCE,
+                     PULL_OWED)
 PAGE_PREFIXES = (VIDX, HPTR, LIVE, FRESHNESS, RENDER_HISTORY)
 LEASE_PREFIXES = (LEASE, MISSES)
 SCHEDULE_PREFIXES = (KEEPER_META, KEEPER_EPOCH)

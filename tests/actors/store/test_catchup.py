@@ -8,11 +8,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from prerender_ray.actors.store.replication import HOLDING_MAX
 from prerender_ray.identity.nodes import Ownership
 from prerender_ray.storage.keys import FRESHNESS, TARGET
 from prerender_ray.storage.placement import NEVER
-from prerender_ray.storage.replication import Clock, wrap
-from tests.actors.store.test_rebalance import URLS, R, holders, stop, where, write
+from prerender_ray.storage.replication import Clock, unwrap, wrap
+from tests.actors.store.test_rebalance import URLS, R, holders, stop, where, wire, write
 from tests.actors.store.test_replication import Node, _until
 
 THREE = ["node-a", "node-b", "node-c"]
@@ -20,7 +23,8 @@ FOUR = [*THREE, "node-d"]
 
 
 class Tallied(Node):
-    """A store whose answers to a pull are counted: (holder, db, key) -> times sent."""
+    """A store whose answers to a pull are counted: (holder, db, key) -> times sent; and the records
+    peers push to it: ("pushed", itself, key)."""
 
     def __init__(self, *args: Any, sent: Counter, **kw: Any):
         super().__init__(*args, **kw)
@@ -31,6 +35,11 @@ class Tallied(Node):
         page = await super().since(name, hlc, after, limit, holder, *args, **kw)
         self.sent.update((holder, self.node, key) for _, key, _ in page["records"])
         return page
+
+    async def apply_remote(self, records: list[list], epoch: int | None = None) -> int:
+        if epoch is not None:  # a peer's (its own pull applies with none)
+            self.sent.update(("pushed", self.node, key) for _, key, _ in records)
+        return await super().apply_remote(records, epoch)
 
 
 async def seeded(tmp_path: Path, net: dict[str, Node], sent: Counter) -> dict[str, Node]:
@@ -103,6 +112,30 @@ async def test_a_joiner_gets_all_of_its_share_when_the_designated_sender_of_some
     stop(nodes)
 
 
+async def test_a_joiner_s_share_reaches_it_once_though_the_peers_walk_too(tmp_path) -> None:
+    """node-d pulls its share; then the peers learn the four-node membership and walk. The holder
+    node-d displaces, and the first holder that keeps a record written within ``JOINER_MARGIN_MS``
+    (all of them here), ask node-d which versions it holds (once its catch-up is done) and send it
+    none it pulled; the displaced one asks the holder that keeps each record too, and drops its copy
+    once both said they hold it. Before, each record of node-d's share reached it three times (its
+    pull and two pushes) and its other holder got it again: 1.5 million pushes in a 1M-target join."""
+    net: dict[str, Node] = {}
+    sent: Counter = Counter()
+    nodes = await seeded(tmp_path, net, sent)
+    d = nodes["node-d"] = net["node-d"] = Tallied("node-d", tmp_path, THREE, net, replicas=R, epoch=2, sent=sent)
+    await d.synced.wait()
+    for name in THREE:
+        await nodes[name].set_membership(wire(FOUR, 2))
+    await _until(lambda: all(v == holders(FOUR, u) for u in URLS for v in where(nodes, u).values()),
+                 "every record on exactly its holders among four", timeout=20)
+    mine = share("node-d")
+    to_d = Counter(key for holder, _, key in sent.elements() if holder == "node-d")
+    assert set(to_d) == mine and max(to_d.values()) == 1  # pulled, once each
+    assert [key for tag, _, key in sent.elements() if tag == "pushed"] == []  # and pushed to nobody again
+    assert sum(nodes[n].rebalance_report.get("held", 0) for n in THREE) >= len(mine)  # asked instead
+    stop(nodes)
+
+
 async def test_a_peer_sends_its_own_writes_that_have_not_reached_the_designated_sender(tmp_path) -> None:
     """node-b writes records whose designated sender for node-d is node-a, and cannot reach node-a
     (a link down): node-a does not have them when node-d pulls, so node-b sends them itself."""
@@ -164,3 +197,24 @@ def test_a_mark_older_than_the_spans_kept_is_not_trusted(monkeypatch) -> None:
     seen.accepted(70)
     seen.accepted(60)
     assert seen.lowest_since(recent) == 60
+
+
+async def test_holding_answers_by_version_and_refuses_a_malformed_or_oversized_question(tmp_path) -> None:
+    """A walk's ask: held at that version or one that wins over it (a tie of clocks goes by writer,
+    as a write does); not held, or older: no. Bad input is a ValueError, before anything is read."""
+    net: dict[str, Node] = {}
+    a = net["node-a"] = Node("node-a", tmp_path, [], net, replicas=R)
+    write(a, URLS[:1])
+    await a.synced.wait()
+    for name, key in (("registry", TARGET + URLS[0].encode()), ("pages", f"{URLS[0]}|desktop".encode())):
+        db = a.registry if name == "registry" else a.pages
+        v = unwrap(db.get(key))[0]
+        asked = [[key, v.hlc, v.node], [key, v.hlc - 1, "node-z"], [key, v.hlc + 1, "node-a"],
+                 [key, v.hlc, "node-z"], [key, v.hlc, "node-0"], [b"absent", 1, "node-a"]]
+        assert await a.holding(name, asked) == [True, True, False, False, True, False]
+    for bad in ([[b"k", "1", "n"]], [[b"k", 1]], [["k", 1, "n"]], [[b"k", 1, "n"]] * (HOLDING_MAX + 1)):
+        with pytest.raises(ValueError):
+            await a.holding("registry", bad)
+    with pytest.raises(ValueError):
+        await a.holding("leases", [])
+    a.crash()

@@ -409,3 +409,33 @@ async def test_records_written_while_the_store_knew_no_membership_go_to_their_ho
                  "the records written alone on exactly their holders", timeout=5)
     assert not placed(nodes, three)
     stop(nodes)
+
+
+async def test_a_joiner_cut_off_through_its_catch_up_pulls_from_that_peer_once_it_is_back(tmp_path) -> None:
+    """node-d joins node-a's two-node cluster while cut off from it: its catch-up fails, and node-a
+    counts its records placed under both (it pushes a joiner nothing). node-d dies, and starts again
+    under node-c and itself (node-a dropped meanwhile): its pull from node-c succeeds. When node-a is
+    back, its walk from the membership it placed its records under takes node-d for a holder that has
+    them. node-d still owes node-a the pull: the debt is kept on disk until node-a answers. Before,
+    it lived in a retry task that died with the process (or gave up when node-a left), and what only
+    node-a held never reached node-d. Found by the simulation (seeds 5000 and 6057)."""
+    two, last = ["node-a", "node-d"], ["node-a", "node-c", "node-d"]
+    net: dict[str, Node] = {}
+    a = net["node-a"] = Node("node-a", tmp_path, [], net, replicas=R)
+    write(a, URLS)  # alone: it holds everything
+    a_net = net.pop("node-a")  # cut off from node-d
+    d = Node("node-d", tmp_path, ["node-a"], net, replicas=R, epoch=2)
+    await a.set_membership(wire(two, 2))
+    await d.synced.wait()
+    assert d.sync_report["state"] == "no-peer-answered"
+    d.crash()
+    c = net["node-c"] = Node("node-c", tmp_path, ["node-d"], net, replicas=R, epoch=3)
+    d = net["node-d"] = Node("node-d", tmp_path, ["node-c"], net, replicas=R, epoch=3)
+    await d.synced.wait()
+    assert d.sync_report["from"] == "node-c" and d.target(URLS[0]) is None
+    net["node-a"] = a_net
+    nodes = {"node-a": a, "node-c": c, "node-d": d}
+    for node in nodes.values():
+        await node.set_membership(wire(last, 4))
+    await _until(lambda: not placed(nodes, last), "every record on exactly its holders", timeout=20)
+    stop(nodes)
