@@ -385,3 +385,19 @@ def metric_value(base: str, name: str, **labels: str) -> float:
     text = httpx.get(f"{base}/metrics", timeout=10).text
     return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def parse_python(source: str) -> Any:
+    """``ast.parse`` with the collector off: CPython 3.11.7 counts the AST builder's recursion in state
+    shared with any Python code a collection runs meanwhile (a finalizer of another test's leftovers),
+    and then fails the parse ("AST constructor recursion depth mismatch", gh-106905; seen once in CI)."""
+    import ast
+    import gc
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return ast.parse(source)
+    finally:
+        if enabled:
+            gc.enable()

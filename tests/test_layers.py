@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import prerender_ray
+from tests.support import parse_python
 
 CORE = Path(prerender_ray.__file__).parent
 LAYERS = ("actors", "api", "worker", "cli")  # symlinks into the package (pyproject.toml)
@@ -87,7 +88,7 @@ def import_graph() -> dict[str, set[str]]:
     for name in modules:
         rel = Path(*name.split(".")[1:])
         path = CORE / rel / "__init__.py" if (CORE / rel).is_dir() else (CORE / rel).with_suffix(".py")
-        graph[name] = _imported(ast.parse(path.read_text(encoding="utf-8")), modules) - {name}
+        graph[name] = _imported(parse_python(path.read_text(encoding="utf-8")), modules) - {name}
     return graph
 
 

@@ -8,6 +8,7 @@ import ast
 from pathlib import Path
 
 import prerender_ray
+from tests.support import parse_python
 
 ROOT = Path(prerender_ray.__file__).resolve().parent.parent
 TREES = ("actors", "api", "cli", "worker", "prerender_ray")
@@ -40,7 +41,7 @@ def raw_calls(source: str, name: str = "<source>") -> list[str]:
         for child in ast.iter_child_nodes(node):
             visit(child, allowed)
 
-    visit(ast.parse(source), False)
+    visit(parse_python(source), False)
     return found
 
 
