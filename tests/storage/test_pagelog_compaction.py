@@ -10,7 +10,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from prerender_ray.storage.pagelog import Item, PageLogReader, compact, maintain
+from prerender_ray.storage.pagelog import Item, PageLogReader, PageLogWriter, compact, maintain
 from prerender_ray.storage.pagelog import files as plfiles
 from prerender_ray.storage.pagelog.compaction import candidates
 from prerender_ray.storage.pagelog.records import ENTRY_HEADER_SIZE, unpack_value
@@ -20,6 +20,14 @@ from tests.storage.test_pagelog import body, k, writer
 def served(r: PageLogReader, keys: list[bytes]) -> dict[bytes, bytes | None]:
     return {key: (h.data if (h := r.get(key)) is not None else None) for key in keys}
 
+
+
+def filled(path: Path) -> tuple[PageLogWriter, int]:
+    """A writer with 30 pages of 600 bytes over several segments, and its oldest segment."""
+    w = writer(path)
+    for i in range(30):
+        w.append([Item(k(i), body(i, 600))])
+    return w, min(w.sizes)
 
 def test_a_reader_holding_old_entries_reads_them_whole_after_compaction(tmp_path: Path) -> None:
     """The reader applied the old places and has not polled since the segments were compacted and
@@ -80,10 +88,7 @@ def test_compaction_keeps_freshness_and_skips_entries_written_since(tmp_path: Pa
 
 
 def test_a_live_body_that_fails_its_checksum_is_dropped_not_moved(tmp_path: Path) -> None:
-    w = writer(tmp_path)
-    for i in range(30):
-        w.append([Item(k(i), body(i, 600))])
-    seg = min(w.sizes)
+    w, seg = filled(tmp_path)
     path = plfiles.segment_path(tmp_path, seg)
     data = bytearray(path.read_bytes())
     data[data.index(body(0, 600)) + 5] ^= 0x01
@@ -94,10 +99,7 @@ def test_a_live_body_that_fails_its_checksum_is_dropped_not_moved(tmp_path: Path
 
 
 def test_a_crash_after_the_moves_leaves_a_segment_the_next_open_retires(tmp_path: Path) -> None:
-    w = writer(tmp_path)
-    for i in range(30):
-        w.append([Item(k(i), body(i, 600))])
-    seg = min(w.sizes)
+    w, seg = filled(tmp_path)
     found = [(key, unpack_value(v)[4], w.read(key)) for key, v in list(w.entries.items())
              if unpack_value(v)[3] == seg]
     w.relocate(seg, [(key, off, data) for key, off, data in found if data is not None])  # then "crash"
