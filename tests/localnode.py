@@ -285,13 +285,21 @@ class LocalNode:
         return self.run(go(), timeout)
 
 
-async def _cancel_the_rest() -> None:
-    """What the shells leave running on the loop (a process exit ends them under Ray)."""
+async def _cancel_the_rest(timeout: float = 10.0) -> None:
+    """What the shells leave running on the loop (a process exit ends them under Ray).
+
+    A task still running is cancelled again: Python 3.11's ``wait_for`` drops a cancel that lands as
+    its inner await completes (gh-86296), so one cancel does not always end a loop that uses it."""
     me = asyncio.current_task()
-    left = [t for t in asyncio.all_tasks() if t is not me]
-    for t in left:
-        t.cancel()
-    await asyncio.wait_for(asyncio.gather(*left, return_exceptions=True), 10)
+    left = {t for t in asyncio.all_tasks() if t is not me}
+    deadline = time.monotonic() + timeout
+    while left and time.monotonic() < deadline:
+        for t in left:
+            t.cancel()
+        _, left = await asyncio.wait(left, timeout=0.5)
+    if left:
+        names = sorted(f"{t.get_name()}: {t.get_coro()!r}" for t in left)
+        raise TimeoutError(f"{len(left)} task(s) did not end within {timeout:g}s of their cancel: {names}")
 
 
 async def _within(coro: Awaitable[T], timeout: float) -> T:
