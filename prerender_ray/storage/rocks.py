@@ -197,6 +197,11 @@ def store_path(data_dir: str | os.PathLike, node: str, purpose: str) -> Path:
     return node_dir(data_dir, node) / purpose
 
 
+def pagelog_path(data_dir: str | os.PathLike, node: str) -> Path:
+    """The node's page log (``storage/pagelog``): written by its store, read by its ingress replicas."""
+    return node_dir(data_dir, node) / "pagelog"
+
+
 def check_writable(path: str | os.PathLike) -> None:
     """Fail early, with the path named, when a data dir cannot be used."""
     p = Path(path)
