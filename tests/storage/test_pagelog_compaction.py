@@ -69,6 +69,20 @@ def test_a_reader_that_meets_a_segment_after_its_unlink_reads_on_to_the_moves(tm
     r.close()
 
 
+def test_compaction_moves_a_segment_in_batches_of_its_budget(tmp_path: Path) -> None:
+    w, seg = filled(tmp_path)
+    live = w.live[seg][1]
+    assert live >= 3
+    appends: list[int] = []
+    append = w.append
+    w.append = lambda items: (appends.append(len(items)), append(items))[1]  # type: ignore[method-assign]
+    done = compact(w, seg, batch_bytes=2 * 600)  # two bodies a batch
+    assert done.moved == live and appends == [2] * (live // 2) + [1] * (live % 2)
+    r = PageLogReader(tmp_path)
+    assert served(r, [k(i) for i in range(30)]) == {k(i): body(i, 600) for i in range(30)}
+    r.close()
+
+
 def test_compaction_keeps_freshness_and_skips_entries_written_since(tmp_path: Path) -> None:
     w = writer(tmp_path)
     w.append([Item(k(1), b"one", version=5, last_cached=10, expires_at=20, tag=2)])

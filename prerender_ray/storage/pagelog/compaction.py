@@ -87,7 +87,7 @@ def compact(writer: PageLogWriter, segment: int, *, batch_bytes: int = BATCH_BYT
                     batch.append((key, at, data))
                     pending += length
                     if pending >= batch_bytes:
-                        pass
+                        moved += writer.relocate(segment, batch)
                         batch, pending = [], 0
             pos = at + length
         moved += writer.relocate(segment, batch)
