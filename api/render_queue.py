@@ -20,10 +20,20 @@ from prerender_ray.decoding import DecodeError, TooLarge, decoded_size
 from prerender_ray.identity.cachekeys import DEVICE, CacheKeyError
 from prerender_ray.queue.results import ENCODINGS, Result, ResultError
 from prerender_ray.storage.keys import QUEUE_CONTROL, QUEUE_STATUS
+from prerender_ray.storage.pagelog.mirror import RETRY_AFTER_S, refusal
 from prerender_ray.storage.registry import decode_json
 
 router = APIRouter()
 log = logs.get("render_queue")
+
+
+class ResultFailed(RuntimeError):
+    """A keeper's answer that a result failed; ``retry_after`` (s) when the fleet should wait."""
+
+    def __init__(self, message: str, retry_after: int | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after if isinstance(retry_after, int) and 0 < retry_after <= 3600 else None
+
 
 CLAIM_DEADLINE_S = 10.0
 RESULT_DEADLINE_S = 30.0
@@ -149,9 +159,13 @@ async def job_result(request: Request, who: Principal = Depends(require("fleet")
             keeper = await ctx.keeper_of(url)
             outcome = await keeper.within(RESULT_DEADLINE_S).process_result(meta, content, False, worker_id(request))
         if "error" in outcome:
-            raise RuntimeError(outcome["error"])
+            raise ResultFailed(outcome["error"], outcome.get("retryAfter"))
     except Exception as e:  # the lease stays held: the job is re-granted when it expires
         log.error("result processing failed; lease held", key=result.id, error=repr(e)[:500])
+        retry = getattr(e, "retry_after", None) or (RETRY_AFTER_S if refusal(e) is not None else None)
+        if retry:  # the store cannot take pages now (its page log is full): the fleet's circuit waits
+            return JSONResponse({"error": "the page store cannot take results now; retry later (the lease is held)"},
+                                status_code=503, headers={"Retry-After": str(int(retry))})
         return JSONResponse({"error": "result processing failed; the lease is held"}, status_code=503)
     if outcome.get("refused"):
         raise bad_request(outcome["refused"], 409)

@@ -141,12 +141,22 @@ robots_fetches = Counter("prerender_robots_fetches_total", "robots.txt fetches b
 robots_conflicts = Gauge("prerender_robots_conflicts", "Bots served although robots.txt disallows them.",
                          ["domain", "bot"], multiprocess_mode="livemax")
 config_warnings = Gauge("prerender_config_warnings", "Risky-config findings.", multiprocess_mode="livemax")
+# The node's page log (storage/pagelog, written by the store before each pages-store batch): full is 1
+# while it refuses writes (disk full, or another write error: results get 503 + Retry-After, nothing is
+# stored); refused counts the batches it refused, by reason (full, error).
+pagelog_full = Gauge("prerender_pagelog_full", "1 while the page log refuses writes.", multiprocess_mode="livemax")
+pagelog_refused = Counter("prerender_pagelog_refused_total", "Page-store batches the page log refused.", ["reason"])
+pagelog_entries = Gauge("prerender_pagelog_entries", "Pages in the page log.", multiprocess_mode="livemax")
+pagelog_disk_bytes = Gauge("prerender_pagelog_disk_bytes", "Bytes of the page log on disk.",
+                           multiprocess_mode="livemax")
+pagelog_live_bytes = Gauge("prerender_pagelog_live_bytes", "Bytes of live pages in the page log.",
+                           multiprocess_mode="livemax")
 
 
 # Every background loop's name: primed at 0, so a dashboard's error panel has a series before the
 # first error (tests/test_metrics.py checks that each loop_errors label used in the code is listed).
 LOOPS = ("bot-metrics", "bot-ranges", "controller", "keeper-load", "keeper-overrides", "keeper-publish", "keeper-status",
-         "keeper-verify", "lease-sweep", "membership-check", "page-catch-up", "rebalance", "rebuild", "reconcile", "robots-discovery", "session-revocations",
+         "keeper-verify", "lease-sweep", "membership-check", "page-catch-up", "page-log", "rebalance", "rebuild", "reconcile", "robots-discovery", "session-revocations",
          "sitemap-daily", "sitemap-resume", "unrouted-report")
 
 

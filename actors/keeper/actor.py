@@ -26,6 +26,7 @@ from prerender_ray.config.model import Config
 from prerender_ray.identity.membership import Membership
 from prerender_ray.identity.nodes import NodeInfo
 from prerender_ray.queue.schedule import ScheduleRow
+from prerender_ray.storage.pagelog.mirror import RETRY_AFTER_S, refusal
 from prerender_ray.storage.rocks import SCHEDULE, Store, store_path
 
 LEASE_DEADLINE_S = 5.0
@@ -84,7 +85,7 @@ class QueueKeeper:
     async def process_results(self, items: list, forwarded: bool = False) -> list[dict]:
         """[meta, content, worker] each; one answer each, ``{"error": ...}`` for one that failed."""
         answers = await self.keeper.results.process_many(items, forwarded)
-        return [{"error": repr(a)[:500]} if isinstance(a, BaseException) else a for a in answers]
+        return [_failed(a) if isinstance(a, BaseException) else a for a in answers]
 
     # ---------------------------------------------------------------------------------- targets
 
@@ -189,3 +190,11 @@ class QueueKeeper:
 
 
 QueueKeeperActor = ray.remote(QueueKeeper)
+
+
+def _failed(e: BaseException) -> dict:
+    """A result's failure as its answer; a store that refused it (its page log is full) asks the fleet
+    to come back later (``retryAfter``: the route's ``Retry-After``)."""
+    if refusal(e) is not None:
+        return {"error": f"the page store refused the result: {refusal(e)}"[:500], "retryAfter": RETRY_AFTER_S}
+    return {"error": repr(e)[:500]}

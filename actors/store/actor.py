@@ -17,6 +17,7 @@ import ray
 from prerender_ray import logs, metrics, rpc
 from prerender_ray.actors.client import MEMBERSHIP_DEADLINE_S, NodeActorClient
 from prerender_ray.actors.common import bulk_gc, call, untraced
+from prerender_ray.actors.store.page_log import StorePageLog
 from prerender_ray.actors.store.replication import Replication
 from prerender_ray.config.model import Config
 from prerender_ray.identity.cachekeys import KeyFormat
@@ -24,11 +25,12 @@ from prerender_ray.identity.membership import Membership
 from prerender_ray.identity.nodes import Ownership
 from prerender_ray.storage import history
 from prerender_ray.storage.history import is_history_key
-from prerender_ray.storage.keys import TARGET
+from prerender_ray.storage.keys import LIVE, TARGET
+from prerender_ray.storage.pagelog.mirror import MirroredStore
 from prerender_ray.storage.pages import PageDecodeError, PageMeta, decode_meta
 from prerender_ray.storage.registry import SitemapReader, by_sitemap_prefix, sitemap_of_record
 from prerender_ray.storage.replication import CLOCK_OFFSET_ENV, Clock, payload_of
-from prerender_ray.storage.rocks import PAGES, REGISTRY, Store, store_path
+from prerender_ray.storage.rocks import PAGES, REGISTRY, Store, pagelog_path, store_path
 from prerender_ray.storage.touches import applicable, is_touch_key, touch_key, touched, touched_payload
 from prerender_ray.timeutil import SYSTEM_CLOCK
 from prerender_ray.timeutil import Clock as WallClock
@@ -58,18 +60,22 @@ class NodeStore(Replication):
         self.clock = Clock(node, lambda: clock.now_ms() + offset)
         if offset:
             self.log.warning("replication clock offset (a testing aid)", offset_ms=offset)
-        self.pages = Store(store_path(data_dir, node, PAGES))
+        self.pages = MirroredStore(store_path(data_dir, node, PAGES))
         self.registry = Store(store_path(data_dir, node, REGISTRY))
         self.started = clock.time()
         self._tasks: list = []
         self._sitemap_of = SitemapReader()
         self.log.info("store open", pages=str(self.pages.path), registry=str(self.registry.path))
         self.load_live_counts()
+        # Reconciled with the pages RocksDB before anything can write; from here on every pages-store
+        # write goes to the page log first (``page_log.py``).
+        self.page_log = StorePageLog(self.pages, pagelog_path(data_dir, node), self.log, self._recount_pages)
         self.init_replication(Membership.from_wire(membership) if membership is not None else None,
                               cfg.cluster.replicas, KeyFormat.from_config(cfg).url_of, fetch=fetch, wall=clock,
                               stores=stores)
         if fetch is not None:
             self._tasks.append(asyncio.get_running_loop().create_task(self.follow_membership()))
+        self._tasks.append(asyncio.get_running_loop().create_task(self.page_log.run()))
 
     # ------------------------------------------------------------------------------------ writes
 
@@ -96,9 +102,16 @@ class NodeStore(Replication):
                 kind = "freshness" if is_touch_key(key) else "history" if is_history_key(key) else "page"
                 metrics.page_writes.labels(kind).inc()
                 metrics.page_write_bytes.labels(kind).inc(len(payload))
-        written = self.commit_local("registry", registry)
+        # Pages first: the page log may refuse them (a full disk), and then nothing is written.
         self.commit_local("pages", ops)
+        written = self.commit_local("registry", registry)
         return written + len(pages)
+
+    def _recount_pages(self) -> None:
+        """A pages batch was refused after its live count was taken: back to the count on disk."""
+        raw = self.pages.get(LIVE)
+        if raw is not None and len(raw) == 8:
+            self.live["pages"] = int.from_bytes(raw, "big")
 
     def _history_ops(self, items: Sequence[list]) -> list[Op]:
         if not items:
@@ -235,11 +248,12 @@ class NodeStore(Replication):
 
     async def status(self) -> dict:
         return {"live": True, "pid": os.getpid(), "pages": self.live["pages"], "targets": self.live["registry"],
-                "replication": self.replication_status()}
+                "replication": self.replication_status(), "pageLog": self.page_log.status()}
 
     async def close(self) -> None:
         for task in [*self._tasks, *self.shippers.values()]:
             task.cancel()
+        self.page_log.close()
         for db in (self.pages, self.registry):
             db.flush()
             db.close()

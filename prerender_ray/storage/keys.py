@@ -20,6 +20,7 @@ REVOKED = b"x:"  # x:<session id> -> {"exp", "user", "revokedAt"} (signed-out ad
 ROBOTS = b"b:"  # b:<origin> -> the last robots.txt fetched from it, parsed (sitemaps/robots.py)
 
 # --- registry and pages: the replication bookkeeping, below every record prefix (\x00 sorts first)
+INTERNAL = b"\x00"  # every family below starts so; no cache key or registry record does
 VIDX = b"\x00v"  # \x00v <hlc:8> <key> -> b"" (records by version: what a peer has not seen yet)
 HPTR = b"\x00h"  # \x00h <key> -> <hlc:8><live:1> (older versions wrote the hlc alone)
 LIVE = b"\x00c"  # \x00c -> <live records:8>: pages, or targets in the registry

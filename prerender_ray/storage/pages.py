@@ -148,6 +148,20 @@ def _layout(view: memoryview) -> tuple[int, int, int, int, int, int, int, int]:
     return flags, status, last, expires, key_start, hdr_start, frame_start, body_start
 
 
+HEAD_SIZE = _HEAD.size
+
+
+def head_times(prefix: bytes | memoryview) -> tuple[int | None, int | None]:
+    """(last_cached, expires_at) from the first ``HEAD_SIZE`` bytes of an encoded page alone (the page
+    log's reconcile reads just that much of each stored body). Raises PageDecodeError."""
+    if len(prefix) < _HEAD.size:
+        raise PageDecodeError(f"page record too short ({len(prefix)} bytes)")
+    magic, version, flags, _, last, expires, _, _, _ = _HEAD.unpack_from(prefix)
+    if magic != MAGIC or version not in _READS or flags & ~_KNOWN_FLAGS:
+        raise PageDecodeError("not a page record")
+    return last if flags & _HAS_LAST_CACHED else None, expires if flags & _HAS_EXPIRES_AT else None
+
+
 def decode_head(data: bytes | bytearray | memoryview) -> RecordHead:
     """The fixed part of an encoded page, with views of its frame (empty in version 1) and body.
     Raises PageDecodeError."""

@@ -171,6 +171,7 @@ class SimNode:
         await asyncio.gather(*mine, return_exceptions=True)
         assert self.keeper is not None and self.leases is not None and self.store is not None
         self.keeper.claims.close()
+        self.store.page_log.close()  # its files' lock goes with the process
         for db in (self.keeper.rows.db, self.leases.db, self.store.pages, self.store.registry):
             db.close()
         self.keeper = self.leases = self.store = None

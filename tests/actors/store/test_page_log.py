@@ -1,0 +1,188 @@
+"""The node store writes its page log (actors/store/page_log.py): every kind of pages write shows in a
+reader of the same directory, a full disk refuses the batch whole, and a store killed mid-append
+reopens with every acknowledged page in its log. A real NodeStore (no Ray) on real RocksDB."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from prerender_ray import logs, metrics
+from prerender_ray.actors.store.actor import NodeStore
+from prerender_ray.storage.keys import HPTR
+from prerender_ray.storage.pagelog import PageLogFull, PageLogReader, key_hash
+from prerender_ray.storage.pages import Page
+from prerender_ray.storage.replication import Version, hlc_bytes, payload_of, wrap
+from prerender_ray.storage.rocks import pagelog_path
+from prerender_ray.storage.touches import Touch, touch_key
+from tests.storage.test_pagelog_mirror import full_after
+from tests.support import node_config
+
+ROOT = Path(__file__).parents[3]
+
+
+def payload(key: str, *, body: bytes = b"<html>x</html>", etag: str = '"e1"', expires: int = 9_000) -> bytes:
+    return Page(cache_key=key, status_code=200, headers={"etag": etag}, last_cached=1_000, expires_at=expires,
+                content=body).encode()
+
+
+def store(tmp_path: Path) -> NodeStore:
+    return NodeStore(node_config(tmp_path), "node-a", str(tmp_path), log=logs.get("store"))
+
+
+def hit(tmp_path: Path, key: str):
+    r = PageLogReader(pagelog_path(tmp_path, "node-a"))
+    try:
+        return r.get(key_hash(key))
+    finally:
+        r.close()
+
+
+async def test_local_replicated_freshness_and_delete_writes_all_show_in_the_log(tmp_path) -> None:
+    s = store(tmp_path)
+    try:
+        a, b = "https://s.test/a|desktop", "https://s.test/b|desktop"
+        await s.apply(pages=[(a.encode(), payload(a))])
+        got = hit(tmp_path, a)
+        assert got is not None and got.data == s.pages.get(a.encode()) and got.expires_at == 9_000
+        assert got.version == int.from_bytes(hlc_bytes(got.data), "big")
+        replicated = wrap(Version(s.clock.now().hlc + 10, "node-b"), payload(b))
+        assert await s.apply_remote([["pages", b.encode(), replicated]]) == 1
+        got = hit(tmp_path, b)
+        assert got is not None and got.data == replicated
+        await s.apply(pages=[(touch_key(a), Touch(a, '"e1"', 5_000, 60_000).encode())])
+        got = hit(tmp_path, a)
+        assert got is not None and (got.last_cached, got.expires_at) == (5_000, 60_000)
+        await s.apply(pages=[(a.encode(), None)])
+        assert hit(tmp_path, a) is None and hit(tmp_path, b) is not None
+        status = (await s.status())["pageLog"]
+        assert status["entries"] == 1 and status["liveBytes"] > len(replicated) and status["diskBytes"] > 0
+    finally:
+        await s.close()
+
+
+async def test_a_full_disk_refuses_the_pages_and_the_registry_with_them_and_raises_the_alert(tmp_path) -> None:
+    s = store(tmp_path)
+    try:
+        a = "https://s.test/a|desktop"
+        await s.apply(pages=[(a.encode(), payload(a))])
+        held = s.pages.get(a.encode())
+        before = (s.live["pages"], s.pages.get(HPTR + a.encode()))
+        refused = metrics.pagelog_refused.labels("full")._value.get()
+        s.page_log.writer._write = full_after(0)
+        target = (b"t:https://s.test/a", b'{"url": "https://s.test/a"}')
+        with pytest.raises(PageLogFull):
+            await s.apply([target], pages=[(a.encode(), payload(a, body=b"new")), (b"https://s.test/c|desktop",
+                                                                              payload("https://s.test/c|desktop"))])
+        assert s.pages.get(a.encode()) == held and (s.live["pages"], s.pages.get(HPTR + a.encode())) == before
+        assert s.registry.get(target[0]) is None  # the result's other writes were not made either
+        assert metrics.pagelog_full._value.get() == 1
+        assert metrics.pagelog_refused.labels("full")._value.get() == refused + 1
+        assert (await s.status())["pageLog"]["refusing"]
+        got = hit(tmp_path, a)
+        assert got is not None and got.data == held  # hits keep being served
+        s.page_log.writer._write = os.pwrite  # space again: the fleet's retry goes in
+        await s.apply([target], pages=[(a.encode(), payload(a, body=b"new"))])
+        assert metrics.pagelog_full._value.get() == 0 and hit(tmp_path, a).data == s.pages.get(a.encode())
+    finally:
+        await s.close()
+
+
+async def test_maintenance_repairs_a_batch_refused_part_way(tmp_path) -> None:
+    s = store(tmp_path)
+    try:
+        keys = [f"https://s.test/{i}|desktop" for i in range(3)]
+        await s.apply(pages=[(k.encode(), payload(k)) for k in keys])
+        olds = [s.pages.get(k.encode()) for k in keys]
+        size = sum(len(wrap(Version(0, "node-a"), payload(k, body=b"v2"))) + 28 for k in keys)
+        s.page_log.writer._write = full_after(size + 64 + 10)
+        with pytest.raises(PageLogFull):
+            await s.apply(pages=[(k.encode(), payload(k, body=b"v2")) for k in keys])
+        assert hit(tmp_path, keys[0]).data != olds[0] and s.page_log.mirror.dirty
+        s.page_log.writer._write = os.pwrite
+        s.page_log.turn()
+        assert not s.page_log.mirror.dirty and [hit(tmp_path, k).data for k in keys] == olds
+    finally:
+        await s.close()
+
+
+CHILD = textwrap.dedent("""
+    import asyncio, os, signal, sys
+    from prerender_ray import logs
+    from prerender_ray.actors.store.actor import NodeStore
+    from prerender_ray.storage.pages import Page
+    from tests.support import node_config
+
+    data, mode = sys.argv[1], sys.argv[2]
+
+    async def main():
+        s = NodeStore(node_config(data), "node-a", data, log=logs.get("store"))
+        if mode == "between":  # killed after the log took the batch, before RocksDB did
+            real = type(s.pages).__mro__[1].write
+            def write(self, ops):
+                if any(k == b"https://s.test/doomed|desktop" for k, _ in ops):
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return real(self, ops)
+            type(s.pages).__mro__[1].write = write
+        i = 0
+        while True:
+            keys = [f"https://s.test/{i}-{j}|desktop" for j in range(50)]
+            if mode == "between" and i == 3:
+                keys = ["https://s.test/doomed|desktop"]
+            await s.apply(pages=[(k.encode(), Page(cache_key=k, status_code=200, last_cached=1, expires_at=2,
+                                                   content=os.urandom(20_000)).encode()) for k in keys])
+            print("ACK", i, flush=True)  # acknowledged
+            i += 1
+
+    asyncio.run(main())
+""")
+
+
+@pytest.mark.parametrize("mode", ["mid-append", "between"])
+async def test_a_store_killed_mid_write_reopens_with_every_acknowledged_page_in_its_log(tmp_path, mode) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path), mode], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    acked = -1
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # ends when the child dies ("between" kills itself)
+            if not line.startswith("ACK "):
+                continue  # its log lines
+            acked = int(line.split()[1])
+            if mode == "mid-append" and acked == 20:
+                proc.send_signal(signal.SIGKILL)  # while it appends the next batches
+                break
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    assert acked >= (2 if mode == "between" else 20)
+    if mode == "between":  # the log holds a batch RocksDB never got
+        r = PageLogReader(pagelog_path(tmp_path, "node-a"))
+        assert key_hash("https://s.test/doomed|desktop") in r
+        r.close()
+    s = store(tmp_path)  # reopen: reconcile
+    try:
+        assert s.page_log.last is not None
+        r = PageLogReader(pagelog_path(tmp_path, "node-a"))
+        for i in range(acked + 1):
+            for j in range(50):
+                key = f"https://s.test/{i}-{j}".encode() + b"|desktop"
+                got = r.get(key_hash(key.decode()))
+                assert got is not None and got.data == s.pages.get(key), key
+        served = 0
+        for kh in list(r.entries):
+            got = r.get(kh)
+            assert got is not None and payload_of(got.data) is not None  # never torn
+            served += 1
+        assert served == s.live["pages"] and r.unreadable == 0
+        assert key_hash("https://s.test/doomed|desktop") not in r
+        r.close()
+    finally:
+        await s.close()
+
