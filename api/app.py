@@ -18,7 +18,7 @@ from prerender_ray.api import health, peer, render_queue, sitemaps, targets
 from prerender_ray.api.admin import routes as admin
 from prerender_ray.api.auth import require
 from prerender_ray.api.bot.middleware import BotMiddleware
-from prerender_ray.api.context import NodeContext
+from prerender_ray.api.context import HoldersUnavailable, NodeContext
 from prerender_ray.rpc import DeadlineExceeded
 from prerender_ray.serving.classify import reserved_prefixes
 from prerender_ray.serving.dates import Dater
@@ -86,6 +86,16 @@ def create_app(ctx: NodeContext) -> FastAPI:
         log.warning("actor call failed", path=request.url.path, error=type(exc).__name__, detail=str(exc)[:300])
         return JSONResponse({"error": "a node this request needs did not answer; retry", "reason": type(exc).__name__,
                              "node": ctx.node.name}, status_code=503, headers={"retry-after": "1"})
+
+    @app.exception_handler(HoldersUnavailable)
+    async def _no_holder(request: Request, exc: HoldersUnavailable) -> JSONResponse:
+        """Every node that holds the URL was asked in turn (``NodeContext.read_from_holders``) and none
+        answered: the body names each and what became of its read."""
+        ctx.forget_remote()
+        log.warning("no holder answered", path=request.url.path, url=exc.url, holders=exc.failed)
+        return JSONResponse({"error": "no node that holds this URL answered; retry", "url": exc.url,
+                             "holders": exc.failed, "node": ctx.node.name},
+                            status_code=503, headers={"retry-after": "1"})
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:

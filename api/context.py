@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from prerender_ray import logs
 from prerender_ray.actors.client import ActorClient
 from prerender_ray.actors.keeper.client import KeeperClient
 from prerender_ray.actors.leasetable import LeaseClient
@@ -31,12 +33,25 @@ if TYPE_CHECKING:  # what the routes make on first use (they import this module)
     from prerender_ray.serving.proxies import Proxies
     from prerender_ray.serving.verification import Resolver
 
+log = logs.get("api")
+
 # Deadlines (seconds) for control-plane calls from a request handler.
 STATUS_DEADLINE = 2.0
 CALL_DEADLINE = 5.0
 READ_DEADLINE_S = 10.0  # the node clients' own: a route that needs another passes it (``within``)
 
 C = TypeVar("C", bound=ActorClient)
+T = TypeVar("T")
+
+
+class HoldersUnavailable(Exception):
+    """No node that holds a URL's target and pages answered a read within its deadline
+    (``NodeContext.read_from_holders``): the route answers 503 naming each holder asked and why."""
+
+    def __init__(self, url: str, failed: dict[str, str]):
+        super().__init__(f"no holder of {url} answered: {failed}")
+        self.url = url
+        self.failed = failed  # node -> what became of its read
 
 
 @dataclass(frozen=True, eq=False)
@@ -139,18 +154,65 @@ class NodeContext:
         return self.node.name in names and (len(names) <= self.cfg.cluster.replicas
                                             or self.node.name in self.holders_of(url))
 
-    def reads_from(self, url: str) -> str:
-        """The node whose store to read ``url``'s target and pages from: this one when it holds them,
-        else the URL's owner (the first holder)."""
-        return self.node.name if self.holds(url) else self.holders_of(url)[0]
+    def read_order(self, url: str) -> tuple[str, ...]:
+        """The nodes whose stores a read of ``url``'s target and pages asks, in turn: this one first
+        when it holds them (no hop), then the URL's holders, the owner first."""
+        holders = self.holders_of(url)
+        if self.holds(url):
+            return (self.node.name, *(h for h in holders if h != self.node.name))
+        return holders
+
+    async def read_from_holders(self, url: str, read: Callable[[StoreClient], Awaitable[T]],
+                                deadline_s: float) -> T:
+        """``read`` (given a holder's store client, bounded by what is left of ``deadline_s``) from
+        the first holder of ``url`` to answer, asked in ``read_order``. The next holder is asked when
+        one has not answered within ``cluster.holderReadTimeoutMs`` or failed; the slower ones are still
+        heard, so a loaded holder is not given up on while another is asked (a cut-off owner once made
+        ``GET /render_targets`` a 503 while the URL's other holder was up). The holders hold the same
+        records, so the first answer is the answer. ``HoldersUnavailable`` when none answered in time."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + deadline_s
+        turn_s = self.cfg.cluster.holder_read_timeout_ms / 1000
+        order = self.read_order(url)
+        asked: dict[asyncio.Future[T], str] = {}
+        failed: dict[str, str] = {}
+        try:
+            for i, node in enumerate(order):
+                if loop.time() >= end:
+                    break
+                asked[asyncio.ensure_future(self._read_at(node, read, end - loop.time()))] = node
+                until = end if i == len(order) - 1 else min(end, loop.time() + turn_s)
+                while asked:
+                    done, _ = await asyncio.wait(asked, timeout=max(0.0, until - loop.time()),
+                                                 return_when=asyncio.FIRST_COMPLETED)
+                    if not done:
+                        break  # the next holder's turn (or the deadline)
+                    answers = []
+                    for call_ in done:  # every one looked at: no failure is left unretrieved
+                        holder = asked.pop(call_)
+                        error = asyncio.CancelledError() if call_.cancelled() else call_.exception()
+                        if error is None:
+                            answers.append(call_.result())
+                        else:
+                            failed[holder] = type(error).__name__
+                            log.info("holder read failed", url=url, holder=holder,
+                                     error=f"{type(error).__name__}: {str(error)[:200]}")
+                            self.forget_remote()  # a stale handle is looked up afresh
+                    if answers:
+                        return answers[0]
+        finally:
+            for call_, holder in asked.items():
+                call_.cancel()
+                failed.setdefault(holder, f"no answer within {deadline_s:g}s")
+        raise HoldersUnavailable(url, failed)
+
+    async def _read_at(self, node: str, read: Callable[[StoreClient], Awaitable[T]], deadline_s: float) -> T:
+        store = await self.store_at(node)
+        return await read(store.within(deadline_s))
 
     async def keeper_of(self, url: str) -> KeeperClient:
         """The keeper of the node that owns ``url``."""
         return await self.keeper_at(self.ownership.owner(url))
-
-    async def store_of(self, url: str) -> StoreClient:
-        """The store to read ``url``'s target and pages from (``reads_from``)."""
-        return await self.store_at(self.reads_from(url))
 
     async def keeper_at(self, node: str) -> KeeperClient:
         return self.keeper if node == self.node.name else await self._client("keeper", node, KeeperClient)

@@ -64,8 +64,7 @@ async def get_target(request: Request, url: str = Query(...),
                      who: Principal = Depends(require("viewer"))) -> JSONResponse:
     ctx: NodeContext = request.app.state.ctx
     canonical = _canonical(ctx, url, prerender_only=False)
-    store = await ctx.store_of(canonical)
-    [data] = await store.within(DEADLINE_S).get_targets([canonical])
+    [data] = await ctx.read_from_holders(canonical, lambda store: store.get_targets([canonical]), DEADLINE_S)
     if data is None:
         return JSONResponse({"error": "No target for this URL", "url": canonical}, status_code=404)
     return JSONResponse(Target.decode(canonical, data).as_json())

@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import Depends, Request
 from fastapi.responses import JSONResponse, Response
 
+from prerender_ray.actors.store.actor import StoreClient
 from prerender_ray.admin.explain import describe_page
 from prerender_ray.admin.sessions import TokenError
 from prerender_ray.admin.users import Principal
@@ -319,16 +320,18 @@ async def unrouted(request: Request, who: Principal = Depends(require("viewer"))
 
 async def _read_held(ctx: NodeContext, urls: list[str], keys: list[str]) -> tuple[list, list]:
     """Targets of ``urls`` and pages of ``keys`` (one key per URL), each from a store that holds it:
-    one call of each kind per store."""
-    groups: dict[str, list[int]] = {}
+    one call of each kind per group of URLs with the same holders."""
+    groups: dict[tuple[str, ...], list[int]] = {}
     for i, url in enumerate(urls):
-        groups.setdefault(ctx.reads_from(url), []).append(i)
+        groups.setdefault(ctx.read_order(url), []).append(i)
     targets: list = [None] * len(urls)
     pages: list = [None] * len(urls)
-    for node, idx in groups.items():
-        store = (await ctx.store_at(node)).within(READ_DEADLINE_S)
-        got_t = await store.get_targets([urls[i] for i in idx])
-        got_p = await store.get_pages([keys[i] for i in idx])
+    for idx in groups.values():
+        async def read(store: StoreClient, idx: list[int] = idx) -> tuple[list, list]:
+            return (await store.get_targets([urls[i] for i in idx]), await store.get_pages([keys[i] for i in idx]))
+
+        # the group's URLs share their holders, so its first URL routes the read of them all
+        got_t, got_p = await ctx.read_from_holders(urls[idx[0]], read, READ_DEADLINE_S)
         for i, t, p in zip(idx, got_t, got_p):
             targets[i], pages[i] = t, p
     return targets, pages

@@ -20,6 +20,7 @@ import httpx
 from fastapi import Depends, Request
 from fastapi.responses import JSONResponse
 
+from prerender_ray.actors.store.actor import StoreClient
 from prerender_ray.admin.explain import (
     Explainer,
     describe_page,
@@ -136,13 +137,18 @@ async def _timed(what: str, coro: Awaitable[T], timed_out: list[str]) -> T | Non
 async def explain_live(request: Request, ctx: NodeContext, doc: dict) -> dict:
     canonical, key = doc["resolved"]["canonicalUrl"], doc["resolved"]["cacheKey"]
     failed: list[str] = []
-    store = await _timed("holder", ctx.store_of(canonical), failed) or ctx.store
-    targets, row, pages, history = await asyncio.gather(
-        _timed("target", store.get_targets([canonical]), failed),
+
+    async def held(store: StoreClient) -> tuple[list, list, dict]:
+        # one holder's copy of all three (the holders hold the same records); the next holder if not
+        targets, pages, history = await asyncio.gather(
+            store.get_targets([canonical]), store.get_pages([key]), store.render_history(key))
+        return targets, pages, history
+
+    reads, row = await asyncio.gather(
+        _timed("holder", ctx.read_from_holders(canonical, held, READ_DEADLINE_S), failed),
         _timed("schedule", ctx.keeper.schedule_row(key), failed),
-        _timed("page", store.get_pages([key]), failed),
-        _timed("history", store.render_history(key), failed),
     )
+    targets, pages, history = reads or (None, None, None)
     now = now_ms()
     target = None
     if targets and targets[0] is not None:

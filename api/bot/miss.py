@@ -317,8 +317,8 @@ class Discovery:
             canonical = self.ctx.rules.canonical(url)
             if self.ctx.rules.route_class(canonical) != "prerender":
                 return
-            store = await self.ctx.store_of(canonical)
-            [existing] = await store.within(DISCOVERY_CALL_S).get_targets([canonical])
+            [existing] = await self.ctx.read_from_holders(
+                canonical, lambda store: store.get_targets([canonical]), DISCOVERY_CALL_S)
             if existing is not None:  # known URLs cost nothing
                 return
             refused = self.rate.take(site_of(canonical), time.monotonic() * 1000)
