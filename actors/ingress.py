@@ -170,8 +170,10 @@ class IngressReplica:
         up = bool(self.server and self.server.started and self.task and not self.task.done())
         state = opened(self.ctx)
         pages = state.services.pages if state is not None else None
-        # catch-ups of its page reader: all, and those reads waited for (the store had written)
-        catch_ups = {"all": pages.catch_ups, "waited": pages.waited} if pages is not None else None
+        # its page reader: where it reads (pagelog, or secondary while the node has no page log), the
+        # secondary's catch-ups (all, and those reads waited for), the log's polls (none waits)
+        catch_ups = ({"all": pages.catch_ups, "waited": pages.waited, "polls": pages.polls, "source": pages.source}
+                     if pages is not None else None)
         return {"replica": self.index, "up": up, "error": self.error, "url": self.info.url, "pid": os.getpid(),
                 "pageCatchUps": catch_ups}
 

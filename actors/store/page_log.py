@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from prerender_ray import metrics
-from prerender_ray.storage.pagelog import PageLogCorrupt, PageLogError, PageLogFull, PageLogWriter, compaction
+from prerender_ray.storage.pagelog import (
+    PageLogCorrupt,
+    PageLogError,
+    PageLogFull,
+    PageLogWriter,
+    compaction,
+    files,
+)
 from prerender_ray.storage.pagelog.mirror import Mirror, MirroredStore
 from prerender_ray.storage.pagelog.reconcile import Reconciled, reconcile, repair
 from prerender_ray.storage.rocks import remove_tree
@@ -68,6 +75,11 @@ class StorePageLog:
             self.log.error("page log reconcile failed; retried by the maintenance task", error=str(e)[:300])
             return
         self.unreconciled = False
+        try:
+            files.mark_complete(self.path)  # readers may follow it now (a rebuilt log drops the mark with it)
+        except OSError as e:  # a full disk: readers keep to the store's RocksDB meanwhile
+            self.log.error("page log cannot be marked complete", error=str(e)[:300])
+            self.unreconciled = True
         if self.mirror.refusing is None:
             self._accepted()
         r = self.last

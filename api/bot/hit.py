@@ -1,5 +1,6 @@
-"""A bot request the local cache answers: one RocksDB get in this process (``api/bot/pages.py``), then
-pure shaping (``prerender_ray.serving.answer``). What the cache cannot answer goes to ``api/bot/miss.py``.
+"""A bot request the local cache answers: one look-up in the node's page log in this process
+(``api/bot/pages.py``), then pure shaping (``prerender_ray.serving.answer``). What the cache cannot
+answer goes to ``api/bot/miss.py``.
 """
 
 from __future__ import annotations

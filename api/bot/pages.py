@@ -1,18 +1,22 @@
-"""The ingress side of the page store: a RocksDB *secondary* instance of this node's pages database,
-read in the ingress process, so a cache hit costs a RocksDB get (microseconds) and no actor call;
-decoding the record and negotiating it are kept with the page (``DecodedPages``) for the next read of
-the same version.
+"""The ingress side of the page store, read in the ingress process without an actor call: a cache hit
+is one dict look-up in the node's page log index and one ``pread`` (``prerender_ray.storage.pagelog``;
+docs/architecture.md#the-bot-hot-path-has-no-actor-hop). Decoding the record and negotiating it are
+kept with the page (``DecodedPages``) for the next read of the same index entry.
 
-The NodeStore actor is the only writer. A secondary sees its writes only after
-``try_catch_up_with_primary()`` (about 0.7 ms when nothing changed, a few ms after many writes:
-docs/architecture.md#the-bot-hot-path-has-no-actor-hop), so it catches up on a short timer, and a read
-(``read``) catches up first whenever the store's write mark (``prerender_ray.storage.write_mark``) moved
-since the reader's last catch-up began: a node reads its own writes. A store writes before its
-caller gets an answer (a result's 204 included), so a request made after that answer finds the mark
-moved, and the catch-up it waits for starts after the write: it sees the page, or a newer one. Those
+The NodeStore actor is the only writer. It appends a write to the page log before it writes RocksDB,
+and the RocksDB write bumps the store's write mark (``prerender_ray.storage.write_mark``): once the
+mark moved, the log holds the write. So a read (``read``) that finds the mark moved since the last poll
+polls the log first (a ``pread`` of the index tail, no waiting) and reads its own writes: a store
+writes before its caller gets an answer (a result's 204 included). A timer polls too, so a replica
+follows compactions, retirements and new index generations, which move no mark.
+
+Fallback: while the node has no page log (a store of an older release, or one that has not created
+it yet) the reader uses a RocksDB *secondary* instance of the pages database instead, as before the
+log: it sees the primary's writes only after ``try_catch_up_with_primary()`` (about 0.7 ms when
+nothing changed), so it catches up on a timer and, whenever the mark moved, before a read. Those
 catch-ups are shared: one at a time, at most one per ``gap_s``, each serving every read that began
-waiting before it started; reads while the mark stands still (a flood of misses for pages that do not
-exist, or hits) cost one load of the mark and no catch-up.
+waiting before it started. The timer looks for the log meanwhile; once the log is there it is
+authoritative (the store reconciles it with RocksDB at open) and the secondary is closed.
 """
 
 from __future__ import annotations
@@ -28,13 +32,18 @@ from rocksdict import AccessType, Options, Rdict
 
 from prerender_ray import logs, metrics
 from prerender_ray.serving.framing import Frame, parse_frame
+from prerender_ray.storage.pagelog import PageLogError, PageLogReader, key_hash
+from prerender_ray.storage.pagelog.files import is_complete
 from prerender_ray.storage.pages import PageDecodeError, PageMeta, RecordHead, decode_head, decode_meta
 from prerender_ray.storage.replication import EnvelopeError, payload_view
-from prerender_ray.storage.rocks import PAGES, node_dir, store_path
+from prerender_ray.storage.rocks import PAGES, node_dir, pagelog_path, store_path
 from prerender_ray.storage.touches import applicable_to, touch_key
 from prerender_ray.storage.write_mark import WriteMark
 
-CATCH_UP_INTERVAL_S = 0.25  # the timer (it also follows compactions, which move no mark)
+CATCH_UP_INTERVAL_S = 0.25  # the secondary's timer (it also follows compactions, which move no mark)
+# The page log's timer: a poll that finds nothing new is an fstat (about 1 us), so a replica follows
+# compactions and retirements (which move no mark) within this, and frees a retired file's space.
+LOG_POLL_INTERVAL_S = 0.05
 # Catch-ups a read waits for start at least this far apart: at about 0.7 ms each, a store that writes
 # without pause costs a replica at most ~7% of its loop, and a read after a write waits at most this.
 CATCH_UP_GAP_S = 0.01
@@ -58,7 +67,8 @@ class StoredPage:
     negotiated forms are kept."""
 
     __slots__ = ("_base", "_meta", "_payload", "base_times", "body", "cache_key", "etag", "expires_at", "frame",
-                 "is_indexable", "last_cached", "raw", "seen", "size", "status_code", "touch", "variants")
+                 "is_indexable", "last_cached", "log_key", "raw", "seen", "size", "stamp", "status_code", "touch",
+                 "variants")
 
     def __init__(self, raw: bytes, meta: PageMeta | None, body: bytes | memoryview, touch: bytes | None = None, *,
                  head: RecordHead | None = None, frame: Frame | None = None, payload: memoryview | None = None,
@@ -83,6 +93,8 @@ class StoredPage:
         self.variants: dict[str | None, Any] = {}
         self.size = len(raw) or len(body)
         self.seen = -1  # the reader generation in which the record was last read
+        self.stamp: bytes | None = None  # the page log's index entry it was last read by (``PageReader``)
+        self.log_key: bytes | None = None  # and that entry's key (``key_hash(cache_key)``: 1 us saved a hit)
         self.retouch(touch)
 
     def retouch(self, touch: bytes | None) -> None:
@@ -91,6 +103,12 @@ class StoredPage:
             self.touch = touch
             t = applicable_to(self.cache_key, self.etag, self.raw, touch) if self.raw else None
             self.last_cached, self.expires_at = (t.last_cached, t.expires_at) if t is not None else self.base_times
+            self._meta = None
+
+    def retime(self, last_cached: int | None, expires_at: int | None) -> None:
+        """Take the effective times the page log holds for the record (a freshness record applied)."""
+        if (last_cached, expires_at) != (self.last_cached, self.expires_at):
+            self.last_cached, self.expires_at = last_cached, expires_at
             self._meta = None
 
     @property
@@ -140,10 +158,11 @@ def decode_page(key: str, raw: bytes, touch: bytes | None) -> StoredPage | None:
 
 
 class DecodedPages:
-    """LRU of decoded pages. A decoded page is reused only while it is what the store holds: within
-    one reader generation (between two catch-ups a secondary's view cannot change), or after a new
-    read returned the very record it was decoded from (a memcmp). A new version is served the moment
-    the reader sees it."""
+    """LRU of decoded pages. A decoded page is reused only while it is what the store holds: while the
+    page log's index entry it was read by is unchanged (``StoredPage.stamp``), within one reader generation
+    of a secondary (between two catch-ups its view cannot change), or after a new read returned the
+    very record it was decoded from (a memcmp). A new version or new times are served the moment the
+    reader sees them."""
 
     def __init__(self, max_pages: int = DECODED_MAX_PAGES, max_bytes: int = DECODED_MAX_BYTES):
         self.max_pages = max_pages
@@ -153,6 +172,9 @@ class DecodedPages:
 
     def peek(self, key: str) -> StoredPage | None:
         return self._pages.get(key)
+
+    def used(self, key: str) -> None:
+        self._pages.move_to_end(key)
 
     def lookup(self, key: str, raw: bytes) -> StoredPage | None:
         page = self._pages.get(key)
@@ -190,38 +212,71 @@ class DecodedPages:
 
 
 class PageReader:
-    def __init__(self, primary: Path, secondary: Path, *, interval_s: float = CATCH_UP_INTERVAL_S,
+    def __init__(self, primary: Path, secondary: Path, *, log: Path | None = None,
+                 interval_s: float = CATCH_UP_INTERVAL_S, poll_s: float = LOG_POLL_INTERVAL_S,
                  gap_s: float = CATCH_UP_GAP_S, wait_s: float = CATCH_UP_WAIT_S):
         self.primary = primary
         self.secondary = secondary
+        self.log_path = log  # the node's page log; None: this reader uses the secondary only
         self.interval_s = interval_s
+        self.poll_s = poll_s
         self.gap_s = gap_s
         self.wait_s = wait_s
+        self._log: PageLogReader | None = None  # set once the log is there: from then on the only source
         self._db: Rdict | None = None
         self._caught_up = 0.0  # monotonic time of the last catch-up (or open)
         self._task: asyncio.Task | None = None
         self._mark: WriteMark | None = None  # the store's write mark, once it has one
-        self._seen: int | None = None  # the mark as read just before the last catch-up (or open) began
+        self._seen: int | None = None  # the mark as read just before the last catch-up or poll (or open) began
         self._next: asyncio.Future | None = None  # the catch-up reads wait for, scheduled not started
         self._closed = False
         self.catch_ups = 0
         self.waited = 0  # catch-ups that reads waited for (the rest: the timer's)
+        self.polls = 0  # polls of the page log that a moved mark (or the timer) asked for
         self.open_error: str | None = None
+        self.log_error: str | None = None  # why the page log is not used, when it is there but fails
         self.decoded = DecodedPages()
         self.generation = 0  # bumped by every catch-up that ran
-        self._open()
+        if not self._open_log():
+            self._open()
 
     @classmethod
     def for_node(cls, data_dir: str, node: str, replica: int, **kw: float) -> PageReader:
         # One secondary directory per replica: it holds the instance's own info log and state.
         secondary = node_dir(data_dir, node) / "ingress" / f"pages-{replica}"
-        return cls(store_path(data_dir, node, PAGES), secondary, **kw)
+        return cls(store_path(data_dir, node, PAGES), secondary, log=pagelog_path(data_dir, node), **kw)
 
     # --------------------------------------------------------------------------------- lifecycle
 
     @property
     def ready(self) -> bool:
-        return self._db is not None
+        return self._log is not None or self._db is not None
+
+    @property
+    def source(self) -> str:  # where hits are read from
+        return "pagelog" if self._log is not None else "secondary" if self._db is not None else "none"
+
+    def _open_log(self) -> bool:
+        """Load the page log's whole index once the store has created the log; from then on it is the
+        only source (the store reconciles it with RocksDB at open), and the secondary is closed."""
+        path = self.log_path
+        if path is None or self._closed or not is_complete(path):
+            return False
+        mark = self._follow()  # read before the load: the index is at least as new
+        try:
+            reader = PageLogReader(path)
+        except (PageLogError, OSError) as e:  # a damaged header: stay on the secondary, say why
+            if self.log_error is None:
+                log.error("page log unusable; reading the secondary", path=str(path), error=str(e))
+            self.log_error = str(e)
+            return False
+        if not reader.ready:  # the directory without its first index yet (being created)
+            reader.close()
+            return False
+        self._log, self._seen, self.log_error = reader, mark, None
+        self._close_secondary()
+        log.info("page reader follows the page log", path=str(path), pages=len(reader))
+        return True
 
     def _open(self) -> bool:
         """Open the secondary once the primary exists (the store actor may start after us)."""
@@ -254,8 +309,10 @@ class PageReader:
 
     async def _timer(self) -> None:
         while True:
-            await asyncio.sleep(self.interval_s)
+            await asyncio.sleep(self.poll_s if self._log is not None else self.interval_s)
             try:
+                if self._log is not None and not is_complete(self._log.path):
+                    self._leave_log()
                 self.catch_up(force=True)
             except Exception as e:  # never let the timer die: the replica would serve a frozen view
                 metrics.loop_errors.labels("page-catch-up").inc()
@@ -271,10 +328,25 @@ class PageReader:
         if self._task is not None:
             self._task.cancel()
             self._task = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        self._close_secondary()
+
+    def _leave_log(self) -> None:
+        """The store is building its log anew (it found it damaged): the secondary until it is whole."""
+        log.warning("page log being rebuilt; reading the secondary", path=str(self.log_path))
+        assert self._log is not None
+        self._log.close()
+        self._log = None
+        self.decoded = DecodedPages()  # pages read by log entries: a secondary's are validated otherwise
+        self._open()
+
+    def _close_secondary(self) -> None:
         if self._db is not None:
             try:
                 self._db.close()
-            except Exception as e:  # closing at shutdown: nothing left to protect
+            except Exception as e:  # nothing left to protect: it is not read any more
                 log.warning("page reader close failed", error=repr(e))
             self._db = None
 
@@ -298,9 +370,27 @@ class PageReader:
         mark = self._mark
         return mark is not None and mark.value() != self._seen
 
+    def poll(self) -> bool:
+        """Apply the page log's new records. One that fails leaves the index as it was (its bodies
+        are checksummed on every read); False then, or with no log."""
+        if self._log is None:
+            return False
+        mark = self._follow()  # read before the poll: every write it counts is in the log already
+        try:
+            self._log.poll()
+        except (PageLogError, OSError) as e:
+            metrics.serve_errors.labels("page-log-poll").inc()
+            log.error("page log poll failed", error=str(e))
+            return False
+        self._seen = mark
+        self.polls += 1
+        return True
+
     def catch_up(self, *, force: bool = False) -> bool:
-        """Replay the primary's new writes. Without ``force`` at most once per ``gap_s``; returns
-        whether it ran."""
+        """A poll of the page log, or (no log yet) a look for it and a replay of the primary's new
+        writes, without ``force`` at most once per ``gap_s``; returns whether it ran."""
+        if self._log is not None or self._open_log():
+            return self.poll()
         now = time.monotonic()
         if self._closed or (not force and now - self._caught_up < self.gap_s):
             return False
@@ -316,6 +406,8 @@ class PageReader:
 
     def get(self, key: str) -> StoredPage | None:
         """The page stored under ``key``, or None. Raises UnreadablePage."""
+        if self._log is not None:
+            return self._from_log(self._log, key)
         db = self._db
         if db is None:
             return None
@@ -339,10 +431,44 @@ class PageReader:
         self.decoded.add(key, page)
         return page
 
+    def _from_log(self, found: PageLogReader, key: str) -> StoredPage | None:
+        """A dict look-up; a page decoded from the very same index entry is served as it is, else one
+        ``pread`` of the record (checksummed: a torn or short body is a miss, counted) with the
+        entry's times, which are the effective ones (a freshness record applied by the store)."""
+        decoded = self.decoded
+        page = decoded.peek(key)
+        hashed = page.log_key if page is not None and page.log_key is not None else key_hash(key)
+        stamp = found.entries.get(hashed)
+        if stamp is None:
+            decoded.drop(key)  # deleted: its memory goes now
+            return None
+        if page is not None and page.stamp == stamp:
+            # The same entry: the same bytes (a place in a segment is never written twice), the same times.
+            decoded.used(key)
+            return page
+        hit = found.get(hashed)
+        if hit is None:
+            decoded.drop(key)
+            metrics.serve_errors.labels("page-log-unreadable").inc()
+            return None
+        page = decoded.lookup(key, hit.data)  # moved by a compaction, or only new times: same bytes
+        if page is None:
+            page = decode_page(key, hit.data, None)
+            if page is None:  # a tombstone (the store deletes those from the log; not served either way)
+                return None
+            decoded.add(key, page)
+        page.retime(hit.last_cached, hit.expires_at)
+        page.stamp, page.log_key = stamp, hashed
+        return page
+
     async def read(self, key: str) -> StoredPage | None:
-        """``get`` of what the store holds now: first a catch-up when the store wrote since the last
-        one began, so a write answered before this call is seen (and a page never reads older
-        than one read before it). Raises UnreadablePage."""
+        """``get`` of what the store holds now (a write answered before this call included): first a
+        poll of the log (no wait), or a catch-up of the secondary, when the store wrote since the last
+        one began. Raises UnreadablePage."""
+        if self._log is not None:
+            if self._mark is None or self.behind():  # no mark followed yet: the store may just have made it
+                self.poll()
+            return self._from_log(self._log, key)
         if self.behind():
             await self.sync()
         found = self.get(key)

@@ -113,6 +113,21 @@ def read_body(fd: int, offset: int, length: int, checksum: int) -> bytes | None:
     return data
 
 
+COMPLETE = "COMPLETE"  # made once the log holds every page its store holds (a first build ended)
+
+
+def is_complete(path: Path) -> bool:
+    """Readers follow a log only once it is complete: a log being built from the store anew (a first
+    start on pages written before the log, or one rebuilt after damage) would answer misses for pages
+    the store holds."""
+    return (path / COMPLETE).exists()
+
+
+def mark_complete(path: Path) -> None:
+    if not is_complete(path):
+        create_durable(path / (COMPLETE + ".tmp"), path / COMPLETE, b"", os.pwrite, os.fdatasync, True)
+
+
 def unlink(path: Path) -> None:
     try:
         path.unlink()

@@ -17,9 +17,10 @@ from prerender_ray import logs, metrics
 from prerender_ray.actors.store.actor import NodeStore
 from prerender_ray.storage.keys import HPTR
 from prerender_ray.storage.pagelog import PageLogFull, PageLogReader, key_hash
+from prerender_ray.storage.pagelog.files import is_complete
 from prerender_ray.storage.pages import Page
 from prerender_ray.storage.replication import Version, hlc_bytes, payload_of, wrap
-from prerender_ray.storage.rocks import pagelog_path
+from prerender_ray.storage.rocks import pagelog_path, remove_tree
 from prerender_ray.storage.touches import Touch, touch_key
 from tests.storage.test_pagelog_mirror import full_after
 from tests.support import node_config
@@ -186,3 +187,18 @@ async def test_a_store_killed_mid_write_reopens_with_every_acknowledged_page_in_
     finally:
         await s.close()
 
+
+
+async def test_a_store_of_pages_without_a_log_builds_it_and_only_then_marks_it_complete(tmp_path) -> None:
+    a = "https://s.test/a|desktop"
+    s = store(tmp_path)
+    await s.apply(pages=[(a.encode(), payload(a))])
+    await s.close()
+    remove_tree(pagelog_path(tmp_path, "node-a"))  # pages written by a release before the log
+    s = store(tmp_path)
+    try:
+        assert is_complete(pagelog_path(tmp_path, "node-a"))  # readers may follow it now
+        got = hit(tmp_path, a)
+        assert got is not None and got.data == s.pages.get(a.encode())
+    finally:
+        await s.close()
