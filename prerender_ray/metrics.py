@@ -97,6 +97,11 @@ bot_page_age_seconds = Histogram(
     "prerender_bot_page_age_seconds", "Age of pages served from cache, per bot class and bot.", ["bot_class", "bot"],
     buckets=(60, 600, 3600, 6 * 3600, 24 * 3600, 3 * 86400, 7 * 86400),
 )
+# Web Bot Auth (prerender_ray/serving/web_bot_auth.py): signed bot requests, verified or why not
+# (web_bot_auth.REASONS); a request without signature headers is not counted. Key-directory fetches: ok, failed.
+bot_signatures = Counter("prerender_bot_signatures_total", "Signed bot requests by outcome.", ["outcome"])
+key_directory_fetches = Counter("prerender_key_directory_fetches_total", "Signature agents' key-directory "
+                                "fetches by outcome.", ["outcome"])
 serve_errors = Counter("prerender_serve_errors_total", "Serve-path errors.", ["kind"])
 connections_closed = Counter("prerender_connections_closed_total", "Client connections an ingress closed "
                              "early.", ["reason"])  # header-timeout, evicted, refused

@@ -19,7 +19,7 @@ from prerender_ray.api.bot.hit import Outcome
 from prerender_ray.api.bot.replica import ReplicaState, open_replica
 from prerender_ray.api.context import NodeContext
 from prerender_ray.serving.answer import Reply, error_reply, route_label
-from prerender_ray.serving.bot_policy import UNCHECKED, Decision
+from prerender_ray.serving.bot_policy import UNCHECKED, VERIFIED, Decision
 from prerender_ray.serving.bots import OTHER
 from prerender_ray.serving.classify import BadBotRequest, BotRequest, NotBot
 from prerender_ray.serving.negotiation import add_vary
@@ -37,8 +37,14 @@ async def serve(state: ReplicaState, req: BotRequest, headers: dict[str, str], s
     counters = services.counters
     name = services.bots.name_for(headers)
     verification = UNCHECKED
+    signed = None
+    if services.web_bot_auth is not None:  # CPU only: keys held, never a fetch on this path
+        signed = services.web_bot_auth.check(req.method, req.url, headers)
+        if signed is not None:
+            counters.count(metrics.bot_signatures, signed.reason)
+            verification = signed.state
     verifier = services.verifier
-    if verifier is not None and verifier.applies(name):
+    if verification != VERIFIED and verifier is not None and verifier.applies(name):
         verification = await verifier.check(name, _client(services, scope, headers))
     decision = state.policies.decide(name, verification)
     record = state.analytics and (name != OTHER or state.record_unmatched)
@@ -68,6 +74,8 @@ async def serve(state: ReplicaState, req: BotRequest, headers: dict[str, str], s
     if debug:
         reply.headers.update({"x-harper-bot": name[:100], "x-harper-bot-class": decision.bot_class,
                               "x-harper-bot-verification": verification, "x-harper-bot-policy": serve_as})
+        if signed is not None:
+            reply.headers["x-harper-bot-signature"] = signed.reason
     if out.render_now:
         reply.headers["x-harper-render-now"] = out.render_now
     if decision.withheld and out.source == "origin" and req.cacheable and req.route_class == "prerender":

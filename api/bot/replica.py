@@ -23,6 +23,7 @@ from prerender_ray import logs, metrics
 from prerender_ray.api.bot.counters import Counters
 from prerender_ray.api.bot.hit import Hit
 from prerender_ray.api.bot.holders import HolderReader
+from prerender_ray.api.bot.key_directory import DirectoryFetcher
 from prerender_ray.api.bot.markdown import Converter
 from prerender_ray.api.bot.miss import Discovery, Miss
 from prerender_ray.api.bot.origin import OriginClient
@@ -36,6 +37,7 @@ from prerender_ray.serving.classify import RESERVED_PATHS, Ingress
 from prerender_ray.serving.proxies import Proxies
 from prerender_ray.serving.tally import LabelBudget, MissTally, UnroutedTally
 from prerender_ray.serving.verification import RangeError, Verifier
+from prerender_ray.serving.web_bot_auth import WebBotAuth
 
 log = logs.get("bot")
 BOT_LABELS = 200  # distinct bot names kept as metric labels; the rest count as ~overflow
@@ -72,6 +74,12 @@ class Services:
         self.verifier = (Verifier(verify, resolver=ctx.bot_resolver, fetch=fetch_ranges)
                          if verify.enabled else None)
         self.ranges_refresh_s = verify.range_refresh / 1000
+        # Web Bot Auth: on when the operator allows a signature agent; its directories come through
+        # their own bounded client, in the background only.
+        wba = cfg.bots.web_bot_auth
+        self.directories = DirectoryFetcher(wba, cfg.sitemap.user_agent) if wba.agents else None
+        self.web_bot_auth = (WebBotAuth(wba, self.directories.fetch, on_fetch=self._count_fetch)
+                             if self.directories is not None else None)
         self._report: asyncio.Task | None = None
         self._ranges: asyncio.Task | None = None
 
@@ -81,6 +89,8 @@ class Services:
             self._report = asyncio.get_running_loop().create_task(self._report_loop())
         if self.verifier is not None and self.verifier.ranges.files:
             self._ranges = asyncio.get_running_loop().create_task(self._ranges_loop(self.verifier))
+        if self.web_bot_auth is not None:
+            self.web_bot_auth.start()
         self.counters.start()
 
     async def close(self) -> None:
@@ -90,12 +100,19 @@ class Services:
             self._ranges.cancel()
         if self.verifier is not None:
             self.verifier.close()
+        if self.web_bot_auth is not None:
+            self.web_bot_auth.close()
+        if self.directories is not None:
+            await self.directories.aclose()
         self.discovery.stop()
         self.counters.close()
         self.converter.close()
         self.pages.close()
         await self.origin.aclose()
         await self.peer.aclose()
+
+    def _count_fetch(self, outcome: str) -> None:
+        self.counters.count(metrics.key_directory_fetches, outcome)
 
     async def _ranges_loop(self, verifier: Verifier) -> None:
         """Read the bots' range files and URLs now and every ``bots.verify.rangeRefresh`` (off the

@@ -882,6 +882,76 @@ class DiscoveryBudget(Model):
     )
 
 
+MAX_SIGNATURE_AGENTS = 64
+
+
+def _agent_origins(value: Any) -> Any:
+    """``https://host[:port]`` (``http`` for a loopback host only), as an origin: lower-cased, default port
+    and a trailing ``/`` dropped."""
+    if not isinstance(value, list):
+        return value
+    if len(value) > MAX_SIGNATURE_AGENTS:
+        raise ValueError(f"at most {MAX_SIGNATURE_AGENTS} signature agents")
+    out = []
+    for entry in value:
+        if not isinstance(entry, str):
+            return value  # the list validator says what is wrong
+        text = entry.strip()
+        try:
+            parts = urlsplit(text)
+            port = parts.port
+        except ValueError:
+            raise ValueError(f"a signature agent is an origin such as https://agent.example: {text[:120]!r}") from None
+        host = (parts.hostname or "").lower()
+        loopback = host == "localhost" or _is_loopback_ip(host)
+        if (parts.scheme.lower() not in ("https", "http") or not host or parts.username or parts.password
+                or parts.path not in ("", "/") or parts.query or parts.fragment
+                or (parts.scheme.lower() == "http" and not loopback)):
+            raise ValueError(f"a signature agent is an https origin such as https://agent.example (http only on a "
+                             f"loopback host): {text[:120]!r}")
+        scheme = parts.scheme.lower()
+        name = f"[{host}]" if ":" in host else host
+        default = {"http": 80, "https": 443}[scheme]
+        out.append(f"{scheme}://{name}" if port in (None, default) else f"{scheme}://{name}:{port}")
+    return out
+
+
+def _is_loopback_ip(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class WebBotAuthConfig(Model):
+    agents: Annotated[list[str], BeforeValidator(_agent_origins)] = Field(
+        [], description="Signature agents (origins, e.g. `https://chatgpt.com`) whose HTTP Message Signatures are "
+        "verified (Web Bot Auth): their key directories are fetched, and a valid signature makes a request "
+        "verified. Empty: off. A signature by any other agent counts as none and fetches nothing."
+    )
+    skew: Annotated[int, BeforeValidator(_duration), Field(ge=0, le=10 * MINUTE)] = Field(
+        MINUTE, description="Clock difference allowed on a signature's `created` and `expires`."
+    )
+    max_age: Annotated[int, BeforeValidator(_duration), Field(ge=SECOND, le=DAY)] = Field(
+        5 * MINUTE, description="A signature is accepted this long after its `created` (the replay window), "
+        "and never past its `expires`."
+    )
+    key_ttl: Annotated[int, BeforeValidator(_duration), Field(ge=MINUTE)] = Field(
+        HOUR, description="How long an agent's key directory is used before it is fetched again (the last good "
+        "copy stays in use while a fetch fails)."
+    )
+    retry_after: Annotated[int, BeforeValidator(_duration), Field(ge=SECOND)] = Field(
+        MINUTE, description="Least time between two fetches of one agent's key directory (a failed one, or one "
+        "asked for by an unknown key id)."
+    )
+    fetch_timeout_ms: Annotated[int, BeforeValidator(_duration), Field(ge=100, le=60_000)] = Field(
+        5_000, description="Deadline of one key-directory fetch, whole."
+    )
+    max_directory_bytes: int = Field(
+        64 * 1024, ge=1024, le=1024 * 1024, description="Largest key directory read."
+    )
+
+
 class Bots(Model):
     default: BotPolicy = Field(BotPolicy(), description="Policy of a class `classes` does not name.")
     classes: dict[BotClass, BotPolicy] = Field(
@@ -901,6 +971,7 @@ class Bots(Model):
         "other", description="A claim that fails verification is served as this class (never by its name)."
     )
     verify: Verify = Verify()
+    web_bot_auth: WebBotAuthConfig = WebBotAuthConfig()
     discovery: DiscoveryBudget = DiscoveryBudget()
 
 class Markdown(Model):
