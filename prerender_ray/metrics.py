@@ -119,6 +119,9 @@ unrouted = Counter("prerender_unrouted_total", "Bot requests served without prer
 # request stopped waiting), busy (too many in flight). Pages served from the Markdown cache are not counted.
 markdown_conversions = Counter("prerender_markdown_conversions_total", "Markdown conversions by outcome.",
                                ["outcome"])
+# llms.txt (api/bot/llms.py): builds of a site's document by outcome: built, timeout, failed, busy (the
+# replica's builds at their cap; the request got the last copy, or a 503 without one).
+llms_txt_builds = Counter("prerender_llms_txt_builds_total", "llms.txt document builds by outcome.", ["outcome"])
 
 # --- replication and sitemaps
 replication_lag_seconds = Histogram(
@@ -160,7 +163,7 @@ pagelog_live_bytes = Gauge("prerender_pagelog_live_bytes", "Bytes of live pages 
 
 # Every background loop's name: primed at 0, so a dashboard's error panel has a series before the
 # first error (tests/test_metrics.py checks that each loop_errors label used in the code is listed).
-LOOPS = ("bot-metrics", "bot-ranges", "controller", "keeper-load", "keeper-overrides", "keeper-publish", "keeper-status",
+LOOPS = ("bot-metrics", "bot-ranges", "content-signals", "controller", "keeper-load", "keeper-overrides", "keeper-publish", "keeper-status",
          "keeper-verify", "lease-sweep", "membership-check", "page-catch-up", "page-log", "rebalance", "rebuild", "reconcile", "robots-discovery", "session-revocations",
          "sitemap-daily", "sitemap-resume", "unrouted-report")
 

@@ -1,6 +1,7 @@
 """robots.txt: ``robots/discover`` (fetch a domain's robots.txt, or every domain's, and walk the
-sitemaps it lists) and ``robots`` (what was fetched: outcome, size, cut, sitemaps, groups, and the
-bots the policy serves although robots.txt disallows them).
+sitemaps it lists) and ``robots`` (what was fetched: outcome, size, cut, sitemaps, groups, the
+bots the policy serves although robots.txt disallows them, and what the site declares about the use
+of its content against what each bot class is served there, under the config in force now).
 
 Discovery runs in this node's SitemapWalker (sitemaps/robots.py says what each outcome means); the
 report reads the replicated ``b:<origin>`` rows from this node's store, so it never fetches.
@@ -20,7 +21,8 @@ from prerender_ray.api.bodies import bad_request, bool_field, read_object
 from prerender_ray.api.context import NodeContext
 from prerender_ray.api.sitemaps import progress_path
 from prerender_ray.serving.origin_policy import OriginPolicy
-from prerender_ray.sitemaps.robots import configured_origins, origin_for
+from prerender_ray.sitemaps.content_signals import Signals
+from prerender_ray.sitemaps.robots import configured_origins, origin_for, signals_report
 from prerender_ray.storage.keys import ROBOTS
 from prerender_ray.storage.registry import RecordError, decode_json, robots_key
 
@@ -87,9 +89,9 @@ async def report(request: Request, who: Principal = Depends(require("viewer"))) 
         if row is None:
             return answer({"error": f"No robots.txt fetched for {origin} yet; {HOW} fetches it",
                            "domain": origin}, 404)
-        return answer({"node": ctx.node.name, **_public(row)})
+        return answer({"node": ctx.node.name, **_public(row, ctx)})
     rows = [_decode(v) for _, v in await ctx.store.within(DEADLINE_S).scan(ROBOTS, None, 1000)]
-    found = [_public(r) for r in rows if r is not None]
+    found = [_public(r, ctx) for r in rows if r is not None]
     return answer({"node": ctx.node.name, "domains": found,
                    "conflicts": sum(len(d["robots"].get("conflicts") or ()) for d in found)})
 
@@ -102,6 +104,9 @@ def _decode(raw: bytes | None) -> dict | None:
     return row if isinstance(row, dict) and isinstance(row.get("report"), dict) else None
 
 
-def _public(row: dict[str, Any]) -> dict:
-    """A row as the API shows it: the report, never the stored text."""
-    return {"domain": row.get("origin"), "checkedAt": row.get("checkedAt"), "robots": row["report"]}
+def _public(row: dict[str, Any], ctx: NodeContext) -> dict:
+    """A row as the API shows it: the report, never the stored text; what the site declares is set
+    against the config in force now (a row written before declarations were kept declares none)."""
+    signals = signals_report(Signals.from_row(row.get("signals")), ctx.cfg)
+    return {"domain": row.get("origin"), "checkedAt": row.get("checkedAt"),
+            "robots": {**row["report"], "contentSignals": signals}}

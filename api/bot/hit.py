@@ -16,7 +16,14 @@ from prerender_ray.identity.cachekeys import KeyFormat
 from prerender_ray.serving.answer import Reply, prepare, prepared_reply, verdict
 from prerender_ray.serving.classify import BotRequest
 from prerender_ray.serving.framing import framed_reply, sends_stored_coding
-from prerender_ray.serving.markdown import TRANSIENT, MarkdownPolicy, charset_of, convert_page, markdown_meta
+from prerender_ray.serving.markdown import (
+    TRANSIENT,
+    MarkdownPolicy,
+    charset_of,
+    convert_page,
+    markdown_link,
+    markdown_meta,
+)
 from prerender_ray.serving.negotiation import EncodingError, add_vary
 from prerender_ray.serving.responses import debug_headers
 
@@ -108,10 +115,13 @@ class Hit:
     def html(self, req: BotRequest, page: StoredPage, now: int, headers: dict[str, str], out: Outcome,
              debug: bool) -> Reply | None:
         """``cached``, with ``Vary: Accept`` on a 200 while Markdown is on (the same URL answers
-        Markdown to another Accept); a second field line, so the frame's headers stay as written."""
+        Markdown to another Accept) and a ``Link`` to that Markdown (``markdown_link``); second
+        field lines, so the frame's headers stay as written (a stored ``link`` is never served)."""
         reply = self.cached(req, page, now, headers, out, debug)
         if reply is not None and self.markdown.enabled and page.status_code == 200:
             reply.headers["vary"] = "Accept"
+            if reply.status == 200:  # not on a 304: Link is not among the fields it repeats
+                reply.headers["link"] = markdown_link(req.url)
         return reply
 
     async def as_markdown(self, req: BotRequest, page: StoredPage, now: int, headers: dict[str, str],
@@ -137,6 +147,8 @@ class Hit:
             reply = self.html(req, page, now, headers, out, debug)
             if reply is not None:
                 reply.headers["x-harper-markdown-skipped"] = entry.reason
+                if entry.reason not in TRANSIENT:  # this version has no Markdown to point to
+                    reply.headers.pop("link", None)
                 if entry.reason in TRANSIENT:  # a shared cache must not keep it for the agents' Accept
                     reply.encoded = [(k, v) for k, v in reply.encoded if k not in _FRESHNESS]
                     reply.headers.pop("expires", None)

@@ -46,7 +46,8 @@ async def serve(state: ReplicaState, req: BotRequest, headers: dict[str, str], s
     verifier = services.verifier
     if verification != VERIFIED and verifier is not None and verifier.applies(name):
         verification = await verifier.check(name, _client(services, scope, headers))
-    decision = state.policies.decide(name, verification)
+    site = services.signals.of(req.url) if services.signals_on else None
+    decision = state.policies.decide(name, verification, site)
     record = state.analytics and (name != OTHER or state.record_unmatched)
     bot = services.bot_label(name)
     if record:
@@ -73,7 +74,8 @@ async def serve(state: ReplicaState, req: BotRequest, headers: dict[str, str], s
         reply, out = await _cacheable(state, req, headers, now, debug, name, decision)
     if debug:
         reply.headers.update({"x-harper-bot": name[:100], "x-harper-bot-class": decision.bot_class,
-                              "x-harper-bot-verification": verification, "x-harper-bot-policy": serve_as})
+                              "x-harper-bot-verification": verification, "x-harper-bot-policy": serve_as,
+                              "x-harper-bot-policy-source": decision.source})
         if signed is not None:
             reply.headers["x-harper-bot-signature"] = signed.reason
     if out.render_now:
@@ -170,6 +172,10 @@ class BotMiddleware:
             state = open_replica(self.ctx)
         headers = _request_headers(scope)
         query = scope.get("query_string", b"").decode("utf-8", "surrogateescape")
+        llms = state.services.llms  # /llms.txt of a configured site: before the page decision
+        if llms is not None and (site := llms.site_of(state.ingress, scope["method"], path, query, headers)):
+            await send_reply(send, await llms.answer(site, scope["method"], headers))
+            return
         decision = state.resolve(scope["method"], path, query, headers)
         if type(decision) is NotBot:
             if decision.detail:

@@ -22,6 +22,7 @@ from prerender_ray.identity.urls import UrlError
 from prerender_ray.queue.discovery import BUSY, RateBudget, site_of
 from prerender_ray.serving.answer import Reply, error_reply, origin_reply, verdict
 from prerender_ray.serving.classify import BotRequest
+from prerender_ray.serving.markdown import markdown_negotiated, wants_markdown
 from prerender_ray.serving.origin_rules import (
     ServingPolicy,
     is_prerender_candidate,
@@ -215,16 +216,22 @@ class Miss:
         pin = staging_ip(self.cfg.origin.staging, headers)
         forward = self._forward(req, headers, strip_validators=True)
         client = self.origin
+        # The bot's Accept goes to the origin, which may answer Markdown to it (Cloudflare's Markdown
+        # for Agents does): an agent asking for Markdown never shares a fetch with an HTML bot.
+        asks_markdown = wants_markdown(headers.get("accept"))
         try:
             answer, leader = await client.collapsed(
-                (req.cache_key, pin),
+                (req.cache_key, pin, asks_markdown),
                 lambda: client.fetch("GET", req.url, forward, reason=reason, pin=pin))
         except OriginError as e:
             return self._origin_failed(req, e, debug, out)
         out.via_staging = answer.via_staging
-        if discover and leader and req.route_class == "prerender" and is_prerender_candidate(
-                answer.status, relay_headers(answer.status, answer.headers)):
-            self.discovery.discover(req.url)
+        if discover and leader and req.route_class == "prerender":
+            relayed = relay_headers(answer.status, answer.headers)
+            if asks_markdown and markdown_negotiated(relayed):  # an HTML page stands behind it
+                relayed["content-type"] = "text/html"
+            if is_prerender_candidate(answer.status, relayed):
+                self.discovery.discover(req.url)
         return origin_reply(answer.status, answer.headers, answer.body, request_headers=headers,
                             head=req.method == "HEAD", debug=self.hit.debug(req, out) if debug else None,
                             max_bytes=self.cfg.server.max_html_bytes)

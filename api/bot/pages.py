@@ -477,6 +477,24 @@ class PageReader:
             found = self.get(key)
         return found
 
+    async def record(self, key: str) -> bytes | None:
+        """The record ``read`` would decode (enveloped, for ``decode_page``), without keeping it decoded:
+        a bulk reader (llms.txt) must not push the bots' pages out of ``decoded``."""
+        if self._log is not None:
+            if self._mark is None or self.behind():
+                self.poll()
+            found = self._log.get(key_hash(key))
+            return None if found is None else found.data
+        if self.behind():
+            await self.sync()
+        db = self._db
+        return None if db is None else cast("bytes | None", db.get(key.encode()))
+
+    def writes(self) -> int | None:
+        """The store's write mark (a count of its writes), None while it has none: a reader of many
+        pages compares it to tell whether anything was written since it last read."""
+        return self._follow()
+
     async def sync(self) -> bool:
         """Wait, at most ``wait_s``, for a catch-up that starts after this call. Every read that
         calls meanwhile waits for the same one (one scheduled at a time, ``gap_s`` after the last

@@ -24,11 +24,13 @@ from prerender_ray.api.bot.counters import Counters
 from prerender_ray.api.bot.hit import Hit
 from prerender_ray.api.bot.holders import HolderReader
 from prerender_ray.api.bot.key_directory import DirectoryFetcher
+from prerender_ray.api.bot.llms import LlmsTxt
 from prerender_ray.api.bot.markdown import Converter
 from prerender_ray.api.bot.miss import Discovery, Miss
 from prerender_ray.api.bot.origin import OriginClient
 from prerender_ray.api.bot.pages import PageReader
 from prerender_ray.api.bot.peer import PeerClient
+from prerender_ray.api.bot.signals import SiteSignals
 from prerender_ray.api.context import NodeContext, ReplicaConfig
 from prerender_ray.config.model import Config
 from prerender_ray.serving.bot_policy import Policies
@@ -59,6 +61,7 @@ class Services:
         self.holders = HolderReader(ctx, cfg.cluster)
         self.counters = Counters()
         self.converter = Converter(cfg.markdown.cache_bytes, self.counters)
+        self.llms = LlmsTxt(ctx, cfg, self.pages, self.counters) if cfg.llms_txt.enabled else None
         self.bot_label = LabelBudget(BOT_LABELS)
         rep = cfg.ingress.report
         self.report_unrouted = rep.enabled and cfg.ingress.mode == "forwarded"
@@ -82,6 +85,10 @@ class Services:
                              if self.directories is not None else None)
         self._report: asyncio.Task | None = None
         self._ranges: asyncio.Task | None = None
+        # what each site's robots.txt declares, for the bot policies (bots.contentSignals)
+        self.signals = SiteSignals(ctx.store)
+        self.signals_on = cfg.bots.content_signals.apply_as_defaults
+        self._signals: asyncio.Task | None = None
 
     def start(self) -> None:
         self.pages.start()
@@ -91,6 +98,8 @@ class Services:
             self._ranges = asyncio.get_running_loop().create_task(self._ranges_loop(self.verifier))
         if self.web_bot_auth is not None:
             self.web_bot_auth.start()
+        if self.signals_on:
+            self._signals = asyncio.get_running_loop().create_task(self.signals.follow())
         self.counters.start()
 
     async def close(self) -> None:
@@ -98,6 +107,8 @@ class Services:
             self._report.cancel()
         if self._ranges is not None:
             self._ranges.cancel()
+        if self._signals is not None:
+            self._signals.cancel()
         if self.verifier is not None:
             self.verifier.close()
         if self.web_bot_auth is not None:
@@ -107,6 +118,8 @@ class Services:
         self.discovery.stop()
         self.counters.close()
         self.converter.close()
+        if self.llms is not None:
+            self.llms.close()
         self.pages.close()
         await self.origin.aclose()
         await self.peer.aclose()

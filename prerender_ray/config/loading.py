@@ -208,6 +208,7 @@ def _decode_reserved(chars: list[str]) -> None:
 # and reported in the model's own format.
 _FIELD_CHECKS = (
     ("domains", _domains),
+    ("llms_txt.sites", _domains),
     ("server.trusted_proxies", parse_networks),
     ("cache_key.decode_reserved", _decode_reserved),
 )

@@ -952,6 +952,19 @@ class WebBotAuthConfig(Model):
     )
 
 
+class ContentSignals(Model):
+    apply_as_defaults: bool = Field(
+        False, description="A site's robots.txt `Content-Signal` (search, ai-input, ai-train) and `Content-Usage` "
+        "(aipref: search, train-ai) lines set the policy of the matching class (search, ai-search, ai-training) "
+        "for that site where the operator set none (`bots.classes`, `bots.named`): `allowed` for a yes, `refused` "
+        "for a no. Read from the robots.txt discovery fetched (`robots`)."
+    )
+    allowed: BotPolicy = Field(BotPolicy(), description="Policy of a class whose use the site allows.")
+    refused: BotPolicy = Field(
+        BotPolicy(serve="deny", discover=False), description="Policy of a class whose use the site refuses."
+    )
+
+
 class Bots(Model):
     default: BotPolicy = Field(BotPolicy(), description="Policy of a class `classes` does not name.")
     classes: dict[BotClass, BotPolicy] = Field(
@@ -973,6 +986,7 @@ class Bots(Model):
     verify: Verify = Verify()
     web_bot_auth: WebBotAuthConfig = WebBotAuthConfig()
     discovery: DiscoveryBudget = DiscoveryBudget()
+    content_signals: ContentSignals = ContentSignals()
 
 class Markdown(Model):
     enabled: bool = Field(
@@ -1000,6 +1014,46 @@ class Markdown(Model):
     for_classes: list[BotClass] = Field(
         [], description="Bot classes (`bots`: the class a request is served as) that always get Markdown."
     )
+
+
+class LlmsTxt(Model):
+    enabled: bool = Field(
+        False,
+        description="Serve `/llms.txt` for a site (prefix mode `/p/<origin>/llms.txt`, forwarded mode `/llms.txt`): "
+        "its rendered pages grouped by sitemap, each with its title, description and the URL that serves its Markdown.",
+    )
+    sites: list[str] = Field(
+        [], description="Hosts whose llms.txt is served, as `domains` entries; empty: every host `domains` allows "
+        "(none while `domains` is empty).",
+    )
+    sitemaps: list[str] = Field(
+        [], description="Sections listed: sitemap URLs, or URL prefixes ending in `*`; empty: every sitemap's pages, "
+        "and pages of no sitemap under 'Other pages'.",
+    )
+    max_entries: int = Field(1000, ge=1, le=50_000, description="Most pages listed; past it the list is cut, with a note.")
+    max_bytes: int = Field(
+        512 * 1024, ge=4096, le=16 * 1024 * 1024, description="Largest document; past it the list is cut, with a note."
+    )
+    max_age: PositiveDuration = Field(
+        10 * MINUTE, description="A document this old is rebuilt on its next request (which is served the old one)."
+    )
+    min_age: NonNegDuration = Field(
+        30 * SECOND, description="A document younger than this is not rebuilt for new renders on the node; once "
+        "older, the next request after a render rebuilds it.",
+    )
+    build_timeout: PositiveDuration = Field(30 * SECOND, description="Deadline of one build of a site's document.")
+
+    @field_validator("sites")
+    @classmethod
+    def _sites(cls, v: list[str]) -> list[str]:  # each entry parsed as `domains` are (config/loading.py)
+        return [d.strip().lower() for d in v if d.strip()]
+
+    @field_validator("sitemaps")
+    @classmethod
+    def _sitemaps(cls, v: list[str]) -> list[str]:
+        if any(not s.strip() or s.strip() == "*" for s in v):
+            raise ValueError("a sitemaps entry is a sitemap URL or a URL prefix ending in '*'")
+        return [s.strip() for s in v]
 
 
 class Logging(Model):
@@ -1042,6 +1096,7 @@ class Config(Model):
     auth: Auth = Auth()
     analytics: Analytics = Analytics()
     markdown: Markdown = Markdown()
+    llms_txt: LlmsTxt = LlmsTxt()
     bots: Bots = Bots()
     logging: Logging = Logging()
 

@@ -9,6 +9,11 @@ must not get what Googlebot gets. A claim that failed verification, or is not ve
 discovers, whatever its policy says: it claims to be a bot it may not be, and new targets are for
 traffic we can believe (``withheld`` says why). The default config prerenders everything; discovery
 is on for every request but those.
+
+With ``bots.contentSignals.applyAsDefaults``, what a site's robots.txt declares
+(``sitemaps/content_signals.py``) sets the policy of the class it concerns on that site, in place of
+``bots.default`` or the built-in ``classes`` entry; a ``bots.named`` policy, a ``bots.classes`` entry the
+operator wrote and a failed claim are never changed by it (``source`` says which policy applied).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import TYPE_CHECKING
 from prerender_ray.queue.discovery import FAILED_CLAIM, UNVERIFIED_CLAIM
 from prerender_ray.serving.answer import Reply
 from prerender_ray.serving.bots import DEBUG, BotRegistry
+from prerender_ray.sitemaps.content_signals import USE_OF_CLASS, Signals, robots_token
 
 if TYPE_CHECKING:
     from prerender_ray.config.model import BotPolicy, Bots
@@ -39,6 +45,8 @@ class Decision:
     bot_class: str  # the class the request is served as
     verification: str
     withheld: str = ""  # why discovery is off although the policy allows it (queue.discovery reasons)
+    # which policy: named | class | builtin | default | failed | debug | signal:<use>=yes|no
+    source: str = ""
 
 
 class Policies:
@@ -50,35 +58,81 @@ class Policies:
         self.classes = dict(cfg.classes)
         self.named = {name.lower(): p for name, p in cfg.named.items()}
         self.failed_class = cfg.failed_class
+        # The built-in classes entry (search) is the project's default, not the operator's word.
+        self.operator_classes = set() if cfg.classes == type(cfg).model_fields["classes"].default else set(cfg.classes)
+        signals = cfg.content_signals
+        self.signals_on = signals.apply_as_defaults
+        self.allowed, self.refused = signals.allowed, signals.refused
         self.unverified_fails = cfg.verify.while_unverified == "failed"
         self.deny = _deny_reply(cfg.deny_status, cfg.deny_body)
         self._memo: dict[tuple[str, str], Decision] = {}
 
-    def decide(self, name: str, verification: str = UNCHECKED) -> Decision:
+    def decide(self, name: str, verification: str = UNCHECKED, site: Signals | None = None) -> Decision:
+        """``site``: what the request's site declares (only read with ``applyAsDefaults``)."""
         key = (name, verification)
         found = self._memo.get(key)
         if found is None:
             if len(self._memo) >= MEMO:
                 self._memo.clear()
             found = self._memo[key] = self._decide(name, verification)
+        if site and self.signals_on and found.source in ("builtin", "default"):
+            use = USE_OF_CLASS.get(found.bot_class)
+            allowed = site.for_token(robots_token(name)).get(use) if use is not None else None
+            if allowed is not None:
+                return self._signal(found.bot_class, verification, use, allowed)  # type: ignore[arg-type]
+        return found
+
+    def for_class(self, cls: str, site: Signals | None, token: str) -> Decision:
+        """What a bot of ``cls`` with no name policy, claiming ``token`` on the site, is served (the report)."""
+        policy, source = self._class_policy(cls)
+        use = USE_OF_CLASS.get(cls)
+        if site and self.signals_on and source in ("builtin", "default") and use is not None:
+            allowed = site.for_token(token).get(use)
+            if allowed is not None:
+                return self._signal(cls, UNCHECKED, use, allowed)
+        return Decision(policy.serve, policy.discover, cls, UNCHECKED, source=source)
+
+    def explicit(self, cls: str) -> dict | None:
+        """The policy the operator set for a class (``bots.classes``), or None."""
+        p = self.classes.get(cls) if cls in self.operator_classes else None
+        return None if p is None else {"serve": p.serve, "discover": p.discover}
+
+    def _class_policy(self, cls: str) -> tuple[BotPolicy, str]:
+        policy = self.classes.get(cls)  # type: ignore[call-overload]
+        if policy is None:
+            return self.default, "default"
+        return policy, "class" if cls in self.operator_classes else "builtin"
+
+    def _signal(self, cls: str, verification: str, use: str, allowed: bool) -> Decision:
+        key = (cls, verification, use, allowed)
+        found = self._memo.get(key)  # type: ignore[arg-type]
+        if found is None:
+            policy = self.allowed if allowed else self.refused
+            withheld = ""
+            if policy.discover and verification in (FAILED, UNVERIFIED):
+                withheld = FAILED_CLAIM if verification == FAILED else UNVERIFIED_CLAIM
+            found = self._memo[key] = Decision(  # type: ignore[index]
+                policy.serve, policy.discover and not withheld, cls, verification, withheld,
+                f"signal:{use}={'yes' if allowed else 'no'}")
         return found
 
     def _decide(self, name: str, verification: str) -> Decision:
         if name == DEBUG:  # the reference's marker for its own test traffic: always served as usual
-            return Decision("prerender", True, self.registry.class_of(name), verification)
+            return Decision("prerender", True, self.registry.class_of(name), verification, source="debug")
         failed = verification == FAILED or (verification == UNVERIFIED and self.unverified_fails)
         policy: BotPolicy | None
         if failed:
             cls: str = self.failed_class
-            policy = self.classes.get(self.failed_class)
+            policy, source = self.classes.get(self.failed_class) or self.default, "failed"
         else:
             cls = self.registry.class_of(name)
-            policy = self.named.get(name.lower()) or self.classes.get(cls)  # type: ignore[call-overload]
-        policy = policy or self.default
+            policy, source = self.named.get(name.lower()), "named"
+            if policy is None:
+                policy, source = self._class_policy(cls)
         withheld = ""
         if policy.discover and verification in (FAILED, UNVERIFIED):
             withheld = FAILED_CLAIM if verification == FAILED else UNVERIFIED_CLAIM
-        return Decision(policy.serve, policy.discover and not withheld, cls, verification, withheld)
+        return Decision(policy.serve, policy.discover and not withheld, cls, verification, withheld, source)
 
     def deny_reply(self) -> Reply:
         """A fresh copy: callers add headers to a reply."""

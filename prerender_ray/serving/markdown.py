@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import codecs
 import gzip
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -44,6 +45,9 @@ EXCLUDE = ["aside", "[aria-hidden=true]", "[role=navigation]", "[role=complement
 # Why a page was served as HTML (x-harper-markdown-skipped); the first three are the conversion's own.
 SKIP_REASONS = ("too-large", "output-too-large", "failed", "timeout", "busy")
 TRANSIENT = frozenset({"timeout", "busy"})  # the HTML then says no-store: the next request may get Markdown
+# x-markdown-tokens: the Markdown's UTF-8 bytes over 4, rounded up. BPE tokenizers average about 4
+# characters a token on English prose; no tokenizer is loaded for an estimate (low for CJK text).
+TOKEN_BYTES = 4
 
 
 class MarkdownSkipped(Exception):
@@ -263,14 +267,39 @@ def markdown_etag(page_etag: str, body: bytes) -> str:
     return f'{"W/" if weak else ""}"{opaque}-md"'
 
 
+def markdown_negotiated(headers: Mapping[str, str]) -> bool:
+    """Whether an origin's answer (relayed, lowercase ``headers``) is Markdown it chose by ``Accept``
+    (its ``Vary`` names Accept), so the URL has an HTML form to render."""
+    mime = headers.get("content-type", "").partition(";")[0].strip().lower()
+    return mime in MARKDOWN_TYPES and "accept" in (t.strip().lower() for t in headers.get("vary", "").split(","))
+
+
+def markdown_link(url: str) -> str:
+    """The ``Link`` an HTML answer points to its Markdown with: the page's own (canonical) URL, since
+    Markdown is asked for by ``Accept`` and there is no URL form of it. The canonical form has
+    ``<``, ``>``, quotes, spaces and controls percent-escaped, so the URL cannot end the reference."""
+    return f'<{url}>; rel="alternate"; type="text/markdown"'
+
+
+def estimate_tokens(markdown_bytes: int) -> int:
+    return -(-markdown_bytes // TOKEN_BYTES)
+
+
+def gzip_size(gz: bytes) -> int:
+    """The decoded size of one gzip member: its trailer's ISIZE (RFC 1952; modulo 2**32, far above
+    ``markdown.maxOutputBytes``), so the Markdown is not decoded again to be measured."""
+    return int.from_bytes(gz[-4:], "little") if len(gz) >= 18 else 0
+
+
 def markdown_meta(page: PageMeta, gz_markdown: bytes) -> PageMeta:
     """The Markdown answer of ``page`` as a page of its own (``answer.prepare`` shapes it like any
     stored page: coding negotiated, ``Vary: Accept-Encoding``, 304, HEAD): the page's headers with
-    the Markdown's type, ETag and coding, and ``Vary: Accept``."""
+    the Markdown's type, ETag, coding and ``x-markdown-tokens``, and ``Vary: Accept``."""
     headers = {k: v for k, v in page.headers.items() if k not in ("content-length", "content-type", "etag")}
     headers["content-type"] = MARKDOWN_TYPE
     headers["content-encoding"] = "gzip"
     headers["etag"] = markdown_etag(page.headers.get("etag", ""), gz_markdown)
     headers["vary"] = add_vary(headers.get("vary"), "Accept")
+    headers["x-markdown-tokens"] = str(estimate_tokens(gzip_size(gz_markdown)))
     return PageMeta(cache_key=page.cache_key, status_code=200, headers=headers, last_cached=page.last_cached,
                     expires_at=page.expires_at, is_indexable=page.is_indexable)

@@ -12,7 +12,9 @@ Outcomes follow RFC 9309 and Google's crawler:
   force, and with none there is nothing to judge by.
 
 Parsing is protego's (the matching rules Google documents: the longest matching user-agent group,
-``*`` as the fallback, the longest matching path rule). This module holds no Ray and no HTTP.
+``*`` as the fallback, the longest matching path rule). What the site declares about the use of its
+content (``Content-Signal``, ``Content-Usage``) is ``content_signals``'s, parsed with the body and
+kept in the record (a record written before has none). This module holds no Ray and no HTTP.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from typing import TYPE_CHECKING, Any
 from protego import Protego
 
 from prerender_ray.serving.bots import DEFAULT_BOTS
+from prerender_ray.sitemaps.content_signals import ROBOTS_TOKENS as ROBOTS_TOKENS
+from prerender_ray.sitemaps.content_signals import Signals, declared_view, robots_token, served_view
+from prerender_ray.sitemaps.content_signals import parse as parse_signals
 
 if TYPE_CHECKING:
     from prerender_ray.config.model import Config
@@ -35,22 +40,6 @@ MAX_GROUPS = 100  # user-agent groups listed in a report (the rest are counted)
 MAX_AGENTS = 20  # user agents listed per group
 MAX_IGNORED = 20  # ignored Sitemap: lines listed (the rest are counted)
 _BOM = "\ufeff".encode()
-
-# The product token a site names in robots.txt for each registry bot whose display name differs
-# (prerender_ray/serving/bots.py names bots for analytics; a name not listed here is its own token).
-ROBOTS_TOKENS: dict[str, str] = {
-    "Google InspectionTool": "Googlebot",  # Google: it obeys Googlebot's group
-    "Baidu Spider": "Baiduspider",
-    "Naver Yeti": "Yeti",
-    "Sogou Spider": "Sogou web spider",
-    "Screaming Frog": "Screaming Frog SEO Spider",
-}
-
-
-def robots_token(bot_name: str) -> str:
-    """The robots.txt user-agent token of a registry bot."""
-    return ROBOTS_TOKENS.get(bot_name, bot_name)
-
 
 def served_today(bot_names: Iterable[str]) -> dict[str, str]:
     """token -> serve mode with every registered bot prerendered (the default policy)."""
@@ -72,6 +61,19 @@ def served_by(cfg: Config) -> dict[str, str]:
         if out.get(token) in (None, "deny"):
             out[token] = mode
     return out
+
+
+def signals_report(signals: Signals, cfg: Config) -> dict:
+    """What a site declares (``Content-Signal``, ``Content-Usage``) and, per class it concerns, what
+    the config serves there (declared vs effective: ``bots.contentSignals``)."""
+    from prerender_ray.serving.bot_policy import Policies
+    from prerender_ray.serving.bots import BotRegistry
+
+    bots = cfg.analytics.bots
+    tokens = dict.fromkeys((b.name, robots_token(b.name)) for b in (DEFAULT_BOTS if bots is None else bots))
+    policies = Policies(cfg.bots, BotRegistry.from_config(cfg))
+    return {**declared_view(signals), "applyAsDefaults": cfg.bots.content_signals.apply_as_defaults,
+            "classes": served_view(signals, policies, tokens)}
 
 
 def robots_url(origin: str) -> str:
@@ -205,13 +207,16 @@ class ParsedRobots:
     error: str | None = None
     final_url: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    signals: Signals = field(default_factory=Signals)  # what the body declares about the use of content
 
     @classmethod
     def from_body(cls, url: str, body: bytes, *, status: int = 200, max_bytes: int,
                   fetched_at: int | None = None, truncated: bool = False, **kw: Any) -> ParsedRobots:
         """A 2xx body: cut at ``max_bytes`` (it may be cut already: ``truncated``) and decoded."""
         data, cut_here = cut(body, max_bytes)
-        return cls(url, OK, status, fetched_at, len(data), truncated or cut_here, decode(data), **kw)
+        text = decode(data)
+        return cls(url, OK, status, fetched_at, len(data), truncated or cut_here, text, **kw,
+                   signals=parse_signals(text))
 
     @cached_property
     def rules(self) -> Protego | None:
@@ -238,12 +243,13 @@ class ParsedRobots:
                 "finalUrl": self.final_url, "size": self.size, "truncated": self.truncated,
                 "error": self.error, "sitemaps": lines.urls, "sitemapLines": lines.total,
                 "sitemapsIgnored": lines.ignored, "sitemapsIgnoredCount": lines.ignored_count,
-                "sitemapsOverLimit": lines.over_limit, "groups": groups, "groupCount": total}
+                "sitemapsOverLimit": lines.over_limit, "groups": groups, "groupCount": total,
+                "contentSignals": declared_view(self.signals)}
 
     def to_row(self) -> dict:
         return {"url": self.url, "state": self.state, "status": self.status, "fetchedAt": self.fetched_at,
                 "size": self.size, "truncated": self.truncated, "text": self.text, "error": self.error,
-                "finalUrl": self.final_url}
+                "finalUrl": self.final_url, "signals": self.signals.to_row()}
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> ParsedRobots:
@@ -251,7 +257,8 @@ class ParsedRobots:
         text = text if isinstance(text, str) else ""
         return cls(str(row.get("url") or ""), state if state in (OK, UNAVAILABLE) else UNREACHABLE,
                    row.get("status"), row.get("fetchedAt"), size if isinstance(size, int) else len(text),
-                   bool(row.get("truncated")), text, row.get("error"), row.get("finalUrl"))
+                   bool(row.get("truncated")), text, row.get("error"), row.get("finalUrl"),
+                   signals=Signals.from_row(row.get("signals")))
 
 
 def settle(last_good: ParsedRobots | None, fetched: ParsedRobots) -> ParsedRobots:
@@ -261,7 +268,7 @@ def settle(last_good: ParsedRobots | None, fetched: ParsedRobots) -> ParsedRobot
         return fetched
     kept = ParsedRobots(last_good.url, last_good.state, last_good.status, last_good.fetched_at,
                         last_good.size, last_good.truncated, last_good.text, last_good.error,
-                        last_good.final_url)
+                        last_good.final_url, signals=last_good.signals)
     kept.extra["lastAttempt"] = {"at": fetched.fetched_at, "status": fetched.status, "error": fetched.error}
     return kept
 

@@ -119,6 +119,12 @@ class OriginSite:
         if path.startswith("/slow/"):  # slow but within the deadlines
             await asyncio.sleep(0.6)
             return await self._send(writer, 200, JS_PAGE, html)
+        if path.startswith("/negotiates/"):  # Markdown to an Accept naming it (Cloudflare's Markdown for Agents)
+            await asyncio.sleep(0.5)  # long enough for concurrent misses to meet
+            vary = [("vary", "accept")]
+            if "text/markdown" in headers.get("accept", ""):
+                return await self._send(writer, 200, b"# JS page\n", [("content-type", "text/markdown"), *vary])
+            return await self._send(writer, 200, JS_PAGE, html + vary)
         if path == "/hang":  # never answers
             await asyncio.sleep(3600)
             return False

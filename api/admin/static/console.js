@@ -445,9 +445,17 @@
         el('td', { class: 'mono', text: d.domain }), el('td', { text: state }),
         el('td', { text: fmtTime(b.fetchedAt) }), el('td', { class: 'num', text: size }),
         el('td', { text: `${fmtNum((b.sitemaps || []).length)} walked, ${fmtNum(b.sitemapsIgnoredCount)} ignored` }),
-        el('td', { text: conflicts.length ? conflicts.join(', ') : 'none' }));
+        el('td', { text: conflicts.length ? conflicts.join(', ') : 'none' }),
+        el('td', { text: signalsText(b.contentSignals) }));
     }));
     $('robots-empty').hidden = rows.length > 0;
+  }
+
+  // What a site declares (Content-Signal, Content-Usage) per class, and what the class is served there.
+  function signalsText(s) {
+    if (!s || !(s.classes || []).some((c) => c.declared)) return 'none declared';
+    const parts = s.classes.filter((c) => c.declared).map((c) => `${c.signal}=${c.declared}: ${c.class} ${c.effective}`);
+    return parts.join(', ') + (s.applyAsDefaults ? '' : ' (not applied)');
   }
 
   // bots ----------------------------------------------------------------------------------------

@@ -111,11 +111,14 @@ async def test_an_agent_gets_the_rendered_page_as_markdown(tmp_path, site, frame
         assert h["etag"] == '"e1-md"' and h["content-encoding"] == "gzip" and h["cache-control"] == "max-age=60"
         assert _vary(r) == ["Accept", "Accept-Encoding"]
         assert int(h["age"]) >= 2 and h["last-modified"] == "Wed, 01 Jan 2025 00:00:00 GMT"
-        assert "x-harper-markdown-skipped" not in h
-        # The HTML of the same URL says it varies by Accept too (a second field line).
+        assert "x-harper-markdown-skipped" not in h and "link" not in h
+        assert h["x-markdown-tokens"] == str(-(-len(md.encode()) // 4))  # bytes/4, rounded up
+        # The HTML of the same URL says it varies by Accept too (a second field line), and where its
+        # Markdown is: the same URL, asked for by Accept.
         html = await c.get(f"/p/{url}", headers={**UA, "accept": "text/html", "accept-encoding": "gzip"})
         assert html.content == RENDERED and html.headers["etag"] == '"e1"'
-        assert _vary(html) == ["Accept", "Accept-Encoding"]
+        assert _vary(html) == ["Accept", "Accept-Encoding"] and "x-markdown-tokens" not in html.headers
+        assert html.headers["link"] == f'<{url}>; rel="alternate"; type="text/markdown"'
 
 
 async def test_conditional_requests_and_head(tmp_path, site) -> None:
@@ -125,11 +128,16 @@ async def test_conditional_requests_and_head(tmp_path, site) -> None:
         r = await c.get(f"/p/{url}", headers={**UA, **MD, "if-none-match": '"e1-md"'})
         assert r.status_code == 304 and r.content == b""
         assert r.headers["etag"] == '"e1-md"' and _vary(r) == ["Accept", "Accept-Encoding"]
+        html = {**UA, "accept": "text/html", "accept-encoding": "gzip"}
+        r = await c.get(f"/p/{url}", headers={**html, "if-none-match": '"e1"'})  # the HTML's 304 still varies
+        assert r.status_code == 304 and _vary(r) == ["Accept", "Accept-Encoding"] and "link" not in r.headers
+        head = await c.head(f"/p/{url}", headers=html)
+        assert head.headers["link"] == (await c.get(f"/p/{url}", headers=html)).headers["link"]
         r = await c.get(f"/p/{url}", headers={**UA, **MD, "if-none-match": '"e1"'})  # the HTML's: not ours
         assert r.status_code == 200 and r.text == get.text
         head = await c.head(f"/p/{url}", headers={**UA, **MD})
         assert head.status_code == 200 and head.content == b""
-        for name in ("content-type", "content-length", "content-encoding", "etag", "vary"):
+        for name in ("content-type", "content-length", "content-encoding", "etag", "vary", "x-markdown-tokens"):
             assert head.headers[name] == get.headers[name]
         plain = await c.get(f"/p/{url}", headers={**UA, "accept": "text/markdown", "accept-encoding": "identity"})
         assert plain.text == get.text and "content-encoding" not in plain.headers
@@ -182,6 +190,7 @@ async def test_a_page_over_a_bound_is_served_as_html_saying_why(tmp_path, site, 
             assert r.status_code == 200 and r.content == html and r.headers["x-harper-markdown-skipped"] == reason
             assert r.headers["etag"] == '"e1"' and r.headers["content-type"].startswith("text/html")
             assert r.headers["cache-control"] == "max-age=60"  # lasting for this version: cacheable
+            assert "link" not in r.headers  # this version has no Markdown to point to
         assert s.conversions() == {reason: 1}
 
 
@@ -217,6 +226,7 @@ async def test_too_many_conversions_in_flight_serve_html(tmp_path, site) -> None
         open_replica(s.ctx).services.converter.max_in_flight = 0
         r = await c.get(f"/p/{url}", headers={**UA, **MD})
         assert r.headers["x-harper-markdown-skipped"] == "busy" and r.content == RENDERED
+        assert r.headers["link"] == f'<{url}>; rel="alternate"; type="text/markdown"'  # the next try may get it
         assert [v for k, v in r.headers.multi_items() if k == "cache-control"] == ["no-store"]
         assert s.conversions() == {"busy": 1}
 
@@ -246,8 +256,30 @@ async def test_markdown_off_serves_html_without_vary_accept(tmp_path, site) -> N
     async with serving(tmp_path, site, enabled=False) as s, s.client() as c:
         url = s.store("/page/off")
         r = await c.get(f"/p/{url}", headers={**UA, **MD})
-        assert r.content == RENDERED and _vary(r) == ["Accept-Encoding"]
+        assert r.content == RENDERED and _vary(r) == ["Accept-Encoding"] and "link" not in r.headers
         assert s.conversions() == {}
+
+
+async def test_the_markdown_link_names_the_canonical_url_escaped(tmp_path, site) -> None:
+    """The URL is the page's canonical one, whose escapes keep a hostile path inside the reference."""
+    async with serving(tmp_path, site) as s, s.client() as c:
+        url = s.store('/page/a%3E%3Cb%22c')
+        r = await c.get(f"/p/{site.base}/page/a><b\"c", headers={**UA, "accept": "text/html"})
+        assert r.content == RENDERED and r.headers["link"] == f'<{url}>; rel="alternate"; type="text/markdown"'
+        r = await c.get(f"/p/{url}", headers={**UA, **MD})  # what the link names answers Markdown
+        assert "# The widget" in _md(r)
+
+
+async def test_an_agent_and_an_html_bot_missing_at_once_never_share_the_origin_fetch(tmp_path, site) -> None:
+    """The origin gets the bot's Accept and may answer Markdown to it (it says ``Vary: Accept``): a
+    concurrent HTML bot must not be handed that answer, nor the agent the HTML."""
+    async with serving(tmp_path, site) as s, s.client() as c:
+        url = f"{site.base}/negotiates/together"
+        agent, html = await asyncio.gather(c.get(f"/p/{url}", headers={**UA, **MD}),
+                                           c.get(f"/p/{url}", headers={**UA, "accept": "text/html"}))
+        assert agent.headers["content-type"] == "text/markdown" and agent.text == "# JS page\n"
+        assert html.headers["content-type"].startswith("text/html") and html.content == JS_PAGE
+        assert site.hits["/negotiates/together"] == 2
 
 
 def _converted(n: int) -> Converted:

@@ -103,7 +103,8 @@ def test_a_rendered_page_is_served_from_cache_as_stored(node, site) -> None:
     assert r.status_code == 200 and r.content == HTML  # httpx decodes the gzip it was sent
     h = r.headers
     assert h["content-encoding"] == "gzip" and h["etag"] == ETAG and h["x-robots-tag"] == "all"  # not "r1": the page's
-    assert h["x-harper-rendered"] == "1" and "link" not in h and h["vary"] == "Accept-Encoding, Accept, x-device-type"  # markdown.enabled
+    assert h["x-harper-rendered"] == "1" and h["vary"] == "Accept-Encoding, Accept, x-device-type"  # markdown.enabled
+    assert h["link"] == f'<{url}>; rel="alternate"; type="text/markdown"'  # ours: the stored one is not served
     assert int(h["age"]) >= 0 and int(h["content-length"]) == len(gzip.compress(HTML))
     assert h["x-harper-cache"] == "hit" and h["x-harper-source"] == "cache"
     assert h["x-harper-cache-key"] == f"{url}|desktop" and h["x-harper-url"] == url
@@ -384,6 +385,31 @@ def test_an_indexable_miss_becomes_a_target_for_the_default_devices(node, site) 
     assert schedule(node.url, f"{url}|tablet") is None
     for path in ("/noindex", "/data.json", "/nowhere-404", "/search/q"):
         assert target_of(node, f"{site.base}{path}") is None, path
+
+
+AGENT = {"accept": "text/markdown", "user-agent": "Mozilla/5.0 (compatible; ClaudeBot/1.0)"}
+
+
+def test_an_agents_miss_gets_the_origins_answer_and_queues_the_page_for_its_markdown(node, site) -> None:
+    """Without ``render.onMiss``: the origin's HTML, as any bot's miss (its shell is never converted),
+    and the page discovered, so that once rendered the agent gets it as Markdown."""
+    url = f"{site.base}/page/agent-first"
+    r = bot(node, url, headers={**DEBUG, **AGENT})
+    assert r.status_code == 200 and r.content == JS_PAGE and r.headers["x-harper-cache"] == "miss"
+    wait_for(lambda: target_of(node, url) is not None, timeout=10, what="the agent's miss discovered")
+    render(node, url)
+    r = bot(node, url, headers=AGENT)
+    assert r.headers["content-type"] == "text/markdown; charset=utf-8" and "content" in r.text
+    assert r.headers["x-markdown-tokens"] == str(-(-len(r.content) // 4))
+
+
+def test_an_origin_answering_an_agent_markdown_still_has_the_page_queued(node, site) -> None:
+    """An origin that converts for an Accept naming Markdown (``Vary: Accept``) has an HTML page to
+    render: the agent gets the origin's Markdown as today, and the page is discovered."""
+    url = f"{site.base}/negotiates/agent"
+    r = bot(node, url, headers=AGENT)
+    assert r.status_code == 200 and r.headers["content-type"] == "text/markdown" and r.text == "# JS page\n"
+    wait_for(lambda: target_of(node, url) is not None, timeout=10, what="the negotiated page discovered")
 
 
 def test_a_miss_does_not_revive_a_target_deleted_a_moment_ago(node, site) -> None:

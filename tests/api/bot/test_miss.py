@@ -153,8 +153,9 @@ def test_every_route_of_the_built_app_is_reserved_from_the_bot_path(mode: str) -
     app.state.sessions.close()
 
 
-def _rendering_keeper(primary: Store, asked: list[str], html: bytes = HTML):
-    """The owner's keeper: render-now asked, the fleet's render stored a moment later."""
+def _rendering_keeper(primary: Store, asked: list[str], html: bytes = HTML, coding: str = "identity"):
+    """The owner's keeper: render-now asked, the fleet's render stored a moment later (``html`` as
+    coded in ``coding``)."""
     import asyncio
 
     class Keeper:
@@ -165,8 +166,11 @@ def _rendering_keeper(primary: Store, asked: list[str], html: bytes = HTML):
 
                 async def later() -> None:
                     await asyncio.sleep(0.3)
+                    headers = {"content-type": "text/html"}
+                    if coding != "identity":
+                        headers["content-encoding"] = coding
                     page = Page(cache_key=k, status_code=200, content=html, last_cached=int(time.time() * 1000),
-                                expires_at=int(time.time() * 1000) + 60_000, headers={"content-type": "text/html"})
+                                expires_at=int(time.time() * 1000) + 60_000, headers=headers)
                     primary.put(k.encode(), wrap(Clock("n1").now(), page.encode()))
 
                 asyncio.get_running_loop().create_task(later())
@@ -179,12 +183,13 @@ def _rendering_keeper(primary: Store, asked: list[str], html: bytes = HTML):
     return Keeper()
 
 
-def _on_miss_node(tmp_path, primary: Store, asked: list[str], html: bytes = HTML):
+def _on_miss_node(tmp_path, primary: Store, asked: list[str], html: bytes = HTML, coding: str = "identity",
+                  markdown: dict | None = None):
     cfg = Config.model_validate({"domains": ["x.example"], "server": {"data_dir": str(tmp_path)},
                                  "render": {"onMiss": {"enabled": True, "waitMs": 5000}},
-                                 "renderNow": {"pollIntervalMs": 20}})
+                                 "renderNow": {"pollIntervalMs": 20}, "markdown": markdown or {}})
     ctx = NodeContext(cfg=cfg, node=NodeInfo(name="n1", host="127.0.0.1", port=1, ray_node_id="x"),
-                      data_dir=str(tmp_path), keeper=_rendering_keeper(primary, asked, html))
+                      data_dir=str(tmp_path), keeper=_rendering_keeper(primary, asked, html, coding))
     return create_asgi(ctx), ctx
 
 
@@ -224,8 +229,41 @@ async def test_an_agent_that_asks_for_markdown_gets_the_page_rendered_for_its_mi
             assert r.headers["content-type"] == "text/markdown; charset=utf-8", r.headers
             assert "# Fresh widget" in r.text and "**this**" in r.text and "<p>" not in r.text
             assert "Accept" in r.headers["vary"].split(", ")
+            assert r.headers["x-markdown-tokens"] == str(-(-len(r.content) // 4))
             r = await c.get(f"/p/{URL}", headers={**md, "accept": "text/html"})  # the same page, as HTML
             assert r.headers["content-type"].startswith("text/html") and r.content == page
+            assert r.headers["link"] == f'<{URL}>; rel="alternate"; type="text/markdown"'
+    finally:
+        await close_replica(ctx)
+        primary.close()
+
+
+WIDE_TABLE = b"<html><body><table>" + (b"<tr>" + b"<td>x</td>" * 500 + b"</tr>") * 60 + b"</table></body></html>"
+
+
+@pytest.mark.parametrize(("markdown", "html", "coding", "reason"), [
+    ({"maxInputBytes": 4096}, gzip.compress(b"<p>" + b" " * (8 << 20) + b"</p>"), "gzip", "too-large"),  # a bomb
+    ({"maxOutputBytes": 1024}, b"<main><p>" + b"many words " * 300 + b"</p></main>", "identity", "output-too-large"),
+    ({"timeoutMs": 1}, WIDE_TABLE, "identity", "timeout"),
+    ({}, HTML, "identity", "busy"),
+])
+async def test_a_hostile_render_for_a_miss_stays_within_the_conversion_caps(tmp_path, markdown, html, coding,
+                                                                           reason) -> None:
+    """The render an agent's miss waited for is converted under the same caps as a cached page's:
+    input (decoded, a bomb included), output, the wait and conversions in flight; the agent then
+    gets the rendered HTML saying why, never a 500."""
+    primary = Store(store_path(tmp_path, "n1", PAGES))
+    asgi, ctx = _on_miss_node(tmp_path, primary, [], html, coding, markdown)
+    if reason == "busy":
+        open_replica(ctx).services.converter.max_in_flight = 0
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi), base_url="http://t") as c:
+            async with c.stream("GET", f"/p/{URL}", headers={"accept": "text/markdown", "accept-encoding": coding,
+                                                             "x-harper-prerender-debug": "1"}) as r:
+                raw = b"".join([part async for part in r.aiter_raw()])
+            assert r.status_code == 200 and r.headers["x-harper-render-now"] == "on-miss", r.headers
+            assert r.headers["x-harper-markdown-skipped"] == reason and raw == html  # as stored
+            assert r.headers["content-type"] == "text/html" and "x-markdown-tokens" not in r.headers
     finally:
         await close_replica(ctx)
         primary.close()
