@@ -3,6 +3,14 @@
 Every value is stored in the replication envelope (hybrid-logical-clock version + node), deletes are
 tombstones, so the same write can be applied on every node in any order with one outcome. Derived
 indexes (targets by sitemap) are maintained here, on every write, local or replicated.
+
+``NodeStore`` is a plain class composed of its parts, each handed what it uses: ``records`` (the writes
+to the two RocksDBs, ``records.py``), ``members`` (the membership and placement, ``members.py``),
+``shipping`` (outboxes and shipped marks, ``replication.py``), ``rebalancing`` (walks and pushes when
+the membership changes, ``rebalance.py``), ``catch_up`` (pulls, and the answers to the peers',
+``catchup.py``) and ``page_log`` (``page_log.py``). It routes between them: where a committed write
+goes (``_written``, ``_received``) and what a new membership does (``_changed``). ``NodeStoreActor``
+is the Ray shell.
 """
 
 from __future__ import annotations
@@ -16,12 +24,16 @@ import ray
 
 from prerender_ray import logs, metrics, rpc
 from prerender_ray.actors.client import MEMBERSHIP_DEADLINE_S, NodeActorClient
-from prerender_ray.actors.common import bulk_gc, call, untraced
+from prerender_ray.actors.common import Handles, bulk_gc, call, untraced
+from prerender_ray.actors.store.catchup import CatchUp
+from prerender_ray.actors.store.members import Members
 from prerender_ray.actors.store.page_log import StorePageLog
-from prerender_ray.actors.store.replication import Replication
+from prerender_ray.actors.store.rebalance import Rebalancing
+from prerender_ray.actors.store.records import BATCH_RECORDS, Op, Record, Records, Row
+from prerender_ray.actors.store.replication import Shipping, peer_client
 from prerender_ray.config.model import Config
 from prerender_ray.identity.cachekeys import KeyFormat
-from prerender_ray.identity.membership import Membership
+from prerender_ray.identity.membership import NOBODY, Membership
 from prerender_ray.identity.nodes import Ownership
 from prerender_ray.storage import history
 from prerender_ray.storage.history import is_history_key
@@ -35,11 +47,9 @@ from prerender_ray.storage.touches import applicable, is_touch_key, touch_key, t
 from prerender_ray.timeutil import SYSTEM_CLOCK
 from prerender_ray.timeutil import Clock as WallClock
 
-Op = tuple[bytes, bytes | None]  # (key, payload) ; payload None = delete
 
-
-class NodeStore(Replication):
-    """The shell, plain: ``NodeStoreActor`` below is what Ray places. ``membership``: the controller's
+class NodeStore:
+    """The store, plain: ``NodeStoreActor`` below is what Ray places. ``membership``: the controller's
     at placement (``Membership.to_wire``; None: alone until the first push or check); ``fetch``: the
     controller's current membership, asked every few seconds (None: by push only); ``clock``: the
     time it reads; ``stores``: the peers' stores by name (Ray's named actors unless told); ``log``:
@@ -63,19 +73,40 @@ class NodeStore(Replication):
         self.pages = MirroredStore(store_path(data_dir, node, PAGES))
         self.registry = Store(store_path(data_dir, node, REGISTRY))
         self.started = clock.time()
-        self._tasks: list = []
+        self._tasks: list[asyncio.Task] = []
         self._sitemap_of = SitemapReader()
         self.log.info("store open", pages=str(self.pages.path), registry=str(self.registry.path))
-        self.load_live_counts()
+        self.records = self._records(clock, self._index_ops)
         # Reconciled with the pages RocksDB before anything can write; from here on every pages-store
         # write goes to the page log first (``page_log.py``).
         self.page_log = StorePageLog(self.pages, pagelog_path(data_dir, node), self.log, self._recount_pages)
-        self.init_replication(Membership.from_wire(membership) if membership is not None else None,
-                              cfg.cluster.replicas, KeyFormat.from_config(cfg).url_of, fetch=fetch, wall=clock,
-                              stores=stores)
+        self._compose(Membership.from_wire(membership) if membership is not None else None,
+                      cfg.cluster.replicas, KeyFormat.from_config(cfg).url_of, fetch=fetch, wall=clock,
+                      stores=stores)
         if fetch is not None:
-            self._tasks.append(asyncio.get_running_loop().create_task(self.follow_membership()))
+            self._tasks.append(asyncio.get_running_loop().create_task(self.members.follow_membership()))
         self._tasks.append(asyncio.get_running_loop().create_task(self.page_log.run()))
+
+    def _records(self, wall: WallClock, index_ops: Any) -> Records:
+        """The records part, over ``self.registry`` and ``self.pages`` (first: the page log counts on it)."""
+        return Records(self.node, self.clock, self.registry, self.pages, wall, index_ops,
+                       on_local=self._written, on_remote=self._received)
+
+    def _compose(self, membership: Membership | None, replicas: int, url_of_key: Any,
+                 fetch: Callable[[], Awaitable[Membership]] | None, wall: WallClock, stores: Any) -> None:
+        """The replication parts, each handed the parts it uses (see ``Members`` for the arguments);
+        ``stores``: the peers' stores by name (``Handles``, Ray's, unless told)."""
+        self.wall = wall
+        self.stores = stores if stores is not None else Handles("store", wrap=peer_client)
+        self.members = Members(self.node, membership, replicas, url_of_key, fetch, self.stores, self.log)
+        self.rebalancing = Rebalancing(self.node, self.records, self.members, self.stores, wall, self.log,
+                                       self._tasks)
+        self.members.view.listen(self._changed)
+        self.shipping = Shipping(self.records, self.members, self.stores, self.since, self.log)
+        self.catch_up = CatchUp(self.node, self.clock, wall, self.records, self.members, self.shipping,
+                                self.rebalancing, self.stores, self.apply_remote, self.log, self._tasks)
+        self.shipping.start()
+        self.catch_up.start()
 
     # ------------------------------------------------------------------------------------ writes
 
@@ -94,7 +125,7 @@ class NodeStore(Replication):
 
     async def apply(self, registry: Sequence[Op] = (), pages: Sequence[Op] = (), history: Sequence[list] = ()) -> int:
         """Local writes (targets, control rows, pages, freshness records) with fresh versions; every
-        peer gets the same records (see ``Replication``). ``history``: render-history items
+        peer gets the same records (see ``Shipping``). ``history``: render-history items
         ``[cache key, entry, report]`` (``storage/history.py``), written in the batch of ``pages``."""
         ops = [*self._untouch(pages), *self._history_ops(history)]
         for key, payload in ops:
@@ -103,15 +134,107 @@ class NodeStore(Replication):
                 metrics.page_writes.labels(kind).inc()
                 metrics.page_write_bytes.labels(kind).inc(len(payload))
         # Pages first: the page log may refuse them (a full disk), and then nothing is written.
-        self.commit_local("pages", ops)
-        written = self.commit_local("registry", registry)
+        self.records.commit_local("pages", ops)
+        written = self.records.commit_local("registry", registry)
         return written + len(pages)
 
     def _recount_pages(self) -> None:
         """A pages batch was refused after its live count was taken: back to the count on disk."""
         raw = self.pages.get(LIVE)
         if raw is not None and len(raw) == 8:
-            self.live["pages"] = int.from_bytes(raw, "big")
+            self.records.live["pages"] = int.from_bytes(raw, "big")
+
+    def _written(self, name: str, ops: Sequence[Op], records: list[bytes]) -> None:
+        """This node's batch, committed (``records``: in ``ops``' order): queued for each peer that
+        holds it; what this node does not hold is pushed on."""
+        members, keys = self.members, [key for key, _ in ops]
+        shipped = [[name, key, record] for key, record in zip(keys, records)]
+        if members.view.epoch == NOBODY:
+            self._alone(name, keys)
+        if not members.placement.partial:
+            for peer in members.peers:
+                self.shipping.enqueue(peer, shipped)
+            return
+        plan = members.placement.split([*members.peers, self.node], name, keys)
+        mine = plan.pop(self.node)
+        for peer, held in plan.items():
+            self.shipping.enqueue(peer, [shipped[i] for i in held])
+        if len(mine) < len(ops):
+            # A writer routed under an older membership than this store's (a keeper learns a change
+            # on its own, later; a result of a grant made before it): records this node does not
+            # hold, written after its walk may have passed them. Pushed on and dropped here, as a
+            # stray received is; else they would stay here for good.
+            here = set(mine)
+            self.rebalancing.push_on(name, [(key, records[i]) for i, key in enumerate(keys) if i not in here])
+
+    def _received(self, name: str, accepted: list[Row]) -> None:
+        """A peer's records, accepted: noted for a joiner's second pass (``catchup.py``); what this
+        node does not hold is pushed on."""
+        self.catch_up.arrivals.accepted(min(r[2] for r in accepted))
+        members = self.members
+        if members.view.epoch == NOBODY:
+            self._alone(name, [r[0] for r in accepted])
+        if members.placement.partial:
+            strays = [(r[0], r[1]) for r in accepted if not members.placement.holds(self.node, name, r[0])]
+            if strays:
+                self.rebalancing.push_on(name, strays)
+
+    def _alone(self, name: str, keys: list[bytes]) -> None:
+        """Records written while this store knows no membership: per-URL ones owe a walk (cluster-wide
+        rows, a keeper's status at start, are held everywhere under any membership)."""
+        if any(self.members.placement.url_of(name, key) is not None for key in keys):
+            self.rebalancing.written_alone()
+
+    def _changed(self, before: Membership, after: Membership) -> None:
+        """All of it before any await: records ship to their new holders from now on, the peers'
+        shippers follow the node list, and a walk moves what is held."""
+        if self.node not in after.names:  # placed, or left: the controller stops this node; keep what it holds
+            self.log.warning("the membership does not list this node", epoch=after.epoch, nodes=list(after.names))
+            return
+        placed, placed_epoch = self.members.place(after)
+        peers = [n for n in after.names if n != self.node]
+        self.shipping.follow(before.epoch == NOBODY, peers)
+        self.members.peers = peers
+        self.log.info("membership", epoch=after.epoch, nodes=list(after.names))
+        self.rebalancing.rebalance_on(placed, self.members.placement, first=before.epoch == NOBODY,
+                                      before_epoch=placed_epoch)
+        if before.epoch == NOBODY and self.catch_up.synced.is_set():  # its catch-up ran alone: now there are peers
+            self._tasks.append(asyncio.get_running_loop().create_task(self.catch_up.initial_catch_up()))
+        elif self.catch_up.synced.is_set():
+            self.catch_up.pull_owed()  # a peer this store owes a pull from may be back
+
+    # ---------------------------------------------------------------- what the peers and controller call
+
+    async def apply_remote(self, records: list[Record], epoch: int | None = None) -> int:
+        """Records shipped by a peer (or pulled in a catch-up), sent under its membership ``epoch``
+        (None: a local apply): see ``Members.accept``."""
+        if epoch is not None:
+            await self.members.accept(epoch, "apply_remote")
+        by_db: dict[str, list[tuple[bytes, bytes]]] = {"registry": [], "pages": []}
+        for name, key, record in records:
+            by_db[name].append((key, record))
+        return sum(self.records.commit_remote(n, items) for n, items in by_db.items() if items)
+
+    async def holding(self, name: str, items: list[list], epoch: int | None = None) -> list[bool]:
+        return await self.catch_up.holding(name, items, epoch)
+
+    async def since(self, name: str, hlc: int, after: bytes | None, limit: int = BATCH_RECORDS,
+                    holder: str | None = None, members: list[str] | None = None,
+                    epoch: int | None = None, senders: list[str] | None = None,
+                    instead_of: list[str] | None = None, arrived: Any = None) -> dict:
+        return await self.catch_up.since(name, hlc, after, limit, holder, members, epoch, senders, instead_of,
+                                         arrived)
+
+    async def set_membership(self, wire: dict) -> dict:
+        return await self.members.set_membership(wire)
+
+    async def wait_synced(self, timeout: float) -> dict:
+        return await self.catch_up.wait_synced(timeout)
+
+    def replication_status(self) -> dict:
+        return {"sync": self.catch_up.sync_report, "resyncing": sorted(self.shipping.resync_from),
+                "pending": {p: len(b) for p, b in self.shipping.outbox.items()},
+                "replicas": self.members.placement.replicas, "rebalance": self.rebalancing.rebalance_report}
 
     def _history_ops(self, items: Sequence[list]) -> list[Op]:
         if not items:
@@ -133,15 +256,15 @@ class NodeStore(Replication):
 
     async def apply_absent(self, registry: list[Op], deleted_within_ms: int = 0) -> list[bytes | None]:
         """Registry puts of keys that hold nothing live; per op, None when written, else the payload
-        held (left as it is); ``deleted_within_ms``: see ``commit_absent``."""
-        return self.commit_absent("registry", registry, deleted_within_ms)
+        held (left as it is); ``deleted_within_ms``: see ``Records.commit_absent``."""
+        return self.records.commit_absent("registry", registry, deleted_within_ms)
 
     async def apply_if(self, registry: list[Op], expected: list[bytes | None]) -> list[bool]:
         """Registry writes of keys that still hold ``expected``; per op, whether it was written
-        (see ``commit_if``)."""
+        (see ``Records.commit_if``)."""
         if len(expected) != len(registry):
             raise ValueError("one expected payload per op")
-        return self.commit_if("registry", registry, expected)
+        return self.records.commit_if("registry", registry, expected)
 
     # ------------------------------------------------------------------------------------- reads
 
@@ -230,7 +353,7 @@ class NodeStore(Replication):
                     break
         touches = self.pages.get_many([touch_key(k) for k, _ in found])
         return {"pages": [(k.decode(), touched_payload(v, t) or b"") for (k, v), t in zip(found, touches)],
-                "total": self.live["pages"]}
+                "total": self.records.live["pages"]}
 
     async def render_history(self, key: str, screenshots: bool = False) -> dict:
         """``key``'s render history and diagnostics reports, newest first; a report's screenshot
@@ -243,16 +366,19 @@ class NodeStore(Replication):
                 "reports": got if screenshots else [history.summarized(r) for r in got]}
 
     async def counts(self) -> dict:
-        """Exact: kept with every write (``Replication.load_live_counts``)."""
-        return {"targets": self.live["registry"], "pages": self.live["pages"]}
+        """Exact: kept with every write (``Records.load_live_counts``)."""
+        live = self.records.live
+        return {"targets": live["registry"], "pages": live["pages"]}
 
     async def status(self) -> dict:
-        return {"live": True, "pid": os.getpid(), "pages": self.live["pages"], "targets": self.live["registry"],
+        live = self.records.live
+        return {"live": True, "pid": os.getpid(), "pages": live["pages"], "targets": live["registry"],
                 "replication": self.replication_status(), "pageLog": self.page_log.status()}
 
     async def close(self) -> None:
-        for task in [*self._tasks, *self.shippers.values()]:
+        for task in self._tasks:
             task.cancel()
+        self.shipping.close()
         self.page_log.close()
         for db in (self.pages, self.registry):
             db.flush()
@@ -333,7 +459,7 @@ class StoreClient(NodeActorClient):
         return await call(self.handle.apply_remote.remote(records, epoch), self.deadline_s)
 
     async def holding(self, name: str, items: list[list], epoch: int | None = None) -> list[bool]:
-        """Per [key, hlc, writer]: whether the peer holds that version or a newer one (``Replication.holding``)."""
+        """Per [key, hlc, writer]: whether the peer holds that version or a newer one (``CatchUp.holding``)."""
         return await call(self.handle.holding.remote(name, items, epoch), self.deadline_s)
 
     async def since(self, name: str, hlc: int, after: bytes | None, limit: int,

@@ -1,4 +1,4 @@
-"""Keeping R copies of every URL when the membership changes (a mixin of ``Replication``).
+"""Keeping R copies of every URL when the membership changes (a part of ``NodeStore``).
 
 With ``cluster.replicas`` below the node count each node holds a share: the records of the URLs whose
 first R nodes (rendezvous order) it is among (``prerender_ray/storage/placement.py``). On a change
@@ -38,14 +38,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from prerender_ray import metrics
-from prerender_ray.identity.membership import NOBODY, MembershipView, StaleEpoch
-from prerender_ray.storage.keys import FRESHNESS, HPTR, REBALANCE, RENDER_HISTORY, TARGET, VIDX
+from prerender_ray.actors.store.members import Members
+from prerender_ray.actors.store.records import Records
+from prerender_ray.identity.membership import NOBODY, StaleEpoch
+from prerender_ray.storage.keys import FRESHNESS, REBALANCE, RENDER_HISTORY, TARGET
 from prerender_ray.storage.placement import Placement
 from prerender_ray.storage.replication import LOGICAL_BITS, hlc_bytes, unwrap
 from prerender_ray.timeutil import Clock
+
+if TYPE_CHECKING:
+    from prerender_ray.actors.store.actor import StoreClient
 
 WALK_CHUNK = 500  # records read per step of a walk
 WALK_BYTES = 4 * 1024 * 1024  # and at most this many bytes of them (pages: ~30 KB each)
@@ -74,33 +80,41 @@ class MembershipMoved(Exception):
 
 
 class Rebalancing:
-    placement: Placement
-    view: MembershipView
-    wall: Clock
-    node: str
-    log: Any
+    """``records``: what is walked, pushed and dropped; ``members``: the membership walked against;
+    ``stores``: the peers' stores by name; ``wall``: the time it reads; ``tasks``: the store's,
+    cancelled when it closes (a push on joins them)."""
 
-    async def refused(self, peer: str, e: StaleEpoch) -> None: ...
-
-    def init_rebalancing(self) -> None:
+    def __init__(self, node: str, records: Records, members: Members, stores: Any, wall: Clock, log: Any,
+                 tasks: list[asyncio.Task]):
+        self.node = node
+        self.records = records
+        self.members = members
+        self.stores = stores
+        self.wall = wall
+        self.log = log
+        self.tasks = tasks
         self.rebalance_task: asyncio.Task | None = None
-        self._walk_from: Placement | None = None  # the membership the unfinished walk started from
+        self.walk_from: Placement | None = None  # the membership the unfinished walk started from
         self._walk_everyone = False  # that walk pushes to every new holder (see ``settle``)
-        self._walk_since = 0  # the epoch of ``_walk_from``: records from then on go to joiners too
+        self._walk_since = 0  # the epoch of ``walk_from``: records from then on go to joiners too
         self.rebalance_report: dict[str, Any] = {"state": "idle"}
         self.share_moved = False  # placed under another membership than the one this store started on
         # Strays being pushed on live in memory only: while any is, or one was left unanswered, the
         # placement kept on disk says a walk is owed, so a store that dies first walks when it starts.
         self._pushing_on = 0
         self._strays_left = False
-        if self.view.epoch != NOBODY:
-            self.settle(self.placement)
+        if members.view.epoch != NOBODY:
+            self.settle(members.placement)
+
+    async def _peer_store(self, peer: str) -> StoreClient:
+        client: StoreClient = await self.stores.get(peer)
+        return client
 
     def placed_under(self) -> tuple[Placement | None, bool]:
         """The membership the records held here were last placed under, kept on disk (None for a
         store that never kept one), and whether a walk from it is still owed: records may have come
         in under the memberships since (a store of an older release kept a bare list: owed)."""
-        raw = self.registry.get(REBALANCE)  # type: ignore[attr-defined]
+        raw = self.records.registry.get(REBALANCE)
         if raw is None:
             return None, False
         try:
@@ -109,12 +123,12 @@ class Rebalancing:
             return None, False
         names, owed = (doc.get("placed"), bool(doc.get("owed"))) if isinstance(doc, dict) else (doc, True)
         names = [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
-        return (self.placement.under(names) if names else None), owed
+        return (self.members.placement.under(names) if names else None), owed
 
     def _placed(self, placement: Placement, owed: bool) -> None:
         owed = owed or self._pushing_on > 0 or self._strays_left
         doc = {"placed": list(placement.ownership.names), "owed": owed}
-        self.registry.put(REBALANCE, json.dumps(doc).encode())  # type: ignore[attr-defined]
+        self.records.registry.put(REBALANCE, json.dumps(doc).encode())
 
     def written_alone(self) -> None:
         """Records came in while this store knows no membership (it started alone, and its keeper
@@ -122,8 +136,8 @@ class Rebalancing:
         among their holders. The placement kept on disk (this node alone, for a store that kept
         none) says a walk is owed, so that membership (or a restart before it) walks them."""
         placed, owed = self.placed_under()
-        if not owed and self._walk_from is None:
-            self._placed(placed or self.placement, owed=True)
+        if not owed and self.walk_from is None:
+            self._placed(placed or self.members.placement, owed=True)
 
     def settle(self, current: Placement) -> None:
         """At start (or at the first membership of a store that started alone): what this store holds
@@ -141,11 +155,11 @@ class Rebalancing:
     def _start_walk(self, before: Placement, everyone: bool = False, before_epoch: int = 0) -> None:
         if self.rebalance_task is not None and not self.rebalance_task.done():
             self.rebalance_task.cancel()
-        if self._walk_from is None:
-            self._walk_from, self._walk_everyone, self._walk_since = before, everyone, before_epoch
+        if self.walk_from is None:
+            self.walk_from, self._walk_everyone, self._walk_since = before, everyone, before_epoch
             self._placed(before, owed=True)
         self.rebalance_task = asyncio.get_running_loop().create_task(
-            self._rebalance(self._walk_from, self.placement, self.view.epoch))
+            self._rebalance(self.walk_from, self.members.placement, self.members.view.epoch))
 
     def rebalance_on(self, before: Placement, after: Placement, first: bool = False, before_epoch: int = 0) -> None:
         """A new membership (``placement`` is ``after`` already: from now on records ship to their new
@@ -154,9 +168,9 @@ class Rebalancing:
         if first:
             self.settle(after)
             return
-        if after.ownership.names == before.ownership.names and self._walk_from is None:
+        if after.ownership.names == before.ownership.names and self.walk_from is None:
             return  # a new epoch of the same nodes; an unfinished walk, though, aborts on it: walked again below
-        if not (before.partial or after.partial or self._walk_from is not None):
+        if not (before.partial or after.partial or self.walk_from is not None):
             self._placed(after, owed=False)
             return  # every node holds everything, before and after
         self._start_walk(before, before_epoch=before_epoch)
@@ -186,18 +200,18 @@ class Rebalancing:
             report["state"] = "done" if not report["unanswered"] else "incomplete"
         report["ms"] = round((self.wall.monotonic() - t0) * 1000)
         self.log.info("rebalance", **{k: v for k, v in report.items() if k != "members"})
-        if report["state"] == "done" and self.view.epoch == epoch:
-            self._walk_from, self._walk_everyone, self._walk_since = None, False, 0
+        if report["state"] == "done" and self.members.view.epoch == epoch:
+            self.walk_from, self._walk_everyone, self._walk_since = None, False, 0
             self._strays_left = False  # the walk pushed on (and dropped) every record here it does not hold
             self._placed(after, owed=False)
         elif report["state"] in ("incomplete", "failed"):
             await asyncio.sleep(RETRY_AFTER_S)  # another change cancels this wait and walks at once
             self.rebalance_task = asyncio.get_running_loop().create_task(
-                self._rebalance(before, self.placement, self.view.epoch))
+                self._rebalance(before, self.members.placement, self.members.view.epoch))
 
     async def _walk(self, name: str, prefix: bytes, start: bytes | None, before: Placement, after: Placement,
                     report: dict, epoch: int) -> None:
-        db = self._db(name)  # type: ignore[attr-defined]
+        db = self.records.db(name)
         cursor = start
         while True:
             chunk: list[tuple[bytes, bytes]] = []
@@ -254,21 +268,21 @@ class Rebalancing:
                 report["held"] = report.get("held", 0) + len(records) - pushed
             else:
                 report["unanswered"] += len(records)
-        if self.view.epoch != epoch:
+        if self.members.view.epoch != epoch:
             raise MembershipMoved()  # decided against a membership that is gone: the next walk decides
         gone = [(key, sent) for key, sent, dests in leaving if all(d in answered for d in dests)]
-        report["dropped"] += self.drop_local(name, gone)
+        report["dropped"] += self.records.drop_local(name, gone)
 
     def push_on(self, name: str, items: list[tuple[bytes, bytes]]) -> None:
         """Records just received or written that this node does not hold (``items``: key, record):
         to their holders, and dropped here once each has them."""
-        tasks = self._tasks  # type: ignore[attr-defined]
+        tasks = self.tasks
         self._pushing_on += 1
-        if self._pushing_on == 1 and self._walk_from is None:
-            self._placed(self.placement, owed=True)
+        if self._pushing_on == 1 and self.walk_from is None:
+            self._placed(self.members.placement, owed=True)
         task = asyncio.get_running_loop().create_task(self._push_on(name, items))
         tasks.append(task)
-        task.add_done_callback(lambda t: t in tasks and tasks.remove(t))
+        task.add_done_callback(_forget(tasks))
 
     async def _push_on(self, name: str, items: list[tuple[bytes, bytes]]) -> None:
         report = {"pushed": 0, "dropped": 0, "unanswered": 0}
@@ -280,18 +294,18 @@ class Rebalancing:
             raise
         self._pushing_on -= 1
         self._strays_left = self._strays_left or bool(report["unanswered"])
-        if not self._pushing_on and self._walk_from is None and not self._strays_left:
-            self._placed(self.placement, owed=False)
+        if not self._pushing_on and self.walk_from is None and not self._strays_left:
+            self._placed(self.members.placement, owed=False)
         if any(report.values()):
             self.log.info("records held elsewhere pushed on", db=name, **report)
 
     async def _push_on_tries(self, name: str, items: list[tuple[bytes, bytes]], report: dict) -> None:
-        db = self._db(name)  # type: ignore[attr-defined]
+        db = self.records.db(name)
         for attempt in range(PUSH_ON_TRIES):
             await asyncio.sleep(RETRY_AFTER_S if attempt else PUSH_ON_AFTER_S)
             # only what is still here at the version received (a newer one is pushed on by itself)
             # and still not held here under the membership of now
-            epoch, placement = self.view.epoch, self.placement  # this attempt's snapshot
+            epoch, placement = self.members.view.epoch, self.members.placement  # this attempt's snapshot
             held = db.get_many([key for key, _ in items])
             items = [(key, now) for (key, was), now in zip(items, held)
                      if now is not None and hlc_bytes(now) == hlc_bytes(was)
@@ -320,13 +334,13 @@ class Rebalancing:
         deadline = self.wall.monotonic() + JOINER_WAIT_S
         while (left := deadline - self.wall.monotonic()) > 0:
             try:
-                store = await self._peer_store(peer)  # type: ignore[attr-defined]
+                store = await self._peer_store(peer)
                 state = (await store.wait_synced(min(left, 10.0))).get("state")
             except asyncio.CancelledError:
                 raise
             except Exception:
                 return
-            if self.view.epoch != epoch:
+            if self.members.view.epoch != epoch:
                 raise MembershipMoved()
             if state != "timeout":
                 return
@@ -337,7 +351,7 @@ class Rebalancing:
         sent, None when it did not answer."""
         for attempt in range(PUSH_TRIES):
             try:
-                store = await self._peer_store(peer)  # type: ignore[attr-defined]
+                store = await self._peer_store(peer)
                 missing: list[list] = []
                 for i in range(0, len(records), ASK_CHUNK):
                     part = records[i:i + ASK_CHUNK]
@@ -355,37 +369,19 @@ class Rebalancing:
             except asyncio.CancelledError:
                 raise
             except StaleEpoch as e:  # the peer is on a newer membership: a walk under it pushes again
-                await self.refused(peer, e)
+                await self.members.refused(peer, e)
                 return None
             except Exception as e:
                 self.log.info("rebalance push failed", peer=peer, attempt=attempt + 1, error=type(e).__name__)
                 await asyncio.sleep(0.5 * (attempt + 1))
         return None
 
-    def drop_local(self, name: str, items: list[tuple[bytes, bytes | None]]) -> int:
-        """Remove records this node no longer holds (each only while its version is still ``sent``):
-        the record, its version index entry, its page pointer, its derived index entries and its
-        count. Nothing is shipped: the holders keep theirs."""
-        if not items:
-            return 0
-        db = self._db(name)  # type: ignore[attr-defined]
-        keys = [key for key, _ in items]
-        olds, helds, lives = self._held(db, name, keys)  # type: ignore[attr-defined]
-        ops: list[tuple[bytes, bytes | None]] = []
-        derived: list[tuple[bytes, bytes | None]] = []
-        dropped, was = [], []
-        for (key, sent), old, held, live in zip(items, olds, helds, lives):
-            if sent is None or held != sent:
-                continue  # written since it was pushed: the next walk decides
-            ops.append((key, None))
-            ops.append((VIDX + held + key, None))
-            if name == "pages":
-                ops.append((HPTR + key, None))
-            else:
-                self._index_ops(derived, key, old or db.get(key), None)  # type: ignore[attr-defined]
-            dropped.append(key)
-            was.append(live)
-        if dropped:
-            counted = self._counted(name, dropped, [None] * len(dropped), was)  # type: ignore[attr-defined]
-            db.write([*ops, *derived, counted])
-        return len(dropped)
+
+def _forget(tasks: list[asyncio.Task]) -> Callable[[asyncio.Task], None]:
+    """A done callback: the task leaves ``tasks`` (the store's, cancelled when it closes)."""
+
+    def done(task: asyncio.Task) -> None:
+        if task in tasks:
+            tasks.remove(task)
+
+    return done

@@ -98,10 +98,10 @@ class Oracle:
             assert node.keeper is not None and node.store is not None
             if node.keeper.view.epoch != m.epoch:
                 self.fail("one-epoch", f"{name}'s keeper is at epoch {node.keeper.view.epoch}, the controller at {m.epoch}")
-            if node.store.view.epoch != m.epoch:
-                self.fail("one-epoch", f"{name}'s store is at epoch {node.store.view.epoch}, the controller at {m.epoch}")
-            if tuple(node.store.placement.ownership.names) != m.names:
-                self.fail("one-epoch", f"{name}'s store places under {node.store.placement.ownership.names}, not {m.names}")
+            if node.store.members.view.epoch != m.epoch:
+                self.fail("one-epoch", f"{name}'s store is at epoch {node.store.members.view.epoch}, the controller at {m.epoch}")
+            if tuple(node.store.members.placement.ownership.names) != m.names:
+                self.fail("one-epoch", f"{name}'s store places under {node.store.members.placement.ownership.names}, not {m.names}")
         rules = cluster.cfg and next(iter(live.values())).keeper.conf.rules  # type: ignore[union-attr]
         replicas = cluster.cfg.cluster.replicas
         for name, node in live.items():

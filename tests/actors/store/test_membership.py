@@ -1,4 +1,4 @@
-"""The store's one membership (``Replication.offer``): only a newer epoch replaces it, and records
+"""The store's one membership (``Members.offer``): only a newer epoch replaces it, and records
 that move between stores carry the sender's epoch: a receiver on a newer one refuses them
 (``StaleEpoch``), the sender refreshes and sends again; a receiver on an older one refreshes first."""
 
@@ -41,9 +41,9 @@ async def test_only_a_newer_membership_replaces_the_one_held_and_a_malformed_one
                 {"epoch": 9, "nodes": [{"name": "../x"}]}, {"epoch": True, "nodes": [{"name": "node-a"}]}):
         with pytest.raises(ValueError):
             await a.set_membership(bad)
-    assert a.view.epoch == 5 and a.peers == ["node-b"]
+    assert a.members.view.epoch == 5 and a.members.peers == ["node-b"]
     assert await a.set_membership(Membership.of(6, THREE).to_wire()) == {"changed": True, "epoch": 6}
-    assert sorted(a.peers) == ["node-b", "node-c"] and sorted(a.outbox) == ["node-b", "node-c"]
+    assert sorted(a.members.peers) == ["node-b", "node-c"] and sorted(a.shipping.outbox) == ["node-b", "node-c"]
     a.crash()
 
 
@@ -63,7 +63,7 @@ async def test_records_sent_under_an_older_membership_are_refused_and_a_receiver
     assert a.target("https://x.com/1") is None  # nothing written
     controller[0] = Membership.of(3, TWO)
     assert await a.apply_remote([record("https://x.com/2")], 3) == 1  # a newer sender: refreshed, then applied
-    assert a.view.epoch == 3
+    assert a.members.view.epoch == 3
     b.crash()
     a.crash()
 
@@ -81,15 +81,15 @@ async def test_a_sender_refused_as_stale_refreshes_sends_again_and_says_so_once_
     net: dict[str, Node] = {}
     a = net["node-a"] = Node("node-a", tmp_path, ["node-b"], net, epoch=2)
     b = Node("node-b", tmp_path, ["node-a"], net, epoch=1, fetch=fetch)  # it missed a push
-    b.log = said = Said()
+    b.members.log = said = Said()
     net["node-b"] = b
-    b.commit_local("registry", [(TARGET + b"https://x.com/1", b'{"u": 1}')])
+    b.records.commit_local("registry", [(TARGET + b"https://x.com/1", b'{"u": 1}')])
     await _until(lambda: a.target("https://x.com/1") is not None, "the record, sent again under epoch 2")
-    assert b.view.epoch == 2 and len(asked) >= 2
+    assert b.members.view.epoch == 2 and len(asked) >= 2
     assert [kw for event, kw in said.lines if "newer membership" in event] == [{"peer": "node-a", "ours": 1, "theirs": 2}]
     for e in (StaleEpoch(1, 2), StaleEpoch(2, 3), StaleEpoch(2, 3)):
-        await b.refused("node-a", e)
-    await b.refused("node-c", StaleEpoch(2, 3))
+        await b.members.refused("node-a", e)
+    await b.members.refused("node-c", StaleEpoch(2, 3))
     assert [(kw["peer"], kw["theirs"]) for event, kw in said.lines if "newer membership" in event] == [
         ("node-a", 2), ("node-a", 3), ("node-c", 3)]
     a.crash()

@@ -74,14 +74,14 @@ async def test_a_full_disk_refuses_the_pages_and_the_registry_with_them_and_rais
         a = "https://s.test/a|desktop"
         await s.apply(pages=[(a.encode(), payload(a))])
         held = s.pages.get(a.encode())
-        before = (s.live["pages"], s.pages.get(HPTR + a.encode()))
+        before = (s.records.live["pages"], s.pages.get(HPTR + a.encode()))
         refused = metrics.pagelog_refused.labels("full")._value.get()
         s.page_log.writer._write = full_after(0)
         target = (b"t:https://s.test/a", b'{"url": "https://s.test/a"}')
         with pytest.raises(PageLogFull):
             await s.apply([target], pages=[(a.encode(), payload(a, body=b"new")), (b"https://s.test/c|desktop",
                                                                               payload("https://s.test/c|desktop"))])
-        assert s.pages.get(a.encode()) == held and (s.live["pages"], s.pages.get(HPTR + a.encode())) == before
+        assert s.pages.get(a.encode()) == held and (s.records.live["pages"], s.pages.get(HPTR + a.encode())) == before
         assert s.registry.get(target[0]) is None  # the result's other writes were not made either
         assert metrics.pagelog_full._value.get() == 1
         assert metrics.pagelog_refused.labels("full")._value.get() == refused + 1
@@ -181,7 +181,7 @@ async def test_a_store_killed_mid_write_reopens_with_every_acknowledged_page_in_
             got = r.get(kh)
             assert got is not None and payload_of(got.data) is not None  # never torn
             served += 1
-        assert served == s.live["pages"] and r.unreadable == 0
+        assert served == s.records.live["pages"] and r.unreadable == 0
         assert key_hash("https://s.test/doomed|desktop") not in r
         r.close()
     finally:
