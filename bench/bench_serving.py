@@ -301,18 +301,22 @@ def run(args: argparse.Namespace) -> tuple[list[tuple[str, dict]], dict]:
                 script = spread_script(Path(tmp), spread)
                 rows.append((f"(e) hits spread over {spread:,} pages", d.url, common, script))
                 rows.append((SAME_SCRIPT, f"http://127.0.0.1:{plain_spread}", common, script))
+                rows.append((SPREAD_OUTSIDE, f"http://127.0.0.1:{outside}", common, script))
                 if args.results_rate > 0:
                     rows.append((f"(f) (e) while {args.results_rate:g} results/s arrive", d.url, common, script))
                     bodies = sp.variants(spread_html)
             _wait_up(f"http://127.0.0.1:{outside}/healthz")
             runs: dict[str, list[dict]] = {name: [] for name, *_ in rows}
             rnd = random.Random(11)
-            for _ in range(rounds):
+            for r in range(rounds):
                 for name, url, headers, lua in rows:
+                    spy = profile_start(args.profile, seconds) if r == rounds - 1 and name.startswith("(e)") else None
                     if name.startswith("(f)"):
                         runs[name].append(fed_wrk(d.url, bodies, args, rnd, url, headers, lua))
                     else:
                         runs[name].append(wrk(url, seconds, connections, headers, lua))
+                    if spy is not None:
+                        extras["profile"] = profile_end(*spy)
             from tests.support import ingress_peak_rss_mb
 
             extras["peak_rss"] = ingress_peak_rss_mb()
@@ -343,6 +347,43 @@ def run(args: argparse.Namespace) -> tuple[list[tuple[str, dict]], dict]:
 
 
 SAME_SCRIPT = "    ceiling, same random-path wrk script"
+SPREAD_OUTSIDE = "    context: (e) on the ingress app, plain uvicorn, no Ray"
+
+
+def profile_start(out: str | None, seconds: float) -> tuple[subprocess.Popen, Path] | None:
+    """py-spy on the ingress replica for the row's length (``--profile DIR``): collapsed stacks."""
+    if not out:
+        return None
+    pid = sp.replica_status()["pid"]
+    path = Path(out) / f"replica-{pid}.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    spy = Path(sys.executable).parent / "py-spy"
+    cmd = [str(spy), "record", "-p", str(pid), "-d", str(max(1, int(seconds))), "-r", "250", "-f", "raw",
+           "--nonblocking", "--idle", "-o", str(path)]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), path
+
+
+def profile_end(proc: subprocess.Popen, path: Path, top: int = 14) -> list[str]:
+    """The replica's time by the innermost frame of ours or of the library it is in (self time), and
+    by a few frames that name a stage (inclusive), as shares of the samples."""
+    proc.wait(60)
+    if not path.exists():
+        return [f"no profile written to {path}"]
+    leaf: dict[str, int] = {}
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        frames = stack.split(";")
+        name = frames[-1].split(" (")[0] + " (" + frames[-1].rsplit("/", 1)[-1] if frames else "?"
+        leaf[name] = leaf.get(name, 0) + n
+    lines = [f"py-spy, {total:,} samples of the replica during row (e) ({path}): self time"]
+    for name, n in sorted(leaf.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"  {n / max(1, total):6.1%}  {name}")
+    return lines
 
 
 def fed_wrk(base: str, bodies: list[bytes] | None, args: argparse.Namespace, rnd: random.Random, url: str,
@@ -392,7 +433,7 @@ def report(rows: list[tuple[str, dict]], extras: dict) -> None:
     print(f"{'':46}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'x ceiling':>11}  {'goal':30}notes")
     for name, r in rows:
         notes = []
-        base = same_script if name.startswith(("(e)", "(f)")) and same_script else rows[0][1]
+        base = same_script if (name.startswith(("(e)", "(f)")) or name == SPREAD_OUTSIDE) and same_script else rows[0][1]
         ratio = r["rps"] / base["rps"]
         if base is same_script:
             notes.append("x its same-script ceiling")
@@ -439,6 +480,8 @@ def report(rows: list[tuple[str, dict]], extras: dict) -> None:
         print(f"    ingress replica peak RSS after every row: {extras['peak_rss']:.0f} MB")
     if "disk_log" in extras:
         print(f"    disk: page log {extras['disk_log'] / 1e9:.2f} GB, RocksDB pages {extras['disk_rocks'] / 1e9:.2f} GB")
+    for line in extras.get("profile", []):
+        print(line)
 
 
 def main() -> None:
@@ -459,6 +502,7 @@ def main() -> None:
     ap.add_argument("--new-pages", type=int, default=200, help="new pages for row (g) (0: skip it)")
     ap.add_argument("--consecutive", type=int, default=10, help="hits in a row that end a page of row (g)")
     ap.add_argument("--replicas", type=int, default=1, help="ingress replicas of the node")
+    ap.add_argument("--profile", default=None, help="py-spy the replica during row (e)'s last round into DIR")
     ap.add_argument("--tmp", default=None, help="where the deployment's data goes (default: the system's temp dir)")
     ap.add_argument("--ceiling-server", nargs=2, metavar=("PORT", "BODY_FILE"), help=argparse.SUPPRESS)
     ap.add_argument("--app-server", nargs=3, metavar=("PORT", "DATA_DIR", "CONFIG"), help=argparse.SUPPRESS)
