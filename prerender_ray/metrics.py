@@ -89,10 +89,17 @@ page_age_negative = Counter(
 )
 status_pages_served = Counter("prerender_status_pages_served_total",
                               "Bot requests answered from cache with a page's own status (not 200).", ["status"])
-# Per bot class (prerender_ray.serving.bots.BOT_CLASSES): how each was verified, what its policy
-# served (prerender, origin, deny) and the cache status; all bounded sets.
+# Per bot class (prerender_ray.serving.bots.BOT_CLASSES): how each was verified (the state, and the
+# method that decided it: signature, dns, ranges, none), what its policy served (prerender, origin,
+# deny) and the cache status; all bounded sets.
 bot_class_serves = Counter("prerender_bot_class_serves_total", "Bot serves per class.",
-                           ["bot_class", "verification", "policy", "cache_status"])
+                           ["bot_class", "verification", "method", "policy", "cache_status"])
+# Every verification asked, per claimed class: method signature (outcome: web_bot_auth.REASONS or
+# verified), dns or ranges (verification.OUTCOMES). Markdown answers per class served.
+bot_verifications = Counter("prerender_bot_verifications_total", "Bot verifications by class, method and "
+                            "outcome.", ["bot_class", "method", "outcome"])
+bot_markdown_served = Counter("prerender_bot_markdown_served_total", "Bot requests answered with Markdown.",
+                              ["bot_class"])
 bot_page_age_seconds = Histogram(
     "prerender_bot_page_age_seconds", "Age of pages served from cache, per bot class and bot.", ["bot_class", "bot"],
     buckets=(60, 600, 3600, 6 * 3600, 24 * 3600, 3 * 86400, 7 * 86400),
@@ -122,6 +129,12 @@ markdown_conversions = Counter("prerender_markdown_conversions_total", "Markdown
 # llms.txt (api/bot/llms.py): builds of a site's document by outcome: built, timeout, failed, busy (the
 # replica's builds at their cap; the request got the last copy, or a 503 without one).
 llms_txt_builds = Counter("prerender_llms_txt_builds_total", "llms.txt document builds by outcome.", ["outcome"])
+# IndexNow (actors/keeper/indexnow.py), counted per endpoint. URLs: queued, sent, dropped-queue-full (the
+# oldest, past indexNow.maxQueued), dropped-failed (their submission failed maxAttempts times or was refused).
+# Requests: ok, redirect (never followed), rejected (4xx), unavailable (429, 5xx), timeout, error, refused.
+indexnow_urls = Counter("prerender_indexnow_urls_total", "URLs submitted to IndexNow by outcome.", ["outcome"])
+indexnow_requests = Counter("prerender_indexnow_requests_total", "IndexNow submission requests by outcome.",
+                            ["outcome"])
 
 # --- replication and sitemaps
 replication_lag_seconds = Histogram(
@@ -163,7 +176,7 @@ pagelog_live_bytes = Gauge("prerender_pagelog_live_bytes", "Bytes of live pages 
 
 # Every background loop's name: primed at 0, so a dashboard's error panel has a series before the
 # first error (tests/test_metrics.py checks that each loop_errors label used in the code is listed).
-LOOPS = ("bot-metrics", "bot-ranges", "content-signals", "controller", "keeper-load", "keeper-overrides", "keeper-publish", "keeper-status",
+LOOPS = ("bot-metrics", "bot-ranges", "content-signals", "controller", "indexnow", "keeper-load", "keeper-overrides", "keeper-publish", "keeper-status",
          "keeper-verify", "lease-sweep", "membership-check", "page-catch-up", "page-log", "rebalance", "rebuild", "reconcile", "robots-discovery", "session-revocations",
          "sitemap-daily", "sitemap-resume", "unrouted-report")
 

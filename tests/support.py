@@ -358,6 +358,9 @@ def write_page(node: Any, key: str, html: bytes, *, expires_in: int = 3_600_000)
 
 # What only a node of a cluster emits: reads from a URL's holders, a backlog per peer.
 CLUSTER_SERIES = {"prerender_holder_reads_total", "prerender_holder_read_seconds_bucket", "prerender_replication_pending"}
+# What only a feature the running-node test leaves off emits (Web Bot Auth, bots.verify): the catalog
+# test (tests/test_metrics.py) checks that their names and labels exist.
+FEATURE_SERIES = {"prerender_bot_signatures_total", "prerender_bot_verifications_total"}
 
 
 def dashboard_series() -> set[str]:

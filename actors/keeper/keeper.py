@@ -22,6 +22,7 @@ from prerender_ray.actors.common import MEMBERSHIP_CHECK_DEADLINE_S, end_if_canc
 from prerender_ray.actors.keeper.claims import Claims
 from prerender_ray.actors.keeper.discovery import Discoveries
 from prerender_ray.actors.keeper.handoff import Handoff
+from prerender_ray.actors.keeper.indexnow import Notifier
 from prerender_ray.actors.keeper.repair import Repair
 from prerender_ray.actors.keeper.results import Results
 from prerender_ray.actors.keeper.rows import CurrentConfig, Rows
@@ -88,6 +89,9 @@ class Keeper:
         self.targets.accept = self.results.accept = self.handoff.accept
         self.targets.moved_past = self.results.moved_past = self.handoff.moved_past
         self.results.on_result = self.discoveries.result_for
+        self.index_now = Notifier(cfg.index_now) if cfg.index_now.enabled else None
+        if self.index_now is not None:
+            self.results.on_changed = self.index_now.changed
         self.rows.on_unowned = self.handoff.kick
         self.loaded_at: float | None = None
         self._frozen_at = self.rows.clock.monotonic()
@@ -120,6 +124,8 @@ class Keeper:
             self.tasks.append(loop.create_task(self.repair.timer()))
         if self.status.mqtt is not None:
             self.tasks.append(loop.create_task(self.status.forget_old_host()))
+        if self.index_now is not None:
+            self.tasks += self.index_now.start()
 
     # ------------------------------------------------------------------------------ live config
 
@@ -365,5 +371,7 @@ class Keeper:
         self.handoff.close()
         self.claims.close()
         self.status.close()
+        if self.index_now is not None:
+            await self.index_now.close()
         self.rows.db.flush()
         self.rows.db.close()

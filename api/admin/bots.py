@@ -6,7 +6,8 @@ replica of every node (``IngressReplica.bots_report``, within ``management.peerT
 them (``prerender_ray.admin.fanout.merge_missed``): a URL's counts add up over the replicas that
 answered, and ``replicas`` names each one with its error when it did not. (It once showed the one
 replica that answered the request as if it were the node: half the misses were missing.) Metrics carry
-the node-wide counts too: ``prerender_bot_class_serves_total``, ``prerender_bot_page_age_seconds``.
+the node-wide counts too: ``prerender_bot_class_serves_total``, ``prerender_bot_page_age_seconds``,
+``prerender_bot_verifications_total``, ``prerender_bot_markdown_served_total``.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def replica_report(ctx: NodeContext) -> dict:
         return {"available": False}
     services = state.services
     return {"available": True, "missed": services.misses.top(MAX_LIMIT), "evicted": services.misses.evicted,
-            "verification": services.verifier.snapshot() if services.verifier is not None else None}
+            "verification": services.verifier.snapshot() if services.verifier is not None else None,
+            "classes": services.class_stats.snapshot()}
 
 
 async def _reports(ctx: NodeContext) -> dict[str, tuple[bool, Any]]:
@@ -108,5 +110,9 @@ async def bots(request: Request, who: Principal = Depends(require("viewer"))) ->
         "available": bool(reports),
         "missed": merge_missed([r.get("missed") or {} for r in reports], limit),
         "missedEvicted": sum(r.get("evicted") or 0 for r in reports),
+        # per class: serves by verification state and method, verification outcomes by method and
+        # reason, Markdown answers, misses (class_stats.py), added up over the replicas
+        "classes": sum_documents([r["classes"] for r in reports if isinstance(r.get("classes"), dict)]),
+        "signatureAgents": len(cfg.web_bot_auth.agents),
     }
     return answer(body)

@@ -36,18 +36,25 @@ async def serve(state: ReplicaState, req: BotRequest, headers: dict[str, str], s
     services = state.services
     counters = services.counters
     name = services.bots.name_for(headers)
-    verification = UNCHECKED
+    verification, method = UNCHECKED, "none"
     signed = None
+    claimed = services.bots.class_of(name)
     if services.web_bot_auth is not None:  # CPU only: keys held, never a fetch on this path
-        signed = services.web_bot_auth.check(req.method, req.url, headers)
+        signed = services.web_bot_auth.check(req.method, req.url, headers, name)
         if signed is not None:
             counters.count(metrics.bot_signatures, signed.reason)
+            if signed.reason != "bad-tag":  # not a web-bot-auth signature: as if unsigned
+                _verified(services, claimed, "signature", signed.reason)
             verification = signed.state
+            if verification == VERIFIED:
+                method = "signature"
     verifier = services.verifier
-    if verification != VERIFIED and verifier is not None and verifier.applies(name):
-        verification = await verifier.check(name, _client(services, scope, headers))
+    if verification != VERIFIED and verifier is not None and (how := verifier.method(name)) is not None:
+        verification, why = await verifier.check_why(name, _client(services, scope, headers))
+        method = how
+        _verified(services, claimed, how, why)
     site = services.signals.of(req.url) if services.signals_on else None
-    decision = state.policies.decide(name, verification, site)
+    decision = state.policies.decide(name, verification, site, signed=method == "signature")
     record = state.analytics and (name != OTHER or state.record_unmatched)
     bot = services.bot_label(name)
     if record:
@@ -85,8 +92,14 @@ async def serve(state: ReplicaState, req: BotRequest, headers: dict[str, str], s
     if serve_as != "deny" and (named := state.ingress.device_vary):  # the device chose the answer
         reply.headers["vary"] = add_vary(reply.headers.get("vary"), named)
     if record:
-        _record(state, req, bot, out, now, decision)
+        markdown = reply.headers.get("content-type", "").startswith("text/markdown")
+        _record(state, req, bot, out, now, decision, method, markdown)
     return reply
+
+
+def _verified(services: Any, cls: str, method: str, outcome: str) -> None:
+    services.counters.count(metrics.bot_verifications, cls, method, outcome)
+    services.class_stats.verified(cls, method, outcome)
 
 
 async def _cacheable(state: ReplicaState, req: BotRequest, headers: dict[str, str], now: int,
@@ -109,12 +122,16 @@ async def _cacheable(state: ReplicaState, req: BotRequest, headers: dict[str, st
                                        markdown=markdown)
 
 
-def _record(state: ReplicaState, req: BotRequest, bot: str, out: Outcome, now: int, decision: Decision) -> None:
+def _record(state: ReplicaState, req: BotRequest, bot: str, out: Outcome, now: int, decision: Decision,
+            method: str, markdown: bool) -> None:
     services = state.services
     counters = services.counters
     counters.count(metrics.bot_serves, out.source, out.cache_status, bot)
     cls = decision.bot_class
-    counters.count(metrics.bot_class_serves, cls, decision.verification, decision.serve, out.cache_status)
+    counters.count(metrics.bot_class_serves, cls, decision.verification, method, decision.serve, out.cache_status)
+    services.class_stats.served(cls, decision.verification, method, out.cache_status, markdown)
+    if markdown:
+        counters.count(metrics.bot_markdown_served, cls)
     if out.cache_status == "miss":
         services.misses.record(cls, req.url, bot, now)
     label = route_label(req.route.path if req.route else None, req.route_class)
@@ -172,6 +189,11 @@ class BotMiddleware:
             state = open_replica(self.ctx)
         headers = _request_headers(scope)
         query = scope.get("query_string", b"").decode("utf-8", "surrogateescape")
+        key_file = state.services.index_now_key  # IndexNow's /<key>.txt of a configured host, to anyone
+        if key_file is not None and scope["method"] in ("GET", "HEAD") and key_file.asked(
+                state.ingress.mode, state.ingress.prefix, state.ingress.host_header, path, query, headers):
+            await send_reply(send, key_file.reply(scope["method"]))
+            return
         llms = state.services.llms  # /llms.txt of a configured site: before the page decision
         if llms is not None and (site := llms.site_of(state.ingress, scope["method"], path, query, headers)):
             await send_reply(send, await llms.answer(site, scope["method"], headers))

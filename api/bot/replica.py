@@ -33,12 +33,16 @@ from prerender_ray.api.bot.peer import PeerClient
 from prerender_ray.api.bot.signals import SiteSignals
 from prerender_ray.api.context import NodeContext, ReplicaConfig
 from prerender_ray.config.model import Config
-from prerender_ray.serving.bot_policy import Policies
+from prerender_ray.serving.bot_policy import VERIFIED, Policies
 from prerender_ray.serving.bots import BotRegistry
+from prerender_ray.serving.class_stats import ClassStats
 from prerender_ray.serving.classify import RESERVED_PATHS, Ingress
+from prerender_ray.serving.indexnow import KeyFile
 from prerender_ray.serving.proxies import Proxies
 from prerender_ray.serving.tally import LabelBudget, MissTally, UnroutedTally
-from prerender_ray.serving.verification import RangeError, Verifier
+from prerender_ray.serving.verification import OUTCOMES as DNS_OUTCOMES
+from prerender_ray.serving.verification import RangeError, Verifier, reserved_names
+from prerender_ray.serving.web_bot_auth import REASONS as SIGNATURE_REASONS
 from prerender_ray.serving.web_bot_auth import WebBotAuth
 
 log = logs.get("bot")
@@ -62,6 +66,8 @@ class Services:
         self.counters = Counters()
         self.converter = Converter(cfg.markdown.cache_bytes, self.counters)
         self.llms = LlmsTxt(ctx, cfg, self.pages, self.counters) if cfg.llms_txt.enabled else None
+        inx = cfg.index_now
+        self.index_now_key = KeyFile.of(inx.key, inx.hosts) if inx.enabled else None
         self.bot_label = LabelBudget(BOT_LABELS)
         rep = cfg.ingress.report
         self.report_unrouted = rep.enabled and cfg.ingress.mode == "forwarded"
@@ -81,8 +87,11 @@ class Services:
         # their own bounded client, in the background only.
         wba = cfg.bots.web_bot_auth
         self.directories = DirectoryFetcher(wba, cfg.sitemap.user_agent) if wba.agents else None
-        self.web_bot_auth = (WebBotAuth(wba, self.directories.fetch, on_fetch=self._count_fetch)
+        self.web_bot_auth = (WebBotAuth(wba, self.directories.fetch, on_fetch=self._count_fetch,
+                                        reserved=reserved_names(verify))
                              if self.directories is not None else None)
+        self.class_stats = ClassStats({"signature": (VERIFIED, *SIGNATURE_REASONS), "dns": DNS_OUTCOMES,
+                                       "ranges": DNS_OUTCOMES})  # per class, for the admin bots report
         self._report: asyncio.Task | None = None
         self._ranges: asyncio.Task | None = None
         # what each site's robots.txt declares, for the bot policies (bots.contentSignals)

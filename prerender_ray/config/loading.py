@@ -260,6 +260,9 @@ def parse(raw: Any, env: typing.Mapping[str, str] | None = None) -> Loaded:
             f"domains: empty on a non-loopback listener ({cfg.server.host}) would make an open proxy; "
             "list the site's hosts in domains, or set allowAnyDomain: true"
         )
+    ours = {parse_entry(d).host for d in cfg.domains}  # each parsed above
+    if outside := [h for h in cfg.index_now.hosts if h not in ours]:
+        problems.append(f"indexNow.hosts: {outside} are not hosts of a `domains` entry")
     for user in cfg.auth.users:
         if user.password_env and not env.get(user.password_env):
             warnings.append(f"auth.users[{user.name}]: {user.password_env} is not set; this user cannot sign in")

@@ -794,6 +794,11 @@ class BotPolicy(Model):
         "the origin: no cache read, no render) or `deny` (`bots.denyStatus` with `bots.denyBody`)."
     )
     discover: bool = Field(True, description="A miss the origin answers with an indexable page makes it a target.")
+    require_signature: bool = Field(
+        False, description="Only a request with a valid Web Bot Auth signature (`bots.webBotAuth`) gets this policy; "
+        "any other is served as a failed claim (`bots.failedClass`, never discovers), whatever `whileUnverified` "
+        "says: a missing signature never turns up later."
+    )
 
 
 def _bot_names(value: Any) -> Any:
@@ -883,6 +888,7 @@ class DiscoveryBudget(Model):
 
 
 MAX_SIGNATURE_AGENTS = 64
+MAX_AGENT_BOTS = 64  # bot names one signature agent may verify
 
 
 def _agent_origins(value: Any) -> Any:
@@ -892,8 +898,11 @@ def _agent_origins(value: Any) -> Any:
         return value
     if len(value) > MAX_SIGNATURE_AGENTS:
         raise ValueError(f"at most {MAX_SIGNATURE_AGENTS} signature agents")
-    out = []
+    out: list[Any] = []
     for entry in value:
+        rest: dict[str, Any] = {}
+        if isinstance(entry, dict):  # {origin, bots}: the origin spelled as a plain entry's
+            rest, entry = dict(entry), entry.get("origin")
         if not isinstance(entry, str):
             return value  # the list validator says what is wrong
         text = entry.strip()
@@ -912,7 +921,8 @@ def _agent_origins(value: Any) -> Any:
         scheme = parts.scheme.lower()
         name = f"[{host}]" if ":" in host else host
         default = {"http": 80, "https": 443}[scheme]
-        out.append(f"{scheme}://{name}" if port in (None, default) else f"{scheme}://{name}:{port}")
+        origin = f"{scheme}://{name}" if port in (None, default) else f"{scheme}://{name}:{port}"
+        out.append({**rest, "origin": origin})
     return out
 
 
@@ -923,11 +933,21 @@ def _is_loopback_ip(host: str) -> bool:
         return False
 
 
+class SignatureAgent(Model):
+    origin: str = Field(description="The agent's origin, e.g. `https://chatgpt.com`.")
+    bots: list[Annotated[str, Field(min_length=1, max_length=MAX_BOT_NAME)]] | None = Field(
+        None, max_length=MAX_AGENT_BOTS, description="The bot names (as `analytics.bots` names them, "
+        "case-insensitive) its signature verifies; another name it signs for is `agent-mismatch`. Unset: any name but "
+        "those verified by reverse DNS or ranges (`bots.verify.dns`, `ranges`, the built-in domains)."
+    )
+
+
 class WebBotAuthConfig(Model):
-    agents: Annotated[list[str], BeforeValidator(_agent_origins)] = Field(
-        [], description="Signature agents (origins, e.g. `https://chatgpt.com`) whose HTTP Message Signatures are "
-        "verified (Web Bot Auth): their key directories are fetched, and a valid signature makes a request "
-        "verified. Empty: off. A signature by any other agent counts as none and fetches nothing."
+    agents: Annotated[list[SignatureAgent], BeforeValidator(_agent_origins)] = Field(
+        [], description="Signature agents whose HTTP Message Signatures are verified (Web Bot Auth): an origin "
+        "(`https://chatgpt.com`) or `{origin, bots}`. Their key directories are fetched, and a valid signature "
+        "makes a request verified for the bot names the agent covers. Empty: off. A signature by any other agent "
+        "counts as none and fetches nothing."
     )
     skew: Annotated[int, BeforeValidator(_duration), Field(ge=0, le=10 * MINUTE)] = Field(
         MINUTE, description="Clock difference allowed on a signature's `created` and `expires`."
@@ -1056,6 +1076,74 @@ class LlmsTxt(Model):
         return [s.strip() for s in v]
 
 
+INDEXNOW_KEY = re.compile(r"[A-Za-z0-9-]{8,128}")
+INDEXNOW_BATCH = 10_000  # the protocol's most URLs in one submission
+
+
+def _indexnow_endpoint(url: str) -> str:
+    """An IndexNow endpoint: an https URL (http only to a loopback host, for a local fake)."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or parts.fragment:
+        raise ValueError(f"an endpoint is an https URL such as https://api.indexnow.org/indexnow, not {url!r}")
+    if parts.scheme == "http" and not (parts.hostname == "localhost" or _is_loopback_ip(parts.hostname)):
+        raise ValueError(f"endpoint {url!r}: http only to a loopback host; use https")
+    return url.strip()
+
+
+class IndexNow(Model):
+    enabled: bool = Field(
+        False, description="Tell search engines (IndexNow) about pages whose rendered content changed: the owner "
+        "of each URL submits it, batched per host, to `endpoints`. Only hosts in `hosts`."
+    )
+    key: str = Field(
+        "", description="The IndexNow key (8-128 of a-z, A-Z, 0-9, '-'); served as text at `/<key>.txt` on each "
+        "of `hosts` (prefix mode `/p/<origin>/<key>.txt`)."
+    )
+    hosts: list[str] = Field(
+        [], description="Host names whose changed pages are submitted; each must be the host of a `domains` entry "
+        "(config/loading.py checks it)."
+    )
+    endpoints: Annotated[list[Annotated[str, BeforeValidator(_indexnow_endpoint)]], Field(min_length=1, max_length=8)] = (
+        Field(["https://api.indexnow.org/indexnow"], description="IndexNow endpoints each batch is posted to.")
+    )
+    flush_interval: Annotated[int, BeforeValidator(_duration), Field(ge=SECOND)] = Field(
+        MINUTE, description="How often queued URLs are submitted (a host's queue that reaches `batchSize` sooner)."
+    )
+    batch_size: int = Field(INDEXNOW_BATCH, ge=1, le=INDEXNOW_BATCH, description="Most URLs in one submission.")
+    min_interval: NonNegDuration = Field(
+        10 * SECOND, description="Rate limit: least time between two requests to one endpoint."
+    )
+    max_queued: int = Field(
+        100_000, ge=1, le=1_000_000, description="URLs waiting per endpoint; past it the oldest are dropped (counted)."
+    )
+    max_attempts: int = Field(
+        3, ge=1, le=10, description="Tries of one submission (a timeout, a connection error, 429 or 5xx is tried "
+        "again after `retryBackoff`, doubled each time); then its URLs are dropped (counted)."
+    )
+    retry_backoff: PositiveDuration = Field(5 * SECOND, description="Wait before the first retry of a submission.")
+    timeout_ms: Annotated[int, BeforeValidator(_duration), Field(ge=100, le=60_000)] = Field(
+        10_000, description="Deadline of one submission request, whole."
+    )
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, v: str) -> str:
+        if v and not INDEXNOW_KEY.fullmatch(v):
+            raise ValueError("the key is 8-128 characters of a-z, A-Z, 0-9 and '-'")
+        return v
+
+    @field_validator("hosts")
+    @classmethod
+    def _host_names(cls, v: list[str]) -> list[str]:
+        return [h.strip().lower() for h in v if h.strip()]
+
+    @model_validator(mode="after")
+    def _complete(self) -> IndexNow:
+        if self.enabled and (not self.key or not self.hosts):
+            raise ValueError("indexNow.enabled needs a key and at least one host")
+        return self
+
+
 class Logging(Model):
     level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Log level of every process."
@@ -1097,6 +1185,7 @@ class Config(Model):
     analytics: Analytics = Analytics()
     markdown: Markdown = Markdown()
     llms_txt: LlmsTxt = LlmsTxt()
+    index_now: IndexNow = IndexNow()
     bots: Bots = Bots()
     logging: Logging = Logging()
 

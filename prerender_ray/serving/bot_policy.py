@@ -10,6 +10,11 @@ discovers, whatever its policy says: it claims to be a bot it may not be, and ne
 traffic we can believe (``withheld`` says why). The default config prerenders everything; discovery
 is on for every request but those.
 
+A policy with ``requireSignature`` is for requests a Web Bot Auth signature verifies (``signed``)
+only: any other request it would apply to is served as a failed claim (``source`` ``unsigned``,
+verification ``unverified``), whatever ``whileUnverified`` says: unlike a DNS answer that is late, a
+missing signature never turns up, so serving it "as claimed for now" would make the option a no-op.
+
 With ``bots.contentSignals.applyAsDefaults``, what a site's robots.txt declares
 (``sitemaps/content_signals.py``) sets the policy of the class it concerns on that site, in place of
 ``bots.default`` or the built-in ``classes`` entry; a ``bots.named`` policy, a ``bots.classes`` entry the
@@ -45,7 +50,7 @@ class Decision:
     bot_class: str  # the class the request is served as
     verification: str
     withheld: str = ""  # why discovery is off although the policy allows it (queue.discovery reasons)
-    # which policy: named | class | builtin | default | failed | debug | signal:<use>=yes|no
+    # which policy: named | class | builtin | default | failed | unsigned | debug | signal:<use>=yes|no
     source: str = ""
 
 
@@ -65,16 +70,18 @@ class Policies:
         self.allowed, self.refused = signals.allowed, signals.refused
         self.unverified_fails = cfg.verify.while_unverified == "failed"
         self.deny = _deny_reply(cfg.deny_status, cfg.deny_body)
-        self._memo: dict[tuple[str, str], Decision] = {}
+        self._memo: dict[tuple[str, str, bool], Decision] = {}
 
-    def decide(self, name: str, verification: str = UNCHECKED, site: Signals | None = None) -> Decision:
-        """``site``: what the request's site declares (only read with ``applyAsDefaults``)."""
-        key = (name, verification)
+    def decide(self, name: str, verification: str = UNCHECKED, site: Signals | None = None,
+               signed: bool = False) -> Decision:
+        """``site``: what the request's site declares (only read with ``applyAsDefaults``); ``signed``:
+        a valid Web Bot Auth signature of an agent that covers ``name`` verified the request."""
+        key = (name, verification, signed)
         found = self._memo.get(key)
         if found is None:
             if len(self._memo) >= MEMO:
                 self._memo.clear()
-            found = self._memo[key] = self._decide(name, verification)
+            found = self._memo[key] = self._decide(name, verification, signed)
         if site and self.signals_on and found.source in ("builtin", "default"):
             use = USE_OF_CLASS.get(found.bot_class)
             allowed = site.for_token(robots_token(name)).get(use) if use is not None else None
@@ -116,7 +123,7 @@ class Policies:
                 f"signal:{use}={'yes' if allowed else 'no'}")
         return found
 
-    def _decide(self, name: str, verification: str) -> Decision:
+    def _decide(self, name: str, verification: str, signed: bool) -> Decision:
         if name == DEBUG:  # the reference's marker for its own test traffic: always served as usual
             return Decision("prerender", True, self.registry.class_of(name), verification, source="debug")
         failed = verification == FAILED or (verification == UNVERIFIED and self.unverified_fails)
@@ -129,6 +136,9 @@ class Policies:
             policy, source = self.named.get(name.lower()), "named"
             if policy is None:
                 policy, source = self._class_policy(cls)
+            if policy.require_signature and not signed:
+                cls, verification = self.failed_class, UNVERIFIED
+                policy, source = self.classes.get(self.failed_class) or self.default, "unsigned"
         withheld = ""
         if policy.discover and verification in (FAILED, UNVERIFIED):
             withheld = FAILED_CLAIM if verification == FAILED else UNVERIFIED_CLAIM

@@ -58,6 +58,13 @@ BUILTIN_DNS: dict[str, tuple[str, ...]] = {
 }
 
 
+def reserved_names(cfg: Verify) -> set[str]:
+    """The bot names whose operators are verified another way (reverse DNS or ranges), whether the
+    check is on or not: a Web Bot Auth agent verifies one of them only when it names it."""
+    names = set(BUILTIN_DNS) if cfg.builtin_dns else set()
+    return names | {name for name, domains in cfg.dns.items() if domains} | set(cfg.ranges)
+
+
 class Resolver(Protocol):
     """DNS for the check. Return ``[]`` for "no such record"; raise (OSError, TimeoutError) for a
     failure that says nothing about the address (the claim stays unverified)."""
@@ -240,6 +247,16 @@ class RangeStore:
 # --------------------------------------------------------------------------------------------- check
 
 
+# Why a reverse-DNS or range check answered as it did (bounded: a metric label).
+OUTCOMES = (VERIFIED, "not-in-ranges", "not-confirmed", "no-address", "no-ranges", "lookup-error", "overloaded",
+            "deadline")
+
+
+def _dns_reason(state: str) -> str:
+    # failed: no PTR in the domains, or one that does not resolve back; unverified: the lookup failed
+    return {VERIFIED: VERIFIED, FAILED: "not-confirmed"}.get(state, "lookup-error")
+
+
 @dataclass(frozen=True, slots=True)
 class Answer:
     state: str
@@ -274,41 +291,51 @@ class Verifier:
         key = name.lower()
         return key in self._ranged or key in self.dns
 
+    def method(self, name: str) -> str | None:
+        """``ranges``, ``dns`` or None (no method for this bot name)."""
+        key = name.lower()
+        return "ranges" if key in self._ranged else "dns" if key in self.dns else None
+
     async def check(self, name: str, client: str | None) -> str:
         """``verified``, ``failed``, ``unverified`` or ``unchecked``; never waits past the deadline."""
+        return (await self.check_why(name, client))[0]
+
+    async def check_why(self, name: str, client: str | None) -> tuple[str, str]:
+        """The state and why (``OUTCOMES``: the metric's outcomes and the admin report's)."""
         key = name.lower()
         ranged = self._ranged.get(key)
         if ranged is None and key not in self.dns:
-            return UNCHECKED
+            return UNCHECKED, UNCHECKED
         address = parse_address(client)
         if address is None:  # no socket peer (an in-process caller): nothing to check against
-            return UNVERIFIED
+            return UNVERIFIED, "no-address"
         if ranged is not None:  # a bisection: no cache or deadline needed
             found = self.ranges.sets.get(ranged)
             if found is None:  # its files never loaded: we cannot tell
-                return UNVERIFIED
-            return VERIFIED if address in found else FAILED
+                return UNVERIFIED, "no-ranges"
+            return (VERIFIED, VERIFIED) if address in found else (FAILED, "not-in-ranges")
         cache_key = (key, address)
         known = self._cache.get(cache_key)
         now = self.clock()
         if known is not None:
             if known.until > now:
                 self._cache.move_to_end(cache_key)
-                return known.state
+                return known.state, _dns_reason(known.state)
             del self._cache[cache_key]
         task = self._pending.get(cache_key)
         if task is None:
             if len(self._pending) >= self.max_pending:
                 self.stats["overloaded"] += 1
-                return UNVERIFIED
+                return UNVERIFIED, "overloaded"
             task = asyncio.get_running_loop().create_task(self._run(cache_key, self.dns[key], address))
             self._pending[cache_key] = task
             task.add_done_callback(lambda _: self._pending.pop(cache_key, None))
         try:
-            return await asyncio.wait_for(asyncio.shield(task), self.deadline_s)
+            state = await asyncio.wait_for(asyncio.shield(task), self.deadline_s)
         except TimeoutError:
             self.stats["deadline"] += 1
-            return UNVERIFIED
+            return UNVERIFIED, "deadline"
+        return state, _dns_reason(state)
 
     async def _run(self, cache_key: tuple[str, Address], domains: tuple[str, ...], address: Address) -> str:
         try:

@@ -31,7 +31,7 @@ import hashlib
 import json
 import time
 from collections import UserString
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeGuard
 
@@ -65,7 +65,7 @@ MAX_KEYS = 64  # directory entries looked at
 
 # Why a signature did not verify (the metric's outcomes, besides "verified"): a bounded set.
 REASONS = ("oversize", "malformed", "bad-tag", "bad-alg", "future", "expired", "too-old", "missing-component",
-           "unknown-agent", "no-keys", "unknown-keyid", "wrong-component", "bad-signature")
+           "unknown-agent", "no-keys", "unknown-keyid", "wrong-component", "bad-signature", "agent-mismatch")
 
 Fetch = Callable[[str], Awaitable[bytes]]  # an agent origin -> its directory's body; KeyDirectoryError
 
@@ -191,6 +191,7 @@ class _Agent:
     """One allowed agent's keys: the last good copy, when it came, and the refresh in flight."""
 
     keys: dict[str, Key] | None = None
+    bots: frozenset[str] | None = None  # the bot names it verifies (lower case); None: any but the reserved
     fetched: float = 0.0
     tried: float = float("-inf")
     task: asyncio.Task | None = None
@@ -211,12 +212,17 @@ class WebBotAuth:
     """The signature check of one replica and the key directories of its allowed agents."""
 
     def __init__(self, cfg: WebBotAuthConfig, fetch: Fetch, *, clock: Callable[[], float] = time.time,
-                 on_fetch: Callable[[str], None] | None = None):
+                 on_fetch: Callable[[str], None] | None = None, reserved: Iterable[str] = ()):
+        """``reserved``: bot names verified another way (reverse DNS, ranges): an agent that does not
+        name one of them cannot verify it, so a platform that signs for its users' agents cannot make
+        one Googlebot."""
         self.agents: dict[str, _Agent] = {}
         for entry in cfg.agents:
-            origin = agent_origin(entry)
+            origin = agent_origin(entry.origin)
             if origin is not None:
-                self.agents[origin] = _Agent()
+                bots = None if entry.bots is None else frozenset(b.lower() for b in entry.bots)
+                self.agents[origin] = _Agent(bots=bots)
+        self.reserved = frozenset(name.lower() for name in reserved)
         self.fetch = fetch
         self.clock = clock
         self.skew = cfg.skew / 1000
@@ -227,18 +233,27 @@ class WebBotAuth:
 
     # ------------------------------------------------------------------------------------ the check
 
-    def check(self, method: str, url: str, headers: Mapping[str, str]) -> Signed | None:
-        """None for a request without signature headers; else verified or why not. Never raises."""
+    def check(self, method: str, url: str, headers: Mapping[str, str], name: str = "") -> Signed | None:
+        """None for a request without signature headers; else verified or why not. Never raises.
+        ``name``: the bot the request claims (its User-Agent's registry name); a valid signature by an
+        agent that does not cover it is ``agent-mismatch``."""
         raw_input, raw_sig = headers.get("signature-input"), headers.get("signature")
         if raw_input is None and raw_sig is None:
             return None
         try:
-            return self._check(method, url, headers, raw_input, raw_sig)
+            return self._check(method, url, headers, raw_input, raw_sig, name.lower())
         except Exception:  # a header shape the parsers did not expect: refused, never an error page
             return Signed(UNVERIFIED, "malformed")
 
+    def covers(self, origin: str, name: str) -> bool:
+        """May a signature of the agent at ``origin`` verify the bot ``name`` (lower case)?"""
+        agent = self.agents.get(origin)
+        if agent is None:
+            return False
+        return name not in self.reserved if agent.bots is None else name in agent.bots
+
     def _check(self, method: str, url: str, headers: Mapping[str, str], raw_input: str | None,
-               raw_sig: str | None) -> Signed:
+               raw_sig: str | None, name: str) -> Signed:
         raw_agent = headers.get("signature-agent")
         if (len(raw_input or "") > MAX_INPUT_BYTES or len(raw_sig or "") > MAX_SIGNATURE_BYTES
                 or len(raw_agent or "") > MAX_AGENT_BYTES):
@@ -259,7 +274,9 @@ class WebBotAuth:
         for label, (components, params) in ours:
             answer = self._one(method, url, headers, raw_agent, label, components, params)
             if answer.state == VERIFIED:
-                return answer
+                if self.covers(answer.agent, name):
+                    return answer
+                answer = Signed(UNVERIFIED, "agent-mismatch", answer.agent)
             first = first or answer
         assert first is not None
         return first

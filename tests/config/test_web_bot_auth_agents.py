@@ -9,7 +9,7 @@ from prerender_ray.config.loading import ConfigError, parse
 
 
 def agents(*entries: str) -> list[str]:
-    return parse({"bots": {"webBotAuth": {"agents": list(entries)}}}).config.bots.web_bot_auth.agents
+    return [a.origin for a in parse({"bots": {"webBotAuth": {"agents": list(entries)}}}).config.bots.web_bot_auth.agents]
 
 
 def test_the_default_is_off() -> None:
@@ -33,3 +33,15 @@ def test_anything_but_an_origin_is_refused(entry) -> None:
 def test_the_list_is_bounded() -> None:
     with pytest.raises(ConfigError, match="at most 64"):
         agents(*(f"https://a{i}.test" for i in range(65)))
+
+
+def test_an_entry_may_name_the_bots_its_signature_verifies() -> None:
+    found = parse({"bots": {"webBotAuth": {"agents": [
+        "https://any.test", {"origin": "https://ChatGPT.com/", "bots": ["ChatGPT-User", "OAI-SearchBot"]}]}}})
+    plain, named = found.config.bots.web_bot_auth.agents
+    assert (plain.origin, plain.bots) == ("https://any.test", None)
+    assert (named.origin, named.bots) == ("https://chatgpt.com", ["ChatGPT-User", "OAI-SearchBot"])
+    with pytest.raises(ConfigError, match="signature agent"):
+        parse({"bots": {"webBotAuth": {"agents": [{"origin": "http://chatgpt.com", "bots": ["x"]}]}}})
+    misspelt = parse({"bots": {"webBotAuth": {"agents": [{"origin": "https://a.test", "bot": ["x"]}]}}})
+    assert misspelt.warnings == ["bots.web_bot_auth.agents[0].bot: unknown configuration key; ignored"]

@@ -263,9 +263,9 @@ async def test_serves_are_counted_per_class_and_missed_urls_are_an_admin_report(
         await get(asgi, f"{site.base}/page/cached", UA["gptbot"])
         counters = open_replica(ctx).services.counters
         pending = {labels: n for (metric, labels), n in counters._pending.items() if metric is metrics.bot_class_serves}
-        assert pending == {("ai-search", "unchecked", "prerender", "hit"): 1,
-                           ("ai-search", "unchecked", "prerender", "miss"): 2,
-                           ("ai-training", "unchecked", "deny", "denied"): 1}
+        assert pending == {("ai-search", "unchecked", "none", "prerender", "hit"): 1,
+                           ("ai-search", "unchecked", "none", "prerender", "miss"): 2,
+                           ("ai-training", "unchecked", "none", "deny", "denied"): 1}
         ages = {labels: v for (metric, labels), v in counters._observed.items() if metric is metrics.bot_page_age_seconds}
         assert list(ages) == [("ai-search", "OAI-SearchBot")] and 4 <= ages[("ai-search", "OAI-SearchBot")][0] < 60
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi), base_url="http://t") as c:
@@ -276,6 +276,10 @@ async def test_serves_are_counted_per_class_and_missed_urls_are_an_admin_report(
             "missed"]["ai-search"][0]["firstMs"], "lastMs": doc["missed"]["ai-search"][0]["lastMs"],
             "lastBot": "OAI-SearchBot"}]}
         assert doc["policies"]["classes"]["ai-training"]["serve"] == "deny"
+        ai = doc["classes"]["ai-search"]  # per class: serves by verification and method, misses, Markdown
+        assert (ai["serves"], ai["misses"], ai["markdown"]) == (3, 2, 0)
+        assert (ai["verification"]["unchecked"], ai["method"]["none"]) == (3, 3)
+        assert set(ai["outcomes"]) == {"signature", "dns", "ranges"} and doc["classes"]["ai-training"]["serves"] == 1
         assert doc["policies"]["classes"]["search"]["serve"] == "origin"  # not named: the default
     finally:
         await close_replica(ctx)

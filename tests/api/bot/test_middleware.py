@@ -17,6 +17,7 @@ from tests.api.origin_site import JS_PAGE, OriginSite
 from tests.localnode import LocalNode
 from tests.support import (
     CLUSTER_SERIES,
+    FEATURE_SERIES,
     brotli_bomb,
     dashboard_series,
     exposed_series,
@@ -516,7 +517,7 @@ def test_every_series_the_grafana_dashboard_queries_exists_on_a_running_node(nod
     md = bot(node, f"{site.base}/dash/page", headers={"user-agent": "Mozilla/5.0 (compatible; Googlebot/2.1)",
                                                       "accept": "text/markdown"})
     assert md.headers["content-type"].startswith("text/markdown"), md.headers  # a conversion
-    queried = dashboard_series() - CLUSTER_SERIES
+    queried = dashboard_series() - CLUSTER_SERIES - FEATURE_SERIES
     assert len(queried) >= 15
     exposed: set[str] = set()
 
