@@ -113,3 +113,98 @@ def test_the_slugs_follow_github() -> None:
     assert slug("Planned direction: R holders per URL") == "planned-direction-r-holders-per-url"
     assert slug("`POST /render_queue/claim` answers") == "post-render_queueclaim-answers"
     assert slug("Headers to the origin") == "headers-to-the-origin"
+
+
+# [text](target) in Markdown, outside code; a target with a scheme (https:, mailto:) is not ours.
+MD_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+INLINE_CODE = re.compile(r"`[^`]*`")
+
+
+def markdown_docs() -> list[Path]:
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def relative_links(path: Path) -> list[tuple[int, str]]:
+    out = []
+    fenced = False
+    for n, line in enumerate(lines_of(path), 1):
+        if FENCE.match(line):
+            fenced = not fenced
+            continue
+        if not fenced:
+            out += [(n, m.group(1)) for m in MD_LINK.finditer(INLINE_CODE.sub("", line))
+                    if not re.match(r"[a-z][a-z0-9+.-]*:", m.group(1))]
+    return out
+
+
+def test_every_relative_link_in_the_readme_and_docs_resolves() -> None:
+    bad = []
+    count = 0
+    for doc in markdown_docs():
+        for n, target in relative_links(doc):
+            count += 1
+            name, _, anchor = target.partition("#")
+            dest = (doc.parent / name).resolve() if name else doc
+            where = f"{doc.relative_to(REPO)}:{n}: {target}"
+            if not dest.exists():
+                bad.append(where + " (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+                bad.append(where + " (no such heading)")
+    assert not bad, "\n".join(bad)
+    assert count > 50
+
+
+def test_the_link_checker_sees_a_broken_link(tmp_path: Path) -> None:
+    doc = tmp_path / "x.md"
+    doc.write_text("# Top\n[ok](#top) [gone](nowhere.md) `[code](skipped.md)` [web](https://example.com)\n"
+                   "```\n[fenced](skipped.md)\n```\n")
+    assert relative_links(doc) == [(2, "#top"), (2, "nowhere.md")]
+
+
+ARCHITECTURE = REPO / "docs/architecture.md"
+MAPPED = ("prerender_ray", "actors", "api", "worker", "cli")  # the trees whose every module is mapped
+PATH_IN_CODE = re.compile(r"`((?:prerender_ray|actors|api|worker|cli|tests|bench|docs)/[\w./-]*)`")
+
+
+def module_map() -> set[str]:
+    """Every file and folder the module map names, as a path: a folder at the start of a line (at the
+    top level, or indented two more than the folder it sits in) holds the names that follow it; a line
+    indented as a folder but naming none holds names of the folder above it, and a line indented
+    further continues the folder before it."""
+    text = ARCHITECTURE.read_text()
+    block = text[text.index("## Module map"):]
+    block = block[block.index("```\n") + 4:]
+    block = block[:block.index("```")]
+    named: set[str] = set()
+    folders: dict[int, str] = {}  # indent -> folder path at that depth
+    base = ""
+    for line in block.splitlines():
+        indent = len(line) - len(line.lstrip())
+        head = re.match(r"\s*([\w.]+/)(?=\s)", line)
+        rest = line
+        if head and indent % 2 == 0 and indent <= 2 * len(folders):
+            folders = {k: v for k, v in folders.items() if k < indent}
+            base = folders[indent] = folders.get(indent - 2, "") + head.group(1)
+            rest = line[head.end():]
+        elif indent in folders:
+            base = folders.get(indent - 2, "")
+        named |= {base + f for f in re.findall(r"(?<![\w/])([a-z_]\w*\.py)\b", rest)}
+        named |= {base + d for d in re.findall(r"(?<![\w/])([a-z_]\w*/)(?=[\s,)])", rest)}
+        named.add(base)
+    return named
+
+
+def test_every_module_the_architecture_names_exists() -> None:
+    named = module_map() | {m.group(1) for line in lines_of(ARCHITECTURE) for m in PATH_IN_CODE.finditer(line)}
+    missing = sorted(n for n in named if not (REPO / n).exists())
+    assert not missing, "docs/architecture.md names what the tree lacks:\n" + "\n".join(missing)
+    assert len(named) > 100
+
+
+def test_every_module_of_the_tree_is_in_the_module_map() -> None:
+    named = module_map()
+    modules = {p.relative_to(REPO).as_posix() for top in MAPPED for p in (REPO / top).rglob("*.py")
+               if p.name not in ("__init__.py", "__main__.py") and ".venv" not in p.parts}
+    modules = {m for m in modules if not any(m.startswith(f"prerender_ray/{t}/") for t in MAPPED[1:])}  # symlinks
+    unlisted = sorted(modules - named)
+    assert not unlisted, "add to the module map in docs/architecture.md:\n" + "\n".join(unlisted)

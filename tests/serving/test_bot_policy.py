@@ -132,14 +132,14 @@ def test_unknown_bot_names_and_a_toothless_verification_are_findings() -> None:
     assert not any(k.startswith("bots") for k in quiet)
 
 
-def test_the_readme_example_is_a_valid_config_with_no_warnings() -> None:
+def test_the_serving_docs_example_is_a_valid_config_with_no_warnings() -> None:
     import yaml
 
     from tests.support import REPO
 
-    readme = (REPO / "README.md").read_text()
-    start = readme.index("```yaml\nbots:\n  default: {serve: origin}")
-    block = readme[start + len("```yaml\n"):readme.index("```", start + 8)]
+    doc = (REPO / "docs/serving.md").read_text()
+    start = doc.index("```yaml\nbots:\n  default: {serve: origin}")
+    block = doc[start + len("```yaml\n"):doc.index("```", start + 8)]
     loaded = parse(yaml.safe_load(block))
     assert loaded.warnings == []
     p = Policies(loaded.config.bots, REGISTRY)
