@@ -33,7 +33,7 @@ _FRESHNESS = (b"cache-control", b"expires")
 class Outcome:
     """What happened to one bot request, for debug headers and metrics."""
 
-    __slots__ = ("cache_status", "indexable", "last_cached", "render_now", "source", "via_staging")
+    __slots__ = ("cache_status", "indexable", "last_cached", "markdown", "render_now", "source", "via_staging")
 
     def __init__(self, cache_status: str, source: str = "origin") -> None:
         self.cache_status = cache_status
@@ -42,6 +42,9 @@ class Outcome:
         self.indexable: bool | None = None
         self.via_staging = False
         self.render_now: str | None = None  # hit | timeout (render-now), on-miss (render.onMiss)
+        # our conversion answered: its content-type is in the prepared reply's encoded headers, which
+        # the middleware's look at ``reply.headers`` does not see
+        self.markdown = False
 
 
 class Hit:
@@ -165,6 +168,7 @@ class Hit:
                                              key=req.cache_key, error=str(e))
                 return self.html(req, page, now, headers, out, debug)
             self.converter.cache.grow(key, entry, accept, prepared)
+        out.markdown = True
         return prepared_reply(prepared, last_cached=page.last_cached, now=now, request_headers=headers,
                               head=req.method == "HEAD", debug=self.debug(req, out) if debug else None)
 

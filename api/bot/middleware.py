@@ -92,7 +92,8 @@ async def serve(state: ReplicaState, req: BotRequest, headers: dict[str, str], s
     if serve_as != "deny" and (named := state.ingress.device_vary):  # the device chose the answer
         reply.headers["vary"] = add_vary(reply.headers.get("vary"), named)
     if record:
-        markdown = reply.headers.get("content-type", "").startswith("text/markdown")
+        # ours (out.markdown), or the origin's own Markdown relayed
+        markdown = out.markdown or reply.headers.get("content-type", "").startswith("text/markdown")
         _record(state, req, bot, out, now, decision, method, markdown)
     return reply
 

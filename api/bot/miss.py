@@ -23,6 +23,7 @@ from prerender_ray.queue.discovery import BUSY, RateBudget, site_of
 from prerender_ray.serving.answer import Reply, error_reply, origin_reply, verdict
 from prerender_ray.serving.classify import BotRequest
 from prerender_ray.serving.markdown import markdown_negotiated, wants_markdown
+from prerender_ray.serving.negotiation import add_vary
 from prerender_ray.serving.origin_rules import (
     ServingPolicy,
     is_prerender_candidate,
@@ -232,9 +233,16 @@ class Miss:
                 relayed["content-type"] = "text/html"
             if is_prerender_candidate(answer.status, relayed):
                 self.discovery.discover(req.url)
-        return origin_reply(answer.status, answer.headers, answer.body, request_headers=headers,
-                            head=req.method == "HEAD", debug=self.hit.debug(req, out) if debug else None,
-                            max_bytes=self.cfg.server.max_html_bytes)
+        reply = origin_reply(answer.status, answer.headers, answer.body, request_headers=headers,
+                             head=req.method == "HEAD", debug=self.hit.debug(req, out) if debug else None,
+                             max_bytes=self.cfg.server.max_html_bytes)
+        if answer.status == 200 and req.route_class == "prerender" and self.hit.markdown.enabled:
+            # Once rendered, this URL answers Markdown to an agent's Accept (``Hit.answer`` says so on a
+            # hit): a shared cache must not hand this HTML to an agent, nor the origin's Markdown to a bot.
+            reply.headers["vary"] = add_vary(reply.headers.get("vary"), "Accept")
+            if self.hit.markdown_by_agent:  # and to the bots and classes markdown.forBots/forClasses name
+                reply.headers["vary"] = add_vary(reply.headers["vary"], "User-Agent")
+        return reply
 
     def _origin_failed(self, req: BotRequest, e: OriginError, debug: bool, out: Outcome) -> Reply:
         self.counters.child(metrics.serve_errors, f"origin-{e.kind}").inc()

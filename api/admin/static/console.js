@@ -108,7 +108,7 @@
   // What the last user saw must not linger in the page (hidden is not gone) for the next one.
   function forgetData() {
     for (const id of ['nodes', 'queue-nodes', 'sitemaps', 'sitemap-entries', 'pages', 'overrides', 'config-values',
-      'explain-history', 'robots', 'bot-policies', 'bot-missed']) {
+      'explain-history', 'robots', 'bot-policies', 'bot-missed', 'bot-classes', 'bot-outcomes']) {
       $(id).tBodies[0].replaceChildren();
     }
     for (const id of ['explain-facts', 'sitemap-facts', 'tiles', 'queue-tiles', 'config-warnings', 'explain-reports',
@@ -477,12 +477,39 @@
       el('td', { text: x.discover ? 'yes' : 'no' }))));
     const v = d.verification || {};
     $('bot-facts').textContent = `A claim that fails verification is served as class ${p.failedClass}. Verification `
-      + (v.enabled ? `on: ${fmtNum(v.cached)} answers cached, ${fmtNum(v.pending)} pending.` : 'off (bots.verify.enabled).');
+      + (v.enabled ? `on: ${fmtNum(v.cached)} answers cached, ${fmtNum(v.pending)} pending.` : 'off (bots.verify.enabled).')
+      + (d.signatureAgents ? ` Web Bot Auth: ${fmtNum(d.signatureAgents)} signature agent(s) allowed.`
+        : ' Web Bot Auth off (bots.webBotAuth.agents).');
+    renderClasses(d.classes);
     const missed = Object.entries(d.missed || {}).flatMap(([c, urls]) => urls.map((m) => [c, m]));
     $('bot-missed').tBodies[0].replaceChildren(...missed.map(([c, m]) => el('tr', { 'data-class': c },
       el('td', { text: c }), el('td', { class: 'mono', text: m.url }), el('td', { class: 'num', text: fmtNum(m.count) }),
       el('td', { text: fmtTime(m.firstMs) }), el('td', { text: fmtTime(m.lastMs) }), el('td', { text: m.lastBot || '-' }))));
     $('bot-missed-empty').hidden = missed.length > 0;
+  }
+
+  // "verified 3, unchecked 2": the non-zero counts of a breakdown, in the route's order.
+  function breakdown(counts) {
+    const parts = Object.entries(counts || {}).filter(([, n]) => n > 0).map(([k, n]) => `${k} ${fmtNum(n)}`);
+    return parts.length ? parts.join(', ') : '-';
+  }
+
+  // Per class (class_stats.py, added up over the replicas): serves by verification state and method,
+  // Markdown answers, misses; then every non-zero verification outcome, one row per reason.
+  function renderClasses(classes) {
+    const rows = Object.entries(classes || {});
+    $('bot-classes').tBodies[0].replaceChildren(...rows.map(([c, x]) => el('tr', { 'data-bot-class': c },
+      el('td', { text: c }), el('td', { class: 'num serves', text: fmtNum(x.serves) }),
+      el('td', { class: 'verification', text: breakdown(x.verification) }),
+      el('td', { class: 'method', text: breakdown(x.method) }),
+      el('td', { class: 'num markdown', text: fmtNum(x.markdown) }),
+      el('td', { class: 'num misses', text: fmtNum(x.misses) }))));
+    const outcomes = rows.flatMap(([c, x]) => Object.entries(x.outcomes || {}).flatMap(([m, reasons]) =>
+      Object.entries(reasons || {}).filter(([, n]) => n > 0).map(([why, n]) => [c, m, why, n])));
+    $('bot-outcomes').tBodies[0].replaceChildren(...outcomes.map(([c, m, why, n]) => el('tr',
+      { 'data-outcome': `${c}/${m}/${why}` }, el('td', { text: c }), el('td', { text: m }),
+      el('td', { text: why }), el('td', { class: 'num', text: fmtNum(n) }))));
+    $('bot-outcomes-empty').hidden = outcomes.length > 0;
   }
 
   async function openSitemap(url, offset) {

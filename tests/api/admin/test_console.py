@@ -1,8 +1,9 @@
 """The console in a real browser: Debian's Chromium driven by Playwright (never `playwright install`).
 Sign in, read the overview and its chart, explain a URL and render it now, pause and resume a node,
 sign out; signed out nothing but the sign-in form shows; the effective config, a sitemap's entries
-with their states, the page cache with a stored page shown as text, and the bot policies and missed
-pages. Screenshots of each view are kept under test-artifacts/ (git-ignored)."""
+with their states, the page cache with a stored page shown as text, and the bot policies, missed
+pages, and serves and verification outcomes per bot class. Screenshots of each view are kept under
+test-artifacts/ (git-ignored)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ URL = "https://console.test/products/1"
 ARTIFACTS = REPO / "test-artifacts"
 SITE_HOST = "console-sitemaps.test"
 VIEWS = ("overview", "queue", "explain", "sitemaps", "pages", "bots", "config")
+HOSTILE_BOT = '<img src=x onerror="window.pwned=1">'  # a bot name is any string: shown as text
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +62,9 @@ def node(tmp_path_factory):
             "render": {"reconcile": {"startDelay": "1h"}},
             "management": {"pageSize": 5},
             "sitemap": {"fetchTimeoutMs": 5000},
+            # one signature agent allowed (nothing listens there): signatures are checked and counted
+            "bots": {"named": {HOSTILE_BOT: {"serve": "prerender"}},
+                     "webBotAuth": {"agents": ["http://127.0.0.1:9"]}},
         },
     )
     for i, due in enumerate(
@@ -316,7 +321,7 @@ def test_the_bots_tab_shows_the_policies_and_the_pages_bots_missed(node, browser
     page.click("#tab-bots")
     page.wait_for_selector("tr[data-policy='search']")
     assert page.text_content("tr[data-policy='search'] td.serve") == "prerender"
-    assert page.locator("tr[data-policy]").count() == 6  # every class
+    assert page.locator("tr[data-policy]").count() == 7  # every class, and the one named bot
     assert "Verification off" in page.text_content("#bot-facts")
     page.wait_for_selector("tr[data-class='search']")
     row = page.locator("tr[data-class='search']", has_text=missed)
@@ -326,6 +331,51 @@ def test_the_bots_tab_shows_the_policies_and_the_pages_bots_missed(node, browser
     page.click("#logout")  # what it showed goes with the user
     nothing_but_the_sign_in_form(page)
     assert page.locator("tr[data-policy]").count() == 0 and page.locator("tr[data-class]").count() == 0
+    page.close()
+
+
+def test_the_bots_tab_shows_serves_verification_and_markdown_per_class(node, browser) -> None:
+    # seo-tool; a miss's origin fetch pinned to 127.0.0.1 (staging), where nothing listens
+    ahrefs = {"user-agent": "Mozilla/5.0 (compatible; AhrefsBot/7.0; +http://ahrefs.com/robot/)",
+              "x-harper-staging": "1"}
+    write_page(node, "https://console.test/bots/md|desktop", b"<html><body><h1>For agents</h1></body></html>")
+    sent = 0
+
+    def markdown() -> bool:  # a miss until the ingress sees the written page, then a Markdown hit
+        nonlocal sent
+        sent += 1
+        r = httpx.get(f"{node.url}/p/https://console.test/bots/md", headers={**ahrefs, "accept": "text/markdown"},
+                      timeout=30)
+        return r.headers.get("content-type", "").startswith("text/markdown")
+
+    wait_for(markdown, what="the written page served as Markdown")
+    httpx.get(f"{node.url}/p/https://console.test/bots/missed", headers=ahrefs, timeout=30)
+    sent += 1
+    # a Web Bot Auth signature without its Signature field: refused as malformed, counted for the class claimed
+    httpx.get(f"{node.url}/p/https://console.test/bots/signed", timeout=30, headers={
+        "user-agent": "Twitterbot/1.0", "x-harper-staging": "1",
+        "signature-input": 'sig1=("@authority");tag="web-bot-auth"'})
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    sign_in(page, node, "watcher", "watch-pass")
+    page.click("#tab-bots")
+    row = "#bot-classes tr[data-bot-class='seo-tool']"
+    page.wait_for_selector(row)
+    assert page.locator("#bot-classes tr[data-bot-class]").count() == 6
+    assert page.text_content(f"{row} td.serves") == str(sent)
+    assert page.text_content(f"{row} td.verification") == f"unchecked {sent}"
+    assert page.text_content(f"{row} td.method") == f"none {sent}"
+    assert page.text_content(f"{row} td.markdown") == "1"
+    assert page.text_content(f"{row} td.misses") == str(sent - 1)
+    assert page.text_content("#bot-outcomes tr[data-outcome='social/signature/malformed'] td.num") == "1"
+    assert not page.is_visible("#bot-outcomes-empty")
+    assert "1 signature agent(s) allowed" in page.text_content("#bot-facts")
+    names = page.eval_on_selector_all("#bot-policies tbody tr", "rows => rows.map((r) => r.cells[0].textContent)")
+    assert HOSTILE_BOT in names  # as text: no element made of it, nothing run
+    assert page.locator("#view-bots img").count() == 0 and page.evaluate("window.pwned") is None
+    shot(page, "console-bot-classes.png")
+    page.click("#logout")
+    nothing_but_the_sign_in_form(page)
+    assert page.locator("tr[data-bot-class]").count() == 0 and page.locator("tr[data-outcome]").count() == 0
     page.close()
 
 

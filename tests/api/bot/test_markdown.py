@@ -119,6 +119,10 @@ async def test_an_agent_gets_the_rendered_page_as_markdown(tmp_path, site, frame
         assert html.content == RENDERED and html.headers["etag"] == '"e1"'
         assert _vary(html) == ["Accept", "Accept-Encoding"] and "x-markdown-tokens" not in html.headers
         assert html.headers["link"] == f'<{url}>; rel="alternate"; type="text/markdown"'
+        # counted once, for ClaudeBot's class (the admin bots report; before: never, its content-type
+        # is in the prepared reply's encoded headers)
+        classes = open_replica(s.ctx).services.class_stats.snapshot()
+        assert classes["ai-training"]["markdown"] == 1 and classes["ai-training"]["serves"] == 2
 
 
 async def test_conditional_requests_and_head(tmp_path, site) -> None:
@@ -167,6 +171,24 @@ async def test_without_a_cached_page_an_agent_gets_the_origin_not_a_conversion_o
         assert r.status_code == 200 and r.content == JS_PAGE  # the shell, as any bot gets it today
         assert r.headers["content-type"].startswith("text/html")
         assert s.conversions() == {}
+
+
+async def test_the_origins_answer_to_a_miss_varies_by_accept_while_markdown_is_on(tmp_path, site) -> None:
+    """Once rendered, the URL answers Markdown to an agent's Accept: the origin's HTML for a miss says
+    so too, or a shared cache hands it to the next agent. Merged with the origin's own Vary, never twice."""
+    html = {**UA, "accept": "text/html", "accept-encoding": "gzip"}
+    async with serving(tmp_path, site) as s, s.client() as c:
+        r = await c.get(f"/p/{site.base}/page/miss-vary", headers=html)
+        assert r.content == JS_PAGE and _vary(r) == ["Accept", "Accept-Encoding"], r.headers
+        r = await c.get(f"/p/{site.base}/negotiates/miss-vary", headers=html)  # it says ``vary: accept``
+        assert r.content == JS_PAGE and _vary(r) == ["Accept-Encoding", "accept"], r.headers
+        assert s.conversions() == {}
+    async with serving(tmp_path / "by-agent", site, forBots=["ClaudeBot"]) as s, s.client() as c:
+        r = await c.get(f"/p/{site.base}/page/miss-vary", headers=html)  # the user agent chooses too
+        assert _vary(r) == ["Accept", "Accept-Encoding", "User-Agent"], r.headers
+    async with serving(tmp_path / "off", site, enabled=False) as s, s.client() as c:
+        r = await c.get(f"/p/{site.base}/page/miss-vary", headers=html)
+        assert r.content == JS_PAGE and _vary(r) == ["Accept-Encoding"], r.headers
 
 
 async def test_a_status_page_is_answered_as_stored(tmp_path, site) -> None:
