@@ -1,6 +1,8 @@
 """The page log's reconcile at store open (storage/pagelog/reconcile.py; issue 37): how long it takes
 for N pages written as the node store writes them (record, version pointer), in three cases:
 
+- ``build``: the same as the store does it (storage/pagelog/build.py): in chunks, each one hold of
+  the mirror's lock; the longest chunk is the longest a pages write waits;
 - ``migrate``: a store with pages and no log yet (every page read from RocksDB and appended);
 - ``steady``: the log in step with RocksDB (the usual restart: pointers walked, one small pread each);
 - ``touched``: the same with a newer freshness record for a fifth of the pages.
@@ -22,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prerender_ray.storage.keys import HPTR, VIDX  # noqa: E402
 from prerender_ray.storage.pagelog import PageLogWriter  # noqa: E402
+from prerender_ray.storage.pagelog.build import CHUNK_BYTES, CHUNK_KEYS, Build  # noqa: E402
 from prerender_ray.storage.pagelog.reconcile import reconcile  # noqa: E402
 from prerender_ray.storage.pages import Page  # noqa: E402
 from prerender_ray.storage.replication import Version, wrap  # noqa: E402
@@ -50,6 +53,16 @@ def main() -> None:
                 store.write(batch)
                 batch = []
         store.write(batch)
+        writer = PageLogWriter(root / "pagelog-build", sync=False)
+        b = Build(writer, store, set())
+        while not b.step():
+            pass
+        r = b.finish()
+        print(f"build    {args.pages} pages of {args.body} B in {b.steps} chunks of <= {CHUNK_KEYS} keys / "
+              f"{CHUNK_BYTES >> 20} MB: {r.seconds:.2f} s (appended {r.appended}; longest chunk "
+              f"{b.longest * 1000:.1f} ms, mean {r.seconds / b.steps * 1000:.1f} ms)")
+        writer.close()
+        shutil.rmtree(root / "pagelog-build")
         writer = PageLogWriter(root / "pagelog", sync=False)
         r = reconcile(writer, store)
         print(f"migrate  {args.pages} pages of {args.body} B: {r.seconds:.2f} s (appended {r.appended})")

@@ -172,6 +172,8 @@ pagelog_disk_bytes = Gauge("prerender_pagelog_disk_bytes", "Bytes of the page lo
                            multiprocess_mode="livemax")
 pagelog_live_bytes = Gauge("prerender_pagelog_live_bytes", "Bytes of live pages in the page log.",
                            multiprocess_mode="livemax")
+pagelog_building = Gauge("prerender_pagelog_building", "1 while the page log is built from the pages store "
+                         "(readers keep to RocksDB until it is complete).", multiprocess_mode="livemax")
 
 
 # Every background loop's name: primed at 0, so a dashboard's error panel has a series before the

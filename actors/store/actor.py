@@ -77,9 +77,10 @@ class NodeStore:
         self._sitemap_of = SitemapReader()
         self.log.info("store open", pages=str(self.pages.path), registry=str(self.registry.path))
         self.records = self._records(clock, self._index_ops)
-        # Reconciled with the pages RocksDB before anything can write; from here on every pages-store
-        # write goes to the page log first (``page_log.py``).
-        self.page_log = StorePageLog(self.pages, pagelog_path(data_dir, node), self.log, self._recount_pages)
+        # Reconciled with the pages RocksDB before anything can write (or built from it in the
+        # background when new); from here on every pages-store write goes to the page log first.
+        self.page_log = StorePageLog(self.pages, pagelog_path(data_dir, node), self.log, self._recount_pages,
+                                     count=lambda: self.records.live["pages"])
         self._compose(Membership.from_wire(membership) if membership is not None else None,
                       cfg.cluster.replicas, KeyFormat.from_config(cfg).url_of, fetch=fetch, wall=clock,
                       stores=stores)

@@ -2,6 +2,11 @@
 RocksDB before the store serves, every pages-store write mirrored into it first
 (``storage/pagelog/mirror.py``), and kept compact by a periodic task.
 
+A log without its ``COMPLETE`` mark (a first start over pages written before the log, a log rebuilt
+after damage) is built in the maintenance thread instead (``storage/pagelog/build.py``), one chunk per
+hold of the mirror's lock: the store serves at once, a pages write waits for one chunk at most, and
+readers keep to the store's RocksDB until the build has passed every key and made the mark.
+
 A write the log cannot take (a full disk: ``PageLogFull``) is refused whole: RocksDB is left as it
 was, the caller gets the error (a render result is answered 503 with ``Retry-After``, and the fleet
 posts it again), ``prerender_pagelog_full`` is 1 until a batch goes in again.
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,18 +33,27 @@ from prerender_ray.storage.pagelog import (
     compaction,
     files,
 )
+from prerender_ray.storage.pagelog import build as building
+from prerender_ray.storage.pagelog.build import Build
 from prerender_ray.storage.pagelog.mirror import Mirror, MirroredStore
 from prerender_ray.storage.pagelog.reconcile import Reconciled, reconcile, repair
 from prerender_ray.storage.rocks import remove_tree
 
 MAINTAIN_EVERY_S = 10.0
 REPAIR_EVERY_S = 1.0  # while keys of a refused batch, or the whole log, wait to be put right
+BUILD_TURN_S = 1.0  # chunks of a build per maintenance turn
+BUILD_PAUSE_S = 0.002  # between chunks: a pages write waiting for the lock takes it (Lock is not fair)
 
 
 class StorePageLog:
-    def __init__(self, pages: MirroredStore, path: Path, log: Any, on_refused: Any = None):
-        """``on_refused()``: after a batch was refused (the store puts back what it counted for it)."""
+    def __init__(self, pages: MirroredStore, path: Path, log: Any, on_refused: Any = None,
+                 count: Callable[[], int] | None = None):
+        """``on_refused()``: after a batch was refused (the store puts back what it counted for it);
+        ``count()``: the live pages the store holds (a build's progress is told against it)."""
         self.pages = pages
+        self.count = count
+        self.build: Build | None = None
+        self._told = 0  # the tenth of a build last logged
         self.on_refused = on_refused
         self.path = path
         self.log = log
@@ -66,14 +81,22 @@ class StorePageLog:
             return PageLogWriter(self.path, sync=False)
 
     def _reconcile(self) -> None:
-        """The whole log against RocksDB (lock held). A refusal (a full disk at start) leaves it owed:
-        the maintenance task tries again, and the store serves meanwhile."""
+        """The whole log against RocksDB (lock held), or a build started when the log is not complete.
+        A refusal (a full disk at start) leaves it owed: the maintenance task tries again, and the
+        store serves meanwhile."""
+        if not files.is_complete(self.path):
+            self._start_build()
+            return
         try:
             self.last = reconcile(self.writer, self.pages)
         except PageLogError as e:
             self._refused(e)
             self.log.error("page log reconcile failed; retried by the maintenance task", error=str(e)[:300])
             return
+        self._reconciled("page log reconciled")
+
+    def _reconciled(self, what: str, **extra: Any) -> None:
+        """The log mirrors RocksDB (``self.last``): mark it complete."""
         self.unreconciled = False
         try:
             files.mark_complete(self.path)  # readers may follow it now (a rebuilt log drops the mark with it)
@@ -83,9 +106,60 @@ class StorePageLog:
         if self.mirror.refusing is None:
             self._accepted()
         r = self.last
-        self.log.info("page log reconciled", path=str(self.path), pages=r.pages, appended=r.appended,
-                      retimed=r.retimed, deleted=r.deleted, seconds=round(r.seconds, 3),
-                      entries=len(self.writer.entries))
+        assert r is not None
+        self.log.info(what, path=str(self.path), pages=r.pages, appended=r.appended, retimed=r.retimed,
+                      deleted=r.deleted, seconds=round(r.seconds, 3), entries=len(self.writer.entries), **extra)
+
+    # ---------------------------------------------------------------------------------- build
+
+    def _start_build(self) -> None:
+        """(lock held) Its first chunk now: a store smaller than a chunk is complete at open."""
+        self.mirror.touched = set()
+        self.build = Build(self.writer, self.pages, self.mirror.touched, keys=building.CHUNK_KEYS,
+                           max_bytes=building.CHUNK_BYTES)
+        self._told = 0
+        metrics.pagelog_building.set(1)
+        self.log.info("page log building from the pages store; readers keep to RocksDB until it is complete",
+                      path=str(self.path), entries=len(self.writer.entries), pages=self._total())
+        self._build_step()
+
+    def _build_step(self) -> bool:
+        """(lock held) One chunk; False when the turn should stop (ended, or refused: retried later)."""
+        b = self.build
+        assert b is not None
+        try:
+            if b.step():
+                self.last = b.finish()
+                self.build = self.mirror.touched = None
+                metrics.pagelog_building.set(0)
+                self._reconciled("page log built", steps=b.steps, longest_step_s=round(b.longest, 3))
+                return False
+        except PageLogError as e:
+            self._refused(e)
+            self.log.error("page log build step failed; retried by the maintenance task", error=str(e)[:300])
+            return False
+        if self.mirror.refusing is None:
+            self._accepted()
+        total = self._total()
+        if total and b.pages * 10 // total > self._told:
+            self._told = b.pages * 10 // total
+            self.log.info("page log building", pages=b.pages, total=total, appended=b.appended,
+                          longest_step_s=round(b.longest, 3))
+        return True
+
+    def build_some(self, budget_s: float) -> None:
+        """Chunks of the build in progress, each under the lock, for about ``budget_s`` (one at least)."""
+        until = time.monotonic() + budget_s
+        while True:
+            with self.mirror.lock:
+                if self.pages.mirror is None or self.build is None or not self._build_step():
+                    return
+            if time.monotonic() >= until:
+                return
+            time.sleep(BUILD_PAUSE_S)
+
+    def _total(self) -> int | None:
+        return self.count() if self.count is not None else None
 
     # ------------------------------------------------------------------------------- refusals
 
@@ -112,7 +186,8 @@ class StorePageLog:
         """The periodic task (in the store's ``_tasks``)."""
         while True:
             owed = self.unreconciled or self.mirror.dirty or self.writer.broken is not None
-            await asyncio.sleep(REPAIR_EVERY_S if owed else MAINTAIN_EVERY_S)
+            going = self.build is not None and not self.alerting  # a build goes on turn after turn
+            await asyncio.sleep(0 if going else REPAIR_EVERY_S if owed else MAINTAIN_EVERY_S)
             try:
                 await asyncio.to_thread(self.turn)
             except asyncio.CancelledError:
@@ -122,7 +197,8 @@ class StorePageLog:
                 self.log.error("page log maintenance failed", error=repr(e)[:300])
 
     def turn(self) -> None:
-        """One bounded step: reopen a writer that must be, put right what is owed, compact one segment."""
+        """One bounded step: reopen a writer that must be, put right what is owed, compact one segment;
+        then chunks of a build in progress for ``BUILD_TURN_S``."""
         with self.mirror.lock:
             if self.pages.mirror is None:  # closed meanwhile
                 return
@@ -131,21 +207,24 @@ class StorePageLog:
                 self.writer.close()
                 self.writer = self.mirror.writer = self._open()
                 self.unreconciled = True
-            if self.unreconciled:
+                self.build = self.mirror.touched = None  # a build starts again over the writer reopened
+            if self.unreconciled and self.build is None:
                 self._reconcile()
-            if self.mirror.dirty and not self.unreconciled:
+            if self.mirror.dirty and (self.build is not None or not self.unreconciled):
                 keys = list(self.mirror.dirty)
                 done = repair(self.writer, self.pages.get_many, keys)
                 self.mirror.dirty.difference_update(keys)
                 self.log.info("page log repaired after a refused batch", keys=len(keys), appended=done.appended,
                               retimed=done.retimed, deleted=done.deleted)
             t0 = time.perf_counter()
-            done_c = compaction.maintain(self.writer, max_segments=1)
+            done_c = compaction.maintain(self.writer, max_segments=1) if self.build is None else []
             if done_c:
                 self.log.info("page log compacted", segments=[c.segment for c in done_c],
                               moved=sum(c.moved for c in done_c), freed=sum(c.freed for c in done_c),
                               seconds=round(time.perf_counter() - t0, 3))
             self._publish()
+        if self.build is not None:
+            self.build_some(BUILD_TURN_S)
 
     # --------------------------------------------------------------------------------- status
 
@@ -167,10 +246,22 @@ class StorePageLog:
         return {**self._stats, "path": str(self.path), "refusing": str(self.mirror.refusing)[:300]
                 if self.mirror.refusing is not None else None, "refused": self.mirror.refused,
                 "repairing": len(self.mirror.dirty), "reconciled": not self.unreconciled,
-                "reconcile": r._asdict() if r is not None else None}
+                "building": self._building(), "reconcile": r._asdict() if r is not None else None}
+
+    def _building(self) -> dict | None:
+        """A build's progress: live pages passed against those the store holds (an estimate: writes
+        go on meanwhile), pointers passed, chunks and the longest (a pages write's longest wait)."""
+        b = self.build
+        if b is None:
+            return None
+        return {"pages": b.pages, "total": self._total(), "keys": b.passed, "appended": b.appended,
+                "steps": b.steps, "longestStepS": round(b.longest, 3),
+                "seconds": round(time.perf_counter() - b.started, 1)}
 
     def close(self) -> None:
         """After the task is cancelled: waits for a maintenance step in progress."""
         with self.mirror.lock:
             self.pages.mirror = None
+            self.build = self.mirror.touched = None  # a build cut short starts again at the next open
+            metrics.pagelog_building.set(0)
             self.writer.close()

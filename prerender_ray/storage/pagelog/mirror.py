@@ -188,6 +188,7 @@ class Mirror:
         self.dirty: set[bytes] = set()
         self.refusing: PageLogError | None = None  # the last refusal, until a batch goes in again
         self.refused = 0
+        self.touched: set[bytes] | None = None  # while the log is built: the log keys written (``build``)
         self.on_refused = on_refused
         self.on_accepted = on_accepted
 
@@ -199,6 +200,10 @@ class Mirror:
         log_ops = plan(ops, self.get_many, self.writer.max_record)
         if not (log_ops.puts or log_ops.retimes or log_ops.deletes):
             return []
+        if self.touched is not None:
+            self.touched.update(it.key for it in log_ops.puts)
+            self.touched.update(it.key for it in log_ops.retimes)
+            self.touched.update(log_ops.deletes)
         changed = [False]
         try:
             apply(self.writer, log_ops, changed)

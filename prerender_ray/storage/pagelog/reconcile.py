@@ -56,6 +56,8 @@ class _Pass:
         self.retimes: list[tuple[bytes, int, int | None, int | None]] = []
         self.deletes: list[bytes] = []
         self.appended = 0
+        self.batch = CHUNK  # pages read at once
+        self.read_bytes = self.read_pages = 0  # pages read from RocksDB
         self._fds: dict[int, int] = {}
 
     def check(self, key: bytes, ptr: bytes | None, touch: bytes | None) -> None:
@@ -92,7 +94,7 @@ class _Pass:
 
     def _read(self, key: bytes, kh: bytes, touch: bytes | None) -> None:
         self.reads.append((key, kh, touch))
-        if len(self.reads) >= CHUNK:
+        if len(self.reads) >= self.batch:
             self.flush_reads()
 
     def flush_reads(self) -> None:
@@ -101,6 +103,8 @@ class _Pass:
             return
         reads, self.reads = self.reads, []
         records = self.get_many([key for key, _, _ in reads])
+        self.read_bytes += sum(len(r) for r in records if r is not None)
+        self.read_pages += len(records)
         items: list[Item] = []
         for (key, kh, touch), record in zip(reads, records):
             item = page_item(kh, record, touch)
@@ -143,11 +147,14 @@ class _Pass:
             w.touch(kh, version=version, last_cached=last, expires_at=expires)
         if self.deletes:
             w.delete(self.deletes)
+        self.close()
+        return Reconciled(self.live, self.appended, len(self.retimes), len(self.deletes),
+                          time.perf_counter() - started)
+
+    def close(self) -> None:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
-        return Reconciled(self.live, self.appended, len(self.retimes), len(self.deletes),
-                          time.perf_counter() - started)
 
 
 def _touch_times(payload: memoryview) -> tuple[int | None, int | None] | None:

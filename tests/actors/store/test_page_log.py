@@ -4,6 +4,7 @@ reopens with every acknowledged page in its log. A real NodeStore (no Ray) on re
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -16,7 +17,7 @@ import pytest
 from prerender_ray import logs, metrics
 from prerender_ray.actors.store.actor import NodeStore
 from prerender_ray.storage.keys import HPTR
-from prerender_ray.storage.pagelog import PageLogFull, PageLogReader, key_hash
+from prerender_ray.storage.pagelog import PageLogFull, PageLogReader, build, key_hash
 from prerender_ray.storage.pagelog.files import is_complete
 from prerender_ray.storage.pages import Page
 from prerender_ray.storage.replication import Version, hlc_bytes, payload_of, wrap
@@ -200,5 +201,105 @@ async def test_a_store_of_pages_without_a_log_builds_it_and_only_then_marks_it_c
         assert is_complete(pagelog_path(tmp_path, "node-a"))  # readers may follow it now
         got = hit(tmp_path, a)
         assert got is not None and got.data == s.pages.get(a.encode())
+    finally:
+        await s.close()
+
+
+
+async def old_pages(tmp_path: Path, n: int) -> list[str]:
+    """A store holding ``n`` pages and no page log (written by a release before the log)."""
+    keys = [f"https://s.test/p-{i:03d}|desktop" for i in range(n)]
+    s = store(tmp_path)
+    await s.apply(pages=[(k.encode(), payload(k)) for k in keys])
+    await s.close()
+    remove_tree(pagelog_path(tmp_path, "node-a"))
+    return keys
+
+
+def stepped(tmp_path: Path) -> NodeStore:
+    """A store whose page log maintenance the test drives, one chunk at a time (its task cancelled)."""
+    s = store(tmp_path)
+    for t in s._tasks:
+        if t.get_coro().__qualname__ == "StorePageLog.run":  # type: ignore[union-attr]
+            t.cancel()
+    return s
+
+
+def assert_served(tmp_path: Path, s: NodeStore, keys: list[str]) -> None:
+    for k in keys:
+        got = hit(tmp_path, k)
+        assert got is not None and got.data == s.pages.get(k.encode()), k
+
+
+async def test_a_store_over_pages_without_a_log_serves_at_once_and_builds_the_log_in_chunks(tmp_path,
+                                                                                          monkeypatch) -> None:
+    keys = await old_pages(tmp_path, 60)
+    monkeypatch.setattr(build, "CHUNK_KEYS", 8)
+    s = stepped(tmp_path)
+    path = pagelog_path(tmp_path, "node-a")
+    try:
+        status = (await s.status())["pageLog"]
+        assert status["building"] is not None and status["building"]["pages"] == 8  # one chunk at open
+        assert status["building"]["total"] == 60 and not status["reconciled"] and not is_complete(path)
+        ahead, behind, new = keys[50], keys[0], "https://s.test/new|desktop"
+        await s.apply(pages=[(ahead.encode(), payload(ahead, body=b"v2")), (new.encode(), payload(new))])
+        assert (await s.get_pages([ahead]))[0] == payload(ahead, body=b"v2")  # a write and a read answered
+        assert hit(tmp_path, ahead).data == s.pages.get(ahead.encode())  # the write is in the log already
+        steps = 0
+        while s.page_log.build is not None:
+            assert not is_complete(path)  # readers keep to RocksDB until the build has passed every key
+            if steps == 2:
+                await s.apply(pages=[(behind.encode(), payload(behind, body=b"v3")),
+                                     (keys[40].encode(), None)])
+            s.page_log.build_some(0)
+            steps += 1
+        assert steps >= 60 // 8 - 1 and is_complete(path)
+        status = (await s.status())["pageLog"]
+        assert status["building"] is None and status["reconciled"] and status["entries"] == 60
+        assert_served(tmp_path, s, [k for k in keys if k != keys[40]] + [new])
+        assert hit(tmp_path, keys[40]) is None
+        assert payload_of(hit(tmp_path, behind).data) == payload(behind, body=b"v3")  # the newest version
+        assert payload_of(hit(tmp_path, ahead).data) == payload(ahead, body=b"v2")
+    finally:
+        await s.close()
+
+
+async def test_a_build_cut_short_by_a_close_resumes_and_completes_on_the_next_open(tmp_path, monkeypatch) -> None:
+    keys = await old_pages(tmp_path, 60)
+    monkeypatch.setattr(build, "CHUNK_KEYS", 8)
+    path = pagelog_path(tmp_path, "node-a")
+    s = stepped(tmp_path)
+    try:
+        s.page_log.build_some(0)
+        s.page_log.build_some(0)
+        first = s.page_log.build.appended
+        assert first == 24 and not is_complete(path)
+    finally:
+        await s.close()
+    assert not is_complete(path)
+    s = stepped(tmp_path)
+    try:
+        assert s.page_log.build is not None and not is_complete(path)
+        while s.page_log.build is not None:
+            s.page_log.build_some(0)
+        assert is_complete(path) and s.page_log.last is not None
+        assert s.page_log.last.appended == 60 - first  # what the first open built is not written again
+        assert_served(tmp_path, s, keys)
+    finally:
+        await s.close()
+
+
+async def test_the_maintenance_task_builds_the_log_and_marks_it_complete(tmp_path, monkeypatch) -> None:
+    keys = await old_pages(tmp_path, 30)
+    monkeypatch.setattr(build, "CHUNK_KEYS", 4)
+    s = store(tmp_path)
+    try:
+        assert s.page_log.build is not None
+        for _ in range(200):  # each turn passes a chunk at least; a deadline, not a sync
+            if s.page_log.build is None:
+                break
+            await asyncio.sleep(0.05)
+        assert s.page_log.build is None and is_complete(pagelog_path(tmp_path, "node-a"))
+        assert_served(tmp_path, s, keys)
     finally:
         await s.close()
