@@ -54,9 +54,14 @@ def test_concurrent_first_visits_share_one_render_and_get_the_rendered_page(node
     finally:
         stop.set()
         worker.join(10)
+    waited = [r for r in answers if r.headers.get("x-harper-render-now") == "on-miss"]
     for r in answers:
         assert r.status_code == 200 and r.content == HTML, (r.status_code, r.headers)
-        assert r.headers["x-harper-render-now"] == "on-miss" and r.headers["x-harper-source"] == "rendered"
+        # A bot whose request lands after the render's 204 is served that render as a hit (the page
+        # log serves a write at once): the same page, no second render.
+        source = "rendered" if r in waited else "cache"
+        assert r.headers["x-harper-source"] == source, r.headers
+    assert waited  # the first visit, at least, waited for the render
     assert [j["id"] for j in granted].count(key) == 1  # one render for the four bots
     assert site.hits["/first/visit"] == 0  # the origin was never asked for the shell
 
