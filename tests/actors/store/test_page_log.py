@@ -24,9 +24,7 @@ from prerender_ray.storage.replication import Version, hlc_bytes, payload_of, wr
 from prerender_ray.storage.rocks import pagelog_path, remove_tree
 from prerender_ray.storage.touches import Touch, touch_key
 from tests.storage.test_pagelog_mirror import full_after
-from tests.support import node_config
-
-ROOT = Path(__file__).parents[3]
+from tests.support import REPO, node_config
 
 
 def payload(key: str, *, body: bytes = b"<html>x</html>", etag: str = '"e1"', expires: int = 9_000) -> bytes:
@@ -148,7 +146,7 @@ CHILD = textwrap.dedent("""
 
 @pytest.mark.parametrize("mode", ["mid-append", "between"])
 async def test_a_store_killed_mid_write_reopens_with_every_acknowledged_page_in_its_log(tmp_path, mode) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path), mode], cwd=ROOT, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path), mode], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
     acked = -1
     try:
