@@ -13,7 +13,8 @@ from prerender_ray.storage.keys import HPTR
 from prerender_ray.storage.pagelog import Item, PageLogFull, key_hash
 from prerender_ray.storage.pagelog.build import Build
 from prerender_ray.storage.pagelog.reconcile import reconcile
-from tests.storage.test_pagelog_mirror import Node, full_after, ops_of, page, tombstone, touch
+from tests.storage.test_pagelog_mirror import Node, ops_of, page, tombstone, touch
+from tests.storage.test_pagelog_recovery import full_after
 
 
 def keys(n: int) -> list[bytes]:

@@ -3,7 +3,6 @@ the store writes them, on a real RocksDB and a real log in a temp dir, read back
 
 from __future__ import annotations
 
-import errno
 import os
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from prerender_ray.storage.pagelog.reconcile import reconcile, repair
 from prerender_ray.storage.pages import Page, decode_head
 from prerender_ray.storage.replication import Version, payload_of, wrap
 from prerender_ray.storage.touches import Touch, touch_key
+from tests.storage.test_pagelog_recovery import full_after
 
 KEY = b"https://m.test/a|desktop"
 
@@ -120,19 +120,6 @@ def test_internal_keys_leave_the_log_as_it_is(node) -> None:
     node.store.write([(LIVE, b"\x00" * 8), (RENDER_HISTORY + KEY + b"\x00h0", wrap(Version(5, "node-a"), b"{}")),
                       (VIDX + b"\x00" * 8 + KEY, b"")])
     assert node.writer.position == before
-
-
-def full_after(budget: int):
-    left = [budget]
-
-    def write(fd: int, data: bytes, offset: int) -> int:
-        if left[0] <= 0:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        n = min(len(data), left[0])
-        left[0] -= n
-        return os.pwrite(fd, data[:n], offset)
-
-    return write
 
 
 def test_a_full_disk_refuses_the_batch_and_leaves_rocksdb_as_it_was(node) -> None:

@@ -23,7 +23,7 @@ from prerender_ray.storage.pages import Page
 from prerender_ray.storage.replication import Version, hlc_bytes, payload_of, wrap
 from prerender_ray.storage.rocks import pagelog_path, remove_tree
 from prerender_ray.storage.touches import Touch, touch_key
-from tests.storage.test_pagelog_mirror import full_after
+from tests.storage.test_pagelog_recovery import full_after
 from tests.support import REPO, node_config
 
 
