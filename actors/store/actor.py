@@ -222,9 +222,10 @@ class NodeStore:
     async def since(self, name: str, hlc: int, after: bytes | None, limit: int = BATCH_RECORDS,
                     holder: str | None = None, members: list[str] | None = None,
                     epoch: int | None = None, senders: list[str] | None = None,
-                    instead_of: list[str] | None = None, arrived: Any = None) -> dict:
+                    instead_of: list[str] | None = None, arrived: Any = None,
+                    unshipped_to: str | None = None) -> dict:
         return await self.catch_up.since(name, hlc, after, limit, holder, members, epoch, senders, instead_of,
-                                         arrived)
+                                         arrived, unshipped_to)
 
     async def set_membership(self, wire: dict) -> dict:
         return await self.members.set_membership(wire)
@@ -466,10 +467,11 @@ class StoreClient(NodeActorClient):
     async def since(self, name: str, hlc: int, after: bytes | None, limit: int,
                     holder: str | None = None, members: list[str] | None = None, epoch: int | None = None,
                     senders: list[str] | None = None, instead_of: list[str] | None = None,
-                    arrived: Any = None) -> dict:
-        """A page of records (``NodeStore.since``; ``senders``: one sender per record of a share)."""
+                    arrived: Any = None, unshipped_to: str | None = None) -> dict:
+        """A page of records (``NodeStore.since``; ``senders``: one sender per record of a share;
+        ``unshipped_to``: the peer's own writes that may not have reached that node)."""
         return await call(self.handle.since.remote(name, hlc, after, limit, holder, members, epoch, senders,
-                                                   instead_of, arrived), self.deadline_s)
+                                                   instead_of, arrived, unshipped_to), self.deadline_s)
 
     # ------------------------------------------------------------------------ the controller's
 

@@ -12,24 +12,27 @@ Then a second pass asks each peer only for what reached it since the first began
 lowest version it accepted between the marks it gives out (``Arrivals``), and sends from there. Records that arrive at a
 peer while its scan runs may be versioned behind the scan's position; before, the second pass went
 back a fixed 10 minutes, which re-sent the whole share of a cluster loaded just before the join.
+
+With every node holding everything, one peer is pulled if it says it has caught up itself, else the
+next too: it may lack what only another holds (``CatchUp._pull_full``). Between its two passes each
+other peer sends what it wrote itself that may not have reached that one yet, however old
+(``unshipped_to``): a writer ships only to the members it knew when it wrote, so nobody else would
+send this node those.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
-import json
-from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from prerender_ray.actors.store.members import Members
+from prerender_ray.actors.store.pulls import Arrivals, Owed, Pulled
 from prerender_ray.actors.store.records import BATCH_BYTES, BATCH_RECORDS, DBS, HLC, Record, Records
 from prerender_ray.identity.membership import NOBODY, StaleEpoch
-from prerender_ray.storage.keys import PULL_OWED, VIDX
+from prerender_ray.storage.keys import VIDX
 from prerender_ray.storage.placement import NEVER, Placement, share_sender
-from prerender_ray.storage.replication import Clock, Version, version_of
+from prerender_ray.storage.replication import Clock, Version, writer_bytes
 from prerender_ray.timeutil import Clock as WallClock
 
 if TYPE_CHECKING:
@@ -40,112 +43,6 @@ if TYPE_CHECKING:
 CATCH_UP_MARGIN_MS = 10 * 60_000  # records this much older than the newest held are pulled again
 SCAN_BUDGET = 20_000  # index entries one ``since`` call reads at most (a filtered scan may skip many)
 HOLDING_MAX = 2_000  # versions one ``holding`` call asks about at most
-ARRIVALS_KEPT = 20_000  # spans between marks remembered; an older mark falls back to the margin
-_BIRTHS = itertools.count()  # tells apart two stores of one process (the simulation, the tests)
-
-
-class Arrivals:
-    """The lowest version a store accepted from its peers between one mark it gave out and the next:
-    "what reached it since" a mark, for a second pass that sends only that."""
-
-    def __init__(self, now: float):
-        self.born = [now, next(_BIRTHS)]  # a mark of another process (the store restarted) is not ours
-        self.spans: deque[list[int]] = deque()  # [index, lowest version accepted in it]
-        self.next = 0  # the index of the next span
-        self.sealed = True  # a mark was given since the last span opened: arrivals open a new one
-        self.kept_from = 0
-
-    def accepted(self, low: int) -> None:
-        if self.spans and not self.sealed:
-            self.spans[-1][1] = min(self.spans[-1][1], low)
-            return
-        if len(self.spans) >= ARRIVALS_KEPT:
-            self.kept_from = self.spans.popleft()[0] + 1
-        self.spans.append([self.next, low])
-        self.next += 1
-        self.sealed = False
-
-    def mark(self) -> list:
-        self.sealed = True
-        return [*self.born, self.next]
-
-    def lowest_since(self, mark: Any) -> int | None:
-        """The lowest version accepted since ``mark`` was given (``NEVER``: nothing arrived); None when
-        the mark is not one of this store's, or older than what it remembers."""
-        if not (isinstance(mark, list) and len(mark) == 3 and mark[:2] == self.born and isinstance(mark[2], int)
-                and self.kept_from <= mark[2] <= self.next):
-            return None
-        return min((low for index, low in self.spans if index >= mark[2]), default=NEVER)
-
-
-OWED_KEPT = 64  # peers a store keeps owing a pull from (the oldest debts beyond are forgotten)
-
-
-class Owed:
-    """The peers a store still owes a pull of its share from, each from a version, kept on disk.
-
-    A peer that lists this store in a membership counts its share as delivered (it records its
-    records as placed under that membership and its walks push this store nothing of it): the pull
-    is the only way those records arrive. So the debt outlives a failed pull, the peer leaving the
-    membership and this store's restarts, and is paid only when that peer answered a pull (or, with
-    every node holding everything, any one peer did). Before, it lived in a retry task that gave up
-    when the peer left the membership or the store died: a joiner cut off during its catch-up never
-    pulled what the peer alone held, and the peer, back later, took it for delivered (simulation
-    seeds 5000 and 6057)."""
-
-    def __init__(self, db: Any):
-        self.db = db
-
-    def load(self) -> dict[str, int]:
-        raw = self.db.get(PULL_OWED)
-        try:
-            doc = json.loads(raw) if raw is not None else {}
-        except ValueError:
-            return {}
-        if not isinstance(doc, dict):
-            return {}
-        return {p: v for p, v in doc.items() if isinstance(p, str) and isinstance(v, int) and v >= 0}
-
-    def add(self, peers: list[str], since: int) -> None:
-        owed = self.load()
-        for peer in peers:
-            owed[peer] = min(since, owed.get(peer, since))
-        self._save(dict(list(owed.items())[-OWED_KEPT:]))
-
-    def paid(self, peers: list[str], since: int) -> None:
-        """A pull from ``since`` pays the debts from that version on (not an older one)."""
-        owed = self.load()
-        left = {p: v for p, v in owed.items() if not (p in peers and v >= since)}
-        if left != owed:
-            self._save(left)
-
-    def _save(self, owed: dict[str, int]) -> None:
-        if owed:
-            self.db.put(PULL_OWED, json.dumps(owed).encode())
-        else:
-            self.db.delete(PULL_OWED)
-
-
-@dataclass
-class Pulled:
-    """What one pull from a peer brought: records accepted and received, the peer's arrivals mark
-    at its start, and whether the peer had caught up itself (on every page)."""
-
-    accepted: int = 0
-    received: int = 0
-    mark: Any = None
-    complete: bool = True
-
-    def page(self, answer: dict, accepted: int) -> None:
-        self.accepted += accepted
-        self.received += len(answer["records"])
-        if self.mark is None:
-            self.mark = answer.get("arrivals")
-        self.complete = self.complete and bool(answer.get("synced", True))
-
-    def add(self, other: Pulled) -> None:
-        self.accepted += other.accepted
-        self.received += other.received
 
 
 async def pull_share(store: CatchUp, since: int, margin: int) -> tuple[Pulled, list[str], list[str]]:
@@ -222,7 +119,7 @@ class CatchUp:
         self.sync_report: dict[str, Any] = {"state": "pending"}
         self.arrivals = Arrivals(wall.monotonic())
         self.owed = Owed(records.registry)  # the pulls this store owes, on disk (see ``Owed``)
-        self._owed_tasks: dict[str, asyncio.Task] = {}
+        self._owed_tasks: dict[str, asyncio.Task] = {}  # "": the one of every node holding everything
 
     def start(self) -> None:
         self.tasks.append(asyncio.get_running_loop().create_task(self.initial_catch_up()))
@@ -237,7 +134,7 @@ class CatchUp:
         """Before the keeper loads: pull what peers hold that this node missed while away (all of it
         for a new node, and all of its share for one back under another membership: it may hold URLs
         it never had). Holding a share, from every peer at once, each record from one of them
-        (``pull_share``); else from one peer. Two passes, the second for what reached the peer
+        (``pull_share``); else from one peer that had caught up itself (``_pull_full``). Two passes, the second for what reached the peer
         during the first. A peer that does not answer is asked again in the background until it does
         (or leaves): the others push only to holders that were members before them, so nobody else
         would send what it holds."""
@@ -249,89 +146,157 @@ class CatchUp:
         since = max(0, newest - (CATCH_UP_MARGIN_MS << 16)) if newest and not self.rebalancing.share_moved else 0
         self.owed.add(list(members.peers), since)  # paid below by each peer that answers
         got = Pulled()
-        sources: list[str] = []
-        failed: list[str] = []
         partial = members.placement.partial
         if partial:
             got, sources, failed = await pull_share(self, since, CATCH_UP_MARGIN_MS << 16)
-        for peer in [] if partial else sorted(members.peers):
-            try:
-                got.accepted += await self._pull_twice(peer, since, False)
-                sources.append(peer)
-                break  # every peer holds everything: one is enough
-            except Exception as e:
-                failed.append(peer)
-                if isinstance(e, StaleEpoch):  # asked again later, under the membership it is on
-                    await members.refused(peer, e)
-                else:
-                    self.log.warning("catch-up from a peer failed; trying the next", peer=peer, error=repr(e)[:300])
+            self.owed.paid(sources, since)
+        else:
+            got.accepted, sources = await self._pull_full()
+            failed = sorted(self._owed_members())  # asked again below (``pull_owed``)
         self.sync_report = {"state": "synced", "from": sources[0] if sources else None, "records": got.accepted,
                             "since": since, "ms": round((self.wall.monotonic() - t0) * 1000),
-                            "peers": list(members.peers)}
+                            "peers": list(members.peers), "sources": sources, "retrying": failed}
         if partial:
             self.sync_report["received"] = got.received  # sent by the peers (duplicates of a record included)
-            self.sync_report["sources"] = sources
-            self.sync_report["retrying"] = failed
-        self.owed.paid(sources if partial or not sources else list(members.peers), since)  # (every peer holds
-        # everything: one is enough)
         if members.peers and not sources:
             self.sync_report["state"] = "no-peer-answered"
-            if not partial:
-                self.tasks.append(asyncio.get_running_loop().create_task(self._catch_up_later(None, since)))
         self.log.info("replica catch-up", **self.sync_report)
         self.synced.set()
-        if partial:
-            self.pull_owed()  # the peers that failed, and any owed from before a restart
+        self.pull_owed()  # the peers that failed, and any owed from before a restart
+
+    def _owed_members(self) -> dict[str, int]:
+        """The members this store owes a pull, each from a version (``Owed``)."""
+        return {p: v for p, v in self.owed.load().items() if p in self.members.peers}
+
+    def caught_up(self) -> bool:
+        """Whether this store holds what its peers held when it started (what a pull from it may be
+        taken for): its catch-up is over and left no peer to ask again; with every node holding
+        everything, it owes no member a pull either (the first node of a cluster owes none; one whose
+        catch-up had no answer, or only a peer's that had not caught up itself, owes the others)."""
+        if not self.synced.is_set():
+            return False
+        if self.members.placement.partial:
+            return not self.sync_report.get("retrying")
+        return not self._owed_members()
+
+    async def _pull_full(self) -> tuple[int, list[str]]:
+        """Every node holds everything: a pull from each member this store owes one, in name order,
+        until one that had caught up itself answers (it holds what the others held, but for their
+        writes that have not reached it yet, which each sends: ``_pull_twice``; nothing is copied
+        twice) or none is owed. One that had not (cut off through its own catch-up, or still in it)
+        pays only its own debt: what it lacks, another may hold. Records accepted, and the peers that
+        answered; a peer that failed is still owed."""
+        accepted, sources = 0, []
+        for peer in sorted(self.members.peers):
+            owed = self._owed_members()
+            if not owed:
+                break
+            if peer not in owed:
+                continue
+            since = min(owed.values())  # a pull that pays every debt covers the oldest
+            try:
+                got, paid = await self._pull_twice(peer, since, False, [p for p in owed if p != peer])
+            except Exception as e:
+                if isinstance(e, StaleEpoch):  # asked again later, under the membership it is on
+                    await self.members.refused(peer, e)
+                else:
+                    self.log.warning("catch-up from a peer failed; trying the next", peer=peer, error=repr(e)[:300])
+                continue
+            accepted += got.accepted
+            sources.append(peer)
+            self.owed.paid(paid, since)
+        return accepted, sources
 
     def pull_owed(self) -> None:
         """A pull, retried until it answers, from each member this store owes one (``Owed``); one
-        whose peer is not a member waits on disk for a membership that lists it again."""
+        whose peer is not a member waits on disk for a membership that lists it again. With every
+        node holding everything, one task asks the members owed in turn (``_pull_full``)."""
+        if not self.members.placement.partial:
+            task = self._owed_tasks.get("")
+            if self._owed_members() and (task is None or task.done()):
+                self._owed_tasks[""] = task = asyncio.get_running_loop().create_task(self._catch_up_later(None, 0))
+                self.tasks.append(task)
+            return
         for peer, since in self.owed.load().items():
             task = self._owed_tasks.get(peer)
             if peer in self.members.peers and (task is None or task.done()):
                 self._owed_tasks[peer] = task = asyncio.get_running_loop().create_task(self._catch_up_later(peer, since))
                 self.tasks.append(task)
 
-    async def _pull_twice(self, peer: str, since: int, share: bool) -> int:
+    async def _pull_twice(self, peer: str, since: int, share: bool,
+                          writers: list[str] | None = None) -> tuple[Pulled, list[str]]:
         """Everything ``peer`` holds since ``since`` (with ``share``: of this node's share), then what
-        reached it during that pull (from the margin before it began, if the peer lost our mark)."""
+        reached it during that pull (from the margin before it began, if the peer lost our mark);
+        complete only if the peer had caught up itself through both. What came, and the debts it
+        pays: ``peer``'s and, complete, those of the ``writers`` (every node holding everything, the
+        other members owed) that answered, between the passes, for their own writes that may not have
+        reached ``peer`` (``since``'s ``unshipped_to``), however old: a write held up for longer than
+        the margin is not in what this store held before. Between: what reached ``peer`` before a
+        writer answered is in ``peer``'s first pass or in its arrivals, the second."""
         began = self.clock.now().hlc
         first = await self._pull(peer, since, share)
+        paid = [peer]
+        if first.complete and writers:
+            got = await asyncio.gather(*(self._pull(w, 0, unshipped_to=peer) for w in writers),
+                                       return_exceptions=True)
+            for writer, res in zip(writers, got):
+                if isinstance(res, Pulled):
+                    first.add(res)
+                    paid.append(writer)
+                elif not isinstance(res, Exception):
+                    raise res  # cancelled: the store is closing
+                elif isinstance(res, StaleEpoch):  # still owed: asked again under its membership
+                    await self.members.refused(writer, res)
         second = await self._pull(peer, max(0, began - (CATCH_UP_MARGIN_MS << 16)), share, arrived=first.mark)
-        return first.accepted + second.accepted
+        first.add(second)
+        first.complete = first.complete and second.complete
+        return first, paid if first.complete else [peer]
 
     async def _catch_up_later(self, peer: str | None, since: int) -> None:
-        """The catch-up from ``peer`` (None: from any one peer) that failed, retried with backoff until
-        it answers or leaves the membership; a debt to ``peer`` stays on disk until paid (``Owed``)."""
+        """The catch-up from ``peer`` that failed, retried with backoff until it answers or leaves the
+        membership; a debt to ``peer`` stays on disk until paid (``Owed``). None: every node holds
+        everything, and the members owed are asked in turn (``_pull_full``) until none is."""
         backoff = 1.0
         members = self.members
         while True:
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 30.0)
-            candidates = sorted(members.peers) if peer is None else [peer] if peer in members.peers else []
-            if not candidates or (peer is not None and peer not in self.owed.load()):
+            if peer is None:
+                if members.placement.partial:
+                    self.pull_owed()  # per peer from now on
+                    return
+                n, sources = await self._pull_full()
+                self.sync_report["retrying"] = sorted(self._owed_members())
+                if sources:
+                    self.log.info("replica catch-up from peers that had not answered", peers=sources, records=n)
+                if not self.sync_report["retrying"]:
+                    return
+                continue
+            if peer not in members.peers or peer not in self.owed.load():
                 return  # the debt stays on disk for a membership that lists the peer again (or was paid)
-            for p in candidates:
-                partial = members.placement.partial
-                try:
-                    n = await self._pull_twice(p, since, partial)
-                except StaleEpoch as e:
-                    await members.refused(p, e)
-                    continue
-                except Exception as e:
-                    self.log.info("catch-up from a peer failed again; retrying", peer=p, error=type(e).__name__,
-                                  retry_s=backoff)
-                    continue
-                self.log.info("replica catch-up from a peer that had not answered", peer=p, records=n)
-                self.owed.paid([p] if partial else list(members.peers), since)
-                if self.sync_report.get("retrying"):
-                    self.sync_report["retrying"] = [x for x in self.sync_report["retrying"] if x != p]
-                return
+            partial = members.placement.partial
+            try:
+                got, paid = await self._pull_twice(peer, since, partial, None if partial else [
+                    p for p in self._owed_members() if p != peer])
+            except StaleEpoch as e:
+                await members.refused(peer, e)
+                continue
+            except Exception as e:
+                self.log.info("catch-up from a peer failed again; retrying", peer=peer, error=type(e).__name__,
+                              retry_s=backoff)
+                continue
+            self.log.info("replica catch-up from a peer that had not answered", peer=peer, records=got.accepted)
+            self.owed.paid(paid, since)
+            if self.sync_report.get("retrying"):
+                self.sync_report["retrying"] = [x for x in self.sync_report["retrying"] if x != peer]
+            return
 
     async def _pull(self, peer: str, since: int, share: bool = False, senders: list[str] | None = None,
-                    instead_of: list[str] | None = None, arrived: Any = None) -> Pulled:
+                    instead_of: list[str] | None = None, arrived: Any = None,
+                    unshipped_to: str | None = None) -> Pulled:
         """What ``peer`` holds since ``since``; with ``share``, only what this node holds (and with
-        ``senders``, only what ``peer`` is the designated sender of: see ``since``)."""
+        ``senders``, only what ``peer`` is the designated sender of; with ``unshipped_to``, only its
+        own writes that may not have reached that peer: see ``since``)."""
         target = await self._peer_store(peer)
         got = Pulled()
         epoch = self.members.view.epoch
@@ -340,7 +305,7 @@ class CatchUp:
             after = None
             while True:
                 page = await target.since(name, since, after, BATCH_RECORDS, self.node if share else None, members,
-                                          epoch, senders, instead_of, arrived)
+                                          epoch, senders, instead_of, arrived, unshipped_to)
                 got.page(page, await self.apply(page["records"]))
                 after = page["next"]
                 if after is None:
@@ -373,31 +338,43 @@ class CatchUp:
             asked.append((item[0], Version(item[1], item[2])))
         db = self.records.db(name)
         olds, helds, _ = self.records.held(db, name, [key for key, _ in asked])
-        out = []
-        for (key, want), old, held in zip(asked, olds, helds):
-            if held is None or HLC.unpack(held)[0] != want.hlc:
-                out.append(held is not None and HLC.unpack(held)[0] > want.hlc)
-                continue
-            mine = version_of(old if name == "registry" else db.get(key))  # a tie: read the writer
-            out.append(mine is not None and not want.newer_than(mine))
+        out: list[bool] = []
+        tied = []  # a tie of clocks (what the walk asks about is mostly held): the writer decides
+        for i, ((_, want), held) in enumerate(zip(asked, helds)):
+            if held is not None and HLC.unpack(held)[0] == want.hlc:
+                tied.append(i)
+            out.append(held is not None and HLC.unpack(held)[0] > want.hlc)
+        mine = self.records.versions(db, name, [asked[i][0] for i in tied], [olds[i] for i in tied])
+        for i, v in zip(tied, mine):
+            out[i] = v is not None and not asked[i][1].newer_than(v)
         return out
 
     async def since(self, name: str, hlc: int, after: bytes | None, limit: int = BATCH_RECORDS,
                     holder: str | None = None, members: list[str] | None = None,
                     epoch: int | None = None, senders: list[str] | None = None,
-                    instead_of: list[str] | None = None, arrived: Any = None) -> dict:
+                    instead_of: list[str] | None = None, arrived: Any = None,
+                    unshipped_to: str | None = None) -> dict:
         """Records of one store with a version at or after ``hlc``, in version order, from the index
         position ``after`` (exclusive); answers ``{records, next}`` within a byte budget. With
         ``holder``: only the records that node holds under ``members`` (default: this node's view),
         the caller's membership of ``epoch`` (see ``Members.accept``); with ``senders`` too (the peers
         the holder asks), only those this node is the designated sender of (``share_sender``).
         ``arrived``: a mark of this store's (``arrivals`` in an earlier answer): from the lowest
-        version accepted since, not ``hlc``. Each answer says whether this store has caught up
-        itself (``synced``: it may lack records it is designated for)."""
+        version accepted since, not ``hlc``. ``unshipped_to`` (a peer): only this node's own writes
+        that may not have reached that peer yet (``Shipping.unshipped_from``; mostly none, a short
+        scan). Each answer says whether this store has caught up itself (``synced``: it may lack
+        records it is designated for)."""
+        if unshipped_to is not None and not isinstance(unshipped_to, str):
+            raise ValueError("since: unshipped_to is a node name")
         if epoch is not None:
             await self.members.accept(epoch, "since")
-        answer = {"synced": self.synced.is_set() and not self.sync_report.get("retrying"),
-                  "arrivals": self.arrivals.mark()}
+        answer = {"synced": self.caught_up(), "arrivals": self.arrivals.mark()}
+        own = None
+        if unshipped_to is not None:
+            own = self.node.encode()
+            hlc = max(hlc, self.shipping.unshipped_from(unshipped_to))
+            if hlc >= NEVER and after is None:  # every write of ours has reached it
+                return {"records": [], "next": None, **answer}
         if arrived is not None and after is None:
             low = self.arrivals.lowest_since(arrived)
             if low == NEVER:  # nothing reached this store since
@@ -421,7 +398,7 @@ class CatchUp:
             if keep is not None and not keep(key, ikey):
                 continue
             record = db.get(key)
-            if record is None:
+            if record is None or (own is not None and writer_bytes(record) != own):
                 continue
             out.append([name, key, record])
             size += len(record) + len(key)

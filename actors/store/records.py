@@ -4,9 +4,10 @@
   is newer than what is held (last writer wins; deletes are tombstones), so duplicates, reordering
   and replays are harmless.
 - Each store keeps a version index inside each RocksDB (``\\x00v<hlc><key>``), so "everything written
-  since T" is a range scan (``catchup.py``). The pages store also keeps a pointer ``\\x00h<key> -> hlc``
-  (a race is decided without reading a 30 KB page); a registry record is small and read anyway, so
-  its own header gives its version (pointers that older versions wrote there are ignored).
+  since T" is a range scan (``catchup.py``). The pages store also keeps a pointer ``\\x00h<key> -> hlc,
+  live, writer`` (a race, a tie of clocks included, is decided without reading a 30 KB page); a
+  registry record is small and read anyway, so its own header gives its version (pointers that older
+  versions wrote there are ignored).
 - Exact live counts of targets and pages are kept under ``LIVE``, in the batch of the records they
   count.
 
@@ -25,11 +26,13 @@ from prerender_ray.storage.keys import FRESHNESS, HPTR, LIVE, RENDER_HISTORY, TA
 from prerender_ray.storage.replication import (
     LOGICAL_BITS,
     Clock,
+    Version,
     hlc_bytes,
     payload_of,
     unwrap,
-    wins,
+    version_of,
     wrap_many,
+    writer_bytes,
 )
 from prerender_ray.storage.rocks import Store
 from prerender_ray.timeutil import Clock as WallClock
@@ -184,12 +187,16 @@ class Records:
         now = self.wall.now_ms()
         keys = [key for key, _ in items]
         olds, helds, lives = self.held(db, name, keys)
+        unwrapped = [unwrap(record) for _, record in items]
+        tied = [i for i, ((version, _), held) in enumerate(zip(unwrapped, helds))
+                if held is not None and version.hlc == HLC.unpack(held)[0]]  # a duplicate, mostly
+        ties = dict(zip(tied, self.versions(db, name, [keys[i] for i in tied], [olds[i] for i in tied])))
         accepted: list[Row] = []
         was = []
-        for (key, record), held_hlc, old, live in zip(items, helds, olds, lives):
-            version, payload = unwrap(record)
+        for i, ((key, record), (version, payload), held_hlc, old, live) in enumerate(
+                zip(items, unwrapped, helds, olds, lives)):
             held = HLC.unpack(held_hlc)[0] if held_hlc is not None else -1
-            if version.hlc < held or (version.hlc == held and not wins(record, old or db.get(key))):
+            if version.hlc < held or (i in ties and not version.newer_than(ties[i])):
                 continue
             self.clock.observe(version)
             metrics.replication_lag_seconds.observe(max(0.0, (now - version.wall_ms) / 1000))
@@ -220,7 +227,7 @@ class Records:
             if held is not None and held != hlc:
                 retired.append((VIDX + held + key, None))
             if not registry:
-                pointers.append((HPTR + key, hlc + _LIVE_FLAG[payload is not None]))
+                pointers.append((HPTR + key, hlc + _LIVE_FLAG[payload is not None] + (writer_bytes(record) or b"")))
             elif key.startswith(TARGET):
                 index(derived, key, old, payload)
             records.append((key, record))
@@ -239,6 +246,18 @@ class Records:
         pointers = db.get_many([HPTR + key for key in keys])
         return ([None] * len(keys), [p[:8] if p is not None else None for p in pointers],
                 [False if p is None else (p[8] == 1 if len(p) > 8 else None) for p in pointers])
+
+    @staticmethod
+    def versions(db: Any, name: str, keys: list[bytes], olds: list) -> list[Version | None]:
+        """The version held at each key, writer included (None: none, or unreadable), for a tie of
+        clocks with the HLC ``held`` gave: a registry record's from ``olds`` (read whole anyway), a
+        page's from its pointer (no 30 KB read); only a pointer an older version wrote, without the
+        writer, leaves the page to read."""
+        if name == "registry":
+            return [version_of(old) for old in olds]
+        pointers = db.get_many([HPTR + key for key in keys]) if keys else []
+        return [Version(HLC.unpack_from(p)[0], p[9:].decode("utf-8", "replace")) if p is not None and len(p) > 9
+                else version_of(db.get(key)) for key, p in zip(keys, pointers)]
 
     def drop_local(self, name: str, items: list[tuple[bytes, bytes | None]]) -> int:
         """Remove records this node no longer holds (each only while its version is still ``sent``):

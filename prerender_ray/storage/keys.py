@@ -22,7 +22,7 @@ ROBOTS = b"b:"  # b:<origin> -> the last robots.txt fetched from it, parsed (sit
 # --- registry and pages: the replication bookkeeping, below every record prefix (\x00 sorts first)
 INTERNAL = b"\x00"  # every family below starts so; no cache key or registry record does
 VIDX = b"\x00v"  # \x00v <hlc:8> <key> -> b"" (records by version: what a peer has not seen yet)
-HPTR = b"\x00h"  # \x00h <key> -> <hlc:8><live:1> (older versions wrote the hlc alone)
+HPTR = b"\x00h"  # \x00h <key> -> <hlc:8><live:1><writer> (older versions wrote the hlc alone, then no writer)
 LIVE = b"\x00c"  # \x00c -> <live records:8>: pages, or targets in the registry
 # registry only, node-local: \x00s <peer> -> <hlc:8>, every version below it has reached that peer (what
 # a restarted store re-pushes from: its outbox was in memory)
@@ -31,7 +31,7 @@ SHIPPED = b"\x00s"
 # is owed (actors/store/rebalance.py); a store that starts again resumes it
 REBALANCE = b"\x00b"
 # registry only, node-local: \x00p -> {peer: hlc} (JSON), the peers this store still owes a pull of its
-# share from, each from that version (actors/store/catchup.py, ``Owed``): kept until that peer answers
+# share from, each from that version (actors/store/pulls.py, ``Owed``): kept until that peer answers
 PULL_OWED = b"\x00p"
 
 # --- pages (replicated): <cache key> -> the page record (pages.py); no prefix of its own

@@ -97,6 +97,14 @@ def hlc_bytes(data: bytes | None) -> bytes | None:
     return data[2:10]
 
 
+def writer_bytes(data: bytes | None) -> bytes | None:
+    """The node name of a stored record as its header holds it, without unwrapping it."""
+    if data is None or len(data) < _HEAD.size or data[0] != _MAGIC:
+        return None
+    end = _HEAD.size + int.from_bytes(data[10:12], "big")
+    return bytes(data[_HEAD.size:end]) if len(data) >= end else None
+
+
 def _parse(data: bytes | memoryview) -> tuple[Version, int, bool]:
     """(version, where the payload starts, whether it is a tombstone)."""
     try:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from prerender_ray.rpc import call
-from tests.sim.cluster import SITE, Cluster, SimNode
+from tests.sim.cluster import SITE, Cluster, SimNode, sim_config
 from tests.sim.invariants import ObservedLeases, Violation, observed
 from tests.sim.loop import SimStuck, run
 from tests.sim.network import CLIENT, CONTROLLER, Faults, Network
@@ -61,12 +61,13 @@ class Job:
 class World:
     """The driver: the cluster, its clients (a fleet of workers) and the oracle."""
 
-    def __init__(self, seed: int, root: Path, faults: Faults, twin: Callable[[Cluster], None] | None):
+    def __init__(self, seed: int, root: Path, faults: Faults, twin: Callable[[Cluster], None] | None,
+                 replicas: int = 2):
         self.seed = seed
         self.rng = random.Random(seed)
         self.net = Network(random.Random(self.rng.getrandbits(64)), faults)
         self.faults = faults
-        self.cluster = Cluster(root, self.net)
+        self.cluster = Cluster(root, self.net, sim_config(cluster={"replicas": replicas}))
         self.oracle = self.cluster.oracle
         self.cluster.make_leases = observed(ObservedLeases, self.oracle)
         if twin is not None:
@@ -312,13 +313,60 @@ async def two_at_once(world: World) -> None:
         await asyncio.sleep(world.rng.choice((0.0, 0.01, 0.5)))
 
 
+async def full_copy_from_a_cut_off_peer(world: World) -> None:
+    """Every node holds everything (run with ``replicas`` of 3): n1 starts again cut off from n2,
+    which goes on taking writes, so n1's catch-up has no answer; n3 joins while the cut lasts and
+    pulls first from n1 (name order). What n2 took meanwhile reaches n3 only by a pull from n2."""
+    for world.step in range(1, 4):
+        await world.put(on="n2")
+        await asyncio.sleep(1.0)
+    world.step += 1
+    world.say("crash", "n1", "and back cut off from n2")
+    await world.cluster.nodes["n1"].kill()
+    world.net.partition({"n1", "n3", CONTROLLER}, {"n2", "n3", CONTROLLER})  # n3 reaches both
+    world.cluster.nodes["n1"].start()
+    await asyncio.sleep(5.0)
+    await _writes_on_n2_then_n3_joins(world, 4)
+
+
+async def full_copy_while_a_write_is_on_its_way(world: World) -> None:
+    """Every node holds everything (run with ``replicas`` of 3): n2 is cut off from n1 and takes
+    writes, which wait in its outbox for n1; n3 joins meanwhile and pulls its full copy from n1 (first
+    by name, caught up itself). n2 ships only to the members it knew when it wrote: what it took
+    reaches n3 only if n2 sends it its own writes that n1 lacks."""
+    world.step = 1
+    await world.put(on="n2")
+    await asyncio.sleep(1.0)
+    world.step += 1
+    world.say("cut", "n1", "from n2")
+    world.net.partition({"n1", "n3", CONTROLLER}, {"n2", "n3", CONTROLLER})  # n3 reaches both
+    await _writes_on_n2_then_n3_joins(world, world.rng.randint(2, 4))
+
+
+async def _writes_on_n2_then_n3_joins(world: World, writes: int) -> None:
+    """``writes`` puts on n2 while the cut stands, then n3 joins and catches up through it."""
+    for _ in range(writes):
+        world.step += 1
+        await world.put(on="n2")
+        await asyncio.sleep(world.rng.choice((0.0, 0.5, 2.0)))
+    world.step += 1
+    world.say("join", "n3")
+    node = world.cluster.nodes.setdefault("n3", SimNode(world.cluster, "n3"))
+    await world.cluster.set_members(["n1", "n2", "n3"])
+    node.start()
+    await asyncio.sleep(60.0)  # the cut lasts through n3's catch-up; ``settle`` heals it
+    world.check_now()
+
+
 def simulate(seed: int, *, steps: int = 60, nodes: int = 3, faults: Faults | None = None, membership: bool = True,
              twin: Callable[[Cluster], None] | None = None, max_steps: int = 3_000_000,
-             strays: bool = True, script: Callable[[World], Awaitable[None]] | None = None) -> Outcome:
+             strays: bool = True, script: Callable[[World], Awaitable[None]] | None = None,
+             replicas: int = 2) -> Outcome:
     """Run one history; raise ``SimFailure`` (with the seed and step) when an invariant breaks.
-    ``script``: a fixed shape of steps instead of the random walk (``two_at_once``)."""
+    ``script``: a fixed shape of steps instead of the random walk (``two_at_once``); ``replicas``:
+    ``cluster.replicas`` (at least the node count: every node holds everything)."""
     with tempfile.TemporaryDirectory(prefix=f"sim-{seed}-") as tmp:
-        world = World(seed, Path(tmp), faults if faults is not None else Faults.rough(), twin)
+        world = World(seed, Path(tmp), faults if faults is not None else Faults.rough(), twin, replicas)
         world.strays = strays
 
         async def main() -> None:

@@ -14,7 +14,13 @@ import random
 import pytest
 
 from prerender_ray.rpc import DeadlineExceeded, call
-from tests.sim.history import SimFailure, simulate, two_at_once
+from tests.sim.history import (
+    SimFailure,
+    full_copy_from_a_cut_off_peer,
+    full_copy_while_a_write_is_on_its_way,
+    simulate,
+    two_at_once,
+)
 from tests.sim.loop import SimStuck, run
 from tests.sim.network import Faults, Network, NodeDown
 from tests.sim.twins import TWINS
@@ -58,7 +64,7 @@ def test_one_seed_gives_one_history() -> None:
 def test_replay() -> None:
     seed = int(os.environ["SIM_SEED"])
     out = simulate(seed, steps=int(os.environ.get("SIM_STEPS", STEPS)), nodes=int(os.environ.get("SIM_NODES", 3)),
-                   strays=os.environ.get("SIM_STRAYS", "0") == "1")
+                   strays=os.environ.get("SIM_STRAYS", "0") == "1", replicas=int(os.environ.get("SIM_REPLICAS", 2)))
     print(f"seed {seed}: {out.steps} steps, trace {out.digest}, {out.stats}")
 
 
@@ -102,6 +108,26 @@ def test_two_nodes_lost_at_once_and_back_together_leave_no_stray_on_the_survivor
     store's walk passed them. Before, they stayed on the survivor (``no-strays``) on 4 of these 5
     seeds (tests/actors/store/test_rebalance.py::test_a_record_written_here_...)."""
     simulate(seed, strays=True, script=two_at_once)
+
+
+@pytest.mark.parametrize("seed", range(1, 4))
+def test_a_joiner_pulls_a_full_copy_from_the_peer_that_holds_it_not_only_from_a_cut_off_one(seed: int) -> None:
+    """Every node holds everything (``full_copy_from_a_cut_off_peer``): n3's catch-up is answered
+    first by n1, which had no answer in its own (cut off from n2). Before, n3 took that for a full
+    copy and counted n2's pull paid: what n2 took meanwhile never reached n3 (``records-on-holders``,
+    every seed; tests/actors/store/test_catchup.py::test_a_full_copy_is_not_taken_from_a_peer_...)."""
+    simulate(seed, nodes=2, replicas=3, faults=Faults.none(), strays=True, script=full_copy_from_a_cut_off_peer)
+
+
+@pytest.mark.parametrize("seed", range(1, 4))
+def test_a_joiner_gets_the_writes_that_had_not_reached_the_peer_it_copied_from(seed: int) -> None:
+    """Every node holds everything (``full_copy_while_a_write_is_on_its_way``): n3 copies from n1,
+    which n2's latest writes have not reached (n2 is cut off from it). Before, n3 took n1's copy for
+    everything and n2, which ships only to the members it knew when it wrote, never sent it those
+    (``records-on-holders``, every seed; the random walk found it at seeds 2009 and 2026 with
+    ``replicas=5``; tests/actors/store/test_catchup.py::test_a_full_copy_from_a_caught_up_peer_...)."""
+    simulate(seed, nodes=2, replicas=3, faults=Faults.none(), strays=True,
+             script=full_copy_while_a_write_is_on_its_way)
 
 
 # ------------------------------------------------------------------------------ the harness

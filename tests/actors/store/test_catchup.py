@@ -13,9 +13,9 @@ import pytest
 
 from prerender_ray.actors.store.catchup import HOLDING_MAX
 from prerender_ray.identity.nodes import Ownership
-from prerender_ray.storage.keys import FRESHNESS, TARGET
+from prerender_ray.storage.keys import FRESHNESS, HPTR, TARGET
 from prerender_ray.storage.placement import NEVER
-from prerender_ray.storage.replication import Clock, unwrap, wrap
+from prerender_ray.storage.replication import Clock, Version, unwrap, wrap
 from tests.actors.store.test_rebalance import URLS, R, holders, stop, where, wire, write
 from tests.actors.store.test_replication import Node, _until
 
@@ -187,10 +187,10 @@ async def test_a_second_pass_sends_what_reached_the_peer_since_the_first_and_not
 def test_a_mark_older_than_the_spans_kept_is_not_trusted(monkeypatch) -> None:
     """Arrivals keep a bounded number of spans between marks: a mark from before the oldest kept one
     cannot say what arrived since, so the peer falls back to the margin (None)."""
-    from prerender_ray.actors.store import catchup
+    from prerender_ray.actors.store import pulls
 
-    monkeypatch.setattr(catchup, "ARRIVALS_KEPT", 2)
-    seen = catchup.Arrivals(0.0)
+    monkeypatch.setattr(pulls, "ARRIVALS_KEPT", 2)
+    seen = pulls.Arrivals(0.0)
     old = seen.mark()
     for low in (50, 40, 30):
         seen.accepted(low)
@@ -221,4 +221,164 @@ async def test_holding_answers_by_version_and_refuses_a_malformed_or_oversized_q
             await a.holding("registry", bad)
     with pytest.raises(ValueError):
         await a.holding("leases", [])
+    a.crash()
+
+
+# ----------------------------------------------------- every node holds everything (R >= nodes)
+
+
+async def full(tmp_path: Path, net: dict[str, Node], sent: Counter, b_reaches: dict[str, Node]) -> tuple[Node, Node]:
+    """node-c, alone at first, holds every URL; node-b joined it over ``b_reaches`` (its view of the
+    network): an empty one cuts it off, so its catch-up had no answer and it owes node-c a pull."""
+    c = net["node-c"] = Tallied("node-c", tmp_path, [], net, sent=sent)
+    write(c, URLS)
+    await c.catch_up.synced.wait()
+    b = net["node-b"] = Tallied("node-b", tmp_path, ["node-c"], b_reaches, epoch=2, sent=sent)
+    await b.catch_up.synced.wait()
+    sent.clear()
+    return b, c
+
+
+def urls_held(node: Node) -> list[str]:
+    return [u for u in URLS if node.target(u) is not None and node.page(f"{u}|desktop") is not None]
+
+
+async def test_a_full_copy_is_not_taken_from_a_peer_that_had_not_caught_up_itself(tmp_path) -> None:
+    """Every node holds everything: node-d pulls from the first peer that answers, node-b, which was
+    cut off through its own catch-up and holds nothing; node-b says so in its answer, so node-d pulls
+    node-c too. Before, node-d took node-b's answer for everything and counted its pull from node-c
+    paid: what only node-c held never reached it (node-c pushes a joiner nothing it held before)."""
+    net: dict[str, Node] = {}
+    sent: Counter = Counter()
+    b, c = await full(tmp_path, net, sent, {})
+    assert b.catch_up.sync_report["state"] == "no-peer-answered" and urls_held(b) == []
+    d = net["node-d"] = Node("node-d", tmp_path, ["node-b", "node-c"], net, epoch=3)
+    await d.catch_up.synced.wait()
+    assert urls_held(d) == URLS
+    assert (await b.since("registry", 0, None))["synced"] is False
+    assert d.catch_up.sync_report["sources"] == ["node-b", "node-c"] and d.catch_up.owed.load() == {}
+    stop({"b": b, "c": c, "d": d})
+
+
+async def test_a_full_copy_owed_by_a_peer_that_did_not_answer_is_pulled_once_it_answers(tmp_path) -> None:
+    """As above, and node-c does not answer node-d's catch-up at first: node-d keeps owing it the
+    pull (its answer from node-b does not pay it) and pulls once node-c answers."""
+    net: dict[str, Node] = {}
+    sent: Counter = Counter()
+    b, c = await full(tmp_path, net, sent, {})
+    d_reaches = {"node-b": b}
+    d = Node("node-d", tmp_path, ["node-b", "node-c"], d_reaches, epoch=3)
+    await d.catch_up.synced.wait()
+    assert urls_held(d) == [] and list(d.catch_up.owed.load()) == ["node-c"]
+    assert d.catch_up.sync_report["retrying"] == ["node-c"]
+    assert (await d.since("registry", 0, None))["synced"] is False  # nobody takes it for caught up either
+    d_reaches["node-c"] = c
+    await _until(lambda: not d.catch_up.owed.load(), "the pull owed to node-c", timeout=20)
+    assert urls_held(d) == URLS and d.catch_up.sync_report["retrying"] == []
+    stop({"b": b, "c": c, "d": d})
+
+
+async def test_a_full_copy_is_taken_from_one_peer_when_it_had_caught_up(tmp_path) -> None:
+    """The usual join: node-b caught up from node-c, so node-d's pull from node-b pays what it owes
+    node-c too, and node-c sends it nothing (a pull from every peer would copy everything N times)."""
+    net: dict[str, Node] = {}
+    sent: Counter = Counter()
+    b, c = await full(tmp_path, net, sent, net)
+    assert urls_held(b) == URLS and (await b.since("registry", 0, None))["synced"] is True
+    sent.clear()
+    d = net["node-d"] = Node("node-d", tmp_path, ["node-b", "node-c"], net, epoch=3)
+    await d.catch_up.synced.wait()
+    assert urls_held(d) == URLS and d.catch_up.owed.load() == {}
+    by_peer = Counter(peer for holder, peer, _ in sent.elements() if holder != "pushed")
+    assert set(by_peer) == {"node-b"} and d.catch_up.sync_report["from"] == "node-b"
+    stop({"b": b, "c": c, "d": d})
+
+
+async def test_a_full_copy_from_a_caught_up_peer_brings_the_writes_that_have_not_reached_it_yet(tmp_path) -> None:
+    """Every node holds everything: node-c writes while cut off from node-b (the records wait in its
+    outbox for node-b), and node-d joins and pulls from node-b, caught up itself. node-c ships only to
+    the members it knew when it wrote, so it sends node-d its own writes node-b lacks, and only those.
+    Before, node-b's pull paid node-c's debt too and those records never reached node-d (simulation
+    seeds 2009 and 2026 with ``replicas=5``; tests/sim ``full_copy_while_a_write_is_on_its_way``)."""
+    net: dict[str, Node] = {}
+    sent: Counter = Counter()
+    b, c = await full(tmp_path, net, sent, net)
+    c.stores.net = {}  # node-c reaches nobody from here on (node-d reaches it)
+    await c.set_membership(wire(["node-b", "node-c"], 2))
+    new = [f"https://x.com/new/{i}" for i in range(5)]
+    write(c, new)
+    assert c.shipping.unshipped_from("node-b") != NEVER
+    d = net["node-d"] = Node("node-d", tmp_path, ["node-b", "node-c"], net, epoch=3)
+    await d.catch_up.synced.wait()
+    assert all(d.target(u) is not None and d.page(f"{u}|desktop") is not None for u in new)
+    assert urls_held(d) == URLS and d.catch_up.owed.load() == {}
+    from_c = {key for _, peer, key in sent.elements() if peer == "node-c"}
+    assert from_c == {k for u in new for k in (TARGET + u.encode(), f"{u}|desktop".encode(),
+                                               FRESHNESS + f"{u}|desktop".encode())}
+    with pytest.raises(ValueError, match="unshipped_to"):
+        await c.since("registry", 0, None, unshipped_to=["node-b"])  # type: ignore[arg-type]
+    stop({"b": b, "c": c, "d": d})
+
+
+async def test_a_writer_sends_its_writes_held_up_for_longer_than_the_margin_too(tmp_path, monkeypatch) -> None:
+    """As above, node-d back from a restart: it pulls from the margin before the newest record it
+    holds (none here), newer than node-c's writes that wait for node-b. node-c sends them all the
+    same: what has not reached node-b is not in what node-d held either. Before, node-c sent only its
+    writes from the margin on (simulation seed 2005 with ``replicas=5``, once the above was fixed)."""
+    from prerender_ray.actors.store import catchup
+
+    monkeypatch.setattr(catchup, "CATCH_UP_MARGIN_MS", 0)
+    net: dict[str, Node] = {}
+    b, c = await full(tmp_path, net, Counter(), net)
+    d = net["node-d"] = Node("node-d", tmp_path, ["node-b", "node-c"], net, epoch=3, skew_ms=60_000)
+    await d.catch_up.synced.wait()
+    c.stores.net = {}  # node-c reaches nobody from here on
+    await c.set_membership(wire(["node-b", "node-c", "node-d"], 3))
+    new = [f"https://x.com/new/{i}" for i in range(5)]
+    write(c, new)
+    write(d, ["https://x.com/later"])  # a minute ahead (its clock): newer than node-c's writes
+    d.crash()
+    d = net["node-d"] = Node("node-d", tmp_path, ["node-b", "node-c"], net, epoch=3)
+    await d.catch_up.synced.wait()
+    assert d.catch_up.sync_report["since"] > unwrap(c.registry.get(TARGET + new[-1].encode()))[0].hlc
+    assert all(d.target(u) is not None and d.page(f"{u}|desktop") is not None for u in new)
+    stop({"b": b, "c": c, "d": d})
+
+
+async def test_a_tie_of_clocks_is_answered_from_the_page_pointer_as_from_the_page(tmp_path) -> None:
+    """A page's pointer names its writer: a tie of clocks (``holding``, a duplicate pushed again) is
+    decided without reading the 30 KB page, with the answers the page gives. A pointer an older
+    version wrote (the hlc alone, or without the writer) leaves the page to read, and answers the same."""
+    net: dict[str, Node] = {}
+    a = net["node-a"] = Node("node-a", tmp_path, [], net)
+    write(a, URLS[:2])
+    await a.catch_up.synced.wait()
+    theirs = f"{URLS[1]}|desktop".encode()  # a peer's version of it, accepted over ours
+    v1 = unwrap(a.pages.get(theirs))[0]
+    assert a.records.commit_remote("pages", [(theirs, wrap(Version(v1.hlc + 1, "node-m"), b"<html>m"))]) == 1
+    ours = f"{URLS[0]}|desktop".encode()
+    cases = []
+    for key in (ours, theirs):
+        v = unwrap(a.pages.get(key))[0]
+        cases += [[key, v.hlc, v.node], [key, v.hlc, "node-z"], [key, v.hlc, "node-0"], [key, v.hlc - 1, "node-z"],
+                  [key, v.hlc + 1, "node-0"]]
+    answers = [True, False, True, True, False] * 2
+    assert await a.holding("pages", cases) == answers
+    body = {k: a.pages.get(k) for k in (ours, theirs)}
+    a.pages.write([(ours, None), (theirs, None)])  # the bodies gone, the pointers left: never read
+    assert await a.holding("pages", cases) == answers
+    a.pages.write(list(body.items()))
+    pointers = {k: a.pages.get(HPTR + k) for k in (ours, theirs)}
+    for older in (9, 8):  # without the writer, then the hlc alone
+        a.pages.write([(HPTR + k, p[:older]) for k, p in pointers.items()])
+        assert await a.holding("pages", cases) == answers
+        # a duplicate is not applied again, a tie is won by the greater writer: as the page says
+        again = [(k, a.pages.get(k)) for k in (ours, theirs)]
+        assert a.records.commit_remote("pages", again) == 0
+    a.pages.write([(HPTR + k, p) for k, p in pointers.items()])
+    assert a.records.commit_remote("pages", [(k, a.pages.get(k)) for k in (ours, theirs)]) == 0
+    v = unwrap(a.pages.get(ours))[0]
+    assert a.records.commit_remote("pages", [(ours, wrap(Version(v.hlc, "node-0"), b"x"))]) == 0
+    assert a.records.commit_remote("pages", [(ours, wrap(Version(v.hlc, "node-z"), b"z"))]) == 1
+    assert a.page(ours.decode()) == b"z" and a.pages.get(HPTR + ours)[9:] == b"node-z"
     a.crash()
