@@ -23,6 +23,8 @@ from prerender_ray.rpc import LeaseApi
 
 PUBLISH_SOON_S = 0.05
 REFUSED_BACKOFF_MS = 60_000  # a key the table refused is not offered again for a minute
+ONLY_RANKED = 8  # fewer than 1 in 8 rows may pass the fences: rank those instead of walking (``publish``)
+LONG_WALK = 20_000  # keys a walk skipped (fenced, leased) past which a fenced publish ranks ``fence_only``
 
 
 class Claims:
@@ -49,6 +51,7 @@ class Claims:
         self.on_idle: Callable[[], None] = lambda: None  # a claim found nothing grantable
         self.trusted: Callable[[int], bool] = lambda now: True  # may grant now (``Handoff.trusted``)
         self._fenced: Callable[[str], bool] | None = None  # during a publish: ``Rows.fence_test``
+        self._long_walk = False  # the last walk skipped more than ``LONG_WALK`` keys while fenced
 
     @property
     def serving(self) -> bool:
@@ -69,8 +72,27 @@ class Claims:
         self._now = now = self.rows.clock.now_ms()
         self.mirror = {k: u for k, u in self.mirror.items() if u > now}
         self._fenced = self.rows.fence_test(now) if self.rows.fencing else None
+        # a walk that met too many held-back keys before the capacity filled: decide the fence for
+        # every key once per change of it instead (``Rows.fence_only``), and rank what may pass
+        only = self.rows.fence_only(now) if self._fenced is not None and self._long_walk else None
         try:
-            self.ready = self.rows.ranking.top_k(self.conf.cfg.queue.ready.capacity, now, self.blocked)
+            capacity, ranking = self.conf.cfg.queue.ready.capacity, self.rows.ranking
+            if only is None:
+                skipped = 0
+
+                def blocked(key: str) -> bool:
+                    nonlocal skipped
+                    if self.blocked(key):
+                        skipped += 1
+                        return True
+                    return False
+
+                self.ready = ranking.top_k(capacity, now, blocked)
+                self._long_walk = self._fenced is not None and skipped > LONG_WALK
+            elif len(only) * ONLY_RANKED < len(ranking):  # a few may pass: rank just those
+                self.ready = ranking.top_k_of(only, capacity, now, self.blocked)
+            else:  # many may: the walk stops at the capacity, and skips the rest by a set look-up
+                self.ready = ranking.top_k(capacity, now, lambda key: key not in only or self.blocked(key))
         finally:
             self._fenced = None
         self.cursor = 0

@@ -29,7 +29,7 @@ from prerender_ray.queue.schedule import ScheduleRow
 from prerender_ray.rpc import LeaseApi, Peers
 from prerender_ray.storage.keys import KEEPER_EPOCH
 
-HANDOFF_BATCH = 1_000
+HANDOFF_BATCH = 4_000  # rows per adopt: a join of 1M targets hands ~170,000 per old node (~250 KB a call)
 MAX_BACKOFF_S = 30.0
 
 
@@ -57,6 +57,8 @@ class Handoff:
         self._unconfirmed = Sometimes()
         self.previous: Membership | None = None  # the membership before the last change
         self.task: asyncio.Task | None = None
+        self._again = False  # kicked while a pass runs: it walks the store once more
+        self._backoff = 1.0  # before a failed pass is tried again (s)
         self.report: dict[str, Any] = {"handedOff": 0, "adopted": 0, "pending": False, "staleRefusals": 0}
         # rebuild their slice: the departed nodes and the membership they were part of
         self.on_departed: Callable[[list[str], Membership], None] = lambda departed, before: None
@@ -120,7 +122,8 @@ class Handoff:
         """All of it before any await: a call cut off at its deadline leaves no half."""
         self.previous = before
         departed = [n for n in before.names if n not in after.names]
-        self._released = self.rows.ranking.drop_where(lambda k: not self.rows.owns(k, after))  # stop granting them now
+        owns = self.rows.owner_test(after)
+        self._released = self.rows.ranking.drop_where(lambda k: not owns(k))  # stop granting them now
         self.log.info("membership", epoch=after.epoch, nodes=list(after.names), departed=departed,
                       releasing=self._released)
         self.kick()
@@ -198,56 +201,71 @@ class Handoff:
             self.task.cancel()
 
     def kick(self) -> None:
+        self._again = True  # a pass running now looks at the store once more before it ends
         if self.task is None or self.task.done():
             self.task = asyncio.get_running_loop().create_task(self.run())
 
     async def run(self) -> None:
         """Hand unowned rows to their owners until none are left; retried while an owner is away."""
-        backoff = 1.0
+        self._backoff = 1.0
         self.report["pending"] = True
         try:
             while True:
                 m = self.view.current  # this pass's snapshot: a change starts a new pass
+                self._again = False
                 pending = self.rows.unowned(m)
-                if not pending:
-                    if self.view.epoch != m.epoch or self._told == m.epoch:
-                        return
-                    await self._tell_done(m)
-                    self._told = m.epoch
-                    continue  # rows written meanwhile (the kick found this pass running) are looked at
-                try:
-                    for owner, rows in pending.items():
-                        keeper = await self.peers.of(owner)
-                        for i in range(0, len(rows), HANDOFF_BATCH):
-                            if self.view.epoch != m.epoch:
-                                raise MembershipMoved()
-                            batch = rows[i:i + HANDOFF_BATCH]
-                            keys = [r.cache_key for r in batch]
-                            leases = await self.leases.export_keys(keys)
-                            now = self.rows.clock.now_ms()
-                            fences = [[k, *f] for k in keys if (f := self.rows.fence_of(k, now)) is not None]
-                            try:
-                                await keeper.adopt(batch, leases, m.epoch, fences)
-                            except StaleEpoch as e:  # the owner is on a newer membership than ours
-                                self.refused(owner, e)
-                                if not await self.moved_past(m.epoch):
-                                    raise  # the controller did not tell us more: retried after a pause
-                                raise MembershipMoved() from None
-                            self.rows.forget_stored(keys)
-                            await self.leases.forget(keys)
-                            self.report["handedOff"] += len(batch)
-                            await asyncio.sleep(0)
-                    backoff = 1.0
-                except MembershipMoved:
-                    continue  # against the new snapshot, at once
-                except Exception as e:
-                    self.log.warning("hand-off incomplete; retrying", error=repr(e), retry_s=backoff)
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, MAX_BACKOFF_S)
+                if pending and not await self._hand(m, pending):
+                    continue
+                if self._again or self.view.epoch != m.epoch:
+                    continue  # rows another node owns were written meanwhile (the kick found this pass running)
+                # every row the walk found was acknowledged and deleted, and none was written since:
+                # the store holds no row another node owns (no second walk to see it)
+                if self._told == m.epoch:
+                    return
+                await self._tell_done(m)
+                self._told = m.epoch
+                if not self._again and self.view.epoch == m.epoch:
+                    return
         finally:
             self.report["pending"] = False
 
-    async def adopt(self, rows: list[ScheduleRow], leases: list, epoch: int, fences: list | None = None) -> int:
+    async def _hand(self, m: Membership, pending: dict[str, list[tuple]]) -> bool:
+        """Hand ``pending`` (rows by owner, from the walk under ``m``) over; False when the pass
+        must start over (the membership moved, or a batch failed: after a pause, backed off)."""
+        try:
+            for owner, rows in pending.items():
+                keeper = await self.peers.of(owner)
+                for i in range(0, len(rows), HANDOFF_BATCH):
+                    if self.view.epoch != m.epoch:
+                        raise MembershipMoved()
+                    batch = rows[i:i + HANDOFF_BATCH]
+                    keys = [r[0] for r in batch]
+                    leases = await self.leases.export_keys(keys)
+                    now = self.rows.clock.now_ms()
+                    fences = [[k, *f] for k in keys if (f := self.rows.fence_of(k, now)) is not None]
+                    try:
+                        await keeper.adopt(batch, leases, m.epoch, fences)
+                    except StaleEpoch as e:  # the owner is on a newer membership than ours
+                        self.refused(owner, e)
+                        if not await self.moved_past(m.epoch):
+                            raise  # the controller did not tell us more: retried after a pause
+                        raise MembershipMoved() from None
+                    self.rows.forget_stored(keys, m)
+                    await self.leases.forget(keys)
+                    self.report["handedOff"] += len(batch)
+                    await asyncio.sleep(0)
+            self._backoff = 1.0
+            return True
+        except MembershipMoved:
+            return False  # against the new snapshot, at once
+        except Exception as e:
+            self.log.warning("hand-off incomplete; retrying", error=repr(e), retry_s=self._backoff)
+            await asyncio.sleep(self._backoff)
+            self._backoff = min(self._backoff * 2, MAX_BACKOFF_S)
+            return False
+
+    async def adopt(self, rows: list[ScheduleRow] | list[tuple], leases: list, epoch: int,
+                    fences: list | None = None) -> int:
         """Rows handed over by their previous owner under ``epoch``: their due times kept, their
         leases with them. A sender on an older membership is refused before anything is written."""
         await self.accept(epoch, "adopt")

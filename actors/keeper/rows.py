@@ -21,7 +21,7 @@ from prerender_ray.queue.flow import Flow
 from prerender_ray.queue.job_options import RouteOptions
 from prerender_ray.queue.ranking import Ranking
 from prerender_ray.queue.results import Planner
-from prerender_ray.queue.schedule import ScheduleRow, UnreadableRow, encode_many
+from prerender_ray.queue.schedule import ScheduleRow, UnreadableRow, decode_many, encode_many
 from prerender_ray.queue.targets import Rules
 from prerender_ray.storage.keys import KEEPER_META
 from prerender_ray.storage.rocks import Store
@@ -41,6 +41,25 @@ class Said:
     others: Ownership | None
     waiting: frozenset[str]
     fence_epoch: int
+
+
+def _said_as(said: Said) -> tuple:
+    """What ``said`` says, comparable (an ``Ownership`` compares by identity)."""
+    return said.epoch, said.others.names if said.others is not None else None, said.waiting, said.fence_epoch
+
+
+def per_url(url_of: Callable[[str], str], of_url: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``of_url(url_of(key))`` for a walk that meets a URL's device variants one after the other
+    (the store's keys, the ranking's rows): asked once per URL, not once per key."""
+    last: list = [None, None]  # the last URL and its answer
+
+    def of_key(key: str) -> Any:
+        url = url_of(key)
+        if url != last[0]:
+            last[0], last[1] = url, of_url(url)
+        return last[1]
+
+    return of_key
 
 
 class CurrentConfig:
@@ -100,6 +119,10 @@ class Rows:
         self._handed: set[str] = set()  # keys adopted while ``fence_all`` stands
         # node -> what it said last: its hand-off for that epoch is done, and the fence it still had
         self.done: dict[str, Said] = {}
+        self._dones = 0  # changes of ``done``: what ``fence_only`` decided holds until the next
+        self._maybe: set[str] | None = None  # see ``fence_only``
+        self._maybe_at = (-1, -1)  # (``_dones``, epoch) it was decided at
+        self._unjudged: set[str] = set()  # keys written since: decided at the next ``fence_only``
 
     def __len__(self) -> int:
         return len(self.ranking)
@@ -138,18 +161,21 @@ class Rows:
         own = (m or self.view.current).ownership
         return len(own.names) <= 1 or own.owner(self.conf.rules.url_of(key)) == self.node
 
+    def owner_test(self, m: Membership) -> Callable[[str], bool]:
+        """``owns(key, m)`` for a walk that meets a URL's device variants one after the other (the
+        ranking's rows, held in load order): the owner is hashed once per URL, not per key."""
+        own = m.ownership
+        if len(own.names) <= 1:
+            return lambda key: True
+        owner, node = own.owner, self.node
+        return per_url(self.conf.rules.url_of, lambda url: owner(url) == node)
+
     def _owned(self, rows: list) -> list:
         """The rows of ``rows`` this node owns (device variants of one URL arrive together: the owner
         is asked once per URL)."""
-        url_of, owner, node = self.conf.rules.url_of, self.view.current.owner, self.node
-        last, mine, out = None, False, []
-        for r in rows:
-            url = url_of(r[0])
-            if url != last:
-                last, mine = url, owner(url) == node
-            if mine:
-                out.append(r)
-        return out
+        owner, node = self.view.current.owner, self.node
+        mine = per_url(self.conf.rules.url_of, lambda url: owner(url) == node)
+        return [r for r in rows if mine(r[0])]
 
     def reclassify(self) -> int:
         """After a live config change: every row held moves to the class of its new route and cadence."""
@@ -182,6 +208,8 @@ class Rows:
         self.ranking.upsert_many(rows, route_of or self.route_of, delimiter=self._variants)
         if self.touched is not None:
             self.touched.update(r[0] for r in rows)
+        if self._maybe is not None:  # not decided against the fence yet (``fence_only``)
+            self._unjudged.update(r[0] for r in rows)
         if any(r[1] is not None and r[1] <= now for r in rows):
             self.on_due()
         self.flow("rescheduled", len(rows))
@@ -268,6 +296,55 @@ class Rows:
 
         return test
 
+    def fence_only(self, now: int) -> set[str] | None:
+        """A superset of the keys ``fence_test(now)`` lets through while a fence stands on every key
+        (None: no such fence, any key may pass). A keeper that starts among others holds back every
+        key until its previous owner said its hand-off is done; a publish asked ``fence_test`` about
+        each due row, so while most were held back it walked them all, at a hash or more per key, on
+        every publish (at a join of 1M targets, 53-58 % of the joiner's CPU, its loop too busy to take
+        the rows handed to it). Which keys may pass changes only when a node says done or the
+        membership moves: decided then, once (``_maybe``), and for each key written since, once, at
+        the next publish; plus those handed with their lease or under a fence of their own. A publish
+        still asks ``fence_test`` about each key it takes from here."""
+        if not self.is_fenced_any(now):
+            self._maybe, self._unjudged = None, set()
+            return None
+        assert self.fence_all is not None
+        _, epoch, others = self.fence_all
+        at = (self._dones, self.view.epoch)
+        if self._maybe is None or self._maybe_at != at:
+            if all(self._verdict(n, epoch) is False for n in others.names):
+                maybe: set[str] = set()  # nobody clear yet: no key passes but by its own fence
+            else:
+                maybe = self._may_pass(self.ranking.keys(), now)
+            self._maybe, self._maybe_at = maybe, at
+        elif self._unjudged:
+            self._maybe.update(self._may_pass(self._unjudged, now))
+        self._unjudged = set()
+        only = set(self._maybe)
+        only.update(self._handed)
+        only.update(self.fenced)
+        return only
+
+    def _may_pass(self, keys: Iterable[str], now: int) -> set[str]:
+        """The keys of ``keys`` ``fence_test(now)`` lets through. Except for a key handed with its
+        lease or under a fence of its own, the answer depends on the URL alone: asked once per URL
+        (its device variants come one after the other)."""
+        test, handed, fenced, url_of = self.fence_test(now), self._handed, self.fenced, self.conf.rules.url_of
+        out: set[str] = set()
+        last, passes = None, False
+        for key in keys:
+            if key in handed or key in fenced:
+                if not test(key):
+                    out.add(key)
+                continue
+            url = url_of(key)
+            if url != last:
+                last, passes = url, not test(key)
+            if passes:
+                out.add(key)
+        return out
+
     def _verdict(self, node: str, epoch: int) -> bool | None:
         """``clear(node, epoch, url)`` when it does not depend on the URL (True or False), else None."""
         if node == self.node or node not in self.view.current.names:
@@ -340,10 +417,13 @@ class Rows:
             return False
         if fence is not None:
             fe, others, waiting = fence
-            self.done[node] = Said(epoch, Ownership([n for n in others if isinstance(n, str)][:1024]),
-                                   frozenset(n for n in waiting if isinstance(n, str)), int(fe))
+            told = Said(epoch, Ownership([n for n in others if isinstance(n, str)][:1024]),
+                        frozenset(n for n in waiting if isinstance(n, str)), int(fe))
         else:
-            self.done[node] = Said(epoch, None, frozenset(), epoch)
+            told = Said(epoch, None, frozenset(), epoch)
+        if said is None or _said_as(said) != _said_as(told):  # not a repeat: decide again (``fence_only``)
+            self._dones += 1
+        self.done[node] = told
         return True
 
     @property
@@ -395,12 +475,20 @@ class Rows:
 
     async def load(self) -> int:
         """Walk the store into memory (claims are served from the first chunk on); rows written while
-        the walk runs are newer than what it reads. Answers how many rows await their owner."""
+        the walk runs, or before it (a joiner adopts rows while its store catches up), are newer than
+        what it reads. Answers how many rows it read await their owner (the funnel kicked the hand-off
+        for those it wrote)."""
         chunk: list[tuple[str, Any, bool, Any]] = []
         unowned = 0
         for k, v in self.db.items():
             if k[:1] == KEEPER_META:
                 continue
+            if self.touched:  # written through the funnel (a joiner's adopted rows): held already
+                try:
+                    if k.decode() in self.touched:
+                        continue
+                except UnicodeDecodeError:
+                    pass  # counted as unreadable below
             try:
                 r = ScheduleRow.decode(k, v)
             except UnreadableRow as e:
@@ -490,22 +578,28 @@ class Rows:
                               "ms": round((time.perf_counter() - t0) * 1000, 1), "at": self.clock.now_ms()}
         return self.verify_report
 
-    def unowned(self, m: Membership) -> dict[str, list[ScheduleRow]]:
-        """Stored rows another node owns under ``m``, by owner (the hand-off's work)."""
-        by_owner: dict[str, list[ScheduleRow]] = defaultdict(list)
+    def unowned(self, m: Membership) -> dict[str, list[tuple]]:
+        """Stored rows another node owns under ``m``, by owner (the hand-off's work), as plain tuples
+        in ``ScheduleRow`` order: Ray pickles those at C speed, a NamedTuple through cloudpickle's
+        hook (18 times slower). The walk yields keys in order, so a URL's device variants come
+        together: its owner is hashed once, not once per row and again to group it."""
+        pairs: dict[str, list[tuple[str, bytes]]] = defaultdict(list)
         if len(m.names) <= 1:
-            return by_owner
+            return {}
+        owner_of, node = per_url(self.conf.rules.url_of, m.ownership.owner), self.node
         for k, v in self.db.items():
             if k[:1] == KEEPER_META:
                 continue
             key = k.decode()
-            if not self.owns(key, m):
-                try:
-                    by_owner[m.owner(self.conf.rules.url_of(key))].append(ScheduleRow.decode(key, v))
-                except (UnreadableRow, ValueError):
-                    continue
-        return by_owner
+            if (owner := owner_of(key)) != node:
+                pairs[owner].append((key, v))
+        return {o: rows for o, p in pairs.items() if (rows := list(decode_many(p)))}
 
-    def forget_stored(self, keys: Iterable[str]) -> None:
-        """Rows their new owner acknowledged: gone from this node's store (they left memory before)."""
-        self.db.write((k.encode(), None) for k in keys if not self.owns(k))
+    def forget_stored(self, keys: Iterable[str], m: Membership | None = None) -> None:
+        """Rows their new owner acknowledged: gone from this node's store (they left memory before).
+        ``m``: the membership they were handed under; while it stands none of them is ours, so no
+        key is hashed again; after a change, a key we own again stays."""
+        if m is not None and m.epoch == self.view.epoch:
+            self.db.write((k.encode(), None) for k in keys)
+        else:
+            self.db.write((k.encode(), None) for k in keys if not self.owns(k))

@@ -124,6 +124,8 @@ def encode_many(rows: Iterable[tuple[str, Any, Any, Any]]) -> list[tuple[bytes, 
         if type(due) is int and type(interval) is int and type(sitemap) is bool and lo <= due <= hi \
                 and lo <= interval <= hi:
             value = pack(_VERSION, both | _SITEMAP if sitemap else both, due, interval)
+        elif type(due) is int and interval is None and type(sitemap) is bool and lo <= due <= hi:
+            value = pack(_VERSION, _HAS_DUE | _SITEMAP if sitemap else _HAS_DUE, due, 0)  # no carried cadence
         else:
             value = ScheduleRow(key, due, sitemap, interval).encode()
         last = (due, sitemap, interval)

@@ -260,6 +260,35 @@ def test_drop_where_removes_rows_no_longer_owned() -> None:
     assert len(r) == 5 and key("p0") not in r and key("p1") in r
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 2**32), st.integers(1, 5), st.sampled_from([1, 2, 3, 7]), st.booleans())
+def test_drop_where_equals_removing_each_row_whatever_the_buckets(seed: int, dues: int, every: int, planned: bool) -> None:
+    """A bulk put leaves big shared buckets; dropping rows filters each bucket once: the same held
+    rows, ranking, queue-state and plan as taking them out one by one (a plan or a queue-state
+    built before the drop must see it)."""
+    rnd = random.Random(seed)
+    rows = [(key(f"p{i}", d), NOW - rnd.randrange(dues) * MINUTE_MS, rnd.random() < 0.3,
+             rnd.choice([None, DAY_MS]), None) for i in range(rnd.randrange(1, 120)) for d in ("desktop", "mobile")]
+    rnd.shuffle(rows)
+    bulk, single = Ranking(cadence_for), Ranking(cadence_for)
+    for r in (bulk, single):
+        r.upsert_many([row[:4] for row in rows], lambda k: None)
+        if planned:
+            r.top_k(10, NOW)
+            r.state(NOW)
+    doomed = {row[0] for row in rows  # every == 1: the rows due now, whole buckets emptied
+              if (row[1] == NOW if every == 1 else int(row[0].split("/p")[1].split("|")[0]) % every == 0)}
+    assert bulk.drop_where(doomed.__contains__) == len(doomed)
+    for k in doomed:
+        single.remove(k)
+    assert len(bulk) == len(single) and all(k not in bulk for k in doomed)
+    assert [tuple(h) for h in bulk.rows()] == [tuple(h) for h in single.rows()]
+    for k in (1, 5, 500):
+        assert bulk.top_k(k, NOW) == single.top_k(k, NOW)
+    _same_state(bulk, NOW, set())
+    assert bulk.state(NOW) == single.state(NOW)
+
+
 def test_the_queue_state_counts_are_exact() -> None:
     r = ranking(
         (key("a"), NOW - 6 * HOUR_MS, True, DAY_MS, None),  # 0.25 cadences late: the edge is inclusive
@@ -379,6 +408,29 @@ def test_the_k_way_merge_equals_the_brute_force_oracle(
     got = r.top_k(k, now, leased.__contains__)
     assert got == [e[0] for e in expected]
     assert r.entries(got, now) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(rows_st, max_size=60), st.integers(0, 30), st.integers(0, 2 * MINUTE_MS),
+       st.sets(st.sampled_from(KEYS)), st.sets(st.sampled_from([*KEYS, "absent|desktop"])))
+def test_top_k_of_a_few_keys_equals_top_k_skipping_the_others_and_asks_only_about_them(
+    rows: list[tuple], k: int, offset: int, leased: set[str], only: set[str]
+) -> None:
+    """A keeper fenced on all but a few keys ranks just those: the same answer as the full walk
+    whose filter skips every other key, without asking the filter about any other key."""
+    r = Ranking(cadence_for)
+    for row in rows:
+        r.upsert(*row)
+    now = NOW + offset
+    asked: list[str] = []
+
+    def skipped(key: str) -> bool:
+        asked.append(key)
+        return key in leased
+
+    expected = r.top_k(k, now, lambda key: key not in only or key in leased)
+    assert r.top_k_of(only, k, now, skipped) == expected
+    assert set(asked) <= only
 
 
 def test_the_merge_equals_the_oracle_on_a_large_mixed_queue() -> None:

@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from prerender_ray.actors.keeper import claims as claims_module
 from prerender_ray.actors.keeper import keeper as keeper_module
 from prerender_ray.identity.membership import MEMBERSHIP_TRUST_MS, Confirmations, Membership, StaleEpoch
 from prerender_ray.identity.nodes import Ownership
@@ -310,6 +311,8 @@ def same_fences(k) -> None:
     keys = [h.key for h in k.rows.ranking.rows()]
     fenced = k.rows.fence_test(now)
     assert keys and [fenced(key) for key in keys] == [k.rows.is_fenced(key, now) for key in keys]
+    only = k.rows.fence_only(now)  # a publish ranks only these when not None: none it leaves out may pass
+    assert only is None or {key for key in keys if not k.rows.is_fenced(key, now)} <= only
 
 
 async def settled(*ks) -> None:
@@ -345,6 +348,40 @@ async def test_a_keeper_that_starts_among_others_waits_on_every_key_until_the_ot
     same_fences(c)
     c.claims.publish()
     assert c.claims.ready == [] and await c.claims.claim(100) == []
+
+
+@pytest.mark.parametrize("long_walk", [20_000, -1])
+async def test_once_one_of_the_others_said_done_the_keys_it_held_are_granted_and_no_other(
+        keepers, monkeypatch, long_walk: int) -> None:
+    """node-c is placed among node-a and node-b; a publish finds every key held back. Once node-a
+    said its hand-off is done, the next publish offers the keys a held before (those whose fence
+    chain is clear) and none of b's; so do publishes that decide the fence once per change of it
+    (``Rows.fence_only``, taken after a walk skipped more than ``LONG_WALK`` keys: -1, at once)."""
+    monkeypatch.setattr(claims_module, "LONG_WALK", long_walk)
+    a, _ = keepers("node-a", members=THREE), keepers("node-b", members=THREE)  # b placed, silent
+    c = keepers("node-c", members=THREE)
+    await c.load()
+    owners = Ownership(list(THREE))
+    urls = await put_due(c, *(p for p in (f"/p{i}" for i in range(120)) if owners.owner(SITE + p) == "node-c"))
+    c.claims.publish()
+    assert c.claims.ready == []
+    await a.load()
+    await settled(a)  # a told c it is done
+    same_fences(c)
+    now = c.rows.clock.now_ms()
+    keys = {key for u in urls for key in c.conf.rules.keys_of(u)}
+    passing = {key for key in keys if not c.rows.is_fenced(key, now)}
+    assert passing and passing != keys  # a's keys and b's: the case under test occurs
+    c.claims.publish()
+    assert set(c.claims.ready) == passing
+    assert {j["id"] for j in await c.claims.claim(100)} == passing
+    more = await put_due(c, *(p for p in (f"/q{i}" for i in range(120)) if owners.owner(SITE + p) == "node-c"))
+    keys = {key for u in more for key in c.conf.rules.keys_of(u)}  # written after the fence was decided
+    passing = {key for key in keys if not c.rows.is_fenced(key, now)}
+    assert passing and passing != keys
+    same_fences(c)
+    c.claims.publish()
+    assert set(c.claims.ready) == passing
 
 
 async def test_a_key_whose_owner_was_down_when_it_moved_is_not_granted_while_that_owner_may_hold_its_lease(keepers) -> None:
