@@ -49,7 +49,7 @@ if hasattr(_httpx_transport, "create_ssl_context"):
 settings.register_profile("suite", deadline=None)
 settings.load_profile("suite")
 
-# `make test` runs the suite on two pytest-xdist workers. A worker is a session of its own, with its own
+# `make test` runs the suite on three pytest-xdist workers (Makefile). A worker is a session of its own, with its own
 # Ray: every module with a test on the session's cluster is in one group, on one worker, in file order,
 # so one shared cluster runs at a time on two cores (a module that needs one node and not Ray runs the
 # node in process, tests/localnode.py, outside that group). Every other module is a group of its own (its
