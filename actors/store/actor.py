@@ -74,6 +74,7 @@ class NodeStore:
         self.registry = Store(store_path(data_dir, node, REGISTRY))
         self.started = clock.time()
         self._tasks: list[asyncio.Task] = []
+        self._closed = False
         self._sitemap_of = SitemapReader()
         self.log.info("store open", pages=str(self.pages.path), registry=str(self.registry.path))
         self.records = self._records(clock, self._index_ops)
@@ -378,6 +379,10 @@ class NodeStore:
                 "replication": self.replication_status(), "pageLog": self.page_log.status()}
 
     async def close(self) -> None:
+        """Stop the store's tasks and close its files; a second call does nothing."""
+        if self._closed:
+            return
+        self._closed = True
         for task in self._tasks:
             task.cancel()
         self.shipping.close()
