@@ -18,7 +18,10 @@ waits ``PUSH_ON_AFTER_S`` and asks the membership of then: a stale view must not
 A record written here that this node does not hold (its writer routed it under an older membership:
 a keeper learns a change on its own, a result answers a grant made before it) goes the same way; so
 do records written while this store knew no membership, through the walk its first one starts. A
-push on lives in memory: until it is done, the placement kept on disk says a walk is owed.
+push on lives in memory: until it is done, the placement kept on disk says a walk is owed. One that
+gives up with records left (a holder down for longer, still a member) starts a walk of the membership
+of then, retried until every holder answered: no change may come to walk them (a new epoch of the
+same nodes starts none).
 
 Pushes go to the peer's ``apply_remote`` directly, not through the outbox: a drop needs the ack. A
 push asks first (``holding``: keys and versions, no bytes) and sends only what the peer lacks: the
@@ -57,7 +60,7 @@ WALK_CHUNK = 500  # records read per step of a walk
 WALK_BYTES = 4 * 1024 * 1024  # and at most this many bytes of them (pages: ~30 KB each)
 PUSH_TRIES = 3
 RETRY_AFTER_S = 30.0  # a walk that left records behind (a holder did not answer) runs again after this
-PUSH_ON_TRIES = 5  # then a stray record waits here for the next walk
+PUSH_ON_TRIES = 5  # then a walk of the membership of then takes the strays left over (``_push_on``)
 # A stray is pushed on only after this, and only if it still is one: a node whose membership is stale
 # (a late push applied; corrected within ~5 s) would otherwise send away records it holds.
 PUSH_ON_AFTER_S = 15.0
@@ -103,6 +106,7 @@ class Rebalancing:
         # placement kept on disk says a walk is owed, so a store that dies first walks when it starts.
         self._pushing_on = 0
         self._strays_left = False
+        self._left_behind = 0  # push ons that gave up with records left, ever (see ``_rebalance``)
         if members.view.epoch != NOBODY:
             self.settle(members.placement)
 
@@ -179,6 +183,7 @@ class Rebalancing:
         """One walk against the membership of ``epoch`` (``after``): a change cancels it (and a drop
         checks the epoch again), and the next walk starts from ``before`` again."""
         t0 = self.wall.monotonic()
+        left_behind = self._left_behind
         report = {"state": "running", "members": list(after.ownership.names), "epoch": epoch, "pushed": 0,
                   "dropped": 0, "unanswered": 0, "startedAt": self.wall.now_ms()}
         self.rebalance_report = report
@@ -202,8 +207,13 @@ class Rebalancing:
         self.log.info("rebalance", **{k: v for k, v in report.items() if k != "members"})
         if report["state"] == "done" and self.members.view.epoch == epoch:
             self.walk_from, self._walk_everyone, self._walk_since = None, False, 0
-            self._strays_left = False  # the walk pushed on (and dropped) every record here it does not hold
+            # The walk pushed on (and dropped) every record here it does not hold, but those a push on
+            # left behind once it had begun: its cursor may have passed them. Those are walked again.
+            self._strays_left = self._left_behind != left_behind
             self._placed(after, owed=False)
+            if self._strays_left:
+                self.rebalance_task = None  # this walk ends here: the next must not cancel it
+                self._start_walk(after)
         elif report["state"] in ("incomplete", "failed"):
             await asyncio.sleep(RETRY_AFTER_S)  # another change cancels this wait and walks at once
             self.rebalance_task = asyncio.get_running_loop().create_task(
@@ -293,7 +303,14 @@ class Rebalancing:
             self._strays_left = True
             raise
         self._pushing_on -= 1
-        self._strays_left = self._strays_left or bool(report["unanswered"])
+        if report["unanswered"]:
+            # A holder did not answer any try (down a while, still a member): no change may come to
+            # walk these (a new epoch of the same nodes starts none), so a walk of this membership
+            # takes them, retried until every holder answered; a running walk, when done (above).
+            self._strays_left = True
+            self._left_behind += 1
+            if self.walk_from is None:
+                self._start_walk(self.members.placement)
         if not self._pushing_on and self.walk_from is None and not self._strays_left:
             self._placed(self.members.placement, owed=False)
         if any(report.values()):

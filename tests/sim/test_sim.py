@@ -110,6 +110,16 @@ def test_two_nodes_lost_at_once_and_back_together_leave_no_stray_on_the_survivor
     simulate(seed, strays=True, script=two_at_once)
 
 
+def test_strays_whose_push_on_gave_up_are_walked_though_no_change_of_nodes_comes() -> None:
+    """Seed 1030 (two lost, one back, one joins): n4's outbox still held a target for n2 from when n2
+    held it; n2, back under a membership where it does not, walked, then the target arrived. Its push
+    on gave up while n1, a holder, stayed down (still a member), and the next change (at settling) was
+    a new epoch of the same nodes, which starts no walk: it stayed on n2 (``no-strays``). A push on
+    that gives up now starts a walk, retried until the holders answer
+    (tests/actors/store/test_rebalance.py::test_strays_whose_push_on_gave_up_...)."""
+    simulate(1030, steps=STEPS, strays=True)
+
+
 @pytest.mark.parametrize("seed", range(1, 4))
 def test_a_joiner_pulls_a_full_copy_from_the_peer_that_holds_it_not_only_from_a_cut_off_one(seed: int) -> None:
     """Every node holds everything (``full_copy_from_a_cut_off_peer``): n3's catch-up is answered

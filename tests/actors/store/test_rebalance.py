@@ -393,6 +393,43 @@ async def test_a_stray_whose_push_on_died_with_its_store_is_pushed_on_when_it_st
     stop(nodes)
 
 
+async def test_strays_whose_push_on_gave_up_leave_once_their_holder_answers_with_no_change_of_nodes(
+    tmp_path, monkeypatch
+) -> None:
+    """node-a takes records node-b and node-c hold while node-c is down, still a member: their push on
+    gives up. The controller's next change is a new epoch of the same nodes, which starts no walk; a
+    walk of the membership of then, retried until node-c answers, sends them on and drops them. Before,
+    they waited for a walk nothing started and stayed on node-a for good. Found by the simulation
+    (seed 1030: a peer's outbox shipped them after node-a's walk, a holder down meanwhile)."""
+    monkeypatch.setattr(rebalance, "PUSH_ON_AFTER_S", 0.1)
+    monkeypatch.setattr(rebalance, "PUSH_ON_TRIES", 1)
+    monkeypatch.setattr(rebalance, "PUSH_TRIES", 1)
+    monkeypatch.setattr(rebalance, "RETRY_AFTER_S", 0.2)
+    three = ["node-a", "node-b", "node-c"]
+    net: dict[str, Node] = {}
+    nodes = await seeded(tmp_path, three, net)
+    late = [
+        u
+        for u in (f"https://x.com/late/{i}" for i in range(100))
+        if holders(three, u) == {"node-b", "node-c"}
+    ]
+    assert late
+    c = net.pop("node-c")  # down a while, still a member
+    write(nodes["node-a"], late)
+    await asyncio.sleep(1.0)  # the push on tried once (after 0.1 s) and gave up
+    assert all(nodes["node-a"].target(u) is not None for u in late)
+    for node in nodes.values():
+        await node.set_membership(wire(three, 2))
+    net["node-c"] = c
+    await _until(
+        lambda: all(v == {"node-b", "node-c"} for u in late for v in where(nodes, u).values()),
+        "the strays on exactly their holders",
+        timeout=10,
+    )
+    assert not placed(nodes, three)
+    stop(nodes)
+
+
 async def test_records_written_while_the_store_knew_no_membership_go_to_their_holders(tmp_path) -> None:
     """node-c starts again cut off from the controller (it knows no membership: alone) and its keeper
     takes writes of URLs node-a and node-b hold. When node-c learns the membership, the same one its
