@@ -207,26 +207,28 @@ class NodeStore:
 
     # ---------------------------------------------------------------- what the peers and controller call
 
-    async def apply_remote(self, records: list[Record], epoch: int | None = None) -> int:
+    async def apply_remote(self, records: list[Record], epoch: int | None = None,
+                           membership: dict | None = None) -> int:
         """Records shipped by a peer (or pulled in a catch-up), sent under its membership ``epoch``
-        (None: a local apply): see ``Members.accept``."""
+        (None: a local apply), which the call may carry: see ``Members.accept``."""
         if epoch is not None:
-            await self.members.accept(epoch, "apply_remote")
+            await self.members.accept(epoch, "apply_remote", membership)
         by_db: dict[str, list[tuple[bytes, bytes]]] = {"registry": [], "pages": []}
         for name, key, record in records:
             by_db[name].append((key, record))
         return sum(self.records.commit_remote(n, items) for n, items in by_db.items() if items)
 
-    async def holding(self, name: str, items: list[list], epoch: int | None = None) -> list[bool]:
-        return await self.catch_up.holding(name, items, epoch)
+    async def holding(self, name: str, items: list[list], epoch: int | None = None,
+                      membership: dict | None = None) -> list[bool]:
+        return await self.catch_up.holding(name, items, epoch, membership)
 
     async def since(self, name: str, hlc: int, after: bytes | None, limit: int = BATCH_RECORDS,
                     holder: str | None = None, members: list[str] | None = None,
                     epoch: int | None = None, senders: list[str] | None = None,
                     instead_of: list[str] | None = None, arrived: Any = None,
-                    unshipped_to: str | None = None) -> dict:
+                    unshipped_to: str | None = None, membership: dict | None = None) -> dict:
         return await self.catch_up.since(name, hlc, after, limit, holder, members, epoch, senders, instead_of,
-                                         arrived, unshipped_to)
+                                         arrived, unshipped_to, membership)
 
     async def set_membership(self, wire: dict) -> dict:
         return await self.members.set_membership(wire)
@@ -461,22 +463,26 @@ class StoreClient(NodeActorClient):
 
     # ------------------------------------------------------------ one store asks another (replication)
 
-    async def apply_remote(self, records: list[list], epoch: int | None = None) -> int:
-        """``StaleEpoch`` when the peer is on a newer membership than ``epoch`` (the sender's)."""
-        return await call(self.handle.apply_remote.remote(records, epoch), self.deadline_s)
+    async def apply_remote(self, records: list[list], epoch: int | None = None,
+                           membership: dict | None = None) -> int:
+        """``StaleEpoch`` when the peer is on a newer membership than ``epoch`` (the sender's, whose
+        wire ``membership`` may carry: a peer behind takes it)."""
+        return await call(self.handle.apply_remote.remote(records, epoch, membership), self.deadline_s)
 
-    async def holding(self, name: str, items: list[list], epoch: int | None = None) -> list[bool]:
+    async def holding(self, name: str, items: list[list], epoch: int | None = None,
+                      membership: dict | None = None) -> list[bool]:
         """Per [key, hlc, writer]: whether the peer holds that version or a newer one (``CatchUp.holding``)."""
-        return await call(self.handle.holding.remote(name, items, epoch), self.deadline_s)
+        return await call(self.handle.holding.remote(name, items, epoch, membership), self.deadline_s)
 
     async def since(self, name: str, hlc: int, after: bytes | None, limit: int,
                     holder: str | None = None, members: list[str] | None = None, epoch: int | None = None,
                     senders: list[str] | None = None, instead_of: list[str] | None = None,
-                    arrived: Any = None, unshipped_to: str | None = None) -> dict:
+                    arrived: Any = None, unshipped_to: str | None = None, membership: dict | None = None) -> dict:
         """A page of records (``NodeStore.since``; ``senders``: one sender per record of a share;
-        ``unshipped_to``: the peer's own writes that may not have reached that node)."""
+        ``unshipped_to``: the peer's own writes that may not have reached that node; ``membership``:
+        the wire of ``epoch``'s, which a peer behind takes)."""
         return await call(self.handle.since.remote(name, hlc, after, limit, holder, members, epoch, senders,
-                                                   instead_of, arrived, unshipped_to), self.deadline_s)
+                                                   instead_of, arrived, unshipped_to, membership), self.deadline_s)
 
     # ------------------------------------------------------------------------ the controller's
 

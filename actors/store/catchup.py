@@ -300,12 +300,13 @@ class CatchUp:
         target = await self._peer_store(peer)
         got = Pulled()
         epoch = self.members.view.epoch
+        wire = self.members.wire_of(epoch)
         members = list(self.members.placement.ownership.names) if share else None
         for name in DBS:
             after = None
             while True:
                 page = await target.since(name, since, after, BATCH_RECORDS, self.node if share else None, members,
-                                          epoch, senders, instead_of, arrived, unshipped_to)
+                                          epoch, senders, instead_of, arrived, unshipped_to, wire)
                 got.page(page, await self.apply(page["records"]))
                 after = page["next"]
                 if after is None:
@@ -321,13 +322,14 @@ class CatchUp:
 
     # ------------------------------------------------------------------------- answering the peers
 
-    async def holding(self, name: str, items: list[list], epoch: int | None = None) -> list[bool]:
+    async def holding(self, name: str, items: list[list], epoch: int | None = None,
+                      membership: dict | None = None) -> list[bool]:
         """Per [key, hlc, writer]: whether this store holds that version of the record or one that wins
         over it. A walk asks before it pushes (``Rebalancing._push``): a holder that has a record is
         not sent its bytes again (a joiner pulled its share already). Asked under the caller's
         membership ``epoch`` (see ``Members.accept``): the answer lets the caller drop its copy."""
         if epoch is not None:
-            await self.members.accept(epoch, "holding")
+            await self.members.accept(epoch, "holding", membership)
         if name not in DBS or not isinstance(items, list) or len(items) > HOLDING_MAX:
             raise ValueError(f"holding: a db name and at most {HOLDING_MAX} versions")
         asked: list[tuple[bytes, Version]] = []
@@ -353,7 +355,7 @@ class CatchUp:
                     holder: str | None = None, members: list[str] | None = None,
                     epoch: int | None = None, senders: list[str] | None = None,
                     instead_of: list[str] | None = None, arrived: Any = None,
-                    unshipped_to: str | None = None) -> dict:
+                    unshipped_to: str | None = None, membership: dict | None = None) -> dict:
         """Records of one store with a version at or after ``hlc``, in version order, from the index
         position ``after`` (exclusive); answers ``{records, next}`` within a byte budget. With
         ``holder``: only the records that node holds under ``members`` (default: this node's view),
@@ -367,7 +369,7 @@ class CatchUp:
         if unshipped_to is not None and not isinstance(unshipped_to, str):
             raise ValueError("since: unshipped_to is a node name")
         if epoch is not None:
-            await self.members.accept(epoch, "since")
+            await self.members.accept(epoch, "since", membership)
         answer = {"synced": self.caught_up(), "arrivals": self.arrivals.mark()}
         own = None
         if unshipped_to is not None:

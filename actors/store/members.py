@@ -90,13 +90,30 @@ class Members:
                 metrics.loop_errors.labels("membership-check").inc()
                 self.log.error("membership check failed", error=repr(e)[:300])
 
-    async def accept(self, epoch: int, what: str) -> None:
+    async def accept(self, epoch: int, what: str, membership: dict | None = None) -> None:
         """A call that moves or writes held data, made under ``epoch``. A caller on a newer epoch
-        means ours is behind: refresh first, then decide; one on an older epoch is refused
-        (``StaleEpoch``): it refreshes and sends again."""
+        means ours is behind: we take the membership the call carries (``membership``, its wire:
+        every value is the controller's, so the caller's is as good as the controller's answer, and
+        a store cut off from the controller learns it too: before, such a store answered a joiner's
+        pull and went on shipping its later writes to the members it knew, not the joiner), or,
+        without one, refresh from the controller first. One on an older epoch is refused
+        (``StaleEpoch``): it refreshes and sends again. A malformed or mismatched membership is a
+        ValueError and changes nothing."""
         if epoch > self.view.epoch:
-            await self.refresh()
+            if membership is None:
+                await self.refresh()
+            else:
+                carried = Membership.from_wire(membership)
+                if carried.epoch != epoch:
+                    raise ValueError(f"{what}: the membership carried is of epoch {carried.epoch}, not {epoch}")
+                await self.offer(carried)
         self.view.check(epoch, what)
+
+    def wire_of(self, epoch: int) -> dict | None:
+        """What a call made under ``epoch`` carries: our membership's wire when it is of that epoch
+        (a walk may still run under an older one: then nothing, and the receiver refreshes)."""
+        current = self.view.current
+        return current.wire if current.epoch == epoch else None
 
     async def refused(self, peer: str, e: StaleEpoch) -> None:
         """``peer`` refused our call as stale: said once per peer and epoch (both epochs, no

@@ -376,10 +376,10 @@ class Rebalancing:
                     for _, key, record in part:
                         version = unwrap(record)[0]
                         asked.append([key, version.hlc, version.node])
-                    held = await store.holding(part[0][0], asked, epoch)
+                    held = await store.holding(part[0][0], asked, epoch, self.members.wire_of(epoch))
                     missing += [r for r, has in zip(part, held) if not has]
                 if missing:
-                    await store.apply_remote(missing, epoch)  # under the peer client's deadline (SHIP_DEADLINE_S)
+                    await store.apply_remote(missing, epoch, self.members.wire_of(epoch))  # under the peer client's deadline (SHIP_DEADLINE_S)
                     metrics.replication_shipped_bytes.labels("rebalance").inc(
                         sum(len(key) + len(record) for _, key, record in missing))
                 return len(missing)

@@ -156,7 +156,8 @@ class Shipping:
                 if batch:
                     self._inflight[peer] = _version(batch[0])  # neither in the box nor arrived (see ``since``)
                     try:
-                        await (await self._peer_store(peer)).apply_remote(batch, self.members.view.epoch)
+                        current = self.members.view.current
+                        await (await self._peer_store(peer)).apply_remote(batch, current.epoch, current.wire)
                     except BaseException:
                         box.extendleft(reversed(batch))  # keep order; retried after the backoff
                         raise
@@ -190,7 +191,8 @@ class Shipping:
             while True:
                 page = await self.since(name, since, after, holder=peer)
                 if page["records"]:
-                    await target.apply_remote(page["records"], self.members.view.epoch)
+                    current = self.members.view.current
+                    await target.apply_remote(page["records"], current.epoch, current.wire)
                     metrics.replication_shipped_bytes.labels("repush").inc(_size(page["records"]))
                 after = page["next"]
                 if after is None:

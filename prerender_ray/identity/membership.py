@@ -19,6 +19,7 @@ its keys are given to others, who grant them at once as a departed node's.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,6 +92,11 @@ class Membership:
 
     def to_wire(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "nodes": [dataclasses.asdict(n) for n in self.nodes]}
+
+    @functools.cached_property
+    def wire(self) -> dict[str, Any]:
+        """``to_wire`` made once: calls between stores carry it (read only, never changed)."""
+        return self.to_wire()
 
     @classmethod
     def from_wire(cls, doc: Mapping[str, Any]) -> Membership:

@@ -37,10 +37,11 @@ class Tallied(Node):
         self.sent.update((holder, self.node, key) for _, key, _ in page["records"])
         return page
 
-    async def apply_remote(self, records: list[list], epoch: int | None = None) -> int:
+    async def apply_remote(self, records: list[list], epoch: int | None = None,
+                           membership: dict | None = None) -> int:
         if epoch is not None:  # a peer's (its own pull applies with none)
             self.sent.update(("pushed", self.node, key) for _, key, _ in records)
-        return await super().apply_remote(records, epoch)
+        return await super().apply_remote(records, epoch, membership)
 
 
 async def seeded(tmp_path: Path, net: dict[str, Node], sent: Counter) -> dict[str, Node]:

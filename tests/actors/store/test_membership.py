@@ -94,3 +94,28 @@ async def test_a_sender_refused_as_stale_refreshes_sends_again_and_says_so_once_
         ("node-a", 2), ("node-a", 3), ("node-c", 3)]
     a.crash()
     b.crash()
+
+
+async def test_a_store_cut_off_from_the_controller_takes_a_newer_membership_a_call_carries_and_ships_to_the_joiner(
+        tmp_path) -> None:
+    """Before: a writer that could not reach the controller answered a joiner's pull under the
+    joiner's epoch but stayed on its own, so its later writes went only to the members it knew."""
+
+    async def away() -> Membership:
+        raise ConnectionError("the controller is on the other side of a partition")
+
+    net: dict[str, Node] = {}
+    a = Node("node-a", tmp_path, ["node-b"], net, epoch=2, fetch=away)
+    c = Node("node-c", tmp_path, ["node-a", "node-b"], net, epoch=3)
+    net.update({"node-a": a, "node-c": c})
+    three = Membership.of(3, THREE)
+    for bad in (Membership.of(4, THREE).wire, {"epoch": 3, "nodes": []}):  # not of the call's epoch; malformed
+        with pytest.raises(ValueError):
+            await a.since("registry", 0, None, holder="node-c", epoch=3, membership=bad)
+    assert a.members.view.epoch == 2
+    await a.since("registry", 0, None, holder="node-c", epoch=3, membership=three.wire)  # the joiner's pull
+    assert a.members.view.epoch == 3 and sorted(a.members.peers) == ["node-b", "node-c"]
+    a.records.commit_local("registry", [(TARGET + b"https://x.com/later", b'{"url": 1}')])
+    await _until(lambda: c.target("https://x.com/later") == b'{"url": 1}', "the later write to reach the joiner")
+    c.crash()
+    a.crash()
