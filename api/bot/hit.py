@@ -33,7 +33,8 @@ _FRESHNESS = (b"cache-control", b"expires")
 class Outcome:
     """What happened to one bot request, for debug headers and metrics."""
 
-    __slots__ = ("cache_status", "indexable", "last_cached", "markdown", "render_now", "source", "via_staging")
+    __slots__ = ("cache_status", "indexable", "last_cached", "markdown", "page", "render_now", "source",
+                 "via_staging")
 
     def __init__(self, cache_status: str, source: str = "origin") -> None:
         self.cache_status = cache_status
@@ -45,6 +46,9 @@ class Outcome:
         # our conversion answered: its content-type is in the prepared reply's encoded headers, which
         # the middleware's look at ``reply.headers`` does not see
         self.markdown = False
+        # the cached page answered as HTML with no Markdown asked for: what the hit memo keys on
+        # (``api/bot/memo.py``)
+        self.page: StoredPage | None = None
 
 
 class Hit:

@@ -16,6 +16,7 @@ from typing import Any
 
 from prerender_ray import logs, metrics
 from prerender_ray.api.bot.hit import Outcome
+from prerender_ray.api.bot.memo import Tape, request_shape
 from prerender_ray.api.bot.replica import ReplicaState, open_replica
 from prerender_ray.api.context import NodeContext
 from prerender_ray.serving.answer import Reply, error_reply, route_label
@@ -31,10 +32,12 @@ log = logs.get("bot")
 
 
 async def serve(state: ReplicaState, req: BotRequest, headers: dict[str, str], scope: dict,
-                receive: Any) -> Reply:
+                receive: Any, tape: Tape | None = None) -> Reply:
+    """The answer to a bot request. ``tape`` (``api/bot/memo.py``) takes the counts and stats in
+    place of the replica's own and writes them down, with what the answer depended on."""
     now = now_ms()
     services = state.services
-    counters = services.counters
+    counters: Any = services.counters if tape is None else tape
     name = services.bots.name_for(headers)
     verification, method = UNCHECKED, "none"
     signed = None
@@ -44,25 +47,33 @@ async def serve(state: ReplicaState, req: BotRequest, headers: dict[str, str], s
         if signed is not None:
             counters.count(metrics.bot_signatures, signed.reason)
             if signed.reason != "bad-tag":  # not a web-bot-auth signature: as if unsigned
-                _verified(services, claimed, "signature", signed.reason)
+                _verified(services, tape, claimed, "signature", signed.reason)
             verification = signed.state
             if verification == VERIFIED:
                 method = "signature"
     verifier = services.verifier
     if verification != VERIFIED and verifier is not None and (how := verifier.method(name)) is not None:
-        verification, why = await verifier.check_why(name, _client(services, scope, headers))
+        client = _client(services, scope, headers)
+        verification, why = await verifier.check_why(name, client)
         method = how
-        _verified(services, claimed, how, why)
-    site = services.signals.of(req.url) if services.signals_on else None
+        _verified(services, tape, claimed, how, why)
+        if tape is not None:
+            tape.checked = (name, client, verification, why)
+    site = None
+    if services.signals_on:
+        if tape is not None:
+            tape.sites = services.signals.sites
+        site = services.signals.of(req.url)
     decision = state.policies.decide(name, verification, site, signed=method == "signature")
     record = state.analytics and (name != OTHER or state.record_unmatched)
     bot = services.bot_label(name)
     if record:
         counters.count(metrics.bot_requests, bot, req.device)
     if services.report_unrouted and req.route_class != "prerender":
-        bucket = services.unrouted.record(req.route_class, _path_of(req.url), now)
-        if bucket is not None:
-            counters.count(metrics.unrouted, req.route_class, bucket)
+        if tape is None:
+            _unrouted(services, now, req.route_class, _path_of(req.url))
+        else:
+            tape.at(_unrouted, now, req.route_class, _path_of(req.url))
     debug = debug_requested(headers, state.debug_key)
     serve_as = decision.serve
     if serve_as == "deny":  # nothing is read or fetched
@@ -94,13 +105,21 @@ async def serve(state: ReplicaState, req: BotRequest, headers: dict[str, str], s
     if record:
         # ours (out.markdown), or the origin's own Markdown relayed
         markdown = out.markdown or reply.headers.get("content-type", "").startswith("text/markdown")
-        _record(state, req, bot, out, now, decision, method, markdown)
+        _record(state, req, bot, out, now, decision, method, markdown, tape)
+    if tape is not None:
+        tape.now, tape.out, tape.plain = now, out, not debug and signed is None
     return reply
 
 
-def _verified(services: Any, cls: str, method: str, outcome: str) -> None:
-    services.counters.count(metrics.bot_verifications, cls, method, outcome)
-    services.class_stats.verified(cls, method, outcome)
+def _verified(services: Any, tape: Tape | None, cls: str, method: str, outcome: str) -> None:
+    (services.counters if tape is None else tape).count(metrics.bot_verifications, cls, method, outcome)
+    (services.class_stats if tape is None else tape).verified(cls, method, outcome)
+
+
+def _unrouted(services: Any, now: int, route_class: str, path: str) -> None:
+    bucket = services.unrouted.record(route_class, path, now)
+    if bucket is not None:
+        services.counters.count(metrics.unrouted, route_class, bucket)
 
 
 async def _cacheable(state: ReplicaState, req: BotRequest, headers: dict[str, str], now: int,
@@ -117,6 +136,8 @@ async def _cacheable(state: ReplicaState, req: BotRequest, headers: dict[str, st
         out = Outcome(status, "cache")
         reply = await hit.answer(req, found, now, headers, out, debug, markdown)
         if reply is not None:
+            if not markdown:
+                out.page = found
             return reply, out
         status = "unreadable"
     return await state.miss.not_served(req, headers, now, debug, policy, status, found, discover=decision.discover,
@@ -124,13 +145,14 @@ async def _cacheable(state: ReplicaState, req: BotRequest, headers: dict[str, st
 
 
 def _record(state: ReplicaState, req: BotRequest, bot: str, out: Outcome, now: int, decision: Decision,
-            method: str, markdown: bool) -> None:
+            method: str, markdown: bool, tape: Tape | None = None) -> None:
     services = state.services
-    counters = services.counters
+    counters: Any = services.counters if tape is None else tape
     counters.count(metrics.bot_serves, out.source, out.cache_status, bot)
     cls = decision.bot_class
     counters.count(metrics.bot_class_serves, cls, decision.verification, method, decision.serve, out.cache_status)
-    services.class_stats.served(cls, decision.verification, method, out.cache_status, markdown)
+    (services.class_stats if tape is None else tape).served(cls, decision.verification, method, out.cache_status,
+                                                            markdown)
     if markdown:
         counters.count(metrics.bot_markdown_served, cls)
     if out.cache_status == "miss":
@@ -138,12 +160,20 @@ def _record(state: ReplicaState, req: BotRequest, bot: str, out: Outcome, now: i
     label = route_label(req.route.path if req.route else None, req.route_class)
     counters.count(metrics.route_serves, label, out.cache_status, req.device)
     if out.source == "cache" and out.last_cached is not None:
-        age = now - out.last_cached
-        if age < 0:  # clock skew between the node that rendered and this one
-            counters.count(metrics.page_age_negative, bot, req.device)
+        if tape is None:
+            _page_age(services, now, out.last_cached, req.device, cls, bot)
         else:
-            counters.observe(metrics.page_age_seconds, age / 1000, req.device)
-            counters.observe(metrics.bot_page_age_seconds, age / 1000, cls, bot)
+            tape.at(_page_age, now, out.last_cached, req.device, cls, bot)
+
+
+def _page_age(services: Any, now: int, last_cached: int, device: str, cls: str, bot: str) -> None:
+    counters = services.counters
+    age = now - last_cached
+    if age < 0:  # clock skew between the node that rendered and this one
+        counters.count(metrics.page_age_negative, bot, device)
+    else:
+        counters.observe(metrics.page_age_seconds, age / 1000, device)
+        counters.observe(metrics.bot_page_age_seconds, age / 1000, cls, bot)
 
 
 def _client(services: Any, scope: dict, headers: dict[str, str]) -> str | None:
@@ -182,12 +212,18 @@ class BotMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        raw = scope.get("raw_path")
-        # The raw path: canonicalization must see the escapes the bot sent, not decoded ones.
-        path = raw.decode("utf-8", "surrogateescape").partition("?")[0] if raw else scope["path"]
         state = self.ctx.state
         if type(state) is not ReplicaState:
             state = open_replica(self.ctx)
+        memo = state.services.memo
+        shape = None
+        if memo is not None and state.services.pages.log is not None:  # the hit memo (api/bot/memo.py)
+            shape = request_shape(scope)
+            if shape is not None and await memo.answer(shape, state, now_ms(), send):
+                return
+        raw = scope.get("raw_path")
+        # The raw path: canonicalization must see the escapes the bot sent, not decoded ones.
+        path = raw.decode("utf-8", "surrogateescape").partition("?")[0] if raw else scope["path"]
         headers = _request_headers(scope)
         query = scope.get("query_string", b"").decode("utf-8", "surrogateescape")
         key_file = state.services.index_now_key  # IndexNow's /<key>.txt of a configured host, to anyone
@@ -210,10 +246,15 @@ class BotMiddleware:
             status = 403 if decision.reason == "host-not-allowed" else 400
             await send_reply(send, error_reply(status, decision.message, reason=decision.reason))
             return
+        tape = Tape(state.services) if memo is not None and shape is not None and memo.admits(shape) else None
         try:
-            reply = await serve(state, decision, headers, scope, receive)
+            reply = await serve(state, decision, headers, scope, receive, tape)
         except Exception as e:  # the worker stays up; the bot gets a bounded answer
             state.services.counters.child(metrics.serve_errors, "exception").inc()
             log.exception("bot request failed", url=decision.url, error=repr(e))
-            reply = error_reply(500, "internal error")
-        await send_reply(send, reply)
+            reply, tape = error_reply(500, "internal error"), None
+        asgi_headers = reply.asgi_headers()
+        if tape is not None and memo is not None and shape is not None:
+            memo.keep(shape, state, tape, reply, asgi_headers)
+        await send({"type": "http.response.start", "status": reply.status, "headers": asgi_headers})
+        await send({"type": "http.response.body", "body": reply.body})

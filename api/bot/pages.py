@@ -477,6 +477,21 @@ class PageReader:
             found = self.get(key)
         return found
 
+    @property
+    def log(self) -> PageLogReader | None:
+        """The page log hits are read from (a rebuild of the log gives another), None on the secondary."""
+        return self._log
+
+    def log_entry(self, hashed: bytes) -> bytes | None:
+        """The page log's index entry ``read`` would find for ``hashed`` (``StoredPage.log_key``) now,
+        a write answered before this call included; None when it holds none, or without a log."""
+        found = self._log
+        if found is None:
+            return None
+        if self._mark is None or self.behind():
+            self.poll()
+        return found.entries.get(hashed)
+
     async def record(self, key: str) -> bytes | None:
         """The record ``read`` would decode (enveloped, for ``decode_page``), without keeping it decoded:
         a bulk reader (llms.txt) must not push the bots' pages out of ``decoded``."""

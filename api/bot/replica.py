@@ -26,6 +26,7 @@ from prerender_ray.api.bot.holders import HolderReader
 from prerender_ray.api.bot.key_directory import DirectoryFetcher
 from prerender_ray.api.bot.llms import LlmsTxt
 from prerender_ray.api.bot.markdown import Converter
+from prerender_ray.api.bot.memo import HitMemo
 from prerender_ray.api.bot.miss import Discovery, Miss
 from prerender_ray.api.bot.origin import OriginClient
 from prerender_ray.api.bot.pages import PageReader
@@ -60,6 +61,8 @@ class Services:
         self.ctx = ctx
         self.bots = BotRegistry.from_config(cfg)  # its memo of User-Agents is kept too
         self.pages = PageReader.for_node(ctx.data_dir, ctx.node.name, ctx.replica)
+        # plain hits' whole answers by request shape, over the page log (api/bot/memo.py; None: off)
+        self.memo: HitMemo | None = HitMemo()
         self.origin = OriginClient(cfg)
         self.peer = PeerClient(cfg.peer_rescue, cfg.origin.max_body_bytes)
         self.holders = HolderReader(ctx, cfg.cluster)

@@ -28,7 +28,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from prerender_ray.serving.bot_policy import FAILED, UNCHECKED, UNVERIFIED, VERIFIED
 
@@ -302,26 +302,12 @@ class Verifier:
 
     async def check_why(self, name: str, client: str | None) -> tuple[str, str]:
         """The state and why (``OUTCOMES``: the metric's outcomes and the admin report's)."""
+        found = self.known(name, client)
+        if found is not None:
+            return found
         key = name.lower()
-        ranged = self._ranged.get(key)
-        if ranged is None and key not in self.dns:
-            return UNCHECKED, UNCHECKED
-        address = parse_address(client)
-        if address is None:  # no socket peer (an in-process caller): nothing to check against
-            return UNVERIFIED, "no-address"
-        if ranged is not None:  # a bisection: no cache or deadline needed
-            found = self.ranges.sets.get(ranged)
-            if found is None:  # its files never loaded: we cannot tell
-                return UNVERIFIED, "no-ranges"
-            return (VERIFIED, VERIFIED) if address in found else (FAILED, "not-in-ranges")
+        address = cast("Address", parse_address(client))  # ``known`` answered every other case
         cache_key = (key, address)
-        known = self._cache.get(cache_key)
-        now = self.clock()
-        if known is not None:
-            if known.until > now:
-                self._cache.move_to_end(cache_key)
-                return known.state, _dns_reason(known.state)
-            del self._cache[cache_key]
         task = self._pending.get(cache_key)
         if task is None:
             if len(self._pending) >= self.max_pending:
@@ -336,6 +322,31 @@ class Verifier:
             self.stats["deadline"] += 1
             return UNVERIFIED, "deadline"
         return state, _dns_reason(state)
+
+    def known(self, name: str, client: str | None) -> tuple[str, str] | None:
+        """What ``check_why`` answers without waiting, as it answers it (an expired answer is
+        forgotten), or None when it would look the address up or wait for a lookup in flight. The
+        ingress's hit memo (``api/bot/memo.py``) asks it to tell that a request's check is unchanged."""
+        key = name.lower()
+        ranged = self._ranged.get(key)
+        if ranged is None and key not in self.dns:
+            return UNCHECKED, UNCHECKED
+        address = parse_address(client)
+        if address is None:  # no socket peer (an in-process caller): nothing to check against
+            return UNVERIFIED, "no-address"
+        if ranged is not None:  # a bisection: no cache or deadline needed
+            found = self.ranges.sets.get(ranged)
+            if found is None:  # its files never loaded: we cannot tell
+                return UNVERIFIED, "no-ranges"
+            return (VERIFIED, VERIFIED) if address in found else (FAILED, "not-in-ranges")
+        cache_key = (key, address)
+        known = self._cache.get(cache_key)
+        if known is not None:
+            if known.until > self.clock():
+                self._cache.move_to_end(cache_key)
+                return known.state, _dns_reason(known.state)
+            del self._cache[cache_key]
+        return None
 
     async def _run(self, cache_key: tuple[str, Address], domains: tuple[str, ...], address: Address) -> str:
         try:

@@ -22,7 +22,8 @@ BOT = Path(replica.__file__).parent
 PACKAGE = "prerender_ray.api.bot"
 MODULES = sorted(p.stem for p in BOT.glob("*.py") if p.stem != "__init__")
 # What a request path may lean on; the state module builds them and the middleware calls them.
-LEAVES = ("hit", "miss", "pages", "origin", "peer", "holders", "counters", "markdown", "key_directory", "llms", "signals")
+LEAVES = ("hit", "miss", "pages", "origin", "peer", "holders", "counters", "markdown", "key_directory", "llms", "signals",
+          "memo")
 
 
 def imported(module: str) -> set[str]:
