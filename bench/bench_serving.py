@@ -31,7 +31,8 @@ Run: ``.venv/bin/python bench/bench_serving.py [--seconds 5] [--rounds 3] [--con
   the replica's reader under ``tracemalloc`` (bytes per page) and times the load (a restart's
   reload); the replica's RSS before and after the spread pages, and where it reads hits from.
 - Context rows split the cost: the bare app inside a Ray actor (what the actor host costs), and the
-  ingress app itself under plain uvicorn outside Ray (what the bot path costs without the actor host).
+  ingress app itself under plain uvicorn outside Ray (what the bot path costs without the actor host),
+  and that app again with the hit memo off (``api/bot/memo.py``: what a repeated hit saves).
 - Goals (issue 37) are printed beside each row. CPU per result is ``bench/bench_results.py``'s.
   The machine is shared and noisy: read the ratios, and run it alone.
 """
@@ -120,6 +121,10 @@ def serve_app(port: int, data_dir: str, config_json: str) -> None:
     from prerender_ray.config.model import Config
     from prerender_ray.identity.nodes import NodeInfo
 
+    if os.environ.get("BENCH_HIT_MEMO") == "0":  # the context row without the hit memo (api/bot/memo.py)
+        import prerender_ray.api.bot.replica as replica
+
+        replica.HitMemo = lambda: None  # type: ignore[assignment,misc]
     cfg = Config.model_validate(json.loads(config_json))
     node = NodeInfo(name="node-a", host="127.0.0.1", port=port, ray_node_id="")
     ctx = NodeContext(cfg=cfg, node=node, data_dir=data_dir, replica=99)
@@ -281,10 +286,12 @@ def run(args: argparse.Namespace) -> tuple[list[tuple[str, dict]], dict]:
             hit = produce_page(d.url, gz)
             etag = stored_etag(hit)
             outside = free_port()
+            no_memo = free_port()
             (Path(tmp) / "metrics").mkdir()
-            procs.append(subprocess.Popen([sys.executable, __file__, "--app-server", str(outside), str(d.data_dir),
-                                           json.dumps(d.config)],
-                                          env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(Path(tmp) / "metrics")}))
+            for port, memo in ((outside, "1"), (no_memo, "0")):
+                procs.append(subprocess.Popen(
+                    [sys.executable, __file__, "--app-server", str(port), str(d.data_dir), json.dumps(d.config)],
+                    env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(Path(tmp) / "metrics"), "BENCH_HIT_MEMO": memo}))
             one = "one ingress replica" if args.replicas == 1 else f"{args.replicas} ingress replicas"
             rows: list[tuple[str, str, dict[str, str], str | None]] = [
                 ("ceiling: plain uvicorn, bytes from memory", f"http://127.0.0.1:{plain}/", common, None),
@@ -292,6 +299,7 @@ def run(args: argparse.Namespace) -> tuple[list[tuple[str, dict]], dict]:
                 (f"(a) cache hit through {one}", hit, common, None),
                 ("context: the ingress app, plain uvicorn, no Ray", f"http://127.0.0.1:{outside}/p/{URL}", common,
                  None),
+                ("context: the same without the hit memo", f"http://127.0.0.1:{no_memo}/p/{URL}", common, None),
                 ("(b) 304 (If-None-Match) on it", hit, {**common, "If-None-Match": etag}, None),
                 ("(d) hit, client without gzip (decoded)", hit, {"User-Agent": UA}, None),
             ]
@@ -306,6 +314,7 @@ def run(args: argparse.Namespace) -> tuple[list[tuple[str, dict]], dict]:
                     rows.append((f"(f) (e) while {args.results_rate:g} results/s arrive", d.url, common, script))
                     bodies = sp.variants(spread_html)
             _wait_up(f"http://127.0.0.1:{outside}/healthz")
+            _wait_up(f"http://127.0.0.1:{no_memo}/healthz")
             runs: dict[str, list[dict]] = {name: [] for name, *_ in rows}
             rnd = random.Random(11)
             for r in range(rounds):
