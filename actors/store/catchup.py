@@ -307,11 +307,28 @@ class CatchUp:
             while True:
                 page = await target.since(name, since, after, BATCH_RECORDS, self.node if share else None, members,
                                           epoch, senders, instead_of, arrived, unshipped_to, wire)
+                if unshipped_to is None and page.get("owes"):
+                    self._inherit(page["owes"])
                 got.page(page, await self.apply(page["records"]))
                 after = page["next"]
                 if after is None:
                     break
         return got
+
+    def _inherit(self, owes: Any) -> None:
+        """The peer pulled owes these nodes a pull (``Owed``): we owe those outside our membership
+        too. What the peer lacks of theirs we lack (our copy is its), no member can send it, and once
+        they are back no walk does (we hold it already as they see it). A debt to a member leaves the
+        peer not caught up instead (``caught_up``): its records are asked of the others. Before, a
+        node that copied everything from a peer owing a pull to a node dropped while cut off never
+        got what only that node held: back, it sent it to the peer alone (simulation seed 2074)."""
+        if not isinstance(owes, dict):
+            return
+        names = self.members.view.current.names
+        for peer, since in owes.items():
+            if isinstance(peer, str) and isinstance(since, int) and since >= 0 and peer != self.node \
+                    and peer not in names:
+                self.owed.add([peer], since)
 
     async def wait_synced(self, timeout: float) -> dict:
         try:
@@ -365,12 +382,15 @@ class CatchUp:
         version accepted since, not ``hlc``. ``unshipped_to`` (a peer): only this node's own writes
         that may not have reached that peer yet (``Shipping.unshipped_from``; mostly none, a short
         scan). Each answer says whether this store has caught up itself (``synced``: it may lack
-        records it is designated for)."""
+        records it is designated for), and the pulls it owes (``owes``: see ``_inherit``)."""
         if unshipped_to is not None and not isinstance(unshipped_to, str):
             raise ValueError("since: unshipped_to is a node name")
         if epoch is not None:
             await self.members.accept(epoch, "since", membership)
         answer = {"synced": self.caught_up(), "arrivals": self.arrivals.mark()}
+        owes = self.owed.load()
+        if owes:  # passed on to the caller (``_inherit``)
+            answer["owes"] = owes
         own = None
         if unshipped_to is not None:
             own = self.node.encode()

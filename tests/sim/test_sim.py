@@ -140,6 +140,16 @@ def test_a_joiner_gets_the_writes_that_had_not_reached_the_peer_it_copied_from(s
              script=full_copy_while_a_write_is_on_its_way)
 
 
+def test_a_joiner_inherits_the_pull_its_source_owes_a_node_outside_the_membership() -> None:
+    """Seed 2074 with ``replicas=3``: n4 joined n2 cut off and owed it a pull when n2 was dropped; n5
+    joined n4 alone and copied everything from it, which said it had caught up (it owed no member).
+    At settling n2 came back, n4 pulled p22 from it, and n5, a holder of p22 under the membership of
+    two already, was pushed it by no walk (``records-on-holders``). A pull passes the debts of the
+    peer pulled to nodes outside the membership on to the puller
+    (tests/actors/store/test_catchup.py::test_a_peer_s_debt_to_a_node_outside_the_membership_...)."""
+    simulate(2074, steps=STEPS, strays=True, replicas=3)
+
+
 # ------------------------------------------------------------------------------ the harness
 
 

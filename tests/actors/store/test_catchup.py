@@ -279,6 +279,32 @@ async def test_a_full_copy_owed_by_a_peer_that_did_not_answer_is_pulled_once_it_
     stop({"b": b, "c": c, "d": d})
 
 
+async def test_a_peer_s_debt_to_a_node_outside_the_membership_passes_to_the_node_that_pulls_from_it(
+        tmp_path) -> None:
+    """node-b owes node-c a pull (cut off through its catch-up) when node-c leaves; node-d joins and
+    pulls everything from node-b, which lacks all node-c held but, owing no member, says it has
+    caught up. node-c back, node-b pays its debt, and node-d pulls from node-c too: node-b's answer
+    passed the debt on. Before, node-d owed nobody and nothing sent it what only node-c held (a
+    holder under the smaller membership already, no walk pushes it to node-d: simulation seed 2074
+    with ``replicas=3``)."""
+    net: dict[str, Node] = {}
+    sent: Counter = Counter()
+    b_reaches: dict[str, Node] = {}
+    b, c = await full(tmp_path, net, sent, b_reaches)
+    await b.set_membership(wire(["node-b"], 3))  # node-c leaves
+    d = net["node-d"] = b_reaches["node-d"] = Node("node-d", tmp_path, ["node-b"], net, epoch=4)
+    await d.catch_up.synced.wait()
+    assert urls_held(d) == [] and d.catch_up.sync_report["sources"] == ["node-b"]
+    assert d.catch_up.owed.load() == {"node-c": 0}
+    b_reaches["node-c"] = c
+    for node in (b, c, d):
+        await node.set_membership(wire(["node-b", "node-c", "node-d"], 5))
+    await _until(lambda: urls_held(b) == URLS and urls_held(d) == URLS, "node-c's records on node-b and node-d",
+                 timeout=20)
+    await _until(lambda: not d.catch_up.owed.load(), "node-d's debt to node-c paid")
+    stop({"b": b, "c": c, "d": d})
+
+
 async def test_a_full_copy_is_taken_from_one_peer_when_it_had_caught_up(tmp_path) -> None:
     """The usual join: node-b caught up from node-c, so node-d's pull from node-b pays what it owes
     node-c too, and node-c sends it nothing (a pull from every peer would copy everything N times)."""
