@@ -155,9 +155,13 @@ class DurableLeases:
                 "heldUntil": held, "misses": self.table.misses_of(key)}
 
     async def export_keys(self, keys: list[str]) -> list[tuple[str, list]]:
-        """The leases of keys that move to another node (their records travel with the rows)."""
-        self.table.occupancy(self.clock.now_ms())  # retire what expired first
-        return [(k, rec) for k in keys if (rec := self.table.export(k)) is not None]
+        """The leases of keys that move to another node (their records travel with the rows). Their
+        grants are answered there from now on (``Leases.hand_over``), durably before they leave."""
+        now = self.clock.now_ms()
+        self.table.occupancy(now)  # retire what expired first
+        out = [(k, rec) for k in keys if (rec := self.table.hand_over(k)) is not None]
+        self.db.write([self._record(k, now) for k, _ in out])
+        return out
 
     async def adopt(self, leases: list[tuple[str, list]]) -> int:
         """Leases of rows handed to this node: no key in flight is granted twice across the move."""

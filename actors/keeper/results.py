@@ -129,6 +129,8 @@ class Results:
                 answers[i] = {"refused": f"no lease was granted for {r.id!r}"}
             elif verdict == "answering":  # a replay racing the first: it may yet fail, so not acknowledged
                 answers[i] = ResultBusy(f"a result for {r.id!r} is being applied; ask again")
+            elif verdict == "moved":  # its key went to another node with the grant: answered there
+                answers[i] = ResultBusy(f"the grant of {r.id!r} was handed to its new owner; ask again")
             elif verdict != "apply":
                 metrics.results_ignored.labels(verdict).inc()
                 self.log.info("render result ignored", key=r.id, why=verdict, worker=worker)

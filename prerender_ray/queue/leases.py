@@ -18,6 +18,13 @@ both pass): a grant is answered at most once, a result from another worker than 
 grant it answered. The fleet echoes only ``id`` and ``url``, so a grant is known by key + worker +
 grant time; a worker re-granted the same key cannot be told apart from its own late result.
 
+A grant is answered by one table at a time. ``hand_over`` gives a key's lease and grant to the node
+the key moves to and marks the grant here ``moved``: from then on only the adopter may answer it,
+though the key stays here until the adopter's answer comes (lost, it may stay for good, and the key
+may come back). Its result here is turned away (``moved``, not acknowledged: the fleet retries,
+and reaches the owner); a grant being answered here as it moves goes as answered. A grant that
+comes back (adopted from the node it went to) is answered here again.
+
 Time is always passed in (``now``, epoch ms), so tests move it. Expired leases are retired lazily,
 in expiry order, by whichever call comes next.
 """
@@ -70,14 +77,15 @@ class Sweep(NamedTuple):
     forgotten: tuple[str, ...] = ()  # keys whose latest grant is no longer remembered
 
 
-Verdict = Literal["apply", "unknown", "duplicate", "answering", "superseded"]
+Verdict = Literal["apply", "unknown", "duplicate", "answering", "superseded", "moved"]
 
 
 class ResultCheck(NamedTuple):
     """``begin_result``'s answer. ``apply``: this result answers the grant of ``granted_at`` (finish or
     abandon it with that time); ``unknown``: no grant is remembered; ``duplicate``: the grant was
     answered already; ``answering``: a result for it is being applied (a racing replay: ask again
-    later, it may yet fail); ``superseded``: the latest grant went to another worker."""
+    later, it may yet fail); ``superseded``: the latest grant went to another worker; ``moved``: the
+    grant was handed over with its key (``hand_over``): the adopter answers it, not this table."""
 
     verdict: Verdict
     granted_at: int | None
@@ -102,17 +110,21 @@ class _Lease:
 class _Grant:
     """A key's latest grant, remembered past its lease so its late result is recognised once."""
 
-    __slots__ = ("any_worker", "at", "ends", "state", "worker")
+    __slots__ = ("any_worker", "at", "ends", "moved", "state", "worker")
 
-    def __init__(self, at: int, worker: str | None, ends: int, state: int = OPEN, any_worker: bool = False):
+    def __init__(self, at: int, worker: str | None, ends: int, state: int = OPEN, any_worker: bool = False,
+                 moved: bool = False):
         self.at = at
         self.worker = worker  # the claim's x-worker-id (None: the claim sent none)
         self.any_worker = any_worker  # restored from a record that did not name the worker
         self.ends = ends  # the lease's end as granted
         self.state = state  # OPEN, ANSWERING (a result is being applied), ANSWERED
+        self.moved = moved  # handed over with its key: the adopter answers it (``Leases.hand_over``)
 
     def record(self) -> list:
-        return [self.at, self.worker, self.any_worker, self.ends, self.state == ANSWERED]
+        """[granted_at, worker, any_worker, ends, answered], and True sixth when it moved."""
+        out = [self.at, self.worker, self.any_worker, self.ends, self.state == ANSWERED]
+        return [*out, True] if self.moved else out
 
 
 class _Misses:
@@ -215,6 +227,8 @@ class Leases:
             return ResultCheck("answering", g.at)
         if g.state != OPEN:
             return ResultCheck("duplicate", g.at)
+        if g.moved:
+            return ResultCheck("moved", g.at)
         g.state = ANSWERING
         return ResultCheck("apply", g.at)
 
@@ -252,7 +266,8 @@ class Leases:
         return g is not None and g.ends + self.remember_ms >= now
 
     def grant_of(self, key: str) -> list | None:
-        """``key``'s latest grant as [granted_at, worker, any_worker, ends, answered], or None."""
+        """``key``'s latest grant as [granted_at, worker, any_worker, ends, answered] (a sixth, True,
+        when it moved), or None."""
         g = self._grants.get(key)
         return None if g is None else g.record()
 
@@ -350,12 +365,32 @@ class Leases:
         return [lease.expires, lease.due, lease.cadence, lease.released, lease.answered, lease.at,
                 self.grant_of(key)]
 
+    def hand_over(self, key: str) -> list | None:
+        """``export``'s record of ``key``, to go with its row to the node it moves to, or None (no
+        lease: its grant, if any, stays answerable here alone). The grant goes to the adopter and is
+        ``moved`` here from now on, whether or not the adopter's answer comes back (the adopt may have
+        happened): two tables answering one grant apply its result twice (simulation seed 1106). One
+        being answered here goes as answered: its result may yet apply here."""
+        record = self.export(key)
+        g = self._grants.get(key)
+        if record is None or g is None:
+            return record
+        g.moved = True
+        record[6] = [g.at, g.worker, g.any_worker, g.ends, g.state != OPEN]
+        return record
+
     def adopt(self, key: str, record: list, now: int) -> bool:
         """Take over a lease exported by another table (ownership moved): the key stays unclaimable
         until the lease it comes with ends. Of two grants the later one is the key's (its worker's
         result applies), and the lease ends at the later expiry of the two. A record of the old
         five-field form takes any worker's result."""
         expires, due, cadence, released, answered, *rest = record
+        grant = rest[1][:5] if len(rest) > 1 and rest[1] is not None else None  # never moved on arrival
+        mine = self._grants.get(key)
+        if mine is not None and mine.moved and grant is not None and int(grant[0]) == mine.at:
+            mine.moved = False  # the grant this table handed over came back: it answers it again
+            if grant[4] and mine.state == OPEN:
+                mine.state = ANSWERED
         if int(expires) <= now:
             return False
         held = self._leases.get(key)
@@ -380,7 +415,6 @@ class Leases:
         self._arm(key, lease)
         if not lease.released:
             self._in_flight += 1
-        grant = rest[1] if len(rest) > 1 else None
         self._grants[key] = (_grant(grant) if grant is not None else
                              _Grant(at, None, int(expires), ANSWERED if released or answered else OPEN, True))
         return True
@@ -492,8 +526,11 @@ def _opt_int(value: int | None) -> int | None:
 
 
 def _grant(record: list) -> _Grant:
-    """A grant from ``_Grant.record``'s list: [granted_at, worker, any_worker, ends, answered]."""
-    at, worker, any_worker, ends, answered = record
+    """A grant from ``_Grant.record``'s list: [granted_at, worker, any_worker, ends, answered(, moved)]."""
+    at, worker, any_worker, ends, answered, *moved = record
     if worker is not None and not isinstance(worker, str):
         raise ValueError(f"a grant's worker must be text, not {worker!r}")
-    return _Grant(int(at), worker, int(ends), ANSWERED if answered else OPEN, bool(any_worker))
+    if len(moved) > 1:
+        raise ValueError(f"a grant has five or six fields, not {len(record)}")
+    return _Grant(int(at), worker, int(ends), ANSWERED if answered else OPEN, bool(any_worker),
+                  bool(moved and moved[0]))

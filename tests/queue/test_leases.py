@@ -431,6 +431,32 @@ def test_a_key_that_moved_away_and_back_takes_the_live_lease_it_comes_back_with(
     assert held.begin_result(K, "w2", T0 + 12) == ResultCheck("apply", T0 + 10)
 
 
+def test_a_grant_handed_over_is_answered_only_where_it_went_until_it_comes_back() -> None:
+    """Node A hands K to B; B's answer is lost, so A keeps K (simulation seed 1106: both answered
+    the grant, the result was applied twice). From the hand-over on only B answers it, durably; a
+    grant being answered as it moves goes as answered; handed back, A answers it again."""
+    a, b = table(), table()
+    a.grant(K, T0, worker="w1")
+    assert b.adopt(K, a.hand_over(K), T0 + 1)
+    assert a.begin_result(K, "w1", T0 + 2) == ResultCheck("moved", T0)
+    restored = table()
+    restored.restore(a.snapshot())
+    assert restored.begin_result(K, "w1", T0 + 2).verdict == "moved"
+    assert a.is_leased(K, T0 + 2)  # the key stays blocked here while its lease runs
+    assert b.begin_result(K, "w1", T0 + 3) == ResultCheck("apply", T0)
+    b.finish_result(K, T0, T0 + 4, hold=True)
+    assert a.adopt(K, b.hand_over(K), T0 + 5) is False  # its own lease here is kept...
+    assert a.begin_result(K, "w1", T0 + 6).verdict == "duplicate"  # ...and answers again, as answered
+
+    c, d = table(), table()
+    c.grant(K, T0, worker="w1")
+    assert c.begin_result(K, "w1", T0 + 1).verdict == "apply"
+    assert d.adopt(K, c.hand_over(K), T0 + 2)
+    assert d.begin_result(K, "w1", T0 + 3).verdict == "duplicate"  # it may yet apply on c
+    c.finish_result(K, T0, T0 + 4, hold=False)
+    assert c.begin_result(K, "w1", T0 + 5).verdict == "duplicate"
+
+
 def test_a_lease_left_from_an_earlier_ownership_gives_way_to_the_later_grant_it_meets() -> None:
     """Node C owned K and granted it (to w4), left, and came back with that lease on disk; K was
     granted meanwhile by its next owner (to w2) and comes back to C with that lease. C kept its own

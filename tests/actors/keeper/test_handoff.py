@@ -14,6 +14,7 @@ from prerender_ray.identity.nodes import Ownership
 from prerender_ray.timeutil import Clock
 from tests.actors.keeper.conftest import SITE
 from tests.actors.keeper.test_claims import put_due
+from tests.actors.keeper.test_results import HTML, claimed, rendered
 
 THREE = ("node-a", "node-b", "node-c")
 AB = ("node-a", "node-b")
@@ -481,3 +482,38 @@ async def test_a_node_cut_off_from_the_controller_stops_granting_before_it_leave
     assert {key for node, key, _ in grants if node == "node-a"} == b_keys  # a took them over at once
     assert [g for g in grants if g[0] == "node-b"] == []  # b stopped granting before it left
     assert b.state()["membershipConfirmedAt"] <= left_at - MEMBERSHIP_TRUST_MS
+
+
+async def test_a_grant_handed_over_is_answered_by_one_node_only_though_the_hand_off_was_not_acknowledged(
+        keepers) -> None:
+    """Simulation seed 1106: node-a handed a key in flight to node-b, which adopted it with its open
+    grant, but b's answer was lost (b was lost too), so a kept the key and its lease. The render's
+    result came to a, now the owner again, and was applied; b came back owning the key and applied the
+    fleet's retry of it a second time. From the hand-over on, only the adopter answers the grant."""
+    a = keepers("node-a")
+    await a.load()
+    b = keepers("node-b", members=AB)
+    await b.load()
+    path = next(p for p in (f"/p{i}" for i in range(200)) if Ownership(list(AB)).owner(SITE + p) == "node-b")
+    job = await claimed(a, path, "w1")
+    adopted = asyncio.Event()
+    real_adopt = b.adopt
+
+    async def adopt_unanswered(*args, **kw):
+        await real_adopt(*args, **kw)
+        adopted.set()
+        raise ConnectionError("node-b's answer was lost")
+
+    b.adopt = adopt_unanswered
+    await a.handoff.set_membership(at(2, *AB))
+    await asyncio.wait_for(adopted.wait(), 10)
+    for k in (a, b):  # both hold the key's lease now
+        assert (await k.leases.lease_of(job["id"]))["leaseExpiresAt"] is not None
+    await a.handoff.set_membership(at(3, "node-a"))  # b is lost: the key is a's again
+    meta = rendered(job["id"], job["url"])
+    answers = [await asyncio.gather(a.results.process(meta, HTML, worker="w1"), return_exceptions=True)]
+    await b.handoff.set_membership(at(4, "node-b"))  # a leaves, b is back: the key is b's
+    answers.append(await asyncio.gather(b.results.process(meta, HTML, worker="w1"), return_exceptions=True))
+    applied = [x for [x] in answers if isinstance(x, dict) and "outcome" in x]
+    assert len(applied) == 1, answers
+    assert len((await b.store.render_history(job["id"]))["renderHistory"]) == 1
