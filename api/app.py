@@ -42,6 +42,9 @@ class Dated:
     def __init__(self, app: Any):
         self.app = app
         self.dater = Dater()
+        # the bot path right behind: the HTTP protocol answers its memo hits itself, dated by this
+        # same Dater (``api.connections.GuardedHttp``)
+        self.bot: BotMiddleware | None = app if isinstance(app, BotMiddleware) else None
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":

@@ -14,20 +14,31 @@ request away. Here:
   still arriving, or idle between keep-alive requests): a crowd of slow or idle clients cannot hold the
   replica, and no request being served is touched. When every open connection is serving a request,
   the new one is closed at once, before anything is read from it.
+
+A **memo hit** (``api/bot/memo.py``) is answered here, when its headers complete, without an ASGI
+task: the bytes the ASGI path would write (``HitMemo.wire``), then what uvicorn does at the end of a
+response. Only where that is certainly the same: a GET or HEAD without a body or upgrade, no answer
+in flight or queued before it on the connection, writing not paused, the app the replica's own
+``Dated(BotMiddleware)``; anything else goes to uvicorn's path unchanged.
 """
 
 from __future__ import annotations
 
 import asyncio
 import resource
+import urllib.parse
 from collections import OrderedDict
 from typing import Any
 
+import httptools
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from prerender_ray import metrics
+from prerender_ray import logs, metrics
+from prerender_ray.api.app import Dated
 from prerender_ray.config.model import Config
+
+log = logs.get("ingress")
 
 
 class GuardedHttp(HttpToolsProtocol):
@@ -37,11 +48,17 @@ class GuardedHttp(HttpToolsProtocol):
     max_connections: int = 10_000
     # Connections not serving a request, longest waiting first (the order evictions take).
     waiting: OrderedDict[GuardedHttp, None] = OrderedDict()
+    memo_hits = True  # memo hits answered here (``_memo_hit``); False: every request to the app
+    _failed = False  # a memo hit here raised once (logged once a process)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._header_timer: asyncio.TimerHandle | None = None
         self._refused = False
+        app = self.app  # uvicorn's, unwrapped only when no middleware of its own is on
+        self._dated = app if self.memo_hits and isinstance(app, Dated) and app.bot is not None else None
+        self._answered = False  # the request being parsed was answered at its headers (or dropped)
+        self._closed = False  # a memo hit answered here closed the connection
 
     # ------------------------------------------------------------------------------- connection
 
@@ -105,12 +122,84 @@ class GuardedHttp(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._answered = False
+        # A memo hit answered earlier in this read armed the keep-alive timer: not while this one is
+        # being served (otherwise a no-op: data_received stopped it).
+        self._unset_keepalive_if_required()
         self._arm()  # a further request on a keep-alive connection: its headers are timed too
 
     def on_headers_complete(self) -> None:
         self._disarm()
         self.waiting.pop(self, None)
+        if self._closed:  # read after an answer that closed: uvicorn never serves it either
+            self._answered = True
+            return
+        if self._dated is not None and self._memo_hit():
+            return
         super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if not self._answered:  # answered at its headers (or dropped): no cycle of its own
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if not self._answered:
+            super().on_message_complete()
+
+    # ------------------------------------------------------------------------------- memo hits
+
+    def _memo_hit(self) -> bool:
+        """Answer the request whose headers just completed from the hit memo, as the ASGI path would,
+        byte for byte. False, nothing written or counted: uvicorn's path takes it."""
+        cycle, parser = self.cycle, self.parser
+        if (
+            (cycle is not None and not cycle.response_complete)  # an answer in flight: theirs first
+            or self.pipeline
+            or self.flow.write_paused
+            or self.transport.is_closing()
+            or self.expect_100_continue
+            or self.access_log  # what uvicorn adds per response: none of it here
+            or self.limit_concurrency is not None
+            or self.server_state.default_headers
+            or parser.should_upgrade()
+        ):
+            return False
+        method = parser.get_method()
+        if method != b"GET" and method != b"HEAD":
+            return False
+        for name, value in self.headers:
+            if name == b"transfer-encoding" or (name == b"content-length" and value != b"0"):
+                return False  # a body follows
+        dated = self._dated
+        assert dated is not None and dated.bot is not None
+        try:
+            # the scope as uvicorn's on_headers_complete completes it (the memo's key is read from it)
+            scope: dict[str, Any] = self.scope  # type: ignore[assignment]  # uvicorn's TypedDict
+            version = parser.get_http_version()
+            scope["method"] = method.decode("ascii")
+            if version != "1.1":
+                scope["http_version"] = version
+            url = httptools.parse_url(self.url)
+            path = url.path.decode("ascii")
+            scope["path"] = self.root_path + (urllib.parse.unquote(path) if "%" in path else path)
+            scope["raw_path"] = self.root_path.encode("ascii") + url.path
+            scope["query_string"] = url.query or b""
+            keep_alive = version != "1.0" and parser.should_keep_alive()  # as uvicorn's cycle has it
+            out = dated.bot.wire(scope, dated.dater, not keep_alive)
+        except Exception as e:  # a fault of this path alone must not cost the request
+            if not GuardedHttp._failed:
+                GuardedHttp._failed = True
+                log.exception("memo hit in the protocol failed; the app answers", error=repr(e))
+            return False
+        if out is None:
+            return False
+        self._answered = True
+        self.transport.writelines(out)
+        if not keep_alive:
+            self._closed = True
+            self.transport.close()
+        self.on_response_complete()  # the keep-alive timer (or nothing: closing), waiting again
+        return True
 
     def on_response_complete(self) -> None:
         super().on_response_complete()

@@ -112,11 +112,13 @@ def serve_ceiling(port: int, body_file: str) -> None:
 
 
 def serve_app(port: int, data_dir: str, config_json: str) -> None:
-    """Context: the ingress app itself under plain uvicorn in its own process, outside Ray (another
-    secondary reader of the deployment's page store; hits need no actor)."""
+    """Context: the ingress app itself under the replica's uvicorn server in its own process, outside
+    Ray (another reader of the deployment's page log; hits need no actor)."""
     import uvicorn
+    import uvloop
 
     from prerender_ray.api.app import create_asgi
+    from prerender_ray.api.connections import server_config
     from prerender_ray.api.context import NodeContext
     from prerender_ray.config.model import Config
     from prerender_ray.identity.nodes import NodeInfo
@@ -128,8 +130,10 @@ def serve_app(port: int, data_dir: str, config_json: str) -> None:
     cfg = Config.model_validate(json.loads(config_json))
     node = NodeInfo(name="node-a", host="127.0.0.1", port=port, ray_node_id="")
     ctx = NodeContext(cfg=cfg, node=node, data_dir=data_dir, replica=99)
-    uvicorn.run(create_asgi(ctx), host="127.0.0.1", port=port, log_level="warning", access_log=False,
-                server_header=False, date_header=False, loop="asyncio", http="httptools")
+    # the replica's own server (its protocol answers memo hits), on uvloop as Ray's actors run
+    config = server_config(create_asgi(ctx), cfg)
+    config.host, config.port = "127.0.0.1", port
+    uvloop.run(uvicorn.Server(config).serve())
 
 
 def actor_ceiling(port: int, body: bytes):

@@ -16,16 +16,23 @@ for the same thing twice pays a hash and a set look-up only.
 What the serve that made the entry did to the counters, the class stats and the unrouted tally is
 written down as it is done (``Tape``, which ``serve`` uses in their place) and done again on each memo
 hit; the page age is taken at the hit's own moment, as is the ``age`` header.
+
+``wire`` is ``answer`` for the HTTP protocol itself (``api.connections.GuardedHttp``): the response
+bytes uvicorn would write for what ``Dated`` and ``answer`` send, so a memo hit costs no ASGI task.
+An entry's bytes but ``age`` are framed once per second (its Date; a Last-Modified held to it).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
+
+from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, STATUS_LINE
 
 from prerender_ray.api.bot.hit import Outcome
 from prerender_ray.serving.answer import Reply
+from prerender_ray.serving.dates import Dater
 from prerender_ray.serving.responses import age_seconds
 
 MEMO_TTL_MS = 1_000  # an entry is made again at least this often (its counts replayed meanwhile)
@@ -100,6 +107,7 @@ class Entry:
         "tail",
         "timed",
         "until",
+        "wired",
     )
 
     def __init__(
@@ -125,6 +133,8 @@ class Entry:
         self.tail = None if age_at < 0 else tuple(headers[age_at + 1 :])
         self.steps, self.timed = tape.steps, tape.timed
         self.sites, self.checked = tape.sites, tape.checked
+        # (second, bytes before age, bytes after it) as ``wire`` writes them; False: not on the wire
+        self.wired: tuple[int, bytes, bytes] | Literal[False] | None = None
 
 
 Shape = tuple[int, tuple]  # the key and its hash (computed once a request)
@@ -147,6 +157,38 @@ def request_shape(scope: dict) -> Shape | None:
         return None
 
 
+def _framed(entry: Entry, dater: Dater, second: int) -> tuple[int, bytes, bytes] | Literal[False]:
+    """The entry's status line and headers as uvicorn's ``RequestResponseCycle.send`` writes them
+    (default headers none: ``server_config``), dated as ``Dated`` dates them in ``second``, split
+    where ``age`` goes. False where uvicorn would do more than write them (a header it refuses, a
+    ``connection`` or ``transfer-encoding`` of the app's, a body its Content-Length does not
+    frame): the ASGI path answers those."""
+    head = dater.headers(entry.head, second)  # our Date first
+    tail = () if entry.tail is None else dater.headers(entry.tail, second)[1:]  # its rule is per header
+    parts: list[list[bytes]] = [[STATUS_LINE[entry.status]], []]
+    length = None
+    for part, headers in zip(parts, (head, tail), strict=True):
+        for name, value in headers:
+            if HEADER_RE.search(name) or HEADER_VALUE_RE.search(value):
+                return False
+            name = name.lower()
+            if name == b"content-length":
+                if length is None:
+                    try:
+                        length = int(value.decode())
+                    except ValueError:
+                        return False
+            elif name in (b"transfer-encoding", b"connection"):
+                return False
+            part.extend((name, b": ", value, b"\r\n"))
+    if entry.key[0] != "HEAD":  # uvicorn writes no body to a HEAD
+        size = len(entry.body)
+        framed = size == length if length is not None else size == 0 and entry.status == 304  # else chunked
+        if not framed:
+            return False
+    return second, b"".join(parts[0]), b"".join(parts[1])
+
+
 def _held_object(body: Any) -> Any:
     """What a body keeps alive: the record a view is of, or the bytes themselves."""
     return body.obj if isinstance(body, memoryview) else body
@@ -165,6 +207,7 @@ class HitMemo:
         self.ttl_ms = ttl_ms
         self.bytes = 0
         self.hits = 0  # requests answered from the memo
+        self.wired = 0  # of those, by the HTTP protocol itself (``wire``)
         self.kept = 0  # entries made
         self._entries: OrderedDict[int, Entry] = OrderedDict()  # by the key's hash (the key is checked)
         self._held: dict[int, list] = {}  # id(object) -> [object, entries holding it]
@@ -179,13 +222,59 @@ class HitMemo:
     async def answer(self, shape: Shape, state: Any, now: int, send: Any) -> bool:
         """Send the answer kept for ``shape`` and do what its serve did, if the entry still holds;
         False (nothing done) sends the request down the full path."""
+        entry = self._live(shape, state, now)
+        if entry is None:
+            return False
+        self._replay(entry, state, now)
+        tail = entry.tail
+        headers = (
+            list(entry.head)
+            if tail is None
+            else [*entry.head, (b"age", str(age_seconds(entry.last_cached, now)).encode()), *tail]
+        )
+        await send({"type": "http.response.start", "status": entry.status, "headers": headers})
+        await send({"type": "http.response.body", "body": entry.body})
+        return True
+
+    def wire(self, shape: Shape, state: Any, now: int, dater: Dater, close: bool) -> list[Any] | None:
+        """``answer`` as the buffers to write on the connection (status line, our Date, the headers
+        with ``age`` at ``now``, ``connection: close`` when ``close``, the body unless HEAD), its
+        serve's counts done again; None (nothing done): the ASGI path answers."""
+        entry = self._live(shape, state, now)
+        if entry is None:
+            return None
+        second = dater.date()[0]
+        wired = entry.wired
+        if wired is None or (wired is not False and wired[0] != second):
+            wired = entry.wired = _framed(entry, dater, second)
+        if wired is False:
+            return None
+        _, before, after = wired
+        age = (
+            b""
+            if entry.tail is None
+            else b"age: " + str(age_seconds(entry.last_cached, now)).encode() + b"\r\n"
+        )
+        head = b"".join((before, age, after, b"connection: close\r\n\r\n" if close else b"\r\n"))
+        body = entry.body
+        out = [head, body] if len(body) and entry.key[0] != "HEAD" else [head]
+        self._replay(entry, state, now)
+        self.wired += 1
+        return out
+
+    def _live(self, shape: Shape, state: Any, now: int) -> Entry | None:
+        """The entry kept for ``shape`` if it still holds (one that no longer does is let go)."""
         h, key = shape
         entry = self._entries.get(h)
         if entry is None or entry.key != key:
-            return False
+            return None
         if not self._holds(entry, state, now):
             self._drop(h)
-            return False
+            return None
+        return entry
+
+    def _replay(self, entry: Entry, state: Any, now: int) -> None:
+        """What the entry's serve did to the counts and stats, done again at ``now``."""
         services = state.services
         decoded = services.pages.decoded
         if decoded.peek(entry.cache_key) is not None:  # the page stays as recently used as a read makes it
@@ -194,16 +283,7 @@ class HitMemo:
             fn(*args)
         for fn, args in entry.timed:
             fn(services, now, *args)
-        tail = entry.tail
-        headers = (
-            list(entry.head)
-            if tail is None
-            else [*entry.head, (b"age", str(age_seconds(entry.last_cached, now)).encode()), *tail]
-        )
         self.hits += 1
-        await send({"type": "http.response.start", "status": entry.status, "headers": headers})
-        await send({"type": "http.response.body", "body": entry.body})
-        return True
 
     def _holds(self, entry: Entry, state: Any, now: int) -> bool:
         if entry.state is not state or now >= entry.until:

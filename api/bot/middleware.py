@@ -23,6 +23,7 @@ from prerender_ray.serving.answer import Reply, error_reply, route_label
 from prerender_ray.serving.bot_policy import UNCHECKED, VERIFIED, Decision
 from prerender_ray.serving.bots import OTHER
 from prerender_ray.serving.classify import BadBotRequest, BotRequest, NotBot
+from prerender_ray.serving.dates import Dater
 from prerender_ray.serving.negotiation import add_vary
 from prerender_ray.serving.origin_rules import serving_policy
 from prerender_ray.serving.responses import debug_requested
@@ -207,6 +208,19 @@ class BotMiddleware:
     def __init__(self, app: Any, ctx: NodeContext):
         self.app = app
         self.ctx = ctx
+
+    def wire(self, scope: dict, dater: Dater, close: bool) -> list[Any] | None:
+        """A memo hit answered by the HTTP protocol itself (``api.connections.GuardedHttp``), for the
+        ``scope`` uvicorn built: what to write (``HitMemo.wire``), the entry's counts done again; None,
+        nothing done: the request takes the ASGI path (a replica not opened yet opens there)."""
+        state = self.ctx.state
+        if type(state) is not ReplicaState:
+            return None
+        memo = state.services.memo
+        if memo is None or state.services.pages.log is None:
+            return None
+        shape = request_shape(scope)
+        return None if shape is None else memo.wire(shape, state, now_ms(), dater, close)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":

@@ -58,13 +58,17 @@ class Dater:
         self._second = -1
         self._date = b""
 
-    def headers(self, headers: Iterable[tuple[bytes, bytes]], now: float | None = None) -> list[tuple[bytes, bytes]]:
-        """``headers`` with our Date first (any other Date dropped) and a Last-Modified later than it
-        set to it. One that does not parse is left as it is (a cache ignores it)."""
+    def date(self, now: float | None = None) -> tuple[int, bytes]:
+        """The second (of ``now``, or the clock's) and its Date value."""
         second = int(time.time() if now is None else now)
         if second != self._second:
             self._second, self._date = second, http_date(second)
-        date = self._date
+        return second, self._date
+
+    def headers(self, headers: Iterable[tuple[bytes, bytes]], now: float | None = None) -> list[tuple[bytes, bytes]]:
+        """``headers`` with our Date first (any other Date dropped) and a Last-Modified later than it
+        set to it. One that does not parse is left as it is (a cache ignores it)."""
+        second, date = self.date(now)
         out = [(b"date", date)]
         for name, value in headers:
             low = name.lower()

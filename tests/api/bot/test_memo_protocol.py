@@ -1,0 +1,319 @@
+"""Memo hits answered by the HTTP protocol itself (``api.connections.GuardedHttp._memo_hit``) against
+the same hits through the ASGI path: a node's real ingress (``tests.localnode``, one replica, its own
+uvicorn server) driven by raw sockets. Each script is played with the protocol's path off, then on,
+from an empty memo: the bytes received and every count must be the same. Time is controlled: the
+bot path's clock (``middleware.now_ms``) and the app's Dater, which both paths date by."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from prerender_ray.api.bot import middleware
+from prerender_ray.api.connections import GuardedHttp
+from prerender_ray.serving.dates import Dater, http_date
+from tests.api.bot.test_memo import (
+    BROWSER,
+    GOOGLE,
+    Clock,
+    Tally,
+    debug_status,
+    delta,
+    render,
+    services,
+    stats,
+)
+from tests.localnode import LocalNode
+from tests.support import wait_for
+
+KEEP_ALIVE_S = 0.5  # the node's keep-alive timeout: an idle connection closes after it
+PAUSE_S = 0.03  # between the pieces of a request's head
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory, site) -> Iterator[LocalNode]:
+    d = LocalNode.start(
+        tmp_path_factory.mktemp("memo-protocol") / "data",
+        {
+            "domains": [f"127.0.0.1:{site.port}"],
+            "page": {"swrTtl": 60_000},
+            "server": {"keepAliveTimeout": f"{int(KEEP_ALIVE_S * 1000)}ms"},
+        },
+    )
+    wait_for(lambda: services(d, 0).pages.log is not None, what="the replica on the log")
+    yield d
+    d.stop()
+
+
+@pytest.fixture(scope="module")
+def page(node, site) -> str:
+    url = f"{site.base}/page/memo-protocol"
+    render(node, url)
+    wait_for(lambda: debug_status(node, f"/p/{url}") == "hit", what="a hit")
+    return f"/p/{url}"
+
+
+class FixedDater(Dater):
+    """A Dater of one second, whatever the clock says."""
+
+    def __init__(self, second: int) -> None:
+        super().__init__()
+        self.second = second
+
+    def date(self, now: float | None = None) -> tuple[int, bytes]:
+        return super().date(self.second if now is None else now)
+
+
+@pytest.fixture
+def controlled(node, monkeypatch) -> Clock:
+    # no access log, as a replica runs (pytest adds its capture handlers to every logger, uvicorn's
+    # then logs each answer and the protocol leaves every request to uvicorn's path)
+    monkeypatch.setattr(logging.getLogger("uvicorn.access"), "hasHandlers", lambda: False)
+    clock = Clock()
+    monkeypatch.setattr(middleware, "now_ms", clock)
+    monkeypatch.setattr(node.ingress[0].app, "dater", FixedDater(clock.now // 1000))
+    return clock
+
+
+# ------------------------------------------------------------------------------------- scripts
+
+
+@dataclass
+class Step:
+    """Bytes sent (a float: a pause, in seconds), then the answers read (True: one to a HEAD)."""
+
+    sent: list[bytes | float]
+    heads: list[bool]
+
+
+Script = list[list[Step]]  # connections, one after another
+
+
+def req(
+    port: int,
+    target: str,
+    headers: dict[str, str],
+    method: str = "GET",
+    version: str = "1.1",
+    body: bytes = b"",
+) -> bytes:
+    lines = [
+        f"{method} {target} HTTP/{version}",
+        f"host: 127.0.0.1:{port}",
+        *(f"{k}: {v}" for k, v in headers.items()),
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def one(raw: bytes) -> Step:
+    return Step([raw], [raw.startswith(b"HEAD ")])
+
+
+def pipelined(*raws: bytes) -> Step:
+    return Step([b"".join(raws)], [r.startswith(b"HEAD ") for r in raws])
+
+
+def pieces(raw: bytes, n: int = 3) -> Step:
+    size = len(raw) // n + 1
+    sent: list[bytes | float] = []
+    for i in range(0, len(raw), size):
+        sent += [raw[i : i + size], PAUSE_S]
+    return Step(sent[:-1], [raw.startswith(b"HEAD ")])
+
+
+class Reader:
+    """Answers off a socket, each as sent (a Content-Length frames every answer here)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.buf, self.raw = sock, b"", b""
+
+    def _fill(self) -> bool:
+        try:
+            chunk = self.sock.recv(65536)
+        except ConnectionResetError:
+            chunk = b""
+        self.buf += chunk
+        return bool(chunk)
+
+    def answer(self, head: bool) -> None:
+        while b"\r\n\r\n" not in self.buf:
+            assert self._fill(), f"closed before an answer: {self.raw + self.buf!r}"
+        end = self.buf.index(b"\r\n\r\n") + 4
+        lines = self.buf[:end].split(b"\r\n")
+        status = int(lines[0].split()[1])
+        length = 0
+        if not head and status not in (204, 304):
+            length = next(
+                (
+                    int(v)
+                    for k, _, v in (line.partition(b":") for line in lines[1:])
+                    if k.strip().lower() == b"content-length"
+                ),
+                0,
+            )
+        while len(self.buf) < end + length:
+            assert self._fill(), "closed mid-answer"
+        self.raw, self.buf = self.raw + self.buf[: end + length], self.buf[end + length :]
+
+    def rest(self) -> bytes:
+        """All read, through what came until the server closed."""
+        while self._fill():
+            pass
+        return self.raw + self.buf
+
+
+def play(port: int, script: Script) -> list[bytes]:
+    out = []
+    for steps in script:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            reader = Reader(sock)
+            for step in steps:
+                for part in step.sent:
+                    if isinstance(part, float):
+                        time.sleep(part)
+                    else:
+                        sock.sendall(part)
+                for head in step.heads:
+                    reader.answer(head)
+            out.append(reader.rest())
+    return out
+
+
+def scripts(port: int, page: str, site: Any, etag: str) -> dict[str, tuple[Script, int]]:
+    """name -> (script, the memo hits the protocol answers of it when on). A shape is answered from
+    the memo from its third sight on (seen, kept, answered); the last request of a connection asks
+    for it to be closed."""
+    plain = {"user-agent": GOOGLE, "accept-encoding": "gzip"}
+    close = {**plain, "connection": "close"}
+    get = req(port, page, plain)
+    head = req(port, page, plain, "HEAD")
+    end = one(req(port, page, close))
+
+    def repeated(raw: bytes, n: int = 5, last: Step = end) -> Script:
+        return [[*(one(raw) for _ in range(n)), last]]
+
+    def alone(raw: bytes, n: int = 4) -> Script:  # one connection each (the request closes it)
+        return [[one(raw)] for _ in range(n)]
+
+    body = req(port, page, {**plain, "content-length": "5"}, body=b"hello")
+    miss = req(port, f"/p/{site.base}/noindex", plain)
+    old_keep = req(port, page, {**plain, "connection": "keep-alive"}, version="1.0")
+    return {
+        "keep-alive": (repeated(get), 3),
+        "head": (repeated(head, last=one(req(port, page, close, "HEAD"))), 3),
+        "http/1.0": (alone(req(port, page, plain, version="1.0")), 2),
+        "http/1.0 keep-alive": (alone(old_keep), 2),
+        "connection: close": (alone(req(port, page, close)), 2),
+        "if-none-match": (repeated(req(port, page, {**plain, "if-none-match": etag})), 3),
+        "if-none-match head": (repeated(req(port, page, {**plain, "if-none-match": etag}, "HEAD")), 3),
+        "pipelined hits": ([[one(get), one(get), pipelined(get, get, get, req(port, page, close))]], 3),
+        # as uvicorn, nothing read after an answer that closes is served: neither a hit nor a miss
+        "pipelined after connection: close": (
+            [
+                *alone(req(port, page, close), 2),
+                [Step([req(port, page, close) + get + miss + body], [False])],
+            ],
+            1,
+        ),
+        "pipelined after HTTP/1.0 keep-alive": (  # uvicorn closes it all the same
+            [*alone(old_keep, 2), [Step([old_keep + get + old_keep + miss], [False])]],
+            1,
+        ),
+        "pipelined behind an answer in flight": (
+            [
+                [
+                    one(get),
+                    one(get),
+                    pipelined(
+                        get,
+                        head,
+                        get,
+                        miss,
+                        get,
+                        req(port, page, close),
+                    ),
+                ]
+            ],
+            1,  # the first; the rest wait for the HEAD (and then the miss), so the ASGI path answers them
+        ),
+        "a body": (repeated(body), 0),
+        "content-length: 0": (repeated(req(port, page, {**plain, "content-length": "0"})), 3),
+        "head in pieces": ([[*(pieces(get) for _ in range(5)), pieces(req(port, page, close))]], 3),
+        "a browser on the prerender path": (repeated(req(port, page, {"user-agent": BROWSER})), 3),
+        "our own endpoint": (repeated(req(port, "/healthz", plain)), 0),
+        "a miss": (repeated(miss, 3), 0),
+        "an unknown path": (repeated(req(port, "/nope", plain), 3), 0),
+    }
+
+
+# the Date an hour on, or an hour back: before the page's Last-Modified, which is then held to it
+@pytest.mark.parametrize("date_offset_s", [3_600, -3_600])
+def test_the_protocol_answers_memo_hits_as_the_asgi_path_does(
+    node, site, page, controlled, monkeypatch, date_offset_s
+) -> None:
+    port = node.info.port
+    served = node.ingress[0]
+    served.app.dater.second += date_offset_s
+    memo, counters = services(node, 0).memo, services(node, 0).counters
+    assert memo is not None
+    first = play(port, [[one(req(port, page, {"user-agent": GOOGLE, "connection": "close"}))]])[0]
+    etag = next(line.partition(b": ")[2] for line in first.split(b"\r\n") if line.startswith(b"etag: "))
+    node.run(_call(counters.flush))  # what came before goes where it always goes
+    tally = Tally(counters)
+    monkeypatch.setattr(counters, "flush", tally.flush)
+    for name, (script, wired) in scripts(port, page, site, etag.decode()).items():
+        seen = []
+        for on in (False, True):
+            monkeypatch.setattr(GuardedHttp, "memo_hits", on)
+            memo.clear()
+            tally.reset()
+            before = (stats(node, 0), served.server.server_state.total_requests, memo.hits, memo.wired)
+            received = play(port, script)
+            wait_for(
+                lambda: not served.server.server_state.tasks, interval=0.01, what="every request's task done"
+            )
+            after = (stats(node, 0), served.server.server_state.total_requests, memo.hits, memo.wired)
+            seen.append(
+                (
+                    received,
+                    tally.totals(),
+                    delta(after[0], before[0]),
+                    after[1] - before[1],
+                    after[2] - before[2],
+                )
+            )
+            assert after[3] - before[3] == (wired if on else 0), name
+        assert seen[1] == seen[0], name
+        assert all(r.startswith(b"HTTP/1.1 ") for r in seen[0][0]), name
+        date = http_date(served.app.dater.second)
+        assert b"date: " + date in seen[0][0][0]
+        assert (b"last-modified: " + date in seen[0][0][0]) == (date_offset_s < 0)
+
+
+def test_an_answer_after_a_memo_hit_in_the_same_read_is_not_cut_by_the_keep_alive_timer(
+    node, site, page, controlled
+) -> None:
+    """The hit arms the keep-alive timer as a response's end does; the slow request read with it
+    (longer than the keep-alive timeout) must not be closed under it."""
+    port, memo = node.info.port, services(node, 0).memo
+    assert memo is not None
+    plain = {"user-agent": GOOGLE, "accept-encoding": "gzip"}
+    get = req(port, page, plain)
+    memo.clear()
+    wired = memo.wired
+    slow = req(port, f"/p/{site.base}/slow/a", {**plain, "connection": "close"})
+    started = time.monotonic()
+    received = play(port, [[one(get), one(get), pipelined(get, slow)]])[0]
+    assert time.monotonic() - started > KEEP_ALIVE_S
+    assert memo.wired == wired + 1
+    assert received.count(b"HTTP/1.1 200 OK\r\n") == 4, received[-300:]
+
+
+async def _call(fn: Any) -> Any:
+    return fn()
