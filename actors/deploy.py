@@ -277,6 +277,19 @@ def connect(address: str, *, log_to_driver: bool = False) -> None:
                  logging_level=logging.WARNING, configure_logging=True)
     except Exception as e:
         raise DeployError(f"cannot connect to Ray at {address}: {e}") from None
+    if not log_to_driver:
+        quiet_driver()
+
+
+def quiet_driver() -> None:
+    """No raw Ray lines on this process's output: ``log_to_driver=False`` stops the workers' logs,
+    but a driver still prints the raylet's error messages, coloured (seen in CI: "(raylet) A worker
+    died ..." in `up`'s JSON lines as it stopped the actors). Our own logs say what happened to the
+    actors; this is the switch Ray's own debugger turns (``ray.util.rpdb``)."""
+    import ray._private.worker as ray_worker
+
+    if hasattr(ray_worker, "_worker_logs_enabled"):
+        ray_worker._worker_logs_enabled = False
 
 
 def find_controller() -> ControllerClient | None:
