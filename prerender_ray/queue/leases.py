@@ -23,7 +23,8 @@ the key moves to and marks the grant here ``moved``: from then on only the adopt
 though the key stays here until the adopter's answer comes (lost, it may stay for good, and the key
 may come back). Its result here is turned away (``moved``, not acknowledged: the fleet retries,
 and reaches the owner); a grant being answered here as it moves goes as answered. A grant that
-comes back (adopted from the node it went to) is answered here again.
+comes back (adopted from the node it went to) is answered here again. An answer is never undone: a
+grant answered here stays answered whatever record of it arrives (a retried hand-off's is stale).
 
 Time is always passed in (``now``, epoch ms), so tests move it. Expired leases are retired lazily,
 in expiry order, by whichever call comes next.
@@ -382,14 +383,21 @@ class Leases:
     def adopt(self, key: str, record: list, now: int) -> bool:
         """Take over a lease exported by another table (ownership moved): the key stays unclaimable
         until the lease it comes with ends. Of two grants the later one is the key's (its worker's
-        result applies), and the lease ends at the later expiry of the two. A record of the old
-        five-field form takes any worker's result."""
+        result applies), and the lease ends at the later expiry of the two. A record of a grant this
+        table holds already never reopens it: answered here, the record (and its lease) is ignored.
+        A record of the old five-field form takes any worker's result."""
         expires, due, cadence, released, answered, *rest = record
         grant = rest[1][:5] if len(rest) > 1 and rest[1] is not None else None  # never moved on arrival
         mine = self._grants.get(key)
-        if mine is not None and mine.moved and grant is not None and int(grant[0]) == mine.at:
-            mine.moved = False  # the grant this table handed over came back: it answers it again
-            if grant[4] and mine.state == OPEN:
+        same = mine is not None and grant is not None and int(grant[0]) == mine.at
+        if mine is not None and same:
+            # The grant was here before: handed back (this table answers it again), or sent again by
+            # a hand-off retried after this table answered it. An answer is never undone: the
+            # sender's record, stale, reopened it and its result was applied twice (seed 6153).
+            mine.moved = False
+            if mine.state == ANSWERED:
+                return False  # its lease was released (or kept, answered) here when it was answered
+            if grant is not None and grant[4] and mine.state == OPEN:
                 mine.state = ANSWERED
         if int(expires) <= now:
             return False
@@ -417,6 +425,8 @@ class Leases:
             self._in_flight += 1
         self._grants[key] = (_grant(grant) if grant is not None else
                              _Grant(at, None, int(expires), ANSWERED if released or answered else OPEN, True))
+        if mine is not None and same:
+            self._grants[key].state = max(self._grants[key].state, mine.state)  # one being answered here
         return True
 
     def restore_grant(self, key: str, record: list) -> None:

@@ -457,6 +457,29 @@ def test_a_grant_handed_over_is_answered_only_where_it_went_until_it_comes_back(
     assert c.begin_result(K, "w1", T0 + 5).verdict == "duplicate"
 
 
+def test_a_grant_answered_by_its_adopter_stays_answered_when_the_hand_off_is_sent_again() -> None:
+    """Simulation seed 6153: A hands K to B, the hand-off does not finish and A retries it with its
+    own record of the grant (moved there, still open); B had answered it meanwhile. B took the stale
+    record over its answer and applied the result's retry a second time. An answer is never undone."""
+    a, b = table(), table()
+    a.grant(K, T0, worker="w1")
+    assert b.adopt(K, a.hand_over(K), T0 + 1)
+    assert b.begin_result(K, "w1", T0 + 2) == ResultCheck("apply", T0)
+    b.finish_result(K, T0, T0 + 3, hold=False)
+    assert not b.adopt(K, a.hand_over(K), T0 + 4)  # in the release grace here
+    assert b.begin_result(K, "w1", T0 + 5).verdict == "duplicate"
+    later = T0 + RELEASE_GRACE_MS + 10  # the lease here is gone, the sender's still runs
+    assert not b.adopt(K, a.hand_over(K), later)
+    assert b.begin_result(K, "w1", later + 1).verdict == "duplicate"
+    assert not b.is_leased(K, later + 1)
+    c, d = table(), table()  # one being answered on the adopter as the record comes again
+    c.grant(K, T0, worker="w1")
+    assert d.adopt(K, c.hand_over(K), T0 + 1)
+    assert d.begin_result(K, "w1", T0 + 2) == ResultCheck("apply", T0)
+    d.adopt(K, c.hand_over(K), T0 + 3)
+    assert d.begin_result(K, "w1", T0 + 4).verdict == "answering"
+
+
 def test_a_lease_left_from_an_earlier_ownership_gives_way_to_the_later_grant_it_meets() -> None:
     """Node C owned K and granted it (to w4), left, and came back with that lease on disk; K was
     granted meanwhile by its next owner (to w2) and comes back to C with that lease. C kept its own

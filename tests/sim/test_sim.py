@@ -150,6 +150,14 @@ def test_a_joiner_inherits_the_pull_its_source_owes_a_node_outside_the_membershi
     simulate(2074, steps=STEPS, strays=True, replicas=3)
 
 
+def test_a_hand_off_retried_after_the_adopter_answered_the_grant_does_not_reopen_it() -> None:
+    """Seed 6153: n1 handed p16|mobile in flight to n5 (the grant moved), the hand-off did not finish;
+    n5 applied its result; n1's retry sent its own, stale record of the grant (open) and n5 took it
+    over its answer, so the fleet's retry of the result applied a second time (``applied-twice``).
+    An answer is never undone (tests/queue/test_leases.py::test_a_grant_answered_by_its_adopter_...)."""
+    simulate(6153, steps=STEPS, nodes=3, strays=True)
+
+
 # ------------------------------------------------------------------------------ the harness
 
 
