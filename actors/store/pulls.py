@@ -69,8 +69,15 @@ class Owed:
 
     def __init__(self, db: Any):
         self.db = db
+        # what the record holds, read once: this is its only writer, and every ``since`` page asks
+        self._owed: dict[str, int] | None = None
 
     def load(self) -> dict[str, int]:
+        if self._owed is None:
+            self._owed = self._read()
+        return dict(self._owed)
+
+    def _read(self) -> dict[str, int]:
         raw = self.db.get(PULL_OWED)
         try:
             doc = json.loads(raw) if raw is not None else {}
@@ -98,6 +105,7 @@ class Owed:
             self.db.put(PULL_OWED, json.dumps(owed).encode())
         else:
             self.db.delete(PULL_OWED)
+        self._owed = dict(owed)
 
 
 @dataclass

@@ -30,6 +30,7 @@ from prerender_ray.serving.responses import debug_requested
 from prerender_ray.timeutil import now_ms
 
 log = logs.get("bot")
+SHAPE = "prerender.memo_shape"  # the scope's key for the request shape the HTTP protocol computed
 
 
 async def serve(state: ReplicaState, req: BotRequest, headers: dict[str, str], scope: dict,
@@ -219,7 +220,7 @@ class BotMiddleware:
         memo = state.services.memo
         if memo is None or state.services.pages.log is None:
             return None
-        shape = request_shape(scope)
+        shape = scope[SHAPE] = request_shape(scope)  # the app's turn, if it comes, does not make it again
         return None if shape is None else memo.wire(shape, state, now_ms(), dater, close)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
@@ -232,7 +233,7 @@ class BotMiddleware:
         memo = state.services.memo
         shape = None
         if memo is not None and state.services.pages.log is not None:  # the hit memo (api/bot/memo.py)
-            shape = request_shape(scope)
+            shape = scope[SHAPE] if SHAPE in scope else request_shape(scope)
             if shape is not None and await memo.answer(shape, state, now_ms(), send):
                 return
         raw = scope.get("raw_path")
