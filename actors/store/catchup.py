@@ -170,14 +170,15 @@ class CatchUp:
 
     def caught_up(self) -> bool:
         """Whether this store holds what its peers held when it started (what a pull from it may be
-        taken for): its catch-up is over and left no peer to ask again; with every node holding
-        everything, it owes no member a pull either (the first node of a cluster owes none; one whose
-        catch-up had no answer, or only a peer's that had not caught up itself, owes the others)."""
-        if not self.synced.is_set():
-            return False
-        if self.members.placement.partial:
-            return not self.sync_report.get("retrying")
-        return not self._owed_members()
+        taken for): its catch-up is over and it owes no member a pull (the first node of a cluster
+        owes none; one whose catch-up had no answer, or, with every node holding everything, only a
+        peer's that had not caught up itself, owes the others). The debts on disk decide, not the
+        peers this process's catch-up left to retry: a debt outlives its peer leaving and counts
+        again when a membership lists it again. Before, a store holding a share went by the latter:
+        one that owed a pull to a node dropped and back told a joiner it had caught up, was asked
+        for the records that node was designated for, and got them only later, from its own pull,
+        with no walk to bring them to the joiner (simulation seed 9073)."""
+        return self.synced.is_set() and not self._owed_members()
 
     async def _pull_full(self) -> tuple[int, list[str]]:
         """Every node holds everything: a pull from each member this store owes one, in name order,

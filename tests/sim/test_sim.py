@@ -158,6 +158,17 @@ def test_a_hand_off_retried_after_the_adopter_answered_the_grant_does_not_reopen
     simulate(6153, steps=STEPS, nodes=3, strays=True)
 
 
+def test_a_store_owing_a_member_a_pull_is_not_taken_for_caught_up_by_a_joiner() -> None:
+    """Seed 9073 with 5 nodes and ``replicas=3``: n2 joined n5 cut off and owed it a pull (p19, written
+    by n5 alone, among what it lacked); n5 was dropped, so n2's catch-up left no peer to retry. At
+    settling, on the membership of five, n2 still owed n5 but told n3's catch-up it had caught up:
+    n3 took p19 from n2 (its designated sender), which lacked it, and not from n5. n2 got p19 later
+    from its own pull and no walk pushed it to n3 (``records-on-holders``). A store owing a member a
+    pull has not caught up, whatever it holds (tests/actors/store/test_catchup.py::
+    test_a_store_that_owes_a_member_a_pull_has_not_caught_up_when_it_holds_a_share)."""
+    simulate(9073, steps=STEPS, nodes=5, strays=True, replicas=3)
+
+
 # ------------------------------------------------------------------------------ the harness
 
 

@@ -305,6 +305,40 @@ async def test_a_peer_s_debt_to_a_node_outside_the_membership_passes_to_the_node
     stop({"b": b, "c": c, "d": d})
 
 
+async def test_a_store_that_owes_a_member_a_pull_has_not_caught_up_when_it_holds_a_share(tmp_path) -> None:
+    """``replicas=3``: node-b joined node-c cut off (it owes node-c a pull) and node-c was dropped, so
+    node-b's catch-up has no peer left to retry. Back in a membership of four, node-b still owes
+    node-c, now a member, and says it has not caught up: node-d's catch-up takes from node-c the
+    records of its share node-b was to send (node-b lacks them). Before, a store holding a share
+    went by the peers its catch-up left to retry (none): node-d took node-b's answer for those
+    records and never got them, node-b got them later from its own pull, and no walk pushed them
+    to node-d (simulation seed 9073 with 5 nodes and ``replicas=3``)."""
+    net: dict[str, Node] = {}
+    c = net["node-c"] = Node("node-c", tmp_path, [], net, replicas=3)
+    write(c, URLS)
+    await c.catch_up.synced.wait()
+    b_reaches: dict[str, Node] = {}
+    b = net["node-b"] = Node("node-b", tmp_path, ["node-c"], b_reaches, replicas=3, epoch=2)
+    await c.set_membership(wire(["node-b", "node-c"], 2))  # every node holds everything
+    await b.catch_up.synced.wait()
+    await b.set_membership(wire(["node-b"], 3))  # node-c dropped
+    await _until(lambda: b.catch_up.sync_report["retrying"] == [], "node-b's retries to end with node-c gone")
+    assert b.catch_up.owed.load() == {"node-c": 0} and urls_held(b) == []
+    four = ["node-b", "node-c", "node-d", "node-e"]  # node-e down
+    d = net["node-d"] = b_reaches["node-d"] = Node("node-d", tmp_path, ["node-b", "node-c", "node-e"], net,
+                                                   replicas=3, epoch=5)
+    await d.catch_up.synced.wait()
+    held = {u: Ownership(four).holders(u, 3) for u in URLS}
+    # node-b would send these (it ranks before node-c among their holders) and node-c keeps them
+    assert [u for u, h in held.items() if "node-e" not in h and h.index("node-b") < h.index("node-c")]
+    mine = [u for u, h in held.items() if "node-d" in h]
+    assert [u for u in mine if d.target(u) is None or d.page(f"{u}|desktop") is None] == []
+    assert (await b.since("registry", 0, None))["synced"] is False  # on the four's membership, owing node-c
+    b_reaches["node-c"] = c
+    await _until(lambda: not b.catch_up.owed.load(), "node-b's pull from node-c", timeout=20)
+    stop({"b": b, "c": c, "d": d})
+
+
 async def test_a_full_copy_is_taken_from_one_peer_when_it_had_caught_up(tmp_path) -> None:
     """The usual join: node-b caught up from node-c, so node-d's pull from node-b pays what it owes
     node-c too, and node-c sends it nothing (a pull from every peer would copy everything N times)."""
