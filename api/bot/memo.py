@@ -28,9 +28,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Literal
 
-from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, STATUS_LINE
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 from prerender_ray.api.bot.hit import Outcome
+from prerender_ray.api.bot.wire import CLOSE, KEEP, framed, header_lines
 from prerender_ray.serving.answer import Reply
 from prerender_ray.serving.dates import Dater
 from prerender_ray.serving.responses import age_seconds
@@ -163,30 +164,14 @@ def _framed(entry: Entry, dater: Dater, second: int) -> tuple[int, bytes, bytes]
     where ``age`` goes. False where uvicorn would do more than write them (a header it refuses, a
     ``connection`` or ``transfer-encoding`` of the app's, a body its Content-Length does not
     frame): the ASGI path answers those."""
-    head = dater.headers(entry.head, second)  # our Date first
-    tail = () if entry.tail is None else dater.headers(entry.tail, second)[1:]  # its rule is per header
-    parts: list[list[bytes]] = [[STATUS_LINE[entry.status]], []]
-    length = None
-    for part, headers in zip(parts, (head, tail), strict=True):
-        for name, value in headers:
-            if HEADER_RE.search(name) or HEADER_VALUE_RE.search(value):
-                return False
-            name = name.lower()
-            if name == b"content-length":
-                if length is None:
-                    try:
-                        length = int(value.decode())
-                    except ValueError:
-                        return False
-            elif name in (b"transfer-encoding", b"connection"):
-                return False
-            part.extend((name, b": ", value, b"\r\n"))
-    if entry.key[0] != "HEAD":  # uvicorn writes no body to a HEAD
-        size = len(entry.body)
-        framed = size == length if length is not None else size == 0 and entry.status == 304  # else chunked
-        if not framed:
-            return False
-    return second, b"".join(parts[0]), b"".join(parts[1])
+    head = header_lines(dater.headers(entry.head, second))  # our Date first
+    tail = header_lines(() if entry.tail is None else dater.headers(entry.tail, second)[1:])  # per header
+    if head is None or tail is None:
+        return False
+    length = head[1] if head[1] is not None else tail[1]
+    if not framed(entry.key[0], entry.status, len(entry.body), length):
+        return False
+    return second, STATUS_LINE[entry.status] + head[0], tail[0]
 
 
 def _held_object(body: Any) -> Any:
@@ -255,7 +240,7 @@ class HitMemo:
             if entry.tail is None
             else b"age: " + str(age_seconds(entry.last_cached, now)).encode() + b"\r\n"
         )
-        head = b"".join((before, age, after, b"connection: close\r\n\r\n" if close else b"\r\n"))
+        head = b"".join((before, age, after, CLOSE if close else KEEP))
         body = entry.body
         out = [head, body] if len(body) and entry.key[0] != "HEAD" else [head]
         self._replay(entry, state, now)
@@ -304,6 +289,10 @@ class HitMemo:
         return True
 
     # ------------------------------------------------------------------------------ the entry
+
+    def seen(self, shape: Shape) -> bool:
+        """Whether ``shape`` was seen before (``admits`` without remembering it)."""
+        return shape[0] in self._seen
 
     def admits(self, shape: Shape) -> bool:
         """Whether a full serve of ``shape`` may make an entry (it was seen before); remembers it."""

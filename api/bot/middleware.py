@@ -12,18 +12,23 @@ request: a config change mid-request does not reach it.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Any
 
 from prerender_ray import logs, metrics
+from prerender_ray.api.bot.decisions import Identity, identity_key
 from prerender_ray.api.bot.hit import Outcome
 from prerender_ray.api.bot.memo import Tape, request_shape
+from prerender_ray.api.bot.pages import StoredPage, UnreadablePage
 from prerender_ray.api.bot.replica import ReplicaState, open_replica
+from prerender_ray.api.bot.wire import wire_reply
 from prerender_ray.api.context import NodeContext
-from prerender_ray.serving.answer import Reply, error_reply, route_label
+from prerender_ray.serving.answer import Reply, error_reply, route_label, verdict
 from prerender_ray.serving.bot_policy import UNCHECKED, VERIFIED, Decision
 from prerender_ray.serving.bots import OTHER
 from prerender_ray.serving.classify import BadBotRequest, BotRequest, NotBot
 from prerender_ray.serving.dates import Dater
+from prerender_ray.serving.framing import sends_stored_coding
 from prerender_ray.serving.negotiation import add_vary
 from prerender_ray.serving.origin_rules import serving_policy
 from prerender_ray.serving.responses import debug_requested
@@ -31,42 +36,41 @@ from prerender_ray.timeutil import now_ms
 
 log = logs.get("bot")
 SHAPE = "prerender.memo_shape"  # the scope's key for the request shape the HTTP protocol computed
+REPLY = "prerender.reply"  # an answer the protocol made and counted but cannot write itself
 
 
 async def serve(state: ReplicaState, req: BotRequest, headers: dict[str, str], scope: dict,
-                receive: Any, tape: Tape | None = None) -> Reply:
+                receive: Any, tape: Tape | None = None, who: Identity | None = None, *,
+                replay: bool = False, local_only: bool = False) -> Reply | None:
     """The answer to a bot request. ``tape`` (``api/bot/memo.py``) takes the counts and stats in
-    place of the replica's own and writes them down, with what the answer depended on."""
+    place of the replica's own and writes them down, with what the answer depended on. ``who``: who
+    asks, told apart already (``identify``); ``replay``: it comes from the decision memo
+    (``api/bot/decisions.py``), and what telling it apart counted is done again. ``local_only``: only a plain hit of the local page log in its stored
+    coding is answered (``local_hit``; it never waits); anything else is None, nothing done or counted."""
     now = now_ms()
     services = state.services
     counters: Any = services.counters if tape is None else tape
-    name = services.bots.name_for(headers)
-    verification, method = UNCHECKED, "none"
-    signed = None
-    claimed = services.bots.class_of(name)
-    if services.web_bot_auth is not None:  # CPU only: keys held, never a fetch on this path
-        signed = services.web_bot_auth.check(req.method, req.url, headers, name)
-        if signed is not None:
-            counters.count(metrics.bot_signatures, signed.reason)
-            if signed.reason != "bad-tag":  # not a web-bot-auth signature: as if unsigned
-                _verified(services, tape, claimed, "signature", signed.reason)
-            verification = signed.state
-            if verification == VERIFIED:
-                method = "signature"
-    verifier = services.verifier
-    if verification != VERIFIED and verifier is not None and (how := verifier.method(name)) is not None:
-        client = _client(services, scope, headers)
-        verification, why = await verifier.check_why(name, client)
-        method = how
-        _verified(services, tape, claimed, how, why)
-        if tape is not None:
-            tape.checked = (name, client, verification, why)
+    if who is None:
+        who = await identify(services, req, headers, scope, tape)
+    name, verification, method, signed = who.name, who.verification, who.method, who.signed
     site = None
     if services.signals_on:
         if tape is not None:
             tape.sites = services.signals.sites
         site = services.signals.of(req.url)
     decision = state.policies.decide(name, verification, site, signed=method == "signature")
+    debug = debug_requested(headers, state.debug_key)
+    local = None
+    if local_only:
+        local = local_hit(state, req, headers, now, name, decision, debug)
+        if local is None:
+            return None
+    if replay:  # what telling the bot apart counted, done again
+        for fn, args in who.steps:
+            fn(*args)
+        if tape is not None:
+            tape.steps.extend(who.steps)
+            tape.checked = who.checked
     record = state.analytics and (name != OTHER or state.record_unmatched)
     bot = services.bot_label(name)
     if record:
@@ -76,7 +80,6 @@ async def serve(state: ReplicaState, req: BotRequest, headers: dict[str, str], s
             _unrouted(services, now, req.route_class, _path_of(req.url))
         else:
             tape.at(_unrouted, now, req.route_class, _path_of(req.url))
-    debug = debug_requested(headers, state.debug_key)
     serve_as = decision.serve
     if serve_as == "deny":  # nothing is read or fetched
         reply, out = state.policies.deny_reply(), Outcome("denied", "policy")
@@ -91,7 +94,7 @@ async def serve(state: ReplicaState, req: BotRequest, headers: dict[str, str], s
         reply = await state.miss.from_origin(req, headers, debug, out, reason="policy",
                                              discover=decision.discover)
     else:
-        reply, out = await _cacheable(state, req, headers, now, debug, name, decision)
+        reply, out = await _cacheable(state, req, headers, now, debug, name, decision, local)
     if debug:
         reply.headers.update({"x-harper-bot": name[:100], "x-harper-bot-class": decision.bot_class,
                               "x-harper-bot-verification": verification, "x-harper-bot-policy": serve_as,
@@ -113,9 +116,70 @@ async def serve(state: ReplicaState, req: BotRequest, headers: dict[str, str], s
     return reply
 
 
-def _verified(services: Any, tape: Tape | None, cls: str, method: str, outcome: str) -> None:
-    (services.counters if tape is None else tape).count(metrics.bot_verifications, cls, method, outcome)
-    (services.class_stats if tape is None else tape).verified(cls, method, outcome)
+async def identify(services: Any, req: BotRequest, headers: dict[str, str], scope: dict,
+                   tape: Tape | None = None) -> Identity:
+    """Who asks: the bot's registry name, its verification (a Web Bot Auth signature, or the
+    verifier's look-up of the client) and the method, from the request's headers and client (and, for
+    a signature, its URL); the counts and stats it makes are written down in the identity, and on
+    ``tape`` too when one is given."""
+    own = Tape(services)
+    name = services.bots.name_for(headers)
+    verification, method = UNCHECKED, "none"
+    signed = None
+    claimed = services.bots.class_of(name)
+    if services.web_bot_auth is not None:  # CPU only: keys held, never a fetch on this path
+        signed = services.web_bot_auth.check(req.method, req.url, headers, name)
+        if signed is not None:
+            own.count(metrics.bot_signatures, signed.reason)
+            if signed.reason != "bad-tag":  # not a web-bot-auth signature: as if unsigned
+                _verified(own, claimed, "signature", signed.reason)
+            verification = signed.state
+            if verification == VERIFIED:
+                method = "signature"
+    verifier = services.verifier
+    if verification != VERIFIED and verifier is not None and (how := verifier.method(name)) is not None:
+        client = _client(services, scope, headers)
+        verification, why = await verifier.check_why(name, client)
+        method = how
+        _verified(own, claimed, how, why)
+        own.checked = (name, client, verification, why)
+    if tape is not None:
+        tape.steps.extend(own.steps)
+        tape.checked = own.checked
+    return Identity(name, verification, method, signed, own.checked, own.steps)
+
+
+def local_hit(state: ReplicaState, req: BotRequest, headers: dict[str, str], now: int, bot: str,
+              decision: Decision, debug: bool) -> StoredPage | None:
+    """The page ``_cacheable`` would answer as a plain hit from the local page log in its stored
+    coding (its frame: nothing is decoded, re-coded or counted on the way), or None; reads only."""
+    if debug or decision.serve in ("deny", "origin") or not req.cacheable:
+        return None
+    pages = state.services.pages
+    if pages.log is None:
+        return None
+    policy = serving_policy(state.cfg.render_now, route_class=req.route_class, method=req.method,
+                            request_headers=headers)
+    if policy.skip_cache:
+        return None
+    hit = state.hit
+    try:
+        page = pages.read_log(req.cache_key)
+    except UnreadablePage:
+        return None
+    if page is None or page.status_code != 200 or verdict(page, now, hit.swr_ttl) != "hit":
+        return None
+    frame = page.frame
+    if frame is None or not sends_stored_coding(frame, headers.get("accept-encoding")):
+        return None
+    if hit.markdown.wants(headers.get("accept"), bot, decision.bot_class):
+        return None
+    return page
+
+
+def _verified(tape: Tape, cls: str, method: str, outcome: str) -> None:
+    tape.count(metrics.bot_verifications, cls, method, outcome)
+    tape.verified(cls, method, outcome)
 
 
 def _unrouted(services: Any, now: int, route_class: str, path: str) -> None:
@@ -125,11 +189,16 @@ def _unrouted(services: Any, now: int, route_class: str, path: str) -> None:
 
 
 async def _cacheable(state: ReplicaState, req: BotRequest, headers: dict[str, str], now: int,
-                     debug: bool, bot: str, decision: Decision) -> tuple[Reply, Outcome]:
+                     debug: bool, bot: str, decision: Decision,
+                     local: StoredPage | None = None) -> tuple[Reply, Outcome]:
+    """``local``: the page ``local_hit`` found (a hit), read already."""
     policy = serving_policy(state.cfg.render_now, route_class=req.route_class, method=req.method,
                             request_headers=headers)
     hit = state.hit
-    status, found = await hit.look(req, now, skip=policy.skip_cache)
+    found: StoredPage | None = local
+    status = "hit"
+    if local is None:
+        status, found = await hit.look(req, now, skip=policy.skip_cache)
     # a node that holds no copy asks the holders, and so does a holder when another holds it too
     if found is None and status == "miss" and not policy.skip_cache and state.miss.holders.elsewhere(req.url):
         status, found = await state.miss.look_holders(req, now)
@@ -194,6 +263,35 @@ async def send_reply(send: Any, reply: Reply) -> None:
     await send({"type": "http.response.body", "body": reply.body})
 
 
+def _request_parts(scope: dict) -> tuple[str, str, dict[str, str]]:
+    """The request's raw path (canonicalization must see the escapes the bot sent, not decoded ones),
+    its query and its headers."""
+    raw = scope.get("raw_path")
+    path = raw.decode("utf-8", "surrogateescape").partition("?")[0] if raw else scope["path"]
+    query = scope.get("query_string", b"").decode("utf-8", "surrogateescape")
+    return path, query, _request_headers(scope)
+
+
+def _own_file(state: ReplicaState, method: str, path: str, query: str,
+              headers: dict[str, str]) -> Awaitable[Reply] | None:
+    """The answer to a file we serve ourselves before any page decision, if the request asks for
+    one: IndexNow's ``/<key>.txt`` of a configured host (to anyone), a configured site's
+    ``/llms.txt``."""
+    services = state.services
+    key_file = services.index_now_key
+    if key_file is not None and method in ("GET", "HEAD") and key_file.asked(
+            state.ingress.mode, state.ingress.prefix, state.ingress.host_header, path, query, headers):
+        return _ready(key_file.reply(method))
+    llms = services.llms
+    if llms is not None and (site := llms.site_of(state.ingress, method, path, query, headers)):
+        return llms.answer(site, method, headers)
+    return None
+
+
+async def _ready(reply: Reply) -> Reply:
+    return reply
+
+
 def _request_headers(scope: dict) -> dict[str, str]:
     """Lowercase names (the server lowercases them); repeated fields joined by ", " as Node does."""
     out: dict[str, str] = {}
@@ -211,59 +309,101 @@ class BotMiddleware:
         self.ctx = ctx
 
     def wire(self, scope: dict, dater: Dater, close: bool) -> list[Any] | None:
-        """A memo hit answered by the HTTP protocol itself (``api.connections.GuardedHttp``), for the
-        ``scope`` uvicorn built: what to write (``HitMemo.wire``), the entry's counts done again; None,
-        nothing done: the request takes the ASGI path (a replica not opened yet opens there)."""
+        """An answer the HTTP protocol sends itself (``api.connections.GuardedHttp``), for the
+        ``scope`` uvicorn built: a memo hit (``HitMemo.wire``), or a plain local hit for a request
+        whose bot the decision memo knows (``api/bot/decisions.py``), served and counted as the ASGI
+        path would. None, nothing done: the request takes the ASGI path (a replica not opened yet
+        opens there; an answer made here that the protocol cannot write rides on the scope)."""
         state = self.ctx.state
         if type(state) is not ReplicaState:
             return None
-        memo = state.services.memo
-        if memo is None or state.services.pages.log is None:
+        services = state.services
+        memo = services.memo
+        if memo is None or services.pages.log is None:
             return None
         shape = scope[SHAPE] = request_shape(scope)  # the app's turn, if it comes, does not make it again
-        return None if shape is None else memo.wire(shape, state, now_ms(), dater, close)
+        if shape is None:
+            return None
+        now = now_ms()
+        out = memo.wire(shape, state, now, dater, close)
+        decisions = services.decisions
+        # a shape seen before takes the full path, which keeps its whole answer in the memo
+        if out is not None or decisions is None or memo.seen(shape):
+            return out
+        key = identity_key(scope, shape[1][3])
+        who = None if key is None else decisions.get(key, state, now)
+        if who is None:
+            return None
+        path, query, headers = _request_parts(scope)
+        if _own_file(state, scope["method"], path, query, headers):
+            return None
+        req = state.resolve(scope["method"], path, query, headers)
+        if type(req) is not BotRequest:
+            return None
+        run = serve(state, req, headers, scope, None, who=who, replay=True, local_only=True)
+        try:
+            run.send(None)
+        except StopIteration as done:
+            reply = done.value
+        else:  # local_hit reads only: it never waits
+            run.close()
+            raise RuntimeError("a local hit waited")
+        if reply is None:
+            return None
+        memo.admits(shape)  # seen: its next sight is kept whole
+        wired = wire_reply(reply, scope["method"], dater, close)
+        if wired is None:
+            scope[REPLY] = reply  # served and counted: the ASGI path sends it as it is
+        else:
+            decisions.wired += 1
+        return wired
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if REPLY in scope:
+            await send_reply(send, scope.pop(REPLY))
+            return
         state = self.ctx.state
         if type(state) is not ReplicaState:
             state = open_replica(self.ctx)
-        memo = state.services.memo
+        services = state.services
+        memo = services.memo
         shape = None
-        if memo is not None and state.services.pages.log is not None:  # the hit memo (api/bot/memo.py)
+        if memo is not None and services.pages.log is not None:  # the hit memo (api/bot/memo.py)
             shape = scope[SHAPE] if SHAPE in scope else request_shape(scope)
             if shape is not None and await memo.answer(shape, state, now_ms(), send):
                 return
-        raw = scope.get("raw_path")
-        # The raw path: canonicalization must see the escapes the bot sent, not decoded ones.
-        path = raw.decode("utf-8", "surrogateescape").partition("?")[0] if raw else scope["path"]
-        headers = _request_headers(scope)
-        query = scope.get("query_string", b"").decode("utf-8", "surrogateescape")
-        key_file = state.services.index_now_key  # IndexNow's /<key>.txt of a configured host, to anyone
-        if key_file is not None and scope["method"] in ("GET", "HEAD") and key_file.asked(
-                state.ingress.mode, state.ingress.prefix, state.ingress.host_header, path, query, headers):
-            await send_reply(send, key_file.reply(scope["method"]))
-            return
-        llms = state.services.llms  # /llms.txt of a configured site: before the page decision
-        if llms is not None and (site := llms.site_of(state.ingress, scope["method"], path, query, headers)):
-            await send_reply(send, await llms.answer(site, scope["method"], headers))
+        path, query, headers = _request_parts(scope)
+        own = _own_file(state, scope["method"], path, query, headers)
+        if own is not None:
+            await send_reply(send, await own)
             return
         decision = state.resolve(scope["method"], path, query, headers)
         if type(decision) is NotBot:
             if decision.detail:
-                state.services.counters.warn_sometimes(decision.reason, "not a bot request",
-                                                       detail=decision.detail)
+                services.counters.warn_sometimes(decision.reason, "not a bot request", detail=decision.detail)
             await self.app(scope, receive, send)
             return
         if type(decision) is BadBotRequest:
             status = 403 if decision.reason == "host-not-allowed" else 400
             await send_reply(send, error_reply(status, decision.message, reason=decision.reason))
             return
+        decisions = services.decisions
+        key = who = None
+        if decisions is not None:  # the decision memo (api/bot/decisions.py)
+            key = identity_key(scope, shape[1][3] if shape is not None else None)
+            who = None if key is None else decisions.get(key, state, now_ms())
         tape = Tape(state.services) if memo is not None and shape is not None and memo.admits(shape) else None
         try:
-            reply = await serve(state, decision, headers, scope, receive, tape)
+            replay = who is not None
+            if who is None:
+                who = await identify(services, decision, headers, scope, tape)
+                if key is not None and decisions is not None:
+                    decisions.keep(key, state, who, now_ms())
+            reply = await serve(state, decision, headers, scope, receive, tape, who, replay=replay)
+            assert reply is not None  # only local_only answers None
         except Exception as e:  # the worker stays up; the bot gets a bounded answer
             state.services.counters.child(metrics.serve_errors, "exception").inc()
             log.exception("bot request failed", url=decision.url, error=repr(e))

@@ -466,9 +466,7 @@ class PageReader:
         poll of the log (no wait), or a catch-up of the secondary, when the store wrote since the last
         one began. Raises UnreadablePage."""
         if self._log is not None:
-            if self._mark is None or self.behind():  # no mark followed yet: the store may just have made it
-                self.poll()
-            return self._from_log(self._log, key)
+            return self.read_log(key)
         if self.behind():
             await self.sync()
         found = self.get(key)
@@ -476,6 +474,15 @@ class PageReader:
             await self.sync()  # the store opened since this reader last looked for its mark
             found = self.get(key)
         return found
+
+    def read_log(self, key: str) -> StoredPage | None:
+        """``read`` over the page log, which never waits; None without a log too."""
+        if self._log is None:
+            return None
+        if self._mark is None or self.behind():  # no mark followed yet: the store may just have made it
+            self.poll()
+        found = self._log
+        return None if found is None else self._from_log(found, key)
 
     @property
     def log(self) -> PageLogReader | None:

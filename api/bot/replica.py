@@ -21,6 +21,7 @@ import httpx
 
 from prerender_ray import logs, metrics
 from prerender_ray.api.bot.counters import Counters
+from prerender_ray.api.bot.decisions import DecisionMemo
 from prerender_ray.api.bot.hit import Hit
 from prerender_ray.api.bot.holders import HolderReader
 from prerender_ray.api.bot.key_directory import DirectoryFetcher
@@ -63,6 +64,8 @@ class Services:
         self.pages = PageReader.for_node(ctx.data_dir, ctx.node.name, ctx.replica)
         # plain hits' whole answers by request shape, over the page log (api/bot/memo.py; None: off)
         self.memo: HitMemo | None = HitMemo()
+        # who asks, by request shape without the path (api/bot/decisions.py; None: off)
+        self.decisions: DecisionMemo | None = DecisionMemo()
         self.origin = OriginClient(cfg)
         self.peer = PeerClient(cfg.peer_rescue, cfg.origin.max_body_bytes)
         self.holders = HolderReader(ctx, cfg.cluster)

@@ -21,6 +21,7 @@ from prerender_ray.serving.dates import Dater, http_date
 from tests.api.bot.test_memo import (
     BROWSER,
     GOOGLE,
+    HTML,
     Clock,
     Tally,
     debug_status,
@@ -261,7 +262,8 @@ def test_the_protocol_answers_memo_hits_as_the_asgi_path_does(
     served = node.ingress[0]
     served.app.dater.second += date_offset_s
     memo, counters = services(node, 0).memo, services(node, 0).counters
-    assert memo is not None
+    decisions = services(node, 0).decisions
+    assert memo is not None and decisions is not None
     first = play(port, [[one(req(port, page, {"user-agent": GOOGLE, "connection": "close"}))]])[0]
     etag = next(line.partition(b": ")[2] for line in first.split(b"\r\n") if line.startswith(b"etag: "))
     node.run(_call(counters.flush))  # what came before goes where it always goes
@@ -272,6 +274,7 @@ def test_the_protocol_answers_memo_hits_as_the_asgi_path_does(
         for on in (False, True):
             monkeypatch.setattr(GuardedHttp, "memo_hits", on)
             memo.clear()
+            decisions.clear()  # every bot told apart on its first request (tests spread hits below)
             tally.reset()
             before = (stats(node, 0), served.server.server_state.total_requests, memo.hits, memo.wired)
             received = play(port, script)
@@ -317,3 +320,69 @@ def test_an_answer_after_a_memo_hit_in_the_same_read_is_not_cut_by_the_keep_aliv
 
 async def _call(fn: Any) -> Any:
     return fn()
+
+
+# ------------------------------------------------------------------------------- spread hits
+
+
+@pytest.fixture(scope="module")
+def spread(node, site) -> list[str]:
+    urls = [f"{site.base}/page/memo-spread-{c}" for c in "abcd"]
+    for i, url in enumerate(urls):
+        render(node, url, HTML.replace(b"kept", f"spread {i}".encode()))
+    for url in urls:
+        wait_for(lambda url=url: debug_status(node, f"/p/{url}") == "hit", what=f"a hit for {url}")
+    return [f"/p/{url}" for url in urls]
+
+
+def spread_scripts(port: int, pages: list[str], site: Any, etag: str) -> dict[str, tuple[Script, int]]:
+    """name -> (script, the hits the protocol answers of it with the bot taken from the decision memo
+    when on). The first request of a header list tells its bot apart; a page asked again with the same
+    headers takes the full path (its answer is kept whole in the hit memo)."""
+    plain = {"user-agent": GOOGLE, "accept-encoding": "gzip"}
+    close = {**plain, "connection": "close"}
+    a, b, c, d = pages
+    gets = [req(port, p, plain) for p in pages]
+    miss = req(port, f"/p/{site.base}/noindex", plain)
+    return {
+        "a crawl": ([[*(one(g) for g in gets), one(gets[0]), one(req(port, a, close))]], 3),
+        "heads": ([[*(one(req(port, p, plain, "HEAD")) for p in pages), one(req(port, a, close, "HEAD"))]], 3),
+        "a connection each": ([[one(req(port, p, close))] for p in pages], 3),
+        "http/1.0": ([[one(req(port, p, plain, version="1.0"))] for p in pages], 3),
+        "pipelined": ([[one(gets[0]), pipelined(*gets[1:], req(port, a, close))]], 3),
+        "a miss between": ([[one(gets[0]), one(miss), one(gets[1]), one(gets[2]), one(req(port, d, close))]], 2),
+        # the first page's ETag: a 304 there, a 200 on every other page
+        "if-none-match": ([[*(one(req(port, p, {**plain, "if-none-match": etag})) for p in (a, b, c, d, b)),
+                            one(req(port, c, close))]], 3),
+        "no gzip": ([[*(one(req(port, p, {"user-agent": GOOGLE})) for p in pages)]], 0),  # decoded: the app
+        "markdown": ([[*(one(req(port, p, {**plain, "accept": "text/markdown"})) for p in pages)]], 0),
+        "debug": ([[*(one(req(port, p, {**plain, "x-harper-prerender-debug": "1"})) for p in pages)]], 0),
+        "a browser": ([[*(one(req(port, p, {"user-agent": BROWSER})) for p in pages)]], 0),
+    }
+
+
+def test_the_protocol_answers_spread_hits_as_the_asgi_path_does(node, site, spread, controlled, monkeypatch) -> None:
+    port = node.info.port
+    served = node.ingress[0]
+    memo, decisions, counters = (getattr(services(node, 0), n) for n in ("memo", "decisions", "counters"))
+    assert memo is not None and decisions is not None
+    first = play(port, [[one(req(port, spread[0], {"user-agent": GOOGLE, "connection": "close"}))]])[0]
+    etag = next(line.partition(b": ")[2] for line in first.split(b"\r\n") if line.startswith(b"etag: "))
+    node.run(_call(counters.flush))
+    tally = Tally(counters)
+    monkeypatch.setattr(counters, "flush", tally.flush)
+    for name, (script, wired) in spread_scripts(port, spread, site, etag.decode()).items():
+        seen = []
+        play(port, script)  # what outlives the memos (the Markdown converted, a page kept decoded) made once
+        for on in (False, True):
+            monkeypatch.setattr(GuardedHttp, "memo_hits", on)
+            memo.clear()
+            decisions.clear()
+            tally.reset()
+            before = (stats(node, 0), decisions.wired)
+            received = play(port, script)
+            wait_for(lambda: not served.server.server_state.tasks, interval=0.01, what="every request's task done")
+            after = (stats(node, 0), decisions.wired)
+            seen.append((received, tally.totals(), delta(after[0], before[0])))
+            assert after[1] - before[1] == (wired if on else 0), name
+        assert seen[1] == seen[0], name
