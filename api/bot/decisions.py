@@ -13,7 +13,7 @@ signature headers is never kept (its signature covers the URL).
 
 With an entry, a plain local hit (``middleware.local_hit``) is answered by the HTTP protocol itself
 (``BotMiddleware.wire``, ``api.connections.GuardedHttp``): no ASGI task, one page-log read, the
-page's stored frame, one write (docs/serving.md#the-hit-path).
+page's stored frame, one write (docs/serving.md#serving-bots).
 """
 
 from __future__ import annotations

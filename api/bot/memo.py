@@ -31,7 +31,7 @@ from typing import Any, Literal
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 from prerender_ray.api.bot.hit import Outcome
-from prerender_ray.api.bot.wire import CLOSE, KEEP, framed, header_lines
+from prerender_ray.api.bot.wire import HEAD_END, framed, header_lines
 from prerender_ray.serving.answer import Reply
 from prerender_ray.serving.dates import Dater
 from prerender_ray.serving.responses import age_seconds
@@ -240,7 +240,7 @@ class HitMemo:
             if entry.tail is None
             else b"age: " + str(age_seconds(entry.last_cached, now)).encode() + b"\r\n"
         )
-        head = b"".join((before, age, after, CLOSE if close else KEEP))
+        head = b"".join((before, age, after, HEAD_END[close]))
         body = entry.body
         out = [head, body] if len(body) and entry.key[0] != "HEAD" else [head]
         self._replay(entry, state, now)

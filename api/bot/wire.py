@@ -20,8 +20,8 @@ from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, ST
 from prerender_ray.serving.answer import Reply
 from prerender_ray.serving.dates import Dater
 
-CLOSE = b"connection: close\r\n\r\n"
-KEEP = b"\r\n"
+# the end of an answer's head, by whether the connection closes after it (uvicorn adds the header)
+HEAD_END = {True: b"connection: close\r\n\r\n", False: b"\r\n"}
 
 
 def header_lines(headers: Iterable[tuple[bytes, bytes]]) -> tuple[bytes, int | None] | None:
@@ -63,5 +63,5 @@ def wire_reply(reply: Reply, method: str, dater: Dater, close: bool) -> list[Any
     body = reply.body
     if lines is None or not framed(method, reply.status, len(body), lines[1]):
         return None
-    head = b"".join((STATUS_LINE[reply.status], lines[0], CLOSE if close else KEEP))
+    head = b"".join((STATUS_LINE[reply.status], lines[0], HEAD_END[close]))
     return [head, body] if len(body) and method != "HEAD" else [head]
