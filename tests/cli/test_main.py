@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from prerender_ray.actors import deploy
+from prerender_ray.cli.main import main as cli_main
 from prerender_ray.identity.nodes import RAY_SYSTEM_CONFIG
 from prerender_ray.processes import pid_alive
 from prerender_ray.worker.supervise import find_chromium
@@ -32,6 +33,24 @@ CLI = [sys.executable, "-m", "prerender_ray.cli.main"]
 def run(*args: str, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})})
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess:
+    """The command in this process, for the parts that start nothing (config, checks before `up` starts
+    Ray): the exit code and output ``run`` gives, without a Python start of ~0.3 s CPU each.
+    ``run`` keeps the real entry point covered (the first test, and every `up`)."""
+    capsys.readouterr()
+    code = cli_main(list(args))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["prerender-ray", *args], code, out, err)
+
+
+def one_replica(tmp_path: Path, **config: dict) -> Path:
+    """A config with one ingress replica, for the foreground `up`s: each replica is a Ray worker
+    process (~1.3 s of CPU to start). The detached `up` keeps the default two, and checks them."""
+    f = tmp_path / "prerender.yaml"
+    f.write_text(yaml.safe_dump({"server": {"replicas": 1}, **config}))
+    return f
 
 
 def test_config_check_prints_the_effective_config_with_secrets_redacted(tmp_path: Path) -> None:
@@ -54,29 +73,29 @@ def test_config_check_prints_the_effective_config_with_secrets_redacted(tmp_path
     ("domains: ['http://127.0.0.1:29930']\n", "domains entry 'http://127.0.0.1:29930' is a URL; write "
                                               "'127.0.0.1:29930'"),
 ])
-def test_config_check_fails_with_one_line_per_problem(tmp_path: Path, text: str, expected: str) -> None:
+def test_config_check_fails_with_one_line_per_problem(tmp_path: Path, capsys, text: str, expected: str) -> None:
     f = tmp_path / "c.yaml"
     f.write_text(text)
-    out = run("config", "check", str(f))
+    out = cli(capsys, "config", "check", str(f))
     assert out.returncode == 1
     assert expected in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
 
 
-def test_config_check_explains_what_each_domains_entry_allows(tmp_path: Path) -> None:
+def test_config_check_explains_what_each_domains_entry_allows(tmp_path: Path, capsys) -> None:
     f = tmp_path / "c.yaml"
     f.write_text("domains: [Shop.Test, '127.0.0.1:8080', '[::1]:*']\n")
-    out = run("config", "check", str(f))
+    out = cli(capsys, "config", "check", str(f))
     assert out.returncode == 0, out.stderr
     assert "domains: 'shop.test' allows shop.test: http on port 80 and https on port 443 only" in out.stderr
     assert "domains: '127.0.0.1:8080' allows 127.0.0.1: http and https on port 8080 only" in out.stderr
     assert "domains: '[::1]:*' allows [::1]: http and https on any port" in out.stderr
 
 
-def test_config_check_shows_the_discovery_budget_an_operator_gets(tmp_path: Path) -> None:
+def test_config_check_shows_the_discovery_budget_an_operator_gets(tmp_path: Path, capsys) -> None:
     f = tmp_path / "c.yaml"
     f.write_text("domains: [shop.test]\nbots: {classes: {other: {discover: false}}}\n")
-    out = run("config", "check", str(f))
+    out = cli(capsys, "config", "check", str(f))
     assert out.returncode == 0, out.stderr
     assert "at most 60 new targets per site and minute on each node (30 per ingress replica, 2 replicas)" in out.stderr
     assert "at most 1000 discovered targets per site wait for their first render" in out.stderr
@@ -84,47 +103,52 @@ def test_config_check_shows_the_discovery_budget_an_operator_gets(tmp_path: Path
     assert yaml.safe_load(out.stdout)["bots"]["discovery"] == {"per_minute": 60, "max_unrendered": 1000}
 
 
-def test_config_check_warns_where_a_saved_robots_txt_disallows_a_served_bot(tmp_path: Path) -> None:
+def test_config_check_warns_where_a_saved_robots_txt_disallows_a_served_bot(tmp_path: Path, capsys) -> None:
     f = tmp_path / "c.yaml"
     f.write_text("domains: [shop.test]\n")
     robots = tmp_path / "robots.txt"
     robots.write_bytes(b"User-agent: GPTBot\nDisallow: /\n\nUser-agent: *\nAllow: /\n")
-    out = run("config", "check", str(f), "--robots", str(robots))
+    out = cli(capsys, "config", "check", str(f), "--robots", str(robots))
     assert out.returncode == 0, out.stderr
     assert (f"warn: robots.txt {robots}: robots.txt disallows / to GPTBot, but the policy serves it "
             "(prerender)") in out.stderr
     assert "to Googlebot" not in out.stderr
-    assert run("config", "check", str(f), "--robots", str(tmp_path / "missing.txt")).returncode == 1
+    assert cli(capsys, "config", "check", str(f), "--robots", str(tmp_path / "missing.txt")).returncode == 1
 
 
-def test_config_defaults_prints_a_config_that_loads_back(tmp_path: Path) -> None:
-    out = run("config", "defaults", "--camel")
+def test_config_defaults_prints_a_config_that_loads_back(tmp_path: Path, capsys) -> None:
+    out = cli(capsys, "config", "defaults", "--camel")
     assert out.returncode == 0
     f = tmp_path / "d.yaml"
     f.write_text(out.stdout)
-    assert run("config", "check", str(f)).returncode == 0
+    assert cli(capsys, "config", "check", str(f)).returncode == 0
     assert "jobLeaseTime: 600000" in out.stdout
 
 
-def test_up_refuses_bad_input_before_starting_anything(tmp_path: Path) -> None:
+def test_up_refuses_bad_input_before_starting_anything(tmp_path: Path, capsys, monkeypatch) -> None:
+    def started(*_: object) -> None:
+        raise AssertionError("`up` went on to start Ray")
+
+    monkeypatch.setattr(deploy, "start_local_ray", started)
+    monkeypatch.setattr(deploy, "connect", started)
     bad = tmp_path / "bad.yaml"
     bad.write_text("queue: {jobLeaseTime: 5}\n")
     data = tmp_path / "data"
-    out = run("up", "--config", str(bad), "--data-dir", str(data), "--detach")
+    out = cli(capsys, "up", "--config", str(bad), "--data-dir", str(data), "--detach")
     assert out.returncode == 2
     assert "queue.job_lease_time" in out.stderr
     assert not (data / deploy.RECORD).exists()
 
     blocker = tmp_path / "file"
     blocker.write_text("")
-    out = run("up", "--data-dir", str(blocker / "data"), "--detach")
+    out = cli(capsys, "up", "--data-dir", str(blocker / "data"), "--detach")
     assert out.returncode == 2 and "not writable" in out.stderr
 
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
-        out = run("up", "--data-dir", str(data), "--port", str(port), "--detach")
+        out = cli(capsys, "up", "--data-dir", str(data), "--port", str(port), "--detach")
     assert out.returncode == 1 and f"port {port}" in out.stderr and "in use" in out.stderr
     assert not (data / deploy.RECORD).exists()
 
@@ -251,7 +275,8 @@ def test_a_foreground_up_steps_aside_when_down_runs_in_another_shell(tmp_path: P
     if find_chromium() is None:
         pytest.skip("no Chromium: the render worker would not start")
     data, port = tmp_path / "data", free_port()
-    with foreground_up(data, port, "--with-worker", until="render worker: pid") as (proc, record, out):
+    with foreground_up(data, port, "--with-worker", "--config", str(one_replica(tmp_path)),
+                       until="render worker: pid") as (proc, record, out):
         worker = int(re.search(r"render worker: pid (\d+)", out).group(1))
         try:
             assert pid_alive(worker)
@@ -282,10 +307,9 @@ def test_piped_output_is_json_lines_logs_reads_them_a_missing_worker_login_is_sa
     # nothing rendered, nothing said. One start of a local Ray for all of it (each costs the suite
     # ~45 s of CPU on two cores).
     data, port = tmp_path / "data", free_port()
-    config = tmp_path / "prerender.yaml"
-    config.write_text(yaml.safe_dump({"auth": {"users": [
+    config = one_replica(tmp_path, auth={"users": [
         {"name": "ops", "passwordHash": "pbkdf2_sha256$200000$oSXPlig4O7W6u8gE2junEA==$"
-                                        "77yTRtxp3UYqKV3G7Xq0bvHt8ch4FjxayXwMPXdFzXM=", "roles": ["admin"]}]}}))
+                                        "77yTRtxp3UYqKV3G7Xq0bvHt8ch4FjxayXwMPXdFzXM=", "roles": ["admin"]}]})
     env_user = os.environ.pop("PRERENDER_WORKER_USER", None)
     chromium = find_chromium() is not None
     try:
@@ -324,7 +348,8 @@ def _node_name(data: Path) -> str:
 
 def test_a_foreground_up_cleans_up_and_fails_when_its_local_ray_dies(tmp_path: Path) -> None:
     data, port = tmp_path / "data", free_port()
-    with foreground_up(data, port) as (proc, record, _):
+    with foreground_up(data, port, "--config", str(one_replica(tmp_path))) as (proc, record, _):
+        assert record.ray_pid is not None
         os.killpg(record.ray_pid, signal.SIGKILL)
         out = finish(proc, timeout=60)
     assert proc.returncode == 1, out
