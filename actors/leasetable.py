@@ -21,7 +21,8 @@ from prerender_ray import logs, metrics
 from prerender_ray.actors.client import NodeActorClient
 from prerender_ray.actors.common import call, untraced
 from prerender_ray.config.model import Config
-from prerender_ray.queue.leases import Leases, read_record
+from prerender_ray.queue.grants import read_record
+from prerender_ray.queue.leases import Leases
 from prerender_ray.storage.keys import LEASE, MISSES
 from prerender_ray.storage.rocks import LEASES, Store, store_path
 from prerender_ray.timeutil import SYSTEM_CLOCK, Clock

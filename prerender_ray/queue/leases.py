@@ -38,6 +38,14 @@ import json
 from typing import Literal, NamedTuple
 
 from prerender_ray.config.model import Queue, Render
+from prerender_ray.queue.grants import (
+    ANSWERED,
+    ANSWERING,
+    OPEN,
+    GrantRecord,
+    ResultCheck,
+    grant_from,
+)
 from prerender_ray.timeutil import DAY_MS
 
 RELEASE_GRACE_MS = 5_000
@@ -78,23 +86,6 @@ class Sweep(NamedTuple):
     forgotten: tuple[str, ...] = ()  # keys whose latest grant is no longer remembered
 
 
-Verdict = Literal["apply", "unknown", "duplicate", "answering", "superseded", "moved"]
-
-
-class ResultCheck(NamedTuple):
-    """``begin_result``'s answer. ``apply``: this result answers the grant of ``granted_at`` (finish or
-    abandon it with that time); ``unknown``: no grant is remembered; ``duplicate``: the grant was
-    answered already; ``answering``: a result for it is being applied (a racing replay: ask again
-    later, it may yet fail); ``superseded``: the latest grant went to another worker; ``moved``: the
-    grant was handed over with its key (``hand_over``): the adopter answers it, not this table."""
-
-    verdict: Verdict
-    granted_at: int | None
-
-
-OPEN, ANSWERING, ANSWERED = 0, 1, 2
-
-
 class _Lease:
     __slots__ = ("answered", "at", "cadence", "due", "expires", "released")
 
@@ -106,26 +97,6 @@ class _Lease:
         self.released = released  # released: in grace, no longer in flight
         self.answered = answered  # a result arrived but the lease is held (fast retry lane)
         self.at = at  # grant time: ties the lease to its grant record
-
-
-class _Grant:
-    """A key's latest grant, remembered past its lease so its late result is recognised once."""
-
-    __slots__ = ("any_worker", "at", "ends", "moved", "state", "worker")
-
-    def __init__(self, at: int, worker: str | None, ends: int, state: int = OPEN, any_worker: bool = False,
-                 moved: bool = False):
-        self.at = at
-        self.worker = worker  # the claim's x-worker-id (None: the claim sent none)
-        self.any_worker = any_worker  # restored from a record that did not name the worker
-        self.ends = ends  # the lease's end as granted
-        self.state = state  # OPEN, ANSWERING (a result is being applied), ANSWERED
-        self.moved = moved  # handed over with its key: the adopter answers it (``Leases.hand_over``)
-
-    def record(self) -> list:
-        """[granted_at, worker, any_worker, ends, answered], and True sixth when it moved."""
-        out = [self.at, self.worker, self.any_worker, self.ends, self.state == ANSWERED]
-        return [*out, True] if self.moved else out
 
 
 class _Misses:
@@ -149,7 +120,7 @@ class Leases:
         self.grace_ms = grace_ms
         self.remember_ms = remember_ms
         self._leases: dict[str, _Lease] = {}  # live leases, released ones in grace included
-        self._grants: dict[str, _Grant] = {}  # each key's latest grant, until remember_ms past its end
+        self._grants: dict[str, GrantRecord] = {}  # each key's latest grant, until remember_ms past its end
         self._misses: dict[str, _Misses] = {}
         self._expiry: list[tuple[int, int, str, _Lease]] = []  # heap; entries go stale on release
         self._seq = itertools.count()
@@ -178,7 +149,7 @@ class Leases:
         if len(self._leases) >= self.max_leases:
             return Grant(False, None, "full")
         lease = self._leases[key] = _Lease(now + self.lease_time, due, cadence, at=now)
-        self._grants[key] = _Grant(now, worker, lease.expires)
+        self._grants[key] = GrantRecord(now, worker, lease.expires)
         self._arm(key, lease)
         self._in_flight += 1
         return Grant(True, lease.expires, None)
@@ -390,7 +361,7 @@ class Leases:
         grant = rest[1][:5] if len(rest) > 1 and rest[1] is not None else None  # never moved on arrival
         mine = self._grants.get(key)
         same = mine is not None and grant is not None and int(grant[0]) == mine.at
-        if mine is not None and same:
+        if mine is not None and same:  # (mine tested again for the type checker)
             # The grant was here before: handed back (this table answers it again), or sent again by
             # a hand-off retried after this table answered it. An answer is never undone: the
             # sender's record, stale, reopened it and its result was applied twice (seed 6153).
@@ -423,15 +394,15 @@ class Leases:
         self._arm(key, lease)
         if not lease.released:
             self._in_flight += 1
-        self._grants[key] = (_grant(grant) if grant is not None else
-                             _Grant(at, None, int(expires), ANSWERED if released or answered else OPEN, True))
+        self._grants[key] = (grant_from(grant) if grant is not None else
+                             GrantRecord(at, None, int(expires), ANSWERED if released or answered else OPEN, True))
         if mine is not None and same:
             self._grants[key].state = max(self._grants[key].state, mine.state)  # one being answered here
         return True
 
     def restore_grant(self, key: str, record: list) -> None:
         """A grant record (``grant_of``'s list) read back from durable storage."""
-        self._grants[key] = _grant(record)
+        self._grants[key] = grant_from(record)
 
     def export_misses(self) -> list[list[int | str]]:
         """The miss histories in the snapshot format."""
@@ -461,7 +432,7 @@ class Leases:
             if version not in (1, _SNAPSHOT_VERSION):
                 raise ValueError(f"unknown lease snapshot version {version!r}")
             leases: dict[str, _Lease] = {}
-            grants: dict[str, _Grant] = {}
+            grants: dict[str, GrantRecord] = {}
             for row in doc["leases"]:
                 k, e, d, c, r, a = row[:6]
                 if version == 1 and len(row) != 6:
@@ -469,9 +440,9 @@ class Leases:
                 at = int(row[6]) if version > 1 else int(e) - self.lease_time
                 leases[str(k)] = _Lease(int(e), _opt_int(d), _opt_int(c), bool(r), bool(a), at)
                 if version == 1:
-                    grants[str(k)] = _Grant(at, None, int(e), ANSWERED if r or a else OPEN, True)
+                    grants[str(k)] = GrantRecord(at, None, int(e), ANSWERED if r or a else OPEN, True)
             for k, *record in doc.get("grants", []) if version > 1 else []:
-                grants[str(k)] = _grant(record)
+                grants[str(k)] = grant_from(record)
             misses = {str(k): _Misses(int(n), int(h), int(last)) for k, n, h, last in doc["misses"]}
         except (TypeError, KeyError, IndexError, AttributeError, ValueError) as e:
             raise ValueError(f"unreadable lease snapshot: {e}") from e
@@ -517,30 +488,5 @@ class Leases:
             self._holds.append(HoldStart(key, misses.count, leases, misses.hold_until))
 
 
-def read_record(fields: list, lease_time: int) -> tuple[list, list]:
-    """A per-key durable record (see ``actors/leasetable.py``) as (``restore``'s lease row without the
-    key: [expires, due, cadence, released, answered, granted_at], its grant record). A record of the
-    six-field form predates grants: its grant is taken to be ``lease_time`` before its expiry, from any
-    worker, answered if its lease was. Raises ``ValueError`` / ``TypeError`` / ``IndexError``."""
-    expires, due, cadence, released, answered = fields[:5]
-    rest = fields[6:]  # fields[5]: when the record was written
-    at = int(rest[0]) if rest and rest[0] is not None else int(expires) - lease_time
-    grant = rest[1] if len(rest) > 1 and rest[1] is not None else \
-        [at, None, True, int(expires), bool(released or answered)]
-    _grant(grant)  # validate
-    return [int(expires), due, cadence, released, answered, at], list(grant)
-
-
 def _opt_int(value: int | None) -> int | None:
     return None if value is None else int(value)
-
-
-def _grant(record: list) -> _Grant:
-    """A grant from ``_Grant.record``'s list: [granted_at, worker, any_worker, ends, answered(, moved)]."""
-    at, worker, any_worker, ends, answered, *moved = record
-    if worker is not None and not isinstance(worker, str):
-        raise ValueError(f"a grant's worker must be text, not {worker!r}")
-    if len(moved) > 1:
-        raise ValueError(f"a grant has five or six fields, not {len(record)}")
-    return _Grant(int(at), worker, int(ends), ANSWERED if answered else OPEN, bool(any_worker),
-                  bool(moved and moved[0]))

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from prerender_ray.config.model import Queue, Render
+from prerender_ray.queue.grants import ResultCheck
 from prerender_ray.queue.leases import (
     MISS_MEMORY_MS,
     RELEASE_GRACE_MS,
@@ -14,7 +15,6 @@ from prerender_ray.queue.leases import (
     HoldStart,
     LeaseInfo,
     Leases,
-    ResultCheck,
 )
 from prerender_ray.timeutil import DAY_MS, HOUR_MS, MINUTE_MS
 
@@ -495,7 +495,7 @@ def test_a_lease_left_from_an_earlier_ownership_gives_way_to_the_later_grant_it_
 
 
 def test_a_durable_record_of_the_old_six_field_form_still_reads() -> None:
-    from prerender_ray.queue.leases import read_record
+    from prerender_ray.queue.grants import read_record
 
     lease, grant = read_record([T0 + LEASE, 5, HOUR_MS, False, False, T0], LEASE)
     assert lease == [T0 + LEASE, 5, HOUR_MS, False, False, T0]  # granted lease_time before its expiry
