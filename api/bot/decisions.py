@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
+from prerender_ray.api.bot.memo import MAX_KEY_BYTES, header_bytes
+
 DECISION_TTL_MS = 1_000  # who asks is decided again at least this often
 MAX_ENTRIES = 4_096
 Step = tuple[Any, tuple]
@@ -44,9 +46,14 @@ Key = tuple[int, tuple]  # the key and its hash
 
 def identity_key(scope: dict, headers: tuple | None = None) -> Key | None:
     """The request's method, header list and client address, and their hash; None when the header
-    list does not hash (ASGI allows lists). ``headers``: the list as a tuple, if made already."""
+    list does not hash (ASGI allows lists) or is longer than ``memo.MAX_KEY_BYTES`` (never kept, as
+    the hit memo's keys). ``headers``: the list as a tuple, if made already (and measured)."""
     client = scope.get("client")
-    key = (scope["method"], tuple(scope["headers"]) if headers is None else headers, client[0] if client else None)
+    if headers is None:
+        if header_bytes(scope["headers"]) > MAX_KEY_BYTES:
+            return None
+        headers = tuple(scope["headers"])
+    key = (scope["method"], headers, client[0] if client else None)
     try:
         return hash(key), key
     except TypeError:

@@ -42,6 +42,10 @@ MAX_ENTRIES = 4_096
 # are views of pages ``DecodedPages`` holds, except for pages it has evicted meanwhile.
 MAX_BYTES = 64 * 1024 * 1024
 MAX_SEEN = 16_384  # shapes remembered (by hash) as seen once; forgotten all at once when full
+# A request whose path, query and headers are longer is never kept: a key is held in full (to tell a
+# hash collision apart), and uvicorn lets a head of up to 80 KB through, so 4,096 hostile keys could
+# otherwise hold 320 MB. Crawlers' heads are well under 1 KB.
+MAX_KEY_BYTES = 8 * 1024
 _UNSET: Any = object()
 Step = tuple[Callable[..., Any], tuple]
 
@@ -143,19 +147,21 @@ Shape = tuple[int, tuple]  # the key and its hash (computed once a request)
 
 def request_shape(scope: dict) -> Shape | None:
     """The request's key and its hash, or None when the server's header list does not hash (ASGI
-    allows lists)."""
+    allows lists) or the key is longer than ``MAX_KEY_BYTES``."""
     client = scope.get("client")
-    key = (
-        scope["method"],
-        scope.get("raw_path") or scope["path"],
-        scope.get("query_string", b""),
-        tuple(scope["headers"]),
-        client[0] if client else None,
-    )
+    path, query, headers = scope.get("raw_path") or scope["path"], scope.get("query_string", b""), scope["headers"]
+    if len(path) + len(query) + header_bytes(headers) > MAX_KEY_BYTES:
+        return None
+    key = (scope["method"], path, query, tuple(headers), client[0] if client else None)
     try:
         return hash(key), key
     except TypeError:
         return None
+
+
+def header_bytes(headers: Any) -> int:
+    """The length of a header list's names and values."""
+    return sum([len(name) + len(value) for name, value in headers])
 
 
 def _framed(entry: Entry, dater: Dater, second: int) -> tuple[int, bytes, bytes] | Literal[False]:

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from prerender_ray.api.bot.decisions import DecisionMemo, Identity
+from prerender_ray.api.bot.decisions import DecisionMemo, Identity, identity_key
+from prerender_ray.api.bot.memo import MAX_KEY_BYTES, request_shape
 from tests.api.bot.test_memo import (
     BING,
     BROWSER,
@@ -201,3 +202,15 @@ def test_a_changed_verifier_answer_is_decided_again() -> None:
     assert m.get(key("b"), state, 1) is not None
     verifier.methods["bingbot"] = "ranges"
     assert m.get(key("b"), state, 2) is None
+
+
+def test_a_request_with_a_long_head_is_answered_but_never_kept(node, pages, clock) -> None:
+    headers = {**PLAIN, "cookie": "c=" + "x" * MAX_KEY_BYTES}  # hostile keys must not pin memory
+    kept = decisions(node).kept
+    for _ in range(3):
+        assert ask(node, KNOWN, "GET", pages[1], headers) == ask(node, FULL, "GET", pages[1], headers)
+    assert decisions(node).kept == kept
+    scope = {"method": "GET", "path": "/", "headers": [(b"cookie", b"x" * MAX_KEY_BYTES)], "client": ("1.2.3.4", 1)}
+    assert identity_key(scope) is None and request_shape(scope) is None
+    scope["headers"] = [(b"cookie", b"x" * 100)]
+    assert identity_key(scope) is not None and request_shape(scope) is not None
