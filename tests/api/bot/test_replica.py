@@ -11,7 +11,13 @@ import sys
 from pathlib import Path
 
 from prerender_ray.api.bot import replica
-from prerender_ray.api.bot.replica import ReplicaState, apply_overrides, close_replica, open_replica
+from prerender_ray.api.bot.replica import (
+    RESOLVED_KEY_BYTES,
+    ReplicaState,
+    apply_overrides,
+    close_replica,
+    open_replica,
+)
 from prerender_ray.api.context import NodeContext, ReplicaConfig
 from prerender_ray.config.model import Config
 from prerender_ray.config.overrides import Overrides
@@ -130,3 +136,17 @@ def test_a_config_change_before_the_bot_path_opens_swaps_the_compiled_config(tmp
     assert type(ctx.state) is ReplicaConfig and ctx.state is not old and ctx.state.live is old.live
     assert old.cfg.ingress.routes == [] and [r["path"] for r in ctx.cfg.ingress.routes] == ["/live/"]
     assert ctx.rules is ctx.state.rules and ctx.rules.cfg is ctx.cfg
+
+
+async def test_long_ingress_inputs_are_decided_but_never_remembered(tmp_path) -> None:
+    ctx = context(tmp_path)
+    state = open_replica(ctx)
+    try:
+        long = "/p/https://x.example/" + "a" * RESOLVED_KEY_BYTES
+        assert isinstance(state.resolve("GET", long, "", {}), BotRequest)
+        assert isinstance(state.resolve("GET", "/p/https://x.example/", "q=" + "b" * RESOLVED_KEY_BYTES, {}), BotRequest)
+        assert len(state.resolved) == 0  # a head may be 80 KB: such keys would pin memory
+        assert isinstance(state.resolve("GET", "/p/https://x.example/short", "", {}), BotRequest)
+        assert len(state.resolved) == 1
+    finally:
+        await close_replica(ctx)
