@@ -27,6 +27,7 @@ DEBUG = "debug"
 BOT_CLASSES = ("search", "ai-search", "ai-training", "social", "seo-tool", "other")
 DEBUG_HEADER = ("harper", "pre-render")  # the reference's marker for its own test traffic
 MEMO_SIZE = 1000
+MEMO_MAX_AGENT = 512  # longer User-Agents are looked up afresh, never kept (a head may be 80 KB)
 
 
 class BotEntry(NamedTuple):
@@ -132,7 +133,7 @@ class BotRegistry:
         """The bot name for a User-Agent: a registry name, a derived name, or ``other``."""
         if not user_agent:
             return OTHER
-        return self._memo(user_agent)
+        return self._memo(user_agent) if len(user_agent) <= MEMO_MAX_AGENT else self._resolve(user_agent)
 
     def class_of(self, name: str) -> str:
         """The class of a bot name (``other`` for a derived name, ``other`` and ``debug``)."""
