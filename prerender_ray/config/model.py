@@ -771,7 +771,8 @@ class Analytics(Model):
         True, description="Also count requests whose user agent matches no known bot."
     )
     derive_unknown_bots: bool = Field(
-        True, description="Derive a bot name from an unknown bot-like user agent."
+        True, description="Derive a bot name from an unknown bot-like user agent. A user agent is read up to "
+                          "its first 1,024 characters."
     )
     missed_urls: int = Field(
         200, ge=0, le=10_000, description="URLs without a cached page kept per bot class for the admin "

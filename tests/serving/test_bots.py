@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from prerender_ray.config.loading import parse
-from prerender_ray.serving.bots import DEFAULT_BOTS, MEMO_MAX_AGENT, BotEntry, BotRegistry, derive_bot_name
+from prerender_ray.serving.bots import DEFAULT_BOTS, MAX_AGENT_CHARS, OTHER, BotEntry, BotRegistry, derive_bot_name
 
 REGISTRY = BotRegistry()
 BARE = BotRegistry([])  # every name below comes from derivation itself
@@ -214,10 +214,10 @@ def test_a_replaced_registry_keeps_built_in_classes_and_takes_its_own() -> None:
     assert registry.class_of("GPTBot") == "other"  # the operator's class wins over the built-in one
 
 
-def test_a_long_user_agent_is_named_but_never_kept() -> None:
+def test_a_user_agent_is_named_from_its_first_1024_characters() -> None:
     registry = BotRegistry()
-    long = "Mozilla/5.0 (compatible; Googlebot/2.1) " + "x" * MEMO_MAX_AGENT
-    assert registry.name(long) == "Googlebot" and registry.name(long) == "Googlebot"
-    assert registry._memo.cache_info().currsize == 0  # a head may be 80 KB: such keys would pin memory
-    assert registry.name("Mozilla/5.0 (compatible; Googlebot/2.1)") == "Googlebot"
-    assert registry._memo.cache_info().currsize == 1
+    long = "Mozilla/5.0 (compatible; Googlebot/2.1) " + "x" * 80_000  # a head may be 80 KB
+    assert registry.name(long) == "Googlebot"
+    assert registry.name("x" * MAX_AGENT_CHARS + " Googlebot/2.1") == OTHER  # past the part read
+    keys = registry._memo.cache_parameters()
+    assert keys["maxsize"] == 1000 and registry._memo.cache_info().currsize == 2
