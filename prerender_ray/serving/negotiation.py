@@ -77,15 +77,19 @@ def _qvalue(params: list[str]) -> float | None:
     return q
 
 
+MAX_CODINGS = 64  # items of an Accept-Encoding read (browsers and crawlers send up to six)
+
+
 def parse_accept_encoding(value: str | None) -> AcceptEncoding:
     """Parse leniently: a malformed item is skipped, so pure garbage leaves identity only.
 
     An absent or empty header also means identity only (the reference's behaviour; RFC 9110 lets a
     server pick identity when the client states no preference). A coding listed twice keeps its
-    lowest q, so a refusal is never overridden."""
+    lowest q, so a refusal is never overridden. Only the first ``MAX_CODINGS`` items are read: a head
+    may be 80 KB, and 40,000 empty items took 12 ms a request."""
     codings: dict[str, float] = {}
     wildcard: float | None = None
-    for item in (value or "").split(","):
+    for item in (value or "").split(",", MAX_CODINGS)[:MAX_CODINGS]:
         name, *params = item.split(";")
         name = name.strip().lower()
         if not _TOKEN.fullmatch(name):

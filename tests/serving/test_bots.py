@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from prerender_ray.config.loading import parse
-from prerender_ray.serving.bots import DEFAULT_BOTS, MAX_AGENT_CHARS, OTHER, BotEntry, BotRegistry, derive_bot_name
+from prerender_ray.serving.bots import (
+    DEFAULT_BOTS,
+    MAX_AGENT_CHARS,
+    OTHER,
+    BotEntry,
+    BotRegistry,
+    derive_bot_name,
+)
 
 REGISTRY = BotRegistry()
 BARE = BotRegistry([])  # every name below comes from derivation itself
