@@ -71,3 +71,31 @@ def test_an_exiting_replica_of_an_older_deployment_is_probed_against(tmp_path) -
     finally:
         old.close()
     bind_shared("127.0.0.1", port, lock_dir=tmp_path, group="epoch-2").close()
+
+
+async def test_an_answer_on_a_kept_connection_does_not_wait_for_the_clients_ack(tmp_path: Path) -> None:
+    """Nagle off on every accepted connection: with it on, a keep-alive answer's second write (the
+    body after the head) waited for the client's delayed ACK, 40 ms a request on asyncio's loop."""
+    import asyncio
+
+    sock = bind_shared("127.0.0.1", free_port(), lock_dir=tmp_path, group="nodelay")
+    accepted: list[socket.socket] = []
+
+    def made() -> asyncio.Protocol:
+        class Keep(asyncio.Protocol):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                accepted.append(transport.get_extra_info("socket"))
+
+        return Keep()
+
+    server = await asyncio.get_running_loop().create_server(made, sock=sock)
+    try:
+        with socket.create_connection(sock.getsockname()[:2]):
+            for _ in range(100):
+                if accepted:
+                    break
+                await asyncio.sleep(0.01)
+            assert accepted and accepted[0].getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    finally:
+        server.close()
+        await server.wait_closed()
