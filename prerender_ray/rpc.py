@@ -27,15 +27,26 @@ class DeadlineExceeded(TimeoutError):
 
 async def call(ref: Awaitable[T], timeout: float) -> T:
     """Await an actor call (an ObjectRef, or any awaitable) with a deadline; the caller decides what a
-    timeout means."""
+    timeout means. A caller cancelled meanwhile is cancelled, whatever the call ended with: on 3.11
+    ``wait_for`` hands it the answer (or the call's error) when the call ends in the turn of the
+    cancel, and the task went on (a store's walk, cancelled by its close, wrote to its closed RocksDB)."""
+    task = asyncio.current_task()
+    cancels = task.cancelling() if task is not None else 0
     try:
-        return await asyncio.wait_for(ref, timeout)
-    except DeadlineExceeded:
+        got = await asyncio.wait_for(ref, timeout)
+    except asyncio.CancelledError:
         raise
-    except asyncio.TimeoutError as e:
+    except BaseException as e:
+        if task is not None and task.cancelling() > cancels:
+            raise asyncio.CancelledError() from e
+        if isinstance(e, DeadlineExceeded) or not isinstance(e, asyncio.TimeoutError):
+            raise
         if type(e) is not asyncio.TimeoutError:  # the call's own timeout (Ray's GetTimeoutError is one), not ours
             raise DeadlineExceeded(f"{type(e).__name__} before the {timeout:g}s deadline: {str(e)[:200]}") from e
         raise DeadlineExceeded(f"no answer within {timeout:g}s") from None
+    if task is not None and task.cancelling() > cancels:
+        raise asyncio.CancelledError()
+    return got
 
 
 class StoreApi(Protocol):

@@ -35,3 +35,39 @@ async def test_a_nested_deadline_passes_through_unchanged() -> None:
 
     with pytest.raises(DeadlineExceeded, match="no answer within 0.01s"):
         await call(inner(), 30)
+
+
+async def test_a_caller_cancelled_as_its_call_answers_is_cancelled() -> None:
+    """``asyncio.wait_for`` (3.11) returned the answer then, and the task went on: a store's walk,
+    cancelled by a close as its peer answered, dropped records from a closed RocksDB."""
+    answer = asyncio.get_running_loop().create_future()
+    went_on: list[str] = []
+
+    async def caller() -> None:
+        went_on.append(await call(answer, 5))
+
+    task = asyncio.create_task(caller())
+    await asyncio.sleep(0)
+    answer.set_result("held")
+    task.cancel()  # in the same turn
+    await asyncio.gather(task, return_exceptions=True)
+    assert task.cancelled() and went_on == []
+
+
+async def test_a_caller_cancelled_as_its_call_fails_is_cancelled() -> None:
+    """Its error, handed to it instead, was caught as the call's, and the task went on."""
+    answer = asyncio.get_running_loop().create_future()
+    went_on: list[str] = []
+
+    async def caller() -> None:
+        try:
+            await call(answer, 5)
+        except ConnectionError:
+            went_on.append("retrying")
+
+    task = asyncio.create_task(caller())
+    await asyncio.sleep(0)
+    answer.set_exception(ConnectionError("unreachable"))
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert task.cancelled() and went_on == []

@@ -15,7 +15,6 @@ is the Ray shell.
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -31,6 +30,7 @@ from prerender_ray.actors.store.page_log import StorePageLog
 from prerender_ray.actors.store.rebalance import Rebalancing
 from prerender_ray.actors.store.records import BATCH_RECORDS, Op, Record, Records, Row
 from prerender_ray.actors.store.replication import Shipping, peer_client
+from prerender_ray.actors.store.tasks import Tasks
 from prerender_ray.config.model import Config
 from prerender_ray.identity.cachekeys import KeyFormat
 from prerender_ray.identity.membership import NOBODY, Membership
@@ -73,7 +73,7 @@ class NodeStore:
         self.pages = MirroredStore(store_path(data_dir, node, PAGES))
         self.registry = Store(store_path(data_dir, node, REGISTRY))
         self.started = clock.time()
-        self._tasks: list[asyncio.Task] = []
+        self._tasks = Tasks()  # every background task of its parts: ended before its files close
         self._closed = False
         self._sitemap_of = SitemapReader()
         self.log.info("store open", pages=str(self.pages.path), registry=str(self.registry.path))
@@ -86,8 +86,8 @@ class NodeStore:
                       cfg.cluster.replicas, KeyFormat.from_config(cfg).url_of, fetch=fetch, wall=clock,
                       stores=stores)
         if fetch is not None:
-            self._tasks.append(asyncio.get_running_loop().create_task(self.members.follow_membership()))
-        self._tasks.append(asyncio.get_running_loop().create_task(self.page_log.run()))
+            self._tasks.spawn(self.members.follow_membership())
+        self._tasks.spawn(self.page_log.run())
 
     def _records(self, wall: WallClock, index_ops: Any) -> Records:
         """The records part, over ``self.registry`` and ``self.pages`` (first: the page log counts on it)."""
@@ -104,7 +104,7 @@ class NodeStore:
         self.rebalancing = Rebalancing(self.node, self.records, self.members, self.stores, wall, self.log,
                                        self._tasks)
         self.members.view.listen(self._changed)
-        self.shipping = Shipping(self.records, self.members, self.stores, self.since, self.log)
+        self.shipping = Shipping(self.records, self.members, self.stores, self.since, self.log, self._tasks)
         self.catch_up = CatchUp(self.node, self.clock, wall, self.records, self.members, self.shipping,
                                 self.rebalancing, self.stores, self.apply_remote, self.log, self._tasks)
         self.shipping.start()
@@ -201,7 +201,7 @@ class NodeStore:
         self.rebalancing.rebalance_on(placed, self.members.placement, first=before.epoch == NOBODY,
                                       before_epoch=placed_epoch)
         if before.epoch == NOBODY and self.catch_up.synced.is_set():  # its catch-up ran alone: now there are peers
-            self._tasks.append(asyncio.get_running_loop().create_task(self.catch_up.initial_catch_up()))
+            self._tasks.spawn(self.catch_up.initial_catch_up())
         elif self.catch_up.synced.is_set():
             self.catch_up.pull_owed()  # a peer this store owes a pull from may be back
 
@@ -381,12 +381,14 @@ class NodeStore:
                 "replication": self.replication_status(), "pageLog": self.page_log.status()}
 
     async def close(self) -> None:
-        """Stop the store's tasks and close its files; a second call does nothing."""
+        """End the store's tasks, then close its files (a task still running would write to them); a
+        second call does nothing."""
         if self._closed:
             return
         self._closed = True
-        for task in self._tasks:
-            task.cancel()
+        stuck = await self._tasks.close()
+        if stuck:
+            self.log.error("store tasks did not end when cancelled", tasks=[t.get_name() for t in stuck])
         self.shipping.close()
         self.page_log.close()
         for db in (self.pages, self.registry):

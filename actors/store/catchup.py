@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from prerender_ray.actors.store.members import Members
 from prerender_ray.actors.store.pulls import Arrivals, Owed, Pulled
 from prerender_ray.actors.store.records import BATCH_BYTES, BATCH_RECORDS, DBS, HLC, Record, Records
+from prerender_ray.actors.store.tasks import Tasks
 from prerender_ray.identity.membership import NOBODY, StaleEpoch
 from prerender_ray.storage.keys import VIDX
 from prerender_ray.storage.placement import NEVER, Placement, share_sender
@@ -99,11 +100,11 @@ class CatchUp:
     ``clock``: this node's versions; ``wall``: the time it reads; ``records``, ``members``,
     ``shipping``, ``rebalancing``: the store's other parts; ``stores``: the peers' stores by name;
     ``apply(records)``: what a pull brings is applied as a peer's push is (``NodeStore.apply_remote``);
-    ``tasks``: the store's, cancelled when it closes."""
+    ``tasks``: the store's, which start its pulls (ended when it closes)."""
 
     def __init__(self, node: str, clock: Clock, wall: WallClock, records: Records, members: Members,
                  shipping: Shipping, rebalancing: Rebalancing, stores: Any,
-                 apply: Callable[[list[Record]], Awaitable[int]], log: Any, tasks: list[asyncio.Task]):
+                 apply: Callable[[list[Record]], Awaitable[int]], log: Any, tasks: Tasks):
         self.node = node
         self.clock = clock
         self.wall = wall
@@ -122,7 +123,7 @@ class CatchUp:
         self._owed_tasks: dict[str, asyncio.Task] = {}  # "": the one of every node holding everything
 
     def start(self) -> None:
-        self.tasks.append(asyncio.get_running_loop().create_task(self.initial_catch_up()))
+        self.tasks.spawn(self.initial_catch_up())
 
     async def _peer_store(self, peer: str) -> StoreClient:
         client: StoreClient = await self.stores.get(peer)
@@ -215,14 +216,12 @@ class CatchUp:
         if not self.members.placement.partial:
             task = self._owed_tasks.get("")
             if self._owed_members() and (task is None or task.done()):
-                self._owed_tasks[""] = task = asyncio.get_running_loop().create_task(self._catch_up_later(None, 0))
-                self.tasks.append(task)
+                self._owed_tasks[""] = self.tasks.spawn(self._catch_up_later(None, 0))
             return
         for peer, since in self.owed.load().items():
             task = self._owed_tasks.get(peer)
             if peer in self.members.peers and (task is None or task.done()):
-                self._owed_tasks[peer] = task = asyncio.get_running_loop().create_task(self._catch_up_later(peer, since))
-                self.tasks.append(task)
+                self._owed_tasks[peer] = self.tasks.spawn(self._catch_up_later(peer, since))
 
     async def _pull_twice(self, peer: str, since: int, share: bool,
                           writers: list[str] | None = None) -> tuple[Pulled, list[str]]:

@@ -41,12 +41,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from prerender_ray import metrics
 from prerender_ray.actors.store.members import Members
 from prerender_ray.actors.store.records import Records
+from prerender_ray.actors.store.tasks import Tasks
 from prerender_ray.identity.membership import NOBODY, StaleEpoch
 from prerender_ray.storage.keys import FRESHNESS, REBALANCE, RENDER_HISTORY, TARGET
 from prerender_ray.storage.placement import Placement
@@ -84,11 +84,11 @@ class MembershipMoved(Exception):
 
 class Rebalancing:
     """``records``: what is walked, pushed and dropped; ``members``: the membership walked against;
-    ``stores``: the peers' stores by name; ``wall``: the time it reads; ``tasks``: the store's,
-    cancelled when it closes (a push on joins them)."""
+    ``stores``: the peers' stores by name; ``wall``: the time it reads; ``tasks``: the store's, which
+    start its walks and pushes on (ended when it closes)."""
 
     def __init__(self, node: str, records: Records, members: Members, stores: Any, wall: Clock, log: Any,
-                 tasks: list[asyncio.Task]):
+                 tasks: Tasks):
         self.node = node
         self.records = records
         self.members = members
@@ -162,7 +162,7 @@ class Rebalancing:
         if self.walk_from is None:
             self.walk_from, self._walk_everyone, self._walk_since = before, everyone, before_epoch
             self._placed(before, owed=True)
-        self.rebalance_task = asyncio.get_running_loop().create_task(
+        self.rebalance_task = self.tasks.spawn(
             self._rebalance(self.walk_from, self.members.placement, self.members.view.epoch))
 
     def rebalance_on(self, before: Placement, after: Placement, first: bool = False, before_epoch: int = 0) -> None:
@@ -216,7 +216,7 @@ class Rebalancing:
                 self._start_walk(after)
         elif report["state"] in ("incomplete", "failed"):
             await asyncio.sleep(RETRY_AFTER_S)  # another change cancels this wait and walks at once
-            self.rebalance_task = asyncio.get_running_loop().create_task(
+            self.rebalance_task = self.tasks.spawn(
                 self._rebalance(before, self.members.placement, self.members.view.epoch))
 
     async def _walk(self, name: str, prefix: bytes, start: bytes | None, before: Placement, after: Placement,
@@ -286,13 +286,10 @@ class Rebalancing:
     def push_on(self, name: str, items: list[tuple[bytes, bytes]]) -> None:
         """Records just received or written that this node does not hold (``items``: key, record):
         to their holders, and dropped here once each has them."""
-        tasks = self.tasks
         self._pushing_on += 1
         if self._pushing_on == 1 and self.walk_from is None:
             self._placed(self.members.placement, owed=True)
-        task = asyncio.get_running_loop().create_task(self._push_on(name, items))
-        tasks.append(task)
-        task.add_done_callback(_forget(tasks))
+        self.tasks.spawn(self._push_on(name, items))
 
     async def _push_on(self, name: str, items: list[tuple[bytes, bytes]]) -> None:
         report = {"pushed": 0, "dropped": 0, "unanswered": 0}
@@ -392,13 +389,3 @@ class Rebalancing:
                 self.log.info("rebalance push failed", peer=peer, attempt=attempt + 1, error=type(e).__name__)
                 await asyncio.sleep(0.5 * (attempt + 1))
         return None
-
-
-def _forget(tasks: list[asyncio.Task]) -> Callable[[asyncio.Task], None]:
-    """A done callback: the task leaves ``tasks`` (the store's, cancelled when it closes)."""
-
-    def done(task: asyncio.Task) -> None:
-        if task in tasks:
-            tasks.remove(task)
-
-    return done

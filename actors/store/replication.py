@@ -21,6 +21,7 @@ from prerender_ray import metrics
 from prerender_ray.actors.store import catchup
 from prerender_ray.actors.store.members import Members
 from prerender_ray.actors.store.records import BATCH_BYTES, BATCH_RECORDS, DBS, HLC, Record, Records
+from prerender_ray.actors.store.tasks import Tasks
 from prerender_ray.identity.membership import StaleEpoch
 from prerender_ray.storage.keys import SHIPPED
 from prerender_ray.storage.placement import NEVER
@@ -37,11 +38,12 @@ class Shipping:
     """``records``: what is shipped (and the shipped marks' store); ``members``: the peers, the
     epoch a batch is sent under; ``stores``: the peers' stores by name (``get(peer)``: its
     ``StoreClient``); ``since``: this store's answer to a pull (``NodeStore.since``), what a re-push
-    sends."""
+    sends; ``tasks``: the store's, which start the shippers (ended when it closes)."""
 
     def __init__(self, records: Records, members: Members, stores: Any, since: Callable[..., Awaitable[dict]],
-                 log: Any):
+                 log: Any, tasks: Tasks):
         self.records = records
+        self.tasks = tasks
         self.members = members
         self.stores = stores
         self.since = since
@@ -107,7 +109,7 @@ class Shipping:
     def add_peer(self, peer: str) -> None:
         self.outbox[peer] = deque()
         self.wake[peer] = asyncio.Event()
-        self.shippers[peer] = asyncio.get_running_loop().create_task(self._ship(peer))
+        self.shippers[peer] = self.tasks.spawn(self._ship(peer))
         if peer not in self.members.peers:
             self.members.peers.append(peer)
 

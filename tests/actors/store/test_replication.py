@@ -12,6 +12,7 @@ from prerender_ray import logs
 from prerender_ray.actors.store.actor import NodeStore, StoreClient
 from prerender_ray.actors.store.records import no_index
 from prerender_ray.actors.store.replication import SHIP_DEADLINE_S
+from prerender_ray.actors.store.tasks import Tasks
 from prerender_ray.identity.membership import NOBODY, Membership
 from prerender_ray.rpc import Local
 from prerender_ray.storage.keys import QUEUE_CONTROL, SHIPPED, TARGET
@@ -47,7 +48,7 @@ class Node(NodeStore):
         self.clock = Clock(name, lambda: int(time.time() * 1000) + skew_ms)  # skew_ms: its wall clock's error
         self.pages = Store(store_path(data_dir, name, PAGES))
         self.registry = Store(store_path(data_dir, name, REGISTRY))
-        self._tasks: list = []
+        self._tasks = Tasks()
         self.net = net
         self.records = self._records(SYSTEM_CLOCK, no_index)
         self._compose(Membership.of(epoch, [name, *peers]), replicas, lambda key: key.split("|")[0],
@@ -58,8 +59,7 @@ class Node(NodeStore):
 
     def crash(self) -> None:
         """The process dies: its tasks and its outbox with it; what it wrote stays on disk."""
-        for task in self._tasks:
-            task.cancel()
+        self._tasks.cancel()
         self.shipping.close()
         self.net.pop(self.node, None)
         self.pages.close()
