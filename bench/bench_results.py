@@ -21,6 +21,8 @@ import argparse
 import asyncio
 import gzip
 import os
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -148,11 +150,24 @@ def floor(n: int, tmp: Path) -> float:
     return spent / n
 
 
+def profile_start(out: str | None, pids: dict[str, int]) -> list[subprocess.Popen]:
+    """py-spy on the keeper and the store until stopped (``--profile DIR``): raw collapsed stacks."""
+    if not out:
+        return []
+    Path(out).mkdir(parents=True, exist_ok=True)
+    spy = Path(sys.executable).parent / "py-spy"
+    return [subprocess.Popen([str(spy), "record", "-p", str(pid), "-r", "200", "-f", "raw", "--nonblocking",
+                              "-o", str(Path(out) / f"{role(name)}-{pid}.txt")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for name, pid in pids.items() if role(name) in ("keeper", "store")]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--results", type=int, default=2000)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--profile", default=None, help="py-spy the keeper and the store over the last round's posts into DIR")
     args = ap.parse_args()
 
     from prerender_ray import logs
@@ -173,7 +188,11 @@ def main() -> None:
                 time.sleep(3.0)
                 idle = {k: v / 3.0 for k, v in delta(idle0, snapshot(pids)).items()}  # CPU s per s, idle
                 before, groups0 = snapshot(pids), group_totals(d.url)
+                spies = profile_start(args.profile, pids) if r == args.rounds - 1 else []
                 wall, ok = asyncio.run(post_all(jobs, args.concurrency))
+                for spy in spies:
+                    spy.send_signal(signal.SIGINT)  # py-spy writes what it sampled so far
+                    spy.wait(60)
                 spent = delta(before, snapshot(pids))
                 groups1 = group_totals(d.url)
                 per_group = (groups1[0] - groups0[0]) / max(1.0, groups1[1] - groups0[1])
