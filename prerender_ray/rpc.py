@@ -25,28 +25,38 @@ class DeadlineExceeded(TimeoutError):
     """An actor call that did not answer within its deadline."""
 
 
-async def call(ref: Awaitable[T], timeout: float) -> T:
-    """Await an actor call (an ObjectRef, or any awaitable) with a deadline; the caller decides what a
-    timeout means. A caller cancelled meanwhile is cancelled, whatever the call ended with: on 3.11
-    ``wait_for`` hands it the answer (or the call's error) when the call ends in the turn of the
-    cancel, and the task went on (a store's walk, cancelled by its close, wrote to its closed RocksDB)."""
+async def wait_for(aw: Awaitable[T], timeout: float | None) -> T:
+    """``asyncio.wait_for``, except that a caller cancelled meanwhile is cancelled, whatever ``aw``
+    ended with: on 3.11 ``wait_for`` hands it the result (or ``aw``'s error) when ``aw`` ends in the
+    turn of the cancel, the cancel is spent, and the task goes on (a store's walk, cancelled by its
+    close, wrote to its closed RocksDB; a loop never ends). Only cancels requested while it waits
+    count: a task already cancelled and cleaning up is not cancelled again."""
     task = asyncio.current_task()
     cancels = task.cancelling() if task is not None else 0
     try:
-        got = await asyncio.wait_for(ref, timeout)
+        got = await asyncio.wait_for(aw, timeout)
     except asyncio.CancelledError:
         raise
     except BaseException as e:
         if task is not None and task.cancelling() > cancels:
             raise asyncio.CancelledError() from e
-        if isinstance(e, DeadlineExceeded) or not isinstance(e, asyncio.TimeoutError):
-            raise
-        if type(e) is not asyncio.TimeoutError:  # the call's own timeout (Ray's GetTimeoutError is one), not ours
-            raise DeadlineExceeded(f"{type(e).__name__} before the {timeout:g}s deadline: {str(e)[:200]}") from e
-        raise DeadlineExceeded(f"no answer within {timeout:g}s") from None
+        raise
     if task is not None and task.cancelling() > cancels:
         raise asyncio.CancelledError()
     return got
+
+
+async def call(ref: Awaitable[T], timeout: float) -> T:
+    """Await an actor call (an ObjectRef, or any awaitable) with a deadline; the caller decides what a
+    timeout means. A caller cancelled meanwhile is cancelled, whatever the call ended with (``wait_for``)."""
+    try:
+        return await wait_for(ref, timeout)
+    except DeadlineExceeded:
+        raise
+    except asyncio.TimeoutError as e:
+        if type(e) is not asyncio.TimeoutError:  # the call's own timeout (Ray's GetTimeoutError is one), not ours
+            raise DeadlineExceeded(f"{type(e).__name__} before the {timeout:g}s deadline: {str(e)[:200]}") from e
+        raise DeadlineExceeded(f"no answer within {timeout:g}s") from None
 
 
 class StoreApi(Protocol):

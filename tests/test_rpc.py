@@ -1,4 +1,5 @@
-"""``rpc.call``: the deadline every actor call carries, and what a timeout says."""
+"""``rpc.call``: the deadline every actor call carries, and what a timeout says; ``rpc.wait_for``: a
+caller cancelled while it waits is cancelled."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import asyncio
 
 import pytest
 
-from prerender_ray.rpc import DeadlineExceeded, call
+from prerender_ray.rpc import DeadlineExceeded, call, wait_for
 
 
 class CallTimedOut(TimeoutError):
@@ -71,3 +72,50 @@ async def test_a_caller_cancelled_as_its_call_fails_is_cancelled() -> None:
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert task.cancelled() and went_on == []
+
+
+async def test_a_loop_cancelled_as_its_wait_ends_is_cancelled() -> None:
+    """``wait_for`` (any awaitable, not only actor calls): a loop waiting for a wake-up, cancelled by its
+    owner's close in the turn the wake-up came, was handed it and waited again, never to end."""
+    wake = asyncio.Event()
+    turns: list[int] = []
+
+    async def loop() -> None:
+        while len(turns) < 3:
+            try:
+                await wait_for(wake.wait(), 5)
+            except TimeoutError:
+                pass
+            wake.clear()
+            turns.append(1)
+
+    task = asyncio.create_task(loop())
+    await asyncio.sleep(0.01)  # waiting: the event's waiter is wrapped in a task of its own
+    wake.set()
+    await asyncio.sleep(0)  # the wrapped wait() ends now; the loop wakes only in a later turn
+    task.cancel()
+    ended, _ = await asyncio.wait([task], timeout=1)
+    if not ended:  # it waits again
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert ended and task.cancelled() and turns == []
+
+
+async def test_wait_for_keeps_its_timeout_and_a_cleanup_after_a_cancel() -> None:
+    """Its timeout is asyncio's own (not a DeadlineExceeded); a task cancelled before the wait (its
+    cleanup in an ``except CancelledError``) gets the result: only a cancel during the wait counts."""
+    with pytest.raises(TimeoutError) as e:
+        await wait_for(asyncio.sleep(10), 0.01)
+    assert type(e.value) is TimeoutError
+
+    async def cleaning_up() -> str:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            return await wait_for(asyncio.sleep(0, "closed"), 5)
+        return "not cancelled"
+
+    task = asyncio.create_task(cleaning_up())
+    await asyncio.sleep(0)
+    task.cancel()
+    assert await task == "closed"

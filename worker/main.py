@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from prerender_ray import logs
+from prerender_ray.rpc import wait_for
 from prerender_ray.worker import outcome as oc
 from prerender_ray.worker.backoff import HostHealth, Timing
 from prerender_ray.worker.blocklist import Blocklist
@@ -198,13 +199,13 @@ class Worker:
                     self._wake.clear()
                     wait_s = max(0.01, self.health.wait_ms(now) / 1000)
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), wait_s)
+                        await wait_for(self._wake.wait(), wait_s)  # a cancel as it wakes ends the loop
                     continue
                 blocked_s = self.pool.unavailable_s() if self.pool is not None else 0.0
                 if blocked_s > 0:  # Chromium will not start: claiming would only fail jobs
                     self._wake.clear()
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), blocked_s)
+                        await wait_for(self._wake.wait(), blocked_s)
                     continue
                 if self.pool is not None and self.pool.needs_launch():
                     try:  # (re)launch before claiming, so a browser that cannot start costs no job

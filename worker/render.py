@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 from prerender_ray import logs
 from prerender_ray.config.model import Scroll
 from prerender_ray.queue import job_options
+from prerender_ray.rpc import wait_for
 from prerender_ray.worker import outcome as oc
 from prerender_ray.worker.blocklist import Blocklist
 from prerender_ray.worker.diagnostics import SCREENSHOT_TIMEOUT_MS, Recorder, screenshot
@@ -110,7 +111,9 @@ class JobState:
                 raise SettleTimeout("the page did not settle within its render budget")
             self.changed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), max(0.001, min(wait, deadline - now)))
+                # rpc's wait_for (here and below): the budget's timeout or a drain's cancel that lands
+                # as a request event comes still ends the render (asyncio's handed it the event)
+                await wait_for(self.changed.wait(), max(0.001, min(wait, deadline - now)))
 
 
 class Renderer:
@@ -392,7 +395,7 @@ class Renderer:
                 if left <= 0:
                     break
                 mark = st.last_activity
-                at = await asyncio.wait_for(page.evaluate(SCROLL_JS, [opts.mode == "auto" and not steps]), left)
+                at = await wait_for(page.evaluate(SCROLL_JS, [opts.mode == "auto" and not steps]), left)
                 if at is None:
                     break  # auto: nothing on the page waits for scrolling
                 steps += 1
@@ -409,7 +412,7 @@ class Renderer:
                 raise
         if steps:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(page.evaluate("window.scrollTo(0, 0)"), max(0.001, deadline - time.monotonic()))
+                await wait_for(page.evaluate("window.scrollTo(0, 0)"), max(0.001, deadline - time.monotonic()))
             st.rec.mark("scrolled", f"{steps} step(s) in {round((time.monotonic() - start) * 1000)} ms")
         return steps
 
@@ -429,7 +432,7 @@ class Renderer:
             args = [SCRIPT_TYPES, self.opts.max_html_bytes, int(LONG_REQUEST_S * 1000), timer_budget <= 0,
                     MAX_SHADOW_ROOTS, MAX_SHADOW_DEPTH]
             try:
-                state = await asyncio.wait_for(
+                state = await wait_for(
                     page.evaluate(CHECK_JS, args), max(0.001, deadline - time.monotonic())
                 )
             except TimeoutError:

@@ -22,6 +22,7 @@ import httpx
 
 from prerender_ray import logs, metrics
 from prerender_ray.config.model import IndexNow
+from prerender_ray.rpc import wait_for
 from prerender_ray.serving.indexnow import Pending, RateLimit, backoff_s, host_of, retryable, submission
 from prerender_ray.serving.origin_policy import NoCookies
 
@@ -111,7 +112,7 @@ class Endpoint:
         while True:
             try:
                 try:
-                    await asyncio.wait_for(self.wake.wait(), interval)
+                    await wait_for(self.wake.wait(), interval)  # a close's cancel as a batch fills ends it
                 except TimeoutError:
                     pass
                 self.wake.clear()

@@ -33,7 +33,7 @@ from prerender_ray.config.overrides import LiveConfig
 from prerender_ray.identity.membership import Membership, MembershipView
 from prerender_ray.identity.nodes import NodeInfo
 from prerender_ray.queue import drain
-from prerender_ray.rpc import LeaseApi, Peers, StoreApi, call
+from prerender_ray.rpc import LeaseApi, Peers, StoreApi, call, wait_for
 from prerender_ray.storage.keys import KEEPER_EPOCH, OVERRIDES_KEY
 from prerender_ray.storage.rocks import Store
 from prerender_ray.timeutil import SYSTEM_CLOCK, Clock
@@ -188,8 +188,10 @@ class Keeper:
     async def _restore_mirror(self) -> None:
         for _ in range(LEASE_TABLE_TRIES):
             try:
-                self.claims.restore_mirror(await asyncio.wait_for(self.leases.blocked(), 10))
-                await asyncio.wait_for(self.leases.reopen_answering(), 10)  # what a dead predecessor left
+                # rpc's wait_for: a load cancelled by the close as the table answers goes no further
+                # (the close does not wait for it: the rows' db closes at once)
+                self.claims.restore_mirror(await wait_for(self.leases.blocked(), 10))
+                await wait_for(self.leases.reopen_answering(), 10)  # what a dead predecessor left
                 return
             except Exception as e:  # the lease table may still be starting
                 self.log.info("waiting for the lease table", error=type(e).__name__)
