@@ -28,6 +28,7 @@ from prerender_ray.identity.membership import (
 from prerender_ray.queue.schedule import ScheduleRow
 from prerender_ray.rpc import LeaseApi, Peers
 from prerender_ray.storage.keys import KEEPER_EPOCH
+from prerender_ray.tasks import Tasks
 
 HANDOFF_BATCH = 4_000  # rows per adopt: a join of 1M targets hands ~170,000 per old node (~250 KB a call)
 MAX_BACKOFF_S = 30.0
@@ -39,7 +40,7 @@ class MembershipMoved(Exception):
 
 class Handoff:
     def __init__(self, rows: Rows, claims: Claims, leases: LeaseApi, peers: Peers, view: MembershipView,
-                 node: str, log: Any, members: Callable[[], Awaitable[Membership]] | None = None):
+                 node: str, log: Any, tasks: Tasks, members: Callable[[], Awaitable[Membership]] | None = None):
         self.rows = rows
         self.claims = claims
         self.leases = leases
@@ -47,6 +48,7 @@ class Handoff:
         self.view = view
         self.node = node
         self.log = log
+        self.tasks = tasks  # the keeper's: a pass is ended before its rows' db closes
         self.members = members  # the controller's membership (None: membership comes by push only)
         self._unasked = Sometimes()
         self._refusals: set[tuple[str, int]] = set()  # (peer, its epoch) refusals said once each
@@ -203,7 +205,7 @@ class Handoff:
     def kick(self) -> None:
         self._again = True  # a pass running now looks at the store once more before it ends
         if self.task is None or self.task.done():
-            self.task = asyncio.get_running_loop().create_task(self.run())
+            self.task = self.tasks.spawn(self.run())
 
     async def run(self) -> None:
         """Hand unowned rows to their owners until none are left; retried while an owner is away."""

@@ -25,6 +25,7 @@ from prerender_ray.config.model import IndexNow
 from prerender_ray.rpc import wait_for
 from prerender_ray.serving.indexnow import Pending, RateLimit, backoff_s, host_of, retryable, submission
 from prerender_ray.serving.origin_policy import NoCookies
+from prerender_ray.tasks import Tasks
 
 log = logs.get("indexnow")
 ANSWER_BYTES = 4096  # an endpoint's answer is read this far (its status is what counts), then closed
@@ -148,12 +149,11 @@ class Notifier:
     async def flush(self) -> None:
         await asyncio.gather(*(e.flush() for e in self.endpoints))
 
-    def start(self) -> list[asyncio.Task]:
-        loop = asyncio.get_running_loop()
-        self.tasks = [loop.create_task(e.run()) for e in self.endpoints]
-        return self.tasks
+    def start(self, tasks: Tasks) -> None:
+        """The endpoints' loops, as tasks of ``tasks`` (the keeper's: its close ends them)."""
+        self.tasks = [tasks.spawn(e.run()) for e in self.endpoints]
 
     async def close(self) -> None:
-        for t in self.tasks:
+        for t in self.tasks:  # the keeper's close has awaited them by now (``Tasks.close``)
             t.cancel()
         await self.client.aclose()

@@ -36,6 +36,7 @@ from prerender_ray.queue import drain
 from prerender_ray.rpc import LeaseApi, Peers, StoreApi, call, wait_for
 from prerender_ray.storage.keys import KEEPER_EPOCH, OVERRIDES_KEY
 from prerender_ray.storage.rocks import Store
+from prerender_ray.tasks import Tasks
 from prerender_ray.timeutil import SYSTEM_CLOCK, Clock
 
 STORE_SYNC_S = 300.0
@@ -64,16 +65,17 @@ class Keeper:
         # read again before the load, and only a higher epoch replaces it)
         self.view = MembershipView(membership) if membership is not None else MembershipView.alone(info)
         self.after_load = after_load  # e.g. freeze the loaded rows out of the cyclic GC
+        self.tasks = Tasks()  # every background task of its parts: ended before the rows' db closes
         self.rows = Rows(db, self.conf, self.view, self.node, log, clock)
         self.claims = Claims(self.rows, self.conf, leases, info.url, log)
-        self.status = Status(self.rows, self.claims, store, info, log, broadcaster,
+        self.status = Status(self.rows, self.claims, store, info, log, self.tasks, broadcaster,
                              status_sync_ms=cfg.queue.status_sync_interval)
         self.targets = Targets(self.rows, self.conf, store, peers, self.view, self.node)
         self.results = Results(self.rows, self.claims, self.targets, self.conf, leases, store, peers,
                                self.view, self.node, log)
-        self.handoff = Handoff(self.rows, self.claims, leases, peers, self.view, self.node, log,
+        self.handoff = Handoff(self.rows, self.claims, leases, peers, self.view, self.node, log, self.tasks,
                                fetch_membership)
-        self.repair = Repair(self.rows, self.conf, store, self.handoff, self.view, self.node, log)
+        self.repair = Repair(self.rows, self.conf, store, self.handoff, self.view, self.node, log, self.tasks)
         self.discoveries = Discoveries(self.rows, self.conf, self.targets, store, peers, self.view,
                                        self.node, log)
         # the few edges that point back up, wired here once
@@ -95,7 +97,6 @@ class Keeper:
         self.rows.on_unowned = self.handoff.kick
         self.loaded_at: float | None = None
         self._frozen_at = self.rows.clock.monotonic()
-        self.tasks: list[asyncio.Task] = []
 
     @property
     def cfg(self) -> Config:
@@ -116,16 +117,15 @@ class Keeper:
 
     def start(self) -> None:
         """The load and the loops, on the running event loop."""
-        loop = asyncio.get_running_loop()
-        self.tasks = [loop.create_task(self.load()), loop.create_task(self._publisher()),
-                      loop.create_task(self._status_syncer()), loop.create_task(self._verifier()),
-                      loop.create_task(self._membership_checker())]
+        for coro in (self.load(), self._publisher(), self._status_syncer(), self._verifier(),
+                     self._membership_checker()):
+            self.tasks.spawn(coro)
         if self.cfg.render.reconcile.enabled:
-            self.tasks.append(loop.create_task(self.repair.timer()))
+            self.tasks.spawn(self.repair.timer())
         if self.status.mqtt is not None:
-            self.tasks.append(loop.create_task(self.status.forget_old_host()))
+            self.tasks.spawn(self.status.forget_old_host())
         if self.index_now is not None:
-            self.tasks += self.index_now.start()
+            self.index_now.start(self.tasks)
 
     # ------------------------------------------------------------------------------ live config
 
@@ -189,7 +189,7 @@ class Keeper:
         for _ in range(LEASE_TABLE_TRIES):
             try:
                 # rpc's wait_for: a load cancelled by the close as the table answers goes no further
-                # (the close does not wait for it: the rows' db closes at once)
+                # (one that went on would hold the close up to its deadline, then write to a closed db)
                 self.claims.restore_mirror(await wait_for(self.leases.blocked(), 10))
                 await wait_for(self.leases.reopen_answering(), 10)  # what a dead predecessor left
                 return
@@ -368,8 +368,11 @@ class Keeper:
         return 200, json.loads(json.dumps(doc, default=str))
 
     async def close(self) -> None:
-        for t in self.tasks:
-            t.cancel()
+        """End every task of the keeper's parts, then close the rows' db: one still running (a load, a
+        hand-off pass, a repair, a status write) would write to it, or call peers, after the close."""
+        stuck = await self.tasks.close()
+        if stuck:
+            self.log.error("keeper tasks did not end when cancelled", tasks=[t.get_name() for t in stuck])
         self.handoff.close()
         self.claims.close()
         self.status.close()

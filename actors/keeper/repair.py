@@ -19,6 +19,7 @@ from prerender_ray.identity.membership import Membership, MembershipView
 from prerender_ray.rpc import StoreApi
 from prerender_ray.storage.keys import TARGET
 from prerender_ray.storage.registry import RecordError, Target
+from prerender_ray.tasks import Tasks
 from prerender_ray.timeutil import fnv1a32
 
 SCAN_CHUNK = 2_000
@@ -29,7 +30,7 @@ WRITE_CHUNK = 1_000
 
 class Repair:
     def __init__(self, rows: Rows, conf: CurrentConfig, store: StoreApi, handoff: Handoff, view: MembershipView,
-                 node: str, log: Any):
+                 node: str, log: Any, tasks: Tasks):
         self.rows = rows
         self.conf = conf
         self.store = store
@@ -37,6 +38,7 @@ class Repair:
         self.view = view
         self.node = node
         self.log = log
+        self.tasks = tasks  # the keeper's: a pass is ended before its rows' db closes
         self.running = False
         self.last: dict | None = None
         self._admin_task: asyncio.Task | None = None
@@ -59,7 +61,7 @@ class Repair:
     def rebuild_soon(self, departed: list[str], before: Membership) -> None:
         """The slice of departed nodes: their rows died with them. ``before`` is the membership they
         left, fixed now: another change may come before the pass runs."""
-        task = asyncio.get_running_loop().create_task(self._rebuild(departed, before))
+        task = self.tasks.spawn(self._rebuild(departed, before))
         self._rebuilds.add(task)
         task.add_done_callback(self._rebuilds.discard)
 
@@ -96,7 +98,7 @@ class Repair:
                 metrics.loop_errors.labels("reconcile").inc()
                 self.log.error("reconcile failed", error=repr(e))
 
-        self._admin_task = asyncio.get_running_loop().create_task(run())
+        self._admin_task = self.tasks.spawn(run())
         return {"started": True, "alreadyRunning": False, "lastRun": self.last}
 
     async def reconcile(self, *, departed: list[str] | None = None, before: Membership | None = None) -> dict:

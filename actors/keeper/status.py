@@ -21,13 +21,14 @@ from prerender_ray.queue.status import StatusReporter, derive_status, resolve_de
 from prerender_ray.rpc import StoreApi
 from prerender_ray.storage.keys import OVERRIDES_KEY, QUEUE_CONTROL, QUEUE_STATUS
 from prerender_ray.storage.registry import decode_json, encode_json
+from prerender_ray.tasks import Tasks
 
 CLUSTER_SCOPE = "all"
 STATUSES = ("unready", "empty", "queued", "paused")
 
 
 class Status:
-    def __init__(self, rows: Rows, claims: Claims, store: StoreApi, info: NodeInfo, log: Any,
+    def __init__(self, rows: Rows, claims: Claims, store: StoreApi, info: NodeInfo, log: Any, tasks: Tasks,
                  broadcaster: Any = None, status_sync_ms: int = 1000):
         self.rows = rows
         self.claims = claims
@@ -35,6 +36,7 @@ class Status:
         self.info = info
         self.node = info.name
         self.log = log
+        self.tasks = tasks  # the keeper's: a status write does not outlive its close
         self.mqtt = broadcaster  # the reference fleet's MQTT status (or None)
         self.status_sync_ms = status_sync_ms
         self.reporter = StatusReporter()
@@ -79,7 +81,7 @@ class Status:
             self.mqtt.publish(status, now)
         row = encode_json({"hostname": self.info.host, "node": self.node, "status": status, "updatedTime": now,
                            "url": self.info.url})
-        return asyncio.get_running_loop().create_task(self._write(row))
+        return self.tasks.spawn(self._write(row))
 
     async def _write(self, row: bytes) -> None:
         try:

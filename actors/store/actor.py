@@ -30,7 +30,6 @@ from prerender_ray.actors.store.page_log import StorePageLog
 from prerender_ray.actors.store.rebalance import Rebalancing
 from prerender_ray.actors.store.records import BATCH_RECORDS, Op, Record, Records, Row
 from prerender_ray.actors.store.replication import Shipping, peer_client
-from prerender_ray.actors.store.tasks import Tasks
 from prerender_ray.config.model import Config
 from prerender_ray.identity.cachekeys import KeyFormat
 from prerender_ray.identity.membership import NOBODY, Membership
@@ -44,6 +43,7 @@ from prerender_ray.storage.registry import SitemapReader, by_sitemap_prefix, sit
 from prerender_ray.storage.replication import CLOCK_OFFSET_ENV, Clock, payload_of
 from prerender_ray.storage.rocks import PAGES, REGISTRY, Store, pagelog_path, store_path
 from prerender_ray.storage.touches import applicable, is_touch_key, touch_key, touched, touched_payload
+from prerender_ray.tasks import Tasks
 from prerender_ray.timeutil import SYSTEM_CLOCK
 from prerender_ray.timeutil import Clock as WallClock
 

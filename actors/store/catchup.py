@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING, Any
 from prerender_ray.actors.store.members import Members
 from prerender_ray.actors.store.pulls import Arrivals, Owed, Pulled
 from prerender_ray.actors.store.records import BATCH_BYTES, BATCH_RECORDS, DBS, HLC, Record, Records
-from prerender_ray.actors.store.tasks import Tasks
 from prerender_ray.identity.membership import NOBODY, StaleEpoch
 from prerender_ray.storage.keys import VIDX
 from prerender_ray.storage.placement import NEVER, Placement, share_sender
 from prerender_ray.storage.replication import Clock, Version, writer_bytes
+from prerender_ray.tasks import Tasks
 from prerender_ray.timeutil import Clock as WallClock
 
 if TYPE_CHECKING:

@@ -46,11 +46,11 @@ from typing import TYPE_CHECKING, Any
 from prerender_ray import metrics
 from prerender_ray.actors.store.members import Members
 from prerender_ray.actors.store.records import Records
-from prerender_ray.actors.store.tasks import Tasks
 from prerender_ray.identity.membership import NOBODY, StaleEpoch
 from prerender_ray.storage.keys import FRESHNESS, REBALANCE, RENDER_HISTORY, TARGET
 from prerender_ray.storage.placement import Placement
 from prerender_ray.storage.replication import LOGICAL_BITS, hlc_bytes, unwrap
+from prerender_ray.tasks import Tasks
 from prerender_ray.timeutil import Clock
 
 if TYPE_CHECKING:

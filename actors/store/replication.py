@@ -21,11 +21,11 @@ from prerender_ray import metrics
 from prerender_ray.actors.store import catchup
 from prerender_ray.actors.store.members import Members
 from prerender_ray.actors.store.records import BATCH_BYTES, BATCH_RECORDS, DBS, HLC, Record, Records
-from prerender_ray.actors.store.tasks import Tasks
 from prerender_ray.identity.membership import StaleEpoch
 from prerender_ray.storage.keys import SHIPPED
 from prerender_ray.storage.placement import NEVER
 from prerender_ray.storage.replication import unwrap
+from prerender_ray.tasks import Tasks
 
 if TYPE_CHECKING:
     from prerender_ray.actors.store.actor import StoreClient

@@ -11,7 +11,6 @@ from typing import Any
 from prerender_ray import logs
 from prerender_ray.actors.store.actor import NodeStore, StoreClient
 from prerender_ray.actors.store.replication import SHIP_DEADLINE_S
-from prerender_ray.actors.store.tasks import Tasks
 from prerender_ray.identity.membership import Membership
 from prerender_ray.rpc import Local
 from prerender_ray.storage.registry import Target, target_key
@@ -95,38 +94,3 @@ async def test_a_store_closed_mid_walk_ends_the_walk_and_writes_nothing_after(tm
     assert [line for line in log.lines if line[0] in ("error", "exception")] == []
     assert store.rebalancing.rebalance_report["state"] == "superseded"
 
-
-async def test_a_close_ends_the_tasks_a_cancelled_one_starts_and_names_those_that_do_not_end() -> None:
-    tasks = Tasks()
-    ran: list[str] = []
-
-    async def later() -> None:
-        ran.append("later")
-
-    async def walk() -> None:
-        try:
-            await asyncio.sleep(60)
-        finally:
-            tasks.spawn(later())  # as a push on that gives up starts a walk
-
-    stop = False
-
-    async def stubborn() -> None:
-        while not stop:
-            try:
-                await asyncio.sleep(60)
-            except asyncio.CancelledError:
-                pass
-
-    first = tasks.spawn(walk())
-    await asyncio.sleep(0)
-    assert await tasks.close(1.0) == [] and first.cancelled() and len(tasks) == 0
-    assert ran == []  # started once the close began: never ran
-
-    tasks = Tasks()
-    left = tasks.spawn(stubborn())
-    await asyncio.sleep(0)
-    assert await tasks.close(0.1) == [left]
-    stop = True
-    left.cancel()
-    await asyncio.gather(left, return_exceptions=True)

@@ -12,12 +12,12 @@ from prerender_ray import logs
 from prerender_ray.actors.store.actor import NodeStore, StoreClient
 from prerender_ray.actors.store.records import no_index
 from prerender_ray.actors.store.replication import SHIP_DEADLINE_S
-from prerender_ray.actors.store.tasks import Tasks
 from prerender_ray.identity.membership import NOBODY, Membership
 from prerender_ray.rpc import Local
 from prerender_ray.storage.keys import QUEUE_CONTROL, SHIPPED, TARGET
 from prerender_ray.storage.replication import Clock, payload_of
 from prerender_ray.storage.rocks import PAGES, REGISTRY, Store, store_path
+from prerender_ray.tasks import Tasks
 from prerender_ray.timeutil import SYSTEM_CLOCK
 
 

@@ -1,10 +1,11 @@
-"""The background tasks of one node store, owned in one place (a part of ``NodeStore``).
+"""The background tasks of one owner, kept in one place (the node store's, the keeper's). Pure asyncio.
 
-Every task a store's parts start (walks, pushes on, pulls owed, shippers, catch-ups, the membership
-check, the page log's upkeep) is started through ``spawn``, so that ``close`` cancels each and awaits
-its end before the store's files close: a task left out went on after the close and wrote to a closed
-RocksDB (a walk, its drop and its placement kept on disk). A task started once the close began never
-runs (a cancelled task's own handler may start another, a walk after a push on).
+Every task an owner's parts start (a store's walks, pushes on, pulls owed, shippers, catch-ups; a
+keeper's loops, hand-off passes, repairs, status writes) is started through ``spawn``, so that
+``close`` cancels each and awaits its end before the owner's files close: a task left out went on
+after the close and wrote to a closed RocksDB (a walk, its drop and its placement kept on disk). A task
+started once the close began never runs (a cancelled task's own handler may start another, a walk
+after a push on).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ class Tasks:
         self.closing = False
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
-        """``coro`` as a task of the store's, forgotten when it ends."""
+        """``coro`` as a task of the owner's, forgotten when it ends."""
         task = asyncio.get_running_loop().create_task(coro)
         self._live.add(task)
         task.add_done_callback(self._live.discard)
