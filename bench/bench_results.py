@@ -151,7 +151,7 @@ def floor(n: int, tmp: Path) -> float:
 
 
 def profile_start(out: str | None, pids: dict[str, int]) -> list[subprocess.Popen]:
-    """py-spy on the keeper and the store until stopped (``--profile DIR``): raw collapsed stacks."""
+    """py-spy on the keeper, the store and the ingress replicas until stopped (``--profile DIR``): raw collapsed stacks."""
     if not out:
         return []
     Path(out).mkdir(parents=True, exist_ok=True)
@@ -159,7 +159,7 @@ def profile_start(out: str | None, pids: dict[str, int]) -> list[subprocess.Pope
     return [subprocess.Popen([str(spy), "record", "-p", str(pid), "-r", "200", "-f", "raw", "--nonblocking",
                               "-o", str(Path(out) / f"{role(name)}-{pid}.txt")],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            for name, pid in pids.items() if role(name) in ("keeper", "store")]
+            for name, pid in pids.items() if role(name) in ("keeper", "store", "ingress")]
 
 
 def main() -> None:
@@ -167,7 +167,7 @@ def main() -> None:
     ap.add_argument("--results", type=int, default=2000)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--profile", default=None, help="py-spy the keeper and the store over the last round's posts into DIR")
+    ap.add_argument("--profile", default=None, help="py-spy the keeper, the store and the ingress replicas over the last round's posts into DIR")
     args = ap.parse_args()
 
     from prerender_ray import logs
