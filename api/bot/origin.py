@@ -133,7 +133,7 @@ class OriginClient:
         as an iterator is streamed (what it raises passes through). Raises OriginError."""
         client = self.client
         try:
-            request = client.build_request(method, url, headers=list(headers), content=body)
+            request = client.build_request(method, url, headers=[_raw(n, v) for n, v in headers], content=body)
         except httpx.InvalidURL as e:
             raise OriginError(400, "refused", f"not a URL the origin client can fetch: {e}") from None
         refused = self.policy.request_refusal(request.url.scheme, request.url.raw_host, request.url.port)
@@ -215,3 +215,13 @@ class OriginClient:
     @property
     def inflight(self) -> int:
         return len(self._inflight)
+
+
+def _raw(name: str, value: str) -> tuple[bytes, bytes]:
+    """A header as the bytes it came as: a bot's were decoded as latin-1 (``middleware._request_headers``),
+    so they go back the same way (httpx encodes text as ASCII: a bot sending one byte over 127 made
+    every miss it asked for a 500). Our own values (the config's) that latin-1 cannot hold go as UTF-8."""
+    try:
+        return name.encode("latin-1"), value.encode("latin-1")
+    except UnicodeEncodeError:
+        return name.encode(), value.encode()

@@ -386,3 +386,67 @@ def test_the_protocol_answers_spread_hits_as_the_asgi_path_does(node, site, spre
             seen.append((received, tally.totals(), delta(after[0], before[0])))
             assert after[1] - before[1] == (wired if on else 0), name
         assert seen[1] == seen[0], name
+
+
+def test_random_crawls_are_answered_by_the_protocol_as_the_asgi_path_answers_them(
+    node, site, page, spread, controlled, monkeypatch
+) -> None:
+    """Seeded random scripts over the spread pages, a miss and a route: bots and browsers, GET and
+    HEAD, HTTP/1.0 and 1.1, codings, validators, devices, Markdown, odd and repeated headers, closes.
+    Each is played with the protocol's own answers off, then on (both memos emptied first): the
+    bytes received and every count must be the same."""
+    import random
+
+    port = node.info.port
+    served = node.ingress[0]
+    memo, decisions, counters = (getattr(services(node, 0), n) for n in ("memo", "decisions", "counters"))
+    assert memo is not None and decisions is not None
+    etags = []
+    for target in (page, *spread):
+        head = play(port, [[one(req(port, target, {"user-agent": GOOGLE, "accept-encoding": "gzip",
+                                                   "connection": "close"}))]])[0]
+        etags += [line.partition(b": ")[2].decode() for line in head.split(b"\r\n") if line.startswith(b"etag: ")]
+    node.run(_call(counters.flush))
+    tally = Tally(counters)
+    monkeypatch.setattr(counters, "flush", tally.flush)
+    targets = [page, *spread, spread[0] + "?utm_source=x", f"/p/{site.base}/noindex", "/nope"]
+    variants: list[dict[str, str]] = [
+        {"user-agent": GOOGLE}, {"user-agent": BROWSER}, {"accept-encoding": "gzip"}, {"accept-encoding": "br"},
+        {"accept-encoding": "identity;q=0, gzip"}, {"if-none-match": etags[0]}, {"if-none-match": etags[1]},
+        {"x-device-type": "mobile"}, {"accept": "text/markdown"}, {"x-odd": "\u00e9t\u00e9"},
+        {"accept-encoding": "gzip, gzip"}, {"x-harper-prerender-debug": "1"},
+    ]
+    stored = [node.run(_call(lambda p=p: services(node, 0).pages.get(p[3:] + "|desktop"))) for p in spread]
+    expires = min(p.expires_at for p in stored)
+    start = controlled.now
+    # fresh, in its stale-while-revalidate window, stale: only the first is a hit the protocol may answer
+    moments = (start, start, expires + 30_000, expires + 3_600_000)
+    rnd = random.Random(37)
+    wired = 0
+    for n in range(24):
+        controlled.now = moments[n % len(moments)]
+        base = {"user-agent": rnd.choice((GOOGLE, GOOGLE, BROWSER)), "accept-encoding": "gzip"}
+        for v in rnd.sample(variants, rnd.randrange(3)):
+            base.update(v)
+        steps = []
+        for _ in range(rnd.randrange(2, 6)):
+            method = rnd.choice(("GET", "GET", "GET", "HEAD"))
+            steps.append(one(req(port, rnd.choice(targets), base, method)))
+        close = {**base, "connection": "close"}
+        version = rnd.choice(("1.1", "1.1", "1.0"))
+        script = [[*steps, one(req(port, rnd.choice(targets), close, version=version))]]
+        seen = []
+        play(port, script)  # what outlives the memos (conversions, decoded pages) made once
+        for on in (False, True):
+            monkeypatch.setattr(GuardedHttp, "memo_hits", on)
+            memo.clear()
+            decisions.clear()
+            tally.reset()
+            before = (stats(node, 0), decisions.wired + memo.wired)
+            received = play(port, script)
+            wait_for(lambda: not served.server.server_state.tasks, interval=0.01, what="every request's task done")
+            seen.append((received, tally.totals(), delta(stats(node, 0), before[0])))
+            if on:
+                wired += decisions.wired + memo.wired - before[1]
+        assert seen[1] == seen[0], (n, script)
+    assert wired > 10  # the protocol answered a good share itself

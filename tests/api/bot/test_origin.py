@@ -94,3 +94,19 @@ async def test_no_cookie_is_kept_from_one_fetch_to_the_next(site) -> None:
         assert "cookie" not in site.last("/page/cookie-again").headers
     finally:
         await c.aclose()
+
+
+async def test_a_bots_header_goes_to_the_origin_as_the_bytes_it_came_as(site) -> None:
+    # the ingress decodes a bot's header bytes as latin-1; httpx would encode text as ASCII, so one
+    # byte over 127 made every miss a 500
+    c = client()
+    try:
+        odd = "\u00e9t\u00e9".encode().decode("latin-1")  # the UTF-8 bytes of "été", as the ingress holds them
+        answer = await c.fetch("GET", f"{site.base}/page/odd-header", [("x-odd", odd), ("user-agent", "Bot \u2603")],
+                               reason="miss")
+        assert answer.status == 200
+        seen = site.last("/page/odd-header").headers
+        assert seen["x-odd"] == odd  # the site decodes latin-1: the same bytes arrived
+        assert seen["user-agent"] == "Bot \u2603".encode().decode("latin-1")  # not latin-1 text: sent as UTF-8
+    finally:
+        await c.aclose()
