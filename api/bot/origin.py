@@ -32,6 +32,7 @@ import httpx
 
 from prerender_ray import metrics
 from prerender_ray.config.model import Config
+from prerender_ray.serving.answer import encode_header
 from prerender_ray.serving.origin_policy import NoCookies, OriginPolicy
 
 MAX_CONNECTIONS = 256
@@ -133,7 +134,10 @@ class OriginClient:
         as an iterator is streamed (what it raises passes through). Raises OriginError."""
         client = self.client
         try:
-            request = client.build_request(method, url, headers=[_raw(n, v) for n, v in headers], content=body)
+            # a bot's headers as the bytes they came as (httpx encodes text as ASCII: one byte over 127
+            # made every miss of that bot a 500)
+            raw = [(encode_header(name), encode_header(value)) for name, value in headers]
+            request = client.build_request(method, url, headers=raw, content=body)
         except httpx.InvalidURL as e:
             raise OriginError(400, "refused", f"not a URL the origin client can fetch: {e}") from None
         refused = self.policy.request_refusal(request.url.scheme, request.url.raw_host, request.url.port)
@@ -215,13 +219,3 @@ class OriginClient:
     @property
     def inflight(self) -> int:
         return len(self._inflight)
-
-
-def _raw(name: str, value: str) -> tuple[bytes, bytes]:
-    """A header as the bytes it came as: a bot's were decoded as latin-1 (``middleware._request_headers``),
-    so they go back the same way (httpx encodes text as ASCII: a bot sending one byte over 127 made
-    every miss it asked for a 500). Our own values (the config's) that latin-1 cannot hold go as UTF-8."""
-    try:
-        return name.encode("latin-1"), value.encode("latin-1")
-    except UnicodeEncodeError:
-        return name.encode(), value.encode()

@@ -141,10 +141,13 @@ def error_reply(status: int, message: str, **extra: str) -> Reply:
                           "cache-control": "no-store"}, body)
 
 
-def _encode(value: str) -> bytes:
+def encode_header(value: str) -> bytes:
+    """A header name or value as bytes: latin-1, the inverse of how the ingress decodes a request's
+    (a bot's bytes go back as they came); text latin-1 cannot hold (stored headers are JSON text, the
+    config's values) goes as the UTF-8 its writer meant."""
     try:
         return value.encode("latin-1")
-    except UnicodeEncodeError:  # stored headers are JSON text; send what the renderer meant
+    except UnicodeEncodeError:
         return value.encode("utf-8")
 
 
@@ -153,8 +156,8 @@ def asgi_headers(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
     character (one that could split a response, or that uvicorn would refuse with a 500) is dropped."""
     names, values = "".join(headers), "".join(headers.values())
     if "" not in headers and _TOKEN.fullmatch(names) and not _BAD_VALUE.search(values):  # the usual case
-        return [(_encode(name), _encode(value)) for name, value in headers.items()]
-    return [(_encode(name), _encode(value)) for name, value in headers.items()
+        return [(encode_header(name), encode_header(value)) for name, value in headers.items()]
+    return [(encode_header(name), encode_header(value)) for name, value in headers.items()
             if _TOKEN.fullmatch(name) and not _BAD_VALUE.search(value)]
 
 
