@@ -136,8 +136,8 @@ class OriginClient:
         try:
             # a bot's headers as the bytes they came as (httpx encodes text as ASCII: one byte over 127
             # made every miss of that bot a 500)
-            raw = [(encode_header(name), encode_header(value)) for name, value in headers]
-            request = client.build_request(method, url, headers=raw, content=body)
+            sent = [(encode_header(name), encode_header(value)) for name, value in headers]
+            request = client.build_request(method, url, headers=sent, content=body)
         except httpx.InvalidURL as e:
             raise OriginError(400, "refused", f"not a URL the origin client can fetch: {e}") from None
         refused = self.policy.request_refusal(request.url.scheme, request.url.raw_host, request.url.port)
