@@ -244,7 +244,7 @@ class Handoff:
                     keys = [r[0] for r in batch]
                     leases = await self.leases.export_keys(keys)
                     now = self.rows.clock.now_ms()
-                    fences = [[k, *f] for k in keys if (f := self.rows.fence_of(k, now)) is not None]
+                    fences = [[k, *f] for k in keys for f in self.rows.fence_of(k, now)]
                     try:
                         await keeper.adopt(batch, leases, m.epoch, fences)
                     except StaleEpoch as e:  # the owner is on a newer membership than ours
@@ -278,6 +278,7 @@ class Handoff:
         # ranking and kicks the hand-off: passed on now (no later membership change may come to move them).
         self.rows.write(rows, leased={key for key, _ in leases})
         if fences:  # what the sender still waited on for these keys waits here now
-            self.rows.carry(fences[:len(rows)], self.rows.clock.now_ms())
+            # a key comes once per node it waits on
+            self.rows.carry(fences[:len(rows) * len(self.view.current.names)], self.rows.clock.now_ms())
         self.report["adopted"] += len(rows)
         return len(rows)

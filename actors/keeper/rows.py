@@ -43,11 +43,6 @@ class Said:
     fence_epoch: int
 
 
-def _said_as(said: Said) -> tuple:
-    """What ``said`` says, comparable (an ``Ownership`` compares by identity)."""
-    return said.epoch, said.others.names if said.others is not None else None, said.waiting, said.fence_epoch
-
-
 def per_url(url_of: Callable[[str], str], of_url: Callable[[str], Any]) -> Callable[[str], Any]:
     """``of_url(url_of(key))`` for a walk that meets a URL's device variants one after the other
     (the store's keys, the ranking's rows): asked once per URL, not once per key."""
@@ -114,15 +109,12 @@ class Rows:
         self.load_ms: float | None = None
         self.verify_report: dict | None = None
         self._fences: list[tuple[int, Membership, int]] = []  # (until, before, epoch): see ``fence``
-        self.fenced: dict[str, tuple[int, str, int]] = {}  # key -> (until, previous owner, epoch)
+        # key -> (until, the nodes that may hold its lease, epoch)
+        self.fenced: dict[str, tuple[int, tuple[str, ...], int]] = {}
         self.fence_all: tuple[int, int, Ownership] | None = None  # (until, epoch, the others): see ``fence``
         self._handed: set[str] = set()  # keys adopted while ``fence_all`` stands
         # node -> what it said last: its hand-off for that epoch is done, and the fence it still had
         self.done: dict[str, Said] = {}
-        self._dones = 0  # changes of ``done``: what ``fence_only`` decided holds until the next
-        self._maybe: set[str] | None = None  # see ``fence_only``
-        self._maybe_at = (-1, -1)  # (``_dones``, epoch) it was decided at
-        self._unjudged: set[str] = set()  # keys written since: decided at the next ``fence_only``
 
     def __len__(self) -> int:
         return len(self.ranking)
@@ -208,8 +200,6 @@ class Rows:
         self.ranking.upsert_many(rows, route_of or self.route_of, delimiter=self._variants)
         if self.touched is not None:
             self.touched.update(r[0] for r in rows)
-        if self._maybe is not None:  # not decided against the fence yet (``fence_only``)
-            self._unjudged.update(r[0] for r in rows)
         if any(r[1] is not None and r[1] <= now for r in rows):
             self.on_due()
         self.flow("rescheduled", len(rows))
@@ -222,9 +212,13 @@ class Rows:
         any other path than a hand-off (a put, a rebuild, a result's row) is not granted until its
         previous owner under ``before`` said its hand-off for ``epoch`` is done (``done``), or left,
         or ``until`` (a lease's length) passed. ``before`` None (a keeper that starts among others
-        and cannot know who owned what): every key not handed over waits for every other member."""
+        and cannot know who owned what): every key not handed over waits for every other member.
+        Not only for the one that owns the key among the others: memberships this keeper never saw
+        may have given it to any of them (simulation seed 20054: n4 and n3 came back together into
+        {n1, n2, n3, n4}; p29, n2's under {n1, n2}, was leased by n2, down; n4 waited only on n3, the
+        owner among {n1, n2, n3}, which left, and n4 granted p29 under n2's lease)."""
         now = self.clock.now_ms()
-        if before is None:  # the owner of each key among the others: who held it before we came
+        if before is None:  # any of the others may have held any key before we came
             others = [n for n in self.view.current.names if n != self.node]
             self.fence_all = (until, epoch, Ownership(others))
             return
@@ -249,126 +243,58 @@ class Rows:
             for until, before, epoch in self._fences:
                 prev = before.owner(url) if before.names else node
                 if prev != node and prev in members:
-                    self.fenced[key] = (until, prev, epoch)
+                    self.fenced[key] = (until, (prev,), epoch)
                     break
 
     def is_fenced(self, key: str, now: int) -> bool:
-        if self.fence_all is not None:
-            until, epoch, others = self.fence_all
-            if until > now and not all(self._said_clean(n, epoch) for n in others.names):
-                if key not in self._handed and key not in self.fenced:
-                    url = self.conf.rules.url_of(key)
-                    if not self.clear(others.owner(url), epoch, url):
-                        return True
-            else:
-                self.fence_all, self._handed = None, set()
+        if key not in self._handed and key not in self.fenced and self.is_fenced_any(now):
+            return True
         entry = self.fenced.get(key)
         if entry is None:
             return False
-        until, prev, epoch = entry
-        if until <= now or self.clear(prev, epoch, self.conf.rules.url_of(key)):
+        until, prevs, epoch = entry
+        if until <= now or all(self.clear(n, epoch) for n in prevs):
             del self.fenced[key]
             return False
         return True
 
     def fence_test(self, now: int) -> Callable[[str], bool]:
         """``is_fenced`` at ``now`` for every key a publish walks. A keeper that starts among others is
-        fenced on every key, and a publish asks about each due row: what does not depend on the key
-        (is the fence open, which of the others are clear) is decided once here, not per key (per key
-        it made a join's hand-off quadratic: 86 % of the joining keeper's CPU)."""
+        fenced on every key, and a publish asks about each due row: whether that fence stands is
+        decided once here, not per key (per key it made a join's hand-off quadratic: 86 % of the
+        joining keeper's CPU)."""
         fenced, handed = self.fenced, self._handed
         if not self.is_fenced_any(now):
             return lambda key: key in fenced and self.is_fenced(key, now)
-        assert self.fence_all is not None
-        _, epoch, others = self.fence_all
-        verdicts = {n: self._verdict(n, epoch) for n in others.names}
-        if all(v is False for v in verdicts.values()):  # nobody clear yet: every key waits but its own fence's
-            return lambda key: self.is_fenced(key, now) if key in handed or key in fenced else True
-        url_of = self.conf.rules.url_of
-
-        def test(key: str) -> bool:
-            if key in handed or key in fenced:
-                return self.is_fenced(key, now)
-            url = url_of(key)
-            owner = others.owner(url)
-            verdict = verdicts.get(owner)
-            return not (self.clear(owner, epoch, url) if verdict is None else verdict)
-
-        return test
+        return lambda key: self.is_fenced(key, now) if key in handed or key in fenced else True
 
     def fence_only(self, now: int) -> set[str] | None:
         """A superset of the keys ``fence_test(now)`` lets through while a fence stands on every key
-        (None: no such fence, any key may pass). A keeper that starts among others holds back every
-        key until its previous owner said its hand-off is done; a publish asked ``fence_test`` about
-        each due row, so while most were held back it walked them all, at a hash or more per key, on
-        every publish (at a join of 1M targets, 53-58 % of the joiner's CPU, its loop too busy to take
-        the rows handed to it). Which keys may pass changes only when a node says done or the
-        membership moves: decided then, once (``_maybe``), and for each key written since, once, at
-        the next publish; plus those handed with their lease or under a fence of their own. A publish
-        still asks ``fence_test`` about each key it takes from here."""
+        (None: no such fence, any key may pass): those handed with their lease or under a fence of
+        their own. A keeper that starts among others holds back every other key until all the
+        others are clear; a publish asked ``fence_test`` about each due row, so while most were held
+        back it walked them all on every publish (at a join of 1M targets, 53-58 % of the joiner's
+        CPU, its loop too busy to take the rows handed to it). A publish still asks ``fence_test``
+        about each key it takes from here."""
         if not self.is_fenced_any(now):
-            self._maybe, self._unjudged = None, set()
             return None
-        assert self.fence_all is not None
-        _, epoch, others = self.fence_all
-        at = (self._dones, self.view.epoch)
-        if self._maybe is None or self._maybe_at != at:
-            if all(self._verdict(n, epoch) is False for n in others.names):
-                maybe: set[str] = set()  # nobody clear yet: no key passes but by its own fence
-            else:
-                maybe = self._may_pass(self.ranking.keys(), now)
-            self._maybe, self._maybe_at = maybe, at
-        elif self._unjudged:
-            self._maybe.update(self._may_pass(self._unjudged, now))
-        self._unjudged = set()
-        only = set(self._maybe)
-        only.update(self._handed)
+        only = set(self._handed)
         only.update(self.fenced)
         return only
 
-    def _may_pass(self, keys: Iterable[str], now: int) -> set[str]:
-        """The keys of ``keys`` ``fence_test(now)`` lets through. Except for a key handed with its
-        lease or under a fence of its own, the answer depends on the URL alone: asked once per URL
-        (its device variants come one after the other)."""
-        test, handed, fenced, url_of = self.fence_test(now), self._handed, self.fenced, self.conf.rules.url_of
-        out: set[str] = set()
-        last, passes = None, False
-        for key in keys:
-            if key in handed or key in fenced:
-                if not test(key):
-                    out.add(key)
-                continue
-            url = url_of(key)
-            if url != last:
-                last, passes = url, not test(key)
-            if passes:
-                out.add(key)
-        return out
-
-    def _verdict(self, node: str, epoch: int) -> bool | None:
-        """``clear(node, epoch, url)`` when it does not depend on the URL (True or False), else None."""
-        if node == self.node or node not in self.view.current.names:
-            return True
-        said = self.done.get(node)
-        if said is None or said.epoch < epoch:
-            return False
-        return True if said.others is None else None
-
-    def clear(self, node: str, epoch: int, url: str, visited: frozenset[str] = frozenset()) -> bool:
-        """Can ``node`` (the previous owner of ``url`` as of ``epoch``) no longer hold a lease on it?
-        Yes when it is us, has left, or said its hand-off for ``epoch`` is done while it had no open
-        fence on ``url`` itself; if it had one (it gained ``url`` from a node that was down and never
-        handed it on), the node that fence waits on must be clear too: a lease can outlive several
-        moves of its key while its holder is down (seen in the simulation)."""
+    def clear(self, node: str, epoch: int, visited: frozenset[str] = frozenset()) -> bool:
+        """Can ``node`` (a previous owner of a key as of ``epoch``) no longer hold a lease on a key
+        it does not own under ``epoch``? Yes when it is us, has left, or said its hand-off for
+        ``epoch`` is done while it had no fence on every key itself; if it had one (it started among
+        others), each node that fence still waited on must be clear too: a lease can outlive
+        several moves of its key while its holder is down (seen in the simulation)."""
         if node == self.node or node in visited or node not in self.view.current.names:
             return True
         said = self.done.get(node)
         if said is None or said.epoch < epoch:
             return False
-        if said.others is None:
-            return True
-        prev = said.others.owner(url)
-        return prev not in said.waiting or self.clear(prev, said.fence_epoch, url, visited | {self.node, node})
+        seen = visited | {self.node, node}
+        return all(self.clear(n, said.fence_epoch, seen) for n in said.waiting)
 
     def _said_clean(self, node: str, epoch: int) -> bool:
         said = self.done.get(node)
@@ -383,10 +309,11 @@ class Rows:
         return [epoch, list(others.names), [n for n in others.names if not self._said_clean(n, epoch)]]
 
     def is_fenced_any(self, now: int) -> bool:
+        """Does the fence on every key (``fence_all``) stand: until every other member is clear."""
         if self.fence_all is None:
             return False
         until, epoch, others = self.fence_all
-        if until <= now or all(self._said_clean(n, epoch) for n in others.names):
+        if until <= now or all(self.clear(n, epoch) for n in others.names):
             self.fence_all, self._handed = None, set()
             return False
         return True
@@ -399,7 +326,7 @@ class Rows:
         for key in list(self.fenced):
             if self.is_fenced(key, now):
                 keys += 1
-                waiting.add(self.fenced[key][1])
+                waiting.update(self.fenced[key][1])
         every = None
         if self.is_fenced_any(now):
             assert self.fence_all is not None
@@ -421,8 +348,6 @@ class Rows:
                         frozenset(n for n in waiting if isinstance(n, str)), int(fe))
         else:
             told = Said(epoch, None, frozenset(), epoch)
-        if said is None or _said_as(said) != _said_as(told):  # not a repeat: decide again (``fence_only``)
-            self._dones += 1
         self.done[node] = told
         return True
 
@@ -430,26 +355,33 @@ class Rows:
     def fencing(self) -> bool:
         return self.fence_all is not None or bool(self.fenced)
 
-    def fence_of(self, key: str, now: int) -> tuple[int, str, int] | None:
-        """``key``'s open fence as (until, the node it waits on, epoch): it travels with the row when
-        the key is handed on (``carry``), as its lease does. Seen in the simulation without it: a
-        lease outlived two moves of its key while its holder was down, and the third owner granted."""
+    def fence_of(self, key: str, now: int) -> list[tuple[int, str, int]]:
+        """``key``'s open fence as (until, a node it waits on, epoch), one per node: it travels with
+        the row when the key is handed on (``carry``), as its lease does. Seen in the simulation
+        without it: a lease outlived two moves of its key while its holder was down, and the third
+        owner granted."""
         if not self.is_fenced(key, now):
-            return None
+            return []
         entry = self.fenced.get(key)
         if entry is not None:
-            return entry
+            until, prevs, epoch = entry
+            return [(until, n, epoch) for n in prevs if not self.clear(n, epoch)]
         assert self.fence_all is not None
         until, epoch, others = self.fence_all
-        return until, others.owner(self.conf.rules.url_of(key)), epoch
+        return [(until, n, epoch) for n in others.names if not self.clear(n, epoch)]
 
     def carry(self, fences: list, now: int) -> None:
-        """Fences that came with handed rows ([key, until, node, epoch] each)."""
+        """Fences that came with handed rows ([key, until, node, epoch] each, a key once per node
+        it waits on)."""
         members = self.view.current.names
         for key, until, node, epoch in fences:
-            if isinstance(key, str) and int(until) > now and node in members \
-                    and not self.clear(node, int(epoch), self.conf.rules.url_of(key)):
-                self.fenced[key] = (int(until), node, int(epoch))
+            if isinstance(key, str) and int(until) > now and node in members and not self.clear(node, int(epoch)):
+                held = self.fenced.get(key)
+                if held is None:
+                    self.fenced[key] = (int(until), (node,), int(epoch))
+                else:  # waits on each (the later epoch asks more of every node's done)
+                    prevs = held[1] if node in held[1] else (*held[1], node)
+                    self.fenced[key] = (max(held[0], int(until)), prevs, max(held[2], int(epoch)))
 
     def delete(self, keys: list[str]) -> None:
         if not keys:

@@ -169,6 +169,17 @@ def test_a_store_owing_a_member_a_pull_is_not_taken_for_caught_up_by_a_joiner() 
     simulate(9073, steps=STEPS, nodes=5, strays=True, replicas=3)
 
 
+def test_a_keeper_back_among_others_waits_on_every_other_member_not_only_the_keys_owner_among_them() -> None:
+    """Seed 20054 with 5 nodes and ``replicas=3`` (20035 and 20188 over 300 steps, the same): n2 granted
+    p29|desktop under {n1, n2} and crashed; n3 and n4 came back together into {n1, n2, n3, n4}, each
+    fenced on every key. n4, p29's owner, waited only on p29's owner among its others {n1, n2, n3}:
+    n3, which left with n1 (n3's own fence would have led back to n4 itself), and n4 granted p29
+    under n2's lease (``double-grant``). Any other member may have owned any key under a membership
+    the keeper never saw: every key waits on all of them (tests/actors/keeper/test_handoff.py::
+    test_a_keeper_that_starts_among_others_waits_on_every_other_member_not_only_the_keys_owner_...)."""
+    simulate(20054, steps=STEPS, nodes=5, strays=True, replicas=3)
+
+
 # ------------------------------------------------------------------------------ the harness
 
 

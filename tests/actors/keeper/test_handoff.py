@@ -352,37 +352,35 @@ async def test_a_keeper_that_starts_among_others_waits_on_every_key_until_the_ot
 
 
 @pytest.mark.parametrize("long_walk", [20_000, -1])
-async def test_once_one_of_the_others_said_done_the_keys_it_held_are_granted_and_no_other(
+async def test_a_keeper_placed_among_others_grants_once_every_other_member_said_done(
         keepers, monkeypatch, long_walk: int) -> None:
     """node-c is placed among node-a and node-b; a publish finds every key held back. Once node-a
-    said its hand-off is done, the next publish offers the keys a held before (those whose fence
-    chain is clear) and none of b's; so do publishes that decide the fence once per change of it
+    said its hand-off is done, still none passes, not even the keys a owns among the others: b,
+    silent, may have owned any key under a membership c never saw (simulation seed 20054). Once b
+    said done too, every key does; so do publishes that decide the fence once per publish
     (``Rows.fence_only``, taken after a walk skipped more than ``LONG_WALK`` keys: -1, at once)."""
     monkeypatch.setattr(claims_module, "LONG_WALK", long_walk)
-    a, _ = keepers("node-a", members=THREE), keepers("node-b", members=THREE)  # b placed, silent
+    a, b = keepers("node-a", members=THREE), keepers("node-b", members=THREE)  # placed, silent
     c = keepers("node-c", members=THREE)
     await c.load()
     owners = Ownership(list(THREE))
     urls = await put_due(c, *(p for p in (f"/p{i}" for i in range(120)) if owners.owner(SITE + p) == "node-c"))
+    keys = {key for u in urls for key in c.conf.rules.keys_of(u)}
     c.claims.publish()
     assert c.claims.ready == []
     await a.load()
     await settled(a)  # a told c it is done
     same_fences(c)
-    now = c.rows.clock.now_ms()
-    keys = {key for u in urls for key in c.conf.rules.keys_of(u)}
-    passing = {key for key in keys if not c.rows.is_fenced(key, now)}
-    assert passing and passing != keys  # a's keys and b's: the case under test occurs
     c.claims.publish()
-    assert set(c.claims.ready) == passing
-    assert {j["id"] for j in await c.claims.claim(100)} == passing
-    more = await put_due(c, *(p for p in (f"/q{i}" for i in range(120)) if owners.owner(SITE + p) == "node-c"))
-    keys = {key for u in more for key in c.conf.rules.keys_of(u)}  # written after the fence was decided
-    passing = {key for key in keys if not c.rows.is_fenced(key, now)}
-    assert passing and passing != keys
+    assert c.claims.ready == [] and await c.claims.claim(100) == []
+    await b.load()
+    await settled(b)  # b told c it is done
     same_fences(c)
+    now = c.rows.clock.now_ms()
+    assert {key for key in keys if not c.rows.is_fenced(key, now)} == keys
     c.claims.publish()
-    assert set(c.claims.ready) == passing
+    assert set(c.claims.ready) == keys
+    assert {j["id"] for j in await c.claims.claim(300)} == keys
 
 
 async def test_a_key_whose_owner_was_down_when_it_moved_is_not_granted_while_that_owner_may_hold_its_lease(keepers) -> None:
@@ -422,6 +420,42 @@ async def test_a_key_whose_owner_was_down_when_it_moved_is_not_granted_while_tha
     assert fences["keys"] == 0 and fences["waitingOn"] == []
     for k in leased:
         assert (await c.leases.lease_of(k))["leaseExpiresAt"] is not None
+
+
+async def test_a_keeper_that_starts_among_others_waits_on_every_other_member_not_only_the_keys_owner_among_them(
+        keepers) -> None:
+    """Simulation seed 20054 (5 nodes, replicas=3): node-b granted a key under {a, b} and went down;
+    node-c and node-d came back together into {a, b, c, d}, each fenced on every key (neither can
+    know who owned what). The key is d's now, and its owner among d's others {a, b, c} is c, not b;
+    c's own fence said done names b, but the key's owner among c's others {a, b, d} is d itself.
+    Before, d waited only on that chain, found it clear once a and c said done, and granted the key
+    under b's lease (in the simulation c left instead, which cleared it the same way)."""
+    four = (*THREE, "node-d")
+    path = next(p for p in (f"/p{i}" for i in range(400))
+                if Ownership(list(AB)).owner(SITE + p) == "node-b" and Ownership(list(THREE)).owner(SITE + p) == "node-c"
+                and Ownership(list(four)).owner(SITE + p) == "node-d")
+    a, b = keepers("node-a", members=AB), keepers("node-b", members=AB)
+    for k in (a, b):
+        await k.load()
+    await settled(a, b)
+    [url] = await put_due(a, path)  # routed to its owner, b
+    b.claims.publish()
+    leased = {j["id"] for j in await b.claims.claim(10)}
+    assert leased == set(b.conf.rules.keys_of(url))
+    c, d = keepers("node-c"), keepers("node-d")  # placed under epoch 2 below; b is down and hears nothing
+    for k in (c, d):
+        await k.handoff.set_membership(at(2, *four))  # placed among others: fenced on every key
+        await k.load()
+    await a.handoff.set_membership(at(2, *four))
+    await settled(a, c, d)
+    assert "node-b" in d.rows.done["node-c"].waiting  # c said done with its fence: b is not clear
+    await a.targets.put_targets([{"url": url, "nextRenderTime": 1}])  # routed to its owner, d
+    assert {k for k in leased if d.rows.row(k) is not None} == leased
+    same_fences(d)
+    d.claims.publish()
+    assert [j for j in await d.claims.claim(10) if j["id"] in leased] == []  # b's lease may run
+    fences = (await d.queue_state())[1]["fences"]
+    assert fences["everyKeyUntil"] is not None and fences["waitingOn"] == ["node-b"]
 
 
 class Manual(Clock):
