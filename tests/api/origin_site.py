@@ -112,8 +112,8 @@ class OriginSite:
         if path.startswith(("/page/", "/search/")):  # a JS page, indexable
             extra = [("set-cookie", "session=1"), ("x-custom-origin", "dropped"), ("etag", '"o1"'),
                      ("last-modified", "Wed, 01 Jan 2025 00:00:00 GMT"), ("cache-control", "max-age=60")]
-            if "gzip" in headers.get("accept-encoding", ""):
-                return await self._send(writer, 200, gzip.compress(JS_PAGE),
+            if "gzip" in headers.get("accept-encoding", ""):  # mtime 0: the same bytes in every second
+                return await self._send(writer, 200, gzip.compress(JS_PAGE, mtime=0),
                                         html + extra + [("content-encoding", "gzip")])
             return await self._send(writer, 200, JS_PAGE, html + extra)
         if path.startswith("/slow/"):  # slow but within the deadlines
