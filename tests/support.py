@@ -26,6 +26,23 @@ SHARED = REPO.parent / "shared"
 PORTS = (20000, 32767)
 
 
+class Recorded:
+    """A part's logger, every line kept (level, message, fields), each passed on to it."""
+
+    def __init__(self, log: Any):
+        self.log = log
+        self.lines: list[tuple[str, str, dict]] = []
+
+    def __getattr__(self, level: str) -> Any:
+        emit = getattr(self.log, level)
+
+        def record(msg: str, *args: Any, **kw: Any) -> Any:
+            self.lines.append((level, msg, kw))
+            return emit(msg, *args, **kw)
+
+        return record
+
+
 def free_port() -> int:
     rnd = random.SystemRandom()
     for _ in range(100):

@@ -11,25 +11,9 @@ from typing import Any
 from prerender_ray.actors.keeper.keeper import Keeper
 from prerender_ray.identity.membership import Membership
 from tests.actors.keeper.test_claims import put_due
+from tests.support import Recorded
 
 THREE = ("node-a", "node-b", "node-c")
-
-
-class Recorded:
-    """A part's logger, every line kept (level, message, fields)."""
-
-    def __init__(self, log: Any):
-        self.log = log
-        self.lines: list[tuple[str, str, dict]] = []
-
-    def __getattr__(self, level: str) -> Any:
-        emit = getattr(self.log, level)
-
-        def record(msg: str, *args: Any, **kw: Any) -> Any:
-            self.lines.append((level, msg, kw))
-            return emit(msg, *args, **kw)
-
-        return record
 
 
 class Held:

@@ -6,7 +6,6 @@ is a stub that answers a walk's questions when the test lets it."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from prerender_ray import logs
 from prerender_ray.actors.store.actor import NodeStore, StoreClient
@@ -15,26 +14,9 @@ from prerender_ray.identity.membership import Membership
 from prerender_ray.rpc import Local
 from prerender_ray.storage.registry import Target, target_key
 from tests.actors.store.test_replication import _until
-from tests.support import node_config
+from tests.support import Recorded, node_config
 
 URLS = [f"https://x.com/{i}" for i in range(40)]
-
-
-class Recorded:
-    """The store's logger, every line kept (level, message, fields)."""
-
-    def __init__(self, log: Any):
-        self.log = log
-        self.lines: list[tuple[str, str, dict]] = []
-
-    def __getattr__(self, level: str) -> Any:
-        emit = getattr(self.log, level)
-
-        def record(msg: str, *args: Any, **kw: Any) -> Any:
-            self.lines.append((level, msg, kw))
-            return emit(msg, *args, **kw)
-
-        return record
 
 
 class Joiner:
