@@ -8,25 +8,30 @@ import dataclasses
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
 from prerender_ray import logs, metrics
 from prerender_ray.actors.client import ActorClient, NodeActorClient, spawn
 from prerender_ray.actors.common import DeadlineExceeded, controller_membership, placement, untraced
-from prerender_ray.actors.ingress import IngressClient, IngressReplicaActor
-from prerender_ray.actors.keeper.actor import QueueKeeperActor
 from prerender_ray.actors.keeper.client import DRAIN_SLACK_S, KeeperClient
-from prerender_ray.actors.leasetable import LeaseClient, LeaseTableActor
-from prerender_ray.actors.store.actor import NodeStoreActor, StoreClient
-from prerender_ray.actors.walker.actor import SitemapWalkerActor
 from prerender_ray.actors.walker.client import WalkerClient
 from prerender_ray.config.model import Config
 from prerender_ray.identity.membership import Confirmations, Membership, next_epoch
 from prerender_ray.identity.nodes import NodeInfo, actor_name, describe_ray_node, valid_name
 from prerender_ray.storage.rocks import node_dir
 from prerender_ray.timeutil import now_ms
+
+if TYPE_CHECKING:
+    from prerender_ray.actors.ingress import IngressClient
+    from prerender_ray.actors.leasetable import LeaseClient
+    from prerender_ray.actors.store.actor import StoreClient
+
+# The node actors' modules (FastAPI, the keeper, the store...) are imported where a node is placed,
+# not at the top: every process that looks the controller up (a store's, keeper's or walker's
+# membership check) has Ray import this module to load the handle's class, and paid 0.3-0.7 s of CPU
+# importing every actor kind with it.
 
 WATCH_INTERVAL_S = 2.0
 STATUS_DEADLINE_S = 3.0
@@ -60,6 +65,10 @@ class Placement:
     def clients(self) -> NodeClients:
         """The node's actors as typed clients, each call under ``STATUS_DEADLINE_S`` (a stop, a close
         and a drain have their own, built into the method)."""
+        from prerender_ray.actors.ingress import IngressClient
+        from prerender_ray.actors.leasetable import LeaseClient
+        from prerender_ray.actors.store.actor import StoreClient
+
         d = STATUS_DEADLINE_S
         return NodeClients(StoreClient(self.store, d), LeaseClient(self.leases, d), KeeperClient(self.keeper, d),
                            WalkerClient(self.sitemapper, d), [IngressClient(r, d) for r in self.ingress])
@@ -186,6 +195,12 @@ class Controller:
         """Create (or find, after a controller restart) the node's actors, pinned to it. The current
         membership (every alive node, its epoch) lets a new node catch up from a peer and know what
         it owns from the start."""
+        from prerender_ray.actors.ingress import IngressReplicaActor
+        from prerender_ray.actors.keeper.actor import QueueKeeperActor
+        from prerender_ray.actors.leasetable import LeaseTableActor
+        from prerender_ray.actors.store.actor import NodeStoreActor
+        from prerender_ray.actors.walker.actor import SitemapWalkerActor
+
         members = self._wire()
         metrics.prepare_dir(node_dir(self.data_dir, info.name) / "metrics" / self.epoch)
         opts = lambda kind, i=None, **kw: placement(  # noqa: E731

@@ -230,11 +230,11 @@ def ray_start(net: Net, name: str, *, env: dict[str, str], temp_dir: Path, head:
     ray = str(Path(sys.executable).parent / "ray")
     cmd = [ray, "start", f"--node-ip-address={net.addr[name]}", f"--num-cpus={num_cpus}",
            f"--object-store-memory={object_store_mb * 1024 * 1024}", f"--temp-dir={temp_dir}",
-           "--disable-usage-stats"]
+           "--disable-usage-stats", "--include-log-monitor=false"]  # nothing reads worker output here
     if labels:
         cmd.append("--labels=" + ",".join(f"{k}={v}" for k, v in labels.items()))
     if head is None:
-        cmd += ["--head", "--port=6379", "--include-dashboard=false"]
+        cmd += ["--head", "--port=6379", "--include-dashboard=false", "--no-monitor"]  # no autoscaler
         if system_config:
             cmd.append(f"--system-config={json.dumps(system_config)}")
     else:

@@ -56,6 +56,11 @@ def free_port() -> int:
     raise RuntimeError(f"no free port in {PORTS}")
 
 
+# No log monitor on a test node: it streams worker output to the driver, which does not take it
+# (``log_to_driver=False``); every process of ours logs to its node's files.
+LEAN = {"include_log_monitor": False}
+
+
 @dataclass
 class RayCluster:
     cluster: Any
@@ -72,7 +77,8 @@ class RayCluster:
 
         port = free_port()
         cluster = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 1, "object_store_memory": 80 * 1024 * 1024, "include_dashboard": False,
+            "num_cpus": 1, "object_store_memory": 80 * 1024 * 1024, "include_dashboard": False, **LEAN,
+            "no_monitor": True,  # the autoscaler's: nothing to scale here
             "labels": {LABEL_NAME: "node-a", LABEL_PORT: str(port)},
             "_system_config": dict(RAY_SYSTEM_CONFIG),  # a copy: Ray adds its own keys to the dict
         })
@@ -87,7 +93,7 @@ class RayCluster:
         from prerender_ray.identity.nodes import LABEL_NAME, LABEL_PORT
 
         port = free_port()
-        node = self.cluster.add_node(num_cpus=1, object_store_memory=80 * 1024 * 1024,
+        node = self.cluster.add_node(num_cpus=1, object_store_memory=80 * 1024 * 1024, **LEAN,
                                      labels={LABEL_NAME: name, LABEL_PORT: str(port)}, env_vars=env)
         self.nodes[name] = node
         self.ports[name] = port

@@ -24,7 +24,9 @@ LABEL_HOST = "prerender-host"
 # a sitemap ingest's batches are 0.2-1 MB, and at Ray's default of 100 KB each one cost a plasma put
 # and get plus raylet work (measured: 2.5 -> 0.2 us per URL in the raylet, 50.4 against 56.8 us of
 # CPU per URL in all, first walk 30,600 -> 34,300 URLs/s).
-RAY_SYSTEM_CONFIG = {"max_direct_call_object_size": 4 * 1024 * 1024}
+# No prestarted workers: Ray starts one idle worker per CPU for the first driver, and none of our
+# actors can use it (each has its own runtime env), so each sat idle: 0.4 s of CPU and ~100 MB a CPU.
+RAY_SYSTEM_CONFIG = {"max_direct_call_object_size": 4 * 1024 * 1024, "prestart_worker_first_driver": False}
 _NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 
