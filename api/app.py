@@ -7,44 +7,43 @@ from collections.abc import Iterator
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request, routing
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from ray.exceptions import RayError
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from prerender_ray import logs
 from prerender_ray.admin.users import Principal
 from prerender_ray.api import health, peer, render_queue, sitemaps, targets
 from prerender_ray.api.admin import routes as admin
 from prerender_ray.api.auth import require
 from prerender_ray.api.bot.middleware import BotMiddleware
-from prerender_ray.api.context import HoldersUnavailable, NodeContext
-from prerender_ray.rpc import DeadlineExceeded
+from prerender_ray.api.context import NodeContext
+from prerender_ray.api.errors import HANDLED, error_response
+from prerender_ray.api.fleet_routes import FleetRoutes
 from prerender_ray.serving.classify import reserved_prefixes
 from prerender_ray.serving.dates import Dater
 
-log = logs.get("ingress")
 # No OpenTelemetry: FastAPI's native telemetry (newer releases) checks its providers on every request.
 _NO_TELEMETRY: dict[str, Any] = ({"telemetry": {"tracing": False, "metrics": False, "logs": False}}
                  if "telemetry" in inspect.signature(FastAPI.__init__).parameters else {})
 
 
 def create_asgi(ctx: NodeContext) -> Dated:
-    """What uvicorn serves: the bot path in front of the FastAPI app, so a bot request pays neither
-    FastAPI's routing nor its per-request middleware (bench/bench_serving.py); every answer dated."""
-    return Dated(BotMiddleware(create_app(ctx), ctx))
+    """What uvicorn serves: the fleet's hot routes, then the bot path, in front of the FastAPI app, so
+    neither a result nor a bot request pays FastAPI's routing and per-request middleware
+    (bench/bench_results.py, bench/bench_serving.py); every answer dated."""
+    app = create_app(ctx)
+    bot = BotMiddleware(app, ctx)
+    return Dated(FleetRoutes(bot, app), bot)
 
 
 class Dated:
     """ASGI: every answer gets our Date, and no Last-Modified later than it
     (``prerender_ray.serving.dates``; uvicorn's own Date is off)."""
 
-    def __init__(self, app: Any):
+    def __init__(self, app: Any, bot: BotMiddleware | None = None):
         self.app = app
         self.dater = Dater()
-        # the bot path right behind: the HTTP protocol answers its memo hits itself, dated by this
-        # same Dater (``api.connections.GuardedHttp``)
-        self.bot: BotMiddleware | None = app if isinstance(app, BotMiddleware) else None
+        # the bot path behind: the HTTP protocol answers its memo hits itself, dated by this same
+        # Dater (``api.connections.GuardedHttp``)
+        self.bot: BotMiddleware | None = bot if bot is not None else app if isinstance(app, BotMiddleware) else None
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -75,35 +74,13 @@ def create_app(ctx: NodeContext) -> FastAPI:
     admin.install(app, ctx)  # the admin API, its console and the session verifier auth.py consults
     app.include_router(sitemaps.router)
 
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        body = exc.detail if isinstance(exc.detail, dict) else {"error": str(exc.detail)}
-        return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+    async def _error(request: Request, exc: Exception) -> JSONResponse:
+        response = error_response(request, exc)
+        assert response is not None  # registered for HANDLED only
+        return response
 
-    @app.exception_handler(DeadlineExceeded)
-    @app.exception_handler(RayError)
-    async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
-        """An actor this request needed did not answer in time, died, or is on a node Ray declared
-        dead: the caller may retry (a route that can say more catches it itself)."""
-        ctx.forget_remote()  # the next request looks the actors up afresh
-        log.warning("actor call failed", path=request.url.path, error=type(exc).__name__, detail=str(exc)[:300])
-        return JSONResponse({"error": "a node this request needs did not answer; retry", "reason": type(exc).__name__,
-                             "node": ctx.node.name}, status_code=503, headers={"retry-after": "1"})
-
-    @app.exception_handler(HoldersUnavailable)
-    async def _no_holder(request: Request, exc: HoldersUnavailable) -> JSONResponse:
-        """Every node that holds the URL was asked in turn (``NodeContext.read_from_holders``) and none
-        answered: the body names each and what became of its read."""
-        ctx.forget_remote()
-        log.warning("no holder answered", path=request.url.path, url=exc.url, holders=exc.failed)
-        return JSONResponse({"error": "no node that holds this URL answered; retry", "url": exc.url,
-                             "holders": exc.failed, "node": ctx.node.name},
-                            status_code=503, headers={"retry-after": "1"})
-
-    @app.exception_handler(RequestValidationError)
-    async def _bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
-        return JSONResponse({"error": "bad request", "details": errors}, status_code=400)
+    for kind in HANDLED:
+        app.add_exception_handler(kind, _error)
 
     # Every route of ours is kept from the bot path, whatever ingress.routes say (read by api.bot).
     ctx.reserved_paths = reserved_prefixes(route_paths(app))
