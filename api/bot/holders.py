@@ -96,7 +96,7 @@ class HolderReader:
                                          return_when=asyncio.FIRST_COMPLETED)
             if not done:
                 return None
-            for call in done:
+            for call in [c for c in asked if c in done]:  # answers of one turn: the holder asked first
                 holder, t0 = asked.pop(call)
                 if call.exception() is None:
                     return holder, t0, call.result()
