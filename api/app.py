@@ -43,7 +43,7 @@ class Dated:
         self.dater = Dater()
         # the bot path behind: the HTTP protocol answers its memo hits itself, dated by this same
         # Dater (``api.connections.GuardedHttp``)
-        self.bot: BotMiddleware | None = bot if bot is not None else app if isinstance(app, BotMiddleware) else None
+        self.bot = bot
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":

@@ -19,7 +19,7 @@ A **memo hit** (``api/bot/memo.py``) is answered here, when its headers complete
 task: the bytes the ASGI path would write (``HitMemo.wire``), then what uvicorn does at the end of a
 response. Only where that is certainly the same: a GET or HEAD without a body or upgrade, no answer
 in flight or queued before it on the connection, writing not paused, the app the replica's own
-``Dated(BotMiddleware)``; anything else goes to uvicorn's path unchanged.
+a ``Dated`` app with its bot path; anything else goes to uvicorn's path unchanged.
 """
 
 from __future__ import annotations

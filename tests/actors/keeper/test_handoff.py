@@ -316,6 +316,15 @@ def same_fences(k) -> None:
     assert only is None or {key for key in keys if not k.rows.is_fenced(key, now)} <= only
 
 
+async def fences_holding_back(k, leased: set[str]) -> dict:
+    """``k`` holds every row of ``leased``, grants none of them, and its fences as an operator sees them."""
+    assert {key for key in leased if k.rows.row(key) is not None} == leased
+    same_fences(k)
+    k.claims.publish()
+    assert [j for j in await k.claims.claim(10) if j["id"] in leased] == []  # the old holder's lease may run
+    return (await k.queue_state())[1]["fences"]
+
+
 async def settled(*ks) -> None:
     """Each keeper's hand-off pass has run (and told the others it is done)."""
     for k in ks:
@@ -405,11 +414,7 @@ async def test_a_key_whose_owner_was_down_when_it_moved_is_not_granted_while_tha
     await b.handoff.set_membership(at(2, *THREE))
     await settled(b, c)
     await b.targets.put_targets([{"url": url, "nextRenderTime": 1}])  # routed to its owner, c
-    assert {k for k in leased if c.rows.row(k) is not None} == leased
-    same_fences(c)
-    c.claims.publish()
-    assert [j for j in await c.claims.claim(10) if j["id"] in leased] == []  # a's lease may run
-    fences = (await c.queue_state())[1]["fences"]
+    fences = await fences_holding_back(c, leased)  # a's lease may run
     assert fences["everyKeyUntil"] is not None and fences["waitingOn"] == ["node-a"]  # what an operator sees
     await a.handoff.set_membership(at(2, *THREE))  # a is back: its rows and leases go to c
     await settled(a, c)
@@ -450,11 +455,7 @@ async def test_a_keeper_that_starts_among_others_waits_on_every_other_member_not
     await settled(a, c, d)
     assert "node-b" in d.rows.done["node-c"].waiting  # c said done with its fence: b is not clear
     await a.targets.put_targets([{"url": url, "nextRenderTime": 1}])  # routed to its owner, d
-    assert {k for k in leased if d.rows.row(k) is not None} == leased
-    same_fences(d)
-    d.claims.publish()
-    assert [j for j in await d.claims.claim(10) if j["id"] in leased] == []  # b's lease may run
-    fences = (await d.queue_state())[1]["fences"]
+    fences = await fences_holding_back(d, leased)  # b's lease may run
     assert fences["everyKeyUntil"] is not None and fences["waitingOn"] == ["node-b"]
 
 
