@@ -16,10 +16,14 @@ TEST_WORKERS ?= 3
 
 # Installs exactly what requirements.lock pins (hashes checked, build tools included), so a fresh
 # machine gets what CI tested; the project itself goes in editable, with no dependency resolution.
+# pip compiles what it installs but not an editable project: compiled here, every process (each Ray
+# actor, each CLI call) loads its bytecode instead of compiling the sources again, also where
+# PYTHONDONTWRITEBYTECODE is set (a stale file is ignored: Python checks each source's mtime).
 $(STAMP): pyproject.toml requirements.lock
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --require-hashes --no-deps -r requirements.lock
 	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
+	$(BIN)/python -m compileall -q prerender_ray tests bench >/dev/null
 	@touch $(STAMP)
 
 install: $(STAMP)
