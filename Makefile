@@ -6,11 +6,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ARGS ?=
 PYTEST_ARGS ?=
-# Three pytest-xdist workers on two cores (the Ray groups wait more than they compute: three beside
-# each other took 354-420 s where two took 434-467), each module whole and the tests on the shared Ray
-# cluster in one group, in file order (tests/conftest.py).
-# TEST_WORKERS=0: one process, in file order.
-TEST_WORKERS ?= 3
+# Four pytest-xdist workers on two cores: the suite waits more than it computes (the in-process
+# modules spent 400 s of wall on 145 s of CPU, asleep in graces, timeouts and windows of real time;
+# the Ray groups wait on their clusters), so more lanes overlap the waits with work: four took 325 s
+# where three took 351 and two 434-467. Each module whole and the tests on the shared Ray cluster in
+# one group, in file order (tests/conftest.py). TEST_WORKERS=0: one process, in file order.
+TEST_WORKERS ?= 4
 
 .PHONY: install lock run test test-latest bench lint clean sim
 

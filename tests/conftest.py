@@ -49,7 +49,7 @@ if hasattr(_httpx_transport, "create_ssl_context"):
 settings.register_profile("suite", deadline=None)
 settings.load_profile("suite")
 
-# `make test` runs the suite on three pytest-xdist workers (Makefile). A worker is a session of its own, with its own
+# `make test` runs the suite on four pytest-xdist workers (Makefile). A worker is a session of its own, with its own
 # Ray: every module with a test on the session's cluster is in one group, on one worker, in file order,
 # so one shared cluster runs at a time on two cores (a module that needs one node and not Ray runs the
 # node in process, tests/localnode.py, outside that group). Every other module is a group of its own (its
@@ -83,13 +83,22 @@ def shares_cluster(module: str) -> bool:
 
 # Longest groups first (longest processing time first): the scheduler deals groups in collection order
 # to whichever worker is free, so a long group dealt last decides when the suite ends. Seconds each in
-# a clean CI run on two cores (2026-12-04): the namespace cluster ~130, the shared Ray cluster's group
-# ~100, `up` with its own Ray ~80, the keeper's crash tests ~50, the grown cluster ~50, then the render
-# worker with Chromium and the heaviest in-process modules (20-45 each); the rest keep file order.
-LONGEST_FIRST = ("tests/actors/test_netns_cluster.py", "ray", "tests/cli/test_main.py",
-                 "tests/actors/keeper/test_actor.py", "tests/actors/test_cluster.py", "tests/worker/test_render.py",
-                 "tests/worker/test_e2e.py", "tests/sim/test_sim.py", "tests/api/test_render_queue.py",
-                 "tests/api/bot/test_middleware.py", "tests/worker/test_pool.py")
+# a clean run on four workers, two cores (2026-12-05): the namespace cluster ~150, the shared Ray
+# cluster's group ~70, the keeper's crash tests ~55, the render worker with Chromium ~75, `up` with its
+# own Ray ~110-165, the grown cluster ~75, then the modules that wait most (a grace, a timeout, a window
+# of real time: 8-60 s each, most of it asleep); the rest keep file order and fill the ends. `up` is
+# dealt fifth, once a lane is free: its `ray start` waits a fixed 30 s for its raylet to register, and
+# the first minute, when the other Ray groups start their own and four workers collect, is the
+# busiest of the run.
+LONGEST_FIRST = ("tests/actors/test_netns_cluster.py", "ray", "tests/actors/keeper/test_actor.py",
+                 "tests/worker/test_render.py", "tests/cli/test_main.py", "tests/actors/test_cluster.py",
+                 "tests/sim/test_sim.py", "tests/worker/test_e2e.py", "tests/api/test_render_queue.py",
+                 "tests/api/bot/test_middleware.py", "tests/worker/test_pool.py", "tests/api/admin/test_console.py",
+                 "tests/api/admin/test_routes.py", "tests/actors/store/test_rebalance.py", "tests/api/test_sitemaps.py",
+                 "tests/api/bot/test_unchanged_renders.py", "tests/serving/test_markdown_inert.py",
+                 "tests/worker/test_client.py", "tests/api/bot/test_memo_protocol.py", "tests/api/bot/test_memo.py",
+                 "tests/worker/test_cli.py", "tests/sitemaps/test_parser.py", "tests/api/test_render_guard.py",
+                 "tests/actors/store/test_catchup.py", "tests/actors/walker/test_walk.py")
 
 
 def longest_first(module: str) -> int:
