@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import ray
+from ray.experimental import internal_kv
 
 from prerender_ray import logs, metrics
 from prerender_ray.actors.client import ActorClient, NodeActorClient, spawn
@@ -44,7 +46,8 @@ EXPECTED_TERMINATION = 1  # Ray's NodeDeathInfo reason for a raylet that ended o
 
 
 class NodeLeaving(RuntimeError):
-    """A keeper's membership check while Ray no longer lists its node: not confirmed."""
+    """A keeper's membership check while Ray no longer lists its node, or while this controller cannot
+    read Ray's list: not confirmed."""
 
 
 @dataclass
@@ -102,7 +105,10 @@ class Controller:
         # The membership every node follows: a new epoch for every change of the alive nodes
         # (``next_epoch``: above the last, and at least the wall clock, so a controller placed again
         # starts above every epoch a running process holds).
-        self.membership: Membership | None = None
+        # A controller Ray placed again (its node died, or was cut off from Ray's head) starts from
+        # the last membership, kept in Ray's store: the nodes it cannot list stay members until the
+        # old one's answers to them ran out (``Confirmations``), not dropped while they still grant.
+        self.membership: Membership | None = self._recall()
         # A node Ray no longer lists stays a member until it cannot grant any more (it may still run,
         # cut off from this side of a partition): its keys then go to others, granted at once.
         self.confirmations = Confirmations(now_ms())
@@ -137,6 +143,7 @@ class Controller:
         async with self._lock:
             if self.stopping:
                 return
+            asked = now_ms()  # the list is as fresh as this at least (``Confirmations.held``)
             table = await asyncio.to_thread(ray.nodes)
             alive = [n for n in table if n.get("Alive")]
             seen: dict[str, NodeInfo] = {}
@@ -163,7 +170,7 @@ class Controller:
             # a raylet that ended on its own (SIGTERM, `ray stop`) said so: it runs nothing any more
             ended = {raw.get("NodeID") for raw in table if not raw.get("Alive") and raw.get("DeathReason") == EXPECTED_TERMINATION}
             stopped = [name for name, p in self.nodes.items() if p.info.ray_node_id in ended]
-            keep = set(self.confirmations.held([n.name for n in members], [*seen, *stopped], now_ms()))
+            keep = set(self.confirmations.held([n.name for n in members], [*seen, *stopped], asked))
             if keep and keep != self._held_said:
                 self.log.info("nodes Ray lost stay members until they stopped granting", nodes=sorted(keep),
                               leave_at={n: self.confirmations.leaves_at(n) for n in sorted(keep)})
@@ -175,6 +182,7 @@ class Controller:
             if changed:
                 assert self.membership is not None
                 self.log.info("membership", epoch=self.membership.epoch, nodes=list(self.membership.names))
+                await asyncio.to_thread(self._remember, self.membership)
                 await self._push_membership()
 
     def _new_membership(self, alive: list[NodeInfo]) -> bool:
@@ -190,6 +198,29 @@ class Controller:
 
     def _wire(self) -> dict | None:
         return self.membership.to_wire() if self.membership is not None else None
+
+    def _kv_key(self) -> bytes:
+        return f"prerender-ray/{self.data_dir}/{self.epoch}/membership".encode()
+
+    def _recall(self) -> Membership | None:
+        try:
+            raw = internal_kv._internal_kv_get(self._kv_key())
+            recalled = Membership.from_wire(json.loads(raw)) if raw else None
+        except Exception as e:  # unreadable: start from the nodes Ray lists, as before
+            self.log.warning("the last membership could not be read", error=repr(e)[:200])
+            return None
+        if recalled is not None:
+            self.log.info("placed again: the last membership", epoch=recalled.epoch, nodes=list(recalled.names))
+        return recalled
+
+    def _remember(self, m: Membership | None) -> None:
+        try:
+            if m is None:
+                internal_kv._internal_kv_del(self._kv_key())
+            else:
+                internal_kv._internal_kv_put(self._kv_key(), json.dumps(m.to_wire()).encode(), overwrite=True)
+        except Exception as e:  # a controller placed again would start from the nodes Ray lists
+            self.log.warning("the membership could not be kept in Ray's store", error=repr(e)[:200])
 
     def _place(self, info: NodeInfo) -> Placement:
         """Create (or find, after a controller restart) the node's actors, pinned to it. The current
@@ -317,7 +348,11 @@ class Controller:
         """The membership as a push carries it (``Membership.to_wire``): what an actor that starts,
         checks or missed the pushes applies. None before the first node is seen. ``node``: a
         keeper's check, which confirms its membership (``Confirmations``): refused while it leaves."""
-        if node is not None and not self.confirmations.confirm(node, now_ms()):
+        now = now_ms()
+        if node is not None and not self.confirmations.confirm(node, now):
+            if not self.confirmations.listed_lately(now):
+                raise NodeLeaving(f"not confirmed: this controller has not read Ray's node list for "
+                                  f"{(now - self.confirmations.listed_at) / 1000:.0f}s (cut off from Ray's head?)")
             raise NodeLeaving(f"{node} is leaving the membership: Ray no longer lists it")
         return self._wire()
 
@@ -354,6 +389,7 @@ class Controller:
                 await self._stop_node(p)
                 stopped.append(p.info.name)
             self.nodes.clear()
+            await asyncio.to_thread(self._remember, None)
             return {"stopped": stopped}
 
     async def _stop_node(self, p: Placement) -> None:

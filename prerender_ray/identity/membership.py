@@ -127,18 +127,35 @@ class Confirmations:
     """The controller's side of ``MEMBERSHIP_TRUST_MS``: when it last confirmed to each node that it is
     a member, and so when a node that Ray no longer lists may leave the membership. Until then the node
     stays in it (its keys stay its own), and its checks are not answered (``confirm`` is False), so
-    the trust it holds runs out. A controller that starts takes every node as confirmed at its start:
-    one placed before it may have answered them."""
+    the trust it holds runs out. A controller that starts takes every node as confirmed as late as a
+    trust after its start: one placed before it may have answered them until then (one cut off from
+    Ray's head answers no longer than a trust after its last listing, which came before Ray placed
+    this one).
+
+    It confirms only while it reads Ray's node list (``held``, each pass): a controller cut off from
+    Ray's head with a minority of the nodes cannot see Ray declare them dead, and Ray places another
+    controller on the head's side, which gives their keys to the others. Unanswered, the minority's
+    trust runs out as if it were cut off from the controller itself, within a trust after its last
+    listing (no later than Ray's death declaration, which is what the others' fences count from)."""
 
     def __init__(self, now_ms: int, trust_ms: int = MEMBERSHIP_TRUST_MS):
         self.started = now_ms
         self.trust_ms = trust_ms
+        self.listed_at = now_ms  # it reads Ray's list within its first pass
         self._answered: dict[str, int] = {}
         self._leaving: set[str] = set()
 
+    def listed(self, now_ms: int) -> None:
+        """Ray's node list was read at ``now_ms``."""
+        self.listed_at = max(self.listed_at, now_ms)
+
+    def listed_lately(self, now_ms: int) -> bool:
+        return now_ms - self.listed_at < self.trust_ms
+
     def confirm(self, node: str, now_ms: int) -> bool:
-        """A check from ``node`` is answered (True) unless the node is leaving."""
-        if node in self._leaving:
+        """A check from ``node`` is answered (True) unless the node is leaving, or Ray's node list
+        was not read lately (``listed_lately``)."""
+        if node in self._leaving or not self.listed_lately(now_ms):
             return False
         self._answered[node] = max(now_ms, self._answered.get(node, 0))
         if len(self._answered) > 4 * MAX_NODES:  # names the controller never placed: bounded
@@ -146,11 +163,14 @@ class Confirmations:
         return True
 
     def leaves_at(self, node: str) -> int:
-        return max(self._answered.get(node, 0), self.started) + self.trust_ms
+        """When ``node`` may leave: its trust, from the last answer it may have had, has run out."""
+        return max(self._answered.get(node, 0), self.started + self.trust_ms) + self.trust_ms
 
     def held(self, members: Iterable[str], alive: Iterable[str], now_ms: int) -> list[str]:
         """Members Ray no longer lists that must stay in the membership for now (each stops being
-        answered); a member listed again, or one gone from the membership, is no longer leaving."""
+        answered); a member listed again, or one gone from the membership, is no longer leaving.
+        ``alive``: Ray's node list, read at ``now_ms``."""
+        self.listed(now_ms)
         alive = set(alive)
         gone = [n for n in members if n not in alive]
         self._leaving = set(gone)

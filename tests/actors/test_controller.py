@@ -153,6 +153,28 @@ def test_a_killed_keeper_is_restarted_and_the_node_becomes_ready_again(deploymen
     wait_for(lambda: ready(d.url), timeout=60, what="the node to be ready again")
 
 
+def test_a_controller_placed_again_starts_from_the_last_membership_kept_in_rays_store(deployment) -> None:
+    """Killed (its node died, or was cut off from Ray's head), Ray places the controller again; it
+    reads the last membership from Ray's store, so a node it cannot list would stay a member until
+    its trust ran out (tests/sim: ``controller_on_the_minority``). Here every node is alive: the same
+    membership, no new epoch, and the node's actors are found, not placed again."""
+    d = deployment
+    before = d.refresh()
+    keeper_pid = _pid(lookup("keeper", "node-a"))
+
+    def restarts() -> tuple[int, str]:
+        info = ray._private.state.actors(actor_id=d.controller.handle._actor_id.hex())
+        return info["NumRestarts"], info["State"]
+
+    assert restarts() == (0, "ALIVE")
+    ray.kill(d.controller.handle, no_restart=False)
+    wait_for(lambda: restarts() == (1, "ALIVE"), timeout=60, what="the controller placed again")
+    after = d.refresh()
+    assert after["membershipEpoch"] == before["membershipEpoch"] and after["membership"] == ["node-a"]
+    assert _pid(lookup("keeper", "node-a")) == keeper_pid
+    wait_for(lambda: ready(d.url), timeout=60, what="the node ready under the new controller")
+
+
 @ray.remote(num_cpus=0)
 class _SlowController:
     """Answers ``status`` only after its first call has waited ``first_s`` (a worker still starting)."""

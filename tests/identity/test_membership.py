@@ -85,11 +85,28 @@ def test_a_controller_placed_again_starts_above_the_epochs_it_forgot() -> None:
 
 def test_a_node_ray_lost_stays_a_member_until_its_trust_ran_out_and_is_not_confirmed_meanwhile() -> None:
     c = Confirmations(now_ms=1_000, trust_ms=20_000)
-    assert c.held(["a", "b"], ["a"], 1_000) == ["b"]  # a controller that just started: it may have answered b
+    # a controller that just started: one placed before it, cut off from Ray, may have answered b until
+    # a trust after this one's start
+    assert c.held(["a", "b"], ["a"], 1_000) == ["b"]
     assert c.confirm("a", 5_000) and not c.confirm("b", 5_000)  # b is leaving: its checks are not answered
-    assert c.held(["a", "b"], ["a"], 20_999) == ["b"] and c.held(["a", "b"], ["a"], 21_000) == []
+    assert c.held(["a", "b"], ["a"], 40_999) == ["b"] and c.held(["a", "b"], ["a"], 41_000) == []
     c = Confirmations(now_ms=0, trust_ms=20_000)
+    c.held(["a", "b"], ["a", "b"], 30_000)  # Ray's list, read now
     assert c.confirm("b", 30_000)
     assert c.held(["a", "b"], ["a"], 49_999) == ["b"] and c.leaves_at("b") == 50_000
     assert c.held(["a", "b"], ["a", "b"], 50_000) == [] and c.confirm("b", 50_000)  # listed again: answered
     assert c.held(["a"], ["a"], 60_000) == [] and c.confirm("b", 60_000)  # gone from the membership: answered
+
+
+def test_a_controller_that_cannot_read_rays_node_list_confirms_nobody_after_a_trust() -> None:
+    """Cut off from Ray's head with a minority, it cannot see Ray declare them dead while Ray places
+    another controller on the head's side: the minority's trust must run out as if cut off from it."""
+    c = Confirmations(now_ms=1_000, trust_ms=10_000)
+    assert c.confirm("a", 10_999)  # a controller that starts lists Ray within its first pass
+    assert not c.confirm("a", 11_000) and not c.listed_lately(11_000)
+    c.held(["a"], ["a"], 12_000)
+    assert c.confirm("a", 21_999) and not c.confirm("a", 22_000)
+    c.held(["a"], ["a"], 5_000)  # a late answer to an older read moves nothing back
+    assert c.listed_at == 12_000
+    c.held(["a"], ["a"], 30_000)  # listing again: confirmed again
+    assert c.confirm("a", 30_000)
