@@ -124,6 +124,7 @@ class SimNode:
         """Place the node's actors (what a node joining or Ray restarting them does)."""
         c, net, name = self.cluster, self.cluster.net, self.name
         self.incarnation += 1
+        c.homes.pop(name, None)  # placed anew: its handle finds Ray's controller
         token = NODE.set(name)
         try:
             m = c.controller.membership
@@ -152,12 +153,14 @@ class SimNode:
         self.up = True
 
     async def _membership(self) -> Membership:
-        doc = await call(self.cluster.net.handle(self.name, CONTROLLER, "controller").membership.remote(), 3.0)
+        doc = await call(self.cluster.net.handle(self.name, self.cluster.controller_of(self.name), "controller")
+                         .membership.remote(), 3.0)
         return Membership.from_wire(doc)
 
     async def _keeper_membership(self) -> Membership:
         """The keeper's check names its node: the controller's answer confirms it (``Confirmations``)."""
-        doc = await call(self.cluster.net.handle(self.name, CONTROLLER, "controller").membership.remote(self.name), 3.0)
+        doc = await call(self.cluster.net.handle(self.name, self.cluster.controller_of(self.name), "controller")
+                         .membership.remote(self.name), 3.0)
         return Membership.from_wire(doc)
 
     async def kill(self) -> None:
@@ -209,13 +212,16 @@ class NodeFacade:
 
 
 class Controller:
-    """The simulated controller: the node list, an epoch per change, pushes and the checks' answers."""
+    """The simulated controller: the node list, an epoch per change, pushes and the checks' answers.
+    ``endpoint``: its address on the network (another one when Ray places a second controller)."""
 
-    def __init__(self) -> None:
+    def __init__(self, endpoint: str = CONTROLLER, started_ms: int = EPOCH_0_MS) -> None:
+        self.endpoint = endpoint
         self.clock = NodeClock()
         self.membership = Membership.of(0, ["nobody"])  # replaced by the cluster's first change
-        self.confirmations = Confirmations(EPOCH_0_MS)
+        self.confirmations = Confirmations(started_ms)
         self.lost: set[str] = set()  # members Ray stopped listing while they still run (``Cluster.ray_loses``)
+        self.cut_from_ray = False  # on the side of a partition without Ray's head (``Cluster.controller_cut_off``)
 
     def change(self, names: list[str]) -> Membership:
         self.membership = Membership.of(next_epoch(self.membership.epoch, self.clock.now_ms()), sorted(names))
@@ -228,6 +234,8 @@ class ControllerFacade:
 
     async def membership(self, node: str | None = None) -> dict:
         c = self.controller
+        if not c.cut_from_ray:  # the real one reads Ray's list every pass (2 s): fresh whenever asked
+            c.confirmations.listed(c.clock.now_ms())
         if node is not None and not c.confirmations.confirm(node, c.clock.now_ms()):
             raise ConnectionError(f"{node} is leaving the membership")  # the real one's NodeLeaving
         return c.membership.to_wire()
@@ -240,7 +248,10 @@ class Cluster:
         self.cfg = cfg or sim_config()
         self.log: list[str] = []
         self.nodes: dict[str, SimNode] = {}
-        self.controller = Controller()
+        self.controller = Controller()  # Ray's: the one a node placed now finds
+        self.homes: dict[str, str] = {}  # node -> the controller its handle still reaches, when not Ray's
+        self.retired: list[Controller] = []  # replaced by Ray, still running where it was cut off
+        self.recalls_membership = True  # a controller Ray places again reads the last one (a twin's seam)
         self.oracle = Oracle()
         self._tasks: dict[str, weakref.WeakSet[asyncio.Task]] = {}
         # the seams a broken twin replaces (tests/sim/twins.py)
@@ -267,26 +278,47 @@ class Cluster:
             return ctx
 
         self.net.context_of = context_of
-        self.net.serve(CONTROLLER, "controller", ControllerFacade(self.controller))
+        self.net.serve(self.controller.endpoint, "controller", ControllerFacade(self.controller))
 
-    def tasks_of(self, node: str) -> list[asyncio.Task]:
-        return list(self._tasks.get(node, ()))
+    def controller_of(self, node: str) -> str:
+        """The controller a node's handle reaches: Ray's, unless it was cut off with an older one."""
+        return self.homes.get(node, self.controller.endpoint)
 
-    def live(self) -> list[SimNode]:
-        return [n for n in self.nodes.values() if n.up]
-
-    async def ray_loses(self, away: list[str], detect_s: float) -> None:
-        """Ray's head is on the controller's side of a partition and stops listing ``away`` after
-        ``detect_s`` (its health checks), though they still run, cut off; unless the partition healed
-        first. The controller keeps them members until their trust ran out, as the real one does
-        (``Confirmations``), then drops them: what they granted until then counts as gone with them
-        (``Oracle.node_left``), and a grant of theirs after it is a second holder."""
+    async def controller_cut_off(self, minority: list[str], detect_s: float) -> None:
+        """The controller is cut off with ``minority`` while Ray's head is on the other side: it can
+        no longer read Ray's node list, and its nodes' handles still reach it. After ``detect_s``
+        (Ray's health checks) Ray declares the minority's nodes dead, the controller among their
+        actors, and places a controller on the head's side. It reads the last membership from Ray's
+        store (the real one's ``_recall``) and keeps the minority in it until their trust ran out
+        (``Confirmations``: the old one may have answered them until a trust after this one's start),
+        then drops them: what they granted until then counts as gone with them (``Oracle.node_left``),
+        and a grant of theirs after it is a second holder. ``heal`` ends the minority (its raylet is
+        told it is dead)."""
+        old = self.controller
+        majority = [n for n in old.membership.names if n not in minority]
+        endpoint = f"{CONTROLLER}{len(self.retired) + 2}"
+        self.net.partition({*minority, old.endpoint}, {*majority, endpoint})
+        old.cut_from_ray = True
+        for name in minority:
+            self.homes[name] = old.endpoint
         await asyncio.sleep(detect_s)
-        c = self.controller
-        if any(self.net.connected(CONTROLLER, n) for n in away):
+        self.log.append(f"t={asyncio.get_running_loop().time():.3f} Ray lists {sorted(minority)} dead and places "
+                        f"a controller at {endpoint}")
+        new = Controller(endpoint, old.clock.now_ms())
+        new.lost = set(minority)
+        self.retired.append(old)
+        self.controller = new
+        self.net.serve(endpoint, "controller", ControllerFacade(new))
+        if self.recalls_membership:
+            new.membership = old.membership
+            await self._drop_when_untrusted(new, minority)
             return
-        c.lost |= set(away)
-        self.log.append(f"t={asyncio.get_running_loop().time():.3f} Ray lists {sorted(away)} dead")
+        for name in minority:  # knows nothing: its first membership is the nodes Ray lists
+            self.oracle.node_left(name)
+        await self.set_members(majority)
+
+    async def _drop_when_untrusted(self, c: Controller, away: list[str]) -> None:
+        """The controller keeps ``away`` (Ray no longer lists them) members until their trust ran out."""
         while True:
             members = list(c.membership.names)
             alive = [n for n in members if n not in c.lost]
@@ -302,6 +334,33 @@ class Cluster:
             self.log.append(f"t={asyncio.get_running_loop().time():.3f} the controller drops {gone}")
             await self.set_members([n for n in c.membership.names if n not in gone])
 
+    def retire_cut_off_controllers(self) -> None:
+        """After a heal: a controller Ray replaced ran on a node Ray declared dead, and ends with it."""
+        for old in self.retired:
+            self.net.down(old.endpoint)
+        self.retired.clear()
+        self.homes.clear()
+
+    def tasks_of(self, node: str) -> list[asyncio.Task]:
+        return list(self._tasks.get(node, ()))
+
+    def live(self) -> list[SimNode]:
+        return [n for n in self.nodes.values() if n.up]
+
+    async def ray_loses(self, away: list[str], detect_s: float) -> None:
+        """Ray's head is on the controller's side of a partition and stops listing ``away`` after
+        ``detect_s`` (its health checks), though they still run, cut off; unless the partition healed
+        first. The controller keeps them members until their trust ran out, as the real one does
+        (``Confirmations``), then drops them: what they granted until then counts as gone with them
+        (``Oracle.node_left``), and a grant of theirs after it is a second holder."""
+        await asyncio.sleep(detect_s)
+        c = self.controller
+        if any(self.net.connected(c.endpoint, n) for n in away):
+            return
+        c.lost |= set(away)
+        self.log.append(f"t={asyncio.get_running_loop().time():.3f} Ray lists {sorted(away)} dead")
+        await self._drop_when_untrusted(c, away)
+
     async def set_members(self, names: list[str], unsent: Collection[tuple[str, str]] = ()) -> Membership:
         """The controller's change: a new epoch, pushed to every member's keeper and store, each its
         own message (either may be lost or overtaken: the periodic checks correct it). ``unsent``:
@@ -314,7 +373,7 @@ class Cluster:
                 for to in ("keeper", "store"):
                     if (name, to) in unsent:
                         continue
-                    fut = self.net.handle(CONTROLLER, name, "node").push_membership.remote(m.to_wire(), to)
+                    fut = self.net.handle(self.controller.endpoint, name, "node").push_membership.remote(m.to_wire(), to)
                     fut.add_done_callback(_quietly)
         return m
 

@@ -62,12 +62,12 @@ class World:
     """The driver: the cluster, its clients (a fleet of workers) and the oracle."""
 
     def __init__(self, seed: int, root: Path, faults: Faults, twin: Callable[[Cluster], None] | None,
-                 replicas: int = 2):
+                 replicas: int = 2, queue: dict | None = None):
         self.seed = seed
         self.rng = random.Random(seed)
         self.net = Network(random.Random(self.rng.getrandbits(64)), faults)
         self.faults = faults
-        self.cluster = Cluster(root, self.net, sim_config(cluster={"replicas": replicas}))
+        self.cluster = Cluster(root, self.net, sim_config(cluster={"replicas": replicas}, queue=queue or {}))
         self.oracle = self.cluster.oracle
         self.cluster.make_leases = observed(ObservedLeases, self.oracle)
         if twin is not None:
@@ -224,12 +224,13 @@ class World:
     def partition(self) -> None:
         """Two groups; the side without the controller (Ray's head with it) is lost to Ray after its
         health checks, unless healed first, while its nodes still run (``Cluster.ray_loses``)."""
-        names = [*self.cluster.controller.membership.names, CONTROLLER]
+        ctl = self.cluster.controller.endpoint
+        names = [*self.cluster.controller.membership.names, ctl]
         self.rng.shuffle(names)
         cut = self.rng.randint(1, len(names) - 1)
         self.say("partition", names[:cut], names[cut:])
         self.net.partition(set(names[:cut]), set(names[cut:]))
-        away = [n for n in (names[cut:] if CONTROLLER in names[:cut] else names[:cut]) if n != CONTROLLER]
+        away = [n for n in (names[cut:] if ctl in names[:cut] else names[:cut]) if n != ctl]
         if away and len(away) < len(names) - 1:  # the head is a member: the controller is never alone
             self.background.append(asyncio.ensure_future(self.cluster.ray_loses(away, self.rng.choice((3.0, 8.0, 15.0)))))
 
@@ -242,6 +243,7 @@ class World:
             if node.up:
                 self.say("ends: Ray listed it dead", name)
                 await node.kill()
+        self.cluster.retire_cut_off_controllers()
 
     # ------------------------------------------------------------------------------- the walk
 
@@ -313,6 +315,33 @@ async def two_at_once(world: World) -> None:
         await asyncio.sleep(world.rng.choice((0.0, 0.01, 0.5)))
 
 
+async def controller_on_the_minority(world: World) -> None:
+    """The controller is cut off with one node while Ray's head is with the two others
+    (``Cluster.controller_cut_off``): Ray places a controller on the head's side, which gives the
+    node's keys to the two, while the old one still answers the node it is cut off with. A fleet
+    claims and answers on every side, and targets are written, for two and a half leases; then the
+    cut heals. The node cut off must stop granting before the others may grant its keys."""
+    loop = asyncio.get_running_loop()
+    for world.step in range(1, 7):
+        await world.put()
+        world.check_now()
+    await asyncio.sleep(2.0)
+    minority = [world.rng.choice(world.cluster.controller.membership.names)]
+    world.step += 1
+    world.say("controller cut off with", minority)
+    cut = asyncio.ensure_future(world.cluster.controller_cut_off(minority, world.rng.choice((3.0, 8.0))))
+    end = loop.time() + 2.5 * world.cluster.cfg.queue.job_lease_time / 1000
+    while loop.time() < end:
+        world.step += 1
+        act = world.rng.choices((world.claim, world.result, world.put), (5, 3, 1))[0]
+        await act()
+        world.check_now()
+        await asyncio.sleep(world.rng.choice((0.5, 2.0, 10.0)))
+    await cut
+    world.step += 1
+    await world.heal()
+
+
 async def full_copy_from_a_cut_off_peer(world: World) -> None:
     """Every node holds everything (run with ``replicas`` of 3): n1 starts again cut off from n2,
     which goes on taking writes, so n1's catch-up has no answer; n3 joins while the cut lasts and
@@ -361,12 +390,13 @@ async def _writes_on_n2_then_n3_joins(world: World, writes: int) -> None:
 def simulate(seed: int, *, steps: int = 60, nodes: int = 3, faults: Faults | None = None, membership: bool = True,
              twin: Callable[[Cluster], None] | None = None, max_steps: int = 3_000_000,
              strays: bool = True, script: Callable[[World], Awaitable[None]] | None = None,
-             replicas: int = 2) -> Outcome:
+             replicas: int = 2, queue: dict | None = None) -> Outcome:
     """Run one history; raise ``SimFailure`` (with the seed and step) when an invariant breaks.
     ``script``: a fixed shape of steps instead of the random walk (``two_at_once``); ``replicas``:
-    ``cluster.replicas`` (at least the node count: every node holds everything)."""
+    ``cluster.replicas`` (at least the node count: every node holds everything); ``queue``: the
+    config's queue section (``jobLeaseTime``)."""
     with tempfile.TemporaryDirectory(prefix=f"sim-{seed}-") as tmp:
-        world = World(seed, Path(tmp), faults if faults is not None else Faults.rough(), twin, replicas)
+        world = World(seed, Path(tmp), faults if faults is not None else Faults.rough(), twin, replicas, queue)
         world.strays = strays
 
         async def main() -> None:

@@ -16,6 +16,7 @@ import pytest
 from prerender_ray.rpc import DeadlineExceeded, call
 from tests.sim.history import (
     SimFailure,
+    controller_on_the_minority,
     full_copy_from_a_cut_off_peer,
     full_copy_while_a_write_is_on_its_way,
     simulate,
@@ -23,7 +24,7 @@ from tests.sim.history import (
 )
 from tests.sim.loop import SimStuck, run
 from tests.sim.network import Faults, Network, NodeDown
-from tests.sim.twins import TWINS
+from tests.sim.twins import TWINS, confirms_cut_off, forgets_membership
 
 # Histories of 100 steps over 3 to 5 nodes with drops, duplicates, slow links, partitions, kills,
 # restarts, joins and leaves; a few seconds in all.
@@ -238,3 +239,30 @@ def test_the_network_drops_duplicates_partitions_and_reports_a_node_down() -> No
             await call(net.handle("a", "b", "counter").bump.remote(1), 5)
 
     run(main())
+
+
+# The controller on the minority side: seeds whose histories catch each of its broken twins (they pass
+# with the real parts).
+MINORITY_SEEDS = [1, 2, 3, 33]
+SHORT_LEASE = {"jobLeaseTime": "2m"}  # the shortest allowed: the cut lasts two and a half leases
+
+
+@pytest.mark.parametrize("seed", MINORITY_SEEDS)
+def test_a_controller_cut_off_with_a_minority_lets_no_key_be_granted_on_both_sides(seed: int) -> None:
+    """The controller is cut off with one node while Ray's head is with the others, and Ray places a
+    controller on the head's side (``controller_on_the_minority``). The old one stops confirming
+    once it cannot read Ray's node list, so the node's trust runs out; the new one starts from the
+    last membership (kept in Ray's store) and drops the node only once that trust has run out: no
+    key is granted on both sides while a lease of it runs."""
+    simulate(seed, script=controller_on_the_minority, queue=SHORT_LEASE)
+
+
+@pytest.mark.parametrize("twin", [confirms_cut_off, forgets_membership], ids=lambda t: t.__name__)
+def test_the_controllers_broken_twins_are_caught_on_the_minority(twin) -> None:
+    for seed in MINORITY_SEEDS:
+        try:
+            simulate(seed, script=controller_on_the_minority, queue=SHORT_LEASE, twin=twin)
+        except SimFailure as e:
+            assert e.invariant == "double-grant", f"seed {seed}: {e}"
+            return
+    pytest.fail(f"no seed of {MINORITY_SEEDS} caught the {twin.__name__} twin")

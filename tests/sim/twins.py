@@ -88,6 +88,19 @@ def grants_cut_off(cluster: Cluster) -> None:
     cluster.make_keeper = keeper
 
 
+def confirms_cut_off(cluster: Cluster) -> None:
+    """A controller that confirms its nodes though it cannot read Ray's node list: cut off with a
+    minority (``controller_on_the_minority``), it keeps them granting while the controller Ray placed
+    on the other side gives their keys to others."""
+    cluster.controller.confirmations.listed_lately = lambda now_ms: True  # type: ignore[method-assign]
+
+
+def forgets_membership(cluster: Cluster) -> None:
+    """A controller placed again that starts from the nodes Ray lists, not from the last membership:
+    it drops a minority cut off with the old controller at once, while their trust still runs."""
+    cluster.recalls_membership = False
+
+
 def never_ships(cluster: Cluster) -> None:
     """A node store whose writes never leave the node."""
     make = cluster.make_store
