@@ -57,7 +57,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The simulated cluster over more seeds than CI's fixed set (tests/sim/): `make sim SEEDS=500`;
-# SIM_ARGS passes more (`--first 5000 --steps 200 --nodes 5 --strays`). PYTHONHASHSEED is fixed so
+# SIM_ARGS passes more (`--first 5000 --steps 200 --nodes 5 --strays`, `--script minority`). PYTHONHASHSEED is fixed so
 # that a printed seed replays the same way in another process.
 SEEDS ?= 200
 SIM_ARGS ?=

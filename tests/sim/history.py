@@ -387,6 +387,13 @@ async def _writes_on_n2_then_n3_joins(world: World, writes: int) -> None:
     world.check_now()
 
 
+# The scripted shapes ``python -m tests.sim --script`` and ``SIM_SCRIPT`` name: (script, queue section).
+SCRIPTS: dict[str, tuple[Callable[[World], Awaitable[None]], dict | None]] = {
+    "minority": (controller_on_the_minority, {"jobLeaseTime": "2m"}),
+    "two-at-once": (two_at_once, None),
+}
+
+
 def simulate(seed: int, *, steps: int = 60, nodes: int = 3, faults: Faults | None = None, membership: bool = True,
              twin: Callable[[Cluster], None] | None = None, max_steps: int = 3_000_000,
              strays: bool = True, script: Callable[[World], Awaitable[None]] | None = None,

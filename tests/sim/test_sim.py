@@ -15,6 +15,7 @@ import pytest
 
 from prerender_ray.rpc import DeadlineExceeded, call
 from tests.sim.history import (
+    SCRIPTS,
     SimFailure,
     controller_on_the_minority,
     full_copy_from_a_cut_off_peer,
@@ -64,8 +65,10 @@ def test_one_seed_gives_one_history() -> None:
 @pytest.mark.skipif("SIM_SEED" not in os.environ, reason="set SIM_SEED to replay one history")
 def test_replay() -> None:
     seed = int(os.environ["SIM_SEED"])
+    script, queue = SCRIPTS[os.environ["SIM_SCRIPT"]] if os.environ.get("SIM_SCRIPT") else (None, None)
     out = simulate(seed, steps=int(os.environ.get("SIM_STEPS", STEPS)), nodes=int(os.environ.get("SIM_NODES", 3)),
-                   strays=os.environ.get("SIM_STRAYS", "0") == "1", replicas=int(os.environ.get("SIM_REPLICAS", 2)))
+                   strays=os.environ.get("SIM_STRAYS", "0") == "1", replicas=int(os.environ.get("SIM_REPLICAS", 2)),
+                   script=script, queue=queue)
     print(f"seed {seed}: {out.steps} steps, trace {out.digest}, {out.stats}")
 
 
@@ -244,7 +247,7 @@ def test_the_network_drops_duplicates_partitions_and_reports_a_node_down() -> No
 # The controller on the minority side: seeds whose histories catch each of its broken twins (they pass
 # with the real parts).
 MINORITY_SEEDS = [1, 2, 3, 33]
-SHORT_LEASE = {"jobLeaseTime": "2m"}  # the shortest allowed: the cut lasts two and a half leases
+SHORT_LEASE = SCRIPTS["minority"][1]  # the shortest lease allowed: the cut lasts two and a half leases
 
 
 @pytest.mark.parametrize("seed", MINORITY_SEEDS)
