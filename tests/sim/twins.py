@@ -113,6 +113,18 @@ def never_ships(cluster: Cluster) -> None:
     cluster.make_store = store
 
 
+def keeps_strays(cluster: Cluster) -> None:
+    """A node store whose rebalance pushes what it no longer holds to the holders but never drops it."""
+    make = cluster.make_store
+
+    def store(*args: Any, **kwargs: Any) -> Any:
+        s = make(*args, **kwargs)
+        s.records.drop_local = lambda name, items: 0  # type: ignore[method-assign]
+        return s
+
+    cluster.make_store = store
+
+
 def cluster_oracle(cluster: Cluster) -> Any:
     return cluster.oracle
 
@@ -125,5 +137,6 @@ TWINS: dict[str, tuple[Callable[[Cluster], None], tuple[str, ...]]] = {
     # a keeper left on an old membership also grants keys it no longer owns
     "stale-epoch": (stale_epoch, ("one-epoch", "double-grant")),
     "never-ships": (never_ships, ("records-on-holders", "result-lost")),
+    "keeps-strays": (keeps_strays, ("no-strays",)),
     "grants-cut-off": (grants_cut_off, ("double-grant",)),
 }
