@@ -23,8 +23,12 @@ live for the whole module (10 minutes). Every claim of the module goes into one 
 2. **Two nodes at once**: node-b and node-c are killed with SIGKILL together, so a third of the URLs
    lose both their copies until the two come back (same names, same data dirs).
 3. **SIGKILL**: every process in node-b's namespace (raylet, workers, agents) is killed at once, and
-   the two others re-replicate its share between them. It comes last, so node-b is never started
+   the two others re-replicate its share between them. It comes late, so node-b is never started
    again: each Ray start in a namespace costs the suite about 12 s of CPU.
+4. **The controller on the minority side**: the controller is put on node-c (as Ray may place it)
+   and node-c's cable is pulled, Ray's head staying with node-a. Node-c's last grant comes before the
+   first grant on node-a of a key in node-c's slice (two runs: its last grant 15.8 and 18.4 s after the
+   cut, node-a's membership alone at 31 s, its first grant in the slice at 31.9 s).
 
 Checked for each fault, with probes that run all along (bot GETs, claims from every node's fleet
 API, target writes): every bot GET (a Googlebot user agent, a cached page) to a node on the majority
@@ -183,14 +187,66 @@ def drv_deploy(address: str, data_dir: str, extra: dict | None = None) -> dict:
     from prerender_ray.actors.controller import Controller
 
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    plain = Controller.options
+    plain = _STATE["plain_options"] = Controller.options
     Controller.options = lambda **kw: plain(scheduling_strategy=here, **kw)  # type: ignore[method-assign]
-    d = deploy_on(SimpleNamespace(nodes=HOSTS), Path(data_dir), {**CONFIG, **(extra or {})}, timeout=150)
+    try:
+        d = deploy_on(SimpleNamespace(nodes=HOSTS), Path(data_dir), {**CONFIG, **(extra or {})}, timeout=150)
+    finally:
+        Controller.options = plain  # type: ignore[method-assign]
     _STATE["d"] = d
     info = ray._private.state.actors(actor_id=d.controller.handle._actor_id.hex())
     where = next((n.get("Labels") or {}).get(LABEL_NAME) for n in ray.nodes()
                  if n["NodeID"] == info["Address"]["NodeID"])
     return {"urls": d.urls, "controller": where}
+
+
+def drv_controller_to(node: str) -> str:
+    """Put the controller on ``node``, as if Ray had placed it there: the running one killed for good,
+    one with the same arguments placed with a soft affinity to ``node`` (Ray may place it again
+    elsewhere). It starts from the last membership and finds the nodes' actors. Where it runs."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from prerender_ray.actors.controller import Controller
+    from prerender_ray.actors.controller_client import ControllerClient
+    from prerender_ray.identity.nodes import LABEL_NAME
+
+    d = _STATE["d"]
+    epoch = d.refresh()["epoch"]
+    target = next(n["NodeID"] for n in ray.nodes() if n.get("Alive") and (n.get("Labels") or {}).get(LABEL_NAME) == node)
+    plain = _STATE["plain_options"]
+    there = NodeAffinitySchedulingStrategy(target, soft=True)
+    at = drv_controller_at()
+    for _ in range(5):  # a soft affinity is a wish: Ray placed it on node-a once in three runs
+        if at == node:
+            break
+        ray.kill(d.controller.handle, no_restart=True)
+        deadline = time.monotonic() + 60
+        while ControllerClient.find() is not None:
+            assert time.monotonic() < deadline, "the controller killed for good is still named"
+            time.sleep(0.2)
+        Controller.options = lambda **kw: plain(scheduling_strategy=there, **kw)  # type: ignore[method-assign]
+        try:
+            d.controller = ControllerClient.place(d.config, d.data_dir, epoch)
+        finally:
+            Controller.options = plain  # type: ignore[method-assign]
+        while (at := drv_controller_at()) is None:
+            assert time.monotonic() < deadline + 60, "the controller placed again never started"
+            time.sleep(0.2)
+    return at
+
+
+def drv_controller_at() -> str | None:
+    """The node the controller runs on, by name (None while Ray has it nowhere)."""
+    import ray
+
+    from prerender_ray.identity.nodes import LABEL_NAME
+
+    info = ray._private.state.actors(actor_id=_STATE["d"].controller.handle._actor_id.hex())
+    if info.get("State") != "ALIVE":
+        return None
+    return next(((n.get("Labels") or {}).get(LABEL_NAME) for n in ray.nodes()
+                 if n["NodeID"] == info["Address"]["NodeID"]), None)
 
 
 def drv_kill(kind: str, node: str, index: int | None = None) -> str:
@@ -254,6 +310,12 @@ def drv_seed(bases: dict[str, str]) -> list[dict]:
 
         list(pool.map(post, [g for g in grants.values() if g["url"] in PAGED]))
     return list(grants.values())
+
+
+def drv_put(base: str, urls: list[str]) -> list[int]:
+    """Targets due now, written through ``base``: each answer's status."""
+    with httpx.Client(timeout=30) as client:
+        return [_put(client, base, url, nextRenderTime=1).status_code for url in urls]
 
 
 def drv_missing(bases: dict[str, str], urls: list[str], paged: list[str]) -> dict[str, list[str]]:
@@ -802,6 +864,61 @@ def test_a_node_killed_with_sigkill_loses_nothing_and_the_others_serve_throughou
     assert [r for r in bots if r.get("status") != 200 or r.get("cache") != "hit"] == []
     assert double_grants(c.ledger, c.deaths) == []
     assert len(acked) >= 3, rec["writes"]
+
+
+def test_a_controller_cut_off_with_a_minority_stops_it_granting_before_its_keys_move(cluster) -> None:
+    """The controller on the smaller side, Ray's head on the other: the controller is put on node-c
+    (as Ray may place it) and node-c's cable is pulled. The controller there can no longer read Ray's
+    node list, so it stops confirming node-c, whose trust runs out; Ray declares node-c dead and
+    places the controller again on the head's side, where it starts from the last membership and
+    keeps node-c a member until it can no longer grant. So node-c's last grant comes before the
+    first grant elsewhere of a key node-c owned (docs/architecture.md, rule 6). It comes last: node-c
+    is left cut off, and the module's end removes it."""
+    c = cluster
+    alive = c.drv("drv_alive")
+    assert alive.get("node-a") and alive.get("node-c"), alive
+    majority = [h for h in HOSTS if h != "c" and alive.get(NODE[h])]  # node-a, and node-b if it runs
+    names = sorted(NODE[h] for h in (*majority, "c"))
+    assert c.drv("drv_controller_to", "node-c", timeout=90) == "node-c"
+    c.wait_members(names, 60, healthy=True)
+    before = Ownership(names)
+    owned_c = [f"{SITE}/minority-owned/{i}" for i in range(400) if before.owner(f"{SITE}/minority-owned/{i}") == "node-c"][:20]
+    assert c.drv("drv_put", c.base("c"), owned_c) == [200] * len(owned_c)  # due keys of node-c's slice
+    settle(c, ("c", *majority), URLS + owned_c)
+    # the majority's writes in node-c's slice wait on node-c, then are node-a's once node-c left
+    c.drv("probe_start", "ctl", {"claims": c.bases(*majority), "writes": c.bases("a"), "owners": ["node-c"],
+                                 "fresh": f"{SITE}/minority-slice/", "timeout": 10.0})
+    observer = c.agent("c")
+    observer.call(f"{__name__}:probe_start", "ctl-minority", {
+        "claims": c.bases("c"), "writes": c.bases("c"), "fresh": f"{SITE}/minority-cut/", "owners": ["node-c"],
+        "timeout": 10.0, "pause": 0.5})
+    time.sleep(2)
+    c.net.cut("c")
+    t = {"cut": now_ms()}
+
+    def members() -> Any:  # the controller is cut off, then placed again: a call may fail meanwhile
+        try:
+            return c.drv("drv_status", timeout=60)["membership"]
+        except Exception as e:
+            return repr(e)[:200]
+
+    wait_until(lambda: members() == [NODE[h] for h in majority], 180, "the majority's membership", last=members)
+    t["members"] = now_ms()
+    time.sleep(10)  # the majority takes writes in node-c's slice now, and grants them
+    rec = c.drv("probe_stop", "ctl", timeout=60)
+    seen = netns.result(observer.submit(f"{__name__}:probe_stop", "ctl-minority"), 60, "the minority probe")
+    observer.close()
+    t["controller at"] = c.drv("drv_controller_at")
+    mine = [g for g in seen["grants"] if g["t"] >= t["cut"]]
+    theirs = [g for g in rec["grants"] if before.owner(g["url"]) == "node-c"]
+    print("\ncontroller on the minority, s after the cut:", {k: round((v - t["cut"]) / 1000, 1) if isinstance(v, int) else v
+                                                          for k, v in t.items()},
+          "node-c granted while cut off:", [round((g["t"] - t["cut"]) / 1000, 1) for g in mine][-5:],
+          "its keys granted elsewhere from:", min((round((g["t"] - t["cut"]) / 1000, 1) for g in theirs), default=None))
+    assert t["controller at"] != "node-c"  # Ray placed it again on the head's side
+    assert mine, "node-c never granted while cut off: the scenario did not happen"
+    assert theirs, "node-c's keys were never granted elsewhere"
+    assert max(g["t"] for g in mine) < min(g["t"] for g in theirs), (mine[-3:], theirs[:3])
 
 
 def test_the_ledger_check_finds_a_key_granted_while_a_lease_on_it_is_live() -> None:
