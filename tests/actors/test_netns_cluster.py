@@ -25,7 +25,9 @@ live for the whole module (10 minutes). Every claim of the module goes into one 
 3. **SIGKILL**: every process in node-b's namespace (raylet, workers, agents) is killed at once, and
    the two others re-replicate its share between them. It comes late, so node-b is never started
    again: each Ray start in a namespace costs the suite about 12 s of CPU.
-4. **The controller on the minority side**: the controller is put on node-c (as Ray may place it)
+4. **The controller on the minority side** (with `NETNS_MINORITY=1`: the suite's CI runs show it
+   in the simulation, `controller_on_the_minority`; here it cost the suite 8-20 s it did not have):
+   the controller is put on node-c (as Ray may place it)
    and node-c's cable is pulled, Ray's head staying with node-a. Node-c's last grant comes before the
    first grant on node-a of a key in node-c's slice (three runs: its last grant 15.8-18.4 s after the
    cut, node-a's membership alone at 31 s, its first grant in the slice at 31.9 s).
@@ -869,6 +871,8 @@ def test_a_node_killed_with_sigkill_loses_nothing_and_the_others_serve_throughou
     assert len(acked) >= 3, rec["writes"]
 
 
+@pytest.mark.skipif(os.environ.get("NETNS_MINORITY") != "1",
+                    reason="NETNS_MINORITY=1: the controller on the minority side (about 45 s, beside the simulation's)")
 def test_a_controller_cut_off_with_a_minority_stops_it_granting_before_its_keys_move(cluster) -> None:
     """The controller on the smaller side, Ray's head on the other: the controller is put on node-c
     (as Ray may place it) and node-c's cable is pulled. The controller there can no longer read Ray's
