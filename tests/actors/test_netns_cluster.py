@@ -178,7 +178,6 @@ def drv_deploy(address: str, data_dir: str, extra: dict | None = None) -> dict:
     import ray
 
     from prerender_ray.actors import deploy
-    from prerender_ray.identity.nodes import LABEL_NAME
     from tests.support import deploy_on
 
     deploy.connect(address)
@@ -196,10 +195,7 @@ def drv_deploy(address: str, data_dir: str, extra: dict | None = None) -> dict:
     finally:
         Controller.options = plain  # type: ignore[method-assign]
     _STATE["d"] = d
-    info = ray._private.state.actors(actor_id=d.controller.handle._actor_id.hex())
-    where = next((n.get("Labels") or {}).get(LABEL_NAME) for n in ray.nodes()
-                 if n["NodeID"] == info["Address"]["NodeID"])
-    return {"urls": d.urls, "controller": where}
+    return {"urls": d.urls, "controller": drv_controller_at()}
 
 
 def drv_controller_to(node: str) -> str:
