@@ -340,7 +340,18 @@ class BotMiddleware:
         req = state.resolve(scope["method"], path, query, headers)
         if type(req) is not BotRequest:
             return None
-        run = serve(state, req, headers, scope, None, who=who, replay=True, local_only=True)
+        lane, tape = services.lane, None  # the spread lane (api/bot/lane.py): its class's entry, or learn it
+        if lane is not None and req.cacheable:
+            site = services.signals.of(req.url) if services.signals_on else None
+            lane_key = lane.key(who, site, req)
+            entry = lane.find(lane_key, state, who, site, req, now)
+            if entry is None:
+                tape = Tape(services)
+            elif (wired := lane.wire(entry, state, req, headers, now, dater, close)) is not None:
+                memo.admits(shape)
+                decisions.wired += 1
+                return wired
+        run = serve(state, req, headers, scope, None, tape, who=who, replay=True, local_only=True)
         try:
             run.send(None)
         except StopIteration as done:
@@ -356,6 +367,8 @@ class BotMiddleware:
             scope[REPLY] = reply  # served and counted: the ASGI path sends it as it is
         else:
             decisions.wired += 1
+            if tape is not None and lane is not None:
+                lane.learn(lane_key, state, who, site, req, headers, tape, reply, _page_age)
         return wired
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:

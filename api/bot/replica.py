@@ -25,6 +25,7 @@ from prerender_ray.api.bot.decisions import DecisionMemo
 from prerender_ray.api.bot.hit import Hit
 from prerender_ray.api.bot.holders import HolderReader
 from prerender_ray.api.bot.key_directory import DirectoryFetcher
+from prerender_ray.api.bot.lane import Lane
 from prerender_ray.api.bot.llms import LlmsTxt
 from prerender_ray.api.bot.markdown import Converter
 from prerender_ray.api.bot.memo import HitMemo
@@ -69,6 +70,8 @@ class Services:
         self.memo: HitMemo | None = HitMemo()
         # who asks, by request shape without the path (api/bot/decisions.py; None: off)
         self.decisions: DecisionMemo | None = DecisionMemo()
+        # a plain hit for a new page by its class's entry, over the page log (api/bot/lane.py; None: off)
+        self.lane: Lane | None = Lane()
         self.origin = OriginClient(cfg)
         self.peer = PeerClient(cfg.peer_rescue, cfg.origin.max_body_bytes)
         self.holders = HolderReader(ctx, cfg.cluster)

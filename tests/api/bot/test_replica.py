@@ -29,7 +29,7 @@ PACKAGE = "prerender_ray.api.bot"
 MODULES = sorted(p.stem for p in BOT.glob("*.py") if p.stem != "__init__")
 # What a request path may lean on; the state module builds them and the middleware calls them.
 LEAVES = ("hit", "miss", "pages", "origin", "peer", "holders", "counters", "markdown", "key_directory", "llms", "signals",
-          "memo", "decisions")
+          "memo", "decisions", "lane")
 # What the leaves and the middleware share, built by nothing: an answer as the bytes uvicorn writes.
 HELPERS = ("wire",)
 

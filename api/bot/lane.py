@@ -1,0 +1,185 @@
+"""The spread lane (issue 37): a plain local hit for a page the replica has not answered before,
+answered from what the full serve of *another* page of the same class decided and counted, plus the
+page's own bytes. A crawl asks for every page once, so neither the hit memo (whole answers by request)
+nor the decoded-page cache helps it; the decision memo (``api/bot/decisions.py``) keeps who asks.
+
+What ``serve`` decides for a plain local hit (``middleware.local_hit``, then ``_cacheable``) reads
+the request's class, not its page: who asks (the decision memo's entry: name, verification, the
+header list, the client), the URL's site for content signals, the ingress decision's route class,
+route, device and method, and the replica's state. The page adds only its bytes (the stored frame,
+the body), its times (``age``, whether it is a ``hit``, the page-age count) and its URL (the Markdown
+``Link``). So an entry is made per class from the tape (``memo.Tape``) of one full serve that the
+protocol answered, and answers the class's other pages while the state, the identity entry and the
+content-signals table are the same objects, for at most ``LANE_TTL_MS``:
+
+- the page: one index look-up and one checksummed ``pread`` (``PageLogReader.get``), its record's
+  fixed head and its frame; a ``hit`` by the index entry's times, a 200 framed in a coding the
+  client takes as stored (never for a conditional request: each page's validators decide), with ``last_cached`` as present as the entry's page had it;
+- the answer: the entry's headers after ``age`` (the Vary, the ``Link`` made for this URL) on a
+  ``Reply`` of the frame's headers, written by ``wire.wire_reply`` as the full path writes it;
+- the counts: the entry's steps done again, the page age at this hit's moment and ``last_cached``.
+
+Anything else (no entry, a page that is not such a hit, an unreadable record) answers None with
+nothing done or counted, and the full path takes the request. A class whose serve counted anything
+that reads the URL (the unrouted tally) gets no entry. tests/api/bot/test_lane.py plays the same
+requests through the lane and through the full path and compares every byte and every count.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from prerender_ray.api.bot.memo import Tape
+from prerender_ray.api.bot.wire import wire_reply
+from prerender_ray.serving.answer import Reply
+from prerender_ray.serving.classify import BotRequest
+from prerender_ray.serving.dates import Dater
+from prerender_ray.serving.framing import parse_frame, sends_stored_coding
+from prerender_ray.serving.markdown import markdown_link
+from prerender_ray.serving.responses import age_seconds
+from prerender_ray.storage.pagelog import key_hash
+from prerender_ray.storage.pages import PageDecodeError, decode_head
+from prerender_ray.storage.replication import EnvelopeError, payload_view
+
+LANE_TTL_MS = 1_000  # a class is served again through the full path at least this often
+MAX_ENTRIES = 1_024
+_LINK = object()  # in an entry's tail: the Markdown Link of the URL being answered
+
+ClassKey = tuple[int, int, int, str, str, str, str]
+
+
+class Entry:
+    __slots__ = ("aged", "log", "route", "site", "sites", "state", "steps", "tail", "timed", "until", "who")
+
+    def __init__(self, state: Any, who: Any, site: Any, route: Any, sites: Any, log: Any, tape: Tape,
+                 tail: list[tuple[str, Any]], aged: bool, until: int):
+        # what the key names by id(), held: compared by identity, never a reused id
+        self.state, self.who, self.site, self.route, self.sites, self.log = state, who, site, route, sites, log
+        self.steps, self.timed = tape.steps, tape.timed
+        self.tail = tail  # the reply's headers after age, in order; _LINK where the URL's Link goes
+        self.aged = aged  # the page it was made from had last_cached (so an age and a page-age count)
+        self.until = until
+
+
+class Lane:
+    """Class entries, oldest first: at most ``max_entries``."""
+
+    def __init__(self, max_entries: int = MAX_ENTRIES, ttl_ms: int = LANE_TTL_MS):
+        self.max_entries = max_entries
+        self.ttl_ms = ttl_ms
+        self.hits = 0  # plain local hits answered here
+        self.kept = 0  # entries made
+        self._entries: OrderedDict[ClassKey, Entry] = OrderedDict()
+        self._state: Any = None
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @staticmethod
+    def key(who: Any, site: Any, req: BotRequest) -> ClassKey:
+        return id(who), id(site), id(req.route), req.route_class, req.device, req.method, req.mode
+
+    def find(self, key: ClassKey, state: Any, who: Any, site: Any, req: BotRequest, now: int) -> Entry | None:
+        """The entry of ``key`` if it still holds (one that no longer does is let go)."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        services = state.services
+        if (entry.state is not state or entry.who is not who or entry.site is not site
+                or entry.route is not req.route or now >= entry.until
+                or entry.sites is not (services.signals.sites if services.signals_on else None)
+                or entry.log is not services.pages.log):
+            del self._entries[key]
+            return None
+        return entry
+
+    # -------------------------------------------------------------------------------- the hit
+
+    def wire(self, entry: Entry, state: Any, req: BotRequest, headers: dict[str, str], now: int, dater: Dater,
+             close: bool) -> list[Any] | None:
+        """``req``'s answer as the buffers the protocol writes, its serve's counts done; None (nothing
+        done): the full path answers it."""
+        services = state.services
+        pages = services.pages
+        hashed = key_hash(req.cache_key)
+        if pages.log_entry(hashed) is None:  # as read_log: a write answered before this request is seen
+            return None
+        log = pages.log
+        hit = None if log is not entry.log else log.get(hashed)
+        if hit is None or hit.expires_at is None or hit.expires_at <= now or (hit.last_cached is not None) != entry.aged:
+            return None
+        try:
+            payload = payload_view(hit.data)
+            head = None if payload is None else decode_head(payload)
+        except (EnvelopeError, PageDecodeError):
+            return None
+        if head is None or head.status_code != 200 or not head.frame:
+            return None
+        frame = parse_frame(head.frame)
+        if frame is None or not sends_stored_coding(frame, headers.get("accept-encoding")):
+            return None
+        age = age_seconds(hit.last_cached, now)
+        tail = {} if age is None else {"age": str(age)}
+        for name, value in entry.tail:
+            tail[name] = markdown_link(req.url) if value is _LINK else value
+        body = head.body
+        out = wire_reply(Reply(200, tail, b"" if req.method == "HEAD" else (body if body.nbytes else b""),
+                               frame.headers), req.method, dater, close)
+        if out is None:
+            return None
+        for fn, args in entry.steps:
+            fn(*args)
+        for fn, args in entry.timed:  # the page age: at this hit's moment, of this page
+            fn(services, now, hit.last_cached, *args[1:])
+        self.hits += 1
+        return out
+
+    # ------------------------------------------------------------------------------ the entry
+
+    def learn(self, key: ClassKey, state: Any, who: Any, site: Any, req: BotRequest, headers: dict[str, str],
+              tape: Tape, reply: Reply, page_age: Any) -> bool:
+        """Keep the class of a plain local hit the full path just served and the protocol wrote
+        (``tape`` its counts, ``reply`` its answer); whether it was kept. ``page_age``: the one
+        function the tape may have timed (the page age, done again with each page's time)."""
+        out = tape.out
+        page = out.page if out is not None else None
+        if (page is None or out is None or not tape.plain or out.source != "cache" or out.cache_status != "hit"
+                or out.markdown or out.render_now or reply.status != 200 or page.frame is None
+                or reply.encoded is not page.frame.headers or page.stamp is None):
+            return False
+        if "if-none-match" in headers or "if-modified-since" in headers:
+            return False  # each page's validators decide between a 200 and a 304
+        if any(fn is not page_age or args[0] != page.last_cached for fn, args in tape.timed):
+            return False  # something timed that reads the URL (the unrouted tally)
+        sent = list(reply.headers.items())
+        aged = page.last_cached is not None
+        if aged != (bool(sent) and sent[0][0] == "age"):
+            return False
+        link = markdown_link(req.url)
+        tail: list[tuple[str, Any]] = []
+        for name, value in sent[1:] if aged else sent:
+            if name == "age":
+                return False
+            if name == "link" and value == link:
+                tail.append((name, _LINK))
+            elif req.url in value:  # anything else of this URL's: not the class's
+                return False
+            else:
+                tail.append((name, value))
+        services = state.services
+        entries = self._entries
+        if state is not self._state:  # a new config: nothing kept under the old one answers again
+            entries.clear()
+            self._state = state
+        entries.pop(key, None)
+        while len(entries) >= self.max_entries:
+            entries.popitem(last=False)
+        entries[key] = Entry(state, who, site, req.route, services.signals.sites if services.signals_on else None,
+                             services.pages.log, tape, tail, aged, tape.now + self.ttl_ms)
+        self.kept += 1
+        return True
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._state = None
