@@ -32,7 +32,10 @@ Run: ``.venv/bin/python bench/bench_serving.py [--seconds 5] [--rounds 3] [--con
   reload); the replica's RSS before and after the spread pages, and where it reads hits from.
 - Context rows split the cost: the bare app inside a Ray actor (what the actor host costs), and the
   ingress app itself under plain uvicorn outside Ray (what the bot path costs without the actor host),
-  and that app again with the hit memo off (``api/bot/memo.py``: what a repeated hit saves).
+  and that app again with the hit memo off (``api/bot/memo.py``: what a repeated hit saves). Beside
+  (e), two floors (``bench/serving_floor.py``): the least Python over the same page log (parse, key,
+  look-up, ``pread``, write), and that with the ingress decision for each URL: what is left between
+  them and (e) is the bot path's own work per new URL.
 - Goals (issue 37) are printed beside each row. CPU per result is ``bench/bench_results.py``'s.
   The machine is shared and noisy: read the ratios, and run it alone.
 """
@@ -314,6 +317,12 @@ def run(args: argparse.Namespace) -> tuple[list[tuple[str, dict]], dict]:
                 rows.append((f"(e) hits spread over {spread:,} pages", d.url, common, script))
                 rows.append((SAME_SCRIPT, f"http://127.0.0.1:{plain_spread}", common, script))
                 rows.append((SPREAD_OUTSIDE, f"http://127.0.0.1:{outside}", common, script))
+                for mode, name in FLOORS.items():
+                    port = free_port()
+                    procs.append(subprocess.Popen([sys.executable, str(Path(__file__).parent / "serving_floor.py"),
+                                                   str(port), str(d.data_dir), json.dumps(d.config), mode]))
+                    _wait_up(f"http://127.0.0.1:{port}/")
+                    rows.append((name, f"http://127.0.0.1:{port}", common, script))
                 if args.results_rate > 0:
                     rows.append((f"(f) (e) while {args.results_rate:g} results/s arrive", d.url, common, script))
                     bodies = sp.variants(spread_html)
@@ -361,6 +370,9 @@ def run(args: argparse.Namespace) -> tuple[list[tuple[str, dict]], dict]:
 
 SAME_SCRIPT = "    ceiling, same random-path wrk script"
 SPREAD_OUTSIDE = "    context: (e) on the ingress app, plain uvicorn, no Ray"
+# bench/serving_floor.py: the least Python over the same page log, without and with the URL decision
+FLOORS = {"key": "    floor: Python over the page log, key from the path",
+          "decision": "    floor + the ingress decision for each URL"}
 
 
 def profile_start(out: str | None, seconds: float) -> tuple[subprocess.Popen, Path] | None:
@@ -446,7 +458,8 @@ def report(rows: list[tuple[str, dict]], extras: dict) -> None:
     print(f"{'':46}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'x ceiling':>11}  {'goal':30}notes")
     for name, r in rows:
         notes = []
-        base = same_script if (name.startswith(("(e)", "(f)")) or name == SPREAD_OUTSIDE) and same_script else rows[0][1]
+        base = (same_script if (name.startswith(("(e)", "(f)")) or name == SPREAD_OUTSIDE or name in FLOORS.values())
+                and same_script else rows[0][1])
         ratio = r["rps"] / base["rps"]
         if base is same_script:
             notes.append("x its same-script ceiling")
