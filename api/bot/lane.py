@@ -30,12 +30,14 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE
+
 from prerender_ray.api.bot.memo import Tape
-from prerender_ray.api.bot.wire import wire_reply
-from prerender_ray.serving.answer import Reply
+from prerender_ray.api.bot.wire import HEAD_END, frame_lines, header_lines
+from prerender_ray.serving.answer import Reply, asgi_headers
 from prerender_ray.serving.classify import BotRequest
 from prerender_ray.serving.dates import Dater
-from prerender_ray.serving.framing import parse_frame, sends_stored_coding
+from prerender_ray.serving.framing import frame_block, takes_stored
 from prerender_ray.serving.markdown import markdown_link
 from prerender_ray.serving.responses import age_seconds
 from prerender_ray.storage.pagelog import key_hash
@@ -53,11 +55,11 @@ class Entry:
     __slots__ = ("aged", "log", "route", "site", "sites", "state", "steps", "tail", "timed", "until", "who")
 
     def __init__(self, state: Any, who: Any, site: Any, route: Any, sites: Any, log: Any, tape: Tape,
-                 tail: list[tuple[str, Any]], aged: bool, until: int):
+                 tail: list[Any], aged: bool, until: int):
         # what the key names by id(), held: compared by identity, never a reused id
         self.state, self.who, self.site, self.route, self.sites, self.log = state, who, site, route, sites, log
         self.steps, self.timed = tape.steps, tape.timed
-        self.tail = tail  # the reply's headers after age, in order; _LINK where the URL's Link goes
+        self.tail = tail  # the lines of the reply's headers after age, in order; _LINK for the URL's Link
         self.aged = aged  # the page it was made from had last_cached (so an age and a page-age count)
         self.until = until
 
@@ -116,18 +118,26 @@ class Lane:
             return None
         if head is None or head.status_code != 200 or not head.frame:
             return None
-        frame = parse_frame(head.frame)
-        if frame is None or not sends_stored_coding(frame, headers.get("accept-encoding")):
+        frame = frame_block(head.frame)
+        if frame is None or not takes_stored(frame[0], headers.get("accept-encoding")):
             return None
-        age = age_seconds(hit.last_cached, now)
-        tail = {} if age is None else {"age": str(age)}
-        for name, value in entry.tail:
-            tail[name] = markdown_link(req.url) if value is _LINK else value
         body = head.body
-        out = wire_reply(Reply(200, tail, b"" if req.method == "HEAD" else (body if body.nbytes else b""),
-                               frame.headers), req.method, dater, close)
-        if out is None:
+        second, date = dater.date()
+        lines = frame_lines(frame[1], date, second, body.nbytes)
+        if lines is None:
             return None
+        tail = []
+        for line in entry.tail:
+            if line is _LINK:
+                link = header_lines(asgi_headers({"link": markdown_link(req.url)}))
+                if link is None:
+                    return None
+                line = link[0]
+            tail.append(line)
+        age = age_seconds(hit.last_cached, now)
+        head_bytes = b"".join((STATUS_LINE[200], b"date: ", date, b"\r\n", lines,
+                               b"" if age is None else b"age: %d\r\n" % age, *tail, HEAD_END[close]))
+        out = [head_bytes, body] if body.nbytes and req.method != "HEAD" else [head_bytes]
         for fn, args in entry.steps:
             fn(*args)
         for fn, args in entry.timed:  # the page age: at this hit's moment, of this page
@@ -157,16 +167,19 @@ class Lane:
         if aged != (bool(sent) and sent[0][0] == "age"):
             return False
         link = markdown_link(req.url)
-        tail: list[tuple[str, Any]] = []
+        tail: list[Any] = []  # each header's line as the full path writes it, _LINK for the URL's Link
         for name, value in sent[1:] if aged else sent:
-            if name == "age":
+            if name in ("age", "date", "last-modified"):
                 return False
             if name == "link" and value == link:
-                tail.append((name, _LINK))
-            elif req.url in value:  # anything else of this URL's: not the class's
+                tail.append(_LINK)
+                continue
+            if req.url in value:  # anything else of this URL's: not the class's
                 return False
-            else:
-                tail.append((name, value))
+            line = header_lines(asgi_headers({name: value}))
+            if line is None or line[1] is not None:
+                return False
+            tail.append(line[0])
         services = state.services
         entries = self._entries
         if state is not self._state:  # a new config: nothing kept under the old one answers again

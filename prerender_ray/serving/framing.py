@@ -102,6 +102,19 @@ def parse_frame(data: bytes | memoryview) -> Frame | None:
     return Frame(CODINGS[coding], etag, modified, list(zip(parts[::2], parts[1::2], strict=True)))
 
 
+def frame_block(data: bytes | memoryview) -> tuple[str, memoryview] | None:
+    """The stored coding and the header block of a frame (names and values NUL-joined), without
+    decoding its validators or splitting the block; None as ``parse_frame`` (the spread lane,
+    api/bot/lane.py, which never answers a conditional request)."""
+    if len(data) < _HEAD.size:
+        return None
+    version, coding, etag_len, lm_len = _HEAD.unpack_from(data)
+    block_start = _HEAD.size + etag_len + lm_len
+    if version != FRAME_VERSION or coding >= len(CODINGS) or block_start > len(data):
+        return None
+    return CODINGS[coding], memoryview(data)[block_start:]
+
+
 def _target(stored: str, accept: str | None) -> str:
     return choose_encoding(stored, parse_accept_encoding(accept))
 
@@ -112,8 +125,13 @@ _memo = lru_cache(maxsize=512)(_target)
 def sends_stored_coding(frame: Frame, accept_encoding: str | None) -> bool:
     """Whether negotiation gives a client with ``accept_encoding`` the body as stored. Each distinct
     short value is negotiated once per process (bots send a handful of them)."""
+    return takes_stored(frame.coding, accept_encoding)
+
+
+def takes_stored(coding: str, accept_encoding: str | None) -> bool:
+    """``sends_stored_coding`` for a body stored in ``coding``."""
     long = accept_encoding is not None and len(accept_encoding) > _MEMO_MAX_VALUE
-    return (_target if long else _memo)(frame.coding, accept_encoding) == frame.coding
+    return (_target if long else _memo)(coding, accept_encoding) == coding
 
 
 def framed_reply(frame: Frame, body: Body, *, last_cached: int | None, now: int, request_headers: Mapping[str, str],

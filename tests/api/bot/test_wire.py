@@ -55,3 +55,41 @@ def test_a_reply_is_dated_and_closed_as_asked() -> None:
     assert wire_reply(Reply(200, {"content-type": "text/html"}, b"abc"), "GET", dater, False) is None  # chunked
     head_only = wire_reply(Reply(200, {"content-length": "3"}, b"abc"), "HEAD", dater, False)
     assert head_only is not None and len(head_only) == 1 and head_only[0].endswith(b"\r\n\r\n")
+
+
+def test_a_frame_block_is_written_as_dated_header_lines_write_its_pairs() -> None:
+    """``frame_lines`` against ``header_lines(dater.headers(pairs))`` (without its Date line) over
+    seeded random blocks: every answer the same, or None where the general path would do more than
+    write the pairs (then the full path answers)."""
+    import random
+
+    from prerender_ray.api.bot.wire import frame_lines
+    from prerender_ray.serving.dates import http_date
+
+    rnd = random.Random(37)
+    second = 1_800_000_000
+    date = http_date(second)
+    names = [b"content-type", b"etag", b"last-modified", b"content-encoding", b"vary", b"x-harper-rendered",
+             b"Content-Type", b"date", b"connection", b"transfer-encoding", b"x y", b"content-length"]
+    values = [b"text/html", b'"e1"', http_date(second - 10), http_date(second + 10), date, b"gzip", b"v\tw",
+              b"x\r\ny", b"\x7f", b"not a date", b"", b"1"]
+    same = refused = 0
+    for _ in range(3000):
+        size = rnd.choice([0, 5, 31_790])
+        pairs = [(rnd.choice(names), rnd.choice(values)) for _ in range(rnd.randrange(0, 6))]
+        if rnd.random() < 0.8:
+            pairs.insert(rnd.randrange(len(pairs) + 1), (b"content-length", str(rnd.choice([size, size + 1])).encode()))
+        block = b"\0".join(part for pair in pairs for part in pair)
+        mine = frame_lines(memoryview(block), date, second, size)
+        general = header_lines(Dater().headers(pairs, second))
+        if mine is None:
+            refused += 1
+            continue
+        assert general is not None and general[1] == size, pairs
+        assert b"date: " + date + b"\r\n" + mine == general[0], pairs
+        same += 1
+    assert same > 300 and refused > 300, (same, refused)  # both kinds met
+    # the usual frame: written, its Last-Modified held to the Date when later
+    usual = [(b"content-type", b"text/html"), (b"last-modified", http_date(second + 5)), (b"content-length", b"5")]
+    written = frame_lines(b"\0".join(part for pair in usual for part in pair), date, second, 5)
+    assert written == b"content-type: text/html\r\nlast-modified: " + date + b"\r\ncontent-length: 5\r\n"
