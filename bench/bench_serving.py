@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import gzip
 import json
 import os
@@ -136,6 +137,7 @@ def serve_app(port: int, data_dir: str, config_json: str) -> None:
     # the replica's own server (its protocol answers memo hits), on uvloop as Ray's actors run
     config = server_config(create_asgi(ctx), cfg)
     config.host, config.port = "127.0.0.1", port
+    gc.freeze()  # as the replica's actor freezes what its start-up built (actors/ingress.py)
     uvloop.run(uvicorn.Server(config).serve())
 
 
