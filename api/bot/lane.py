@@ -14,9 +14,11 @@ content-signals table are the same objects, for at most ``LANE_TTL_MS``:
 
 - the page: one index look-up and one checksummed ``pread`` (``PageLogReader.get``), its record's
   fixed head and its frame; a ``hit`` by the index entry's times, a 200 framed in a coding the
-  client takes as stored (never for a conditional request: each page's validators decide), with ``last_cached`` as present as the entry's page had it;
-- the answer: the entry's headers after ``age`` (the Vary, the ``Link`` made for this URL) on a
-  ``Reply`` of the frame's headers, written by ``wire.wire_reply`` as the full path writes it;
+  client takes as stored, with ``last_cached`` as present as the entry's page had it; never for a
+  conditional request (each page's validators choose between 200 and 304);
+- the answer: the status line, our Date, the frame's header block as uvicorn writes it
+  (``wire.frame_lines``), ``age``, the entry's header lines after it (the Vary, the ``Link`` made
+  for this URL), the body: the bytes ``wire.wire_reply`` writes for the full path's ``Reply``;
 - the counts: the entry's steps done again, the page age at this hit's moment and ``last_cached``.
 
 Anything else (no entry, a page that is not such a hit, an unreadable record) answers None with
