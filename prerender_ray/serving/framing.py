@@ -109,10 +109,19 @@ def frame_block(data: bytes | memoryview) -> tuple[str, memoryview] | None:
     if len(data) < _HEAD.size:
         return None
     version, coding, etag_len, lm_len = _HEAD.unpack_from(data)
-    block_start = _HEAD.size + etag_len + lm_len
+    lm_start = _HEAD.size + etag_len
+    block_start = lm_start + lm_len
     if version != FRAME_VERSION or coding >= len(CODINGS) or block_start > len(data):
         return None
-    return CODINGS[coding], memoryview(data)[block_start:]
+    view = memoryview(data)
+    lm = view[lm_start:block_start]
+    try:  # what parse_frame refuses, refused alike
+        str(view[_HEAD.size:lm_start], "utf-8")
+        if lm != b"\xff":
+            str(lm, "utf-8")
+    except UnicodeDecodeError:
+        return None
+    return CODINGS[coding], view[block_start:]
 
 
 def _target(stored: str, accept: str | None) -> str:

@@ -16,6 +16,7 @@ from prerender_ray.serving.answer import prepare, prepared_reply
 from prerender_ray.serving.framing import (
     FRAME_VERSION,
     encode_page,
+    frame_block,
     frame_of,
     framed_reply,
     parse_frame,
@@ -147,6 +148,14 @@ def test_a_framed_record_keeps_its_metadata_and_body() -> None:
 ], ids=["empty", "short", "version", "coding", "etag-length", "lm-length", "pair", "etag-utf8", "lm-utf8"])
 def test_a_frame_that_does_not_parse_is_ignored(frame: bytes) -> None:
     assert parse_frame(frame) is None
+    # the spread lane's reading of it (api/bot/lane.py) refuses it too: at the head, or its block
+    from prerender_ray.api.bot.wire import frame_lines
+
+    found = frame_block(frame)
+    if frame.endswith(b"a name without a value"):  # its head is whole: the block does not pair up
+        assert found is not None and frame_lines(found[1], b"Thu, 01 Jan 2026 00:00:00 GMT", 1_767_225_600, 1) is None
+    else:
+        assert found is None
 
 
 def test_long_accept_encoding_values_are_negotiated_but_never_kept() -> None:
