@@ -172,3 +172,38 @@ def test_a_new_config_forgets_every_entry() -> None:
     assert lane.learn(("old",), old, "who", None, req, {}, tape, reply, None)  # type: ignore[arg-type]
     assert lane.learn(("new",), new, "who", None, req, {}, tape, reply, None)  # type: ignore[arg-type]
     assert len(lane) == 1 and lane.find(("new",), new, "who", None, req, 0) is not None  # type: ignore[arg-type]
+
+
+def test_an_entry_answers_only_under_what_it_was_made_with() -> None:
+    """Its moment (the TTL from the serve that made it), the content-signals table, the page log, the
+    identity entry, the site and the route: each compared by identity; one that differs lets it go."""
+    page = SimpleNamespace(frame=SimpleNamespace(headers=[]), stamp=b"s", last_cached=None)
+    tape = Tape(SimpleNamespace())
+    tape.out = SimpleNamespace(page=page, source="cache", cache_status="hit", markdown=False, render_now=None)
+    tape.plain, tape.now = True, 1_000
+    reply = Reply(200, {}, b"", page.frame.headers)
+    route, site, who = object(), object(), object()
+    req: Any = SimpleNamespace(url="https://x.example/a", route=route)
+    services = SimpleNamespace(signals_on=True, signals=SimpleNamespace(sites=object()),
+                               pages=SimpleNamespace(log=object()))
+    state = SimpleNamespace(services=services)
+
+    def made() -> Lane:
+        lane = Lane()
+        assert lane.learn(("k",), state, who, site, req, {}, tape, reply, None)  # type: ignore[arg-type]
+        return lane
+
+    assert made().find(("k",), state, who, site, req, 1_999) is not None  # type: ignore[arg-type]
+    assert made().find(("k",), state, who, site, req, 2_000) is None  # type: ignore[arg-type]  # its TTL
+    assert made().find(("k",), state, object(), site, req, 1_500) is None  # type: ignore[arg-type]
+    assert made().find(("k",), state, who, object(), req, 1_500) is None  # type: ignore[arg-type]
+    other_route: Any = SimpleNamespace(url=req.url, route=object())
+    assert made().find(("k",), state, who, site, other_route, 1_500) is None  # type: ignore[arg-type]
+    for changed in ("sites", "log"):
+        lane = made()
+        if changed == "sites":
+            services.signals = SimpleNamespace(sites=object())  # a new content-signals table
+        else:
+            services.pages = SimpleNamespace(log=object())  # the page log rebuilt
+        assert lane.find(("k",), state, who, site, req, 1_500) is None, changed  # type: ignore[arg-type]
+        assert len(lane) == 0, changed
