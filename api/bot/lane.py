@@ -92,7 +92,7 @@ class Lane:
         services = state.services
         if (entry.state is not state or entry.who is not who or entry.site is not site
                 or entry.route is not req.route or now >= entry.until
-                or entry.sites is not (services.signals.sites if services.signals_on else None)
+                or entry.sites is not _sites(services)
                 or entry.log is not services.pages.log):
             del self._entries[key]
             return None
@@ -154,11 +154,9 @@ class Lane:
         """Keep the class of a plain local hit the full path just served and the protocol wrote
         (``tape`` its counts, ``reply`` its answer); whether it was kept. ``page_age``: the one
         function the tape may have timed (the page age, done again with each page's time)."""
-        out = tape.out
-        page = out.page if out is not None else None
-        if (page is None or out is None or not tape.plain or out.source != "cache" or out.cache_status != "hit"
-                or out.markdown or out.render_now or reply.status != 200 or page.frame is None
-                or reply.encoded is not page.frame.headers or page.stamp is None):
+        page = tape.plain_hit()
+        if (page is None or reply.status != 200 or page.frame is None or reply.encoded is not page.frame.headers
+                or page.stamp is None):
             return False
         if "if-none-match" in headers or "if-modified-since" in headers:
             return False  # each page's validators decide between a 200 and a 304
@@ -190,11 +188,16 @@ class Lane:
         entries.pop(key, None)
         while len(entries) >= self.max_entries:
             entries.popitem(last=False)
-        entries[key] = Entry(state, who, site, req.route, services.signals.sites if services.signals_on else None,
-                             services.pages.log, tape, tail, aged, tape.now + self.ttl_ms)
+        entries[key] = Entry(state, who, site, req.route, _sites(services), services.pages.log, tape, tail, aged,
+                             tape.now + self.ttl_ms)
         self.kept += 1
         return True
 
     def clear(self) -> None:
         self._entries.clear()
         self._state = None
+
+
+def _sites(services: Any) -> Any:
+    """The content-signals table the serve looked the site up in (None: signals off)."""
+    return services.signals.sites if services.signals_on else None

@@ -92,6 +92,16 @@ class Tape:
         fn(self.services, now, *args)
         self.timed.append((fn, args))
 
+    def plain_hit(self) -> Any:
+        """The page the serve answered, if it was a plain hit of a stored 200 (from the cache, no
+        debug headers or signature, no Markdown, no render-now): what the memos may keep; else None."""
+        out = self.out
+        page = out.page if out is not None else None
+        if (page is None or out is None or not self.plain or out.source != "cache" or out.cache_status != "hit"
+                or out.markdown or out.render_now or page.status_code != 200):
+            return None
+        return page
+
 
 class Entry:
     __slots__ = (
@@ -316,19 +326,8 @@ class HitMemo:
     ) -> bool:
         """Keep ``reply`` (sent with ``headers``) for ``shape`` if its serve was a plain hit (see the
         module); whether it was kept."""
-        out = tape.out
-        page = out.page if out is not None else None
-        if (
-            page is None
-            or out is None
-            or not tape.plain
-            or out.source != "cache"
-            or out.cache_status != "hit"
-            or out.markdown
-            or out.render_now
-            or reply.status not in (200, 304)
-            or page.status_code != 200
-        ):
+        page = tape.plain_hit()
+        if page is None or reply.status not in (200, 304):
             return False
         log = state.services.pages.log
         expires = page.expires_at

@@ -18,7 +18,7 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, STATUS_LINE
 
 from prerender_ray.serving.answer import Reply
-from prerender_ray.serving.dates import Dater, http_seconds
+from prerender_ray.serving.dates import Dater, held_modified
 
 # the end of an answer's head, by whether the connection closes after it (uvicorn adds the header)
 HEAD_END = {True: b"connection: close\r\n\r\n", False: b"\r\n"}
@@ -75,9 +75,7 @@ def frame_lines(block: bytes | memoryview, date: bytes, second: int, size: int) 
         if names.count(b"last-modified") > 1:
             return None
         at = names.index(b"last-modified")
-        modified = values[at]
-        if modified != date and (held := http_seconds(modified)) is not None and held > second:
-            values[at] = date
+        values[at] = held_modified(values[at], second, date)
     return b"".join([b"".join((name, b": ", value, b"\r\n")) for name, value in zip(names, values)])
 
 

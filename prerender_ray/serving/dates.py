@@ -49,6 +49,16 @@ def http_seconds(value: bytes) -> int | None:
         return None
 
 
+def held_modified(value: bytes, second: int, date: bytes) -> bytes:
+    """A Last-Modified sent with the Date ``date`` (of ``second``): held to it when later; one that
+    does not parse is left as it is (a cache ignores it)."""
+    if value != date:
+        modified = http_seconds(value)
+        if modified is not None and modified > second:
+            return date
+    return value
+
+
 class Dater:
     """The Date of this second, formatted once per second."""
 
@@ -74,9 +84,7 @@ class Dater:
             low = name.lower()
             if low == b"date":
                 continue
-            if low == b"last-modified" and value != date:
-                modified = http_seconds(value)
-                if modified is not None and modified > second:
-                    value = date
+            if low == b"last-modified":
+                value = held_modified(value, second, date)
             out.append((name, value))
         return out

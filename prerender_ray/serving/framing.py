@@ -81,31 +81,27 @@ def encode_page(page: Page) -> bytes:
 def parse_frame(data: bytes | memoryview) -> Frame | None:
     """The frame stored in a record, or None when there is none, it is of another version, or it does
     not parse (the page is then answered by ``prepare``)."""
-    if len(data) < _HEAD.size:
+    found = _read(data)
+    if found is None:
         return None
-    version, coding, etag_len, lm_len = _HEAD.unpack_from(data)
-    lm_start = _HEAD.size + etag_len
-    block_start = lm_start + lm_len
-    if version != FRAME_VERSION or coding >= len(CODINGS) or block_start > len(data):
-        return None
-    raw = bytes(data)
-    lm = raw[lm_start:block_start]
-    try:
-        etag = raw[_HEAD.size:lm_start].decode()
-        modified = None if lm == b"\xff" else lm.decode()
-    except UnicodeDecodeError:
-        return None
-    block = raw[block_start:]
-    parts = block.split(b"\0") if block else []
+    coding, etag, modified, block = found
+    parts = bytes(block).split(b"\0") if len(block) else []
     if len(parts) % 2:
         return None
-    return Frame(CODINGS[coding], etag, modified, list(zip(parts[::2], parts[1::2], strict=True)))
+    return Frame(coding, etag, modified, list(zip(parts[::2], parts[1::2], strict=True)))
 
 
 def frame_block(data: bytes | memoryview) -> tuple[str, memoryview] | None:
-    """The stored coding and the header block of a frame (names and values NUL-joined), without
-    decoding its validators or splitting the block; None as ``parse_frame`` (the spread lane,
-    api/bot/lane.py, which never answers a conditional request)."""
+    """The stored coding and the header block of a frame (names and values NUL-joined), not split;
+    None where ``parse_frame`` finds none at the head (the spread lane, api/bot/lane.py, which never
+    answers a conditional request and so needs no validators)."""
+    found = _read(data)
+    return None if found is None else (found[0], found[3])
+
+
+def _read(data: bytes | memoryview) -> tuple[str, str, str | None, memoryview] | None:
+    """The head of a frame: its coding, ETag and Last-Modified, and a view of its header block; None
+    for another version, an unknown coding, lengths past the end or validators that are not UTF-8."""
     if len(data) < _HEAD.size:
         return None
     version, coding, etag_len, lm_len = _HEAD.unpack_from(data)
@@ -115,13 +111,12 @@ def frame_block(data: bytes | memoryview) -> tuple[str, memoryview] | None:
         return None
     view = memoryview(data)
     lm = view[lm_start:block_start]
-    try:  # what parse_frame refuses, refused alike
-        str(view[_HEAD.size:lm_start], "utf-8")
-        if lm != b"\xff":
-            str(lm, "utf-8")
+    try:
+        etag = str(view[_HEAD.size:lm_start], "utf-8")
+        modified = None if lm == b"\xff" else str(lm, "utf-8")
     except UnicodeDecodeError:
         return None
-    return CODINGS[coding], view[block_start:]
+    return CODINGS[coding], etag, modified, view[block_start:]
 
 
 def _target(stored: str, accept: str | None) -> str:

@@ -19,16 +19,13 @@ from prerender_ray.storage.pagelog import key_hash
 from tests.api.bot import test_memo_protocol
 from tests.api.bot.test_memo import (
     GOOGLE,
-    HTML,
     Tally,
     _call,
-    debug_status,
     delta,
-    render,
     services,
     stats,
 )
-from tests.api.bot.test_memo_protocol import one, play, req
+from tests.api.bot.test_memo_protocol import one, play, rendered, req
 from tests.localnode import LocalNode
 from tests.support import wait_for
 
@@ -51,12 +48,7 @@ def node(tmp_path_factory, site) -> Iterator[LocalNode]:
 def pages(node, site) -> list[str]:
     """Six pages, rendered one after another (each its own last_cached; a first render expires at
     its URL's own slot)."""
-    urls = [f"{site.base}/page/lane-{c}" for c in "abcdef"]
-    for i, url in enumerate(urls):
-        render(node, url, HTML.replace(b"kept", f"lane {i}".encode()))
-    for url in urls:
-        wait_for(lambda url=url: debug_status(node, f"/p/{url}") == "hit", what=f"a hit for {url}")
-    return [f"/p/{url}" for url in urls]
+    return rendered(node, [f"{site.base}/page/lane-{c}" for c in "abcdef"], "lane")
 
 
 def crawls(port: int, pages: list[str], etag: str) -> dict[str, tuple[list, bool]]:
@@ -136,7 +128,7 @@ def test_a_page_past_its_freshness_mid_crawl_takes_the_full_path(node, pages, co
 
 def test_learning_refuses_a_serve_that_timed_anything_but_the_page_age() -> None:
     lane = Lane()
-    page = SimpleNamespace(frame=SimpleNamespace(headers=[]), stamp=b"s", last_cached=5)
+    page = SimpleNamespace(frame=SimpleNamespace(headers=[]), stamp=b"s", status_code=200, last_cached=5)
     tape = Tape(SimpleNamespace())
     tape.out = SimpleNamespace(page=page, source="cache", cache_status="hit", markdown=False, render_now=None)
     tape.plain = True
@@ -160,7 +152,7 @@ def test_learning_refuses_a_serve_that_timed_anything_but_the_page_age() -> None
 
 def test_a_new_config_forgets_every_entry() -> None:
     lane = Lane()
-    page = SimpleNamespace(frame=SimpleNamespace(headers=[]), stamp=b"s", last_cached=None)
+    page = SimpleNamespace(frame=SimpleNamespace(headers=[]), stamp=b"s", status_code=200, last_cached=None)
     tape = Tape(SimpleNamespace())
     tape.out = SimpleNamespace(page=page, source="cache", cache_status="hit", markdown=False, render_now=None)
     tape.plain = True
@@ -177,7 +169,7 @@ def test_a_new_config_forgets_every_entry() -> None:
 def test_an_entry_answers_only_under_what_it_was_made_with() -> None:
     """Its moment (the TTL from the serve that made it), the content-signals table, the page log, the
     identity entry, the site and the route: each compared by identity; one that differs lets it go."""
-    page = SimpleNamespace(frame=SimpleNamespace(headers=[]), stamp=b"s", last_cached=None)
+    page = SimpleNamespace(frame=SimpleNamespace(headers=[]), stamp=b"s", status_code=200, last_cached=None)
     tape = Tape(SimpleNamespace())
     tape.out = SimpleNamespace(page=page, source="cache", cache_status="hit", markdown=False, render_now=None)
     tape.plain, tape.now = True, 1_000

@@ -327,9 +327,14 @@ async def _call(fn: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def spread(node, site) -> list[str]:
-    urls = [f"{site.base}/page/memo-spread-{c}" for c in "abcd"]
+    return rendered(node, [f"{site.base}/page/memo-spread-{c}" for c in "abcd"], "spread")
+
+
+def rendered(node: LocalNode, urls: list[str], label: str) -> list[str]:
+    """``urls`` rendered one after another, each page its own (``label`` and its index in the body),
+    then served as hits: their bot paths."""
     for i, url in enumerate(urls):
-        render(node, url, HTML.replace(b"kept", f"spread {i}".encode()))
+        render(node, url, HTML.replace(b"kept", f"{label} {i}".encode()))
     for url in urls:
         wait_for(lambda url=url: debug_status(node, f"/p/{url}") == "hit", what=f"a hit for {url}")
     return [f"/p/{url}" for url in urls]
