@@ -180,7 +180,7 @@ class IngressReplica:
         catch_ups = ({"all": pages.catch_ups, "waited": pages.waited, "polls": pages.polls, "source": pages.source}
                      if pages is not None else None)
         return {"replica": self.index, "up": up, "error": self.error, "url": self.info.url, "pid": os.getpid(),
-                "pageCatchUps": catch_ups}
+                "pageCatchUps": catch_ups, "gcFrozen": gc.get_freeze_count()}
 
     async def bots_report(self) -> dict:
         """This replica's bot tallies, for the admin ``bots`` view that merges every replica's."""
@@ -200,11 +200,11 @@ class IngressReplica:
             follow_membership(lambda: self.view.epoch, self._offer, self.log,
                               fetch=self._membership))
         assert self.server is not None
-        if _own_process():
-            # What start-up built (the app, the config compiled, Ray's worker) lives as long as the
-            # process: out of the collector's full passes, which walked all of it and stalled the
-            # loop for 20-25 ms (row (e)'s p99 24-31 ms against 8-10 ms frozen, bench_serving).
-            gc.freeze()
+        # What start-up built (the app, the config compiled, Ray's worker) lives as long as the
+        # process: out of the collector's full passes, which walked all of it and stalled the loop
+        # for 20-25 ms (row (e)'s p99 24-31 ms against 8-10 ms frozen, bench_serving), as the keeper
+        # freezes its loaded rows; the LocalNode harness undoes both at its stop.
+        gc.freeze()
         await self.server.serve(sockets=[sock])
 
     async def _read_membership(self) -> None:
@@ -240,12 +240,6 @@ class IngressReplica:
             except (asyncio.TimeoutError, Exception):
                 self.task.cancel()
         await close_replica(self.ctx)
-
-
-def _own_process() -> bool:
-    """Whether this replica is the process's reason to be (a Ray actor's worker), not a guest of a
-    test harness's process (``tests.localnode``), whose objects are not its to freeze."""
-    return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
 
 
 IngressReplicaActor = ray.remote(IngressReplica)

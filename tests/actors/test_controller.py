@@ -65,6 +65,9 @@ def test_every_node_gets_its_actors_and_answers_ready(ray_cluster, deployment, s
     for kind in ("store", "leases", "keeper"):
         assert lookup(kind, "node-a") is not None
     assert lookup("ingress", "node-a", 1) is not None
+    # each replica's process froze what its start-up built before serving (actors/ingress.py)
+    for i in (0, 1):
+        assert ray.get(lookup("ingress", "node-a", i).status.remote(), timeout=30)["gcFrozen"] > 0
     _every_replica_reads_the_node_s_writes(d.url, site)
 
 
