@@ -73,6 +73,25 @@ async def test_an_idle_keep_alive_connection_is_closed() -> None:
         w.close()
 
 
+async def test_each_request_moves_the_idle_deadline_on_and_the_close_comes_no_earlier_than_it() -> None:
+    """One timer a connection checks a deadline each request moves: requests spaced closer than the
+    timeout keep the connection past the first timer, and the close comes a full timeout after the
+    last answer (never at a timer set for an earlier deadline)."""
+    loop = asyncio.get_running_loop()
+    async with serving(App(), config(headerTimeout="400ms", keepAliveTimeout="400ms")) as port:
+        r, w = await connect(port)
+        for _ in range(4):  # 0.25 s apart: past the first timer (0.4 s) and its successor
+            w.write(request())
+            assert await response(r) == (200, b"ok")
+            await asyncio.sleep(0.25)
+        w.write(request())
+        assert await response(r) == (200, b"ok")
+        answered = loop.time()
+        assert await until_closed(r) == b""
+        assert loop.time() - answered >= 0.4
+        w.close()
+
+
 async def test_over_the_cap_a_new_connection_is_closed_while_those_being_served_are_answered() -> None:
     app = App()
     async with serving(app, config(maxConnections=MIN_CAP)) as port:
