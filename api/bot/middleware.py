@@ -327,9 +327,9 @@ class BotMiddleware:
         now = now_ms()
         out = memo.wire(shape, state, now, dater, close)
         decisions = services.decisions
-        # a shape seen before takes the full path, which keeps its whole answer in the memo
-        if out is not None or decisions is None or memo.seen(shape):
+        if out is not None or decisions is None:
             return out
+        keep = memo.seen(shape)  # its second sight: the full serve below keeps its whole answer
         key = identity_key(scope, shape[1][3])
         who = None if key is None else decisions.get(key, state, now)
         if who is None:
@@ -340,17 +340,18 @@ class BotMiddleware:
         req = state.resolve(scope["method"], path, query, headers)
         if type(req) is not BotRequest:
             return None
-        lane, tape = services.lane, None  # the spread lane (api/bot/lane.py): its class's entry, or learn it
+        lane, learn = services.lane, False  # the spread lane (api/bot/lane.py): its class's entry, or learn it
         if lane is not None and req.cacheable:
             site = services.signals.of(req.url) if services.signals_on else None
             lane_key = lane.key(who, site, req)
             entry = lane.find(lane_key, state, who, site, req, now)
-            if entry is None:
-                tape = Tape(services)
-            elif (wired := lane.wire(entry, state, req, headers, now, dater, close)) is not None:
+            learn = entry is None
+            if entry is not None and not keep and (
+                    wired := lane.wire(entry, state, req, headers, now, dater, close)) is not None:
                 memo.admits(shape)
                 decisions.wired += 1
                 return wired
+        tape = Tape(services) if keep or learn else None
         run = serve(state, req, headers, scope, None, tape, who=who, replay=True, local_only=True)
         try:
             run.send(None)
@@ -362,12 +363,16 @@ class BotMiddleware:
         if reply is None:
             return None
         memo.admits(shape)  # seen: its next sight is kept whole
+        if keep:
+            assert tape is not None
+            memo.keep(shape, state, tape, reply, reply.asgi_headers())
         wired = wire_reply(reply, scope["method"], dater, close)
         if wired is None:
             scope[REPLY] = reply  # served and counted: the ASGI path sends it as it is
         else:
             decisions.wired += 1
-            if tape is not None and lane is not None:
+            if learn:
+                assert tape is not None and lane is not None
                 lane.learn(lane_key, state, who, site, req, headers, tape, reply, _page_age)
         return wired
 

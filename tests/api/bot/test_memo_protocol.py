@@ -350,7 +350,7 @@ def spread_scripts(port: int, pages: list[str], site: Any, etag: str) -> dict[st
     gets = [req(port, p, plain) for p in pages]
     miss = req(port, f"/p/{site.base}/noindex", plain)
     return {
-        "a crawl": ([[*(one(g) for g in gets), one(gets[0]), one(req(port, a, close))]], 3),
+        "a crawl": ([[*(one(g) for g in gets), one(gets[0]), one(gets[0]), one(req(port, a, close))]], 4),
         "heads": ([[*(one(req(port, p, plain, "HEAD")) for p in pages), one(req(port, a, close, "HEAD"))]], 3),
         "a connection each": ([[one(req(port, p, close))] for p in pages], 3),
         "http/1.0": ([[one(req(port, p, plain, version="1.0"))] for p in pages], 3),
@@ -358,7 +358,7 @@ def spread_scripts(port: int, pages: list[str], site: Any, etag: str) -> dict[st
         "a miss between": ([[one(gets[0]), one(miss), one(gets[1]), one(gets[2]), one(req(port, d, close))]], 2),
         # the first page's ETag: a 304 there, a 200 on every other page
         "if-none-match": ([[*(one(req(port, p, {**plain, "if-none-match": etag})) for p in (a, b, c, d, b)),
-                            one(req(port, c, close))]], 3),
+                            one(req(port, c, close))]], 4),
         "no gzip": ([[*(one(req(port, p, {"user-agent": GOOGLE})) for p in pages)]], 0),  # decoded: the app
         "markdown": ([[*(one(req(port, p, {**plain, "accept": "text/markdown"})) for p in pages)]], 0),
         "debug": ([[*(one(req(port, p, {**plain, "x-harper-prerender-debug": "1"})) for p in pages)]], 0),
@@ -384,12 +384,13 @@ def test_the_protocol_answers_spread_hits_as_the_asgi_path_does(node, site, spre
             memo.clear()
             decisions.clear()
             tally.reset()
-            before = (stats(node, 0), decisions.wired)
+            before, memo_wired = (stats(node, 0), decisions.wired), memo.wired
             received = play(port, script)
             wait_for(lambda: not served.server.server_state.tasks, interval=0.01, what="every request's task done")
             after = (stats(node, 0), decisions.wired)
             seen.append((received, tally.totals(), delta(after[0], before[0])))
             assert after[1] - before[1] == (wired if on else 0), name
+            assert memo.wired - memo_wired == (1 if on and name == "a crawl" else 0), name  # its third sight
         assert seen[1] == seen[0], name
 
 
