@@ -39,7 +39,7 @@ from prerender_ray.api.bot.wire import HEAD_END, frame_lines, header_lines
 from prerender_ray.serving.answer import Reply, asgi_headers
 from prerender_ray.serving.classify import BotRequest
 from prerender_ray.serving.dates import Dater
-from prerender_ray.serving.framing import frame_block, takes_stored
+from prerender_ray.serving.framing import frame_block, takes_stored, wire_frame
 from prerender_ray.serving.markdown import markdown_link
 from prerender_ray.serving.responses import age_seconds
 from prerender_ray.storage.pagelog import key_hash
@@ -120,21 +120,28 @@ class Lane:
             return None
         if head is None or head.status_code != 200 or not head.frame:
             return None
-        frame = frame_block(head.frame)
-        if frame is None or not takes_stored(frame[0], headers.get("accept-encoding")):
-            return None
         body = head.body
+        accept = headers.get("accept-encoding")
         second, date = dater.date()
-        lines = frame_lines(frame[1], date, second, body.nbytes)
-        if lines is None:
-            return None
+        wired = wire_frame(head.frame)  # written as lines when stored (framing: version 2)
+        lines: bytes | memoryview | None
+        if wired is not None:
+            if not takes_stored(wired.coding, accept):
+                return None
+            lines = wired.lines(second, date)
+        else:
+            frame = frame_block(head.frame)
+            if frame is None or not takes_stored(frame[0], accept):
+                return None
+            lines = frame_lines(frame[1], date, second, body.nbytes)
+            if lines is None:
+                return None
         tail = []
         for line in entry.tail:
             if line is _LINK:
-                link = header_lines(asgi_headers({"link": markdown_link(req.url)}))
-                if link is None:
+                line = link_line(req.url)
+                if line is None:
                     return None
-                line = link[0]
             tail.append(line)
         age = age_seconds(hit.last_cached, now)
         head_bytes = b"".join((STATUS_LINE[200], b"date: ", date, b"\r\n", lines,
@@ -196,6 +203,21 @@ class Lane:
     def clear(self) -> None:
         self._entries.clear()
         self._state = None
+
+
+_LINK_BAD = frozenset(range(0x20)) | {0x7F}
+
+
+def link_line(url: str) -> bytes | None:
+    """The Markdown ``Link`` of ``url`` as ``header_lines(asgi_headers({"link": ...}))`` writes it; None
+    where that refuses it. A canonical URL is printable ASCII, so the usual case is one encode."""
+    value = markdown_link(url)
+    if value.isascii():
+        raw = value.encode()
+        if _LINK_BAD.isdisjoint(raw):
+            return b"link: " + raw + b"\r\n"
+    line = header_lines(asgi_headers({"link": value}))  # dropped where not a valid value: b""
+    return None if line is None else line[0]
 
 
 def _sites(services: Any) -> Any:

@@ -11,14 +11,25 @@ cover (another coding, debug headers, a status page) takes ``prepare`` as before
 answer must equal ``prepare``'s byte for byte (tests/serving/test_framing.py holds them equal).
 
 Layout: ``struct _HEAD`` (frame version, stored coding, ETag length, Last-Modified length) | ETag |
-Last-Modified (both UTF-8, as stored, for the conditional check) | header block,
-names and values alternating, joined by NUL (``asgi_headers`` lets no NUL through: names are tokens and
-values hold no control character). A frame of another version is ignored: the page is answered by
-``prepare`` until it is rendered again.
+Last-Modified (both UTF-8, as stored, for the conditional check) | then by version:
+
+- **1**: the header block, names and values alternating, joined by NUL (``asgi_headers`` lets no NUL
+  through: names are tokens and values hold no control character);
+- **2** (``WIRE_VERSION``, written wherever it can be): ``struct _WIRE`` (the Last-Modified in epoch
+  seconds, its line's start and end) | the header block as HTTP/1.1 header lines, ``name: value``
+  and CRLF each, exactly as the ingress's server writes them. The spread lane (``api/bot/lane.py``)
+  sends those bytes as they are, setting only a Last-Modified later than the Date to the Date
+  (``WireFrame.lines``): no split, no check, no date parse per hit. Only a block whose names are
+  lowercase tokens, whose values hold no control character but tab, with one Content-Length equal to
+  the body's size, one Last-Modified at most and no Date, Connection or Transfer-Encoding is
+  written so (those are what the server would refuse or act on); any other is written as version 1.
+
+A frame of another version is ignored: the page is answered by ``prepare`` until it is rendered again.
 """
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Mapping
 from functools import lru_cache
@@ -26,10 +37,17 @@ from typing import NamedTuple
 
 from prerender_ray.serving.answer import Body, Prepared, Reply, prepare, prepared_reply
 from prerender_ray.serving.conditional import NOT_MODIFIED_HEADERS
+from prerender_ray.serving.dates import http_seconds
 from prerender_ray.serving.negotiation import choose_encoding, normalize_coding, parse_accept_encoding
 from prerender_ray.storage.pages import Page
 
 FRAME_VERSION = 1
+WIRE_VERSION = 2
+_WIRE = struct.Struct("<qII")  # Last-Modified in epoch seconds (_NEVER_LATE: none, or not a date), its line
+_NEVER_LATE = -(2**63)
+_NAME = re.compile(rb"[a-z0-9!#$%&'*+.^_`|~-]+")  # a lowercase token
+_BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # control characters but tab
+_NOT_WRITTEN = frozenset((b"date", b"connection", b"transfer-encoding"))
 _HEAD = struct.Struct("<BBHH")  # frame version, coding (an index of CODINGS), ETag and Last-Modified lengths
 CODINGS = ("identity", "gzip", "br")
 _MEMO_MAX_VALUE = 256  # longer Accept-Encoding values are negotiated afresh, never kept
@@ -69,8 +87,71 @@ def frame_of(page: Page) -> bytes:
     lm = b"\xff" if modified is None else modified.encode()  # never UTF-8: absent
     if len(etag) > 0xFFFF or len(lm) > 0xFFFF:
         return b""
+    wire = wire_block(prepared.encoded, len(page.content))
+    if wire is not None:
+        return _HEAD.pack(WIRE_VERSION, CODINGS.index(coding), len(etag), len(lm)) + etag + lm + wire
     block = b"\0".join(part for pair in prepared.encoded for part in pair)
     return _HEAD.pack(FRAME_VERSION, CODINGS.index(coding), len(etag), len(lm)) + etag + lm + block
+
+
+def wire_block(pairs: list[tuple[bytes, bytes]], size: int) -> bytes | None:
+    """A version 2 frame's block (``_WIRE`` and the header lines) for ``pairs`` with a body of
+    ``size`` bytes, or None where they are not plainly written as they are (see the module)."""
+    lines: list[bytes] = []
+    at = end = pos = 0
+    seconds: int | None = _NEVER_LATE
+    lengths = 0
+    for name, value in pairs:
+        if not _NAME.fullmatch(name) or _BAD_VALUE.search(value) or name in _NOT_WRITTEN:
+            return None
+        line = b"%s: %s\r\n" % (name, value)
+        if name == b"content-length":
+            lengths += 1
+            if value != str(size).encode():
+                return None
+        elif name == b"last-modified":
+            if seconds != _NEVER_LATE or at != end:
+                return None
+            at, end, seconds = pos, pos + len(line), http_seconds(value)
+            if seconds is None:  # not a date: sent as it is (a cache ignores it)
+                seconds = _NEVER_LATE
+        lines.append(line)
+        pos += len(line)
+    if lengths != 1 or pos > 0xFFFFFFFF:
+        return None
+    return _WIRE.pack(seconds, at, end) + b"".join(lines)
+
+
+class WireFrame(NamedTuple):
+    coding: str
+    block: memoryview  # the header lines
+    modified: int  # the Last-Modified in epoch seconds (_NEVER_LATE: none to hold)
+    at: int  # its line in ``block``
+    end: int
+
+    def lines(self, second: int, date: bytes) -> bytes | memoryview:
+        """The header lines sent with the Date ``date`` (of ``second``): a later Last-Modified held
+        to it (``dates.held_modified``)."""
+        if self.modified <= second:
+            return self.block
+        block = self.block
+        return b"".join((block[: self.at], b"last-modified: ", date, b"\r\n", block[self.end :]))
+
+
+def wire_frame(data: bytes | memoryview) -> WireFrame | None:
+    """A version 2 frame's stored coding and header lines; None for another version or one that does
+    not parse (the spread lane, which never answers a conditional request and needs no validators)."""
+    found = _read(data)
+    if found is None or found[0] != WIRE_VERSION:
+        return None
+    block = found[4]
+    if block.nbytes < _WIRE.size + 2:
+        return None
+    modified, at, end = _WIRE.unpack_from(block)
+    lines = block[_WIRE.size:]
+    if not at <= end <= lines.nbytes or lines[-2:] != b"\r\n":
+        return None
+    return WireFrame(found[1], lines, modified, at, end)
 
 
 def encode_page(page: Page) -> bytes:
@@ -84,7 +165,17 @@ def parse_frame(data: bytes | memoryview) -> Frame | None:
     found = _read(data)
     if found is None:
         return None
-    coding, etag, modified, block = found
+    version, coding, etag, modified, block = found
+    if version == WIRE_VERSION:
+        if block.nbytes < _WIRE.size:
+            return None
+        lines = bytes(block[_WIRE.size:]).split(b"\r\n")
+        if lines.pop() != b"":
+            return None
+        pairs = [line.partition(b": ") for line in lines]
+        if any(not sep for _, sep, _ in pairs):
+            return None
+        return Frame(coding, etag, modified, [(name, value) for name, _, value in pairs])
     parts = bytes(block).split(b"\0") if len(block) else []
     if len(parts) % 2:
         return None
@@ -96,18 +187,18 @@ def frame_block(data: bytes | memoryview) -> tuple[str, memoryview] | None:
     None where ``parse_frame`` finds none at the head (the spread lane, api/bot/lane.py, which never
     answers a conditional request and so needs no validators)."""
     found = _read(data)
-    return None if found is None else (found[0], found[3])
+    return None if found is None or found[0] != FRAME_VERSION else (found[1], found[4])
 
 
-def _read(data: bytes | memoryview) -> tuple[str, str, str | None, memoryview] | None:
-    """The head of a frame: its coding, ETag and Last-Modified, and a view of its header block; None
-    for another version, an unknown coding, lengths past the end or validators that are not UTF-8."""
+def _read(data: bytes | memoryview) -> tuple[int, str, str, str | None, memoryview] | None:
+    """The head of a frame: its version, coding, ETag and Last-Modified, and a view of what follows;
+    None for an unknown version or coding, lengths past the end or validators that are not UTF-8."""
     if len(data) < _HEAD.size:
         return None
     version, coding, etag_len, lm_len = _HEAD.unpack_from(data)
     lm_start = _HEAD.size + etag_len
     block_start = lm_start + lm_len
-    if version != FRAME_VERSION or coding >= len(CODINGS) or block_start > len(data):
+    if (version != FRAME_VERSION and version != WIRE_VERSION) or coding >= len(CODINGS) or block_start > len(data):
         return None
     view = memoryview(data)
     lm = view[lm_start:block_start]
@@ -116,7 +207,7 @@ def _read(data: bytes | memoryview) -> tuple[str, str, str | None, memoryview] |
         modified = None if lm == b"\xff" else str(lm, "utf-8")
     except UnicodeDecodeError:
         return None
-    return CODINGS[coding], etag, modified, view[block_start:]
+    return version, CODINGS[coding], etag, modified, view[block_start:]
 
 
 def _target(stored: str, accept: str | None) -> str:

@@ -107,6 +107,7 @@ def test_any_stored_headers_frame_to_prepares_answer(headers, validators, coding
     p = page(coding, headers=headers, last_cached=last_cached)
     frame = parse_frame(frame_of(p))
     assert frame is not None
+    assert frame.headers == [tuple(pair) for pair in prepare(p, p.content, coding).encoded]  # either version
     if sends_stored_coding(frame, accept):
         fast, slow = both(p, accept, head=head, conditional=conditional)
         assert fast == slow
@@ -165,3 +166,72 @@ def test_long_accept_encoding_values_are_negotiated_but_never_kept() -> None:
     long = "gzip, " + "x" * 300
     assert sends_stored_coding(frame, long) and framing._memo.cache_info().currsize == 0
     assert sends_stored_coding(frame, "gzip") and framing._memo.cache_info().currsize == 1
+
+
+WIRED = [(b"content-type", b"text/html"), (b"last-modified", b"Wed, 01 Jan 2025 00:00:00 GMT"),
+         (b"content-length", b"5"), (b"vary", b"Accept-Encoding")]
+
+
+def test_a_usual_frame_is_stored_as_header_lines_and_reads_back_as_its_pairs() -> None:
+    p = page()
+    data = frame_of(p)
+    assert data[0] == framing.WIRE_VERSION
+    wired = framing.wire_frame(data)
+    assert wired is not None and wired.coding == "gzip"
+    frame = parse_frame(data)
+    assert frame is not None
+    assert bytes(wired.block) == b"".join(b"%s: %s\r\n" % pair for pair in frame.headers)
+    lm = bytes(wired.block[wired.at:wired.end])
+    assert lm == b"last-modified: Wed, 01 Jan 2025 00:00:00 GMT\r\n" and wired.modified == 1_735_689_600
+    # held to the Date only when later than it
+    assert wired.lines(1_735_689_600, b"D") is wired.block
+    held = bytes(wired.lines(1_735_689_599, b"D"))
+    assert held == bytes(wired.block).replace(lm, b"last-modified: D\r\n")
+    assert framing.frame_block(data) is None  # the NUL-joined block is version 1's alone
+
+
+@pytest.mark.parametrize("pairs", [
+    [(b"Content-Type", b"text/html"), *WIRED[1:]],  # a name not lowercase
+    [(b"x y", b"1"), *WIRED],  # not a token
+    [*WIRED, (b"x", b"a\r\nb")],  # a control character
+    [*WIRED, (b"date", b"Wed, 01 Jan 2025 00:00:00 GMT")],
+    [*WIRED, (b"connection", b"close")],
+    [*WIRED, (b"transfer-encoding", b"chunked")],
+    [*WIRED, (b"last-modified", b"Thu, 02 Jan 2025 00:00:00 GMT")],  # two
+    [pair for pair in WIRED if pair[0] != b"content-length"],  # none
+    [*WIRED, (b"content-length", b"5")],  # two
+    [(b"content-length", b"6"), *WIRED[:2]],  # not the body's
+    [(b"content-length", b"+5"), *WIRED[:2]],  # not as written
+], ids=["upper", "token", "control", "date", "connection", "transfer-encoding", "two-lm", "no-length",
+        "two-lengths", "wrong-length", "odd-length"])
+def test_pairs_the_server_would_refuse_or_act_on_are_not_stored_as_lines(pairs: list[tuple[bytes, bytes]]) -> None:
+    assert framing.wire_block(pairs, 5) is None
+    assert framing.wire_block(WIRED, 5) is not None
+
+
+def test_a_last_modified_that_is_no_date_is_sent_as_it_is() -> None:
+    block = framing.wire_block([(b"last-modified", b"junk"), (b"content-length", b"5")], 5)
+    assert block is not None
+    wired = framing.wire_frame(struct.pack("<BBHH", framing.WIRE_VERSION, 1, 0, 0) + block)
+    assert wired is not None and bytes(wired.lines(0, b"D")).startswith(b"last-modified: junk\r\n")
+
+
+_V2 = struct.pack("<BBHH", 2, 1, 0, 0)
+
+
+@pytest.mark.parametrize("frame", [
+    _V2 + b"\0" * 8,  # shorter than its fixed part
+    _V2 + struct.pack("<qII", 0, 0, 0) + b"a: b",  # a line without its end
+    _V2 + struct.pack("<qII", 0, 0, 0) + b"a b\r\n",  # a line without ": "
+    _V2 + struct.pack("<qII", 0, 0, 99) + b"a: b\r\n",  # its Last-Modified past the end
+    _V2 + struct.pack("<qII", 0, 4, 2) + b"a: b\r\n",  # ending before it starts
+], ids=["short", "unended", "unsplit", "lm-past-end", "lm-backwards"])
+def test_a_header_lines_frame_that_does_not_parse_is_ignored(frame: bytes) -> None:
+    parsed, wired = parse_frame(frame), framing.wire_frame(frame)
+    if frame.endswith(b"a: b\r\n"):  # its lines are whole: only the lane's read, of the Last-Modified, refuses
+        assert parsed is not None and wired is None
+    else:
+        assert parsed is None
+        # the lane sends a version 2 block as written (wire_block checked each pair); its read checks
+        # the frame's ends only
+        assert wired is None or bytes(wired.block) == b"a b\r\n"

@@ -14,8 +14,11 @@ import pytest
 
 from prerender_ray.api.bot.lane import Lane
 from prerender_ray.api.bot.memo import Tape
+from prerender_ray.serving import framing
 from prerender_ray.serving.answer import Reply
 from prerender_ray.storage.pagelog import key_hash
+from prerender_ray.storage.pages import decode_head
+from prerender_ray.storage.replication import payload_view
 from tests.api.bot import test_memo_protocol
 from tests.api.bot.test_memo import (
     GOOGLE,
@@ -49,6 +52,23 @@ def pages(node, site) -> list[str]:
     """Six pages, rendered one after another (each its own last_cached; a first render expires at
     its URL's own slot)."""
     return rendered(node, [f"{site.base}/page/lane-{c}" for c in "abcdef"], "lane")
+
+
+@pytest.fixture(scope="module")
+def v1_pages(node, site) -> list[str]:
+    """Pages framed as page logs written before the header lines were stored hold them (framing
+    version 1: NUL-joined pairs, written as lines at each hit)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(framing, "wire_block", lambda pairs, size: None)
+        return rendered(node, [f"{site.base}/page/lane-v1-{c}" for c in "abc"], "lane-v1")
+
+
+def frame_version(node: LocalNode, path: str) -> int:
+    hit = services(node, 0).pages.log.get(key_hash(path.removeprefix("/p/") + "|desktop"))
+    assert hit is not None
+    payload = payload_view(hit.data)
+    assert payload is not None
+    return decode_head(payload).frame[0]
 
 
 def crawls(port: int, pages: list[str], etag: str) -> dict[str, tuple[list, bool]]:
@@ -107,6 +127,16 @@ def test_a_crawl_through_the_lane_is_answered_and_counted_as_the_full_path(node,
         received, hits = compare(node, script, tally, name)
         assert (hits > 0) == answered, (name, hits)
         assert all(r.startswith(b"HTTP/1.") for r in received), name
+
+
+def test_pages_framed_before_the_header_lines_were_stored_are_answered_as_the_full_path(
+        node, pages, v1_pages, controlled, tally) -> None:
+    assert {frame_version(node, p) for p in pages} == {framing.WIRE_VERSION}
+    assert {frame_version(node, p) for p in v1_pages} == {framing.FRAME_VERSION}
+    port = node.info.port
+    for name in ("gzip", "head", "br and gzip"):
+        _, hits = compare(node, crawls(port, v1_pages, '"none"')[name][0], tally, name)
+        assert hits > 0, name
 
 
 def test_a_page_past_its_freshness_mid_crawl_takes_the_full_path(node, pages, controlled, tally) -> None:
@@ -199,3 +229,15 @@ def test_an_entry_answers_only_under_what_it_was_made_with() -> None:
             services.pages = SimpleNamespace(log=object())  # the page log rebuilt
         assert lane.find(("k",), state, who, site, req, 1_500) is None, changed  # type: ignore[arg-type]
         assert len(lane) == 0, changed
+
+
+@pytest.mark.parametrize("url", ["https://x.com/a?b=c%20d", "https://x.com/caf\u00e9", "https://x.com/\u2603",
+                                 "https://x.com/a\tb", "https://x.com/a\r\nx-injected: 1", ""])
+def test_the_links_line_is_what_the_full_path_writes(url: str) -> None:
+    from prerender_ray.api.bot.lane import link_line
+    from prerender_ray.api.bot.wire import header_lines
+    from prerender_ray.serving.answer import asgi_headers
+    from prerender_ray.serving.markdown import markdown_link
+
+    general = header_lines(asgi_headers({"link": markdown_link(url)}))
+    assert link_line(url) == (None if general is None else general[0])

@@ -62,9 +62,11 @@ def test_a_frame_block_is_written_as_dated_header_lines_write_its_pairs() -> Non
     seeded random blocks: every answer the same, or None where the general path would do more than
     write the pairs (then the full path answers)."""
     import random
+    import struct
 
     from prerender_ray.api.bot.wire import frame_lines
     from prerender_ray.serving.dates import http_date
+    from prerender_ray.serving.framing import WIRE_VERSION, wire_block, wire_frame
 
     rnd = random.Random(37)
     second = 1_800_000_000
@@ -73,7 +75,7 @@ def test_a_frame_block_is_written_as_dated_header_lines_write_its_pairs() -> Non
              b"Content-Type", b"date", b"connection", b"transfer-encoding", b"x y", b"content-length"]
     values = [b"text/html", b'"e1"', http_date(second - 10), http_date(second + 10), date, b"gzip", b"v\tw",
               b"x\r\ny", b"\x7f", b"not a date", b"", b"1"]
-    same = refused = 0
+    same = refused = wired = 0
     for _ in range(3000):
         size = rnd.choice([0, 5, 31_790])
         pairs = [(rnd.choice(names), rnd.choice(values)) for _ in range(rnd.randrange(0, 6))]
@@ -82,13 +84,20 @@ def test_a_frame_block_is_written_as_dated_header_lines_write_its_pairs() -> Non
         block = b"\0".join(part for pair in pairs for part in pair)
         mine = frame_lines(memoryview(block), date, second, size)
         general = header_lines(Dater().headers(pairs, second))
+        # the block as stored in header lines (framing version 2), where it can be: the same bytes
+        wire = wire_block(pairs, size)
+        if wire is not None:
+            frame = wire_frame(struct.pack("<BBHH", WIRE_VERSION, 1, 0, 0) + wire)
+            assert frame is not None and mine is not None, pairs
+            assert bytes(frame.lines(second, date)) == mine, pairs
+            wired += 1
         if mine is None:
             refused += 1
             continue
         assert general is not None and general[1] == size, pairs
         assert b"date: " + date + b"\r\n" + mine == general[0], pairs
         same += 1
-    assert same > 300 and refused > 300, (same, refused)  # both kinds met
+    assert same > 300 and refused > 300 and wired > 100, (same, refused, wired)  # each kind met
     # the usual frame: written, its Last-Modified held to the Date when later
     usual = [(b"content-type", b"text/html"), (b"last-modified", http_date(second + 5)), (b"content-length", b"5")]
     written = frame_lines(b"\0".join(part for pair in usual for part in pair), date, second, 5)
