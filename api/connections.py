@@ -63,7 +63,7 @@ class GuardedHttp(HttpToolsProtocol):
         # the one deadline that applies (the headers' or the idle keep-alive's), what passing it does,
         # and the timer that checks it (due at ``_timer_at``; never later than the deadline)
         self._due: float | None = None
-        self._late: Any = None
+        self._timing_headers = False  # the deadline is the headers' (else uvicorn's idle keep-alive)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._shortest = 0.0  # the shorter of the two timeouts: how far ahead a timer is ever set
@@ -117,16 +117,16 @@ class GuardedHttp(HttpToolsProtocol):
 
     def _arm(self) -> None:
         """The header deadline, unless it runs already."""
-        if self._late is not self._headers_late or self._due is None:
-            self._set_due(self.header_timeout_s, self._headers_late)
+        if not self._timing_headers or self._due is None:
+            self._set_due(self.header_timeout_s, True)
 
     def _disarm(self) -> None:
         self._due = None  # a timer set meanwhile finds nothing due when it fires
 
-    def _set_due(self, seconds: float, late: Any) -> None:
+    def _set_due(self, seconds: float, headers: bool) -> None:
         loop = self.loop
         due = loop.time() + seconds
-        self._due, self._late = due, late
+        self._due, self._timing_headers = due, headers
         if self._timer is None or self._timer_at > due:
             if self._timer is not None:
                 self._timer.cancel()
@@ -146,7 +146,10 @@ class GuardedHttp(HttpToolsProtocol):
             self._timer = loop.call_at(at, self._on_timer)
             return
         self._due = None
-        self._late()
+        if self._timing_headers:
+            self._headers_late()
+        else:
+            self.timeout_keep_alive_handler()
 
     def _headers_late(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -156,7 +159,7 @@ class GuardedHttp(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         # Bytes between requests that begin none (llhttp skips stray CRLFs) still stop uvicorn's
         # keep-alive timer: they must not hold the connection past the header deadline either.
-        if (self._due is None or self._late is not self._headers_late) and (
+        if (self._due is None or not self._timing_headers) and (
                 self.cycle is None or self.cycle.response_complete):
             self._arm()
         super().data_received(data)
@@ -251,7 +254,7 @@ class GuardedHttp(HttpToolsProtocol):
             cycle, app = self.pipeline.pop()
             self._start_asgi_task(cycle, app)
             return
-        self._set_due(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+        self._set_due(self.timeout_keep_alive, False)
         self._wait()  # idle between keep-alive requests
 
 

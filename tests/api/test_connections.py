@@ -64,6 +64,22 @@ async def test_a_client_stalling_in_its_headers_is_closed_by_the_deadline_while_
             w.close()
 
 
+async def test_a_client_trickling_its_headers_is_closed_by_the_deadline_from_its_first_byte() -> None:
+    """Each byte arrives well before the deadline would fire: the deadline still runs from the first
+    (a trickle must not move it on, or a slow client holds the connection for ever)."""
+    async with serving(App(), config(headerTimeout="500ms", keepAliveTimeout="60s")) as port:
+        r, w = await connect(port)
+        w.write(b"GET / HTTP/1.1\r\nhost: t\r\n")
+        closed = asyncio.ensure_future(until_closed(r))
+        for _ in range(60):  # a byte every 0.1 s for up to 6 s
+            if closed.done():
+                break
+            w.write(b"x")
+            await asyncio.sleep(0.1)
+        assert closed.done() and closed.result() == b""  # closed while still trickling
+        w.close()
+
+
 async def test_an_idle_keep_alive_connection_is_closed() -> None:
     async with serving(App(), config(headerTimeout="60s", keepAliveTimeout="300ms")) as port:
         r, w = await connect(port)
@@ -78,17 +94,17 @@ async def test_each_request_moves_the_idle_deadline_on_and_the_close_comes_no_ea
     timeout keep the connection past the first timer, and the close comes a full timeout after the
     last answer (never at a timer set for an earlier deadline)."""
     loop = asyncio.get_running_loop()
-    async with serving(App(), config(headerTimeout="400ms", keepAliveTimeout="400ms")) as port:
+    async with serving(App(), config(headerTimeout="800ms", keepAliveTimeout="800ms")) as port:
         r, w = await connect(port)
-        for _ in range(4):  # 0.25 s apart: past the first timer (0.4 s) and its successor
+        for _ in range(4):  # 0.3 s apart (0.5 s to spare each): past the first timer (0.8 s) and the next
             w.write(request())
             assert await response(r) == (200, b"ok")
-            await asyncio.sleep(0.25)
+            await asyncio.sleep(0.3)
+        sent = loop.time()  # the deadline is set after this (the server shares the test's loop)
         w.write(request())
         assert await response(r) == (200, b"ok")
-        answered = loop.time()
         assert await until_closed(r) == b""
-        assert loop.time() - answered >= 0.4
+        assert loop.time() - sent >= 0.8 - 0.01  # a loop may round its timers to the millisecond
         w.close()
 
 
