@@ -205,17 +205,12 @@ class Lane:
         self._state = None
 
 
-_LINK_BAD = frozenset(range(0x20)) | {0x7F}
-
-
 def link_line(url: str) -> bytes | None:
     """The Markdown ``Link`` of ``url`` as ``header_lines(asgi_headers({"link": ...}))`` writes it; None
     where that refuses it. A canonical URL is printable ASCII, so the usual case is one encode."""
     value = markdown_link(url)
-    if value.isascii():
-        raw = value.encode()
-        if _LINK_BAD.isdisjoint(raw):
-            return b"link: " + raw + b"\r\n"
+    if value.isascii() and value.isprintable():  # no control character
+        return b"link: " + value.encode() + b"\r\n"
     line = header_lines(asgi_headers({"link": value}))  # dropped where not a valid value: b""
     return None if line is None else line[0]
 
