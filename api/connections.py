@@ -18,9 +18,9 @@ request away. Here:
 **One timer a connection.** Both deadlines (the headers', uvicorn's idle keep-alive) are kept as a
 time on the connection, and one timer checks it when it fires: early (the deadline moved on since)
 it sleeps again until the deadline. uvloop's ``call_later`` and ``cancel`` cost 7.6 us of the 12.4
-us this protocol spent around each answer (``bench/``-style probe, docs/serving.md): two timers made
-and cancelled per request. Now a request moves a deadline (a float) and the timer fires about once
-per timeout per connection.
+us this protocol spent around each answer (``bench/bench_protocol.py``): two timers made and
+cancelled per request. Now a request moves a deadline (a float) and the timer fires about once per
+timeout per connection.
 
 A **memo hit** (``api/bot/memo.py``) is answered here, when its headers complete, without an ASGI
 task: the bytes the ASGI path would write (``HitMemo.wire``), then what uvicorn does at the end of a

@@ -1,0 +1,217 @@
+"""The ingress's HTTP protocol in process (issue 37): raw requests fed to a replica's protocol
+(``api.connections.GuardedHttp`` over the real app, ``api.app.create_asgi``) through a fake
+transport, no socket and no Ray, beside raw httptools parsing the same bytes in the same run.
+
+Run: ``.venv/bin/python bench/bench_protocol.py [--pages 100000] [--requests 20000] [--rounds 3]``
+
+Rows, each the best of its rounds in microseconds a request:
+
+- **httptools**: the parser alone, one write of a fixed answer per request (the baseline);
+- **protocol around an answer**: the replica's protocol with the bot path's answer stubbed (what the
+  protocol itself costs: uvicorn's callbacks, the deadlines, the checks);
+- **hot hit**: one page asked again and again (the hit memo);
+- **spread hit**: pages in random order, each asked once (a crawl: the spread lane); each round asks
+  pages no round asked before while there are enough (``--pages`` >= rounds x ``--requests``).
+
+The pages are written as the store writes them (a framed record in its replication envelope, into the
+page log); bodies are 30 KB of gzip, all in the page cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+import tempfile
+import time
+from email.utils import formatdate
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import httptools  # noqa: E402
+import uvloop  # noqa: E402
+
+from bench.bench_serving import page_html  # noqa: E402
+from prerender_ray.serving.framing import encode_page  # noqa: E402
+from prerender_ray.serving.volatile import content_digest  # noqa: E402
+from prerender_ray.storage.pagelog import Item, PageLogWriter, key_hash  # noqa: E402
+from prerender_ray.storage.pagelog.files import mark_complete  # noqa: E402
+from prerender_ray.storage.pages import Page  # noqa: E402
+from prerender_ray.storage.replication import Clock, wrap_many  # noqa: E402
+from prerender_ray.storage.rocks import PAGES, Store, pagelog_path, store_path  # noqa: E402
+
+NODE = "node-a"
+URL = "https://bench.example/catalog/item-"
+UA = "Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)"
+DAY_MS = 86_400_000
+STUB = [b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n", b"hello"]
+
+
+def request(i: int) -> bytes:
+    return (f"GET /p/{URL}{i} HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nUser-Agent: {UA}\r\n"
+            "Accept-Encoding: gzip, deflate, br\r\n\r\n").encode()
+
+
+def fill(data_dir: Path, pages: int) -> None:
+    html, gz = page_html()
+    store = Store(store_path(data_dir, NODE, PAGES))
+    log = PageLogWriter(pagelog_path(data_dir, NODE), sync=False)
+    clock = Clock(NODE)
+    now = int(time.time() * 1000)
+    headers = {"content-type": "text/html; charset=utf-8", "content-encoding": "gzip", "x-harper-rendered": "1",
+               "etag": f'"{content_digest(html, "identity", None)}"', "last-modified": formatdate(now / 1000, usegmt=True)}
+    for start in range(0, pages, 1000):
+        keys = [f"{URL}{i}|desktop" for i in range(start, min(pages, start + 1000))]
+        payloads = [encode_page(Page(cache_key=k, status_code=200, headers=headers, content=gz, last_cached=now,
+                                     expires_at=now + 30 * DAY_MS, is_indexable=True)) for k in keys]
+        first = clock.reserve(len(keys))
+        raws = wrap_many(NODE, first, payloads)
+        log.append([Item(key_hash(k), raw, first + j, now, now + 30 * DAY_MS)
+                    for j, (k, raw) in enumerate(zip(keys, raws, strict=True))])
+        store.write([(k.encode(), raw) for k, raw in zip(keys, raws, strict=True)])
+    store.flush()
+    log.close()
+    store.close()
+    mark_complete(pagelog_path(data_dir, NODE))
+
+
+class Transport(asyncio.Transport):
+    """Counts what is written; never pauses, never closes unless told."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = 0
+        self.closing = False
+
+    def write(self, data: Any) -> None:
+        self.written += len(data)
+
+    def writelines(self, lines: Any) -> None:
+        for data in lines:
+            self.written += len(data)
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def abort(self) -> None:
+        self.closing = True
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"peername": ("127.0.0.1", 5555), "sockname": ("127.0.0.1", 8080)}.get(name, default)
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+async def feed(proto: Any, requests: list[bytes]) -> tuple[float, int]:
+    """Microseconds a request, and how many went through the ASGI path."""
+    via_asgi = 0
+    start = time.perf_counter()
+    for data in requests:
+        proto.data_received(data)
+        if proto.cycle is not None and not proto.cycle.response_complete:
+            via_asgi += 1
+            while not proto.cycle.response_complete:
+                await asyncio.sleep(0)
+    return (time.perf_counter() - start) / len(requests) * 1e6, via_asgi
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pages", type=int, default=100_000)
+    ap.add_argument("--requests", type=int, default=20_000)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+
+    from uvicorn.server import ServerState
+
+    from prerender_ray.api.app import create_asgi
+    from prerender_ray.api.connections import server_config
+    from prerender_ray.api.context import NodeContext
+    from prerender_ray.config.model import Config
+    from prerender_ray.identity.nodes import NodeInfo
+
+    tmp = tempfile.TemporaryDirectory(prefix="bench-protocol-")
+    data = Path(tmp.name) / "data"
+    started = time.perf_counter()
+    fill(data, args.pages)
+    print(f"{args.pages:,} pages of 30 KB written in {time.perf_counter() - started:.1f} s", flush=True)
+    cfg = Config.model_validate({"domains": ["bench.example", "127.0.0.1:*"], "deviceTypes": {"default": ["desktop"]},
+                                 "origin": {"staging": {"ip": "127.0.0.1"}}})
+    ctx = NodeContext(cfg=cfg, node=NodeInfo(name=NODE, host="127.0.0.1", port=8080, ray_node_id=""),
+                      data_dir=str(data), replica=0)
+    config = server_config(create_asgi(ctx), cfg)
+    config.load()
+    loop = asyncio.get_running_loop()
+
+    def protocol() -> tuple[Any, Transport]:
+        proto = config.http_protocol_class(config=config, server_state=ServerState(), app_state={}, _loop=loop)
+        transport = Transport()
+        proto.connection_made(transport)
+        return proto, transport
+
+    proto, _ = protocol()
+    for i in range(50):  # the replica opens on its first requests (the ASGI path); the decision memo fills
+        await feed(proto, [request(i)])
+        await asyncio.sleep(0.001)
+    while getattr(getattr(ctx.state, "services", None), "pages", None) is None or ctx.state.services.pages.log is None:
+        await asyncio.sleep(0.05)
+
+    order = list(range(args.pages))
+    random.Random(37).shuffle(order)
+    hot = [request(7)] * args.requests
+    stubbed, _ = protocol()
+    # its own view of the app (the app itself is shared with ``proto``): the bot path's answer stubbed
+    stubbed._dated = SimpleNamespace(bot=SimpleNamespace(wire=lambda scope, dater, close: STUB),
+                                     dater=stubbed._dated.dater)
+
+    class Raw:
+        def __init__(self, transport: Transport) -> None:
+            self.transport = transport
+            self.parser = httptools.HttpRequestParser(self)
+            self.cycle = None
+
+        def on_url(self, url: bytes) -> None:
+            self.url = url
+
+        def on_message_complete(self) -> None:
+            self.transport.writelines(STUB)
+
+        def data_received(self, data: bytes) -> None:
+            self.parser.feed_data(data)
+
+    raw = Raw(Transport())
+    best: dict[str, tuple[float, int]] = {}
+    for n in range(args.rounds):
+        first = n * args.requests % args.pages
+        spread = [request(i) for i in (order + order)[first:first + args.requests]]
+        for name, target, reqs in (("httptools", raw, hot), ("protocol around an answer", stubbed, hot),
+                                   ("hot hit", proto, hot), ("spread hit", proto, spread)):
+            got = await feed(target, reqs)
+            if name not in best or got[0] < best[name][0]:
+                best[name] = got
+    floor = best["httptools"][0]
+    print(f"in process, {args.requests:,} requests a round, best of {args.rounds} rounds")
+    print(f"{'':32s} {'us/request':>10s} {'x httptools':>12s}  through ASGI")
+    for name, (us, via_asgi) in best.items():
+        print(f"{name:32s} {us:10.2f} {us / floor:12.1f}  {via_asgi:,}")
+    services = ctx.state.services
+    print(f"spread lane: {services.lane.hits:,} hits, {services.lane.kept:,} entries made")
+    tmp.cleanup()
+
+
+if __name__ == "__main__":
+    uvloop.run(main())
