@@ -124,26 +124,27 @@ class GuardedHttp(HttpToolsProtocol):
         self._due = None  # a timer set meanwhile finds nothing due when it fires
 
     def _set_due(self, seconds: float, headers: bool) -> None:
-        loop = self.loop
-        due = loop.time() + seconds
+        due = self.loop.time() + seconds
         self._due, self._timing_headers = due, headers
         if self._timer is None or self._timer_at > due:
             if self._timer is not None:
                 self._timer.cancel()
-            # never further ahead than the shorter timeout: the other deadline, set next, is then
-            # not earlier than this timer (no cancel and remake as a request moves between the two)
-            self._timer_at = at = min(due, loop.time() + self._shortest)
-            self._timer = loop.call_at(at, self._on_timer)
+            self._schedule(due)
+
+    def _schedule(self, due: float) -> None:
+        # never further ahead than the shorter timeout: the other deadline, set next, is then not
+        # earlier than this timer (no cancel and remake as a request moves between the two)
+        loop = self.loop
+        self._timer_at = at = min(due, loop.time() + self._shortest)
+        self._timer = loop.call_at(at, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
         due = self._due
         if due is None:
             return
-        loop = self.loop
-        if loop.time() < due:  # the deadline moved on since this timer was set
-            self._timer_at = at = min(due, loop.time() + self._shortest)
-            self._timer = loop.call_at(at, self._on_timer)
+        if self.loop.time() < due:  # the deadline moved on since this timer was set
+            self._schedule(due)
             return
         self._due = None
         if self._timing_headers:
@@ -159,9 +160,8 @@ class GuardedHttp(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         # Bytes between requests that begin none (llhttp skips stray CRLFs) still stop uvicorn's
         # keep-alive timer: they must not hold the connection past the header deadline either.
-        if (self._due is None or not self._timing_headers) and (
-                self.cycle is None or self.cycle.response_complete):
-            self._arm()
+        if self.cycle is None or self.cycle.response_complete:
+            self._arm()  # unless the header deadline runs already
         super().data_received(data)
 
     def on_message_begin(self) -> None:

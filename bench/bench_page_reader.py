@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -32,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from prerender_ray.api.bot.pages import PageReader  # noqa: E402
 from prerender_ray.serving.framing import encode_page  # noqa: E402
 from prerender_ray.storage.pagelog import Item, PageLogReader, PageLogWriter, key_hash  # noqa: E402
+from prerender_ray.storage.pagelog.files import mark_complete  # noqa: E402
 from prerender_ray.storage.pages import Page  # noqa: E402
 from prerender_ray.storage.replication import Clock, wrap_many  # noqa: E402
 from prerender_ray.storage.rocks import PAGES, Store, pagelog_path, store_path  # noqa: E402
@@ -47,22 +49,30 @@ def cache_key(i: int) -> str:
 
 def fill(data_dir: Path, n: int, size: int) -> None:
     pool = [os.urandom(size) for _ in range(POOL)]
-    store = Store(store_path(data_dir, NODE, PAGES))
-    log = PageLogWriter(pagelog_path(data_dir, NODE), sync=False)
-    clock = Clock(NODE)
+    write_pages(data_dir, n, lambda i: Page(
+        cache_key=cache_key(i), status_code=200, content=pool[i % POOL], last_cached=1, expires_at=2,
+        headers={"content-type": "text/html", "content-encoding": "gzip", "etag": f'"{i}"'}))
+
+
+def write_pages(data_dir: Path, n: int, page: Callable[[int], Page], node: str = NODE) -> None:
+    """Pages ``page(0)`` to ``page(n - 1)`` written as the node's store writes them (the page log
+    contract): each framed record in its replication envelope, into RocksDB and into the page log
+    with its HLC and its times; the log then marked complete, as the store marks it once built (a
+    replica reads hits from a complete log only)."""
+    store = Store(store_path(data_dir, node, PAGES))
+    log = PageLogWriter(pagelog_path(data_dir, node), sync=False)
+    clock = Clock(node)
     for start in range(0, n, BATCH):
-        keys = [cache_key(i) for i in range(start, min(n, start + BATCH))]
-        payloads: list[bytes | None] = [
-            encode_page(Page(cache_key=k, status_code=200, content=pool[i % POOL], last_cached=1, expires_at=2,
-                             headers={"content-type": "text/html", "content-encoding": "gzip", "etag": f'"{i}"'}))
-            for i, k in enumerate(keys, start)]
-        first = clock.reserve(len(keys))
-        raws = wrap_many(NODE, first, payloads)
-        log.append([Item(key_hash(k), raw, first + j, 1, 2) for j, (k, raw) in enumerate(zip(keys, raws))])
-        store.write([(k.encode(), raw) for k, raw in zip(keys, raws)])
+        pages = [page(i) for i in range(start, min(n, start + BATCH))]
+        first = clock.reserve(len(pages))
+        raws = wrap_many(node, first, [encode_page(p) for p in pages])
+        log.append([Item(key_hash(p.cache_key), raw, first + j, p.last_cached, p.expires_at)
+                    for j, (p, raw) in enumerate(zip(pages, raws, strict=True))])
+        store.write([(p.cache_key.encode(), raw) for p, raw in zip(pages, raws, strict=True)])
     store.flush()
     log.close()
     store.close()
+    mark_complete(pagelog_path(data_dir, node))
 
 
 def drive(coro):  # type: ignore[no-untyped-def]

@@ -35,14 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httptools  # noqa: E402
 import uvloop  # noqa: E402
 
+from bench.bench_page_reader import write_pages  # noqa: E402
 from bench.bench_serving import page_html  # noqa: E402
-from prerender_ray.serving.framing import encode_page  # noqa: E402
 from prerender_ray.serving.volatile import content_digest  # noqa: E402
-from prerender_ray.storage.pagelog import Item, PageLogWriter, key_hash  # noqa: E402
-from prerender_ray.storage.pagelog.files import mark_complete  # noqa: E402
 from prerender_ray.storage.pages import Page  # noqa: E402
-from prerender_ray.storage.replication import Clock, wrap_many  # noqa: E402
-from prerender_ray.storage.rocks import PAGES, Store, pagelog_path, store_path  # noqa: E402
 
 NODE = "node-a"
 URL = "https://bench.example/catalog/item-"
@@ -58,25 +54,12 @@ def request(i: int) -> bytes:
 
 def fill(data_dir: Path, pages: int) -> None:
     html, gz = page_html()
-    store = Store(store_path(data_dir, NODE, PAGES))
-    log = PageLogWriter(pagelog_path(data_dir, NODE), sync=False)
-    clock = Clock(NODE)
     now = int(time.time() * 1000)
     headers = {"content-type": "text/html; charset=utf-8", "content-encoding": "gzip", "x-harper-rendered": "1",
                "etag": f'"{content_digest(html, "identity", None)}"', "last-modified": formatdate(now / 1000, usegmt=True)}
-    for start in range(0, pages, 1000):
-        keys = [f"{URL}{i}|desktop" for i in range(start, min(pages, start + 1000))]
-        payloads = [encode_page(Page(cache_key=k, status_code=200, headers=headers, content=gz, last_cached=now,
-                                     expires_at=now + 30 * DAY_MS, is_indexable=True)) for k in keys]
-        first = clock.reserve(len(keys))
-        raws = wrap_many(NODE, first, payloads)
-        log.append([Item(key_hash(k), raw, first + j, now, now + 30 * DAY_MS)
-                    for j, (k, raw) in enumerate(zip(keys, raws, strict=True))])
-        store.write([(k.encode(), raw) for k, raw in zip(keys, raws, strict=True)])
-    store.flush()
-    log.close()
-    store.close()
-    mark_complete(pagelog_path(data_dir, NODE))
+    write_pages(data_dir, pages, lambda i: Page(cache_key=f"{URL}{i}|desktop", status_code=200, headers=headers,
+                                                content=gz, last_cached=now, expires_at=now + 30 * DAY_MS,
+                                                is_indexable=True), NODE)
 
 
 class Transport(asyncio.Transport):

@@ -19,6 +19,7 @@ from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, ST
 
 from prerender_ray.serving.answer import Reply
 from prerender_ray.serving.dates import Dater, held_modified
+from prerender_ray.serving.framing import NOT_WRITTEN
 
 # the end of an answer's head, by whether the connection closes after it (uvicorn adds the header)
 HEAD_END = {True: b"connection: close\r\n\r\n", False: b"\r\n"}
@@ -48,9 +49,6 @@ def header_lines(headers: Iterable[tuple[bytes, bytes]]) -> tuple[bytes, int | N
     return b"".join(out), length
 
 
-_NOT_IN_FRAME = frozenset((b"date", b"connection", b"transfer-encoding"))  # what Dated or uvicorn would touch
-
-
 def frame_lines(block: bytes | memoryview, date: bytes, second: int, size: int) -> bytes | None:
     """A stored frame's header block (``framing.frame_block``: names and values NUL-joined) as
     ``header_lines(dater.headers(pairs))`` writes it after our Date, for a body of ``size`` bytes:
@@ -64,7 +62,7 @@ def frame_lines(block: bytes | memoryview, date: bytes, second: int, size: int) 
     names, values = parts[0::2], parts[1::2]
     joined = b"a".join(names)
     if HEADER_RE.search(joined) or HEADER_VALUE_RE.search(b"a".join(values)) or joined != joined.lower() \
-            or not _NOT_IN_FRAME.isdisjoint(names):
+            or not NOT_WRITTEN.isdisjoint(names):
         return None
     try:
         if int(values[names.index(b"content-length")].decode()) != size:

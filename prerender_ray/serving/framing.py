@@ -47,7 +47,8 @@ _WIRE = struct.Struct("<qII")  # Last-Modified in epoch seconds (_NEVER_LATE: no
 _NEVER_LATE = -(2**63)
 _NAME = re.compile(rb"[a-z0-9!#$%&'*+.^_`|~-]+")  # a lowercase token
 _BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # control characters but tab
-_NOT_WRITTEN = frozenset((b"date", b"connection", b"transfer-encoding"))
+# what the ingress's Date (``Dated``) or its server would set or act on: never in a frame's lines
+NOT_WRITTEN = frozenset((b"date", b"connection", b"transfer-encoding"))
 _HEAD = struct.Struct("<BBHH")  # frame version, coding (an index of CODINGS), ETag and Last-Modified lengths
 CODINGS = ("identity", "gzip", "br")
 _MEMO_MAX_VALUE = 256  # longer Accept-Encoding values are negotiated afresh, never kept
@@ -98,11 +99,11 @@ def wire_block(pairs: list[tuple[bytes, bytes]], size: int) -> bytes | None:
     """A version 2 frame's block (``_WIRE`` and the header lines) for ``pairs`` with a body of
     ``size`` bytes, or None where they are not plainly written as they are (see the module)."""
     lines: list[bytes] = []
-    at = end = pos = 0
-    seconds: int | None = _NEVER_LATE
+    at = end = pos = 0  # the Last-Modified's line (none while at == end)
+    seconds = _NEVER_LATE
     lengths = 0
     for name, value in pairs:
-        if not _NAME.fullmatch(name) or _BAD_VALUE.search(value) or name in _NOT_WRITTEN:
+        if not _NAME.fullmatch(name) or _BAD_VALUE.search(value) or name in NOT_WRITTEN:
             return None
         line = b"%s: %s\r\n" % (name, value)
         if name == b"content-length":
@@ -110,11 +111,11 @@ def wire_block(pairs: list[tuple[bytes, bytes]], size: int) -> bytes | None:
             if value != str(size).encode():
                 return None
         elif name == b"last-modified":
-            if seconds != _NEVER_LATE or at != end:
+            if at != end:  # a second one
                 return None
-            at, end, seconds = pos, pos + len(line), http_seconds(value)
-            if seconds is None:  # not a date: sent as it is (a cache ignores it)
-                seconds = _NEVER_LATE
+            at, end = pos, pos + len(line)
+            parsed = http_seconds(value)
+            seconds = _NEVER_LATE if parsed is None else parsed  # not a date: sent as it is (a cache ignores it)
         lines.append(line)
         pos += len(line)
     if lengths != 1 or pos > 0xFFFFFFFF:
