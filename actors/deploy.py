@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from prerender_ray.actors.controller_client import ControllerClient
 from prerender_ray.processes import pid_alive
@@ -27,6 +27,7 @@ from prerender_ray.rpc import DeadlineExceeded
 
 RECORD = "deployment.json"
 RAY_START_DEADLINE_S = 90.0
+RAY_START_AGAIN_S = 20.0  # the least time left worth a second start (one takes 3-10 s)
 STATUS_CALL_S = 45.0  # one status call; wait_ready keeps asking until its own deadline
 
 
@@ -131,23 +132,49 @@ def apply_env(record: Record | None) -> None:
             os.environ.pop("RAY_AUTH_TOKEN", None)
 
 
-def start_local_ray(data_dir: Path, epoch: str) -> Record:
+def start_local_ray(data_dir: Path, epoch: str, note: Callable[[str], None] = lambda _: None) -> Record:
     """Start a single-node Ray for this deployment: its own token, temp dir and ports, on loopback.
-    ``ray start --block`` in a session of its own supervises the Ray processes; stopping it stops them."""
-    from prerender_ray.identity.nodes import RAY_SYSTEM_CONFIG
+    ``ray start --block`` in a session of its own supervises the Ray processes; stopping it stops them.
 
+    One start that fails the known way (see ``_agent_wait_aborted``) is made once more, inside the one
+    deadline; ``note`` is told why."""
     ray_dir = data_dir / "ray"
     ray_dir.mkdir(parents=True, exist_ok=True)
     token_file = ray_dir / "auth_token"
     if not token_file.exists():
         token_file.write_text(secrets.token_hex(32))
         token_file.chmod(0o600)
-    token = token_file.read_text().strip()
     # Unix socket paths are short: keep Ray's temp dir out of a possibly deep data dir.
     tag = hashlib.sha1(str(data_dir).encode()).hexdigest()[:10]
     temp_dir = Path("/tmp") / f"prerender-ray-{tag}"
-    cluster_file = temp_dir / "ray_current_cluster"
-    cluster_file.unlink(missing_ok=True)
+    deadline = time.monotonic() + RAY_START_DEADLINE_S
+    for attempt in (1, 2):
+        proc = _ray_start(ray_dir, temp_dir, token_file)
+        while time.monotonic() < deadline:
+            if proc.poll() is not None or _agent_wait_aborted(temp_dir):
+                break  # `ray start` itself notices a dead raylet only at its own 30 s deadline
+            address = _cluster_address(temp_dir)
+            if address:
+                return Record(address=address, owns_ray=True, epoch=epoch, ray_pid=proc.pid, temp_dir=str(temp_dir),
+                              token_file=str(token_file), started_at=time.time())
+            time.sleep(0.2)
+        else:
+            _clear_start(proc, temp_dir)
+            raise DeployError(f"Ray did not start within {RAY_START_DEADLINE_S:g}s; see {ray_dir / 'ray-start.log'}")
+        _clear_start(proc, temp_dir)
+        if attempt == 1 and _agent_wait_aborted(temp_dir) and deadline - time.monotonic() > RAY_START_AGAIN_S:
+            note("Ray's raylet gave up waiting for its agents to start (a busy machine); starting Ray once more")
+            continue
+        break
+    why = "its raylet gave up waiting for its agents" if _agent_wait_aborted(temp_dir) else f"exit {proc.returncode}"
+    raise DeployError(f"Ray did not start ({why}); see {ray_dir / 'ray-start.log'}")
+
+
+def _ray_start(ray_dir: Path, temp_dir: Path, token_file: Path) -> subprocess.Popen:
+    from prerender_ray.identity.nodes import RAY_SYSTEM_CONFIG
+
+    (temp_dir / "ray_current_cluster").unlink(missing_ok=True)
+    (temp_dir / "session_latest").unlink(missing_ok=True)  # names this start's session once it has one
     gcs, client, dashboard, agent, metrics = free_ports(5)
     cmd = [
         str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
@@ -157,20 +184,40 @@ def start_local_ray(data_dir: Path, epoch: str) -> Record:
         f"--dashboard-port={dashboard}", f"--dashboard-agent-listen-port={agent}",
         f"--metrics-export-port={metrics}", f"--system-config={json.dumps(RAY_SYSTEM_CONFIG)}",
     ]
-    log = open(ray_dir / "ray-start.log", "ab")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=_ray_env(token), start_new_session=True, cwd=str(data_dir))
-    deadline = time.monotonic() + RAY_START_DEADLINE_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise DeployError(f"Ray did not start (exit {proc.returncode}); see {ray_dir / 'ray-start.log'}")
-        if cluster_file.exists() and cluster_file.read_text().strip():
-            address = cluster_file.read_text().strip()
-            return Record(address=address, owns_ray=True, epoch=epoch, ray_pid=proc.pid, temp_dir=str(temp_dir),
-                          token_file=str(token_file), started_at=time.time())
-        time.sleep(0.2)
+    with open(ray_dir / "ray-start.log", "ab") as log:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=_ray_env(token_file.read_text().strip()), start_new_session=True,
+                                cwd=str(ray_dir.parent))
+
+
+def _cluster_address(temp_dir: Path) -> str:
+    try:
+        return (temp_dir / "ray_current_cluster").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _clear_start(proc: subprocess.Popen, temp_dir: Path) -> None:
+    """What a failed start left: its session, and any process naming its temp dir."""
     _kill_group(proc.pid)
-    raise DeployError(f"Ray did not start within {RAY_START_DEADLINE_S:g}s; see {ray_dir / 'ray-start.log'}")
+    for pid in _strays(str(temp_dir)):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
+
+
+def _agent_wait_aborted(temp_dir: Path) -> bool:
+    """Whether the start's raylet aborted on its wait for an agent. Ray 2.60's raylet gives its dashboard
+    agent a fixed 15 s to report its ports (no setting, no flag: it waits for the port file even when
+    the port is named) and aborts past it; an agent's imports on a busy machine can take longer."""
+    try:
+        tail = (temp_dir / "session_latest" / "logs" / "raylet.err").read_bytes()[-65536:]
+    except OSError:
+        return False
+    return b"Timed out waiting for file" in tail
 
 
 def stop_local_ray(record: Record, grace_s: float = 20.0) -> None:

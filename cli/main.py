@@ -105,7 +105,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     try:
         if args.address is None:
             print(f"starting a local Ray for {data_dir} ...", flush=True)
-            record = deploy.start_local_ray(data_dir, epoch)
+            record = deploy.start_local_ray(data_dir, epoch, note=lambda m: print(m, flush=True))
         else:
             record = deploy.Record(address=args.address, owns_ray=False, epoch=epoch, started_at=time.time())
         record.write(data_dir)

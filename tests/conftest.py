@@ -92,7 +92,8 @@ def shares_cluster(module: str) -> bool:
 # busiest of the run.
 LONGEST_FIRST = ("tests/actors/test_netns_cluster.py", "ray", "tests/actors/keeper/test_actor.py",
                  "tests/worker/test_render.py", "tests/cli/test_main.py", "tests/actors/test_cluster.py",
-                 "tests/sim/test_sim.py", "tests/worker/test_e2e.py", "tests/api/test_render_queue.py",
+                 "tests/sim/test_sim.py", "tests/actors/test_deploy.py", "tests/worker/test_e2e.py",
+                 "tests/api/test_render_queue.py",
                  "tests/api/bot/test_middleware.py", "tests/worker/test_pool.py", "tests/api/admin/test_console.py",
                  "tests/api/admin/test_routes.py", "tests/actors/store/test_rebalance.py", "tests/api/test_sitemaps.py",
                  "tests/api/bot/test_unchanged_renders.py", "tests/serving/test_markdown_inert.py",
