@@ -70,13 +70,14 @@ class NodeStore:
         self.clock = Clock(node, lambda: clock.now_ms() + offset)
         if offset:
             self.log.warning("replication clock offset (a testing aid)", offset_ms=offset)
-        self.pages = MirroredStore(store_path(data_dir, node, PAGES))
+        self.pages = MirroredStore(store_path(data_dir, node, PAGES), direct_writes=True)
         self.registry = Store(store_path(data_dir, node, REGISTRY))
         self.started = clock.time()
         self._tasks = Tasks()  # every background task of its parts: ended before its files close
         self._closed = False
         self._sitemap_of = SitemapReader()
-        self.log.info("store open", pages=str(self.pages.path), registry=str(self.registry.path))
+        self.log.info("store open", pages=str(self.pages.path), registry=str(self.registry.path),
+                      pages_past_page_cache=self.pages.direct_writes)
         self.records = self._records(clock, self._index_ops)
         # Reconciled with the pages RocksDB before anything can write (or built from it in the
         # background when new); from here on every pages-store write goes to the page log first.

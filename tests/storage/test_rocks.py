@@ -1,10 +1,22 @@
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import mmap
+import os
 from pathlib import Path
 
 import pytest
 
-from prerender_ray.storage.rocks import SORT_AT, Store, StoreError, check_writable, store_path
+from prerender_ray.storage import rocks
+from prerender_ray.storage.rocks import (
+    SORT_AT,
+    Store,
+    StoreError,
+    check_writable,
+    direct_io_works,
+    store_path,
+)
 from tests.support import rocksdb_options
 
 
@@ -103,3 +115,59 @@ def test_a_store_written_blind_has_no_memtable_bloom_and_the_others_do(tmp_path:
     blind = _running_options(tmp_path / "blind", memtable_bloom=False)
     assert "memtable_whole_key_filtering=false\n" in blind
     assert "memtable_prefix_bloom_size_ratio=0.000000\n" in blind
+
+
+def _resident(path: Path) -> int:
+    """Bytes of ``path`` in the page cache (mincore over a mapping of it)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    size = path.stat().st_size
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        vec = ctypes.create_string_buffer((size + mmap.PAGESIZE - 1) // mmap.PAGESIZE)
+        assert libc.mincore(addr, size, vec) == 0, os.strerror(ctypes.get_errno())
+        libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+    return sum(b & 1 for b in vec.raw) * mmap.PAGESIZE
+
+
+def _flushed_share_cached(path: Path, **kw: bool) -> tuple[bool, float]:
+    db = Store(path, **kw)
+    for batch in range(10):
+        db.write([(f"page-{batch}-{i}".encode(), os.urandom(20_000)) for i in range(100)])
+    db.flush()
+    tables = list(path.glob("*.sst"))
+    share = sum(_resident(t) for t in tables) / sum(t.stat().st_size for t in tables)
+    direct = db.direct_writes
+    db.close()
+    return direct, share
+
+
+def test_a_store_with_direct_writes_flushes_past_the_page_cache(tmp_path: Path) -> None:
+    """The pages store's copy of every body takes no memory the page log's copy needs (issue 37)."""
+    if not direct_io_works(tmp_path):
+        pytest.skip(f"the file system under {tmp_path} takes no O_DIRECT write")
+    assert _flushed_share_cached(tmp_path / "buffered") == (False, pytest.approx(1.0, abs=0.1))
+    direct, share = _flushed_share_cached(tmp_path / "direct", direct_writes=True)
+    assert direct and share < 0.1  # the table's index and filter blocks, read back when it opens
+    db = Store(tmp_path / "direct")  # reopened without: what it wrote reads back whole
+    assert db.get(b"page-9-99") is not None and db.count(b"page-") == 1_000
+    db.close()
+
+
+def test_a_file_system_without_o_direct_gets_a_store_that_writes_through_the_page_cache(tmp_path: Path,
+                                                                                      monkeypatch) -> None:
+    if direct_io_works(tmp_path):
+        text = _running_options(tmp_path / "direct", direct_writes=True)
+        assert "use_direct_io_for_flush_and_compaction=true\n" in text
+        assert "compaction_readahead_size=2097152\n" in text
+    monkeypatch.setattr(rocks, "direct_io_works", lambda path: False)
+    assert "use_direct_io_for_flush_and_compaction=false\n" in _running_options(tmp_path / "s", direct_writes=True)
+    db = Store(tmp_path / "s", direct_writes=True)
+    assert not db.direct_writes and db.get(b"k") == b"v"
+    db.close()
