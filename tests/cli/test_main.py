@@ -126,7 +126,7 @@ def test_config_defaults_prints_a_config_that_loads_back(tmp_path: Path, capsys)
 
 
 def test_up_refuses_bad_input_before_starting_anything(tmp_path: Path, capsys, monkeypatch) -> None:
-    def started(*_: object) -> None:
+    def started(*_: object, **__: object) -> None:
         raise AssertionError("`up` went on to start Ray")
 
     monkeypatch.setattr(deploy, "start_local_ray", started)
