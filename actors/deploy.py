@@ -17,9 +17,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from prerender_ray.actors.controller_client import ControllerClient
 from prerender_ray.processes import pid_alive
@@ -162,11 +163,11 @@ def start_local_ray(data_dir: Path, epoch: str, note: Callable[[str], None] = la
             _clear_start(proc, temp_dir)
             raise DeployError(f"Ray did not start within {RAY_START_DEADLINE_S:g}s; see {ray_dir / 'ray-start.log'}")
         _clear_start(proc, temp_dir)
-        if attempt == 1 and _agent_wait_aborted(temp_dir) and deadline - time.monotonic() > RAY_START_AGAIN_S:
-            note("Ray's raylet gave up waiting for its agents to start (a busy machine); starting Ray once more")
-            continue
-        break
-    why = "its raylet gave up waiting for its agents" if _agent_wait_aborted(temp_dir) else f"exit {proc.returncode}"
+        aborted = _agent_wait_aborted(temp_dir)
+        if not (aborted and attempt == 1 and deadline - time.monotonic() > RAY_START_AGAIN_S):
+            break
+        note("Ray's raylet gave up waiting for its agents to start (a busy machine); starting Ray once more")
+    why = "its raylet gave up waiting for its agents" if aborted else f"exit {proc.returncode}"
     raise DeployError(f"Ray did not start ({why}); see {ray_dir / 'ray-start.log'}")
 
 
