@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import time
+from collections.abc import Callable
 from typing import Any
 
 from prerender_ray import logs, metrics
@@ -26,6 +27,9 @@ class Counters:
         self._observed: dict[tuple, list[float]] = {}
         self._warned: dict[str, float] = {}
         self._flush_task: asyncio.Task | None = None
+        # where ``flush`` writes (counts, observations): prometheus; a test's tally instead (the
+        # class is compiled, so its methods cannot be patched)
+        self.sink: Callable[[dict[tuple, int], dict[tuple, list[float]]], None] = self.to_prometheus
 
     def start(self) -> None:
         self._flush_task = asyncio.get_running_loop().create_task(self._flusher())
@@ -51,9 +55,12 @@ class Counters:
 
     def flush(self) -> None:
         pending, self._pending = self._pending, {}
+        observed, self._observed = self._observed, {}
+        self.sink(pending, observed)
+
+    def to_prometheus(self, pending: dict[tuple, int], observed: dict[tuple, list[float]]) -> None:
         for (metric, labels), n in pending.items():
             self.child(metric, *labels).inc(n)
-        observed, self._observed = self._observed, {}
         for (metric, labels), values in observed.items():
             _observe_many(self.child(metric, *labels), values)
 

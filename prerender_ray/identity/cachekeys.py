@@ -32,7 +32,7 @@ class CacheKeyError(ValueError):
 
 
 def cache_key(
-    url: str, device: str, *, delimiter: str = DEFAULT_DELIMITER,
+    url: str, device: str | None, *, delimiter: str = DEFAULT_DELIMITER,
     attributes: Sequence[str] = DEFAULT_ATTRIBUTES,
 ) -> str:
     """``<url>|<device>`` in the configured attribute order. A missing value is an empty string (so a

@@ -75,7 +75,7 @@ _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 
 def canonicalize_url(
-    url: str | tuple[str, str, str, str],
+    url: object,  # str, an ada_url.URL or url_parts' tuple; anything else is a UrlError, not a TypeError
     allowlist: Iterable[str],
     *,
     plus_is_space: bool = False,

@@ -15,7 +15,7 @@ from typing import Literal
 
 from prerender_ray.decoding import MAX_HTML_BYTES
 from prerender_ray.serving.conditional import conditional_response, is_not_modified, not_modified_headers
-from prerender_ray.serving.negotiation import EncodingError, negotiate
+from prerender_ray.serving.negotiation import Body, EncodingError, negotiate
 from prerender_ray.serving.origin_rules import relay_headers
 from prerender_ray.serving.responses import age_seconds, cached_headers
 from prerender_ray.storage.pages import Expiring, PageMeta, freshness
@@ -30,9 +30,6 @@ SERVED_FROM_CACHE = ("hit", "swr")
 _NO_BODY = frozenset({204, 304})
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # a field name (RFC 9110 section 5.1)
 _BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # controls but tab (what uvicorn refuses)
-# A body may be a view into the stored record: sent without a copy (uvicorn's httptools protocol
-# writes any bytes-like object to the transport).
-Body = bytes | memoryview
 
 
 @dataclass(slots=True)
@@ -69,7 +66,7 @@ def verdict(page: Expiring | None, now: int, swr_ttl: int, *, skip: bool = False
     return freshness(page, now, swr_ttl) or "stale"
 
 
-def _finish(status: int, headers: dict[str, str], body: bytes, request_headers: Mapping[str, str],
+def _finish(status: int, headers: dict[str, str], body: Body, request_headers: Mapping[str, str],
             debug: Mapping[str, str] | None, conditional: bool = True) -> Reply:
     not_modified = conditional_response(status, headers, request_headers) if conditional else None
     if not_modified is not None:

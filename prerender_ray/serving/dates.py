@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import calendar
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from email.utils import formatdate, parsedate_to_datetime
 
 _MONTHS = {m: i for i, m in enumerate((b"Jan", b"Feb", b"Mar", b"Apr", b"May", b"Jun", b"Jul", b"Aug", b"Sep",
@@ -62,15 +62,16 @@ def held_modified(value: bytes, second: int, date: bytes) -> bytes:
 class Dater:
     """The Date of this second, formatted once per second."""
 
-    __slots__ = ("_date", "_second")
+    __slots__ = ("_date", "_second", "clock")
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock  # a test's fixed second (the class is compiled: no subclass of it)
         self._second = -1
         self._date = b""
 
     def date(self, now: float | None = None) -> tuple[int, bytes]:
         """The second (of ``now``, or the clock's) and its Date value."""
-        second = int(time.time() if now is None else now)
+        second = int(self.clock() if now is None else now)
         if second != self._second:
             self._second, self._date = second, http_date(second)
         return second, self._date

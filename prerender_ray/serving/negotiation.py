@@ -19,6 +19,10 @@ import brotli
 
 from prerender_ray.decoding import MAX_HTML_BYTES, DecodeError, decode
 
+# A body may be a view into the stored record: sent without a copy (uvicorn's httptools protocol
+# writes any bytes-like object to the transport).
+Body = bytes | memoryview
+
 # Codings this module can produce, in the order that breaks a tie between equal q-values.
 PREFERENCE = ("br", "gzip", "identity")
 # RFC 9110 section 8.4.1.3: a recipient should treat x-gzip as gzip.
@@ -117,7 +121,7 @@ def choose_encoding(stored: str, accept: AcceptEncoding) -> str:
     return next(c for c in PREFERENCE if accept.q(c) == best)
 
 
-def decode_body(body: bytes | memoryview, coding: str, max_bytes: int = MAX_HTML_BYTES) -> bytes:
+def decode_body(body: Body, coding: str, max_bytes: int = MAX_HTML_BYTES) -> Body:
     """``body`` decoded, streamed and refused (EncodingError) past ``max_bytes`` decoded bytes: a
     stored page is re-decoded for every client that cannot take its coding. Identity is passed
     through: there is nothing to expand."""
@@ -132,7 +136,7 @@ def decode_body(body: bytes | memoryview, coding: str, max_bytes: int = MAX_HTML
         raise EncodingError(f"body is not valid {coding}: {e}") from e
 
 
-def encode_body(body: bytes, coding: str) -> bytes:
+def encode_body(body: Body, coding: str) -> Body:
     coding = normalize_coding(coding)
     if coding == "identity":
         return body
@@ -143,7 +147,7 @@ def encode_body(body: bytes, coding: str) -> bytes:
     raise UnsupportedEncoding(f"cannot encode content-encoding {coding!r}")
 
 
-def transcode(body: bytes, source: str, target: str, max_bytes: int = MAX_HTML_BYTES) -> bytes:
+def transcode(body: Body, source: str, target: str, max_bytes: int = MAX_HTML_BYTES) -> Body:
     """``body`` (coded in ``source``) re-coded in ``target``; the same bytes when they agree."""
     source, target = normalize_coding(source), normalize_coding(target)
     if source == target:
@@ -167,9 +171,9 @@ def _weak(etag: str) -> str:
 
 
 def negotiate(
-    headers: Mapping[str, str], body: bytes, accept_encoding: str | None, *, head: bool = False,
+    headers: Mapping[str, str], body: Body, accept_encoding: str | None, *, head: bool = False,
     max_bytes: int = MAX_HTML_BYTES,
-) -> tuple[dict[str, str], bytes]:
+) -> tuple[dict[str, str], Body]:
     """Headers and body to send for ``body``, coded as ``headers['content-encoding']`` says.
 
     Sets or removes ``content-encoding``, recomputes ``content-length`` and adds

@@ -120,7 +120,7 @@ def _parse(data: bytes | memoryview) -> tuple[Version, int, bool]:
     return Version(hlc, node), start, bool(flags & _TOMBSTONE)
 
 
-def unwrap(data: bytes) -> tuple[Version, bytes | None]:
+def unwrap(data: bytes | memoryview) -> tuple[Version, bytes | None]:
     """(version, payload); payload None is a tombstone."""
     version, start, tombstone = _parse(data)
     return version, None if tombstone else bytes(data[start:])

@@ -80,7 +80,7 @@ def tallies(node, monkeypatch) -> list[Tally]:
         counters = services(node, replica).counters
         tally = Tally(counters)
         node.run(_call(counters.flush))
-        monkeypatch.setattr(counters, "flush", tally.flush)
+        monkeypatch.setattr(counters, "sink", tally.take)
         out.append(tally)
     return out
 

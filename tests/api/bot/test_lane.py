@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
-from prerender_ray.api.bot.lane import Lane
+from prerender_ray.api.bot.lane import ClassKey, Lane
 from prerender_ray.api.bot.memo import Tape
+from prerender_ray.identity.routes import Route
 from prerender_ray.serving import framing
 from prerender_ray.serving.answer import Reply
+from prerender_ray.serving.classify import BotRequest
 from prerender_ray.storage.pagelog import key_hash
 from prerender_ray.storage.pages import decode_head
 from prerender_ray.storage.replication import payload_view
@@ -33,6 +34,20 @@ from tests.localnode import LocalNode
 from tests.support import wait_for
 
 PLAIN = {"user-agent": GOOGLE, "accept-encoding": "gzip"}
+
+
+def key(name: str) -> ClassKey:
+    """A class key of the lane's shape (the compiled lane checks it)."""
+    return (0, 0, 0, name, "", "", "")
+
+
+def route(path: str = "/") -> Route:
+    return Route("prefix", path, "prerender", ())
+
+
+def bot_request(route: Route | None, url: str = "https://x.example/a") -> BotRequest:
+    """A request of the lane's own type (the compiled lane checks it); its route compared by identity."""
+    return BotRequest("GET", url, "desktop", f"{url}|desktop", "prerender", route, (), "prefix")
 controlled = test_memo_protocol.controlled  # the bot path's clock and the app's Dater, set by the test
 
 
@@ -115,7 +130,7 @@ def tally(node, monkeypatch) -> Tally:
     counters = services(node, 0).counters
     node.run(_call(counters.flush))
     t = Tally(counters)
-    monkeypatch.setattr(counters, "flush", t.flush)
+    monkeypatch.setattr(counters, "sink", t.take)
     return t
 
 
@@ -168,16 +183,16 @@ def test_learning_refuses_a_serve_that_timed_anything_but_the_page_age() -> None
     def unrouted() -> None: ...
 
     state = SimpleNamespace(services=SimpleNamespace(signals_on=False, pages=SimpleNamespace(log=object())))
-    req = SimpleNamespace(url="https://x.example/a", route=None)
+    req = bot_request(None)
     reply = Reply(200, {"age": "1"}, b"", page.frame.headers)
     tape.timed = [(unrouted, ("prerender", "/a"))]
-    assert not lane.learn(("k",), state, object(), None, req, {}, tape, reply, page_age)  # type: ignore[arg-type]
+    assert not lane.learn(key("k"), state, object(), None, req, {}, tape, reply, page_age)  # type: ignore[arg-type]
     tape.timed = [(page_age, (5, "desktop", "search", "Googlebot"))]
-    assert lane.learn(("k",), state, object(), None, req, {}, tape, reply, page_age)  # type: ignore[arg-type]
+    assert lane.learn(key("k"), state, object(), None, req, {}, tape, reply, page_age)  # type: ignore[arg-type]
     conditional = {"if-none-match": '"x"'}  # each page's validators decide: never the class's
-    assert not lane.learn(("k",), state, object(), None, req, conditional, tape, reply, page_age)  # type: ignore[arg-type]
+    assert not lane.learn(key("k"), state, object(), None, req, conditional, tape, reply, page_age)  # type: ignore[arg-type]
     reply.headers["x-url"] = req.url  # a header made of this URL's: not the class's
-    assert not lane.learn(("k",), state, object(), None, req, {}, tape, reply, page_age)  # type: ignore[arg-type]
+    assert not lane.learn(key("k"), state, object(), None, req, {}, tape, reply, page_age)  # type: ignore[arg-type]
 
 
 def test_a_new_config_forgets_every_entry() -> None:
@@ -187,13 +202,13 @@ def test_a_new_config_forgets_every_entry() -> None:
     tape.out = SimpleNamespace(page=page, source="cache", cache_status="hit", markdown=False, render_now=None)
     tape.plain = True
     reply = Reply(200, {}, b"", page.frame.headers)
-    req: Any = SimpleNamespace(url="https://x.example/a", route=None)
+    req = bot_request(None)
     log = object()
     old, new = (SimpleNamespace(services=SimpleNamespace(signals_on=False, pages=SimpleNamespace(log=log)))
                 for _ in range(2))
-    assert lane.learn(("old",), old, "who", None, req, {}, tape, reply, None)  # type: ignore[arg-type]
-    assert lane.learn(("new",), new, "who", None, req, {}, tape, reply, None)  # type: ignore[arg-type]
-    assert len(lane) == 1 and lane.find(("new",), new, "who", None, req, 0) is not None  # type: ignore[arg-type]
+    assert lane.learn(key("old"), old, "who", None, req, {}, tape, reply, None)  # type: ignore[arg-type]
+    assert lane.learn(key("new"), new, "who", None, req, {}, tape, reply, None)  # type: ignore[arg-type]
+    assert len(lane) == 1 and lane.find(key("new"), new, "who", None, req, 0) is not None  # type: ignore[arg-type]
 
 
 def test_an_entry_answers_only_under_what_it_was_made_with() -> None:
@@ -204,30 +219,30 @@ def test_an_entry_answers_only_under_what_it_was_made_with() -> None:
     tape.out = SimpleNamespace(page=page, source="cache", cache_status="hit", markdown=False, render_now=None)
     tape.plain, tape.now = True, 1_000
     reply = Reply(200, {}, b"", page.frame.headers)
-    route, site, who = object(), object(), object()
-    req: Any = SimpleNamespace(url="https://x.example/a", route=route)
+    site, who = object(), object()
+    req = bot_request(route())
     services = SimpleNamespace(signals_on=True, signals=SimpleNamespace(sites=object()),
                                pages=SimpleNamespace(log=object()))
     state = SimpleNamespace(services=services)
 
     def made() -> Lane:
         lane = Lane()
-        assert lane.learn(("k",), state, who, site, req, {}, tape, reply, None)  # type: ignore[arg-type]
+        assert lane.learn(key("k"), state, who, site, req, {}, tape, reply, None)  # type: ignore[arg-type]
         return lane
 
-    assert made().find(("k",), state, who, site, req, 1_999) is not None  # type: ignore[arg-type]
-    assert made().find(("k",), state, who, site, req, 2_000) is None  # type: ignore[arg-type]  # its TTL
-    assert made().find(("k",), state, object(), site, req, 1_500) is None  # type: ignore[arg-type]
-    assert made().find(("k",), state, who, object(), req, 1_500) is None  # type: ignore[arg-type]
-    other_route: Any = SimpleNamespace(url=req.url, route=object())
-    assert made().find(("k",), state, who, site, other_route, 1_500) is None  # type: ignore[arg-type]
+    assert made().find(key("k"), state, who, site, req, 1_999) is not None  # type: ignore[arg-type]
+    assert made().find(key("k"), state, who, site, req, 2_000) is None  # type: ignore[arg-type]  # its TTL
+    assert made().find(key("k"), state, object(), site, req, 1_500) is None  # type: ignore[arg-type]
+    assert made().find(key("k"), state, who, object(), req, 1_500) is None  # type: ignore[arg-type]
+    other_route = bot_request(route())
+    assert made().find(key("k"), state, who, site, other_route, 1_500) is None  # type: ignore[arg-type]
     for changed in ("sites", "log"):
         lane = made()
         if changed == "sites":
             services.signals = SimpleNamespace(sites=object())  # a new content-signals table
         else:
             services.pages = SimpleNamespace(log=object())  # the page log rebuilt
-        assert lane.find(("k",), state, who, site, req, 1_500) is None, changed  # type: ignore[arg-type]
+        assert lane.find(key("k"), state, who, site, req, 1_500) is None, changed  # type: ignore[arg-type]
         assert len(lane) == 0, changed
 
 

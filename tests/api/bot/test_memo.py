@@ -82,19 +82,21 @@ def clock(monkeypatch) -> Clock:
 
 
 class Tally:
-    """A replica's counts and observations, taken where ``Counters.flush`` would write them."""
+    """A replica's counts and observations, taken where ``Counters.flush`` would write them (the
+    counters' ``sink``)."""
 
     def __init__(self, counters: Any) -> None:
         self.counters = counters
         self.counts: Counter = Counter()
         self.observed: dict[tuple, list[float]] = {}
 
-    def flush(self) -> None:
-        pending, self.counters._pending = self.counters._pending, {}
+    def take(self, pending: dict, observed: dict) -> None:
         self.counts.update(pending)
-        observed, self.counters._observed = self.counters._observed, {}
         for key, values in observed.items():
             self.observed.setdefault(key, []).extend(values)
+
+    def flush(self) -> None:
+        self.counters.flush()
 
     def reset(self) -> None:
         self.flush()
@@ -113,7 +115,7 @@ def tallies(node, monkeypatch) -> list[Tally]:
         counters = services(node, replica).counters
         tally = Tally(counters)
         node.run(_call(counters.flush))  # what came before goes where it always goes
-        monkeypatch.setattr(counters, "flush", tally.flush)
+        monkeypatch.setattr(counters, "sink", tally.take)
         out.append(tally)
     return out
 

@@ -60,15 +60,14 @@ def page(node, site) -> str:
     return f"/p/{url}"
 
 
-class FixedDater(Dater):
-    """A Dater of one second, whatever the clock says."""
+class FixedSecond:
+    """A Dater's clock of one second, whatever the clock says (a test moves it)."""
 
     def __init__(self, second: int) -> None:
-        super().__init__()
         self.second = second
 
-    def date(self, now: float | None = None) -> tuple[int, bytes]:
-        return super().date(self.second if now is None else now)
+    def __call__(self) -> float:
+        return self.second
 
 
 @pytest.fixture
@@ -78,7 +77,7 @@ def controlled(node, monkeypatch) -> Clock:
     monkeypatch.setattr(logging.getLogger("uvicorn.access"), "hasHandlers", lambda: False)
     clock = Clock()
     monkeypatch.setattr(middleware, "now_ms", clock)
-    monkeypatch.setattr(node.ingress[0].app, "dater", FixedDater(clock.now // 1000))
+    monkeypatch.setattr(node.ingress[0].app, "dater", Dater(FixedSecond(clock.now // 1000)))
     return clock
 
 
@@ -260,7 +259,7 @@ def test_the_protocol_answers_memo_hits_as_the_asgi_path_does(
 ) -> None:
     port = node.info.port
     served = node.ingress[0]
-    served.app.dater.second += date_offset_s
+    served.app.dater.clock.second += date_offset_s
     memo, counters = services(node, 0).memo, services(node, 0).counters
     decisions = services(node, 0).decisions
     assert memo is not None and decisions is not None
@@ -268,7 +267,7 @@ def test_the_protocol_answers_memo_hits_as_the_asgi_path_does(
     etag = next(line.partition(b": ")[2] for line in first.split(b"\r\n") if line.startswith(b"etag: "))
     node.run(_call(counters.flush))  # what came before goes where it always goes
     tally = Tally(counters)
-    monkeypatch.setattr(counters, "flush", tally.flush)
+    monkeypatch.setattr(counters, "sink", tally.take)
     for name, (script, wired) in scripts(port, page, site, etag.decode()).items():
         seen = []
         for on in (False, True):
@@ -294,7 +293,7 @@ def test_the_protocol_answers_memo_hits_as_the_asgi_path_does(
             assert after[3] - before[3] == (wired if on else 0), name
         assert seen[1] == seen[0], name
         assert all(r.startswith(b"HTTP/1.1 ") for r in seen[0][0]), name
-        date = http_date(served.app.dater.second)
+        date = http_date(served.app.dater.clock.second)
         assert b"date: " + date in seen[0][0][0]
         assert (b"last-modified: " + date in seen[0][0][0]) == (date_offset_s < 0)
 
@@ -375,7 +374,7 @@ def test_the_protocol_answers_spread_hits_as_the_asgi_path_does(node, site, spre
     etag = next(line.partition(b": ")[2] for line in first.split(b"\r\n") if line.startswith(b"etag: "))
     node.run(_call(counters.flush))
     tally = Tally(counters)
-    monkeypatch.setattr(counters, "flush", tally.flush)
+    monkeypatch.setattr(counters, "sink", tally.take)
     for name, (script, wired) in spread_scripts(port, spread, site, etag.decode()).items():
         seen = []
         play(port, script)  # what outlives the memos (the Markdown converted, a page kept decoded) made once
@@ -414,7 +413,7 @@ def test_random_crawls_are_answered_by_the_protocol_as_the_asgi_path_answers_the
         etags += [line.partition(b": ")[2].decode() for line in head.split(b"\r\n") if line.startswith(b"etag: ")]
     node.run(_call(counters.flush))
     tally = Tally(counters)
-    monkeypatch.setattr(counters, "flush", tally.flush)
+    monkeypatch.setattr(counters, "sink", tally.take)
     targets = [page, *spread, spread[0] + "?utm_source=x", spread[1] + "?page=2", spread[2].replace("spread-", "spread%2D"),
                f"/p/{site.base}/noindex", f"/p/{site.base}/error", "/nope", "/healthz"]
     variants: list[dict[str, str]] = [
