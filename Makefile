@@ -27,7 +27,14 @@ $(STAMP): pyproject.toml requirements.lock
 	$(BIN)/python -m compileall -q prerender_ray tests bench >/dev/null
 	@touch $(STAMP)
 
-install: $(STAMP)
+# The modules of prerender_ray/native/modules.txt compiled with mypyc, again whenever one of them
+# changes; where they cannot be (no compiler), the build says why and they run from source.
+NATIVE := prerender_ray/native/manifest.json
+NATIVE_SOURCES := $(shell grep -v '^\#' prerender_ray/native/modules.txt)
+$(NATIVE): $(STAMP) prerender_ray/native/modules.txt prerender_ray/native/build.py $(NATIVE_SOURCES)
+	$(BIN)/python -m prerender_ray.native.build
+
+install: $(STAMP) $(NATIVE)
 
 # Regenerate the lock from pyproject.toml's ranges with uv from PyPI: keeps the pinned versions that
 # still fit and adds what is new; `make lock UPGRADE=--upgrade` moves every pin to the newest allowed.
@@ -50,10 +57,10 @@ CHROMIUM := $(shell test -x /usr/bin/chromium && echo /usr/bin/chromium || comma
 WORKER ?= 1
 WITH_WORKER := $(if $(and $(CHROMIUM),$(filter-out 0,$(WORKER))),--with-worker,)
 
-run: $(STAMP)
+run: $(STAMP) $(NATIVE)
 	$(BIN)/prerender-ray up $(WITH_WORKER) $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) $(NATIVE)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The simulated cluster over more seeds than CI's fixed set (tests/sim/): `make sim SEEDS=500`;
@@ -61,7 +68,7 @@ test: $(STAMP)
 # that a printed seed replays the same way in another process.
 SEEDS ?= 200
 SIM_ARGS ?=
-sim: $(STAMP)
+sim: $(STAMP) $(NATIVE)
 	PYTHONHASHSEED=0 $(BIN)/python -m tests.sim $(SEEDS) $(SIM_ARGS)
 
 # ruff over the tree (pyflakes, import order) and mypy over every module (see pyproject.toml).
@@ -69,8 +76,9 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy prerender_ray
 
-bench: $(STAMP)
+bench: $(STAMP) $(NATIVE)
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) $(VENV)-latest $(VENV)-tools .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VENV)-latest $(VENV)-tools .pytest_cache .hypothesis build/native $(NATIVE)
+	find -L prerender_ray -name '*.so' -delete

@@ -21,7 +21,7 @@ from typing import Any
 import ray
 import uvicorn
 
-from prerender_ray import logs, metrics
+from prerender_ray import logs, metrics, native
 from prerender_ray.actors.client import MEMBERSHIP_DEADLINE_S, ActorClient
 from prerender_ray.actors.common import (
     controller_membership,
@@ -169,7 +169,7 @@ class IngressReplica:
         self.server = uvicorn.Server(server_config(self.app, cfg, self.log))
         self._syncer: asyncio.Task | None = None
         self.task = asyncio.get_running_loop().create_task(self._serve(sock))
-        self.log.info("ingress listening", url=info.url, replica=index)
+        self.log.info("ingress listening", url=info.url, replica=index, native=native.state)
 
     async def status(self) -> dict:
         up = bool(self.server and self.server.started and self.task and not self.task.done())

@@ -2,7 +2,10 @@
 (``api.connections.GuardedHttp`` over the real app, ``api.app.create_asgi``) through a fake
 transport, no socket and no Ray, beside raw httptools parsing the same bytes in the same run.
 
-Run: ``.venv/bin/python bench/bench_protocol.py [--pages 100000] [--requests 20000] [--rounds 3]``
+Run: ``.venv/bin/python bench/bench_protocol.py [--pages 100000] [--requests 20000] [--rounds 3] [--alone]``
+
+Where the per-URL path is compiled (``prerender_ray/native``), the same rows are measured from
+source in a process of their own (``PRERENDER_RAY_NATIVE=0``) and printed beside them.
 
 Rows, each the best of its rounds in microseconds a request:
 
@@ -21,7 +24,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -117,7 +123,19 @@ async def main() -> None:
     ap.add_argument("--pages", type=int, default=100_000)
     ap.add_argument("--requests", type=int, default=20_000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--alone", action="store_true",
+                    help="this build only (by default a compiled build is measured beside its sources)")
+    ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # the sources' run, for the table
     args = ap.parse_args()
+    from prerender_ray import native
+
+    sources: dict[str, list] | None = None
+    if native.state == "compiled" and not args.alone:  # the same rows from source, in a process of its own
+        env = {**os.environ, native.SWITCH: "0"}
+        argv = [sys.executable, __file__, "--alone", "--json", "--pages", str(args.pages), "--requests",
+                str(args.requests), "--rounds", str(args.rounds)]
+        out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+        sources = json.loads(next(line for line in out.splitlines() if line.startswith("rows "))[5:])
 
     from uvicorn.server import ServerState
 
@@ -186,14 +204,22 @@ async def main() -> None:
             got = await feed(target, reqs)
             if name not in best or got[0] < best[name][0]:
                 best[name] = got
-    floor = best["httptools"][0]
-    print(f"in process, {args.requests:,} requests a round, best of {args.rounds} rounds")
-    print(f"{'':32s} {'us/request':>10s} {'x httptools':>12s}  through ASGI")
-    for name, (us, via_asgi) in best.items():
-        print(f"{name:32s} {us:10.2f} {us / floor:12.1f}  {via_asgi:,}")
     services = ctx.state.services
-    print(f"spread lane: {services.lane.hits:,} hits, {services.lane.kept:,} entries made")
     tmp.cleanup()
+    if args.json:
+        print("rows " + json.dumps(best))
+        return
+    floor = best["httptools"][0]
+    print(f"in process, {args.requests:,} requests a round, best of {args.rounds} rounds; the per-URL path "
+          f"{native.state}")
+    print(f"{'':32s} {'us/request':>10s} {'x httptools':>12s}  through ASGI" +
+          ("   from source  compiled/source" if sources else ""))
+    for name, (us, via_asgi) in best.items():
+        line = f"{name:32s} {us:10.2f} {us / floor:12.1f}  {via_asgi:12,}"
+        if sources:
+            line += f"   {sources[name][0]:11.2f}  {us / sources[name][0]:15.2f}"
+        print(line)
+    print(f"spread lane: {services.lane.hits:,} hits, {services.lane.kept:,} entries made")
 
 
 if __name__ == "__main__":

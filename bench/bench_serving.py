@@ -64,6 +64,8 @@ import httpx
 import serving_pages as sp
 from serving_pages import ACCEPT, PROBE_HEADERS, UA, URL
 
+from prerender_ray import native
+
 WRK = "/usr/bin/wrk"
 ETAG = '"bench-v1"'
 WORDS = ("product", "catalog", "price", "shipping", "review", "color", "size", "stock", "brand", "delivery",
@@ -364,7 +366,7 @@ def run(args: argparse.Namespace) -> tuple[list[tuple[str, dict]], dict]:
             cluster.shutdown()
     print(f"bot serving benchmark: {len(html):,} B of HTML, {len(gz):,} B gzip on the wire (spread pages "
           f"{len(spread_gz):,} B); wrk 1 thread, {connections} connections, best of {rounds} rounds of "
-          f"{seconds:g} s per row")
+          f"{seconds:g} s per row; the per-URL path {native.state}")
     return [(name, {**max(results, key=lambda r: r["rps"]), "rounds": [r["rps"] for r in results],
                     "fed": [r["feed"]["results_s"] for r in results if "feed" in r]})
             for name, results in runs.items() if results], extras

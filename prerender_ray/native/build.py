@@ -1,0 +1,86 @@
+"""``python -m prerender_ray.native.build``: compile the modules of ``modules.txt`` with mypyc, in
+place, and write the manifest the import guard reads (``prerender_ray/native/__init__.py``).
+
+``make install`` runs it. Where it cannot compile (no C compiler, no Python headers, mypyc refusing
+a module) it says why, removes what a previous build left, writes a manifest saying so, and exits 0:
+the service then runs the same modules from source. ``--require`` exits 1 instead.
+
+The manifest is removed first and written last, with the hashes of the sources as they were when
+the build began: an interrupted build, or a source edited while it ran, leaves the sources in use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+from prerender_ray.native import MANIFEST, PACKAGE, ROOT, digest, listed
+
+GROUP = "prerender_ray.native"  # the shared library: prerender_ray/native__mypyc.<abi>.so
+BUILD_DIR = ROOT / "build" / "native"
+
+
+def outputs(paths: list[str]) -> list[Path]:
+    """What a build leaves in the tree: an extension module beside each source, the shared library."""
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    found = [ROOT / (p.removesuffix(".py") + suffix) for p in paths]
+    found += sorted(PACKAGE.glob("native__mypyc*"))
+    return found
+
+
+def clean(paths: list[str]) -> None:
+    MANIFEST.unlink(missing_ok=True)
+    for out in outputs(paths):
+        out.unlink(missing_ok=True)
+
+
+def compile_in_place(paths: list[str], log: io.StringIO) -> None:
+    from mypyc.build import mypycify  # mypy's compiler: in the lock with the test tools
+    from setuptools import setup
+
+    with contextlib.chdir(ROOT), contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        extensions = mypycify(paths, opt_level="3", group_name=GROUP, target_dir=str(BUILD_DIR))
+        setup(name="prerender-ray-native", packages=[], ext_modules=extensions,
+              script_args=["build_ext", "--inplace", "--build-temp", str(BUILD_DIR / "temp"),
+                           "--build-lib", str(BUILD_DIR / "lib")])
+
+
+def build(require: bool = False) -> int:
+    paths = listed()
+    clean(paths)
+    sources = {p: digest(ROOT / p) for p in paths}
+    started = time.monotonic()
+    log = io.StringIO()
+    try:
+        compile_in_place(paths, log)
+        missing = [str(p.relative_to(ROOT)) for p in outputs(paths) if not p.exists()]
+        if missing or not sorted(PACKAGE.glob("native__mypyc*")):
+            raise RuntimeError(f"the build left no extension for {', '.join(missing[:3]) or 'the shared library'}")
+    except (Exception, SystemExit) as e:  # setuptools reports a compiler failure as SystemExit
+        clean(paths)
+        tail = [line for line in log.getvalue().splitlines() if line.strip()][-5:]
+        reason = f"{type(e).__name__}: {str(e)[:300]}"
+        MANIFEST.write_text(json.dumps({"compiled": False, "reason": reason}, indent=1) + "\n")
+        print(f"prerender-ray: the native build could not compile ({reason}); the same modules run from "
+              "source", *tail, sep="\n  ", file=sys.stderr)
+        return 1 if require else 0
+    MANIFEST.write_text(json.dumps({"compiled": True, "sources": sources}, indent=1) + "\n")
+    print(f"prerender-ray: {len(paths)} modules compiled with mypyc in {time.monotonic() - started:.0f} s",
+          file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m prerender_ray.native.build", description=__doc__)
+    parser.add_argument("--require", action="store_true", help="exit 1 when the modules cannot be compiled")
+    return build(parser.parse_args(argv).require)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
