@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import sys
 import sysconfig
 import time
@@ -34,10 +35,16 @@ def outputs(paths: list[str]) -> list[Path]:
     return found
 
 
-def clean(paths: list[str]) -> None:
+def clean(package: Path = PACKAGE) -> None:
+    """Remove the manifest, then every extension module in the package, the shared library and the
+    mapped layers' included: one left from a build of a longer list would shadow its source and fail
+    at import."""
     MANIFEST.unlink(missing_ok=True)
-    for out in outputs(paths):
-        out.unlink(missing_ok=True)
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    for top, _, names in os.walk(package, followlinks=True):
+        for name in names:
+            if name.endswith(suffix):
+                (Path(top) / name).unlink(missing_ok=True)
 
 
 def compile_in_place(paths: list[str], log: io.StringIO) -> None:
@@ -53,7 +60,7 @@ def compile_in_place(paths: list[str], log: io.StringIO) -> None:
 
 def build(require: bool = False) -> int:
     paths = listed()
-    clean(paths)
+    clean()
     sources = {p: digest(ROOT / p) for p in paths}
     started = time.monotonic()
     log = io.StringIO()
@@ -63,7 +70,7 @@ def build(require: bool = False) -> int:
         if missing or not sorted(PACKAGE.glob("native__mypyc*")):
             raise RuntimeError(f"the build left no extension for {', '.join(missing[:3]) or 'the shared library'}")
     except (Exception, SystemExit) as e:  # setuptools reports a compiler failure as SystemExit
-        clean(paths)
+        clean()
         tail = [line for line in log.getvalue().splitlines() if line.strip()][-5:]
         reason = f"{type(e).__name__}: {str(e)[:300]}"
         MANIFEST.write_text(json.dumps({"compiled": False, "reason": reason}, indent=1) + "\n")

@@ -93,6 +93,25 @@ def test_a_source_edited_after_the_build_runs_instead_of_its_extension(tmp_path:
     assert lane.endswith("lane.py") and urls.endswith("urls.py") and edited == 1
 
 
+def test_a_build_first_removes_every_extension_a_longer_list_left(tmp_path: Path, monkeypatch) -> None:
+    """An extension left beside a module no longer listed would shadow its source (and fail at
+    import, its shared library gone): the build removes every one, through the mapped layers too."""
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    package, layer = tmp_path / "prerender_ray", tmp_path / "api"
+    (package / "storage").mkdir(parents=True)
+    (layer / "bot").mkdir(parents=True)
+    (package / "api").symlink_to(layer)
+    left = [package / "storage" / f"pages{suffix}", layer / "bot" / f"lane{suffix}"]
+    kept = [package / "storage" / "pages.py", package / "storage" / "notes.txt"]
+    for p in left + kept:
+        p.write_bytes(b"x")
+    monkeypatch.setattr(build, "MANIFEST", tmp_path / "manifest.json")
+    (tmp_path / "manifest.json").write_text("{}")
+    build.clean(package)
+    assert not any(p.exists() for p in left) and all(p.exists() for p in kept)
+    assert not (tmp_path / "manifest.json").exists()
+
+
 def test_the_build_compiles_where_the_machine_can() -> None:
     """A machine with a C compiler and Python's headers runs the compiled path: the build must not
     fall back to the sources there unnoticed (CI installs gcc)."""
