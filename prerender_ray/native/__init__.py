@@ -105,7 +105,7 @@ def install() -> str:
         state = "compiled"
         return state
     if not any(isinstance(f, SourceFirst) for f in sys.meta_path):
-        sys.meta_path.insert(0, SourceFirst({module_name(p): PACKAGE.parent / p for p in paths}))
+        sys.meta_path.insert(0, SourceFirst({module_name(p): ROOT / p for p in paths}))
     state = f"source: {why}"
     return state
 

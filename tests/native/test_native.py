@@ -3,6 +3,7 @@ build instead of its stale extension, and the build compiling where the machine 
 
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
 import subprocess
@@ -66,8 +67,7 @@ def test_stale_names_what_changed_since_the_build(tmp_path: Path) -> None:
 def test_this_process_runs_what_the_manifest_allows() -> None:
     m = manifest()
     fresh = bool(m.get("compiled")) and not native.stale(m, native.ROOT, PATHS)
-    origin = sys.modules["prerender_ray.identity.urls"].__spec__.origin if "prerender_ray.identity.urls" in \
-        sys.modules else __import__("prerender_ray.identity.urls", fromlist=["x"]).__spec__.origin
+    origin = importlib.import_module("prerender_ray.identity.urls").__spec__.origin
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
     if fresh and native.state == "compiled":
         assert origin.endswith(suffix)
