@@ -167,6 +167,9 @@ config_warnings = Gauge("prerender_config_warnings", "Risky-config findings.", m
 # stored); refused counts the batches it refused, by reason (full, error).
 pagelog_full = Gauge("prerender_pagelog_full", "1 while the page log refuses writes.", multiprocess_mode="livemax")
 pagelog_refused = Counter("prerender_pagelog_refused_total", "Page-store batches the page log refused.", ["reason"])
+pagelog_settled = Counter("prerender_pagelog_settled_total", "Pages-store stubs the page log could not resolve, "
+                          "settled: a newer record it held applied, or the page dropped for its holders or a "
+                          "render to fill again (its copy lost).", ["how"])
 pagelog_entries = Gauge("prerender_pagelog_entries", "Pages in the page log.", multiprocess_mode="livemax")
 pagelog_disk_bytes = Gauge("prerender_pagelog_disk_bytes", "Bytes of the page log on disk.",
                            multiprocess_mode="livemax")

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from prerender_ray import metrics
+from prerender_ray.actors.store.records import Records
 from prerender_ray.storage.pagelog import (
     PageLogCorrupt,
     PageLogError,
@@ -32,11 +33,13 @@ from prerender_ray.storage.pagelog import (
     PageLogWriter,
     compaction,
     files,
+    thinning,
 )
 from prerender_ray.storage.pagelog import build as building
 from prerender_ray.storage.pagelog.build import Build
-from prerender_ray.storage.pagelog.mirror import Mirror, MirroredStore
+from prerender_ray.storage.pagelog.mirror import Mirror, MirroredStore, raw_reads
 from prerender_ray.storage.pagelog.reconcile import Reconciled, reconcile, repair
+from prerender_ray.storage.pagelog.thinning import Thinning
 from prerender_ray.storage.rocks import remove_tree
 
 MAINTAIN_EVERY_S = 10.0
@@ -47,11 +50,15 @@ BUILD_PAUSE_S = 0.002  # between chunks: a pages write waiting for the lock take
 
 class StorePageLog:
     def __init__(self, pages: MirroredStore, path: Path, log: Any, on_refused: Any = None,
-                 count: Callable[[], int] | None = None):
+                 count: Callable[[], int] | None = None, records: Records | None = None):
         """``on_refused()``: after a batch was refused (the store puts back what it counted for it);
-        ``count()``: the live pages the store holds (a build's progress is told against it)."""
+        ``count()``: the live pages the store holds (a build's progress is told against it);
+        ``records``: the store's writes, which settle the stubs the log cannot resolve (``settle``)."""
         self.pages = pages
         self.count = count
+        self.records = records
+        self.settled: dict[str, int] = {"applied": 0, "dropped": 0}
+        self.thinning: Thinning | None = None
         self.build: Build | None = None
         self._told = 0  # the tenth of a build last logged
         self.on_refused = on_refused
@@ -63,9 +70,10 @@ class StorePageLog:
         self._stats: dict = {}
         metrics.pagelog_full.set(0)
         self.writer = self._open()
-        self.mirror = Mirror(self.writer, pages.get_many, self._refused, self._accepted)
+        self.mirror = Mirror(self.writer, raw_reads(pages), self._refused, self._accepted)
         with self.mirror.lock:
             self._reconcile()
+            self._stubs()
         pages.mirror = self.mirror  # from here on every write of the pages store goes through the log
         self._publish()
 
@@ -88,12 +96,49 @@ class StorePageLog:
             self._start_build()
             return
         try:
-            self.last = reconcile(self.writer, self.pages)
+            self.last = reconcile(self.writer, self.pages, self.mirror.unresolved)
         except PageLogError as e:
             self._refused(e)
             self.log.error("page log reconcile failed; retried by the maintenance task", error=str(e)[:300])
             return
         self._reconciled("page log reconciled")
+
+    def _stubs(self) -> None:
+        """(lock held) One copy on disk while the log is complete: readers then keep to it, and RocksDB
+        holds stubs of what it holds whole (``Mirror.stubs``; the records written whole meanwhile are
+        thinned by a walk, ``storage/pagelog/thinning.py``). Without the mark (a build, a log
+        rebuilt), readers keep to RocksDB, so it gets whole records again."""
+        self.mirror.stubs = not self.unreconciled and self.build is None and files.is_complete(self.path)
+        if not self.mirror.stubs:
+            self.thinning = None
+            if thinning.thinned(self.pages):
+                thinning.owe(self.pages)
+        elif self.thinning is None and not thinning.thinned(self.pages):
+            if self._total() == 0:  # no live page, so none whole (a new store): nothing to walk
+                thinning.done(self.pages)
+            else:
+                self.thinning = Thinning(self.writer, self.pages, keys=thinning.CHUNK_KEYS)
+
+    def thin_some(self, budget_s: float) -> None:
+        """Chunks of the thinning walk, each under the lock, for about ``budget_s`` (one at least)."""
+        until = time.monotonic() + budget_s
+        while True:
+            with self.mirror.lock:
+                t = self.thinning
+                if self.pages.mirror is None or t is None:
+                    return
+                if not self.mirror.stubs:  # whole records written meanwhile: a walk starts with the stubs again
+                    self.thinning = None
+                    return
+                if t.step():
+                    self.thinning = None
+                    self.log.info("page log: one copy of every page on disk", passed=t.passed, thinned=t.thinned,
+                                  freed_bytes=t.freed, steps=t.steps,
+                                  seconds=round(time.perf_counter() - t.started, 1))
+                    return
+            if time.monotonic() >= until:
+                return
+            time.sleep(BUILD_PAUSE_S)
 
     def _reconciled(self, what: str, **extra: Any) -> None:
         """The log mirrors RocksDB (``self.last``): mark it complete."""
@@ -105,6 +150,7 @@ class StorePageLog:
             self.unreconciled = True
         if self.mirror.refusing is None:
             self._accepted()
+        self._stubs()
         r = self.last
         assert r is not None
         self.log.info(what, path=str(self.path), pages=r.pages, appended=r.appended, retimed=r.retimed,
@@ -116,7 +162,8 @@ class StorePageLog:
         """(lock held) Its first chunk now: a store smaller than a chunk is complete at open."""
         self.mirror.touched = set()
         self.build = Build(self.writer, self.pages, self.mirror.touched, keys=building.CHUNK_KEYS,
-                           max_bytes=building.CHUNK_BYTES)
+                           max_bytes=building.CHUNK_BYTES, unresolved=self.mirror.unresolved)
+        self._stubs()  # whole records while readers keep to RocksDB
         self._told = 0
         metrics.pagelog_building.set(1)
         self.log.info("page log building from the pages store; readers keep to RocksDB until it is complete",
@@ -185,11 +232,15 @@ class StorePageLog:
     async def run(self) -> None:
         """The periodic task (in the store's ``_tasks``)."""
         while True:
-            owed = self.unreconciled or self.mirror.dirty or self.writer.broken is not None
-            going = self.build is not None and not self.alerting  # a build goes on turn after turn
+            owed = (self.unreconciled or self.mirror.dirty or self.mirror.unresolved
+                    or self.writer.broken is not None)
+            # a build, a thinning walk go on turn after turn
+            going = (self.build is not None or self.thinning is not None) and not self.alerting
             await asyncio.sleep(0 if going else REPAIR_EVERY_S if owed else MAINTAIN_EVERY_S)
             try:
                 await asyncio.to_thread(self.turn)
+                if self.mirror.unresolved and self.records is not None:
+                    self.settle(self.records)
             except asyncio.CancelledError:
                 raise
             except Exception as e:
@@ -208,16 +259,21 @@ class StorePageLog:
                 self.writer = self.mirror.writer = self._open()
                 self.unreconciled = True
                 self.build = self.mirror.touched = None  # a build starts again over the writer reopened
+                self._stubs()
             if self.unreconciled and self.build is None:
                 self._reconcile()
             if self.mirror.dirty and (self.build is not None or not self.unreconciled):
                 keys = list(self.mirror.dirty)
-                done = repair(self.writer, self.pages.get_many, keys)
+                done = repair(self.writer, raw_reads(self.pages), keys, self.mirror.unresolved, self.mirror.previous)
                 self.mirror.dirty.difference_update(keys)
+                if not self.mirror.dirty:
+                    self.mirror.previous.clear()
                 self.log.info("page log repaired after a refused batch", keys=len(keys), appended=done.appended,
                               retimed=done.retimed, deleted=done.deleted)
             t0 = time.perf_counter()
-            done_c = compaction.maintain(self.writer, max_segments=1) if self.build is None else []
+            # (not while a repair is owed: the bytes a refused batch's entries named must stay where they are)
+            done_c = compaction.maintain(self.writer, max_segments=1) if self.build is None and not self.mirror.dirty \
+                else []
             if done_c:
                 self.log.info("page log compacted", segments=[c.segment for c in done_c],
                               moved=sum(c.moved for c in done_c), freed=sum(c.freed for c in done_c),
@@ -225,6 +281,30 @@ class StorePageLog:
             self._publish()
         if self.build is not None:
             self.build_some(BUILD_TURN_S)
+        elif self.thinning is not None:
+            self.thin_some(BUILD_TURN_S)
+
+    def settle(self, records: Records) -> None:
+        """The stubs the log could not resolve, settled (on the store's loop): a newer record the log
+        holds is applied as a peer's record would be (the write it was in reached the log, not
+        RocksDB); a stub the log holds no copy of is dropped, as a rebalance drops a page this node no
+        longer holds: the page's holders push it back, or the keeper renders a page-less target
+        first (a log lost or cut by a power loss)."""
+        with self.mirror.lock:
+            newer, lost = self.mirror.settling()
+        if newer:
+            records.commit_remote("pages", newer)
+            self.settled["applied"] += len(newer)
+            metrics.pagelog_settled.labels("applied").inc(len(newer))
+        if lost:
+            records.drop_local("pages", lost)
+            self.settled["dropped"] += len(lost)
+            metrics.pagelog_settled.labels("dropped").inc(len(lost))
+            self.log.error("pages lost with the page log dropped; their holders or a render fill them again",
+                           pages=len(lost), keys=[k.decode("utf-8", "replace") for k, _ in lost[:10]])
+        if newer:
+            self.log.warning("pages the page log held newer than the pages store applied", pages=len(newer),
+                             keys=[k.decode("utf-8", "replace") for k, _ in newer[:10]])
 
     # --------------------------------------------------------------------------------- status
 
@@ -246,6 +326,9 @@ class StorePageLog:
         return {**self._stats, "path": str(self.path), "refusing": str(self.mirror.refusing)[:300]
                 if self.mirror.refusing is not None else None, "refused": self.mirror.refused,
                 "repairing": len(self.mirror.dirty), "reconciled": not self.unreconciled,
+                "oneCopy": self.mirror.stubs, "unresolved": len(self.mirror.unresolved), "settled": dict(self.settled),
+                "thinning": None if (t := self.thinning) is None else {"keys": t.passed, "thinned": t.thinned,
+                                                                         "freedBytes": t.freed},
                 "building": self._building(), "reconcile": r._asdict() if r is not None else None}
 
     def _building(self) -> dict | None:

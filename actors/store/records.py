@@ -28,6 +28,7 @@ from prerender_ray.storage.replication import (
     Clock,
     Version,
     hlc_bytes,
+    is_stub,
     payload_of,
     unwrap,
     version_of,
@@ -185,6 +186,7 @@ class Records:
         """A peer's enveloped records, each applied only when newer than what is held."""
         db = self.db(name)
         now = self.wall.now_ms()
+        items = [it for it in items if not is_stub(it[1])]  # a stub has no page: never one of ours to take
         keys = [key for key, _ in items]
         olds, helds, lives = self.held(db, name, keys)
         unwrapped = [unwrap(record) for _, record in items]

@@ -35,7 +35,7 @@ from prerender_ray.serving.framing import Frame, parse_frame
 from prerender_ray.storage.pagelog import PageLogError, PageLogReader, key_hash
 from prerender_ray.storage.pagelog.files import is_complete
 from prerender_ray.storage.pages import PageDecodeError, PageMeta, RecordHead, decode_head, decode_meta
-from prerender_ray.storage.replication import EnvelopeError, payload_view
+from prerender_ray.storage.replication import EnvelopeError, is_stub, payload_view
 from prerender_ray.storage.rocks import PAGES, node_dir, pagelog_path, store_path
 from prerender_ray.storage.touches import applicable_to, touch_key
 from prerender_ray.storage.write_mark import WriteMark
@@ -416,7 +416,7 @@ class PageReader:
             return page  # read since the last catch-up: the store cannot hold anything else
         k = key.encode()
         raw, touch = cast("list[bytes | None]", db.get([k, touch_key(k)]))  # one multi-get: page and touch
-        if raw is None:
+        if raw is None or is_stub(raw):  # a stub's page is in the page log alone, which is being built again
             self.decoded.drop(key)
             return None
         page = self.decoded.lookup(key, raw)
@@ -510,7 +510,8 @@ class PageReader:
         if self.behind():
             await self.sync()
         db = self._db
-        return None if db is None else cast("bytes | None", db.get(key.encode()))
+        raw = None if db is None else cast("bytes | None", db.get(key.encode()))
+        return None if is_stub(raw) else raw
 
     def writes(self) -> int | None:
         """The store's write mark (a count of its writes), None while it has none: a reader of many

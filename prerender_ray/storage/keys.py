@@ -41,6 +41,9 @@ FRESHNESS = b"\x00f"
 # \x00r<cache key>\x00<kind><slot> -> the key's render history and diagnostics reports (history.py):
 # kind h (the head: how many of each were written), e (an entry, slot 0-19), d (a report, slot 0-2)
 RENDER_HISTORY = b"\x00r"
+# \x00o -> b"1": every page record the page log holds is a stub here (storage/pagelog/thinning.py: a walk
+# ended since whole records were last written); absent, a walk is owed
+ONE_COPY = b"\x00o"
 
 # --- schedule (owner tier, the keeper's): <cache key> -> the schedule row (queue/schedule.py)
 
@@ -55,6 +58,6 @@ MISSES = b"m"  # the miss histories, one JSON document (small; rewritten on each
 REGISTRY_PREFIXES = (TARGET, QUEUE_CONTROL, QUEUE_STATUS, SITEMAP, SITEMAP_RUN, TARGET_BY_SITEMAP,
                      SITEMAP_ENTRIES, OVERRIDES_KEY, REVOKED, ROBOTS, VIDX, HPTR, LIVE, SHIPPED, REBALANCE,
                      PULL_OWED)
-PAGE_PREFIXES = (VIDX, HPTR, LIVE, FRESHNESS, RENDER_HISTORY)
+PAGE_PREFIXES = (VIDX, HPTR, LIVE, FRESHNESS, RENDER_HISTORY, ONE_COPY)
 LEASE_PREFIXES = (LEASE, MISSES)
 SCHEDULE_PREFIXES = (KEEPER_META, KEEPER_EPOCH)

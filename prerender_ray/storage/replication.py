@@ -18,6 +18,8 @@ from typing import NamedTuple
 _MAGIC = 0xA7
 _HEAD = struct.Struct(">BBQH")  # magic, flags, hlc, len(node)
 _TOMBSTONE = 0x01
+_IN_LOG = 0x02  # a stub: the record's whole bytes are in the node's page log (``stub``)
+_FLAGS = (0, _TOMBSTONE, _IN_LOG)
 LOGICAL_BITS = 16  # low bits of an HLC value count events within one millisecond
 
 
@@ -111,13 +113,26 @@ def _parse(data: bytes | memoryview) -> tuple[Version, int, bool]:
         magic, flags, hlc, n = _HEAD.unpack_from(data)
     except struct.error as e:
         raise EnvelopeError(f"record too short ({len(data)} bytes)") from e
-    if magic != _MAGIC or flags & ~_TOMBSTONE:
+    if magic != _MAGIC or flags not in _FLAGS:
         raise EnvelopeError(f"not a replicated record (magic {magic:#x}, flags {flags:#x})")
     start = _HEAD.size + n
     if len(data) < start:
         raise EnvelopeError("record truncated inside its node name")
     node = bytes(data[_HEAD.size:start]).decode("utf-8", "replace")
     return Version(hlc, node), start, bool(flags & _TOMBSTONE)
+
+
+def stub(record: bytes) -> bytes:
+    """What the pages RocksDB keeps of a live record whose whole bytes the page log holds
+    (``storage/pagelog/mirror.py``): its header and writer, so versions, liveness and last-writer-wins
+    read as before, and no payload. Unwrapped, a stub is live with an empty payload (no page decodes
+    from it); ``MirroredStore`` reads hand out the log's record in its place."""
+    end = _HEAD.size + int.from_bytes(record[10:12], "big")
+    return bytes((_MAGIC, _IN_LOG)) + record[2:end]
+
+
+def is_stub(data: bytes | memoryview | None) -> bool:
+    return data is not None and len(data) >= _HEAD.size and data[0] == _MAGIC and data[1] == _IN_LOG
 
 
 def unwrap(data: bytes | memoryview) -> tuple[Version, bytes | None]:

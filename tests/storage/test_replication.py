@@ -17,12 +17,15 @@ from prerender_ray.storage.replication import (
     EnvelopeError,
     Version,
     hlc_bytes,
+    is_stub,
     payload_of,
+    stub,
     unwrap,
     version_of,
     wins,
     wrap,
     wrap_many,
+    writer_bytes,
 )
 
 T0 = 1_780_000_000_000
@@ -196,7 +199,8 @@ def test_a_payload_that_looks_like_an_envelope_is_still_just_payload() -> None:
         b"\xa7",
         b'{"strikes": 1}',  # a bare record from before the envelope
         struct.pack(">BBQH", 0x00, 0, 1, 0),  # wrong magic
-        struct.pack(">BBQH", 0xA7, 0x02, 1, 0),  # unknown flag
+        struct.pack(">BBQH", 0xA7, 0x04, 1, 0),  # unknown flag
+        struct.pack(">BBQH", 0xA7, 0x03, 1, 0),  # a tombstone that says it is in the page log
         struct.pack(">BBQH", 0xA7, 0x81, 1, 0),  # tombstone plus an unknown flag
         struct.pack(">BBQH", 0xA7, 0, 1, 10) + b"abc",  # truncated inside the node name
     ],
@@ -207,6 +211,17 @@ def test_junk_is_an_envelope_error(data: bytes) -> None:
     with pytest.raises(EnvelopeError):
         payload_of(data)
     assert version_of(data) is None
+
+
+def test_a_stub_keeps_its_records_version_and_writer_and_liveness_but_no_payload() -> None:
+    record = wrap(Version(7 << LOGICAL_BITS, "node-b"), b"PG" + b"x" * 30_000)
+    s = stub(record)
+    assert len(s) == 12 + len("node-b") and is_stub(s) and not is_stub(record)
+    assert hlc_bytes(s) == hlc_bytes(record) and writer_bytes(s) == writer_bytes(record) == b"node-b"
+    assert version_of(s) == version_of(record)
+    assert payload_of(s) == b""  # live (a liveness check counts it), and no page decodes from it
+    assert not wins(s, record) and not wins(record, s)  # the same version: neither replaces the other
+    assert not is_stub(None) and not is_stub(b"\xa7\x02")
 
 
 def test_an_envelope_error_is_a_value_error() -> None:

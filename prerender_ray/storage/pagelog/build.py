@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 
 from prerender_ray.storage.keys import FRESHNESS, HPTR
-from prerender_ray.storage.pagelog.mirror import log_key
+from prerender_ray.storage.pagelog.mirror import log_key, raw_reads
 from prerender_ray.storage.pagelog.reconcile import Reconciled, _Pass
 from prerender_ray.storage.pagelog.writer import PageLogWriter
 from prerender_ray.storage.rocks import Store
@@ -39,10 +39,12 @@ class Build:
     writes to (``Mirror.touched``), from before the first step."""
 
     def __init__(self, writer: PageLogWriter, store: Store, touched: set[bytes], *, keys: int = CHUNK_KEYS,
-                 max_bytes: int = CHUNK_BYTES):
+                 max_bytes: int = CHUNK_BYTES, unresolved: set[bytes] | None = None):
         self.writer = writer
         self.store = store
         self.touched = touched
+        self.unresolved = unresolved  # stubs met whose version the log lacks (a log lost: its pages with it)
+        self.stubs = 0
         self.keys = max(1, keys)
         self.max_bytes = max(1, max_bytes)
         self.held = set(writer.entries)  # met by the walk or a mirrored write, or deleted at the end
@@ -58,7 +60,7 @@ class Build:
     def step(self) -> bool:
         """The next chunk; True when the walk has passed every key (then ``finish``)."""
         t0 = time.perf_counter()
-        p = _Pass(self.writer, self.store.get_many)
+        p = _Pass(self.writer, raw_reads(self.store), self.unresolved)
         p.batch = READS
         walk = _pointers_after(self.store, self.after)
         before, n = self.after, 0
@@ -88,6 +90,7 @@ class Build:
         self.appended += done.appended
         self.retimed += done.retimed
         self.deleted += done.deleted
+        self.stubs += done.unresolved
         self.steps += 1
         self.longest = max(self.longest, time.perf_counter() - t0)
         return self.ended
@@ -102,7 +105,8 @@ class Build:
             self.writer.delete(stale)
             self.deleted += len(stale)
         self.held.clear()
-        return Reconciled(self.pages, self.appended, self.retimed, self.deleted, time.perf_counter() - self.started)
+        return Reconciled(self.pages, self.appended, self.retimed, self.deleted, time.perf_counter() - self.started,
+                          self.stubs)
 
 
 def _pointers_after(store: Store, after: bytes | None):

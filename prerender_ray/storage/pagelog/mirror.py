@@ -15,8 +15,9 @@ reaches the caller. So once the store's write mark moved, the log already holds 
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
 from prerender_ray.storage.keys import FRESHNESS, INTERNAL
@@ -29,7 +30,7 @@ from prerender_ray.storage.pagelog.records import (
 )
 from prerender_ray.storage.pagelog.writer import Item, PageLogWriter
 from prerender_ray.storage.pages import PageDecodeError, decode_head, decode_meta
-from prerender_ray.storage.replication import EnvelopeError, hlc_bytes, payload_view
+from prerender_ray.storage.replication import EnvelopeError, hlc_bytes, is_stub, payload_view, stub
 from prerender_ray.storage.rocks import Store
 from prerender_ray.storage.touches import applicable
 
@@ -44,6 +45,7 @@ class LogOps(NamedTuple):
     # only when the log lacks that version)
     deletes: list[bytes]  # log keys
     keys: list[bytes]  # the cache keys concerned (repaired after a batch that failed part way)
+    logged: list[bytes]  # the cache keys whose last record in the batch the log takes whole (puts)
 
 
 def log_key(cache_key: bytes) -> bytes | None:
@@ -113,7 +115,7 @@ def plan(ops: Iterable[Op], get_many: GetMany, max_record: int) -> LogOps:
         if key[:1] != INTERNAL or key.startswith(FRESHNESS):
             final[bytes(key)] = value
     if not final:
-        return LogOps([], [], [], [])
+        return LogOps([], [], [], [], [])
     pages: dict[bytes, bytes | None] = {}
     touches: dict[bytes, bytes | None] = {}
     for key, value in final.items():
@@ -126,7 +128,7 @@ def plan(ops: Iterable[Op], get_many: GetMany, max_record: int) -> LogOps:
     got = get_many([FRESHNESS + k for k in want_touch] + want_page) if want_touch or want_page else []
     held_touch = dict(zip(want_touch, got[:len(want_touch)]))
     held_page = dict(zip(want_page, got[len(want_touch):]))
-    out = LogOps([], [], [], [])
+    out = LogOps([], [], [], [], [])
     for key, value in pages.items():
         kh = log_key(key)
         if kh is None:
@@ -137,6 +139,7 @@ def plan(ops: Iterable[Op], get_many: GetMany, max_record: int) -> LogOps:
             out.deletes.append(kh)
         else:
             out.puts.append(item)
+            out.logged.append(key)
     for key in want_page:
         kh = log_key(key)
         if kh is None:
@@ -177,7 +180,15 @@ def apply(writer: PageLogWriter, ops: LogOps, changed: list[bool]) -> None:
 class Mirror:
     """The write path of a pages store into its log. ``lock`` serializes every use of the writer
     (the store's maintenance runs in a thread). ``dirty``: cache keys whose log entry may differ from
-    RocksDB after a batch refused part way through (``reconcile.repair`` puts them right)."""
+    RocksDB after a batch refused part way through (``reconcile.repair`` puts them right).
+    ``get_many``: RocksDB's own reads (stubs as stored).
+
+    ``stubs`` (set while the log is complete, so no reader keeps to RocksDB): a page record the log
+    takes whole is written to RocksDB as a ``stub``, and reads resolve it from the log (one copy on
+    disk). ``unresolved``: cache keys whose stub names a version the log does not hold (a crash
+    between the log's write and RocksDB's, a log lost or cut): read as absent until the store settles
+    them (``NodeStore.settle``: the log's newer record applied, or the key dropped for its holders to
+    fill again)."""
 
     def __init__(self, writer: PageLogWriter, get_many: GetMany,
                  on_refused: Callable[[PageLogError], None] | None = None,
@@ -186,20 +197,84 @@ class Mirror:
         self.get_many = get_many
         self.lock = threading.Lock()
         self.dirty: set[bytes] = set()
+        self.stubs = False
+        self.unresolved: set[bytes] = set()
+        # log key -> the index entry it had before a batch refused part way through: a stub of that
+        # version resolves again once ``repair`` puts it back (compaction waits while any is owed)
+        self.previous: dict[bytes, bytes] = {}
+        self._prior: dict[bytes, bytes] = {}  # the batch in flight's
         self.refusing: PageLogError | None = None  # the last refusal, until a batch goes in again
         self.refused = 0
         self.touched: set[bytes] | None = None  # while the log is built: the log keys written (``build``)
         self.on_refused = on_refused
         self.on_accepted = on_accepted
 
-    def before_write(self, ops: list[Op]) -> list[bytes]:
+    def resolve(self, key: bytes, value: bytes | None) -> bytes | None:
+        """(lock held) ``value`` as RocksDB holds it, or for a stub the log's record of that very
+        version; None (and the key ``unresolved``) when the log does not hold that version readably."""
+        if not is_stub(value):
+            return value
+        kh = log_key(key)
+        try:
+            record = None if kh is None or self.writer.broken is not None else self.writer.read(kh)
+        except (OSError, PageLogError):
+            record = None
+        if record is None or hlc_bytes(record) != hlc_bytes(value):
+            self.unresolved.add(bytes(key))
+            return None
+        return record
+
+    def resolved_many(self, keys: list[bytes]) -> list[bytes | None]:
+        """(lock held) ``get_many`` with stubs resolved."""
+        return [self.resolve(k, v) for k, v in zip(keys, self.get_many(keys))]
+
+    def unwind(self, log_ops: LogOps) -> None:
+        """(lock held) The batch of ``log_ops`` reached the log, wholly or in part, and not RocksDB:
+        its keys are owed a repair, which puts back the entries they had."""
+        self.dirty.update(log_ops.keys)
+        for kh, value in self._prior.items():
+            self.previous.setdefault(kh, value)  # the oldest: the one RocksDB still names
+
+    def settling(self) -> tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes | None]]]:
+        """(lock held) The ``unresolved`` stubs, checked again: ``(newer, lost)``, the (cache key,
+        record) of those whose log entry is a newer version (its RocksDB write never came), the
+        (cache key, stub's HLC) of those it holds no readable copy of. A key rewritten since, or
+        resolving now, is in neither; with the writer broken, all wait for its reopening."""
+        if self.writer.broken is not None:
+            return [], []
+        keys = [k for k in self.unresolved if k not in self.dirty]  # a repair owed puts those right first
+        self.unresolved.difference_update(keys)
+        newer: list[tuple[bytes, bytes]] = []
+        lost: list[tuple[bytes, bytes | None]] = []
+        for key, value in zip(keys, self.get_many(keys)):
+            if not is_stub(value):
+                continue
+            kh = log_key(key)
+            try:
+                record = self.writer.read(kh) if kh is not None else None
+            except (OSError, PageLogError):
+                record = None
+            held, have = hlc_bytes(value), hlc_bytes(record)
+            assert value is not None and held is not None
+            if have is not None and have == held:
+                continue
+            if record is not None and have is not None and have > held:
+                newer.append((key, record))
+            else:
+                lost.append((key, held))
+        return newer, lost
+
+    def before_write(self, ops: list[Op]) -> LogOps:
         """The log ops of a RocksDB batch about to be written; raises PageLogError to refuse it. Called
         with ``lock`` held until the RocksDB write is done (``MirroredStore.write``): a repair that
-        read RocksDB between the two would put the log back behind it. Returns the cache keys the
-        log ops concern."""
-        log_ops = plan(ops, self.get_many, self.writer.max_record)
+        read RocksDB between the two would put the log back behind it. Returns them (the cache keys
+        they concern, those the log took whole)."""
+        log_ops = plan(ops, self.resolved_many, self.writer.max_record)
         if not (log_ops.puts or log_ops.retimes or log_ops.deletes):
-            return []
+            return log_ops
+        entries = self.writer.entries
+        self._prior = {kh: v for kh in (*(it.key for it in log_ops.puts), *(it.key for it in log_ops.retimes),
+                                        *log_ops.deletes) if (v := entries.get(kh)) is not None}
         if self.touched is not None:
             self.touched.update(it.key for it in log_ops.puts)
             self.touched.update(it.key for it in log_ops.retimes)
@@ -209,7 +284,7 @@ class Mirror:
             apply(self.writer, log_ops, changed)
         except PageLogError as e:
             if changed[0]:
-                self.dirty.update(log_ops.keys)
+                self.unwind(log_ops)
             self.refused += 1
             self.refusing = e
             if self.on_refused is not None:
@@ -219,12 +294,21 @@ class Mirror:
             self.refusing = None
             if self.on_accepted is not None:
                 self.on_accepted()
-        return log_ops.keys
+        return log_ops
+
+
+def stubbed(ops: list[Op], logged: list[bytes]) -> list[Op]:
+    """``ops`` with the records of ``logged`` keys as stubs (a new list: the caller's records are
+    shipped whole to the peers)."""
+    keys = set(logged)
+    return [(k, stub(v)) if v is not None and k in keys and not is_stub(v) else (k, v) for k, v in ops]
 
 
 class MirroredStore(Store):
     """A pages store whose writes go to its page log first (once ``mirror`` is attached): every writer
-    of the pages RocksDB (local commits, replicated records, rebalance drops) is covered."""
+    of the pages RocksDB (local commits, replicated records, rebalance drops) is covered. Its reads
+    hand out whole records: a stub is resolved from the log (``Mirror.resolve``); ``raw_reads`` reads
+    RocksDB as it is."""
 
     mirror: Mirror | None = None
 
@@ -235,18 +319,48 @@ class MirroredStore(Store):
         if mirror is None or not ops:
             return super().write(ops)
         with mirror.lock:
-            keys = mirror.before_write(ops)
+            log_ops = mirror.before_write(ops)
+            if log_ops.logged and mirror.stubs:
+                ops = stubbed(ops, log_ops.logged)
             try:
                 return super().write(ops)
             except BaseException:
-                mirror.dirty.update(keys)  # the log is ahead of RocksDB for these: put right later
+                mirror.unwind(log_ops)  # the log is ahead of RocksDB for these: put right later
                 raise
+
+    def get(self, key: bytes) -> bytes | None:
+        return self.get_many([key])[0]
+
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        values = super().get_many(keys)
+        mirror = self.mirror
+        if mirror is None or not any(is_stub(v) for v in values):
+            return values
+        with mirror.lock:
+            return [mirror.resolve(k, v) for k, v in zip(keys, values)]
+
+    def items(self, prefix: bytes = b"", start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        for key, value in super().items(prefix, start):
+            mirror = self.mirror
+            if mirror is not None and is_stub(value):
+                with mirror.lock:
+                    found = mirror.resolve(key, value)
+                if found is None:
+                    continue
+                value = found
+            yield key, value
 
     def put(self, key: bytes, value: bytes) -> None:
         self.write([(key, value)])
 
     def delete(self, key: bytes) -> None:
         self.write([(key, None)])
+
+
+def raw_reads(store: Store) -> GetMany:
+    """``get_many`` of a pages store as RocksDB holds it, stubs as stubs (``Store``'s own, not
+    ``MirroredStore``'s): the log's reconcile, build and repair, which put the log right."""
+    return functools.partial(Store.get_many, store)
 
 
 def refusal(e: BaseException) -> PageLogError | None:
@@ -261,4 +375,4 @@ def refusal(e: BaseException) -> PageLogError | None:
     return None
 
 
-__all__ = ["LogOps", "Mirror", "MirroredStore", "RETRY_AFTER_S", "apply", "log_key", "plan", "refusal"]
+__all__ = ["LogOps", "Mirror", "MirroredStore", "RETRY_AFTER_S", "apply", "log_key", "plan", "raw_reads", "refusal", "stubbed"]

@@ -26,11 +26,19 @@ from typing import NamedTuple
 
 from prerender_ray.storage.keys import FRESHNESS, HPTR
 from prerender_ray.storage.pagelog import files
-from prerender_ray.storage.pagelog.mirror import GetMany, entry_state, live_payload, log_key, page_item
+from prerender_ray.storage.pagelog.mirror import (
+    GetMany,
+    entry_state,
+    hlc_of,
+    live_payload,
+    log_key,
+    page_item,
+    raw_reads,
+)
 from prerender_ray.storage.pagelog.records import unpack_value
 from prerender_ray.storage.pagelog.writer import Item, PageLogWriter
 from prerender_ray.storage.pages import HEAD_SIZE, PageDecodeError, head_times
-from prerender_ray.storage.replication import hlc_bytes
+from prerender_ray.storage.replication import hlc_bytes, is_stub
 from prerender_ray.storage.rocks import Store
 from prerender_ray.storage.touches import Touch, TouchDecodeError
 
@@ -44,12 +52,17 @@ class Reconciled(NamedTuple):
     retimed: int
     deleted: int
     seconds: float
+    unresolved: int = 0  # stubs whose version the log lacks (``Mirror.unresolved``: the store settles them)
 
 
 class _Pass:
-    def __init__(self, writer: PageLogWriter, get_many: GetMany):
+    def __init__(self, writer: PageLogWriter, get_many: GetMany, unresolved: set[bytes] | None = None,
+                 previous: dict[bytes, bytes] | None = None):
         self.writer = writer
-        self.get_many = get_many
+        self.get_many = get_many  # RocksDB's own values: a stub as a stub (``mirror.raw_reads``)
+        self.unresolved = unresolved if unresolved is not None else set()
+        self.previous = previous if previous is not None else {}  # ``Mirror.previous``
+        self.stubs = 0
         self.live = 0
         self.seen: set[bytes] = set()
         self.reads: list[tuple[bytes, bytes, bytes | None]] = []  # (cache key, log key, freshness record)
@@ -107,6 +120,16 @@ class _Pass:
         self.read_pages += len(records)
         items: list[Item] = []
         for (key, kh, touch), record in zip(reads, records):
+            if record is not None and is_stub(record):  # one copy, and the log lacks its version
+                prev = self.previous.get(kh)
+                if prev is not None and unpack_value(prev)[9] == hlc_of(record) and self.writer.restore(kh, prev):
+                    del self.previous[kh]
+                    self.live += 1  # the entry a refused batch replaced, put back
+                    self.appended += 1
+                    continue
+                self.unresolved.add(key)  # a newer one, or none: the store settles it
+                self.stubs += 1
+                continue
             item = page_item(kh, record, touch)
             held = self.writer.entries.get(kh)
             if item is None or len(item.data) > self.writer.max_record:
@@ -149,7 +172,7 @@ class _Pass:
             w.delete(self.deletes)
         self.close()
         return Reconciled(self.live, self.appended, len(self.retimes), len(self.deletes),
-                          time.perf_counter() - started)
+                          time.perf_counter() - started, self.stubs)
 
     def close(self) -> None:
         for fd in self._fds.values():
@@ -177,10 +200,11 @@ def _pointers(store: Store) -> Iterator[tuple[bytes, bytes, bytes | None]]:
         yield key, ptr, t[1] if t is not None and t[0][at:] == key else None
 
 
-def reconcile(writer: PageLogWriter, store: Store) -> Reconciled:
-    """The whole log against the whole pages store (see the module doc)."""
+def reconcile(writer: PageLogWriter, store: Store, unresolved: set[bytes] | None = None) -> Reconciled:
+    """The whole log against the whole pages store (see the module doc); the keys of stubs whose
+    version the log lacks go to ``unresolved``."""
     started = time.perf_counter()
-    p = _Pass(writer, store.get_many)
+    p = _Pass(writer, raw_reads(store), unresolved)
     for key, ptr, touch in _pointers(store):
         p.check(key, ptr, touch)
     p.flush_reads()
@@ -189,10 +213,12 @@ def reconcile(writer: PageLogWriter, store: Store) -> Reconciled:
     return p.finish(started)
 
 
-def repair(writer: PageLogWriter, get_many: GetMany, keys: list[bytes]) -> Reconciled:
-    """``reconcile`` for the cache keys given (a batch refused part way through)."""
+def repair(writer: PageLogWriter, get_many: GetMany, keys: list[bytes],
+           unresolved: set[bytes] | None = None, previous: dict[bytes, bytes] | None = None) -> Reconciled:
+    """``reconcile`` for the cache keys given (a batch refused part way through); ``get_many``:
+    RocksDB's own values (``mirror.raw_reads``)."""
     started = time.perf_counter()
-    p = _Pass(writer, get_many)
+    p = _Pass(writer, get_many, unresolved, previous)
     keys = list(dict.fromkeys(keys))
     found = get_many([HPTR + k for k in keys] + [FRESHNESS + k for k in keys]) if keys else []
     for key, ptr, touch in zip(keys, found[:len(keys)], found[len(keys):]):

@@ -342,6 +342,17 @@ class PageLogWriter:
                            last_cached=last_cached, expires_at=expires_at, version=version)
         return self._commit([record(value, key)])
 
+    def restore(self, key: bytes, value: bytes) -> bool:
+        """Put back an index entry this writer held before a batch refused part way through replaced
+        or deleted it (its bytes are still where it says: no compaction ran meanwhile); False when
+        its segment is gone."""
+        self._check()
+        v = unpack_value(value)
+        if v[0] != PUT or v[3] not in self.sizes:
+            return False
+        self._commit([record(value, key)])
+        return True
+
     def delete(self, keys: list[bytes], *, version: int = 0) -> Position:
         self._check()
         present = [k for k in keys if k in self.entries]

@@ -10,7 +10,7 @@ import asyncio
 from prerender_ray import metrics
 from prerender_ray.api.bot.pages import PageReader
 from prerender_ray.storage.pages import Page
-from prerender_ray.storage.replication import Clock, wrap
+from prerender_ray.storage.replication import Clock, stub, wrap
 from prerender_ray.storage.rocks import Store
 from prerender_ray.storage.write_mark import mark_path
 
@@ -160,5 +160,20 @@ async def test_a_restarted_store_and_a_mark_made_again_are_followed(tmp_path) ->
     reader.catch_up(force=True)  # the timer: it finds the file made again
     _put(primary, clock, KEYS[0], b"newest")
     assert _body(await reader.read(KEYS[0])) == b"newest"
+    reader.close()
+    primary.close()
+
+
+async def test_a_stub_met_on_the_secondary_is_a_miss_not_an_unreadable_page(tmp_path) -> None:
+    """While the store builds its page log again (its mark gone), a replica reads RocksDB; a page the
+    lost log alone held is there as a stub (storage/replication.py): a miss, not an unreadable page."""
+    primary = Store(tmp_path / "pages")
+    clock = Clock("n1")
+    _put(primary, clock, KEYS[0], b"whole")
+    page = Page(cache_key=KEYS[1], status_code=200, headers={}, content=b"in the log", last_cached=1, expires_at=2)
+    primary.put(KEYS[1].encode(), stub(wrap(clock.now(), page.encode())))
+    reader = PageReader(tmp_path / "pages", tmp_path / "sec")
+    assert _body(await reader.read(KEYS[0])) == b"whole"
+    assert await reader.read(KEYS[1]) is None and await reader.record(KEYS[1]) is None  # (UnreadablePage raised)
     reader.close()
     primary.close()
