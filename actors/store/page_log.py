@@ -73,7 +73,6 @@ class StorePageLog:
         self.mirror = Mirror(self.writer, raw_reads(pages), self._refused, self._accepted)
         with self.mirror.lock:
             self._reconcile()
-            self._stubs()
         pages.mirror = self.mirror  # from here on every write of the pages store goes through the log
         self._publish()
 
@@ -109,15 +108,18 @@ class StorePageLog:
         thinned by a walk, ``storage/pagelog/thinning.py``). Without the mark (a build, a log
         rebuilt), readers keep to RocksDB, so it gets whole records again."""
         self.mirror.stubs = not self.unreconciled and self.build is None and files.is_complete(self.path)
-        if not self.mirror.stubs:
-            self.thinning = None
-            if thinning.thinned(self.pages):
-                thinning.owe(self.pages)
-        elif self.thinning is None and not thinning.thinned(self.pages):
-            if self._total() == 0:  # no live page, so none whole (a new store): nothing to walk
-                thinning.done(self.pages)
-            else:
-                self.thinning = Thinning(self.writer, self.pages, keys=thinning.CHUNK_KEYS)
+        try:
+            if not self.mirror.stubs:
+                self.thinning = None
+                if thinning.thinned(self.pages):
+                    thinning.owe(self.pages)
+            elif self.thinning is None and not thinning.thinned(self.pages):
+                if self._total() == 0:  # no live page, so none whole (a new store): nothing to walk
+                    thinning.done(self.pages)
+                else:
+                    self.thinning = Thinning(self.writer, self.pages, keys=thinning.CHUNK_KEYS)
+        except Exception as e:  # (a full disk) at worst records stay whole until a later walk: disk, not pages
+            self.log.warning("page log: the one-copy mark not written", error=str(e)[:300])
 
     def thin_some(self, budget_s: float) -> None:
         """Chunks of the thinning walk, each under the lock, for about ``budget_s`` (one at least)."""
@@ -292,12 +294,18 @@ class StorePageLog:
         first (a log lost or cut by a power loss)."""
         with self.mirror.lock:
             newer, lost = self.mirror.settling()
+        try:
+            if newer:
+                records.commit_remote("pages", newer)
+            if lost:
+                records.drop_local("pages", lost)
+        except BaseException:  # (a full disk) settled again at a later turn
+            self.mirror.unresolved.update(k for k, _ in newer + lost)
+            raise
         if newer:
-            records.commit_remote("pages", newer)
             self.settled["applied"] += len(newer)
             metrics.pagelog_settled.labels("applied").inc(len(newer))
         if lost:
-            records.drop_local("pages", lost)
             self.settled["dropped"] += len(lost)
             metrics.pagelog_settled.labels("dropped").inc(len(lost))
             self.log.error("pages lost with the page log dropped; their holders or a render fill them again",

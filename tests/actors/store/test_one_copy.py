@@ -200,3 +200,28 @@ async def test_a_peers_stub_is_never_taken_for_a_page(tmp_path) -> None:
         assert s.pages.get(a.encode()) is None and s.records.live["pages"] == 0
     finally:
         await s.close()
+
+
+async def test_a_settling_the_disk_refuses_is_owed_again_not_forgotten(tmp_path) -> None:
+    a = "https://s.test/a|desktop"
+    s = store(tmp_path)
+    await s.apply(pages=[(a.encode(), payload(a))])
+    await s.close()
+    remove_tree(pagelog_path(tmp_path, "node-a"))
+    s = stepped(tmp_path)
+    try:
+
+        class Refusing:
+            def drop_local(self, name, items):
+                raise PageLogFull("no space left on device")
+
+        try:
+            s.page_log.settle(Refusing())
+            raise AssertionError("not raised")
+        except PageLogFull:
+            pass
+        assert s.page_log.mirror.unresolved == {a.encode()}  # the next turn settles it
+        s.page_log.settle(s.records)
+        assert not s.page_log.mirror.unresolved and await s.has_pages([a]) == [False]
+    finally:
+        await s.close()
