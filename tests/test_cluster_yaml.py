@@ -26,7 +26,11 @@ def test_cluster_yaml_passes_rays_validation() -> None:
 
 def test_cluster_yaml_installs_prerender_ray_names_nodes_and_uses_token_auth() -> None:
     cfg = load()
-    assert any("pip install" in c and "~/prerender" in c for c in cfg["setup_commands"])
+    setup = cfg["setup_commands"]
+    # as make install: the lock's pins with their hashes, the project editable, the native build
+    assert any("pip install" in c and "--require-hashes" in c and "~/prerender/requirements.lock" in c for c in setup)
+    assert any("pip install" in c and "-e ~/prerender" in c and "--no-deps" in c for c in setup)
+    assert any("prerender_ray.native.build" in c for c in setup)
     # nothing assumes a writable /opt or root, the local venv and data never travel, and
     # `ray exec` finds prerender-ray on its login shell's PATH
     assert not any("/opt" in c or "sudo" in c for c in cfg["setup_commands"]) and "/opt" not in str(cfg["file_mounts"])
