@@ -19,6 +19,7 @@ write waits for the step in progress, nothing else on the store's loop does.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -59,6 +60,7 @@ class StorePageLog:
         self.records = records
         self.settled: dict[str, int] = {"applied": 0, "dropped": 0}
         self.thinning: Thinning | None = None
+        self._compacting = threading.Lock()  # RocksDB's compaction after a thinning walk: close waits for it
         self.build: Build | None = None
         self._told = 0  # the tenth of a build last logged
         self.on_refused = on_refused
@@ -132,12 +134,16 @@ class StorePageLog:
                 if not self.mirror.stubs:  # whole records written meanwhile: a walk starts with the stubs again
                     self.thinning = None
                     return
-                if t.step():
+                ended = t.step()
+                if ended:
                     self.thinning = None
-                    self.log.info("page log: one copy of every page on disk", passed=t.passed, thinned=t.thinned,
-                                  freed_bytes=t.freed, steps=t.steps,
-                                  seconds=round(time.perf_counter() - t.started, 1))
-                    return
+            if ended:  # RocksDB's copies go from the disk now (outside the lock: writes go on meanwhile)
+                with self._compacting:
+                    if t.thinned and self.pages.mirror is not None:
+                        self.pages.compact()
+                self.log.info("page log: one copy of every page on disk", passed=t.passed, thinned=t.thinned,
+                              freed_bytes=t.freed, steps=t.steps, seconds=round(time.perf_counter() - t.started, 1))
+                return
             if time.monotonic() >= until:
                 return
             time.sleep(BUILD_PAUSE_S)
@@ -351,7 +357,7 @@ class StorePageLog:
 
     def close(self) -> None:
         """After the task is cancelled: waits for a maintenance step in progress."""
-        with self.mirror.lock:
+        with self._compacting, self.mirror.lock:
             self.pages.mirror = None
             self.build = self.mirror.touched = None  # a build cut short starts again at the next open
             metrics.pagelog_building.set(0)

@@ -187,8 +187,8 @@ class Mirror:
     takes whole is written to RocksDB as a ``stub``, and reads resolve it from the log (one copy on
     disk). ``unresolved``: cache keys whose stub names a version the log does not hold (a crash
     between the log's write and RocksDB's, a log lost or cut): read as absent until the store settles
-    them (``NodeStore.settle``: the log's newer record applied, or the key dropped for its holders to
-    fill again)."""
+    them (``StorePageLog.settle``: the log's newer record applied, or the key dropped for its holders
+    to fill again)."""
 
     def __init__(self, writer: PageLogWriter, get_many: GetMany,
                  on_refused: Callable[[PageLogError], None] | None = None,
@@ -336,15 +336,15 @@ class MirroredStore(Store):
         mirror = self.mirror
         if mirror is None or not any(is_stub(v) for v in values):
             return values
-        with mirror.lock:
-            return [mirror.resolve(k, v) for k, v in zip(keys, values)]
+        with mirror.lock:  # read again under it: no write falls between RocksDB's value and the log's
+            return [mirror.resolve(k, v) for k, v in zip(keys, super().get_many(keys))]
 
     def items(self, prefix: bytes = b"", start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         for key, value in super().items(prefix, start):
             mirror = self.mirror
             if mirror is not None and is_stub(value):
                 with mirror.lock:
-                    found = mirror.resolve(key, value)
+                    found = mirror.resolve(key, super().get(key))  # (as in get_many)
                 if found is None:
                     continue
                 value = found

@@ -142,8 +142,8 @@ CHILD = textwrap.dedent("""
         i = 0
         while True:
             keys = [f"https://s.test/{i}-{j}|desktop" for j in range(50)]
-            if mode == "between" and i == 3:
-                keys = ["https://s.test/doomed|desktop"]
+            if mode == "between" and i == 3:  # a new page, and a new version of an acknowledged one
+                keys = ["https://s.test/doomed|desktop", "https://s.test/0-0|desktop"]
             await s.apply(pages=[(k.encode(), Page(cache_key=k, status_code=200, last_cached=1, expires_at=2,
                                                    content=os.urandom(20_000)).encode()) for k in keys])
             print("ACK", i, flush=True)  # acknowledged
@@ -178,6 +178,9 @@ async def test_a_store_killed_mid_write_reopens_with_every_acknowledged_page_in_
     s = store(tmp_path)  # reopen: reconcile
     try:
         assert s.page_log.last is not None
+        if mode == "between":  # RocksDB's stub names the version before: the write completes (one copy)
+            s.page_log.settle(s.records)
+            assert s.page_log.settled == {"applied": 1, "dropped": 0} and not s.page_log.mirror.unresolved
         r = PageLogReader(pagelog_path(tmp_path, "node-a"))
         for i in range(acked + 1):
             for j in range(50):
