@@ -5,7 +5,11 @@ for N pages written as the node store writes them (record, version pointer), in 
   the mirror's lock; the longest chunk is the longest a pages write waits;
 - ``migrate``: a store with pages and no log yet (every page read from RocksDB and appended);
 - ``steady``: the log in step with RocksDB (the usual restart: pointers walked, one small pread each);
-- ``touched``: the same with a newer freshness record for a fifth of the pages.
+- ``touched``: the same with a newer freshness record for a fifth of the pages;
+- ``thin``: one copy on disk for a store of an earlier release (storage/pagelog/thinning.py): the walk
+  that writes a stub over each whole record the log holds, in chunks (the longest is the longest a
+  pages write waits), then RocksDB's compaction; beside the ``migrate`` pass over the same pages
+  (which reads every record too) and with the pages RocksDB's size before and after.
 
 Run: ``.venv/bin/python bench/bench_pagelog_reconcile.py [--pages 100000] [--body 20480]``. Bodies are
 random bytes; everything is in the page cache (our code and the syscalls, not the disk).
@@ -18,6 +22,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -26,10 +31,15 @@ from prerender_ray.storage.keys import HPTR, VIDX  # noqa: E402
 from prerender_ray.storage.pagelog import PageLogWriter  # noqa: E402
 from prerender_ray.storage.pagelog.build import CHUNK_BYTES, CHUNK_KEYS, Build  # noqa: E402
 from prerender_ray.storage.pagelog.reconcile import reconcile  # noqa: E402
+from prerender_ray.storage.pagelog.thinning import Thinning  # noqa: E402
 from prerender_ray.storage.pages import Page  # noqa: E402
 from prerender_ray.storage.replication import Version, wrap  # noqa: E402
 from prerender_ray.storage.rocks import Store  # noqa: E402
 from prerender_ray.storage.touches import Touch, touch_key  # noqa: E402
+
+
+def disk_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
 def main() -> None:
@@ -65,6 +75,7 @@ def main() -> None:
         shutil.rmtree(root / "pagelog-build")
         writer = PageLogWriter(root / "pagelog", sync=False)
         r = reconcile(writer, store)
+        migrate_s = r.seconds
         print(f"migrate  {args.pages} pages of {args.body} B: {r.seconds:.2f} s (appended {r.appended})")
         r = reconcile(writer, store)
         print(f"steady   {args.pages} pages: {r.seconds:.2f} s (appended {r.appended}, retimed {r.retimed})")
@@ -83,6 +94,18 @@ def main() -> None:
         writer = PageLogWriter(root / "pagelog", sync=False)
         r = reconcile(writer, store)
         print(f"reopen   (writer open + reconcile of a log in step): {r.seconds:.2f} s reconcile")
+        store.flush()
+        before = disk_bytes(root / "pages")
+        t = Thinning(writer, store)
+        while not t.step():
+            pass
+        walked = time.perf_counter() - t.started
+        store.compact()
+        compacted = time.perf_counter() - t.started - walked
+        print(f"thin     {t.thinned} whole records to stubs in {t.steps} chunks of <= {t.keys} keys: {walked:.2f} s "
+              f"({walked / migrate_s:.2f}x migrate; longest chunk {t.longest * 1000:.1f} ms), then RocksDB's "
+              f"compaction {compacted:.2f} s; pages RocksDB {before / 1e6:,.0f} MB -> "
+              f"{disk_bytes(root / 'pages') / 1e6:,.1f} MB (page log {disk_bytes(root / 'pagelog') / 1e6:,.0f} MB)")
         writer.close()
         store.close()
     finally:

@@ -138,11 +138,13 @@ class StorePageLog:
                 if ended:
                     self.thinning = None
             if ended:  # RocksDB's copies go from the disk now (outside the lock: writes go on meanwhile)
+                walked = time.perf_counter() - t.started
                 with self._compacting:
                     if t.thinned and self.pages.mirror is not None:
                         self.pages.compact()
                 self.log.info("page log: one copy of every page on disk", passed=t.passed, thinned=t.thinned,
-                              freed_bytes=t.freed, steps=t.steps, seconds=round(time.perf_counter() - t.started, 1))
+                              freed_bytes=t.freed, steps=t.steps, longest_step_s=round(t.longest, 3),
+                              walk_s=round(walked, 1), compaction_s=round(time.perf_counter() - t.started - walked, 1))
                 return
             if time.monotonic() >= until:
                 return
@@ -342,7 +344,8 @@ class StorePageLog:
                 "repairing": len(self.mirror.dirty), "reconciled": not self.unreconciled,
                 "oneCopy": self.mirror.stubs, "unresolved": len(self.mirror.unresolved), "settled": dict(self.settled),
                 "thinning": None if (t := self.thinning) is None else {"keys": t.passed, "thinned": t.thinned,
-                                                                         "freedBytes": t.freed},
+                                                                         "freedBytes": t.freed,
+                                                                         "longestStepS": round(t.longest, 3)},
                 "building": self._building(), "reconcile": r._asdict() if r is not None else None}
 
     def _building(self) -> dict | None:

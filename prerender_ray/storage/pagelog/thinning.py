@@ -36,11 +36,20 @@ class Thinning:
         self.after: bytes | None = None  # the last cache key passed
         self.passed = self.thinned = self.steps = 0
         self.freed = 0  # record bytes RocksDB no longer keeps (before its own compaction)
+        self.longest = 0.0  # the longest step (a hold of the mirror's lock: what a pages write may wait), s
         self.started = time.perf_counter()
 
     def step(self) -> bool:
         """(the mirror's lock held) The next chunk; True when the walk has passed every key (and
         ``ONE_COPY`` is set)."""
+        t0 = time.perf_counter()
+        try:
+            return self._step()
+        finally:
+            self.steps += 1
+            self.longest = max(self.longest, time.perf_counter() - t0)
+
+    def _step(self) -> bool:
         start = HPTR if self.after is None else HPTR + self.after + b"\x00"
         keys: list[bytes] = []
         for hkey, ptr in Store.items(self.store, HPTR, start):
@@ -53,10 +62,8 @@ class Thinning:
         else:
             self._thin(keys)
             done(self.store)
-            self.steps += 1
             return True
         self._thin(keys)
-        self.steps += 1
         return False
 
     def _thin(self, keys: list[bytes]) -> None:
