@@ -82,7 +82,8 @@ class NodeStore:
         # Reconciled with the pages RocksDB before anything can write (or built from it in the
         # background when new); from here on every pages-store write goes to the page log first.
         self.page_log = StorePageLog(self.pages, pagelog_path(data_dir, node), self.log, self._recount_pages,
-                                     count=lambda: self.records.live["pages"], records=self.records)
+                                     count=lambda: self.records.live["pages"], records=self.records,
+                                     refill=lambda keys: self.catch_up.refill(keys))
         self._compose(Membership.from_wire(membership) if membership is not None else None,
                       cfg.cluster.replicas, KeyFormat.from_config(cfg).url_of, fetch=fetch, wall=clock,
                       stores=stores)

@@ -30,9 +30,9 @@ from prerender_ray.actors.store.members import Members
 from prerender_ray.actors.store.pulls import Arrivals, Owed, Pulled
 from prerender_ray.actors.store.records import BATCH_BYTES, BATCH_RECORDS, DBS, HLC, Record, Records
 from prerender_ray.identity.membership import NOBODY, StaleEpoch
-from prerender_ray.storage.keys import VIDX
+from prerender_ray.storage.keys import FRESHNESS, VIDX
 from prerender_ray.storage.placement import NEVER, Placement, share_sender
-from prerender_ray.storage.replication import Clock, Version, writer_bytes
+from prerender_ray.storage.replication import Clock, Version, is_stub, writer_bytes
 from prerender_ray.tasks import Tasks
 from prerender_ray.timeutil import Clock as WallClock
 
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 CATCH_UP_MARGIN_MS = 10 * 60_000  # records this much older than the newest held are pulled again
 SCAN_BUDGET = 20_000  # index entries one ``since`` call reads at most (a filtered scan may skip many)
 HOLDING_MAX = 2_000  # versions one ``holding`` call asks about at most
+REFILL_BATCH = 200  # pages asked of a holder in one call to refill (a page record: tens of KB)
 
 
 async def pull_share(store: CatchUp, since: int, margin: int) -> tuple[Pulled, list[str], list[str]]:
@@ -128,6 +129,37 @@ class CatchUp:
     async def _peer_store(self, peer: str) -> StoreClient:
         client: StoreClient = await self.stores.get(peer)
         return client
+
+    async def refill(self, keys: list[bytes]) -> int:
+        """Pages this node dropped with a lost page log, asked again of the URLs' other holders, peer
+        after peer while some are missing (each call with its deadline), and applied as their records
+        (last writer wins, their freshness records too). A single node has no one to ask: its pages
+        come back with their next render. Returns how many records were applied."""
+        missing = dict.fromkeys(keys)
+        applied = 0
+        for peer in list(self.members.peers):
+            ask = [k for k in missing if self.members.placement.holds(peer, "pages", k)]
+            for i in range(0, len(ask), REFILL_BATCH):
+                chunk = ask[i:i + REFILL_BATCH]
+                try:
+                    pairs = await (await self._peer_store(peer)).stored_pages([k.decode() for k in chunk])
+                except Exception as e:
+                    self.log.warning("pages not refilled from a holder", peer=peer, error=repr(e)[:300])
+                    break
+                items = []
+                for key, (page, touch) in zip(chunk, pairs):
+                    if page is None or is_stub(page):
+                        continue
+                    items.append((key, page))
+                    if touch is not None:
+                        items.append((FRESHNESS + key, touch))
+                    missing.pop(key, None)
+                applied += self.records.commit_remote("pages", items) if items else 0
+            if not missing:
+                break
+        self.log.info("pages refilled from their holders", asked=len(keys), applied=applied, missing=len(missing))
+        return applied
+
 
     # ----------------------------------------------------------------------------------- pulling
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,14 +51,17 @@ BUILD_PAUSE_S = 0.002  # between chunks: a pages write waiting for the lock take
 
 class StorePageLog:
     def __init__(self, pages: MirroredStore, path: Path, log: Any, on_refused: Any = None,
-                 count: Callable[[], int] | None = None, records: Records | None = None):
+                 count: Callable[[], int] | None = None, records: Records | None = None,
+                 refill: Callable[[list[bytes]], Awaitable[int]] | None = None):
         """``on_refused()``: after a batch was refused (the store puts back what it counted for it);
         ``count()``: the live pages the store holds (a build's progress is told against it);
-        ``records``: the store's writes, which settle the stubs the log cannot resolve (``settle``)."""
+        ``records``: the store's writes, which settle the stubs the log cannot resolve (``settle``);
+        ``refill(keys)``: the pages settling dropped, asked again of their other holders."""
         self.pages = pages
         self.count = count
         self.records = records
-        self.settled: dict[str, int] = {"applied": 0, "dropped": 0}
+        self.refill = refill
+        self.settled: dict[str, int] = {"applied": 0, "dropped": 0, "refilled": 0}
         self.thinning: Thinning | None = None
         self._compacting = threading.Lock()  # RocksDB's compaction after a thinning walk: close waits for it
         self.build: Build | None = None
@@ -250,7 +253,9 @@ class StorePageLog:
             try:
                 await asyncio.to_thread(self.turn)
                 if self.mirror.unresolved and self.records is not None:
-                    self.settle(self.records)
+                    lost = self.settle(self.records)
+                    if lost and self.refill is not None:
+                        self.settled["refilled"] += await self.refill(lost)
             except asyncio.CancelledError:
                 raise
             except Exception as e:
@@ -294,12 +299,12 @@ class StorePageLog:
         elif self.thinning is not None:
             self.thin_some(BUILD_TURN_S)
 
-    def settle(self, records: Records) -> None:
+    def settle(self, records: Records) -> list[bytes]:
         """The stubs the log could not resolve, settled (on the store's loop): a newer record the log
         holds is applied as a peer's record would be (the write it was in reached the log, not
         RocksDB); a stub the log holds no copy of is dropped, as a rebalance drops a page this node no
-        longer holds: the page's holders push it back, or the keeper renders a page-less target
-        first (a log lost or cut by a power loss)."""
+        longer holds (a log lost or cut by a power loss). Returns the keys dropped: the store asks
+        their other holders for them (``refill``)."""
         with self.mirror.lock:
             newer, lost = self.mirror.settling()
         try:
@@ -316,11 +321,12 @@ class StorePageLog:
         if lost:
             self.settled["dropped"] += len(lost)
             metrics.pagelog_settled.labels("dropped").inc(len(lost))
-            self.log.error("pages lost with the page log dropped; their holders or a render fill them again",
+            self.log.error("pages lost with the page log dropped; asked again of their other holders",
                            pages=len(lost), keys=[k.decode("utf-8", "replace") for k, _ in lost[:10]])
         if newer:
             self.log.warning("pages the page log held newer than the pages store applied", pages=len(newer),
                              keys=[k.decode("utf-8", "replace") for k, _ in newer[:10]])
+        return [k for k, _ in lost]
 
     # --------------------------------------------------------------------------------- status
 

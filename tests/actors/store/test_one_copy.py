@@ -5,17 +5,22 @@ real NodeStore (no Ray) on real RocksDB and a real page log."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
-from prerender_ray import metrics
+from prerender_ray import logs, metrics
+from prerender_ray.actors.store.actor import NodeStore
+from prerender_ray.identity.membership import Membership
 from prerender_ray.storage.keys import HPTR
 from prerender_ray.storage.pagelog import PageLogFull, thinning
 from prerender_ray.storage.pagelog.mirror import raw_reads
 from prerender_ray.storage.replication import Version, hlc_bytes, is_stub, payload_of, stub, wrap
 from prerender_ray.storage.rocks import pagelog_path, remove_tree, store_path
 from tests.actors.store.test_page_log import hit, legacy, payload, stepped, store
+from tests.actors.store.test_replication import Net, _until
 from tests.storage.test_pagelog_recovery import full_after
+from tests.support import node_config
 
 BODY = b"<html>" + b"lorem ipsum dolor sit amet " * 1_200 + b"</html>"  # about 32 KB, as a rendered page
 
@@ -225,5 +230,63 @@ async def test_a_settling_the_disk_refuses_is_owed_again_not_forgotten(tmp_path)
         assert s.page_log.mirror.unresolved == {a.encode()}  # the next turn settles it
         s.page_log.settle(s.records)
         assert not s.page_log.mirror.unresolved and await s.has_pages([a]) == [False]
+    finally:
+        await s.close()
+
+
+async def test_pages_lost_with_a_page_log_are_refilled_from_their_other_holder(tmp_path) -> None:
+    """Two real stores, each with its page log; node-a's log is lost while it is down. At its next
+    start its stubs of those pages are dropped, and it asks node-b for them again."""
+    net: dict = {}
+    names = ["node-a", "node-b"]
+
+    def open_store(name: str) -> NodeStore:
+        s = NodeStore(node_config(tmp_path), name, str(tmp_path), membership=Membership.of(1, names).to_wire(),
+                      stores=Net(net), log=logs.get("store"))
+        net[name] = s
+        return s
+
+    keys = [f"https://s.test/{i}|desktop" for i in range(30)]
+    a, b = open_store("node-a"), open_store("node-b")
+    try:
+        await a.apply(pages=[(k.encode(), payload(k, body=BODY)) for k in keys])
+        await _until(lambda: all(b.pages.get(k.encode()) is not None for k in keys), "node-b's copies")
+        held = [a.pages.get(k.encode()) for k in keys]
+        await a.close()
+        net.pop("node-a")
+        remove_tree(pagelog_path(tmp_path, "node-a"))
+        a = open_store("node-a")
+        for t in a._tasks:  # its maintenance driven here, after its own catch-up (which may pull them too)
+            if t.get_coro().__qualname__ == "StorePageLog.run":  # type: ignore[union-attr]
+                t.cancel()
+        await asyncio.wait_for(a.catch_up.synced.wait(), 30)
+        assert await a.get_pages(keys) == [None] * len(keys)  # stubs the log cannot resolve: absent
+        lost = a.page_log.settle(a.records)
+        assert sorted(lost) == sorted(k.encode() for k in keys) and await a.has_pages(keys) == [False] * len(keys)
+        assert await a.catch_up.refill(lost) == len(keys)  # applied: none held them meanwhile
+        assert [a.pages.get(k.encode()) for k in keys] == held  # the very records, versions and all
+        assert all(is_stub(raw(a, k)) for k in keys) and all(hit(tmp_path, k) is not None for k in keys)
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_the_maintenance_task_settles_lost_pages_and_asks_for_them_again(tmp_path) -> None:
+    keys = [f"https://s.test/{i}|desktop" for i in range(3)]
+    s = store(tmp_path)
+    await s.apply(pages=[(k.encode(), payload(k)) for k in keys])
+    await s.close()
+    remove_tree(pagelog_path(tmp_path, "node-a"))
+    s = store(tmp_path)  # its maintenance task running
+    asked: list = []
+
+    async def refill(lost: list[bytes]) -> int:
+        asked.append(sorted(lost))
+        return 0
+
+    s.page_log.refill = refill  # (before the task's first turn: nothing has awaited since the open)
+    try:
+        await _until(lambda: asked, "the task's settling", timeout=10)
+        assert asked == [sorted(k.encode() for k in keys)] and s.page_log.settled["dropped"] == 3
     finally:
         await s.close()
