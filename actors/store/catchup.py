@@ -160,7 +160,6 @@ class CatchUp:
         self.log.info("pages refilled from their holders", asked=len(keys), applied=applied, missing=len(missing))
         return applied
 
-
     # ----------------------------------------------------------------------------------- pulling
 
     async def initial_catch_up(self) -> None:

@@ -127,31 +127,35 @@ class StorePageLog:
             self.log.warning("page log: the one-copy mark not written", error=str(e)[:300])
 
     def thin_some(self, budget_s: float) -> None:
-        """Chunks of the thinning walk, each under the lock, for about ``budget_s`` (one at least)."""
-        until = time.monotonic() + budget_s
-        while True:
-            with self.mirror.lock:
-                t = self.thinning
-                if self.pages.mirror is None or t is None:
-                    return
-                if not self.mirror.stubs:  # whole records written meanwhile: a walk starts with the stubs again
-                    self.thinning = None
-                    return
-                ended = t.step()
-                if ended:
-                    self.thinning = None
-            if ended:  # RocksDB's copies go from the disk now (outside the lock: writes go on meanwhile)
-                walked = time.perf_counter() - t.started
-                with self._compacting:
-                    if t.thinned and self.pages.mirror is not None:
-                        self.pages.compact()
-                self.log.info("page log: one copy of every page on disk", passed=t.passed, thinned=t.thinned,
-                              freed_bytes=t.freed, steps=t.steps, longest_step_s=round(t.longest, 3),
-                              walk_s=round(walked, 1), compaction_s=round(time.perf_counter() - t.started - walked, 1))
-                return
-            if time.monotonic() >= until:
-                return
-            time.sleep(BUILD_PAUSE_S)
+        """Chunks of the thinning walk (``_in_chunks``); when it ends, RocksDB's compaction."""
+        ended: list[Thinning] = []
+
+        def step() -> bool:
+            t = self.thinning
+            if t is None:
+                return False
+            if not self.mirror.stubs:  # whole records written meanwhile: a walk starts with the stubs again
+                self.thinning = None
+                return False
+            if t.step():
+                self.thinning = None
+                ended.append(t)
+                return False
+            return True
+
+        self._in_chunks(step, budget_s)
+        if ended:
+            self._thinned(ended[0])
+
+    def _thinned(self, t: Thinning) -> None:
+        """RocksDB's copies go from the disk now (outside the mirror's lock: writes go on meanwhile)."""
+        walked = time.perf_counter() - t.started
+        with self._compacting:
+            if t.thinned and self.pages.mirror is not None:
+                self.pages.compact()
+        self.log.info("page log: one copy of every page on disk", passed=t.passed, thinned=t.thinned,
+                      freed_bytes=t.freed, steps=t.steps, longest_step_s=round(t.longest, 3),
+                      walk_s=round(walked, 1), compaction_s=round(time.perf_counter() - t.started - walked, 1))
 
     def _reconciled(self, what: str, **extra: Any) -> None:
         """The log mirrors RocksDB (``self.last``): mark it complete."""
@@ -208,11 +212,17 @@ class StorePageLog:
         return True
 
     def build_some(self, budget_s: float) -> None:
-        """Chunks of the build in progress, each under the lock, for about ``budget_s`` (one at least)."""
+        """Chunks of the build in progress (``_in_chunks``)."""
+        self._in_chunks(lambda: self.build is not None and self._build_step(), budget_s)
+
+    def _in_chunks(self, step: Callable[[], bool], budget_s: float) -> None:
+        """``step()`` under the lock, again while it says so (True) for about ``budget_s`` (once at
+        least), unless the store closed; a pause between: a pages write waiting for the lock takes it
+        (Lock is not fair)."""
         until = time.monotonic() + budget_s
         while True:
             with self.mirror.lock:
-                if self.pages.mirror is None or self.build is None or not self._build_step():
+                if self.pages.mirror is None or not step():
                     return
             if time.monotonic() >= until:
                 return

@@ -209,20 +209,29 @@ class Mirror:
         self.on_refused = on_refused
         self.on_accepted = on_accepted
 
-    def resolve(self, key: bytes, value: bytes | None) -> bytes | None:
-        """(lock held) ``value`` as RocksDB holds it, or for a stub the log's record of that very
-        version; None (and the key ``unresolved``) when the log does not hold that version readably."""
-        if not is_stub(value):
-            return value
+    def _logged(self, key: bytes) -> bytes | None:
+        """(lock held) The record the log holds for cache key ``key`` (checksummed), None if none."""
         kh = log_key(key)
         try:
-            record = None if kh is None or self.writer.broken is not None else self.writer.read(kh)
+            return None if kh is None or self.writer.broken is not None else self.writer.read(kh)
         except (OSError, PageLogError):
-            record = None
-        if record is None or hlc_bytes(record) != hlc_bytes(value):
-            self.unresolved.add(bytes(key))
             return None
-        return record
+
+    def resolve(self, key: bytes, value: bytes | None,
+                again: Callable[[bytes], bytes | None] | None = None) -> bytes | None:
+        """(lock held) ``value`` as RocksDB holds it, or for a stub the log's record of that very
+        version; None (and the key ``unresolved``) when the log does not hold that version readably.
+        ``again``: RocksDB's read of the key, for a ``value`` read before the lock was taken: one that
+        does not resolve is read again first (a write may have fallen between)."""
+        if not is_stub(value):
+            return value
+        record = self._logged(key)
+        if record is not None and hlc_bytes(record) == hlc_bytes(value):
+            return record
+        if again is not None:
+            return self.resolve(key, again(key))
+        self.unresolved.add(bytes(key))
+        return None
 
     def resolved_many(self, keys: list[bytes]) -> list[bytes | None]:
         """(lock held) ``get_many`` with stubs resolved."""
@@ -249,11 +258,7 @@ class Mirror:
         for key, value in zip(keys, self.get_many(keys)):
             if not is_stub(value):
                 continue
-            kh = log_key(key)
-            try:
-                record = self.writer.read(kh) if kh is not None else None
-            except (OSError, PageLogError):
-                record = None
+            record = self._logged(key)
             held, have = hlc_bytes(value), hlc_bytes(record)
             assert value is not None and held is not None
             if have is not None and have == held:
@@ -336,15 +341,16 @@ class MirroredStore(Store):
         mirror = self.mirror
         if mirror is None or not any(is_stub(v) for v in values):
             return values
-        with mirror.lock:  # read again under it: no write falls between RocksDB's value and the log's
-            return [mirror.resolve(k, v) for k, v in zip(keys, super().get_many(keys))]
+        again = functools.partial(Store.get, self)
+        with mirror.lock:
+            return [mirror.resolve(k, v, again) for k, v in zip(keys, values)]
 
     def items(self, prefix: bytes = b"", start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         for key, value in super().items(prefix, start):
             mirror = self.mirror
             if mirror is not None and is_stub(value):
                 with mirror.lock:
-                    found = mirror.resolve(key, super().get(key))  # (as in get_many)
+                    found = mirror.resolve(key, value, functools.partial(Store.get, self))
                 if found is None:
                     continue
                 value = found

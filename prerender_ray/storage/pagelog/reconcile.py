@@ -122,7 +122,7 @@ class _Pass:
         for (key, kh, touch), record in zip(reads, records):
             if record is not None and is_stub(record):  # one copy, and the log lacks its version
                 prev = self.previous.get(kh)
-                if prev is not None and unpack_value(prev)[9] == hlc_of(record) and self.writer.restore(kh, prev):
+                if prev is not None and entry_state(prev)[0] == hlc_of(record) and self.writer.restore(kh, prev):
                     del self.previous[kh]
                     self.live += 1  # the entry a refused batch replaced, put back
                     self.appended += 1

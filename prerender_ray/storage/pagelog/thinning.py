@@ -20,9 +20,9 @@ from __future__ import annotations
 import time
 
 from prerender_ray.storage.keys import HPTR, ONE_COPY
-from prerender_ray.storage.pagelog.mirror import entry_state, hlc_of, log_key, raw_reads
+from prerender_ray.storage.pagelog.mirror import entry_state, hlc_of, live_payload, log_key, raw_reads
 from prerender_ray.storage.pagelog.writer import PageLogWriter
-from prerender_ray.storage.replication import is_stub, payload_view, stub
+from prerender_ray.storage.replication import is_stub, stub
 from prerender_ray.storage.rocks import Store
 
 CHUNK_KEYS = 256  # pointers passed per step (a step holds the mirror's lock)
@@ -74,11 +74,7 @@ class Thinning:
                 continue
             kh = log_key(key)
             held = entries.get(kh) if kh is not None else None
-            try:
-                live = payload_view(record) is not None
-            except ValueError:  # not a record (EnvelopeError): left as it is
-                continue
-            if live and held is not None and entry_state(held)[0] == hlc_of(record):
+            if held is not None and live_payload(record) is not None and entry_state(held)[0] == hlc_of(record):
                 ops.append((key, stub(record)))
                 self.freed += len(record)
         if ops:

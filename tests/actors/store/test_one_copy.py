@@ -17,9 +17,8 @@ from prerender_ray.storage.pagelog import PageLogFull, thinning
 from prerender_ray.storage.pagelog.mirror import raw_reads
 from prerender_ray.storage.replication import Version, hlc_bytes, is_stub, payload_of, stub, wrap
 from prerender_ray.storage.rocks import pagelog_path, remove_tree, store_path
-from tests.actors.store.test_page_log import hit, legacy, payload, stepped, store
+from tests.actors.store.test_page_log import hit, legacy, payload, refused_part_way, stepped, store
 from tests.actors.store.test_replication import Net, _until
-from tests.storage.test_pagelog_recovery import full_after
 from tests.support import node_config
 
 BODY = b"<html>" + b"lorem ipsum dolor sit amet " * 1_200 + b"</html>"  # about 32 KB, as a rendered page
@@ -27,6 +26,14 @@ BODY = b"<html>" + b"lorem ipsum dolor sit amet " * 1_200 + b"</html>"  # about 
 
 def raw(s, key: str) -> bytes | None:
     return raw_reads(s.pages)([key.encode()])[0]
+
+
+async def lost_log(tmp_path: Path, keys: list[str]) -> None:
+    """``keys`` stored (one copy) by a store that then closed, and its page log lost (its disk replaced, say)."""
+    s = store(tmp_path)
+    await s.apply(pages=[(k.encode(), payload(k)) for k in keys])
+    await s.close()
+    remove_tree(pagelog_path(tmp_path, "node-a"))
 
 
 def dir_bytes(path: Path) -> int:
@@ -127,16 +134,8 @@ async def test_a_batch_refused_part_way_over_stubs_is_put_back_and_never_rolled_
     s = stepped(tmp_path)
     try:
         keys = [f"https://s.test/{i}|desktop" for i in range(3)]
-        await s.apply(pages=[(k.encode(), payload(k)) for k in keys])
-        olds = [s.pages.get(k.encode()) for k in keys]
+        olds = await refused_part_way(s, keys)
         assert all(is_stub(raw(s, k)) for k in keys)
-        size = sum(len(wrap(Version(0, "node-a"), payload(k, body=b"v2"))) + 28 for k in keys)
-        s.page_log.writer._write = full_after(size + 64 + 10)  # the bodies go in, their index records not all
-        try:
-            await s.apply(pages=[(k.encode(), payload(k, body=b"v2")) for k in keys])
-            raise AssertionError("the batch was not refused")
-        except PageLogFull:
-            pass
         assert s.page_log.mirror.previous  # the entries the refused batch replaced
         try:
             s.page_log.turn()  # still full: the repair waits, and so does compaction
@@ -177,10 +176,7 @@ async def test_a_crash_between_the_log_and_rocksdb_completes_the_write_on_the_ne
 
 async def test_a_lost_log_drops_its_stubs_so_holders_or_a_render_fill_them_again(tmp_path) -> None:
     keys = [f"https://s.test/{i}|desktop" for i in range(5)]
-    s = store(tmp_path)
-    await s.apply(pages=[(k.encode(), payload(k)) for k in keys])
-    await s.close()
-    remove_tree(pagelog_path(tmp_path, "node-a"))  # the disk that held it replaced, say
+    await lost_log(tmp_path, keys)
     s = stepped(tmp_path)
     try:
         assert s.page_log.build is None and (await s.status())["pageLog"]["oneCopy"]  # nothing to copy: built
@@ -211,10 +207,7 @@ async def test_a_peers_stub_is_never_taken_for_a_page(tmp_path) -> None:
 
 async def test_a_settling_the_disk_refuses_is_owed_again_not_forgotten(tmp_path) -> None:
     a = "https://s.test/a|desktop"
-    s = store(tmp_path)
-    await s.apply(pages=[(a.encode(), payload(a))])
-    await s.close()
-    remove_tree(pagelog_path(tmp_path, "node-a"))
+    await lost_log(tmp_path, [a])
     s = stepped(tmp_path)
     try:
 
@@ -273,10 +266,7 @@ async def test_pages_lost_with_a_page_log_are_refilled_from_their_other_holder(t
 
 async def test_the_maintenance_task_settles_lost_pages_and_asks_for_them_again(tmp_path) -> None:
     keys = [f"https://s.test/{i}|desktop" for i in range(3)]
-    s = store(tmp_path)
-    await s.apply(pages=[(k.encode(), payload(k)) for k in keys])
-    await s.close()
-    remove_tree(pagelog_path(tmp_path, "node-a"))
+    await lost_log(tmp_path, keys)
     s = store(tmp_path)  # its maintenance task running
     asked: list = []
 

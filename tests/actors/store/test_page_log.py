@@ -103,16 +103,23 @@ async def test_a_full_disk_refuses_the_pages_and_the_registry_with_them_and_rais
         await s.close()
 
 
+async def refused_part_way(s: NodeStore, keys: list[str]) -> list[bytes | None]:
+    """``keys`` written, then a second version of them refused by a full disk part way through (the
+    bodies go in, their index records not all); the records held before it."""
+    await s.apply(pages=[(k.encode(), payload(k)) for k in keys])
+    olds = [s.pages.get(k.encode()) for k in keys]
+    size = sum(len(wrap(Version(0, "node-a"), payload(k, body=b"v2"))) + 28 for k in keys)
+    s.page_log.writer._write = full_after(size + 64 + 10)
+    with pytest.raises(PageLogFull):
+        await s.apply(pages=[(k.encode(), payload(k, body=b"v2")) for k in keys])
+    return olds
+
+
 async def test_maintenance_repairs_a_batch_refused_part_way(tmp_path) -> None:
     s = store(tmp_path)
     try:
         keys = [f"https://s.test/{i}|desktop" for i in range(3)]
-        await s.apply(pages=[(k.encode(), payload(k)) for k in keys])
-        olds = [s.pages.get(k.encode()) for k in keys]
-        size = sum(len(wrap(Version(0, "node-a"), payload(k, body=b"v2"))) + 28 for k in keys)
-        s.page_log.writer._write = full_after(size + 64 + 10)
-        with pytest.raises(PageLogFull):
-            await s.apply(pages=[(k.encode(), payload(k, body=b"v2")) for k in keys])
+        olds = await refused_part_way(s, keys)
         assert hit(tmp_path, keys[0]).data != olds[0] and s.page_log.mirror.dirty
         s.page_log.writer._write = os.pwrite
         s.page_log.turn()
