@@ -27,12 +27,26 @@ task: the bytes the ASGI path would write (``HitMemo.wire``), then what uvicorn 
 response. Only where that is certainly the same: a GET or HEAD without a body or upgrade, no answer
 in flight or queued before it on the connection, writing not paused, the app the replica's own
 a ``Dated`` app with its bot path; anything else goes to uvicorn's path unchanged.
+
+**Answers held to the end of the loop's turn** (corked). A memo hit's bytes are not written at once:
+they wait with the other connections' answers made in the same turn of the event loop and go out
+together when it ends (one ``call_soon``), or once the first of them has waited ``CORK_HOLD_S``.
+Written one by one, each answer woke the client anew (on loopback the sender's ``writev`` delivers
+and wakes the reader); written together, a client woken by the first finds the rest ready. Under a
+crawl of 100,000 pages (the app outside Ray, 32 connections) that is 40-41 -> 20-24 us of system
+time an answer, 83-89 -> 57-64 us of user time, 7,700-8,000 -> 11,400-12,600 answers a second.
+Unbounded, a turn's first answers waited for all of them (p99 1.2-3.7 ms, up to 32 answers): the
+bound keeps most of the gain. Order on a connection holds: anything else that writes or closes it
+(uvicorn's path for a later request, its 400, an answer that closes, the peer's end of file, a
+shutdown, a deadline) sends what it holds first, and it holds at most ``CORK_BYTES`` (a client
+pipelining many requests in one read).
 """
 
 from __future__ import annotations
 
 import asyncio
 import resource
+import time
 import urllib.parse
 from collections import OrderedDict
 from typing import Any
@@ -47,6 +61,37 @@ from prerender_ray.config.model import Config
 
 log = logs.get("ingress")
 
+CORK_BYTES = 256 * 1024  # a connection's answers held to the turn's end; past it they go out at once
+CORK_HOLD_S = 0.0005  # the first answer of a turn is held no longer than this (and what it took to make)
+
+
+class Turn:
+    """The connections holding answers until this turn of the event loop ends (one per server)."""
+
+    __slots__ = ("held", "scheduled", "since")
+
+    def __init__(self) -> None:
+        self.held: list[GuardedHttp] = []
+        self.since = 0.0  # when the first of them was held (perf_counter)
+        self.scheduled = False
+
+    def hold(self, conn: GuardedHttp, loop: asyncio.AbstractEventLoop) -> None:
+        if not self.held:
+            self.since = time.perf_counter()
+        self.held.append(conn)
+        if not self.scheduled:
+            self.scheduled = True
+            loop.call_soon(self._ends)
+
+    def _ends(self) -> None:
+        self.scheduled = False
+        self.flush()
+
+    def flush(self) -> None:
+        held, self.held = self.held, []
+        for conn in held:
+            conn._uncork()
+
 
 class GuardedHttp(HttpToolsProtocol):
     """Set per server by ``guarded_protocol``; one subclass per uvicorn server."""
@@ -56,6 +101,7 @@ class GuardedHttp(HttpToolsProtocol):
     # Connections not serving a request, longest waiting first (the order evictions take).
     waiting: OrderedDict[GuardedHttp, None] = OrderedDict()
     memo_hits = True  # memo hits answered here (``_memo_hit``); False: every request to the app
+    turn = Turn()  # connections with answers held to the end of this turn of the loop
     _failed = False  # a memo hit here raised once (logged once a process)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -72,6 +118,8 @@ class GuardedHttp(HttpToolsProtocol):
         self._dated = app if self.memo_hits and isinstance(app, Dated) and app.bot is not None else None
         self._answered = False  # the request being parsed was answered at its headers (or dropped)
         self._closed = False  # a memo hit answered here closed the connection
+        self._cork: list[Any] | None = None  # answers written when this turn of the loop ends
+        self._cork_bytes = 0
 
     # ------------------------------------------------------------------------------- connection
 
@@ -94,6 +142,7 @@ class GuardedHttp(HttpToolsProtocol):
             self._timer.cancel()
             self._timer = None
         self.waiting.pop(self, None)
+        self._cork = None
         super().connection_lost(exc)
 
     def _evict_one(self) -> bool:
@@ -103,6 +152,7 @@ class GuardedHttp(HttpToolsProtocol):
             if oldest.transport is None or oldest.transport.is_closing():
                 continue
             oldest._due = None
+            oldest._uncork()
             self.connections.discard(oldest)  # its connection_lost comes on a later turn of the loop
             oldest.transport.abort()
             metrics.connections_closed.labels("evicted").inc()
@@ -147,6 +197,7 @@ class GuardedHttp(HttpToolsProtocol):
             self._schedule(due)
             return
         self._due = None
+        self._uncork()
         if self._timing_headers:
             self._headers_late()
         else:
@@ -179,6 +230,7 @@ class GuardedHttp(HttpToolsProtocol):
             return
         if self._dated is not None and self._memo_hit():
             return
+        self._uncork()  # uvicorn's path answers this one: what was answered before goes first
         super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:
@@ -237,12 +289,48 @@ class GuardedHttp(HttpToolsProtocol):
         if out is None:
             return False
         self._answered = True
-        self.transport.writelines(out)
+        self._send(out)
         if not keep_alive:
+            self._uncork()
             self._closed = True
             self.transport.close()
         self.on_response_complete()  # the keep-alive timer (or nothing: closing), waiting again
         return True
+
+    def _send(self, out: list[Any]) -> None:
+        """Hold ``out`` to the end of this turn of the loop, with the other connections' answers."""
+        cork = self._cork
+        if cork is None:
+            self._cork = cork = []
+            self._cork_bytes = 0
+            self.turn.hold(self, self.loop)
+        cork += out
+        for part in out:
+            self._cork_bytes += len(part)  # bytes, or a memoryview of bytes
+        if self._cork_bytes >= CORK_BYTES:
+            self._uncork()
+        elif time.perf_counter() - self.turn.since >= CORK_HOLD_S:  # a long turn: what it made so far
+            self.turn.flush()
+
+    def _uncork(self) -> None:
+        """Write what this connection holds back, now."""
+        cork = self._cork
+        if cork is not None:
+            self._cork = None
+            if not self.transport.is_closing():
+                self.transport.writelines(cork)
+
+    def eof_received(self) -> None:
+        self._uncork()  # the transport closes itself after this: what was answered goes first
+        super().eof_received()
+
+    def send_400_response(self, msg: str) -> None:
+        self._uncork()
+        super().send_400_response(msg)
+
+    def shutdown(self) -> None:
+        self._uncork()
+        super().shutdown()
 
     def on_response_complete(self) -> None:
         # uvicorn's (0.55), with the idle keep-alive deadline in place of a timer of its own
@@ -266,6 +354,7 @@ def guarded_protocol(*, header_timeout_s: float, max_connections: int) -> type[G
         header_timeout_s = timeout
         max_connections = cap
         waiting: OrderedDict[GuardedHttp, None] = OrderedDict()
+        turn = Turn()
 
     return Guarded
 
