@@ -90,7 +90,11 @@ class Turn:
     def flush(self) -> None:
         held, self.held = self.held, []
         for conn in held:
-            conn._uncork()
+            try:
+                conn._uncork()
+            except Exception as e:  # one broken transport must not hold back the others' answers
+                log.warning("held answers could not be written; the connection is closed", error=repr(e))
+                conn.transport.abort()
 
 
 class GuardedHttp(HttpToolsProtocol):

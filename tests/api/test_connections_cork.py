@@ -217,3 +217,16 @@ async def test_a_long_turn_sends_what_it_held_once_its_first_answer_waited_long_
     assert writes(server.log) == [1, 2, 3]  # a new batch: held again
     await asyncio.sleep(0)
     assert writes(server.log) == [1, 2, 3, 1]
+
+
+async def test_a_transport_that_fails_to_write_does_not_hold_back_the_others(server) -> None:
+    one, two = server.connect(1), server.connect(2)
+    one.data_received(get("/a1"))
+    two.data_received(get("/a2"))
+
+    def broken(lines: Any) -> None:
+        raise RuntimeError("broken transport")
+
+    one.transport.writelines = broken
+    await asyncio.sleep(0)
+    assert answers(server.log, 1) == ["closed"] and answers(server.log, 2) == [b"200 /a2"]
