@@ -156,7 +156,6 @@ class GuardedHttp(HttpToolsProtocol):
             if oldest.transport is None or oldest.transport.is_closing():
                 continue
             oldest._due = None
-            oldest._uncork()
             self.connections.discard(oldest)  # its connection_lost comes on a later turn of the loop
             oldest.transport.abort()
             metrics.connections_closed.labels("evicted").inc()
