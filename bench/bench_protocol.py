@@ -45,6 +45,7 @@ from bench.bench_page_reader import write_pages  # noqa: E402
 from bench.bench_serving import page_html  # noqa: E402
 from prerender_ray.serving.volatile import content_digest  # noqa: E402
 from prerender_ray.storage.pages import Page  # noqa: E402
+from tests.support import FakeTransport  # noqa: E402
 
 NODE = "node-a"
 URL = "https://bench.example/catalog/item-"
@@ -68,13 +69,12 @@ def fill(data_dir: Path, pages: int) -> None:
                                                 is_indexable=True), NODE)
 
 
-class Transport(asyncio.Transport):
+class Transport(FakeTransport):
     """Counts what is written; never pauses, never closes unless told."""
 
     def __init__(self) -> None:
         super().__init__()
         self.written = 0
-        self.closing = False
 
     def write(self, data: Any) -> None:
         self.written += len(data)
@@ -83,26 +83,6 @@ class Transport(asyncio.Transport):
         for data in lines:
             self.written += len(data)
 
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def close(self) -> None:
-        self.closing = True
-
-    def abort(self) -> None:
-        self.closing = True
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return {"peername": ("127.0.0.1", 5555), "sockname": ("127.0.0.1", 8080)}.get(name, default)
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def get_write_buffer_size(self) -> int:
-        return 0
 
 
 async def feed(proto: Any, requests: list[bytes]) -> tuple[float, int]:

@@ -38,11 +38,11 @@ import httpx  # noqa: E402 (after isolate(): Ray reads the environment at import
 
 TICK = os.sysconf("SC_CLK_TCK")
 PARAGRAPH = b"<p>Lorem ipsum dolor sit amet, consectetur adipiscing elit. %d</p>"
-PARAGRAPHS = [500]  # a page's paragraphs (``--paragraphs``): 500 make the 33 KB page
 
 
-def page(n: int) -> bytes:
-    html = (b"<!doctype html><html><head><title>Product %d</title></head><body><main>" + PARAGRAPH * PARAGRAPHS[0]
+def page(n: int, paragraphs: int) -> bytes:
+    """Page ``n`` of ``paragraphs`` paragraphs (``--paragraphs``: 500 make the 33 KB page)."""
+    html = (b"<!doctype html><html><head><title>Product %d</title></head><body><main>" + PARAGRAPH * paragraphs
             + b"</main></body></html>")
     return html.replace(b"%d", str(n).encode())
 
@@ -86,10 +86,10 @@ def role(name: str) -> str:
     return name
 
 
-async def post_all(jobs: list[dict], concurrency: int) -> tuple[float, int]:
+async def post_all(jobs: list[dict], concurrency: int, paragraphs: int) -> tuple[float, int]:
     from tests.support import result_body
 
-    bodies = [result_body(j, html=page(i)) for i, j in enumerate(jobs)]
+    bodies = [result_body(j, html=page(i, paragraphs)) for i, j in enumerate(jobs)]
     queue = list(range(len(bodies)))
     ok = 0
 
@@ -132,7 +132,7 @@ def put_and_claim(base: str, urls: list[str]) -> list[dict]:
     return [jobs[f"{u}|desktop"] for u in urls]
 
 
-def floor(n: int, tmp: Path) -> float:
+def floor(n: int, tmp: Path, paragraphs: int) -> float:
     """CPU seconds per result for the page and one schedule row in one RocksDB batch."""
     from prerender_ray.queue.schedule import ScheduleRow
     from prerender_ray.storage.pages import Page
@@ -140,7 +140,7 @@ def floor(n: int, tmp: Path) -> float:
 
     store = Store(tmp / "floor")
     now = int(time.time() * 1000)
-    bodies = [gzip.compress(page(i), 6) for i in range(n)]
+    bodies = [gzip.compress(page(i, paragraphs), 6) for i in range(n)]
     start = time.process_time()
     for i, body in enumerate(bodies):
         key = f"https://shop.test/p/{i}|desktop"
@@ -174,7 +174,7 @@ def main() -> None:
                     help="the page's size: 500 paragraphs make 33 KB of HTML; 10 make 0.7 KB (what scales with bytes)")
     ap.add_argument("--profile", default=None, help="py-spy the keeper, the store and the ingress replicas over the last round's posts into DIR")
     args = ap.parse_args()
-    PARAGRAPHS[0] = max(1, args.paragraphs)
+    paragraphs = max(1, args.paragraphs)
 
     from prerender_ray import logs
     from tests.support import RayCluster, deploy_on
@@ -195,7 +195,7 @@ def main() -> None:
                 idle = {k: v / 3.0 for k, v in delta(idle0, snapshot(pids)).items()}  # CPU s per s, idle
                 before, groups0 = snapshot(pids), group_totals(d.url)
                 spies = profile_start(args.profile, pids) if r == args.rounds - 1 else []
-                wall, ok = asyncio.run(post_all(jobs, args.concurrency))
+                wall, ok = asyncio.run(post_all(jobs, args.concurrency, paragraphs))
                 for spy in spies:
                     spy.send_signal(signal.SIGINT)  # py-spy writes what it sampled so far
                     spy.wait(60)
@@ -206,7 +206,7 @@ def main() -> None:
                 by_role: dict[str, float] = {}
                 for name, v in net.items():
                     by_role[role(name)] = by_role.get(role(name), 0.0) + v / max(ok, 1)
-                fl = floor(args.results, Path(tmp) / f"floor-{r}")
+                fl = floor(args.results, Path(tmp) / f"floor-{r}", paragraphs)
                 rounds.append((sum(net.values()) / max(ok, 1), wall, by_role, fl))
                 print(f"round {r + 1}: {ok}/{len(jobs)} accepted in {wall:.2f}s ({ok / wall:.0f}/s); "
                       f"deployment CPU {rounds[-1][0] * 1000:.2f} ms/result, floor {fl * 1000:.3f} ms, "
@@ -217,7 +217,7 @@ def main() -> None:
     finally:
         cluster.shutdown()
     best = min(rounds, key=lambda x: x[0])
-    print(f"result benchmark: {args.results} results of a {len(page(0)) / 1000:.1f} KB page (gzip), "
+    print(f"result benchmark: {args.results} results of a {len(page(0, paragraphs)) / 1000:.1f} KB page (gzip), "
           f"{args.concurrency} connections, "
           f"{args.rounds} rounds, one node")
     print(f"{'':58}{'ms CPU/result':>14}{'x floor':>10}")

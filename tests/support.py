@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import socket
@@ -427,3 +428,34 @@ def parse_python(source: str) -> Any:
     finally:
         if enabled:
             gc.enable()
+
+
+class FakeTransport(asyncio.Transport):
+    """A transport for a protocol fed in process: it never pauses and closes when told; a subclass
+    says what a write does. ``peer_port``: the client's port it reports."""
+
+    def __init__(self, peer_port: int = 5555) -> None:
+        super().__init__()
+        self.closing = False
+        self.peer_port = peer_port
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def abort(self) -> None:
+        self.close()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"peername": ("127.0.0.1", self.peer_port), "sockname": ("127.0.0.1", 8080)}.get(name, default)
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0

@@ -17,16 +17,17 @@ from uvicorn.server import ServerState
 
 from prerender_ray.api import connections
 from prerender_ray.api.connections import CORK_BYTES, guarded_protocol
+from tests.support import FakeTransport
 
 Log = list[tuple[int, bytes | str]]
 
 
-class Transport(asyncio.Transport):
+class Transport(FakeTransport):
     """Appends what is written (and when it closes) to a log shared by every connection."""
 
     def __init__(self, n: int, log: Log) -> None:
-        super().__init__()
-        self.n, self.log, self.closing = n, log, False
+        super().__init__(5000 + n)
+        self.n, self.log = n, log
 
     def write(self, data: Any) -> None:
         if not self.closing:
@@ -35,28 +36,10 @@ class Transport(asyncio.Transport):
     def writelines(self, lines: Any) -> None:
         self.write(b"".join(bytes(part) for part in lines))
 
-    def is_closing(self) -> bool:
-        return self.closing
-
     def close(self) -> None:
         if not self.closing:
-            self.closing = True
+            super().close()
             self.log.append((self.n, "closed"))
-
-    def abort(self) -> None:
-        self.close()
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return {"peername": ("127.0.0.1", 5000 + self.n), "sockname": ("127.0.0.1", 8080)}.get(name, default)
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def get_write_buffer_size(self) -> int:
-        return 0
 
 
 async def app(scope: dict, receive: Any, send: Any) -> None:

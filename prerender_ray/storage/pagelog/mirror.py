@@ -346,11 +346,12 @@ class MirroredStore(Store):
             return [mirror.resolve(k, v, again) for k, v in zip(keys, values)]
 
     def items(self, prefix: bytes = b"", start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        again = functools.partial(Store.get, self)
         for key, value in super().items(prefix, start):
             mirror = self.mirror
             if mirror is not None and is_stub(value):
                 with mirror.lock:
-                    found = mirror.resolve(key, value, functools.partial(Store.get, self))
+                    found = mirror.resolve(key, value, again)
                 if found is None:
                     continue
                 value = found
