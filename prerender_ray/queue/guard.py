@@ -32,10 +32,12 @@ MAX_TOKENS = 50_000  # script/style/comment boundaries walked; the rest of a pag
 MAX_MARKUP = 4 * 1024 * 1024  # markup outside scripts measured: counts of a larger page are lower bounds
 MAX_MARKUP_SEARCH = 2 * 1024 * 1024  # a `re:` marker searches this much markup (a not-found view is small)
 
-# What is not visible text: comments, and raw-text or hidden elements up to their end tag.
+# What is not visible text: comments, and raw-text or hidden elements up to their end tag. An element
+# whose name only starts like one (<scripts>, <title-bar>) is not one of them.
 _HIDDEN = (b"script", b"style", b"noscript", b"template", b"title", b"svg")
-_OPENERS = (b"<!--",) + tuple(b"<" + name for name in _HIDDEN)
-_NAME_CHARS = frozenset(b"abcdefghijklmnopqrstuvwxyz0123456789-_:")
+_NAME_ENDS = rb"(?![a-z0-9_:-])"
+_OPENER = re.compile(rb"<(?:!--|(" + b"|".join(_HIDDEN) + rb")" + _NAME_ENDS + rb")")
+_CLOSERS = {name: re.compile(rb"</" + name + _NAME_ENDS) for name in _HIDDEN}
 # A tag stops at the next `<` or `>`, so an unclosed one costs its own length, not the rest of the page.
 _TAG = re.compile(rb"<[!/?a-zA-Z][^<>]*>?")
 _LINK = re.compile(rb"<a\s[^<>]*?\bhref\s*=", re.I)
@@ -87,59 +89,48 @@ def _plain(marker: str) -> re.Pattern[bytes]:
 
 
 def _hidden_parts(html: bytes) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-    """The (start, end) spans of visible markup and of title text. Case-insensitive finds on a
-    lower-cased copy, each opener's next position kept, so the walk is linear in the page."""
+    """The (start, end) spans of visible markup and of title text: one regex walk over a lower-cased
+    copy, from each hidden element's end to the next opener. (Seven finds from the start, one an
+    opener, cost 18 us each on a 33 KB page that has no such element: 131 us against 43.)"""
     low = html.lower()
     n = len(low)
-    nxt = [low.find(op) for op in _OPENERS]
     visible: list[tuple[int, int]] = []
     titles: list[tuple[int, int]] = []
-    pos = steps = 0
+    pos = start = steps = 0
     while steps < MAX_TOKENS:
         steps += 1
-        live = [(at, i) for i, at in enumerate(nxt) if at >= 0]
-        if not live:
+        m = _OPENER.search(low, start)
+        if m is None:
             break
-        at, i = min(live)
-        if at < pos:  # passed over while inside another element: look again from here
-            nxt[i] = low.find(_OPENERS[i], pos)
-            continue
-        after = at + len(_OPENERS[i])
-        if i and after < n and low[after] in _NAME_CHARS:  # <scripts>, <title-bar>: not ours
-            nxt[i] = low.find(_OPENERS[i], after)
-            continue
-        if i and _HIDDEN[i - 1] == b"template" and b"shadowrootmode" in low[after:_tag_end(low, after)]:
-            nxt[i] = low.find(_OPENERS[i], after)  # declarative shadow DOM: a web component's own content
+        at, after, name = m.start(), m.end(), m.group(1)
+        if name == b"template" and b"shadowrootmode" in low[after:_tag_end(low, after)]:
+            start = after  # declarative shadow DOM: a web component's own content
             continue
         visible.append((pos, at))
-        if i == 0:
+        if name is None:
             close = low.find(b"-->", after)
             pos = n if close < 0 else close + 3
         else:
-            name = _HIDDEN[i - 1]
             open_end = _tag_end(low, after)
-            close = after
-            while True:
-                close = low.find(b"</" + name, close)
-                if close < 0 or close + 2 + len(name) >= n or low[close + 2 + len(name)] not in _NAME_CHARS:
-                    break
-                close += 2
-            if close < 0:
+            end = _CLOSERS[name].search(low, after)
+            if end is None:
                 pos = n
             else:
                 if name == b"title":
-                    titles.append((open_end, close))
-                pos = _tag_end(low, close + 2)
-        nxt[i] = low.find(_OPENERS[i], pos)
+                    titles.append((open_end, end.start()))
+                pos = _tag_end(low, end.start() + 2)
+        start = pos
     if pos < n:
         visible.append((pos, n))
     return visible, titles
 
 
 def _tag_end(low: bytes, at: int) -> int:
-    """Just past the ``>`` closing the tag at ``at`` (or at the next ``<``: a tag left open)."""
-    gt, lt = low.find(b">", at), low.find(b"<", at)
-    if gt >= 0 and (lt < 0 or gt < lt):
+    """Just past the ``>`` closing the tag at ``at`` (or at the next ``<``: a tag left open). The
+    ``>`` is looked for only up to that ``<``, so a page of open tags costs its length, not its square."""
+    lt = low.find(b"<", at)
+    gt = low.find(b">", at, lt if lt >= 0 else len(low))
+    if gt >= 0:
         return gt + 1
     return lt if lt >= 0 else len(low)
 
