@@ -13,6 +13,9 @@ Run: ``.venv/bin/python bench/bench_results.py [--results 2000] [--concurrency 8
 - Floor: in this process, the same page bytes and one schedule row written in one RocksDB batch per
   result (``Store.write``): what applying a result cannot do without.
 - ``--paragraphs 10`` posts a 0.7 KB page instead: the difference is what scales with a result's bytes.
+- ``--in-process``: then the same rounds against the same parts in one process without Ray
+  (``tests.localnode``: calls copied as Ray copies them, one event loop), posted from another process.
+  The node's CPU per result there, beside the deployment's, is what Ray's hops cost.
 - Figures are per round and the best; the machine is shared, so read the ratio.
 """
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gzip
+import json
 import os
 import signal
 import subprocess
@@ -165,6 +169,44 @@ def profile_start(out: str | None, pids: dict[str, int]) -> list[subprocess.Pope
             for name, pid in pids.items() if role(name) in ("keeper", "store", "ingress")]
 
 
+def post_from_file(path: str) -> None:
+    """The posting phase for another process (``--post``): the jobs file's posts, then wall and count."""
+    jobs, concurrency, paragraphs = json.loads(Path(path).read_text())
+    wall, ok = asyncio.run(post_all(jobs, concurrency, paragraphs))
+    print(wall, ok)
+
+
+def in_process(args: argparse.Namespace, paragraphs: int) -> list[float]:
+    """CPU seconds per result of the node's parts in this process (``--in-process``), per round."""
+    from tests.localnode import LocalNode
+
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["PRERENDER_LOG_DIR"] = str(Path(tmp) / "logs")  # to files, as placed on Ray
+        node = LocalNode.start(Path(tmp) / "data", {"deviceTypes": {"default": ["desktop"]}})
+        try:
+            me = os.getpid()
+            for r in range(args.rounds):
+                jobs = put_and_claim(node.url, [f"http://local-{r}.test/p/{i}" for i in range(args.results)])
+                Path(tmp, "jobs.json").write_text(json.dumps([jobs, args.concurrency, paragraphs]))
+                time.sleep(1.0)
+                idle0 = cpu_s(me)
+                time.sleep(3.0)
+                idle = (cpu_s(me) - idle0) / 3.0
+                before, start = cpu_s(me), time.perf_counter()
+                posted = subprocess.run([sys.executable, __file__, "--post", str(Path(tmp, "jobs.json"))],
+                                        capture_output=True, text=True, timeout=600)
+                wall = time.perf_counter() - start
+                ok = int(posted.stdout.split()[1]) if posted.returncode == 0 else 0
+                out.append(max(0.0, cpu_s(me) - before - idle * wall) / max(ok, 1))
+                print(f"in process, round {r + 1}: {ok}/{len(jobs)} accepted in {wall:.2f}s; "
+                      f"node CPU {out[-1] * 1000:.2f} ms/result", flush=True)
+        finally:
+            node.stop(drain=False)
+            os.environ.pop("PRERENDER_LOG_DIR", None)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--results", type=int, default=2000)
@@ -173,7 +215,13 @@ def main() -> None:
     ap.add_argument("--paragraphs", type=int, default=500,
                     help="the page's size: 500 paragraphs make 33 KB of HTML; 10 make 0.7 KB (what scales with bytes)")
     ap.add_argument("--profile", default=None, help="py-spy the keeper, the store and the ingress replicas over the last round's posts into DIR")
+    ap.add_argument("--in-process", action="store_true",
+                    help="then the same rounds against the same parts in one process, without Ray")
+    ap.add_argument("--post", default=None, help=argparse.SUPPRESS)  # the posting phase of --in-process
     args = ap.parse_args()
+    if args.post:
+        post_from_file(args.post)
+        return
     paragraphs = max(1, args.paragraphs)
 
     from prerender_ray import logs
@@ -227,6 +275,11 @@ def main() -> None:
     for k, v in sorted(best[2].items(), key=lambda x: -x[1]):
         print(f"{'  ' + k:58}{v * 1000:>14.2f}")
     print(f"{'per round (ms CPU/result)':58}{'  '.join(f'{x[0] * 1000:.2f}' for x in rounds):>14}")
+    if args.in_process:
+        local = in_process(args, paragraphs)
+        print(f"{'the same parts in one process, no Ray (best round)':58}{min(local) * 1000:>14.2f}"
+              f"{min(local) / best[3]:>10.1f}")
+        print(f"{'  per round (ms CPU/result)':58}{'  '.join(f'{x * 1000:.2f}' for x in local):>14}")
 
 
 if __name__ == "__main__":
