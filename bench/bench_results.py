@@ -83,6 +83,19 @@ def delta(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
     return {k: b[k] - a.get(k, 0.0) for k in b}
 
 
+def idle_rates(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds a second each process burns with no result arriving (its timers), after a settle."""
+    time.sleep(1.0)
+    before = snapshot(pids)
+    time.sleep(3.0)
+    return {k: v / 3.0 for k, v in delta(before, snapshot(pids)).items()}
+
+
+def net_of(before: dict[str, float], pids: dict[str, int], idle: dict[str, float], wall: float) -> dict[str, float]:
+    """CPU seconds each process spent since ``before``, less what it burns idle over ``wall``."""
+    return {k: max(0.0, v - idle.get(k, 0.0) * wall) for k, v in delta(before, snapshot(pids)).items()}
+
+
 def role(name: str) -> str:
     for r in ("keeper", "store", "lease", "ingress", "controller", "walker", "fleet"):
         if r in name.lower():
@@ -185,20 +198,17 @@ def in_process(args: argparse.Namespace, paragraphs: int) -> list[float]:
         os.environ["PRERENDER_LOG_DIR"] = str(Path(tmp) / "logs")  # to files, as placed on Ray
         node = LocalNode.start(Path(tmp) / "data", {"deviceTypes": {"default": ["desktop"]}})
         try:
-            me = os.getpid()
+            me = {"node": os.getpid()}
             for r in range(args.rounds):
                 jobs = put_and_claim(node.url, [f"http://local-{r}.test/p/{i}" for i in range(args.results)])
                 Path(tmp, "jobs.json").write_text(json.dumps([jobs, args.concurrency, paragraphs]))
-                time.sleep(1.0)
-                idle0 = cpu_s(me)
-                time.sleep(3.0)
-                idle = (cpu_s(me) - idle0) / 3.0
-                before, start = cpu_s(me), time.perf_counter()
+                idle = idle_rates(me)
+                before, start = snapshot(me), time.perf_counter()
                 posted = subprocess.run([sys.executable, __file__, "--post", str(Path(tmp, "jobs.json"))],
                                         capture_output=True, text=True, timeout=600)
                 wall = time.perf_counter() - start
                 ok = int(posted.stdout.split()[1]) if posted.returncode == 0 else 0
-                out.append(max(0.0, cpu_s(me) - before - idle * wall) / max(ok, 1))
+                out.append(net_of(before, me, idle, wall)["node"] / max(ok, 1))
                 print(f"in process, round {r + 1}: {ok}/{len(jobs)} accepted in {wall:.2f}s; "
                       f"node CPU {out[-1] * 1000:.2f} ms/result", flush=True)
         finally:
@@ -237,20 +247,16 @@ def main() -> None:
             for r in range(args.rounds):
                 urls = [f"http://shop-{r}.test/p/{i}" for i in range(args.results)]
                 jobs = put_and_claim(d.url, urls)
-                time.sleep(1.0)
-                idle0 = snapshot(pids)
-                time.sleep(3.0)
-                idle = {k: v / 3.0 for k, v in delta(idle0, snapshot(pids)).items()}  # CPU s per s, idle
+                idle = idle_rates(pids)
                 before, groups0 = snapshot(pids), group_totals(d.url)
                 spies = profile_start(args.profile, pids) if r == args.rounds - 1 else []
                 wall, ok = asyncio.run(post_all(jobs, args.concurrency, paragraphs))
                 for spy in spies:
                     spy.send_signal(signal.SIGINT)  # py-spy writes what it sampled so far
                     spy.wait(60)
-                spent = delta(before, snapshot(pids))
+                net = net_of(before, pids, idle, wall)
                 groups1 = group_totals(d.url)
                 per_group = (groups1[0] - groups0[0]) / max(1.0, groups1[1] - groups0[1])
-                net = {k: max(0.0, v - idle.get(k, 0.0) * wall) for k, v in spent.items()}
                 by_role: dict[str, float] = {}
                 for name, v in net.items():
                     by_role[role(name)] = by_role.get(role(name), 0.0) + v / max(ok, 1)
