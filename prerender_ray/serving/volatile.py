@@ -10,6 +10,11 @@ none of them hashes exactly as its raw bytes do.
 
 Cheap: a page without any of them costs two substring checks; one with them a literal-first regex
 pass each. Streamed with the decoder, a piece at a time.
+
+Bounded: each candidate (a ``nonce=``, a meta naming a nonce or a token) costs a Python call, so a
+hostile page of millions of them held a keeper's loop for seconds (0.3 s per 2 MB of ``nonce=a``, 3 s
+at the 20 MB cap). A page's first ``MAX_CANDIDATES`` of each kind are looked at, the rest hashed as
+they are: in document order, so a stream cut anywhere still hashes as the whole page does.
 """
 
 from __future__ import annotations
@@ -24,12 +29,14 @@ from prerender_ray.decoding import MAX_HTML_BYTES, Decoder, TooLarge
 MAX_TAG = 4096  # bytes of one tag looked into; a longer tag is hashed as it is
 MAX_VALUE = 512  # a longer value is not a nonce or a token: hashed as it is
 MAX_SEGMENT = 1024 * 1024  # a stream is normalized in runs ending at a ">"; a longer run goes as it is
+MAX_CANDIDATES = 4096  # of each kind a page; a real page holds a few dozen scripts and metas
 _VALUE = rb"""(?:"[^"<>]{0,%d}"|'[^'<>]{0,%d}'|[^\s"'<>=`]{1,%d})""" % (MAX_VALUE, MAX_VALUE, MAX_VALUE)
 # Literal-first patterns (the scan between candidates runs in C), with names as the browser
 # serializes them (lowercase): the fleet posts Chromium's serialization. No match holds a ">" but
 # as its last byte, so a document cut after any ">" normalizes piece by piece as it does whole.
 _NONCE = re.compile(rb"nonce\s{0,16}=\s{0,16}" + _VALUE)
-_META = re.compile(rb"<meta\b[^<>]{0,%d}>" % MAX_TAG)
+# only a meta that names a nonce or a token is a candidate (whatever else the piece holds)
+_META = re.compile(rb"<meta\b(?=[^<>]{0,%d}?(?:nonce|csrf-token))[^<>]{0,%d}>" % (MAX_TAG, MAX_TAG))
 _NONCE_TAGS = re.compile(rb"<(?:script|style|link)[\s/]")
 _ATTR_START = frozenset(b' \t\n\r\f"\'/')
 _CSP_NONCE = re.compile(rb"'nonce-[^'\s<>]{0,%d}'" % MAX_VALUE)
@@ -54,13 +61,27 @@ def _meta(m: re.Match[bytes]) -> bytes:
     return _CONTENT.sub(rb'\1""', tag) if _TOKEN_META.search(tag) else tag
 
 
-def normalized(data: bytes) -> bytes:
-    """``data`` with the volatile values blanked. Most pages hold none: two substring checks."""
+class Budget:
+    """What is left of a page's candidates of each kind (``MAX_CANDIDATES``)."""
+
+    __slots__ = ("metas", "nonces")
+
+    def __init__(self) -> None:
+        self.nonces = self.metas = MAX_CANDIDATES
+
+
+def normalized(data: bytes, budget: Budget | None = None) -> bytes:
+    """``data`` with the volatile values blanked, within ``budget`` (a whole page's when None). Most
+    pages hold none: two substring checks."""
+    if budget is None:
+        budget = Budget()
     nonce = b"nonce" in data
-    if nonce:
-        data = _NONCE.sub(_nonce, data)
-    if nonce or b"csrf-token" in data:
-        data = _META.sub(_meta, data)
+    if nonce and budget.nonces:
+        data, n = _NONCE.subn(_nonce, data, count=budget.nonces)
+        budget.nonces -= n
+    if (nonce or b"csrf-token" in data) and budget.metas:
+        data, n = _META.subn(_meta, data, count=budget.metas)
+        budget.metas -= n
     return data
 
 
@@ -72,6 +93,7 @@ class Normalizer:
     def __init__(self, sink: Callable[[bytes], object]):
         self.sink = sink
         self._carry = b""
+        self._budget = Budget()  # the page's, across its pieces
 
     def feed(self, piece: bytes) -> None:
         buf = self._carry + piece if self._carry else piece
@@ -79,12 +101,12 @@ class Normalizer:
         if cut == 0 and len(buf) > MAX_SEGMENT:
             cut = len(buf)
         if cut:
-            self.sink(normalized(buf[:cut]) if cut < len(buf) else normalized(buf))
+            self.sink(normalized(buf[:cut] if cut < len(buf) else buf, self._budget))
         self._carry = buf[cut:]
 
     def finish(self) -> None:
         if self._carry:
-            self.sink(normalized(self._carry))
+            self.sink(normalized(self._carry, self._budget))
             self._carry = b""
 
 

@@ -79,11 +79,8 @@ def test_every_coding_gives_the_same_hash_and_the_cap_holds() -> None:
         content_digest(gzip.compress(big), "gzip", 1000)
 
 
-@settings(deadline=None)  # a loaded machine is slow; speed is the benchmarks' business
-@given(st.lists(st.integers(min_value=0, max_value=12_000), max_size=12), st.integers(min_value=0, max_value=9))
-def test_streamed_in_any_pieces_is_the_whole_normalized(cuts: list[int], filler: int) -> None:
-    # tags straddling piece borders, and a tag longer than the bound (hashed as it is) among them
-    doc = (b"x" * (filler * 997) + varied() + b"<script nonce='" + b"n" * (MAX_TAG + 50) + b"'>" + varied()) * 2
+def streamed(doc: bytes, cuts: list[int]) -> bytes:
+    """``doc`` through a Normalizer, fed in pieces cut at ``cuts`` (modulo its length)."""
     out: list[bytes] = []
     n = Normalizer(out.append)
     last = 0
@@ -92,5 +89,69 @@ def test_streamed_in_any_pieces_is_the_whole_normalized(cuts: list[int], filler:
         last = cut
     n.feed(doc[last:])
     n.finish()
-    assert b"".join(out) == normalized(doc)
+    return b"".join(out)
+
+
+@settings(deadline=None)  # a loaded machine is slow; speed is the benchmarks' business
+@given(st.lists(st.integers(min_value=0, max_value=12_000), max_size=12), st.integers(min_value=0, max_value=9))
+def test_streamed_in_any_pieces_is_the_whole_normalized(cuts: list[int], filler: int) -> None:
+    # tags straddling piece borders, and a tag longer than the bound (hashed as it is) among them
+    doc = (b"x" * (filler * 997) + varied() + b"<script nonce='" + b"n" * (MAX_TAG + 50) + b"'>" + varied()) * 2
+    assert streamed(doc, cuts) == normalized(doc)
     assert b"QWxhZGRpbjpvcGVu" not in normalized(varied())
+
+
+# ------------------------------------------------------------------ a page of millions of candidates
+
+def _old_normalized(data: bytes) -> bytes:
+    """The pass before candidates were bounded (every meta a candidate): the oracle below the bound."""
+    from prerender_ray.serving import volatile
+
+    old_meta = __import__("re").compile(rb"<meta\b[^<>]{0,%d}>" % MAX_TAG)
+    nonce = b"nonce" in data
+    if nonce:
+        data = volatile._NONCE.sub(volatile._nonce, data)
+    if nonce or b"csrf-token" in data:
+        data = old_meta.sub(volatile._meta, data)
+    return data
+
+
+PIECES = [b"<script ", b"<style ", b"<link ", b"<meta ", b"<div ", b"nonce", b"=", b'"a"', b"'b'", b"c", b" ", b">",
+          b"<", b"name=", b"csrf-token", b"csp-nonce", b"content=", b"'nonce-x'", b"/", b"\n", b"http-equiv=x "]
+
+
+@settings(deadline=None)
+@given(st.lists(st.sampled_from(PIECES), max_size=60))
+def test_below_the_bound_it_blanks_what_it_always_did(parts: list[bytes]) -> None:
+    doc = b"".join(parts)
+    assert normalized(doc) == _old_normalized(doc)
+
+
+@pytest.mark.parametrize("unit", [b"<script nonce=a>", b" nonce=a", b"<meta name=csrf-token content=a>",
+                                  b"<meta content=\"'nonce-a'\">"])
+def test_a_page_of_candidates_costs_a_bounded_number_of_calls(monkeypatch, unit: bytes) -> None:
+    from prerender_ray.serving import volatile
+
+    calls = []
+    for name in ("_nonce", "_meta"):
+        fn = getattr(volatile, name)
+        monkeypatch.setattr(volatile, name, lambda m, fn=fn: calls.append(1) or fn(m))
+    doc = b"<html>" + unit * (3 * volatile.MAX_CANDIDATES)
+    out = normalized(doc)
+    assert len(calls) <= 2 * volatile.MAX_CANDIDATES  # one bound a kind, however many the page holds
+    if unit.startswith(b"<"):  # a candidate blanks: the first ones are, the rest pass as they are
+        assert out != doc and out.endswith(unit * volatile.MAX_CANDIDATES)
+
+
+@settings(deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=4000), max_size=8))
+def test_the_bound_holds_the_same_whatever_the_pieces(cuts: list[int]) -> None:
+    from prerender_ray.serving import volatile
+
+    saved = volatile.MAX_CANDIDATES
+    volatile.MAX_CANDIDATES = 5  # not monkeypatch: hypothesis runs this many times in one test
+    try:
+        doc = (varied() + b"<script nonce=q>" * 3 + b'<meta name="csrf-token" content="t">') * 6
+        assert streamed(doc, cuts) == normalized(doc) != doc
+    finally:
+        volatile.MAX_CANDIDATES = saved
