@@ -2,7 +2,7 @@
 (``api.connections.GuardedHttp`` over the real app, ``api.app.create_asgi``) through a fake
 transport, no socket and no Ray, beside raw httptools parsing the same bytes in the same run.
 
-Run: ``.venv/bin/python bench/bench_protocol.py [--pages 100000] [--requests 20000] [--rounds 3] [--alone]``
+Run: ``.venv/bin/python bench/bench_protocol.py [--pages 100000] [--requests 20000] [--rounds 3] [--alone] [--steps]``
 
 Where the per-URL path is compiled (``prerender_ray/native``), the same rows are measured from
 source in a process of their own (``PRERENDER_RAY_NATIVE=0``) and printed beside them.
@@ -15,6 +15,10 @@ Rows, each the best of its rounds in microseconds a request:
 - **hot hit**: one page asked again and again (the hit memo);
 - **spread hit**: pages in random order, each asked once (a crawl: the spread lane); each round asks
   pages no round asked before while there are enough (``--pages`` >= rounds x ``--requests``).
+
+With ``--steps``, a spread hit's budget: the same replica's steps timed one by one over pages no round
+asked for (the ingress decision, the lane's entry and answer, and inside the answer each step as
+``Lane.wire`` takes it), beside the whole request through the protocol.
 
 The pages are written as the store writes them (a framed record in its replication envelope, into the
 page log); bodies are 30 KB of gzip, all in the page cache.
@@ -98,11 +102,80 @@ async def feed(proto: Any, requests: list[bytes]) -> tuple[float, int]:
     return (time.perf_counter() - start) / len(requests) * 1e6, via_asgi
 
 
+def steps(ctx: Any, proto: Any, fresh: list[int]) -> dict[str, float]:
+    """Microseconds a spread hit spends in each step, over ``fresh`` pages (never asked before), as
+    ``BotMiddleware.wire`` and ``Lane.wire`` take them; the class entry is the lane's newest."""
+    from uvicorn.protocols.http.httptools_impl import STATUS_LINE
+
+    from prerender_ray.api.bot.lane import _LINK, link_line
+    from prerender_ray.api.bot.wire import HEAD_END
+    from prerender_ray.serving.framing import takes_stored, wire_frame
+    from prerender_ray.serving.responses import age_seconds
+    from prerender_ray.storage.pagelog import key_hash
+    from prerender_ray.storage.pages import decode_head
+    from prerender_ray.storage.replication import payload_view
+    from prerender_ray.timeutil import now_ms
+
+    state = ctx.state
+    services, lane, dater = state.services, state.services.lane, proto._dated.dater
+    pages, reader = services.pages, services.pages.log
+    entry = next(reversed(lane._entries.values()))
+    headers = {"host": "127.0.0.1:8080", "user-agent": UA, "accept-encoding": "gzip, deflate, br"}
+    names = ("the ingress decision", "the lane's class entry", "the lane's answer (Lane.wire)", "  key hash, index entry",
+             "  pread and checksum", "  envelope and record head", "  Date, frame lines, coding", "  the head joined",
+             "  the counts")
+    spent = dict.fromkeys(names, 0)
+    clock = time.perf_counter_ns
+    half = len(fresh) // 2
+    for n, i in enumerate(fresh):
+        a = clock()
+        req = state.resolve("GET", f"/p/{URL}{i}", "", headers)
+        b = clock()
+        now = now_ms()
+        if n < half:  # the lane as it runs
+            found = lane.find(lane.key(entry.who, entry.site, req), state, entry.who, entry.site, req, now)
+            c = clock()
+            lane.wire(found or entry, state, req, headers, now, dater, False)
+            d = clock()
+            spent[names[0]] += b - a
+            spent[names[1]] += c - b
+            spent[names[2]] += d - c
+            continue
+        # its steps one by one, on other pages (a page read twice is cheaper the second time)
+        t0 = clock()
+        hashed = key_hash(req.cache_key)
+        pages.log_entry(hashed)
+        t1 = clock()
+        hit = reader.get(hashed)
+        t2 = clock()
+        head = decode_head(payload_view(hit.data))
+        t3 = clock()
+        second, date = dater.date()
+        wired = wire_frame(head.frame)
+        takes_stored(wired.coding, headers["accept-encoding"])
+        lines = wired.lines(second, date)
+        t4 = clock()
+        tail = [link_line(req.url) if line is _LINK else line for line in entry.tail]
+        age = age_seconds(hit.last_cached, now)
+        b"".join((STATUS_LINE[200], b"date: ", date, b"\r\n", lines, b"" if age is None else b"age: %d\r\n" % age,
+                  *tail, HEAD_END[False]))
+        t5 = clock()
+        for fn, args in entry.steps:
+            fn(*args)
+        for fn, args in entry.timed:
+            fn(services, now, hit.last_cached, *args[1:])
+        t6 = clock()
+        for name, took in zip(names[3:], (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5)):
+            spent[name] += took
+    return {name: took / (half if k < 3 else len(fresh) - half) / 1e3 for k, (name, took) in enumerate(spent.items())}
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pages", type=int, default=100_000)
     ap.add_argument("--requests", type=int, default=20_000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", action="store_true", help="time a spread hit's steps one by one (its budget)")
     ap.add_argument("--alone", action="store_true",
                     help="this build only (by default a compiled build is measured beside its sources)")
     ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # the sources' run, for the table
@@ -185,6 +258,14 @@ async def main() -> None:
             if name not in best or got[0] < best[name][0]:
                 best[name] = got
     services = ctx.state.services
+    budget = None
+    if args.steps:  # pages no round asked for (a short --pages reuses the first ones)
+        used = args.rounds * args.requests
+        fresh = (order[used:] if used < len(order) else order)[:args.requests]
+        lane_ttl, services.lane.ttl_ms = services.lane.ttl_ms, 10 ** 9  # one class entry throughout
+        await feed(proto, [request(i) for i in fresh[:1]] * 2)
+        budget = steps(ctx, proto, fresh[1:])
+        services.lane.ttl_ms = lane_ttl
     tmp.cleanup()
     if args.json:
         print("rows " + json.dumps(best))
@@ -200,6 +281,10 @@ async def main() -> None:
             line += f"   {sources[name][0]:11.2f}  {us / sources[name][0]:15.2f}"
         print(line)
     print(f"spread lane: {services.lane.hits:,} hits, {services.lane.kept:,} entries made")
+    if budget is not None:
+        print(f"a spread hit's steps, one by one (us), beside the whole request ({best['spread hit'][0]:.2f} us):")
+        for name, us in budget.items():
+            print(f"  {name:34s} {us:8.2f}")
 
 
 if __name__ == "__main__":
