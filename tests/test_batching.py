@@ -93,3 +93,37 @@ async def test_a_deadline_on_a_caller_does_not_hang_the_others() -> None:
         await asyncio.wait_for(gc.submit(1), 0.01)
     rec.gate.set()
     assert await asyncio.wait_for(gc.submit(2), 1) == 20
+
+
+# ------------------------------------------------------------------------------------- linger
+
+
+async def test_after_a_shared_call_the_next_waits_its_linger_for_more_callers() -> None:
+    rec = Recorder()
+    rec.gate.set()
+    gc = GroupCommit(rec.flush, linger_s=0.5)
+    assert await asyncio.gather(gc.submit(1), gc.submit(2)) == [10, 20]  # after an idle spell: at once
+    three = asyncio.ensure_future(gc.submit(3))
+    await asyncio.sleep(0)  # the drain is lingering now: without the linger, [3] would be in flight
+    assert rec.calls == [[1, 2]]
+    four = asyncio.ensure_future(gc.submit(4))
+    assert [await three, await four] == [30, 40]
+    assert rec.calls == [[1, 2], [3, 4]]
+
+
+async def test_a_lone_caller_after_a_lone_call_does_not_linger() -> None:
+    rec = Recorder()
+    rec.gate.set()
+    gc = GroupCommit(rec.flush, linger_s=30)
+    assert await asyncio.wait_for(gc.submit(1), 5) == 10
+    assert await asyncio.wait_for(gc.submit(2), 5) == 20  # the last call carried one: no one to wait for
+    assert rec.calls == [[1], [2]]
+
+
+async def test_a_full_batch_does_not_linger() -> None:
+    rec = Recorder()
+    rec.gate.set()
+    gc = GroupCommit(rec.flush, max_batch=2, linger_s=30)
+    assert await asyncio.wait_for(asyncio.gather(gc.submit(1), gc.submit(2)), 5) == [10, 20]
+    assert await asyncio.wait_for(asyncio.gather(gc.submit(3), gc.submit(4)), 5) == [30, 40]
+    assert rec.calls == [[1, 2], [3, 4]]
