@@ -184,10 +184,16 @@ async def _render_all(base: str, gz: bytes, n: int, connections: int = 32) -> in
 
 class RawPoster:
     """POSTs over kept-alive loopback connections with the least Python: the request's bytes written,
-    the answer's head and Content-Length (or chunked) body read. httpx spent about a quarter of a core
-    at 100 results a second, on the two cores the service under test has; wrk is C for the same reason."""
+    the answer read by ``tests.api.live_server.response`` (the service's answers carry a Content-Length).
+    httpx spent about a quarter of a core at 100 results a second, on the two cores the service under
+    test has; wrk is C for the same reason."""
 
     def __init__(self, base: str, size: int) -> None:
+        # here, not at the top: it imports the app and Ray, whose auth settings must come from the
+        # cluster the bench starts first
+        from tests.api.live_server import response
+
+        self.response = response
         host, _, port = base.removeprefix("http://").rstrip("/").partition(":")
         self.host, self.port = host, int(port or 80)
         self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
@@ -195,35 +201,17 @@ class RawPoster:
 
     async def post(self, path: str, body: bytes, headers: dict[str, str], timeout: float = 30) -> tuple[int, bytes]:
         async with self.slots:
-            conn = self.idle.pop() if self.idle else await asyncio.open_connection(self.host, self.port)
+            reader, writer = self.idle.pop() if self.idle else await asyncio.open_connection(self.host, self.port)
+            head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+            writer.write(f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n{head}"
+                         f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
             try:
-                status, answer, keep = await asyncio.wait_for(self._exchange(conn, path, body, headers), timeout)
+                answer = await asyncio.wait_for(self.response(reader), timeout)
             except BaseException:
-                conn[1].close()
+                writer.close()  # a connection the server closed, or an answer cut short: never reused
                 raise
-            if keep:
-                self.idle.append(conn)
-            else:
-                conn[1].close()
-            return status, answer
-
-    async def _exchange(self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], path: str, body: bytes,
-                        headers: dict[str, str]) -> tuple[int, bytes, bool]:
-        reader, writer = conn
-        head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-        writer.write(f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n{head}"
-                     f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-        lines = (await reader.readuntil(b"\r\n\r\n")).split(b"\r\n")
-        status = int(lines[0].split()[1])
-        fields = {k.strip().lower(): v.strip() for k, _, v in (line.partition(b":") for line in lines[1:] if line)}
-        keep = fields.get(b"connection", b"").lower() != b"close"
-        if fields.get(b"transfer-encoding") == b"chunked":
-            parts = []
-            while size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16):
-                parts.append((await reader.readexactly(size + 2))[:-2])
-            await reader.readuntil(b"\r\n")
-            return status, b"".join(parts), keep
-        return status, await reader.readexactly(int(fields.get(b"content-length", b"0"))), keep
+            self.idle.append((reader, writer))
+            return answer
 
     def close(self) -> None:
         for _, writer in self.idle:

@@ -62,12 +62,12 @@ def _meta(m: re.Match[bytes]) -> bytes:
 
 
 class Budget:
-    """What is left of a page's candidates of each kind (``MAX_CANDIDATES``)."""
+    """What is left of a page's candidates of each kind."""
 
     __slots__ = ("metas", "nonces")
 
-    def __init__(self) -> None:
-        self.nonces = self.metas = MAX_CANDIDATES
+    def __init__(self, limit: int = MAX_CANDIDATES) -> None:
+        self.nonces = self.metas = limit
 
 
 def normalized(data: bytes, budget: Budget | None = None) -> bytes:
@@ -88,12 +88,13 @@ def normalized(data: bytes, budget: Budget | None = None) -> bytes:
 class Normalizer:
     """``normalized`` over a stream: ``feed`` pieces, then ``finish``; ``sink`` receives the output,
     whose concatenation is ``normalized`` of the whole input (cut after the last ">" of each piece,
-    the rest carried; a run of ``MAX_SEGMENT`` bytes without one is passed on as it comes)."""
+    the rest carried; a run of ``MAX_SEGMENT`` bytes without one is passed on as it comes), within
+    ``limit`` candidates of each kind for the whole stream."""
 
-    def __init__(self, sink: Callable[[bytes], object]):
+    def __init__(self, sink: Callable[[bytes], object], limit: int = MAX_CANDIDATES):
         self.sink = sink
         self._carry = b""
-        self._budget = Budget()  # the page's, across its pieces
+        self._budget = Budget(limit)  # the page's, across its pieces
 
     def feed(self, piece: bytes) -> None:
         buf = self._carry + piece if self._carry else piece

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import re
 
 import brotli
 import pytest
@@ -10,7 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prerender_ray.decoding import TooLarge, decoded_digest
-from prerender_ray.serving.volatile import MAX_TAG, Normalizer, content_digest, normalized
+from prerender_ray.serving import volatile
+from prerender_ray.serving.volatile import (
+    MAX_CANDIDATES,
+    MAX_TAG,
+    Budget,
+    Normalizer,
+    content_digest,
+    normalized,
+)
 
 PAGE = (b'<!doctype html><html><head><meta http-equiv="Content-Security-Policy" '
         b"content=\"script-src 'self' 'nonce-QWxhZGRpbjpvcGVu'; style-src 'nonce-QWxhZGRpbjpvcGVu'\">"
@@ -53,8 +62,6 @@ def test_values_outside_the_places_it_knows_count(doc: bytes) -> None:
 
 
 def test_a_long_run_without_a_tag_end_is_passed_on_in_bounded_pieces(monkeypatch) -> None:
-    from prerender_ray.serving import volatile
-
     monkeypatch.setattr(volatile, "MAX_SEGMENT", 1000)
     out: list[bytes] = []
     n = Normalizer(out.append)
@@ -79,10 +86,10 @@ def test_every_coding_gives_the_same_hash_and_the_cap_holds() -> None:
         content_digest(gzip.compress(big), "gzip", 1000)
 
 
-def streamed(doc: bytes, cuts: list[int]) -> bytes:
+def streamed(doc: bytes, cuts: list[int], limit: int = MAX_CANDIDATES) -> bytes:
     """``doc`` through a Normalizer, fed in pieces cut at ``cuts`` (modulo its length)."""
     out: list[bytes] = []
-    n = Normalizer(out.append)
+    n = Normalizer(out.append, limit)
     last = 0
     for cut in sorted(c % (len(doc) + 1) for c in cuts):
         n.feed(doc[last:cut])
@@ -103,16 +110,16 @@ def test_streamed_in_any_pieces_is_the_whole_normalized(cuts: list[int], filler:
 
 # ------------------------------------------------------------------ a page of millions of candidates
 
-def _old_normalized(data: bytes) -> bytes:
-    """The pass before candidates were bounded (every meta a candidate): the oracle below the bound."""
-    from prerender_ray.serving import volatile
+_OLD_META = re.compile(rb"<meta\b[^<>]{0,%d}>" % MAX_TAG)  # every meta a candidate
 
-    old_meta = __import__("re").compile(rb"<meta\b[^<>]{0,%d}>" % MAX_TAG)
+
+def _old_normalized(data: bytes) -> bytes:
+    """The pass before candidates were bounded: the oracle below the bound."""
     nonce = b"nonce" in data
     if nonce:
         data = volatile._NONCE.sub(volatile._nonce, data)
     if nonce or b"csrf-token" in data:
-        data = old_meta.sub(volatile._meta, data)
+        data = _OLD_META.sub(volatile._meta, data)
     return data
 
 
@@ -130,28 +137,19 @@ def test_below_the_bound_it_blanks_what_it_always_did(parts: list[bytes]) -> Non
 @pytest.mark.parametrize("unit", [b"<script nonce=a>", b" nonce=a", b"<meta name=csrf-token content=a>",
                                   b"<meta content=\"'nonce-a'\">"])
 def test_a_page_of_candidates_costs_a_bounded_number_of_calls(monkeypatch, unit: bytes) -> None:
-    from prerender_ray.serving import volatile
-
     calls = []
     for name in ("_nonce", "_meta"):
         fn = getattr(volatile, name)
         monkeypatch.setattr(volatile, name, lambda m, fn=fn: calls.append(1) or fn(m))
-    doc = b"<html>" + unit * (3 * volatile.MAX_CANDIDATES)
+    doc = b"<html>" + unit * (3 * MAX_CANDIDATES)
     out = normalized(doc)
-    assert len(calls) <= 2 * volatile.MAX_CANDIDATES  # one bound a kind, however many the page holds
+    assert len(calls) <= 2 * MAX_CANDIDATES  # one bound a kind, however many the page holds
     if unit.startswith(b"<"):  # a candidate blanks: the first ones are, the rest pass as they are
-        assert out != doc and out.endswith(unit * volatile.MAX_CANDIDATES)
+        assert out != doc and out.endswith(unit * MAX_CANDIDATES)
 
 
 @settings(deadline=None)
 @given(st.lists(st.integers(min_value=0, max_value=4000), max_size=8))
 def test_the_bound_holds_the_same_whatever_the_pieces(cuts: list[int]) -> None:
-    from prerender_ray.serving import volatile
-
-    saved = volatile.MAX_CANDIDATES
-    volatile.MAX_CANDIDATES = 5  # not monkeypatch: hypothesis runs this many times in one test
-    try:
-        doc = (varied() + b"<script nonce=q>" * 3 + b'<meta name="csrf-token" content="t">') * 6
-        assert streamed(doc, cuts) == normalized(doc) != doc
-    finally:
-        volatile.MAX_CANDIDATES = saved
+    doc = (varied() + b"<script nonce=q>" * 3 + b'<meta name="csrf-token" content="t">') * 6
+    assert streamed(doc, cuts, limit=5) == normalized(doc, Budget(5)) != doc
