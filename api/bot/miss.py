@@ -212,18 +212,21 @@ class Miss:
     async def from_origin(self, req: BotRequest, headers: dict[str, str], debug: bool, out: Outcome, *,
                           reason: str, discover: bool = True) -> Reply:
         """GET the canonical URL (a HEAD too: one fetch serves both), shared by concurrent misses
-        of the same key. Validators are not forwarded: the origin sends the full page, and a bot's
-        If-None-Match is answered here against it, so one answer fits every waiter."""
+        of the same key that send the origin the same headers. Validators are not forwarded: the
+        origin sends the full page, and a bot's If-None-Match is answered here against it."""
         pin = staging_ip(self.cfg.origin.staging, headers)
         forward = self._forward(req, headers, strip_validators=True)
         client = self.origin
-        # The bot's Accept goes to the origin, which may answer Markdown to it (Cloudflare's Markdown
-        # for Agents does): an agent asking for Markdown never shares a fetch with an HTML bot.
+        # The origin may shape its answer by any header it gets (Accept: Cloudflare's Markdown for
+        # Agents answers Markdown to it; X-Forwarded-Host; Accept-Language): a fetch is shared only by
+        # misses it cannot tell apart, so no bot is handed an answer another bot's headers shaped.
         asks_markdown = wants_markdown(headers.get("accept"))
         try:
             answer, leader = await client.collapsed(
-                (req.cache_key, pin, asks_markdown),
+                (req.cache_key, pin, tuple(forward)),
                 lambda: client.fetch("GET", req.url, forward, reason=reason, pin=pin))
+            if answer.status == 206:  # we never ask for a range: a part of the page is not the page
+                raise OriginError(502, "protocol", "the origin answered 206 to a request without Range")
         except OriginError as e:
             return self._origin_failed(req, e, debug, out)
         out.via_staging = answer.via_staging

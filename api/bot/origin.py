@@ -16,7 +16,8 @@ and proxies any host it is asked for:
   is set; a refusal is a 403 naming the origin, before any connection (so before the token is sent);
 - no cookie is kept: one origin's ``Set-Cookie`` is never replayed to a later fetch;
 - staging pinning connects to the configured IP while Host and TLS SNI stay the real host;
-- concurrent misses of one key share one fetch (``collapsed``).
+- concurrent misses of one key share one fetch (``collapsed``: the caller keys it, ``Miss.from_origin``
+  by the headers it sends too).
 """
 
 from __future__ import annotations

@@ -30,8 +30,9 @@ HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
-# Never forwarded: hop-by-hop, what we set ourselves, the bot's credentials, and the framing of a
-# body the outgoing client re-frames (content-length).
+# Never forwarded: hop-by-hop, what we set ourselves, the bot's credentials, the framing of a
+# body the outgoing client re-frames (content-length), and Range: a miss relays the whole page (a
+# 206 is refused), which the bot's Range must not turn into a byte of it.
 _ALWAYS_IGNORED = HOP_BY_HOP | {
     "host",
     "user-agent",
@@ -39,6 +40,7 @@ _ALWAYS_IGNORED = HOP_BY_HOP | {
     "cookie",
     "authorization",
     "content-length",
+    "range",
 }
 VALIDATORS = frozenset({"if-none-match", "if-modified-since", "if-match", "if-unmodified-since", "if-range"})
 

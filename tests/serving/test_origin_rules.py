@@ -127,6 +127,13 @@ def test_render_now_headers_never_reach_the_origin() -> None:
     assert "x-harper-render-now" not in _names(default) and "x-harper-render-miss" not in _names(default)
 
 
+@pytest.mark.parametrize("strip", [True, False])
+def test_a_range_is_never_forwarded(strip: bool) -> None:
+    """A miss relays the whole page to every bot sharing its fetch; the bypass has no ranges to ask."""
+    out = _out({"range": "bytes=0-0", "Range": "bytes=1-1"}, strip_validators=strip)
+    assert _names(out) == ["user-agent", "x-harper-renderer-bypass", "accept-encoding"]
+
+
 def test_validators_are_forwarded_unless_stripping_is_asked() -> None:
     request = {
         "if-none-match": '"v1"',

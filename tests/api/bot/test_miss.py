@@ -342,3 +342,105 @@ async def test_a_bot_request_body_streams_to_the_origin_and_is_never_held_whole(
         await close_replica(ctx)
         origin.close()
 
+
+
+class GatedOrigin:
+    """An origin on 127.0.0.1 whose page waits for ``open`` before it answers: 206 and one byte to a
+    request with a Range (``always_partial``: to every request), else 200 and the whole page. Records
+    the head of every request."""
+
+    def __init__(self, *, always_partial: bool = False) -> None:
+        import asyncio
+
+        self.always_partial = always_partial
+        self.open = asyncio.Event()
+        self.heads: list[dict[str, str]] = []
+        self.arrived = asyncio.Event()  # a request reached the origin
+
+    async def handle(self, reader, writer) -> None:  # type: ignore[no-untyped-def]
+        import asyncio
+
+        try:
+            lines = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")[1:]
+            head = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines if line)}
+            self.heads.append(head)
+            self.arrived.set()
+            await asyncio.wait_for(self.open.wait(), 15)
+            if "range" in head or self.always_partial:
+                writer.write(b"HTTP/1.1 206 Partial Content\r\ncontent-type: text/html\r\n"
+                             b"content-range: bytes 0-0/*\r\ncontent-length: 1\r\n\r\nX")
+            else:
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: %d\r\n\r\n%s"
+                             % (len(HTML), HTML))
+            await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
+            pass
+        writer.close()
+
+
+async def _misses_at_once(tmp_path, origin: GatedOrigin, *extras: str) -> list[tuple[int, bytes]]:
+    """One miss per ``extras`` (extra header lines), each sent once the ones before it reached the shared
+    fetch (the origin client's ``collapsed``, counted by a spy); the origin answers once all have."""
+    import asyncio
+
+    from tests.api.live_server import WAIT_S, connect, request, response, serving
+
+    server = await asyncio.start_server(origin.handle, "127.0.0.1", 0)
+    at = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    cfg = Config.model_validate({"domains": [at], "server": {"data_dir": str(tmp_path)}})
+    ctx = NodeContext(cfg=cfg, node=NodeInfo(name="n1", host="127.0.0.1", port=1, ray_node_id="x"),
+                      data_dir=str(tmp_path))
+    asgi = create_asgi(ctx)
+    client = open_replica(ctx).services.origin
+    collapsed, joined = client.collapsed, asyncio.Queue()  # type: ignore[var-annotated]
+
+    async def spied(key, start):  # type: ignore[no-untyped-def]
+        joined.put_nowait(key)
+        return await collapsed(key, start)
+
+    client.collapsed = spied  # type: ignore[method-assign]
+    try:
+        async with serving(asgi, cfg) as port:
+            conns, answers = [], []
+            for extra in extras:
+                r, w = await connect(port)
+                w.write(request(f"/p/http://{at}/gated", extra=f"user-agent: Googlebot/2.1\r\n{extra}"))
+                conns.append((r, w))
+                await asyncio.wait_for(joined.get(), WAIT_S)
+            origin.open.set()
+            for r, w in conns:
+                answers.append(await response(r))
+                w.close()
+            return answers
+    finally:
+        await close_replica(ctx)
+        server.close()
+
+
+async def test_a_miss_never_gets_an_answer_shaped_by_another_bots_headers(tmp_path) -> None:
+    """An attacker's ``Range: bytes=0-0`` miss in flight must not hand a Googlebot miss of the same page
+    a 206 with one byte: Range never reaches the origin, and misses whose forwarded headers differ
+    (here X-Forwarded-Host) fetch apart."""
+    origin = GatedOrigin()
+    ranged, plain = await _misses_at_once(tmp_path, origin, "range: bytes=0-0\r\n", "")
+    assert plain == (200, HTML) and ranged == (200, HTML)
+    assert origin.heads and all("range" not in head for head in origin.heads)
+
+    origin = GatedOrigin()
+    (tmp_path / "b").mkdir()
+    evil, plain = await _misses_at_once(tmp_path / "b", origin, "x-forwarded-host: evil.example\r\n", "")
+    assert evil == plain == (200, HTML)
+    assert [head.get("x-forwarded-host") for head in origin.heads] == ["evil.example", None]
+
+
+async def test_identical_concurrent_misses_still_share_one_origin_fetch(tmp_path) -> None:
+    origin = GatedOrigin()
+    answers = await _misses_at_once(tmp_path, origin, "", "", "")
+    assert answers == [(200, HTML)] * 3 and len(origin.heads) == 1
+
+
+async def test_an_origin_206_to_a_whole_page_request_is_a_502_not_a_page(tmp_path) -> None:
+    """Nothing we send asks for a range: a 206 is a broken origin, and its byte is not a page."""
+    origin = GatedOrigin(always_partial=True)
+    [(status, body)] = await _misses_at_once(tmp_path, origin, "")
+    assert status == 502 and b"origin-protocol" in body
