@@ -29,6 +29,7 @@ from prerender_ray.serving.origin_rules import (
     is_prerender_candidate,
     origin_request_headers,
     relay_headers,
+    shared_fetch_key,
     staging_ip,
 )
 from prerender_ray.timeutil import now_ms
@@ -219,11 +220,12 @@ class Miss:
         client = self.origin
         # The origin may shape its answer by any header it gets (Accept: Cloudflare's Markdown for
         # Agents answers Markdown to it; X-Forwarded-Host; Accept-Language): a fetch is shared only by
-        # misses it cannot tell apart, so no bot is handed an answer another bot's headers shaped.
+        # misses it cannot tell apart, so no bot is handed an answer another bot's headers shaped; but
+        # for who the client is (X-Forwarded-For ...), or a CDN would leave nothing to share.
         asks_markdown = wants_markdown(headers.get("accept"))
         try:
             answer, leader = await client.collapsed(
-                (req.cache_key, pin, tuple(forward)),
+                (req.cache_key, pin, shared_fetch_key(forward)),
                 lambda: client.fetch("GET", req.url, forward, reason=reason, pin=pin))
             if answer.status == 206:  # we never ask for a range: a part of the page is not the page
                 raise OriginError(502, "protocol", "the origin answered 206 to a request without Range")

@@ -42,6 +42,17 @@ _ALWAYS_IGNORED = HOP_BY_HOP | {
     "content-length",
     "range",
 }
+# Forwarded, but not told apart when misses share a fetch: they name the client or the request (a CDN
+# sets them anew for each), never which page it gets; the cache answers every client alike as well.
+PER_CLIENT = frozenset({"x-forwarded-for", "x-real-ip", "cf-connecting-ip", "true-client-ip", "cf-ray",
+                        "x-request-id", "x-amzn-trace-id", "x-cloud-trace-context", "traceparent", "tracestate"})
+
+
+def shared_fetch_key(forward: list[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    """What of the headers sent to the origin tells misses apart for one shared fetch."""
+    return tuple(pair for pair in forward if pair[0].lower() not in PER_CLIENT)
+
+
 VALIDATORS = frozenset({"if-none-match", "if-modified-since", "if-match", "if-unmodified-since", "if-range"})
 
 # Origin response headers relayed to the bot; everything else (set-cookie, CDN headers) is dropped.

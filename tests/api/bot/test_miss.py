@@ -439,6 +439,16 @@ async def test_identical_concurrent_misses_still_share_one_origin_fetch(tmp_path
     assert answers == [(200, HTML)] * 3 and len(origin.heads) == 1
 
 
+async def test_misses_that_differ_only_in_who_the_client_is_share_one_origin_fetch(tmp_path) -> None:
+    """Behind a CDN every request names its client (X-Forwarded-For, a trace id): still one fetch,
+    which carries the first client's headers."""
+    origin = GatedOrigin()
+    answers = await _misses_at_once(tmp_path, origin, "x-forwarded-for: 192.0.2.1\r\ncf-ray: a1\r\n",
+                                    "x-forwarded-for: 192.0.2.2\r\ncf-ray: b2\r\n")
+    assert answers == [(200, HTML)] * 2
+    assert [(h.get("x-forwarded-for"), h.get("cf-ray")) for h in origin.heads] == [("192.0.2.1", "a1")]
+
+
 async def test_an_origin_206_to_a_whole_page_request_is_a_502_not_a_page(tmp_path) -> None:
     """Nothing we send asks for a range: a 206 is a broken origin, and its byte is not a page."""
     origin = GatedOrigin(always_partial=True)
