@@ -88,6 +88,9 @@ class Walk:
         self.progress = progress
         self.result = RefreshResult.from_config(env.cfg.sitemap)
         self.visited: set[str] = set()  # documents dequeued so far, failed ones included
+        # documents taken into this walk, at most sitemap.maxDocuments: each is fetched once; a child
+        # listed past the cap is only counted (a hostile index of indexes lists millions)
+        self.discovered: set[str] = set()
         self.current: str | None = None
         self.last_progress = time.monotonic()
         self.walked_at: dict[str, int] = {}  # urlset -> when its lastmods were weighed (its row keeps it)
@@ -99,19 +102,14 @@ class Walk:
         cap = self.env.cfg.sitemap.max_documents
         result = self.result
         queue: deque[tuple[str, str | None]] = deque([(self.root, None)])
-        discovered = {self.root}
+        self.discovered.add(self.root)
         result.sitemaps_discovered = 1
         ahead: dict[str, asyncio.Task] = {}  # the next document, fetched while this one reconciles
         finishing: asyncio.Task | None = None  # the last urlset's row, written while the next one starts
         visited = self.visited  # every document dequeued (each once: ``discovered``), failed ones too
         try:
-            while queue:
+            while queue:  # never more than the cap: only that many documents are ever discovered
                 _stopped(finishing)
-                if len(visited) >= cap:
-                    result.sitemaps_skipped = len(queue)
-                    self.env.log.error("sitemap walk hit sitemap.maxDocuments", root=self.root, cap=cap,
-                                       skipped=len(queue))
-                    break
                 url, parent = queue.popleft()
                 visited.add(url)
                 self.current = url
@@ -120,11 +118,11 @@ class Walk:
                     try:
                         doc = await fetching
                     finally:  # one parse at a time: two at once contend for the GIL and delay the first
-                        self._fetch_next(queue, ahead, len(visited) < cap)
+                        self._fetch_next(queue, ahead)
                     _stopped(finishing)  # taken over while this one was fetched: stop before it writes
                     if doc.is_index:
-                        await self._index(doc, parent, queue, discovered)
-                        self._fetch_next(queue, ahead, len(visited) < cap)
+                        await self._index(doc, parent, queue, cap)
+                        self._fetch_next(queue, ahead)
                     else:
                         await self._urlset(doc)
                         finishing = asyncio.create_task(self._finish(url, doc, parent, finishing))
@@ -143,10 +141,13 @@ class Walk:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
         self.current = None
+        if result.sitemaps_skipped:
+            self.env.log.error("sitemap walk hit sitemap.maxDocuments", root=self.root, cap=cap,
+                               skipped=result.sitemaps_skipped)
         return result
 
-    def _fetch_next(self, queue: deque, ahead: dict[str, asyncio.Task], allowed: bool) -> None:
-        if allowed and queue and queue[0][0] not in ahead:
+    def _fetch_next(self, queue: deque, ahead: dict[str, asyncio.Task]) -> None:
+        if queue and queue[0][0] not in ahead:
             ahead[queue[0][0]] = asyncio.create_task(self.env.fetcher.fetch(queue[0][0]))
 
     async def _finish(self, url: str, doc: Document, parent: str | None, previous: asyncio.Task | None) -> None:
@@ -182,8 +183,10 @@ class Walk:
         self.last_progress = time.monotonic()
         await self.progress(self)
 
-    async def _index(self, doc: Document, parent: str | None, queue: deque, discovered: set[str]) -> None:
-        """Children are enqueued once per walk: a repeat or a cycle is counted, never fetched again."""
+    async def _index(self, doc: Document, parent: str | None, queue: deque, cap: int) -> None:
+        """Children are enqueued once per walk: a repeat or a cycle is counted, never fetched again;
+        past the document cap a child is counted in ``sitemapsSkipped``, never held."""
+        discovered = self.discovered
         invalid: list[InvalidEntry] = []
         for entry in doc.children:
             loc = entry.loc
@@ -197,6 +200,9 @@ class Walk:
                 continue
             if loc in discovered:
                 self.result.repeated_children += 1
+                continue
+            if len(discovered) >= cap:
+                self.result.sitemaps_skipped += 1
                 continue
             discovered.add(loc)
             queue.append((loc, doc.url))

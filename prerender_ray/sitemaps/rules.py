@@ -9,8 +9,8 @@ the stores and feeds what it read to these functions.
 Deliberate differences from the reference:
 - a loc that is not http(s), or (with ``domains`` set) names a host or port it does not allow, is invalid;
 - the result also counts ``invalid`` entries (with a capped sample) and ``unknownChangefreq``;
-- ``sitemapsDiscovered`` counts distinct documents; repeats and cycles go to ``repeatedChildren``,
-  documents past ``sitemap.max_documents`` to ``sitemapsSkipped``;
+- ``sitemapsDiscovered`` counts distinct documents (at most ``sitemap.max_documents``); repeats and
+  cycles go to ``repeatedChildren``, child listings past the cap to ``sitemapsSkipped``;
 - a claim row stamped further in the future than the stale window is taken over (clock skew).
 Kept on purpose: an empty urlset prunes nothing (``Partition.reconciles``), since an empty document
 is more often a publishing glitch than an intent, and unlinking only stops attribution anyway.
@@ -390,9 +390,9 @@ class RefreshResult:
     invalid: int = 0
     unknown_changefreq: int = 0
     sitemaps_processed: int = 0
-    sitemaps_discovered: int = 0  # distinct documents seen in this walk (the reference counts repeats)
+    sitemaps_discovered: int = 0  # distinct documents taken in this walk, at most sitemap.max_documents
     repeated_children: int = 0  # index listings of a document already seen: cycles and duplicates
-    sitemaps_skipped: int = 0  # documents beyond sitemap.max_documents, never fetched
+    sitemaps_skipped: int = 0  # child listings past sitemap.max_documents: counted, never held nor fetched
     filtered: dict[str, int] = field(default_factory=lambda: {"passthrough": 0, "unclassified": 0})
     removed_sample: list[str] = field(default_factory=list)
     invalid_sample: list[dict[str, str | None]] = field(default_factory=list)

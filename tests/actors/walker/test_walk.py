@@ -44,7 +44,7 @@ def test_the_document_cap_leaves_the_rest_unfetched_and_every_taken_document_com
     [result] = walk(node.url, root)
 
     assert result["state"] == "completed"
-    assert result["sitemapsDiscovered"] == 7
+    assert result["sitemapsDiscovered"] == CAP  # the three children past the cap are counted, never held
     assert (result["sitemapsProcessed"], result["sitemapsSkipped"]) == (CAP, 3)
     assert (result["created"], result["duplicates"]) == (4, 2)
     assert [site.hits.get(f"/cap/{i}.xml", 0) for i in range(6)] == [1, 1, 1, 0, 0, 0]  # never fetched
@@ -60,6 +60,37 @@ def test_the_document_cap_leaves_the_rest_unfetched_and_every_taken_document_com
     assert sitemap_row(node.url, children[3]) is None
     done = progress(node.url, root)
     assert done["state"] == "completed" and done["sitemapsProcessed"] == CAP
+
+
+def test_children_past_the_document_cap_are_counted_never_held(node, site, monkeypatch) -> None:
+    # A hostile index of indexes: every child listed past the cap would be one more queued URL.
+    wide = 5000
+    for half in ("a", "b"):
+        site.put(f"/wide/{half}.xml", index(*(site.url(f"/wide/{half}/{i}.xml") for i in range(wide))))
+    site.put("/wide/a/0.xml", urlset("https://shop.test/wide/0"))
+    root = site.url("/wide/index.xml")
+    site.put("/wide/index.xml", index(site.url("/wide/a.xml"), site.url("/wide/b.xml")))
+    walker = node.parts["sitemapper"]
+    held: list[int] = []  # child URLs the walk holds, after every document
+    progress_of = walker._progress
+
+    async def counting(w) -> None:
+        held.append(len(w.discovered))
+        await progress_of(w)
+
+    monkeypatch.setattr(walker, "_progress", counting)
+
+    [result] = walk(node.url, root)
+
+    assert result["state"] == "completed"
+    # The root, both indexes and the first child fill the cap; every later listing is only counted.
+    assert (result["sitemapsDiscovered"], result["sitemapsProcessed"]) == (CAP, CAP)
+    assert result["sitemapsSkipped"] == 2 * wide - 1 and result["failed"] == []
+    assert len(held) == CAP and max(held) <= CAP
+    assert site.hits.get("/wide/a/0.xml") == 1 and site.hits.get("/wide/a/1.xml") is None
+    assert result["created"] == 1
+    row = progress(node.url, root)
+    assert (row["sitemapsDiscovered"], row["sitemapsSkipped"]) == (CAP, 2 * wide - 1)
 
 
 def test_a_urlset_root_is_one_document_with_its_row(node, site) -> None:
