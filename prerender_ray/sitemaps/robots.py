@@ -30,6 +30,7 @@ from prerender_ray.serving.bots import DEFAULT_BOTS
 from prerender_ray.sitemaps.content_signals import ROBOTS_TOKENS as ROBOTS_TOKENS
 from prerender_ray.sitemaps.content_signals import Signals, declared_view, robots_token, served_view
 from prerender_ray.sitemaps.content_signals import parse as parse_signals
+from prerender_ray.sitemaps.rules import sample_text
 
 if TYPE_CHECKING:
     from prerender_ray.config.model import Config
@@ -179,7 +180,7 @@ def sitemap_lines(lines: Iterable[str], policy: OriginPolicy | None, limit: int)
         if reason is not None:
             ignored_count += 1
             if len(ignored) < MAX_IGNORED:
-                ignored.append({"url": url[:300], "reason": reason})
+                ignored.append({"url": sample_text(url), "reason": sample_text(reason)})
         elif url in seen:
             continue
         elif len(urls) >= limit:

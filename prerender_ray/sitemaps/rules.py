@@ -43,9 +43,18 @@ from prerender_ray.timeutil import minute
 Classify = Callable[[str], Classification]
 Canonicalize = Callable[[str | tuple[str, str, str, str], Sequence[str]], str]  # a URL or its url_parts
 
+SAMPLE_TEXT = 300  # characters of an outside string (a loc, a robots.txt line) that a sample keeps
+
+
 class InvalidEntry(NamedTuple):
     loc: str | None
     message: str
+
+
+def sample_text(text: str) -> str:
+    """``text`` as a sample keeps it: cut at ``SAMPLE_TEXT``, its length said. libxml2 allows a 10 MB
+    loc, and the result is re-encoded into the progress row after every document."""
+    return text if len(text) <= SAMPLE_TEXT else f"{text[:SAMPLE_TEXT]}… ({len(text)} characters)"
 
 
 @dataclass(slots=True)
@@ -418,10 +427,12 @@ class RefreshResult:
         self.unknown_changefreq += partition.unknown_changefreq
 
     def add_invalid(self, sitemap_url: str, invalid: Sequence[InvalidEntry]) -> None:
-        """Invalid entries (or an index's unusable child locs): counted exactly, sampled up to the cap."""
+        """Invalid entries (or an index's unusable child locs): counted exactly, sampled (clipped) up
+        to the cap."""
         self.invalid += len(invalid)
         for bad in invalid[: max(self.removed_sample_cap - len(self.invalid_sample), 0)]:
-            self.invalid_sample.append({"sitemapUrl": sitemap_url, "loc": bad.loc, "error": bad.message})
+            loc = None if bad.loc is None else sample_text(bad.loc)
+            self.invalid_sample.append({"sitemapUrl": sitemap_url, "loc": loc, "error": sample_text(bad.message)})
 
     def add_prune(self, scan: PruneScan) -> None:
         """The scan's deferrals and, when it hit the cap, its truncation record."""

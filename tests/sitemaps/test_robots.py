@@ -29,6 +29,7 @@ from prerender_ray.sitemaps.robots import (
     settle,
     sitemap_lines,
 )
+from prerender_ray.sitemaps.rules import SAMPLE_TEXT
 
 KIB = 1024
 URL = "https://shop.test/robots.txt"
@@ -102,6 +103,17 @@ def test_a_10000_line_sitemap_list_is_bounded_and_foreign_hosts_are_ignored_and_
 def test_ignored_lines_are_listed_up_to_a_bound_and_counted_beyond() -> None:
     found = sitemap_lines([f"https://evil{i}.test/s.xml" for i in range(500)], policy("shop.test"), 50)
     assert found.urls == [] and len(found.ignored) == MAX_IGNORED and found.ignored_count == 500
+
+
+def test_an_ignored_line_is_listed_clipped_as_every_sample() -> None:
+    long = "https://evil.test/" + "s" * 100_000
+    far = "https://" + "h" * 8000 + ".test/s.xml"  # a valid URL whose host the refusal names twice
+    found = sitemap_lines([long, far], policy("shop.test"), 50)
+    assert found.ignored_count == 2
+    assert [i["url"] for i in found.ignored] == [long[:SAMPLE_TEXT] + f"… ({len(long)} characters)",
+                                                 far[:SAMPLE_TEXT] + f"… ({len(far)} characters)"]
+    assert found.ignored[1]["reason"].startswith("h" * 100) and found.ignored[1]["reason"].endswith("characters)")
+    assert all(len(i["reason"]) < 2 * SAMPLE_TEXT for i in found.ignored)
 
 
 def test_the_summary_reports_sitemaps_as_walked_and_as_ignored() -> None:

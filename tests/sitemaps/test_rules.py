@@ -16,7 +16,9 @@ from prerender_ray.identity.routes import Router
 from prerender_ray.sitemaps.parser import SitemapEntry, SitemapError
 from prerender_ray.sitemaps.rules import (
     NO_TARGET,
+    SAMPLE_TEXT,
     Action,
+    InvalidEntry,
     PruneAction,
     PruneScan,
     RefreshResult,
@@ -569,6 +571,18 @@ def test_invalid_entries_are_counted_exactly_with_a_capped_sample() -> None:
     assert result.invalid_sample == [
         {"sitemapUrl": S1, "loc": "bad1", "error": "not a valid absolute http(s) URL"},
         {"sitemapUrl": S1, "loc": "bad2", "error": "not a valid absolute http(s) URL"},
+    ]
+
+
+def test_a_sampled_invalid_loc_and_its_error_are_clipped_with_their_length() -> None:
+    loc, error = "https://x.com/" + "a" * 9_000_000, "refused: " + "h" * 20_000
+    result = RefreshResult()
+    result.add_invalid(S1, [InvalidEntry(loc, error), InvalidEntry(None, "missing <loc>")])
+    assert result.invalid == 2
+    assert result.invalid_sample == [
+        {"sitemapUrl": S1, "loc": loc[:SAMPLE_TEXT] + "… (9000014 characters)",
+         "error": error[:SAMPLE_TEXT] + "… (20009 characters)"},
+        {"sitemapUrl": S1, "loc": None, "error": "missing <loc>"},
     ]
 
 

@@ -3,11 +3,13 @@ the document cap, and consecutive urlsets whose rows are written while the next 
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
 import pytest
 
+from prerender_ray.sitemaps.rules import SAMPLE_TEXT
 from prerender_ray.storage.registry import decode_json, encode_json, sitemap_run_key
 from prerender_ray.timeutil import now_ms
 from tests.localnode import LocalNode
@@ -91,6 +93,25 @@ def test_children_past_the_document_cap_are_counted_never_held(node, site, monke
     assert result["created"] == 1
     row = progress(node.url, root)
     assert (row["sitemapsDiscovered"], row["sitemapsSkipped"]) == (CAP, 2 * wide - 1)
+
+
+def test_huge_invalid_locs_are_sampled_clipped_and_the_progress_row_stays_small(node, site) -> None:
+    # A loc past the URL length limit is invalid; its sample must not carry the megabyte along into the
+    # result, nor into the progress row rewritten after every document.
+    huge = [f"https://shop.test/huge/{i}/" + "x" * (1 << 20) for i in range(4)]
+    root = site.url("/huge.xml")
+    site.put("/huge.xml", urlset(*huge, "https://shop.test/huge/ok"))
+
+    [result] = walk(node.url, root)
+
+    assert result["state"] == "completed" and result["created"] == 1
+    assert result["invalid"] == 4 and len(result["invalidSample"]) == 4
+    assert len(json.dumps(result)) < 64 * 1024
+    [raw] = node.ask("store", "get", [sitemap_run_key(root)])
+    assert len(raw) < 64 * 1024 and decode_json(raw)["invalid"] == 4
+    for sample, loc in zip(result["invalidSample"], huge):
+        assert sample["loc"] == loc[:SAMPLE_TEXT] + f"… ({len(loc)} characters)"
+        assert sample["error"] == "not a valid absolute http(s) URL"
 
 
 def test_a_urlset_root_is_one_document_with_its_row(node, site) -> None:
