@@ -274,7 +274,7 @@ def navigation_verdict(job: Job, rules: UrlRules, hops: list[Hop]) -> Verdict | 
 class Document:
     """What the settled page says about itself."""
 
-    url: str  # where the page is now (client-side redirects included)
+    url: str  # the last document the main frame loaded (client-side redirects, not history.pushState)
     robots: tuple[str, ...] = ()  # content of every meta robots/googlebot
     canonical: str | None = None  # the first link rel=canonical, resolved
     status_meta: str | None = None  # <meta name="prerender-status-code">

@@ -88,6 +88,8 @@ class JobState:
     rec: Recorder = field(default_factory=Recorder)
     last_activity: float = field(default_factory=time.monotonic)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    document_url: str = ""  # the URL of the last document the main frame loaded (Page.frameNavigated)
+    documents: int = 0  # how many it has loaded
 
     def touch(self) -> None:
         self.last_activity = time.monotonic()
@@ -196,6 +198,19 @@ class Renderer:
             if st is not None and "BLOCKED_BY_CLIENT" not in error:  # ours are counted as blocked
                 st.rec.on_failed(req.url, error, req.resource_type)
 
+        # Where the page landed is the URL of the last document the main frame committed, as Chromium
+        # reports it on our own CDP session: Page.frameNavigated fires only when a new document loads
+        # (a script or meta refresh navigating, an HTTP redirect), never for history.pushState,
+        # replaceState or a fragment change. location.href follows those, and anything read in the
+        # page's own world (performance entries, the settle check's result) its scripts can patch:
+        # either would let any page file its DOM under any other path of its origin.
+        def committed(ev: dict) -> None:
+            st: JobState | None = tab.state
+            frame = ev.get("frame") or {}
+            if st is not None and not frame.get("parentId") and frame.get("url"):
+                st.document_url = frame["url"] + (frame.get("urlFragment") or "")
+                st.documents += 1
+
         def console(msg: Any) -> None:
             st: JobState | None = tab.state
             if st is not None:
@@ -208,6 +223,8 @@ class Renderer:
 
         await tab.context.add_init_script(INIT_JS % {"timer_ms": TIMER_MS})
         cdp.on("Fetch.requestPaused", paused)
+        cdp.on("Page.frameNavigated", committed)
+        await cdp.send("Page.enable")
         page.on("request", started)
         page.on("requestfinished", ended)
         page.on("requestfailed", failed)
@@ -349,7 +366,10 @@ class Renderer:
             return oc.error_verdict(
                 _error_name(e), _message(e), status=final.status, headers=final.headers
             ), None
-        tab.origins.add(origin_of(doc["url"]))
+        landed = st.document_url or final.url
+        if not self.rules.same_url(doc["url"], landed):
+            rec.mark("navigated", f"within the document to {doc['url']}: no redirect, {landed} is what rendered")
+        tab.origins.add(origin_of(landed))
         rec.chars = doc["chars"]
         rec.mark("serialized", f"{doc['chars']} characters")
         if doc["html"] is None and doc["chars"]:
@@ -358,7 +378,7 @@ class Renderer:
                 f"the serialized page has {doc['chars']} characters, more than {self.opts.max_html_bytes}",
             ), None
         document = oc.Document(
-            url=doc["url"],
+            url=landed,
             robots=tuple(doc["robots"]),
             canonical=doc["canonical"],
             status_meta=doc["statusMeta"],
@@ -428,7 +448,7 @@ class Renderer:
             await page.wait_for_load_state("load", timeout=left * 1000)
             if not ready:
                 await st.wait_quiet(quiet_s, deadline)
-            mark = st.last_activity
+            mark, loaded = st.last_activity, st.documents
             args = [SCRIPT_TYPES, self.opts.max_html_bytes, int(LONG_REQUEST_S * 1000), timer_budget <= 0,
                     MAX_SHADOW_ROOTS, MAX_SHADOW_DEPTH]
             try:
@@ -442,6 +462,9 @@ class Renderer:
                     st.rec.mark("navigated", "a script replaced the document")
                     continue  # a client-side redirect: settle the new document
                 raise
+            if st.documents != loaded:
+                st.rec.mark("navigated", "a new document loaded during the check")
+                continue  # the check may have read the old document: settle the new one
             st.rec.mark("check", _pending(state, st))
             if state["ready"] is False:
                 try:

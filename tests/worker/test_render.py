@@ -17,6 +17,7 @@ import pytest_asyncio
 from prerender_ray.worker.main import Worker
 from prerender_ray.worker.options import WorkerOptions, find_chromium
 from tests.worker.site import FakeQueue, Origin, ThirdParty
+from tests.worker.site import page as site_page
 
 pytestmark = [
     pytest.mark.browser,
@@ -185,6 +186,48 @@ async def test_http_errors_redirects_and_loops_are_reported_as_the_reference_fle
     assert "<p>gone</p>" in meta["html"]  # the rendered not-found view goes with the verdict
     # duplicate metas: the first status and the first Location header count, relative to the page
     assert (twice["outcome"], twice["statusCode"], twice["redirectedTo"]) == ("redirected", 301, rig.url("/js/first"))
+
+
+def _serve(rig: Rig, path: str, body: str, head: str = "", query: str = "") -> None:
+    """``path`` answers ``body``; with ``query``, a request without it is redirected (302) to it first."""
+    def handle(req):
+        if query and "?" not in req.path:
+            return 302, {"location": f"{path}?{query}"}, b""
+        return 200, {"content-type": "text/html; charset=utf-8"}, site_page(path, body, head=head)
+    rig.origin.extra[path] = handle
+
+
+async def test_a_url_a_script_writes_without_loading_a_document_is_no_redirect(rig: Rig) -> None:
+    """history.replaceState/pushState load nothing: the DOM stays the job's own page, never the
+    rewritten URL's (or any script could overwrite the cached render of any other path, the home page
+    first). A new document in the main frame (script navigation, meta refresh, HTTP 30x) is a redirect,
+    reported with the URL that document loaded from, whatever URL it then writes."""
+    _serve(rig, "/ugc", "<script>history.replaceState(null,'','/')</script><h1>owned</h1>")
+    _serve(rig, "/ugc-push", "<script>history.pushState(null,'','/')</script><h1>owned</h1>")
+    _serve(rig, "/ugc-hash", "<script>location.hash = 'top'; history.replaceState(null,'','/#x')</script><h1>owned</h1>")
+    _serve(rig, "/assigns", "<p>going</p>", head="<script>location.href = '/js/assigned'</script>")
+    _serve(rig, "/refreshes", "<p>going</p>", head='<meta http-equiv="refresh" content="0; url=/js/refreshed">')
+    _serve(rig, "/to-ugc", "<p>going</p>", head="<script>location.href = '/ugc'</script>")
+    _serve(rig, "/paged", "<h1>page two</h1>", query="page=2")
+    paths = ("/ugc", "/ugc-push", "/ugc-hash", "/assigns", "/refreshes", "/to-ugc", "/paged")
+    res = await rig.render(*(rig.job(p) for p in paths))
+    ugc, push, hashed, assigns, refreshes, to_ugc, paged = (res[rig.url(p) + "|desktop"] for p in paths)
+    for m in (ugc, push, hashed):
+        assert (m["outcome"], m["statusCode"], m.get("redirectedTo")) == ("rendered", 200, None), m
+        assert "<h1>owned</h1>" in m["html"]
+    assert (assigns["outcome"], assigns["redirectedTo"]) == ("rendered", rig.url("/js/assigned"))
+    assert "built by script: item assigned" in assigns["html"]
+    assert (refreshes["outcome"], refreshes["redirectedTo"]) == ("rendered", rig.url("/js/refreshed"))
+    assert "built by script: item refreshed" in refreshes["html"]
+    # a real redirect to a page that then rewrites its URL: the page it loaded, not the URL it wrote
+    assert (to_ugc["outcome"], to_ugc["redirectedTo"]) == ("rendered", rig.url("/ugc"))
+    assert "<h1>owned</h1>" in to_ugc["html"]
+    assert (paged["outcome"], paged["redirectedTo"]) == ("rendered", rig.url("/paged?page=2"))
+    assert "page two" in paged["html"]
+    diag = (await rig.render(rig.job("/ugc", key="ugc-diag", renderOptions={"diagnostics": True})))["ugc-diag"]
+    assert "redirectedTo" not in diag and any(
+        e["event"] == "navigated" and e["detail"].startswith(f"within the document to {rig.url('/')}:")
+        for e in diag["diagnostics"]["timeline"])  # the explainer says what the page tried
 
 
 async def test_the_device_profile_sets_viewport_and_user_agent_and_job_headers_reach_the_document(
