@@ -8,6 +8,7 @@ a few levels deep, so a cheap scan of the bytes refuses anything deeper than ``M
 
 from __future__ import annotations
 
+import codecs
 import json
 import re
 from array import array
@@ -44,13 +45,24 @@ def json_depth(data: bytes, stop_above: int | None = None) -> int:
 
 def parse_json(data: bytes | str, *, max_depth: int = MAX_DEPTH, what: str = "request body") -> Any:
     """``data`` parsed, or ``JsonError``: not UTF-8, not JSON, nested deeper than ``max_depth``, or a
-    number the parser refuses (an integer of more than 4,300 digits)."""
+    number the parser refuses (an integer of more than 4,300 digits). A leading UTF-8 byte order mark
+    is ignored, as ``json.loads`` ignores it in bytes."""
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
+    raw = raw.removeprefix(codecs.BOM_UTF8)
+    # json.loads(bytes) would also detect UTF-16/32, whose bytes the scan misreads (a '"' byte inside
+    # a character hides the brackets after it): the parser reads the text the scan saw, UTF-8 only.
+    # JSON text never holds a NUL byte; UTF-16/32 of ASCII does, and is valid UTF-8.
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise JsonError(f"{what} is not UTF-8") from None
+    if b"\0" in raw:
+        raise JsonError(f"{what} is not UTF-8 (it holds NUL bytes: UTF-16 or UTF-32?)")
     if json_depth(raw, stop_above=max_depth) > max_depth:
         raise JsonError(f"{what} is nested deeper than {max_depth} levels")
     try:
-        return json.loads(raw)
-    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return json.loads(text)
+    except (ValueError, RecursionError):
         raise JsonError(f"{what} is not valid JSON") from None
 
 

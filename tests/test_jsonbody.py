@@ -39,10 +39,36 @@ def test_the_limit_itself_is_accepted_and_one_more_is_refused() -> None:
     assert parse_json('{"a": 1}') == {"a": 1}  # str too
 
 
-@pytest.mark.parametrize("bad", [b"\xff\xfe{", b'{"a": "\xc3"}', b"{", b"[1,]", b"1" * 5000, b"nul"])
-def test_invalid_utf8_garbage_and_huge_integers_are_json_errors(bad: bytes) -> None:
-    with pytest.raises(JsonError, match="not valid JSON"):
+@pytest.mark.parametrize("bad, error", [
+    (b"\xff\xfe{", "not UTF-8"), (b'{"a": "\xc3"}', "not UTF-8"), (b'{"a": "\0"}', "not UTF-8"),
+    (b"{", "not valid JSON"), (b"[1,]", "not valid JSON"), (b"1" * 5000, "not valid JSON"), (b"nul", "not valid JSON"),
+])
+def test_invalid_utf8_garbage_and_huge_integers_are_json_errors(bad: bytes, error: str) -> None:
+    with pytest.raises(JsonError, match=f"metadata is {error}"):
         parse_json(bad, what="metadata")
+
+
+HIDDEN = '["\u2200", ' + "[" * 500 + "]" * 500 + ', "\u2200"]'
+
+
+@pytest.mark.parametrize("codec", ["utf-16-le", "utf-16-be", "utf-16", "utf-32-le", "utf-32-be", "utf-32"])
+def test_json_that_is_not_utf8_is_refused_before_its_depth_could_hide(codec: str) -> None:
+    """json.loads(bytes) detects UTF-16/32 too, where "\u2200" holds a '"' byte: the scan saw one string
+    across the brackets (depth 1) and the parser read them all (depth 500)."""
+    data = HIDDEN.encode(codec)
+    assert json_depth(data) == 1 and json.loads(data) == json.loads(HIDDEN)  # what the two saw
+    with pytest.raises(JsonError, match="metadata is not UTF-8"):
+        parse_json(data, what="metadata")
+
+
+def test_a_utf8_byte_order_mark_is_ignored_as_json_loads_ignores_it() -> None:
+    assert json.loads(b'\xef\xbb\xbf{"a": 1}') == {"a": 1}
+    assert parse_json(b'\xef\xbb\xbf{"a": 1}') == {"a": 1} == parse_json('\ufeff{"a": 1}')
+    deep = b"\xef\xbb\xbf" + b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1)
+    with pytest.raises(JsonError, match="nested deeper"):
+        parse_json(deep)
+    with pytest.raises(JsonError, match="not valid JSON"):
+        parse_json(b"\xef\xbb\xbf\xef\xbb\xbf[]")  # one mark, not two
 
 
 def test_unknown_keys_are_listed_sorted() -> None:

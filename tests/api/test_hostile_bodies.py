@@ -30,6 +30,8 @@ ROUTES = [  # method, path, credentials
     ("POST", "/prerender_admin/config-override", OPS),
     ("POST", "/prerender_admin/robots/discover", OPS),
 ]
+HIDDEN = ('{"set": [{"path": "render.defaultInterval", "value": ["\u2200", ' + "[" * 900 + "]" * 900
+          + ', "\u2200"]}], "dryRun": true}')
 BODIES = {
     "nested 10 KB": b"[" * 10240 + b"]" * 10240,
     "nested 1 MB": b"[" * (512 * 1024) + b"]" * (512 * 1024),
@@ -42,6 +44,10 @@ BODIES = {
     "huge number": b'{"limit": 1' + b"0" * 5000 + b"}",
     # a typo for "url": it used to start a refresh of every root
     "unknown key": b'{"sitemap": "https://x.example/sitemap.xml", "url": "' + TARGET.encode() + b'"}',
+    # json.loads also reads UTF-16/32: "\u2200" holds a '"' byte there, which hid the brackets from the
+    # depth scan (depth 1 scanned, 900 parsed: a RecursionError in the config override's deepcopy)
+    **{f"hidden nesting in {codec}": HIDDEN.encode(codec) for codec in ("utf-16-le", "utf-16-be", "utf-16",
+                                                                         "utf-32-le", "utf-32-be")},
 }
 
 
