@@ -7,12 +7,25 @@ per route, so a typo is a 400 naming it rather than a field silently absent.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection
 from typing import Any
 
 from fastapi import HTTPException, Request
 
 from prerender_ray.jsonbody import JsonError, parse_json, unknown_keys
+
+# ASCII digits (str.isdigit also takes "²", which int() refuses), no more than int() converts: 4,300
+# (sys.int_info.default_max_str_digits), so every ASCII string that converted before still does.
+_INTEGER = re.compile(r"-?[0-9]{1,4300}")
+
+
+def int_text(text: str, *, signed: bool = False) -> int | None:
+    """``text`` (surrounding whitespace aside) as an integer, or None when it is not one."""
+    text = text.strip()
+    if not _INTEGER.fullmatch(text) or (text.startswith("-") and not signed):
+        return None
+    return int(text)
 
 
 def bad_request(message: str, status: int = 400, **extra: Any) -> HTTPException:
@@ -90,8 +103,8 @@ def int_field(data: dict, name: str, *, default: int | None = None, minimum: int
         raise bad_request(f"{name} must be an integer")
     if isinstance(v, float) and v.is_integer():
         v = int(v)
-    if isinstance(v, str) and v.strip().lstrip("-").isdigit():
-        v = int(v.strip())
+    if isinstance(v, str) and (parsed := int_text(v, signed=True)) is not None:
+        v = parsed
     if not isinstance(v, int):
         raise bad_request(f"{name} must be an integer, got {data[name]!r}")
     if minimum is not None and v < minimum:

@@ -4,7 +4,6 @@ queue status and control."""
 from __future__ import annotations
 
 import asyncio
-import re
 from typing import cast
 
 from fastapi import APIRouter, Depends, Request
@@ -13,7 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from prerender_ray import logs
 from prerender_ray.admin.users import Principal
 from prerender_ray.api.auth import require
-from prerender_ray.api.bodies import bad_request, int_field, parse_body, read_body, read_object
+from prerender_ray.api.bodies import bad_request, int_field, int_text, parse_body, read_body, read_object
 from prerender_ray.api.context import NodeContext
 from prerender_ray.batching import GroupCommit
 from prerender_ray.decoding import DecodeError, TooLarge, decoded_size
@@ -39,7 +38,6 @@ CLAIM_DEADLINE_S = 10.0
 RESULT_DEADLINE_S = 30.0
 SIZE_ERROR = "x-metadata-size must be a positive integer no larger than the request body"
 MAX_WORKER_ID = 256
-_DIGITS = re.compile(r"^\s*\d+\s*$")
 CLAIM_KEYS = {"limit"}  # the reference fleet sends exactly {"limit": N}
 
 
@@ -134,9 +132,9 @@ async def job_result(request: Request, who: Principal = Depends(require("fleet")
     ctx = _ctx(request)
     body = await read_body(request, ctx.cfg.server.max_body_bytes)
     raw = request.headers.get("x-metadata-size")
-    if raw is None or not _DIGITS.match(raw) or not 0 < int(raw) <= len(body):
+    size = None if raw is None else int_text(raw)
+    if size is None or not 0 < size <= len(body):
         raise bad_request(SIZE_ERROR)
-    size = int(raw)
     # Depth-bounded; keys outside docs/fleet-protocol.md#metadata-fields are ignored here, not refused:
     # the metadata is the fleet's format, and a newer fleet's extra field must never cost a rendered page.
     meta = parse_body(body[:size], "metadata")

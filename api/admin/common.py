@@ -15,7 +15,7 @@ from ray.exceptions import RayError
 
 from prerender_ray import logs
 from prerender_ray.actors.client import ActorClient
-from prerender_ray.api.bodies import bad_request
+from prerender_ray.api.bodies import bad_request, int_text
 from prerender_ray.api.context import NodeContext
 from prerender_ray.identity.cachekeys import CacheKeyError
 
@@ -134,9 +134,9 @@ def query_int(request: Request, name: str, *, default: int, minimum: int, maximu
     raw = request.query_params.get(name)
     if raw is None or raw == "":
         return default
-    if not raw.strip().isdigit():
+    value = int_text(raw)
+    if value is None:
         raise bad_request(f"{name} must be an integer between {minimum} and {maximum}")
-    value = int(raw.strip())
     if not minimum <= value <= maximum:
         raise bad_request(f"{name} must be between {minimum} and {maximum}, got {value}")
     return value

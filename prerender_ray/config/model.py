@@ -9,6 +9,7 @@ live in ``config/loading.py``.
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
 from typing import Annotated, Any, Literal, get_args
 from urllib.parse import urlsplit
@@ -26,11 +27,15 @@ _UNIT_MS = {"ms": 1, "s": SECOND, "m": MINUTE, "h": HOUR, "d": DAY, None: 1}
 
 
 def _duration(value: Any) -> Any:
-    """Accept ``90000`` or ``"90s"``; anything else is left for the int validator to reject."""
+    """Accept ``90000`` or ``"90s"``; anything else is left for the int validator to reject (and a
+    ValueError for a string past a float's range)."""
     if isinstance(value, str):
         m = _DURATION.match(value)
         if m:
-            return int(float(m.group(1)) * _UNIT_MS[m.group(2)])
+            ms = float(m.group(1)) * _UNIT_MS[m.group(2)]
+            if not math.isfinite(ms):  # 400 nines are an infinite float: int() would raise OverflowError
+                raise ValueError("not a duration: too many digits")
+            return int(ms)
     return value
 
 

@@ -142,3 +142,54 @@ def test_an_admin_route_is_ours_even_under_a_catch_all_route_in_forwarded_mode(n
     page = httpx.get(f"{node.url}/page/elsewhere", headers={**bot(site), "x-harper-prerender-debug": "1"}, timeout=30)
     assert page.headers.get("x-harper-route", "").startswith("prefix /")  # the catch-all itself still routes
     assert [s.path for s in site.seen] == ["/page/elsewhere"]
+
+
+
+MANY_DIGITS = "1" * 5000  # past int()'s 4,300-digit limit
+SAMPLES = {"superscript": "\u00b2", "double minus": "--5", "5000 digits": MANY_DIGITS}
+BAD_INTEGERS = {  # id: method, path, credentials, what to send, the error's start
+    **{f"claim limit {k}": ("POST", "/render_queue/claim", FLEET, {"json": {"limit": v}}, "limit must be an integer")
+       for k, v in SAMPLES.items()},
+    **{f"target renderInterval {k}": ("PUT", "/render_targets", OPS, {"json": {"url": TARGET, "renderInterval": v}},
+                                      "renderInterval must be an integer") for k, v in SAMPLES.items()},
+    **{f"bots ?limit {k}": ("GET", "/prerender_admin/bots", OPS, {"params": {"limit": v}}, "limit must be an integer")
+       for k, v in SAMPLES.items() if k != "double minus"},
+    "pages ?limit superscript": ("GET", "/prerender_admin/pages", OPS, {"params": {"limit": "\u00b2"}},
+                                 "limit must be an integer"),
+    **{f"x-metadata-size {n} digits": ("POST", "/render_queue/job_result", FLEET,
+                                       {"content": b'{"id": "x"}', "headers": {"x-metadata-size": "1" * n}},
+                                       "x-metadata-size must be a positive integer") for n in (4301, 5000)},
+    "revalidate within 9*400 days": ("POST", "/render_targets", OPS,
+                                     {"json": {"action": "revalidate", "all": True, "within": "9" * 400 + "d"}},
+                                     "within: not a duration"),
+    **{f"override a duration of 9*400{unit}": ("POST", "/prerender_admin/config-override", OPS, {"json": {
+        "set": [{"path": "render.defaultInterval", "value": "9" * 400 + unit}]}}, "Nothing was written")
+       for unit in ("d", "ms")},
+}
+
+
+@pytest.mark.parametrize("method, path, who, request_args, error", BAD_INTEGERS.values(), ids=BAD_INTEGERS.keys())
+def test_a_malformed_integer_is_a_400_naming_it(node, method, path, who, request_args, error) -> None:
+    """str.isdigit takes "\u00b2" and "--5" passed lstrip("-"); int() then refused them, as it refuses
+    more than 4,300 digits, and 9*400 days is an infinite float: each was a 500."""
+    r = httpx.request(method, f"{node.url}{path}", auth=who, timeout=30, **request_args)
+    assert r.status_code == 400 and r.json()["error"].startswith(error), r.text[:300]
+    assert httpx.get(f"{node.url}/render_targets", params={"url": TARGET}, auth=OPS, timeout=30).status_code == 404
+    assert httpx.get(f"{node.url}/prerender_admin/overview", auth=OPS, timeout=30).json()["control"]["cluster"] is None
+    assert httpx.get(f"{node.url}/prerender_admin/config", auth=OPS, timeout=30).json()["overrides"]["rows"] == []
+
+
+def test_the_integers_accepted_before_still_are(node) -> None:
+    for limit in (3, 3.0, "3", " 3 ", "-2", "0003", "0" * 4299 + "3", "9" * 4300):  # -2 -> 1, 9*4300 -> the max
+        r = httpx.post(f"{node.url}/render_queue/claim", json={"limit": limit}, auth=FLEET, timeout=30)
+        assert r.status_code == 200 and isinstance(r.json(), list), (limit, r.text[:200])
+    for limit in ("7", " 7", "0007"):
+        r = httpx.get(f"{node.url}/prerender_admin/bots", params={"limit": limit}, auth=OPS, timeout=30)
+        assert r.status_code == 200, (limit, r.text[:200])
+    for size in ("11", "011"):  # read as the metadata's size: refused for its missing id, not the size
+        r = httpx.post(f"{node.url}/render_queue/job_result", content=b'{"id": "x"}', auth=FLEET, timeout=30,
+                       headers={"x-metadata-size": size})
+        assert r.status_code == 400 and not r.json()["error"].startswith("x-metadata-size"), (size, r.text[:200])
+    r = httpx.post(f"{node.url}/render_targets", auth=OPS, timeout=30,
+                   json={"action": "revalidate", "all": True, "within": "1.5h"})
+    assert r.status_code == 200 and r.json()["within"] == 5_400_000, r.text[:300]

@@ -75,6 +75,8 @@ def test_a_null_value_means_absent_and_keeps_the_default() -> None:
         ({"server": {"port": 99999}}, "server.port: Input should be less than or equal to 65535 (got 99999)"),
         ({"queue": {"jobLeaseTime": -5}}, "queue.job_lease_time: Input should be greater than or equal to 120000"),
         ({"render": {"defaultInterval": -1}}, "render.default_interval: Input should be greater than 0"),
+        # an infinite float, which int() refused with an OverflowError that escaped the validation
+        ({"render": {"defaultInterval": "9" * 400 + "d"}}, "render.default_interval: not a duration: too many digits"),
         ({"ingress": {"mode": "sideways"}}, "ingress.mode: Input should be 'prefix' or 'forwarded'"),
         ({"cacheKey": {"decodeReserved": [":", "&"]}}, "cache_key.decode_reserved:"),
         ({"deviceTypes": {"supported": []}}, "device_types.supported:"),
