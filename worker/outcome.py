@@ -333,7 +333,7 @@ def _status_meta(value: str | None) -> int | None:
     if value is None:
         return None
     value = value.strip()
-    if not value.isdigit():
+    if not (value.isascii() and value.isdigit() and len(value) <= 9):  # a page writes it: "²" is a digit
         return None
     n = int(value)
     return n if 100 <= n <= 599 else None

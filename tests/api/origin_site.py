@@ -143,6 +143,10 @@ class OriginSite:
                 writer.write(frame)
                 await writer.drain()
             return False
+        if path == "/huge-digits":  # a length int() refuses (more than 4,300 digits)
+            writer.write(self._head(200, "OK", html + [("content-length", "9" * 5000)]))
+            await writer.drain()
+            return False
         if path == "/huge-declared":
             writer.write(self._head(200, "OK", html + [("content-length", str(10 * 1024**3))]))
             await writer.drain()

@@ -197,7 +197,7 @@ def test_the_prerender_status_code_meta_tag() -> None:
     assert gone.keep_content  # the page's own not-found view is what bots get with the 410
     meta = oc.build_metadata(job(), gone, 12.0, "gzip")
     assert (meta["outcome"], meta["reason"], meta["statusCode"]) == ("non-indexable", "http-error", 410)
-    for bad in ("99", "600", "abc", "", "4o4"):
+    for bad in ("99", "600", "abc", "", "4o4", "²", "४०४", "9" * 5000):  # a page writes it: any text
         v = oc.document_verdict(job(), RULES, hop(URL, 200), oc.Document(url=URL, status_meta=bad))
         assert (v.status_code, v.is_indexable, v.keep_content) == (200, True, True), bad
     moved = oc.document_verdict(
