@@ -47,9 +47,12 @@ def duration_ms(value: Any) -> int:
     return ms
 
 
-Duration = Annotated[int, BeforeValidator(_duration)]
-PositiveDuration = Annotated[int, BeforeValidator(_duration), Field(gt=0)]
-NonNegDuration = Annotated[int, BeforeValidator(_duration), Field(ge=0)]
+# The longest duration: a century. Times are stored as 64-bit milliseconds, which a due time of now
+# plus "9" * 300 + "d" would overflow where it is written (a 500, or a keeper's write failing).
+MAX_DURATION_MS = 100 * 365 * DAY
+Duration = Annotated[int, BeforeValidator(_duration), Field(le=MAX_DURATION_MS)]
+PositiveDuration = Annotated[int, BeforeValidator(_duration), Field(gt=0, le=MAX_DURATION_MS)]
+NonNegDuration = Annotated[int, BeforeValidator(_duration), Field(ge=0, le=MAX_DURATION_MS)]
 NonEmptyStr = Annotated[str, Field(min_length=1)]
 
 ROLES = ("admin", "viewer", "fleet")

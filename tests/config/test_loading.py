@@ -77,6 +77,9 @@ def test_a_null_value_means_absent_and_keeps_the_default() -> None:
         ({"render": {"defaultInterval": -1}}, "render.default_interval: Input should be greater than 0"),
         # an infinite float, which int() refused with an OverflowError that escaped the validation
         ({"render": {"defaultInterval": "9" * 400 + "d"}}, "render.default_interval: not a duration: too many digits"),
+        # finite, but past 64-bit milliseconds once added to now
+        ({"render": {"defaultInterval": "9" * 300 + "d"}}, "render.default_interval: Input should be less than or equal to 3153600000000"),
+        ({"render": {"defaultInterval": 10**20}}, "render.default_interval: Input should be less than or equal to 3153600000000"),
         ({"ingress": {"mode": "sideways"}}, "ingress.mode: Input should be 'prefix' or 'forwarded'"),
         ({"cacheKey": {"decodeReserved": [":", "&"]}}, "cache_key.decode_reserved:"),
         ({"deviceTypes": {"supported": []}}, "device_types.supported:"),
