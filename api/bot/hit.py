@@ -15,7 +15,7 @@ from prerender_ray.config.model import Config
 from prerender_ray.identity.cachekeys import KeyFormat
 from prerender_ray.serving.answer import Reply, prepare, prepared_reply, verdict
 from prerender_ray.serving.classify import BotRequest
-from prerender_ray.serving.framing import framed_reply, sends_stored_coding
+from prerender_ray.serving.framing import framed_reply, sends_stored_coding, sent_coding
 from prerender_ray.serving.markdown import (
     TRANSIENT,
     MarkdownPolicy,
@@ -24,8 +24,9 @@ from prerender_ray.serving.markdown import (
     markdown_link,
     markdown_meta,
 )
-from prerender_ray.serving.negotiation import EncodingError, add_vary
+from prerender_ray.serving.negotiation import Body, EncodingError, add_vary
 from prerender_ray.serving.responses import debug_headers
+from prerender_ray.storage.pages import PageMeta
 
 _FRESHNESS = (b"cache-control", b"expires")
 
@@ -49,6 +50,12 @@ class Outcome:
         # the cached page answered as HTML with no Markdown asked for: what the hit memo keys on
         # (``api/bot/memo.py``)
         self.page: StoredPage | None = None
+
+
+def _form(meta: PageMeta, body: Body, accept_encoding: str | None) -> str:
+    """What alone tells ``prepare``'s answers for different Accept-Encoding values apart: the coding
+    sent (an empty body is sent uncoded, whatever the value)."""
+    return sent_coding(meta.content_encoding, accept_encoding) if len(body) else "identity"
 
 
 class Hit:
@@ -81,7 +88,7 @@ class Hit:
                debug: bool) -> Reply | None:
         """A stored page as the reply, or None when it cannot be served (counted). A framed page
         taken in its stored coding is answered from its frame; otherwise the negotiated form is kept
-        with the page for the next request with the same Accept-Encoding."""
+        with the page for the next request negotiated to the same coding."""
         out.last_cached = page.last_cached
         out.indexable = page.is_indexable
         accept = headers.get("accept-encoding")
@@ -94,7 +101,8 @@ class Hit:
         except UnreadablePage as e:
             self._unreadable(e)
             return None
-        prepared = page.variants.get(accept)
+        form = _form(meta, page.body, accept)
+        prepared = page.variants.get(form)
         if prepared is None:
             try:
                 prepared = prepare(meta, page.body, accept, self.max_html_bytes)
@@ -103,7 +111,7 @@ class Hit:
                 self.counters.warn_sometimes("page-encoding", "stored page cannot be re-coded; serving the origin",
                                              key=req.cache_key, error=str(e))
                 return None
-            self.pages.decoded.add_variant(req.cache_key, page, accept, prepared)
+            self.pages.decoded.add_variant(req.cache_key, page, form, prepared)
         if meta.status_code != 200:  # a status page (prerender_ray/queue/status_pages.py) or another stored status
             self.counters.child(metrics.status_pages_served, str(meta.status_code)).inc()
         return prepared_reply(prepared, last_cached=meta.last_cached, now=now, request_headers=headers,
@@ -162,7 +170,8 @@ class Hit:
                     reply.headers["cache-control"] = "no-store"
             return reply
         accept = headers.get("accept-encoding")
-        prepared = entry.variants.get(accept)
+        form = _form(entry.meta, entry.body, accept)
+        prepared = entry.variants.get(form)
         if prepared is None:
             try:
                 prepared = prepare(entry.meta, entry.body, accept, limits.max_output_bytes)
@@ -171,7 +180,7 @@ class Hit:
                 self.counters.warn_sometimes("markdown-encoding", "markdown cannot be re-coded; serving HTML",
                                              key=req.cache_key, error=str(e))
                 return self.html(req, page, now, headers, out, debug)
-            self.converter.cache.grow(key, entry, accept, prepared)
+            self.converter.cache.grow(key, entry, form, prepared)
         out.markdown = True
         return prepared_reply(prepared, last_cached=page.last_cached, now=now, request_headers=headers,
                               head=req.method == "HEAD", debug=self.debug(req, out) if debug else None)

@@ -27,7 +27,7 @@ from prerender_ray.storage.pages import PageMeta
 log = logs.get("bot")
 WORKERS = 2  # conversion threads per replica (the machine's other work needs the cores too)
 MAX_IN_FLIGHT = 8  # conversions queued or running per replica; past it a request gets the HTML ("busy")
-VARIANTS = 4  # negotiated forms kept per entry (one per Accept-Encoding value)
+VARIANTS = 4  # negotiated forms kept per entry (one per coding sent: br, gzip, identity)
 SKIP_SIZE = 64  # what a remembered failure costs the byte budget
 
 
@@ -37,7 +37,7 @@ class Converted:
 
     meta: PageMeta
     body: bytes
-    variants: dict[str | None, Prepared] = field(default_factory=dict)
+    variants: dict[str, Prepared] = field(default_factory=dict)  # by the coding sent
 
     @property
     def size(self) -> int:
@@ -82,12 +82,12 @@ class MarkdownCache:
         self.bytes += entry.size
         self._evict()
 
-    def grow(self, key: Key, entry: Converted, accept_encoding: str | None, prepared: Prepared) -> None:
-        """Keep a negotiated form with ``entry``, counted while it is the one cached."""
-        if len(entry.variants) >= VARIANTS or accept_encoding in entry.variants:
+    def grow(self, key: Key, entry: Converted, coding: str, prepared: Prepared) -> None:
+        """Keep a negotiated form with ``entry`` (sent in ``coding``), counted while it is the one cached."""
+        if len(entry.variants) >= VARIANTS or coding in entry.variants:
             return
         before = entry.size
-        entry.variants[accept_encoding] = prepared
+        entry.variants[coding] = prepared
         cached = self._entries.get(key[0])
         if cached is not None and cached[1] is entry:
             self.bytes += entry.size - before

@@ -50,7 +50,7 @@ CATCH_UP_GAP_S = 0.01
 CATCH_UP_WAIT_S = 1.0  # a read's deadline for its catch-up; past it the read takes the view it has
 DECODED_MAX_PAGES = 4096  # decoded pages kept per replica (validated against the store every read)
 DECODED_MAX_BYTES = 64 * 1024 * 1024
-VARIANTS_PER_PAGE = 4  # negotiated forms kept per page (one per distinct Accept-Encoding value)
+VARIANTS_PER_PAGE = 4  # negotiated forms kept per page: one per coding sent (br, gzip, identity, stored)
 log = logs.get("pagestore")
 
 
@@ -60,7 +60,7 @@ class UnreadablePage(Exception):
 
 class StoredPage:
     """A page as read from the store: its times, its body, and the negotiated forms already served
-    (``prerender_ray.serving.answer.Prepared`` by Accept-Encoding value). A record written with its
+    (``prerender_ray.serving.answer.Prepared`` by the coding sent, ``api/bot/hit.py``'s ``_form``). A record written with its
     frame (``prerender_ray.serving.framing``) is served from that alone: its JSON headers are decoded
     only when ``meta`` is asked for. The times are those of the page's freshness record when one
     applies (``storage/touches.py``): a new one changes them and nothing else, so the body and its
@@ -90,7 +90,7 @@ class StoredPage:
         self.last_cached, self.expires_at = self.base_times
         self.touch: bytes | None = None  # the freshness record the times were derived with, as stored
         self.body = body  # a view of the record's tail (no copy), or the bytes of a peer's page
-        self.variants: dict[str | None, Any] = {}
+        self.variants: dict[str, Any] = {}
         self.size = len(raw) or len(body)
         self.seen = -1  # the reader generation in which the record was last read
         self.stamp: bytes | None = None  # the page log's index entry it was last read by (``PageReader``)
@@ -129,12 +129,13 @@ class StoredPage:
             self._meta = meta
         return meta
 
-    def add_variant(self, accept_encoding: str | None, prepared: Any) -> int:
-        """Keep ``prepared`` (when there is room); the bytes it adds to the page's size. Add through
-        ``DecodedPages.add_variant`` when the page is cached, so the cache's budget counts them."""
-        if len(self.variants) >= VARIANTS_PER_PAGE or accept_encoding in self.variants:
+    def add_variant(self, coding: str, prepared: Any) -> int:
+        """Keep ``prepared``, the page sent in ``coding`` (when there is room); the bytes it adds to
+        the page's size. Add through ``DecodedPages.add_variant`` when the page is cached, so the
+        cache's budget counts them."""
+        if len(self.variants) >= VARIANTS_PER_PAGE or coding in self.variants:
             return 0
-        self.variants[accept_encoding] = prepared
+        self.variants[coding] = prepared
         added = len(prepared.body) if prepared.body is not self.body else 0
         self.size += added
         return added
@@ -192,10 +193,10 @@ class DecodedPages:
         self.bytes += page.size
         self._evict()
 
-    def add_variant(self, key: str, page: StoredPage, accept_encoding: str | None, prepared: Any) -> None:
+    def add_variant(self, key: str, page: StoredPage, coding: str, prepared: Any) -> None:
         """A negotiated form kept with ``page``, counted against the byte budget while the page is
         the one cached under ``key`` (a decoded form of a small br page can be 20 MB)."""
-        added = page.add_variant(accept_encoding, prepared)
+        added = page.add_variant(coding, prepared)
         if added and self._pages.get(key) is page:
             self.bytes += added
             self._evict()

@@ -226,8 +226,15 @@ def sends_stored_coding(frame: Frame, accept_encoding: str | None) -> bool:
 
 def takes_stored(coding: str, accept_encoding: str | None) -> bool:
     """``sends_stored_coding`` for a body stored in ``coding``."""
+    return sent_coding(coding, accept_encoding) == coding
+
+
+def sent_coding(stored: str, accept_encoding: str | None) -> str:
+    """The coding negotiation sends a (non-empty) body stored in ``stored`` for ``accept_encoding``:
+    what a page's negotiated forms are kept by, never the raw header (any number of values asks for
+    the same few forms)."""
     long = accept_encoding is not None and len(accept_encoding) > _MEMO_MAX_VALUE
-    return (_target if long else _memo)(coding, accept_encoding) == coding
+    return (_target if long else _memo)(stored, accept_encoding)
 
 
 def framed_reply(frame: Frame, body: Body, *, last_cached: int | None, now: int, request_headers: Mapping[str, str],

@@ -11,7 +11,9 @@ import pytest
 
 from prerender_ray import metrics
 from prerender_ray.api.app import create_asgi
+from prerender_ray.api.bot import hit as hit_module
 from prerender_ray.api.bot.hit import Outcome
+from prerender_ray.api.bot.pages import DecodedPages
 from prerender_ray.api.bot.replica import close_replica, open_replica
 from prerender_ray.api.context import NodeContext
 from prerender_ray.config.model import Config
@@ -106,3 +108,57 @@ async def test_a_framed_page_whose_headers_do_not_decode_is_served_from_its_fram
     assert state.hit.cached(req, page, int(time.time() * 1000), {"accept-encoding": "identity"}, Outcome("hit"),
                             False) is None  # needs the headers: unreadable, and the origin answers
     assert unreadable._value.get() == before + 1
+
+
+JUNK = [f"br, a{i}" for i in range(1, 5)]  # four distinct values that all negotiate br
+
+
+def _count_prepares(monkeypatch) -> list[str | None]:
+    """The Accept-Encoding values the hit path negotiated a page for (``prepare`` called)."""
+    calls: list[str | None] = []
+    real = hit_module.prepare
+
+    def counting(meta, body, accept_encoding, *args):
+        calls.append(accept_encoding)
+        return real(meta, body, accept_encoding, *args)
+
+    monkeypatch.setattr(hit_module, "prepare", counting)
+    return calls
+
+
+@pytest.mark.parametrize("url", [PLAIN, FRAMED])
+async def test_distinct_accept_encoding_values_do_not_crowd_out_a_pages_negotiated_forms(app, monkeypatch,
+                                                                                        url: str) -> None:
+    # Before: the forms were kept by the raw header, four a page: after four junk values every other
+    # value (no Accept-Encoding included) was decoded and re-encoded on the loop, request after request.
+    asgi, *_ = app
+    calls = _count_prepares(monkeypatch)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi), base_url="http://t") as c:
+        for value in JUNK:
+            r = await c.get(f"/p/{url}", headers={**UA, "accept-encoding": value})
+            assert r.headers["content-encoding"] == "br"
+        assert len(calls) == 1  # one br form, whatever the value that asked for it
+        for value in ("br, a5", "identity", None, "gzip;q=0, br;q=0"):
+            calls.clear()
+            for _ in range(10):
+                r = await c.get(f"/p/{url}", headers=UA if value is None else {**UA, "accept-encoding": value})
+                assert r.status_code == 200 and r.content == HTML
+            assert len(calls) <= 1, value
+
+
+async def test_a_form_shared_by_accept_encoding_values_answers_as_one_negotiated_afresh(app) -> None:
+    asgi, ctx, *_ = app
+    values = [None, "", "br", "gzip, deflate, br", "br;q=0.5, gzip", "x-gzip", "identity", "garbage;q=x", "*",
+              "gzip;q=0", "*;q=0", "deflate", "br, gzip;q=0", "BR", "identity;q=0, br"]
+    pages = open_replica(ctx).services.pages
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi), base_url="http://t") as c:
+        for url in (PLAIN, FRAMED):
+            for method in ("GET", "HEAD"):
+                for value in values:
+                    headers = UA if value is None else {**UA, "accept-encoding": value}
+                    shared = _wire(await c.request(method, f"/p/{url}", headers=headers))
+                    pages.decoded = DecodedPages()  # the page read and negotiated again, for this value alone
+                    fresh = _wire(await c.request(method, f"/p/{url}", headers=headers))
+                    # Age is the moment's: the two requests may straddle a second.
+                    assert (shared[0], [h for h in shared[1] if h[0] != b"age"], shared[2]) == \
+                           (fresh[0], [h for h in fresh[1] if h[0] != b"age"], fresh[2]), (url, method, value)

@@ -16,6 +16,7 @@ import pytest
 
 from prerender_ray import metrics
 from prerender_ray.api.app import create_asgi
+from prerender_ray.api.bot import hit as hit_module
 from prerender_ray.api.bot.markdown import Converted, MarkdownCache, Skipped
 from prerender_ray.api.bot.replica import close_replica, open_replica
 from prerender_ray.api.context import NodeContext
@@ -321,7 +322,7 @@ def test_the_markdown_cache_is_bounded_by_bytes_and_keeps_one_version_per_page()
     assert cache.get(("huge", "v1")) is None and cache.bytes == 400
     entry = cache.get(("c", "v1"))
     assert isinstance(entry, Converted)
-    cache.grow(("c", "v1"), entry, None, Prepared(200, {}, b"x" * 300, [], []))
+    cache.grow(("c", "v1"), entry, "identity", Prepared(200, {}, b"x" * 300, [], []))
     assert cache.bytes == 700
     cache.put(("d", "v1"), Skipped("failed"))
     cache.put(("e", "v1"), _converted(300))  # 700 + 64 + 300: the oldest (c, with its form) goes
@@ -329,3 +330,30 @@ def test_the_markdown_cache_is_bounded_by_bytes_and_keeps_one_version_per_page()
     off = MarkdownCache(max_bytes=0)
     off.put(("a", "v1"), Skipped("timeout"))
     assert off.get(("a", "v1")) is None
+
+
+async def test_distinct_accept_encoding_values_do_not_crowd_out_the_markdowns_negotiated_forms(
+        tmp_path, site, monkeypatch) -> None:
+    # Before: kept by the raw header, four an entry: past four junk values, every request re-coded.
+    calls: list[str | None] = []
+    real = hit_module.prepare
+
+    def counting(meta, body, accept_encoding, *args):
+        calls.append(accept_encoding)
+        return real(meta, body, accept_encoding, *args)
+
+    monkeypatch.setattr(hit_module, "prepare", counting)
+    async with serving(tmp_path, site) as s, s.client() as c:
+        url = s.store("/page/junk")
+        md = {**UA, "accept": "text/markdown"}
+        first = await c.get(f"/p/{url}", headers={**md, "accept-encoding": "br"})
+        for i in range(1, 5):
+            r = await c.get(f"/p/{url}", headers={**md, "accept-encoding": f"br, a{i}"})
+            assert r.headers["content-encoding"] == "br" and r.content == first.content
+        assert len(calls) == 1
+        for value in ("br, a5", "identity", None, "gzip, br;q=0.5"):
+            calls.clear()
+            for _ in range(10):
+                r = await c.get(f"/p/{url}", headers=md if value is None else {**md, "accept-encoding": value})
+                assert r.status_code == 200 and _md(r) == first.text
+            assert len(calls) <= 1, value

@@ -113,14 +113,14 @@ def test_every_negotiated_form_of_a_cached_page_counts_against_the_byte_budget()
         cache.add(k, page)
     assert cache.bytes == 200
     # a small br page decoded for a bot without br: its decoded form is what takes the memory
-    cache.add_variant("k0", pages["k0"], None, _Prepared(b"d" * 300))
+    cache.add_variant("k0", pages["k0"], "identity", _Prepared(b"d" * 300))
     cache.add_variant("k0", pages["k0"], "br", _Prepared(pages["k0"].body))  # served as stored: free
-    cache.add_variant("k0", pages["k0"], None, _Prepared(b"d" * 300))  # already held: not twice
+    cache.add_variant("k0", pages["k0"], "identity", _Prepared(b"d" * 300))  # already held: not twice
     assert cache.bytes == 500 == sum(p.size for p in pages.values())
-    cache.add_variant("k1", pages["k1"], "gzip;q=0", _Prepared(b"d" * 600))  # over budget: k0 goes
+    cache.add_variant("k1", pages["k1"], "gzip", _Prepared(b"d" * 600))  # over budget: k0 goes
     assert cache.peek("k0") is None and cache.peek("k1") is pages["k1"] and cache.bytes == 700
     # a page no longer cached (or a peer's) keeps its form without touching the budget
-    cache.add_variant("k0", pages["k0"], "identity", _Prepared(b"d" * 100))
+    cache.add_variant("k0", pages["k0"], "gzip", _Prepared(b"d" * 100))
     assert cache.bytes == 700
     cache.drop("k1")
     assert cache.bytes == 0
