@@ -293,11 +293,21 @@ async def _ready(reply: Reply) -> Reply:
 
 
 def _request_headers(scope: dict) -> dict[str, str]:
-    """Lowercase names (the server lowercases them); repeated fields joined by ", " as Node does."""
+    """Lowercase names (the server lowercases them); repeated fields joined by ", " as Node does,
+    in the first one's place. Joined once per name: a string rebuilt per repeat made a head of many
+    repeats quadratic (160,000 took 1.3 s of the loop)."""
     out: dict[str, str] = {}
+    repeated: dict[str, list[str]] = {}
     for k, v in scope["headers"]:
         name, value = k.decode("latin-1"), v.decode("latin-1")
-        out[name] = f"{out[name]}, {value}" if name in out else value
+        if name not in out:
+            out[name] = value
+        elif name in repeated:
+            repeated[name].append(value)
+        else:
+            repeated[name] = [out[name], value]
+    for name, values in repeated.items():
+        out[name] = ", ".join(values)
     return out
 
 
