@@ -29,6 +29,7 @@ from prerender_ray.serving.bots import OTHER
 from prerender_ray.serving.classify import BadBotRequest, BotRequest, NotBot
 from prerender_ray.serving.dates import Dater
 from prerender_ray.serving.framing import sends_stored_coding
+from prerender_ray.serving.indexnow import KeyFile
 from prerender_ray.serving.negotiation import add_vary
 from prerender_ray.serving.origin_rules import serving_policy
 from prerender_ray.serving.responses import debug_requested
@@ -277,15 +278,33 @@ def _own_file(state: ReplicaState, method: str, path: str, query: str,
     """The answer to a file we serve ourselves before any page decision, if the request asks for
     one: IndexNow's ``/<key>.txt`` of a configured host (to anyone), a configured site's
     ``/llms.txt``."""
-    services = state.services
-    key_file = services.index_now_key
-    if key_file is not None and method in ("GET", "HEAD") and key_file.asked(
-            state.ingress.mode, state.ingress.prefix, state.ingress.host_header, path, query, headers):
+    key_file = _key_file(state, method, path, query, headers)
+    if key_file is not None:
         return _ready(key_file.reply(method))
-    llms = services.llms
-    if llms is not None and (site := llms.site_of(state.ingress, method, path, query, headers)):
+    llms = state.services.llms
+    site = _llms_site(state, method, path, query, headers)
+    if llms is not None and site:
         return llms.answer(site, method, headers)
     return None
+
+
+def _asks_own_file(state: ReplicaState, method: str, path: str, query: str, headers: dict[str, str]) -> bool:
+    """Whether ``_own_file`` answers the request; no answer made (an llms.txt's is a coroutine)."""
+    return _key_file(state, method, path, query, headers) is not None or bool(
+        _llms_site(state, method, path, query, headers))
+
+
+def _key_file(state: ReplicaState, method: str, path: str, query: str, headers: dict[str, str]) -> KeyFile | None:
+    key_file = state.services.index_now_key
+    if key_file is not None and method in ("GET", "HEAD") and key_file.asked(
+            state.ingress.mode, state.ingress.prefix, state.ingress.host_header, path, query, headers):
+        return key_file
+    return None
+
+
+def _llms_site(state: ReplicaState, method: str, path: str, query: str, headers: dict[str, str]) -> str | None:
+    llms = state.services.llms
+    return None if llms is None else llms.site_of(state.ingress, method, path, query, headers)
 
 
 async def _ready(reply: Reply) -> Reply:
@@ -345,7 +364,7 @@ class BotMiddleware:
         if who is None:
             return None
         path, query, headers = _request_parts(scope)
-        if _own_file(state, scope["method"], path, query, headers):
+        if _asks_own_file(state, scope["method"], path, query, headers):
             return None
         req = state.resolve(scope["method"], path, query, headers)
         if type(req) is not BotRequest:

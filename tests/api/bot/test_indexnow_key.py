@@ -4,8 +4,15 @@ host outside ``indexNow.hosts``, goes its usual way (here: a 404)."""
 
 from __future__ import annotations
 
+import gc
+import logging
+import sys
+
 import httpx
 
+from prerender_ray.api.bot.replica import opened
+from prerender_ray.serving.answer import Reply
+from prerender_ray.serving.indexnow import KeyFile
 from tests.localnode import LocalNode
 from tests.support import post_result, put_target, take, wait_for
 
@@ -31,6 +38,42 @@ def test_the_key_file_is_served_in_prefix_mode_and_only_for_the_key(tmp_path, si
         assert site.hits[f"/{KEY}.txt"] == 0  # answered by the node, never fetched
         other = httpx.get(f"{d.url}/p/http://localhost:{site.port}/{KEY}.txt", timeout=30)  # not in hosts
         assert other.status_code == 404 and site.hits[f"/{KEY}.txt"] == 1  # the origin's own answer
+    finally:
+        d.stop()
+
+
+def test_a_key_file_request_from_a_bot_the_decision_memo_knows_makes_one_answer(tmp_path, site,
+                                                                                 monkeypatch) -> None:
+    # Before: the HTTP protocol's look at such a request (BotMiddleware.wire) made the answer to test
+    # whether it was ours, and dropped it with its coroutine (never awaited).
+    made: list[str] = []
+    reply = KeyFile.reply
+
+    def counted(self: KeyFile, method: str) -> Reply:
+        made.append(method)
+        return reply(self, method)
+
+    monkeypatch.setattr(KeyFile, "reply", counted)
+    # no access log, as a replica runs: with one (pytest's capture handlers) the protocol leaves
+    # every request to the app (tests/api/bot/test_memo_protocol.py)
+    monkeypatch.setattr(logging.getLogger("uvicorn.access"), "hasHandlers", lambda: False)
+    unraisable: list[str] = []  # a coroutine dropped unawaited warns in its finalizer (as an error here)
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: unraisable.append(repr(u.exc_value)))
+    d = LocalNode.start(tmp_path / "data", _options(site))
+    try:
+        state = opened(d.ingress[0].ctx)
+        assert state is not None and state.services.decisions is not None
+        wait_for(lambda: state.services.pages.log is not None, what="the replica on the page log")
+        used = state.services.decisions.used
+        with httpx.Client(base_url=d.url, timeout=30) as c:
+            for method in ("GET", "HEAD"):  # who asks is kept in the decision memo
+                c.request(method, f"/p/{site.base}/page/known")
+            for method in ("GET", "HEAD") * 3:
+                r = c.request(method, f"/p/{site.base}/{KEY}.txt")
+                assert r.status_code == 200 and r.content == (KEY.encode() if method == "GET" else b"")
+        gc.collect()
+        assert state.services.decisions.used >= used + 6  # the protocol's look found who asks, each time
+        assert unraisable == [] and made == ["GET", "HEAD"] * 3
     finally:
         d.stop()
 

@@ -5,6 +5,9 @@ over real HTTP in prefix mode and in forwarded mode."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
+import sys
 
 import httpx
 import pytest
@@ -12,7 +15,7 @@ import pytest
 from prerender_ray import metrics
 from prerender_ray.api.bot.replica import opened
 from tests.localnode import LocalNode
-from tests.support import post_result, put_target, take, write_page
+from tests.support import post_result, put_target, take, wait_for, write_page
 
 FWD = "x-forwarded-host"
 
@@ -153,3 +156,37 @@ def test_forwarded_mode_serves_the_forwarded_hosts_document_and_only_for_domains
         assert httpx.get(f"{d.url}/llms.txt", timeout=30).status_code == 404  # no host: not a bot request
     finally:
         d.stop()
+
+
+def test_a_request_for_llms_txt_from_a_bot_the_decision_memo_knows_makes_one_answer(node, site,
+                                                                                    monkeypatch) -> None:
+    # Before: the HTTP protocol's look at such a request (BotMiddleware.wire) asked for the answer
+    # to test whether it was ours, and dropped the coroutine: made twice, one never awaited.
+    state = opened(node.ingress[0].ctx)
+    assert state is not None and state.services.llms is not None
+    services = state.services
+    wait_for(lambda: services.pages.log is not None, what="the replica on the page log")
+    assert services.decisions is not None
+    made: list[str] = []
+    answer = services.llms.answer
+
+    def counted(site_origin: str, method: str, headers):
+        made.append(method)
+        return answer(site_origin, method, headers)
+
+    monkeypatch.setattr(services.llms, "answer", counted)
+    # no access log, as a replica runs: with one (pytest's capture handlers) the protocol leaves
+    # every request to the app (tests/api/bot/test_memo_protocol.py)
+    monkeypatch.setattr(logging.getLogger("uvicorn.access"), "hasHandlers", lambda: False)
+    unraisable: list[str] = []  # a coroutine dropped unawaited warns in its finalizer (as an error here)
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: unraisable.append(repr(u.exc_value)))
+    used = services.decisions.used
+    with httpx.Client(base_url=node.url, timeout=30) as c:
+        for method in ("GET", "HEAD"):  # who asks is kept in the decision memo
+            assert c.request(method, f"/p/{site.base}/docs/a").status_code == 200
+        for method in ("GET", "HEAD") * 3:
+            r = c.request(method, f"/p/{site.base}/llms.txt")
+            assert r.status_code == 200 and r.headers["content-type"] == "text/markdown; charset=utf-8"
+    gc.collect()
+    assert services.decisions.used >= used + 6  # the protocol's look found who asks, each time
+    assert unraisable == [] and made == ["GET", "HEAD"] * 3
