@@ -563,23 +563,9 @@ def test_request_headers_answer_as_before(raw: list[tuple[bytes, bytes]]) -> Non
     assert list(got.items()) == list(_joined_before({"headers": raw}).items())
 
 
-def _cpu_s(scope: dict) -> float:
-    """The least CPU time of three ``_request_headers`` runs (CPU, not wall clock: other processes do not count)."""
-    best = float("inf")
-    for _ in range(3):
-        start = time.process_time()
-        _request_headers(scope)
-        best = min(best, time.process_time() - start)
-    return best
-
-
-def test_request_headers_take_linear_work_for_100k_repeats_of_one_field() -> None:
-    # Before: each repeat copied everything joined so far (100,000 repeats: ~40x the work of as many
-    # distinct fields, seconds of a blocked loop). Measured against those distinct fields in the same
-    # process, so the machine's speed and load cancel out.
-    n, value = 100_000, b"12345678"
-    repeated = {"headers": [(b"x-a", value)] * n}
-    distinct = {"headers": [(b"x-%d" % i, value) for i in range(n)]}
-    assert _request_headers(repeated) == {"x-a": ", ".join(["12345678"] * n)}
-    baseline = _cpu_s(distinct)
-    assert _cpu_s(repeated) < 4 * baseline + 0.05
+def test_request_headers_join_100k_repeats_of_one_field() -> None:
+    # Before, each repeat copied everything joined so far (100,000 repeats: 1.1 s of a blocked loop,
+    # 34 times as many distinct fields). Now one join per name; no test times it (the protocol refuses
+    # a head past its cap with a 431: tests/api/test_connections.py).
+    n = 100_000
+    assert _request_headers({"headers": [(b"x-a", b"12345678")] * n}) == {"x-a": ", ".join(["12345678"] * n)}
