@@ -3,6 +3,7 @@ or loopback when no users are configured. Every route states the role it needs."
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import time
@@ -11,7 +12,7 @@ from typing import Any
 
 from fastapi import HTTPException, Request
 
-from prerender_ray.admin.users import LOOPBACK, Principal, verify_password
+from prerender_ray.admin.users import LOOPBACK, Principal, decoy_hash, verify_password
 from prerender_ray.api.context import NodeContext
 from prerender_ray.config.model import User
 from prerender_ray.serving.proxies import Proxies, is_loopback
@@ -23,31 +24,42 @@ class Authenticator:
     def __init__(self, users: list[User]):
         self.users = {u.name: u for u in users if u.password_hash}
         self._verified: dict[tuple[str, bytes], float] = {}
+        first = next(iter(self.users.values()), None)
+        self._decoy = decoy_hash(first.password_hash) if first else None
 
     @property
     def open_to_loopback(self) -> bool:
         return not self.users
 
     def check_password(self, name: str, password: str) -> Principal | None:
+        """PBKDF2, slow on purpose: call it off the event loop. A name that is not a user costs what
+        the first user's does (login and Basic alike), so timing does not tell the names apart."""
         user = self.users.get(name)
-        if user is None:
+        encoded = user.password_hash if user is not None else self._decoy
+        if encoded is None or not verify_password(password, encoded) or user is None:
             return None
-        key = (name, hashlib.sha256(password.encode()).digest())
-        seen = self._verified.get(key)
-        now = time.monotonic()
-        if seen is None or now - seen > _VERIFIED_TTL_S:
-            if not verify_password(password, user.password_hash):
-                return None
-            if len(self._verified) > 1000:
-                self._verified.clear()
-            self._verified[key] = now
         return Principal(name, frozenset(user.roles), "basic")
 
-    def principal(self, request: Request) -> Principal | None:
+    async def verify(self, name: str, password: str) -> Principal | None:
+        """Credentials verified within ``_VERIFIED_TTL_S`` at once; any others by PBKDF2 off the event
+        loop (which also serves bots), a wrong password included: it is never remembered."""
+        key = (name, hashlib.sha256(password.encode()).digest())
+        seen = self._verified.get(key)
+        user = self.users.get(name)
+        if seen is not None and user is not None and time.monotonic() - seen <= _VERIFIED_TTL_S:
+            return Principal(name, frozenset(user.roles), "basic")
+        who = await asyncio.to_thread(self.check_password, name, password)
+        if who is not None:
+            if len(self._verified) > 1000:
+                self._verified.clear()
+            self._verified[key] = time.monotonic()
+        return who
+
+    async def principal(self, request: Request) -> Principal | None:
         basic = basic_credentials(request)
         if basic is not None:
             user, password = basic
-            return self.check_password(user, password) if user is not None else None
+            return await self.verify(user, password) if user is not None else None
         sessions = getattr(request.app.state, "sessions", None)
         if sessions is not None:
             found = sessions.principal(request)
@@ -124,7 +136,7 @@ def require(*roles: str) -> Callable[[Request], Any]:
         user = basic[0] if basic else None
         if sessions is not None and basic:
             sessions.guard(request, user)  # 429 past auth.maxFailedLoginsPerMinute failed sign-ins
-        who = authenticator(ctx).principal(request)
+        who = await authenticator(ctx).principal(request)
         if who is None:
             if sessions is not None and basic:
                 sessions.failed(request, user)

@@ -21,7 +21,6 @@ nothing, and one account's wrong password does not lock out the others behind th
 from __future__ import annotations
 
 import asyncio
-import functools
 import secrets
 import time
 from urllib.parse import urlsplit
@@ -38,7 +37,7 @@ from prerender_ray.admin.sessions import (
     SignInLimiter,
     TokenError,
 )
-from prerender_ray.admin.users import Principal, hash_password, verify_password
+from prerender_ray.admin.users import Principal
 from prerender_ray.api.admin.common import DEADLINE_S, admin_router, answer, ctx_of
 from prerender_ray.api.auth import authenticator, client_address, forwarded_https
 from prerender_ray.api.bodies import bad_request, read_object
@@ -189,18 +188,6 @@ class Sessions:
         await self.ctx.store.within(DEADLINE_S).apply([(REVOKED + claims.sid.encode(), row)])
 
 
-@functools.cache
-def _dummy_hash(iterations: int) -> str:
-    return hash_password(secrets.token_hex(16), iterations=iterations, salt=b"\0" * 16)
-
-
-def _iterations_of(encoded: str) -> int:
-    try:
-        return max(1, min(int(encoded.split("$")[1]), 1_000_000))
-    except (IndexError, ValueError):
-        return 200_000
-
-
 def sessions_of(request: Request) -> Sessions:
     return request.app.state.sessions
 
@@ -234,7 +221,7 @@ def cookie_flags(request: Request, max_age: int) -> dict:
 async def session(request: Request) -> JSONResponse:
     """Who is calling (open to everyone: it is how the console decides to show the login form)."""
     ctx, sessions = ctx_of(request), sessions_of(request)
-    who = authenticator(ctx).principal(request)
+    who = await authenticator(ctx).principal(request)
     _, claims, why_not = sessions.inspect(request)
     body = {"authenticated": who is not None, "username": who.name if who else None,
             "roles": sorted(who.roles) if who else [], "via": who.via if who else None,
@@ -263,12 +250,7 @@ async def login(request: Request) -> JSONResponse:
     sessions.guard(request, username)
     if not isinstance(bearer, bool):
         raise bad_request("bearer must be true or false")
-    auth = authenticator(ctx)
-    who = await asyncio.to_thread(auth.check_password, username, password)  # PBKDF2: off the event loop
-    if who is None and username not in auth.users:
-        # an unknown name costs what a known one does: the answer's timing does not tell them apart
-        rounds = _iterations_of(next(iter(auth.users.values())).password_hash)
-        await asyncio.to_thread(lambda: verify_password(password, _dummy_hash(rounds)))
+    who = await authenticator(ctx).verify(username, password)
     if who is None:
         sessions.failed(request, username)
         await asyncio.sleep(FAILED_LOGIN_DELAY_S)

@@ -34,6 +34,17 @@ def verify_password(password: str, encoded: str) -> bool:
         return False
 
 
+def decoy_hash(like: str) -> str:
+    """A hash that costs what ``like`` costs to check and that no password matches (its digest is
+    random): checked for a name that is not a user, so the time of the answer does not tell them apart."""
+    try:
+        iterations = max(1, min(int(like.split("$")[1]), 1_000_000))
+    except (IndexError, ValueError):
+        iterations = ITERATIONS
+    b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731
+    return f"{PREFIX}${iterations}${b64(bytes(16))}${b64(secrets.token_bytes(32))}"
+
+
 def same_secret(given: str | None, expected: str | None) -> bool:
     """Constant-time comparison that never matches an empty secret."""
     if not given or not expected:

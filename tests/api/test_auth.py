@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import httpx
 import pytest
 
@@ -65,6 +69,69 @@ def test_a_wrong_password_or_garbage_credentials_are_401(node) -> None:
     r = httpx.post(node.url + "/render_queue/claim", json={}, headers={"authorization": "Basic !!!"})
     assert r.status_code == 401
     assert httpx.get(node.url + "/healthz").status_code == 200  # probes stay open
+
+
+BASIC_ROUTES = [  # method, path, what a wrong password gets: FastAPI's require(), the fleet's own path
+    ("GET", "/queue_status", 401),
+    ("POST", "/render_queue/claim", 401),
+    ("GET", "/prerender_admin/session", 200),  # open to everyone: it says who is calling
+]
+
+
+def from_address(ip: str) -> httpx.Client:
+    """Another client address: each test's wrong passwords count in the limiter for it alone."""
+    return httpx.Client(transport=httpx.HTTPTransport(local_address=ip), timeout=30)
+
+
+@pytest.mark.parametrize("method, path, code", BASIC_ROUTES)
+def test_an_unknown_name_costs_the_pbkdf2_a_known_one_does(node, monkeypatch, method, path, code) -> None:
+    """No timing oracle for user names: a wrong password for "nobody" runs PBKDF2 as one for "ops" does
+    (ops is the first user: the decoy takes its rounds)."""
+    rounds: list[int] = []
+    real = hashlib.pbkdf2_hmac
+
+    def counted(hash_name: str, password: bytes, salt: bytes, iterations: int, *rest: int) -> bytes:
+        rounds.append(iterations)
+        return real(hash_name, password, salt, iterations, *rest)
+
+    monkeypatch.setattr(hashlib, "pbkdf2_hmac", counted)
+    spent = {}
+    with from_address("127.0.0.5") as client:
+        for name in ("ops", "nobody"):
+            rounds.clear()
+            assert client.request(method, node.url + path, json={}, auth=(name, "wrong")).status_code == code
+            spent[name] = list(rounds)
+    assert spent == {"ops": [1000], "nobody": [1000]}
+
+
+HOLD_S = 5.0  # how long a held check waits for the test before it gives up
+
+
+@pytest.mark.parametrize("method, path, code", BASIC_ROUTES)
+def test_a_password_is_checked_off_the_event_loop(node, monkeypatch, method, path, code) -> None:
+    """While one wrong password is being checked, the replica answers another request: the check is
+    held until the test has that answer, which it could not get if PBKDF2 ran on the event loop (the
+    check would then give up after HOLD_S, and say so)."""
+    entered, release, released = threading.Event(), threading.Event(), []
+    real = hashlib.pbkdf2_hmac
+
+    def held(hash_name: str, password: bytes, *rest: object) -> bytes:
+        if password == b"held-guess":
+            entered.set()
+            released.append(release.wait(HOLD_S))
+        return real(hash_name, password, *rest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(hashlib, "pbkdf2_hmac", held)
+    with from_address("127.0.0.6") as client, ThreadPoolExecutor(1) as pool:
+        guess = pool.submit(client.request, method, node.url + path, json={}, auth=("ops", "held-guess"))
+        try:
+            assert entered.wait(HOLD_S), "the check never started"
+            other = httpx.get(node.url + "/healthz", timeout=30)
+        finally:
+            release.set()
+        assert other.status_code == 200
+        assert guess.result(timeout=30).status_code == code
+    assert released == [True], "the other request was answered only after the check gave up"
 
 
 def test_the_failed_sign_in_limiter_keys_on_the_peer_and_the_account(node) -> None:
