@@ -55,11 +55,22 @@ class Authenticator:
             self._verified[key] = time.monotonic()
         return who
 
+    async def sign_in(self, request: Request, name: str | None, password: str) -> Principal | None:
+        """Checks a name and password (None: a Basic header that does not decode) within the failed
+        sign-in limiter: 429 past ``auth.maxFailedLoginsPerMinute``; a wrong one counts."""
+        sessions = getattr(request.app.state, "sessions", None)  # api.admin.session.Sessions
+        if sessions is not None:
+            sessions.guard(request, name)
+        who = await self.verify(name, password) if name is not None else None
+        if who is None and sessions is not None:
+            sessions.failed(request, name)
+        return who
+
     async def principal(self, request: Request) -> Principal | None:
+        """Who is calling; Basic credentials are a sign-in (``sign_in``) on any route that looks."""
         basic = basic_credentials(request)
         if basic is not None:
-            user, password = basic
-            return await self.verify(user, password) if user is not None else None
+            return await self.sign_in(request, *basic)
         sessions = getattr(request.app.state, "sessions", None)
         if sessions is not None:
             found = sessions.principal(request)
@@ -131,15 +142,8 @@ def require(*roles: str) -> Callable[[Request], Any]:
 
     async def dependency(request: Request) -> Principal:
         ctx: NodeContext = request.app.state.ctx
-        sessions = getattr(request.app.state, "sessions", None)  # api.admin_session.Sessions
-        basic = basic_credentials(request)
-        user = basic[0] if basic else None
-        if sessions is not None and basic:
-            sessions.guard(request, user)  # 429 past auth.maxFailedLoginsPerMinute failed sign-ins
-        who = await authenticator(ctx).principal(request)
+        who = await authenticator(ctx).principal(request)  # 429 past auth.maxFailedLoginsPerMinute
         if who is None:
-            if sessions is not None and basic:
-                sessions.failed(request, user)
             # The console signs in with its own form: no challenge, or the browser would prompt.
             challenge = None if request.headers.get("x-prerender-console") else {
                 "WWW-Authenticate": 'Basic realm="prerender-ray"'}

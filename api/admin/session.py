@@ -11,11 +11,12 @@ Logout revokes the token cluster-wide: the session id goes into a replicated reg
 adds its own at once and re-reads the rows every ``REVOCATION_REFRESH_S``, so ``principal`` stays a
 synchronous check.
 
-Failed sign-ins (login, and wrong HTTP Basic credentials on any route) are limited per replica to
-``auth.maxFailedLoginsPerMinute`` per (client address, account), and to five times that per address
-across accounts; past that the client gets 429 with Retry-After. The address is the TCP peer unless
-it is one of ``server.trustedProxies`` (``prerender_ray.serving.proxies``), so a rotated X-Forwarded-For buys
-nothing, and one account's wrong password does not lock out the others behind the same address.
+Failed sign-ins (login, and wrong HTTP Basic credentials on any route, ``GET session`` included) are
+limited per replica to ``auth.maxFailedLoginsPerMinute`` per (client address, account), and to five
+times that per address across accounts; past that the client gets 429 with Retry-After. The address
+is the TCP peer unless it is one of ``server.trustedProxies`` (``prerender_ray.serving.proxies``), so a
+rotated X-Forwarded-For buys nothing, and one account's wrong password does not lock out the others
+behind the same address.
 """
 
 from __future__ import annotations
@@ -219,7 +220,8 @@ def cookie_flags(request: Request, max_age: int) -> dict:
 
 @router.get("/session")
 async def session(request: Request) -> JSONResponse:
-    """Who is calling (open to everyone: it is how the console decides to show the login form)."""
+    """Who is calling (open to everyone: it is how the console decides to show the login form).
+    Basic credentials sent here are a sign-in like any other: a wrong one counts, past the cap 429."""
     ctx, sessions = ctx_of(request), sessions_of(request)
     who = await authenticator(ctx).principal(request)
     _, claims, why_not = sessions.inspect(request)
@@ -247,12 +249,10 @@ async def login(request: Request) -> JSONResponse:
     username, password, bearer = body.get("username"), body.get("password"), body.get("bearer", False)
     if not isinstance(username, str) or not username or not isinstance(password, str) or not password:
         raise bad_request("username and password are required (non-empty strings)")
-    sessions.guard(request, username)
     if not isinstance(bearer, bool):
         raise bad_request("bearer must be true or false")
-    who = await authenticator(ctx).verify(username, password)
+    who = await authenticator(ctx).sign_in(request, username, password)
     if who is None:
-        sessions.failed(request, username)
         await asyncio.sleep(FAILED_LOGIN_DELAY_S)
         return answer({"error": "Invalid credentials", "authenticated": False}, 401)
     if not any(who.has(r) for r in ADMIN_ROLES):

@@ -282,6 +282,22 @@ def test_failed_sign_ins_are_rate_limited_per_client(node) -> None:
     other.close()
 
 
+def test_the_session_route_is_no_free_password_oracle(node) -> None:
+    """GET session is open to everyone, but Basic credentials sent to it are a sign-in like any other:
+    a wrong one counts in the same limiter, and past it the answer is 429. From 127.0.0.3."""
+    other = httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.3"), timeout=30)
+    url = f"{node.urls['node-b']}/prerender_admin/session"
+    answers = [other.get(url, auth=("ops", f"guess{i}")) for i in range(4)]
+    assert [r.status_code for r in answers] == [200, 200, 200, 429], [r.text for r in answers]
+    assert [r.json()["authenticated"] for r in answers[:3]] == [False] * 3
+    assert int(answers[3].headers["retry-after"]) >= 1
+    assert other.get(url, auth=("ops", PASSWORDS["ops"])).status_code == 429  # even the right password now
+    assert other.post(f"{node.urls['node-b']}/prerender_admin/login",
+                      json={"username": "ops", "password": PASSWORDS["ops"]}).status_code == 429  # one budget
+    assert other.get(url).json()["authenticated"] is False  # without credentials it still answers
+    other.close()
+
+
 # ------------------------------------------------------------------------------------- bad input
 
 
