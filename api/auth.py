@@ -24,6 +24,7 @@ class Authenticator:
     def __init__(self, users: list[User]):
         self.users = {u.name: u for u in users if u.password_hash}
         self._verified: dict[tuple[str, bytes], float] = {}
+        self._checking: dict[tuple[str, bytes], asyncio.Future[Principal | None]] = {}
         first = next(iter(self.users.values()), None)
         self._decoy = decoy_hash(first.password_hash) if first else None
 
@@ -40,16 +41,32 @@ class Authenticator:
             return None
         return Principal(name, frozenset(user.roles), "basic")
 
-    async def verify(self, name: str, password: str) -> Principal | None:
+    async def verify(self, name: str, password: str,
+                     attempt: Callable[[], Callable[[], None]] | None = None) -> Principal | None:
         """Credentials verified within ``_VERIFIED_TTL_S`` at once; any others by PBKDF2 off the event
-        loop (which also serves bots), a wrong password included: it is never remembered."""
+        loop (which also serves bots), a wrong password included: it is never remembered. ``attempt()``
+        counts the check as a failed sign-in before it starts and returns what takes that back when the
+        password was right. The same credentials checked at once share one check, and one count."""
         key = (name, hashlib.sha256(password.encode()).digest())
         seen = self._verified.get(key)
         user = self.users.get(name)
         if seen is not None and user is not None and time.monotonic() - seen <= _VERIFIED_TTL_S:
             return Principal(name, frozenset(user.roles), "basic")
-        who = await asyncio.to_thread(self.check_password, name, password)
+        check = self._checking.get(key)
+        if check is None:
+            forgive = attempt() if attempt is not None else None
+            check = self._checking[key] = asyncio.ensure_future(self._check(key, password, forgive))
+        return await asyncio.shield(check)  # a caller that goes away leaves the check to the others
+
+    async def _check(self, key: tuple[str, bytes], password: str,
+                     forgive: Callable[[], None] | None) -> Principal | None:
+        try:
+            who = await asyncio.to_thread(self.check_password, key[0], password)
+        finally:
+            del self._checking[key]
         if who is not None:
+            if forgive is not None:
+                forgive()
             if len(self._verified) > 1000:
                 self._verified.clear()
             self._verified[key] = time.monotonic()
@@ -59,10 +76,15 @@ class Authenticator:
         """Checks a name and password (None: a Basic header that does not decode) within the failed
         sign-in limiter: 429 past ``auth.maxFailedLoginsPerMinute``; a wrong one counts."""
         sessions = getattr(request.app.state, "sessions", None)  # api.admin.session.Sessions
-        if sessions is not None:
-            sessions.guard(request, name)
-        who = await self.verify(name, password) if name is not None else None
-        if who is None and sessions is not None:
+        if sessions is None:
+            return await self.verify(name, password) if name is not None else None
+        sessions.guard(request, name)
+        if name is None:
+            sessions.attempt(request, name)
+            who = None
+        else:
+            who = await self.verify(name, password, lambda: sessions.attempt(request, name))
+        if who is None:
             sessions.failed(request, name)
         return who
 

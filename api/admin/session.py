@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from fastapi import HTTPException, Request
@@ -127,10 +128,16 @@ class Sessions:
                                              "retryAfterSeconds": seconds},
                                 headers={"Retry-After": str(seconds), "cache-control": "no-store"})
 
+    def attempt(self, request: Request, user: str | None) -> Callable[[], None]:
+        """Counts a sign-in as failed before its password is checked, so sign-ins sent together cannot
+        all pass ``guard`` while their checks run; returns what takes the count back when it was right."""
+        client, at = self.client_of(request), now_ms()
+        self.limiter.failed(client, user, at)
+        return lambda: self.limiter.forgive(client, user, at)
+
     def failed(self, request: Request, user: str | None) -> None:
-        client = self.client_of(request)
-        self.limiter.failed(client, user, now_ms())
-        log.warning("failed sign-in", client=client, user=(user or "")[:64])
+        """Logs a failed sign-in (``attempt`` counted it)."""
+        log.warning("failed sign-in", client=self.client_of(request), user=(user or "")[:64])
 
     # ------------------------------------------------------------------------------- revocation
 

@@ -186,6 +186,14 @@ class LoginLimiter:
         while len(self._fails) > self.max_clients:
             self._fails.popitem(last=False)
 
+    def forgive(self, client: Hashable, at: int) -> None:
+        """Takes back the failure counted at ``at`` (a sign-in counted before its check, which passed)."""
+        fails = self._fails.get(client)
+        if fails is not None and at in fails:
+            fails.remove(at)
+            if not fails:
+                del self._fails[client]
+
     def __len__(self) -> int:
         return len(self._fails)
 
@@ -221,3 +229,7 @@ class SignInLimiter:
     def failed(self, address: str, account: str | None, now: int) -> None:
         self.pairs.failed(self._pair(address, account), now)
         self.addresses.failed(address, now)
+
+    def forgive(self, address: str, account: str | None, at: int) -> None:
+        self.pairs.forgive(self._pair(address, account), at)
+        self.addresses.forgive(address, at)

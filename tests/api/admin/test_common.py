@@ -120,6 +120,22 @@ def test_one_accounts_failures_lock_that_account_only_and_the_address_has_a_loos
     assert lim.retry_after_ms("10.0.0.3", "x" * 10_000, T0) is None
 
 
+def test_a_failure_counted_before_its_check_is_taken_back_when_the_check_passes() -> None:
+    lim = SignInLimiter(3, window_ms=60_000)
+    for i in range(3):
+        lim.failed("10.0.0.1", "ops", T0 + i)
+    assert lim.retry_after_ms("10.0.0.1", "ops", T0 + 3) == (60_000 - 3, "account")
+    lim.forgive("10.0.0.1", "ops", T0 + 1)
+    assert lim.retry_after_ms("10.0.0.1", "ops", T0 + 3) is None
+    lim.forgive("10.0.0.1", "ops", T0 + 1)  # twice, or never counted: nothing more is taken back
+    lim.forgive("10.0.0.9", "ops", T0)
+    lim.failed("10.0.0.1", "ops", T0 + 4)
+    assert lim.retry_after_ms("10.0.0.1", "ops", T0 + 5) == (60_000 - 5, "account")
+    for at in (T0, T0 + 2, T0 + 4):
+        lim.forgive("10.0.0.1", "ops", at)
+    assert len(lim.pairs) == len(lim.addresses) == 0  # nothing is kept for a client without failures
+
+
 # ----------------------------------------------------------------------------------------- explain
 
 

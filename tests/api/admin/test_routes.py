@@ -6,8 +6,11 @@ gone, and the heavy-read cap."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import hashlib
 import re
+import threading
 import time
 from urllib.parse import urlsplit
 
@@ -809,6 +812,70 @@ async def test_a_third_heavy_read_on_a_replica_gets_429(local) -> None:
     finally:
         slots.in_use = 0
     assert (await client.get("/prerender_admin/pages")).status_code == 200
+
+
+HOLD_S = 30.0  # how long a held password check waits for the test
+
+
+class HeldSignIns:
+    """PBKDF2 for one password (or any starting with ``prefix``) waits until ``release`` (at most
+    HOLD_S), so sign-ins sent together are all in flight at once; ``guarded`` counts the sign-ins that
+    reached the limiter (``Sessions.guard``), ``entered`` the checks that started."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, prefix: bytes):
+        from prerender_ray.api.admin.session import Sessions
+
+        self.release, self.entered, self.guarded = threading.Event(), [], 0
+        real_check, real_guard = hashlib.pbkdf2_hmac, Sessions.guard
+
+        def check(hash_name: str, password: bytes, *rest: object) -> bytes:
+            if password.startswith(prefix):
+                self.entered.append(password)
+                self.release.wait(HOLD_S)
+            return real_check(hash_name, password, *rest)  # type: ignore[arg-type]
+
+        def guard(sessions: Sessions, *args: object) -> None:
+            self.guarded += 1
+            real_guard(sessions, *args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(hashlib, "pbkdf2_hmac", check)
+        monkeypatch.setattr(Sessions, "guard", guard)
+
+    async def answers(self, calls: list) -> list[int]:
+        """Sends ``calls`` together; once every one has reached the limiter, lets the checks finish."""
+        sent = asyncio.gather(*calls)
+        try:
+            deadline = time.monotonic() + HOLD_S
+            while self.guarded < len(calls) and time.monotonic() < deadline and not sent.done():
+                await asyncio.sleep(0.01)
+        finally:
+            self.release.set()
+        return [r.status_code for r in await sent]
+
+
+async def test_parallel_wrong_sign_ins_cannot_all_pass_the_limiter(local, monkeypatch) -> None:
+    """A sign-in counts as failed before its password is checked (and is taken back when it was right):
+    twenty wrong passwords sent at once, with the limit at 3, get three checks and seventeen 429s."""
+    ctx, client = local
+    held = HeldSignIns(monkeypatch, b"parallel-")
+    codes = await held.answers([
+        client.post("/prerender_admin/login", json={"username": "ops", "password": f"parallel-{i}"}, auth=None)
+        for i in range(20)
+    ])
+    assert sorted(codes) == [401] * 3 + [429] * 17, codes
+    assert len(held.entered) == 3
+
+
+async def test_parallel_sign_ins_with_the_right_password_share_one_check(local, monkeypatch) -> None:
+    """The same credentials checked at once (a fleet's workers starting together behind one address)
+    share one check and one count: none is refused, and PBKDF2 runs once."""
+    ctx, client = local
+    held = HeldSignIns(monkeypatch, PASSWORDS["ops"].encode())
+    codes = await held.answers([client.get("/prerender_admin/config") for _ in range(20)])  # Basic ops
+    assert codes == [200] * 20
+    assert len(held.entered) == 1
+    assert (await client.post("/prerender_admin/login", auth=None,
+                              json={"username": "ops", "password": "wrong"})).status_code == 401  # not locked
 
 
 async def test_unrouted_peeks_at_this_replicas_tally(local) -> None:
