@@ -9,7 +9,8 @@ owner a schedule read is proxied to.
 Logout revokes the token cluster-wide: the session id goes into a replicated registry row
 ``x:<sid>`` (kept until the token would have expired). Each replica keeps the revoked ids in memory,
 adds its own at once and re-reads the rows every ``REVOCATION_REFRESH_S``, so ``principal`` stays a
-synchronous check.
+synchronous check. A replica issues at most ``SESSIONS_PER_ACCOUNT_PER_HOUR`` sessions per account, so
+a signed-in viewer looping login and logout cannot grow that list without bound.
 
 Failed sign-ins (login, and wrong HTTP Basic credentials on any route, ``GET session`` included) are
 limited per replica to ``auth.maxFailedLoginsPerMinute`` per (client address, account), and to five
@@ -34,6 +35,7 @@ from prerender_ray import logs, metrics
 from prerender_ray.admin.sessions import (
     SESSION_COOKIE,
     Cursors,
+    LoginLimiter,
     SessionClaims,
     SessionTokens,
     SignInLimiter,
@@ -50,6 +52,9 @@ from prerender_ray.timeutil import now_ms
 
 REVOCATION_REFRESH_S = 2.0
 FAILED_LOGIN_DELAY_S = 0.3
+# Each logout writes a revocation row every replica keeps re-reading until the token would have
+# expired: sessions issued per account bound those rows (a script reuses its token, or uses Basic).
+SESSIONS_PER_ACCOUNT_PER_HOUR = 60
 CONSOLE_HEADER = "x-prerender-console"
 ADMIN_ROLES = ("admin", "viewer")
 log = logs.get("admin")
@@ -69,6 +74,8 @@ class Sessions:
         self.tokens = SessionTokens(secret, ctx.cfg.auth.session_ttl)
         self.cursors = Cursors(secret)
         self.limiter = SignInLimiter(ctx.cfg.auth.max_failed_logins_per_minute)
+        # counts sessions issued per account (a LoginLimiter counts whatever it is told of)
+        self.issued = LoginLimiter(SESSIONS_PER_ACCOUNT_PER_HOUR, window_ms=3_600_000)
         self.revoked: dict[str, int] = {}  # sid -> when the token would have expired
         self._refresher: asyncio.Task | None = None
         self.refreshed_at: float | None = None
@@ -122,11 +129,18 @@ class Sessions:
         found = self.limiter.retry_after_ms(self.client_of(request), user, now_ms())
         if found is not None:
             wait, scope = found
-            seconds = max(1, -(-wait // 1000))
             what = "for this account from this address" if scope == "account" else "from this address"
-            raise HTTPException(429, detail={"error": f"Too many failed sign-ins {what}; retry later",
-                                             "retryAfterSeconds": seconds},
-                                headers={"Retry-After": str(seconds), "cache-control": "no-store"})
+            raise too_many(f"Too many failed sign-ins {what}; retry later", wait)
+
+    def issue(self, who: Principal) -> tuple[str, SessionClaims]:
+        """A new session for ``who``; 429 past SESSIONS_PER_ACCOUNT_PER_HOUR on this replica."""
+        now = now_ms()
+        wait = self.issued.retry_after_ms(who.name, now)
+        if wait is not None:
+            raise too_many(f"Too many sessions issued for this account in an hour (at most "
+                           f"{SESSIONS_PER_ACCOUNT_PER_HOUR}); reuse a token, or retry later", wait)
+        self.issued.failed(who.name, now)
+        return self.tokens.issue(who.name, now, secrets.token_urlsafe(16))
 
     def attempt(self, request: Request, user: str | None) -> Callable[[], None]:
         """Counts a sign-in as failed before its password is checked, so sign-ins sent together cannot
@@ -194,6 +208,12 @@ class Sessions:
         self.revoked[claims.sid] = claims.expires_at
         row = encode_json({"exp": claims.expires_at, "user": claims.user, "revokedAt": now_ms(), "by": by})
         await self.ctx.store.within(DEADLINE_S).apply([(REVOKED + claims.sid.encode(), row)])
+
+
+def too_many(error: str, wait_ms: int) -> HTTPException:
+    seconds = max(1, -(-wait_ms // 1000))
+    return HTTPException(429, detail={"error": error, "retryAfterSeconds": seconds},
+                         headers={"Retry-After": str(seconds), "cache-control": "no-store"})
 
 
 def sessions_of(request: Request) -> Sessions:
@@ -265,7 +285,7 @@ async def login(request: Request) -> JSONResponse:
     if not any(who.has(r) for r in ADMIN_ROLES):
         return answer({"error": "This account has neither the admin nor the viewer role",
                        "authenticated": True, "username": who.name}, 403)
-    token, claims = sessions.tokens.issue(who.name, now_ms(), secrets.token_urlsafe(16))
+    token, claims = sessions.issue(who)
     doc = {"authenticated": True, "username": who.name, "roles": sorted(who.roles),
            "admin": who.has("admin"), "expiresAt": claims.expires_at, "node": ctx.node.name}
     log.info("signed in", user=who.name, client=sessions.client_of(request), bearer=bearer)

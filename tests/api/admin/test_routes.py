@@ -878,6 +878,29 @@ async def test_parallel_sign_ins_with_the_right_password_share_one_check(local, 
                               json={"username": "ops", "password": "wrong"})).status_code == 401  # not locked
 
 
+async def test_sessions_issued_per_account_are_bounded(local) -> None:
+    """Each logout writes a replicated revocation row, kept until the token would have expired and
+    re-read by every replica: a viewer looping login and logout would grow that list without bound. A
+    replica issues at most SESSIONS_PER_ACCOUNT_PER_HOUR sessions per account; past that, 429."""
+    from prerender_ray.api.admin.session import SESSIONS_PER_ACCOUNT_PER_HOUR
+
+    ctx, client = local
+    watcher = {"username": "watcher", "password": PASSWORDS["watcher"], "bearer": True}
+    for _ in range(SESSIONS_PER_ACCOUNT_PER_HOUR):
+        r = await client.post("/prerender_admin/login", json=watcher, auth=None)
+        assert r.status_code == 200, r.text
+        out = await client.post("/prerender_admin/logout", auth=None,
+                                headers={"authorization": f"Bearer {r.json()['token']}"})
+        assert out.json()["revoked"] is True
+    r = await client.post("/prerender_admin/login", json=watcher, auth=None)
+    assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1, r.text
+    assert "sessions" in r.json()["error"] and "token" not in r.json()
+    r = await client.post("/prerender_admin/login", json={**watcher, "password": "wrong"}, auth=None)
+    assert r.status_code == 401  # the password is checked first: the 429 tells nobody else anything
+    ops = {"username": "ops", "password": PASSWORDS["ops"]}
+    assert (await client.post("/prerender_admin/login", json=ops, auth=None)).status_code == 200  # per account
+
+
 async def test_unrouted_peeks_at_this_replicas_tally(local) -> None:
     from prerender_ray.api.bot.replica import open_replica
 
