@@ -14,8 +14,13 @@ request away. Here:
   still arriving, or idle between keep-alive requests): a crowd of slow or idle clients cannot hold the
   replica, and no request being served is touched. When every open connection is serving a request,
   the new one is closed at once, before anything is read from it.
+- **Write deadline.** A client that does not take what it is sent holds its connection: uvicorn's
+  send waits for a drain while writing is paused, and a graceful close waits for the buffer to empty
+  before the connection is lost (and uncounted). Bytes waiting that way (writing paused, or a close
+  with bytes still buffered) for ``write_timeout_s`` abort the connection. A connection closing with
+  bytes its client has not taken is waiting too: an eviction takes it, by aborting it.
 
-**One timer a connection.** Both deadlines (the headers', uvicorn's idle keep-alive) are kept as a
+**One timer a connection.** The deadlines (the headers', uvicorn's idle keep-alive, the write's) are kept as a
 time on the connection, and one timer checks it when it fires: early (the deadline moved on since)
 it sleeps again until the deadline. uvloop's ``call_later`` and ``cancel`` cost 7.6 us of the 12.4
 us this protocol spent around each answer (``bench/bench_protocol.py``): two timers made and
@@ -45,6 +50,7 @@ pipelining many requests in one read).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import resource
 import time
 import urllib.parse
@@ -101,6 +107,7 @@ class GuardedHttp(HttpToolsProtocol):
     """Set per server by ``guarded_protocol``; one subclass per uvicorn server."""
 
     header_timeout_s: float = 10.0
+    write_timeout_s: float = 30.0
     max_connections: int = 10_000
     # Connections not serving a request, longest waiting first (the order evictions take).
     waiting: OrderedDict[GuardedHttp, None] = OrderedDict()
@@ -116,7 +123,8 @@ class GuardedHttp(HttpToolsProtocol):
         self._timing_headers = False  # the deadline is the headers' (else uvicorn's idle keep-alive)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
-        self._shortest = 0.0  # the shorter of the two timeouts: how far ahead a timer is ever set
+        self._shortest = 0.0  # the shortest of the timeouts: how far ahead a timer is ever set
+        self._write_due: float | None = None  # bytes wait that the client has not taken: abort then
         self._refused = False
         app = self.app  # uvicorn's, unwrapped only when no middleware of its own is on
         self._dated = app if self.memo_hits and isinstance(app, Dated) and app.bot is not None else None
@@ -134,14 +142,14 @@ class GuardedHttp(HttpToolsProtocol):
             transport.abort()  # nothing read, nothing written
             return
         super().connection_made(transport)
-        self._shortest = min(self.header_timeout_s, self.timeout_keep_alive)
+        self._shortest = min(self.header_timeout_s, self.timeout_keep_alive, self.write_timeout_s)
         self._wait()
         self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._refused:
             return
-        self._due = None
+        self._due = self._write_due = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -153,9 +161,10 @@ class GuardedHttp(HttpToolsProtocol):
         """Close the connection that has waited longest without a request being served."""
         while self.waiting:
             oldest, _ = self.waiting.popitem(last=False)
-            if oldest.transport is None or oldest.transport.is_closing():
+            if oldest.transport is None:
                 continue
-            oldest._due = None
+            # a closing one too: its close may wait for bytes its client never takes, counted meanwhile
+            oldest._due = oldest._write_due = None
             self.connections.discard(oldest)  # its connection_lost comes on a later turn of the loop
             oldest.transport.abort()
             metrics.connections_closed.labels("evicted").inc()
@@ -179,6 +188,9 @@ class GuardedHttp(HttpToolsProtocol):
     def _set_due(self, seconds: float, headers: bool) -> None:
         due = self.loop.time() + seconds
         self._due, self._timing_headers = due, headers
+        self._wake_by(due)
+
+    def _wake_by(self, due: float) -> None:
         if self._timer is None or self._timer_at > due:
             if self._timer is not None:
                 self._timer.cancel()
@@ -193,18 +205,54 @@ class GuardedHttp(HttpToolsProtocol):
 
     def _on_timer(self) -> None:
         self._timer = None
+        now = self.loop.time()
+        if self._write_due is not None and now >= self._write_due:
+            self._write_due = None
+            if self._unsent():
+                metrics.connections_closed.labels("write-timeout").inc()
+                self.transport.abort()
+                return
         due = self._due
-        if due is None:
-            return
-        if self.loop.time() < due:  # the deadline moved on since this timer was set
-            self._schedule(due)
-            return
-        self._due = None
-        self._uncork()
-        if self._timing_headers:
-            self._headers_late()
-        else:
-            self.timeout_keep_alive_handler()
+        if due is not None and now >= due:
+            self._due = None
+            self._uncork()
+            if self._timing_headers:
+                self._headers_late()
+            else:
+                self.timeout_keep_alive_handler()
+                self._close_waits()
+        # a deadline still ahead (it moved on since this timer was set)
+        ahead = [t for t in (self._due, self._write_due) if t is not None]
+        if ahead:
+            self._schedule(min(ahead))
+
+    def _unsent(self) -> bool:
+        """Bytes wait that the client has not taken: writing paused, or a close waiting for them."""
+        transport = self.transport
+        return transport.get_write_buffer_size() > 0 and (self.flow.write_paused or transport.is_closing())
+
+    def _write_wait(self) -> None:
+        """The write deadline, unless it runs already."""
+        if self._write_due is None:
+            self._write_due = due = self.loop.time() + self.write_timeout_s
+            self._wake_by(due)
+
+    def _close_waits(self) -> None:
+        """After a close: bytes the client has not taken keep the connection (and its slot) until they
+        drain. It gets the write deadline, and waits among those an eviction may take."""
+        transport = self.transport
+        if transport.is_closing() and transport.get_write_buffer_size() and self in self.connections:
+            self._write_wait()
+            self.waiting.setdefault(self, None)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._write_wait()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if not self._unsent():
+            self._write_due = None  # a timer set meanwhile finds nothing due when it fires
 
     def _headers_late(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -326,19 +374,38 @@ class GuardedHttp(HttpToolsProtocol):
     def eof_received(self) -> None:
         self._uncork()  # the transport closes itself after this: what was answered goes first
         super().eof_received()
+        if self.transport.get_write_buffer_size():
+            self._write_wait()  # that close waits for them
 
     def send_400_response(self, msg: str) -> None:
         self._uncork()
         super().send_400_response(msg)
+        self._close_waits()
 
     def shutdown(self) -> None:
         self._uncork()
         super().shutdown()
+        self._close_waits()
+
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        # uvicorn's (0.55), and when the task ends, the write deadline for what it left unsent: an app
+        # that fails mid-answer has uvicorn close the connection with no further call here
+        if self.config.reset_contextvars:
+            task = self.loop.create_task(cycle.run_asgi(app), context=contextvars.Context())
+        else:
+            task = self.loop.create_task(cycle.run_asgi(app))
+        task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(self._asgi_done)
+        self.tasks.add(task)
+
+    def _asgi_done(self, task: asyncio.Task[None]) -> None:
+        self._close_waits()
 
     def on_response_complete(self) -> None:
         # uvicorn's (0.55), with the idle keep-alive deadline in place of a timer of its own
         self.server_state.total_requests += 1
         if self.transport.is_closing():
+            self._close_waits()
             return
         self.flow.resume_reading()
         if self.pipeline:
@@ -349,12 +416,14 @@ class GuardedHttp(HttpToolsProtocol):
         self._wait()  # idle between keep-alive requests
 
 
-def guarded_protocol(*, header_timeout_s: float, max_connections: int) -> type[GuardedHttp]:
+def guarded_protocol(*, header_timeout_s: float, max_connections: int,
+                     write_timeout_s: float = GuardedHttp.write_timeout_s) -> type[GuardedHttp]:
     """A protocol class for one uvicorn server (``uvicorn.Config(http=...)``)."""
-    timeout, cap = header_timeout_s, max_connections
+    timeout, cap, write_timeout = header_timeout_s, max_connections, write_timeout_s
 
     class Guarded(GuardedHttp):
         header_timeout_s = timeout
+        write_timeout_s = write_timeout
         max_connections = cap
         waiting: OrderedDict[GuardedHttp, None] = OrderedDict()
         turn = Turn()
@@ -398,7 +467,8 @@ def server_config(app: Any, cfg: Config, log: Any = None) -> uvicorn.Config:
         # root: its lines then missed the node's JSON log files (logs.setup), and in one test process
         # every later logger test (LocalNode serves in-process)
         log_config=None,
-        http=guarded_protocol(header_timeout_s=srv.header_timeout / 1000, max_connections=cap),
+        http=guarded_protocol(header_timeout_s=srv.header_timeout / 1000, max_connections=cap,
+                              write_timeout_s=srv.write_timeout / 1000),
         timeout_keep_alive=srv.keep_alive_timeout / 1000,  # type: ignore[arg-type]  # call_later takes it
         timeout_graceful_shutdown=5, server_header=False,
         date_header=False,  # ours, with Last-Modified held to it: prerender_ray.serving.dates

@@ -106,6 +106,12 @@ class Server(Model):
     keep_alive_timeout: PositiveDuration = Field(
         30_000, description="An idle keep-alive connection is closed after this long without a request."
     )
+    write_timeout: PositiveDuration = Field(
+        30_000,
+        description="A client that does not take what it is sent for this long (writing paused with "
+                    "64 KiB or more waiting, or bytes still waiting after the connection was closed) "
+                    "is disconnected, its answer cut short.",
+    )
     max_connections: int = Field(
         10_000, ge=16, le=1_000_000,
         description="Open client connections per ingress replica. Over it, a new connection replaces the "

@@ -36,17 +36,21 @@ def uvicorn_logging_kept() -> Iterator[None]:
 
 
 @asynccontextmanager
-async def serving(app: Any, cfg: Config) -> AsyncIterator[int]:
+async def serving(app: Any, cfg: Config, sndbuf: int | None = None) -> AsyncIterator[int]:
     """Serve ``app``; yields the port. The socket listens before uvicorn starts, so a client may
-    connect at once (the kernel holds it until uvicorn accepts)."""
+    connect at once (the kernel holds it until uvicorn accepts). ``sndbuf``: the kernel's send buffer
+    of each accepted connection (they inherit the listener's), so that what a client does not read
+    stays in the server's transport instead of the kernel's (which grows to megabytes on its own)."""
     with uvicorn_logging_kept():
-        async with _serving(app, cfg) as port:
+        async with _serving(app, cfg, sndbuf) as port:
             yield port
 
 
 @asynccontextmanager
-async def _serving(app: Any, cfg: Config) -> AsyncIterator[int]:
+async def _serving(app: Any, cfg: Config, sndbuf: int | None) -> AsyncIterator[int]:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if sndbuf is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
     sock.bind(("127.0.0.1", 0))
     sock.listen(1024)
     sock.setblocking(False)

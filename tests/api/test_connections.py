@@ -5,12 +5,18 @@ is still answered."""
 from __future__ import annotations
 
 import asyncio
+import socket
 
+import pytest
+
+from prerender_ray import metrics
 from prerender_ray.api.connections import connection_budget
 from prerender_ray.config.model import Config
-from tests.api.live_server import connect, request, response, serving, until_closed
+from tests.api.live_server import WAIT_S, connect, request, response, serving, until_closed
 
 MIN_CAP = 16  # server.maxConnections' floor
+BIG = b"x" * (1 << 20)  # ``/big``'s body: far more than the kernel holds of a connection's sends (SNDBUF)
+SNDBUF = 16 * 1024
 
 
 class App:
@@ -21,12 +27,27 @@ class App:
         self.held = 0
         self.all_held = asyncio.Event()
         self.expect_held = MIN_CAP
+        self.calls: dict[str, int] = {}  # requests that reached the app, by path
+        self.called = asyncio.Event()
+
+    async def until_called(self, path: str, n: int) -> None:
+        async with asyncio.timeout(WAIT_S):
+            while self.calls.get(path, 0) < n:
+                self.called.clear()
+                await self.called.wait()
 
     async def __call__(self, scope: dict, receive, send) -> None:  # type: ignore[no-untyped-def]
         if scope["type"] == "lifespan":
             while (await receive())["type"] != "lifespan.shutdown":
                 await send({"type": "lifespan.startup.complete"})
             await send({"type": "lifespan.shutdown.complete"})
+            return
+        self.calls[scope["path"]] = self.calls.get(scope["path"], 0) + 1
+        self.called.set()
+        if scope["path"] == "/big":
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-length", str(len(BIG)).encode())]})
+            await send({"type": "http.response.body", "body": BIG})
             return
         if scope["path"] == "/hold":
             self.held += 1
@@ -39,6 +60,39 @@ class App:
 
 def config(**server: object) -> Config:
     return Config.model_validate({"server": server})
+
+
+def closed(reason: str) -> float:
+    return metrics.connections_closed.labels(reason)._value.get()
+
+
+async def until_counted(reason: str, n: float) -> None:
+    async with asyncio.timeout(WAIT_S):
+        while closed(reason) < n:
+            await asyncio.sleep(0.02)
+
+
+def non_reader(port: int, data: bytes) -> socket.socket:
+    """A client that sends ``data`` and never reads: its receive window is as small as the kernel
+    allows, so the server's answer backs up into the server's transport."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.settimeout(WAIT_S)
+    s.connect(("127.0.0.1", port))
+    s.sendall(data)
+    return s
+
+
+def read_all(s: socket.socket) -> bytes:
+    """Everything the server sent until it closed (bounded by the socket's timeout)."""
+    got = b""
+    try:
+        while chunk := s.recv(1 << 20):
+            got += chunk
+    except ConnectionResetError:
+        pass
+    s.close()
+    return got
 
 
 async def test_a_client_stalling_in_its_headers_is_closed_by_the_deadline_while_others_are_served() -> None:
@@ -152,6 +206,53 @@ async def test_over_the_cap_a_new_connection_replaces_the_one_waiting_longest() 
             assert await response(r_held) == (200, b"ok")
         for _, w in [*held, (slow_r, slow_w), (idle_r, idle_w), (new_r, new_w), (new2_r, new2_w)]:
             w.close()
+
+
+async def test_clients_that_never_read_a_closing_answer_give_their_slots_back() -> None:
+    """Answers that close the connection but that the clients never read: uvicorn's graceful close
+    waits for the bytes to drain, so without a write deadline the connections stayed counted for ever
+    and, every one of them closing, none could be evicted: a newcomer was refused."""
+    app = App()
+    cfg = config(maxConnections=MIN_CAP, headerTimeout="60s", keepAliveTimeout="60s", writeTimeout="500ms")
+    timed_out = closed("write-timeout")
+    async with serving(app, cfg, sndbuf=SNDBUF) as port:
+        stuck = [non_reader(port, request("/big", extra="connection: close\r\n")) for _ in range(MIN_CAP)]
+        await app.until_called("/big", MIN_CAP)  # every slot holds an answer the client does not take
+        r, w = await connect(port)
+        w.write(request())
+        assert await response(r) == (200, b"ok")  # in place of a stuck one (evicted), not refused
+        # the others are cut off by the write deadline
+        await until_counted("write-timeout", timed_out + MIN_CAP - 1)
+        for s in stuck:
+            assert len(await asyncio.to_thread(read_all, s)) < len(BIG)  # the answer was cut short
+        w.close()
+
+
+@pytest.mark.parametrize("pipelined", [False, True], ids=["after", "pipelined"])
+async def test_a_request_behind_an_answer_the_client_never_reads_is_cut_off_by_the_write_deadline(
+        pipelined: bool) -> None:
+    """Keep-alive clients that never read: the answer fills the transport (writing paused), and the
+    next request on the connection (sent after it, or pipelined with it) waits in uvicorn's send for a
+    drain that never comes, being served, so neither evicted nor timed; the cap stayed full."""
+    app = App()
+    cfg = config(maxConnections=MIN_CAP, headerTimeout="60s", keepAliveTimeout="60s", writeTimeout="500ms")
+    timed_out = closed("write-timeout")
+    async with serving(app, cfg, sndbuf=SNDBUF) as port:
+        if pipelined:
+            stuck = [non_reader(port, request("/big") + request()) for _ in range(MIN_CAP)]
+        else:
+            stuck = [non_reader(port, request("/big")) for _ in range(MIN_CAP)]
+            await app.until_called("/big", MIN_CAP)
+            for s in stuck:
+                s.sendall(request())
+        await app.until_called("/", MIN_CAP)  # each second request is being served, its answer stuck
+        await until_counted("write-timeout", timed_out + MIN_CAP)
+        for s in stuck:
+            assert len(await asyncio.to_thread(read_all, s)) < len(BIG)
+        r, w = await connect(port)  # the slots are free again
+        w.write(request())
+        assert await response(r) == (200, b"ok")
+        w.close()
 
 
 def test_the_cap_fits_the_open_file_limit() -> None:
