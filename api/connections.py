@@ -14,6 +14,9 @@ request away. Here:
   still arriving, or idle between keep-alive requests): a crowd of slow or idle clients cannot hold the
   replica, and no request being served is touched. When every open connection is serving a request,
   the new one is closed at once, before anything is read from it.
+- **Pipelining.** At most ``MAX_PIPELINE`` requests wait behind the answer in flight; the next one
+  is dropped unread with everything after it, and the last request taken closes the connection once
+  answered (as a server closing a keep-alive connection: a pipelining client retries the rest).
 - **Write deadline.** A client that does not take what it is sent holds its connection: uvicorn's
   send waits for a drain while writing is paused, and a graceful close waits for the buffer to empty
   before the connection is lost (and uncounted). Bytes waiting that way (writing paused, or a close
@@ -69,6 +72,10 @@ log = logs.get("ingress")
 
 CORK_BYTES = 256 * 1024  # a connection's answers held to the turn's end; past it they go out at once
 CORK_HOLD_S = 0.0005  # the first answer of a turn is held no longer than this (and what it took to make)
+# Requests queued on a connection behind the answer in flight (each a cycle, its scope and an event,
+# about 2.2 KB, from 18 bytes on the wire); past it the connection takes no more: those queued are
+# answered, the last with a close (a pipelining client retries the rest on a new connection).
+MAX_PIPELINE = 16
 
 
 class Turn:
@@ -129,7 +136,7 @@ class GuardedHttp(HttpToolsProtocol):
         app = self.app  # uvicorn's, unwrapped only when no middleware of its own is on
         self._dated = app if self.memo_hits and isinstance(app, Dated) and app.bot is not None else None
         self._answered = False  # the request being parsed was answered at its headers (or dropped)
-        self._closed = False  # a memo hit answered here closed the connection
+        self._closed = False  # no more requests taken: a memo hit here closed it, or ``_take_no_more``
         self._cork: list[Any] | None = None  # answers written when this turn of the loop ends
         self._cork_bytes = 0
 
@@ -260,6 +267,8 @@ class GuardedHttp(HttpToolsProtocol):
             self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
+        if self._closed:  # no more requests taken; uvicorn may resume reading for an answer in flight
+            return
         # Bytes between requests that begin none (llhttp skips stray CRLFs) still stop uvicorn's
         # keep-alive timer: they must not hold the connection past the header deadline either.
         if self.cycle is None or self.cycle.response_complete:
@@ -270,8 +279,10 @@ class GuardedHttp(HttpToolsProtocol):
         super().on_message_begin()
         self._answered = False
         # a further request on a keep-alive connection: its headers are timed too (in place of the
-        # idle deadline, which a memo hit answered earlier in this read may have set)
-        self._arm()
+        # idle deadline, which a memo hit answered earlier in this read may have set); not one that
+        # is dropped unread, behind answers still to go
+        if not self._closed:
+            self._arm()
 
     def on_headers_complete(self) -> None:
         self._disarm()
@@ -279,10 +290,21 @@ class GuardedHttp(HttpToolsProtocol):
         if self._closed:  # read after an answer that closed: uvicorn never serves it either
             self._answered = True
             return
+        if len(self.pipeline) >= MAX_PIPELINE:
+            self._take_no_more("pipeline-full")
+            return
         if self._dated is not None and self._memo_hit():
             return
         self._uncork()  # uvicorn's path answers this one: what was answered before goes first
         super().on_headers_complete()
+
+    def _take_no_more(self, reason: str) -> None:
+        """Drop the request being read and every later one; the answer last taken (in flight or
+        queued) closes the connection once it is sent."""
+        metrics.connections_closed.labels(reason).inc()
+        self._closed = self._answered = True
+        self.cycle.keep_alive = False
+        self.flow.pause_reading()
 
     def on_body(self, body: bytes) -> None:
         if not self._answered:  # answered at its headers (or dropped): no cycle of its own

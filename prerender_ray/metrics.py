@@ -111,7 +111,7 @@ key_directory_fetches = Counter("prerender_key_directory_fetches_total", "Signat
                                 "fetches by outcome.", ["outcome"])
 serve_errors = Counter("prerender_serve_errors_total", "Serve-path errors.", ["kind"])
 connections_closed = Counter("prerender_connections_closed_total", "Client connections an ingress closed "
-                             "early.", ["reason"])  # header-timeout, write-timeout, evicted, refused
+                             "early.", ["reason"])  # header-timeout, write-timeout, pipeline-full, evicted, refused
 holder_reads = Counter("prerender_holder_reads_total",
                        "Pages read from a holder by a node that holds no copy.", ["outcome"])  # page, none, cached, failed, stale
 holder_read_seconds = Histogram("prerender_holder_read_seconds", "One read of a page from a holder.",

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from typing import Any
 
 import pytest
 
 from prerender_ray import metrics
-from prerender_ray.api.connections import connection_budget
+from prerender_ray.api.connections import MAX_PIPELINE, connection_budget
 from prerender_ray.config.model import Config
 from tests.api.live_server import WAIT_S, connect, request, response, serving, until_closed
 
@@ -29,6 +30,7 @@ class App:
         self.expect_held = MIN_CAP
         self.calls: dict[str, int] = {}  # requests that reached the app, by path
         self.called = asyncio.Event()
+        self.protocol: Any = None  # the connection of the last ``/hold``
 
     async def until_called(self, path: str, n: int) -> None:
         async with asyncio.timeout(WAIT_S):
@@ -50,6 +52,8 @@ class App:
             await send({"type": "http.response.body", "body": BIG})
             return
         if scope["path"] == "/hold":
+            # uvicorn's send is its cycle's, whose on_response is the connection's
+            self.protocol = send.__self__.on_response.__self__
             self.held += 1
             if self.held == self.expect_held:
                 self.all_held.set()
@@ -253,6 +257,38 @@ async def test_a_request_behind_an_answer_the_client_never_reads_is_cut_off_by_t
         w.write(request())
         assert await response(r) == (200, b"ok")
         w.close()
+
+
+async def test_requests_pipelined_past_the_bound_are_not_taken_and_those_taken_are_answered() -> None:
+    """One write: a request being served (held) and 14,000 more behind it (252 KB). Each request a
+    read held was queued, a cycle, its scope and an event (2.2 KB against 18 bytes on the wire; 4,738
+    of them from the first read): now a connection queues at most ``MAX_PIPELINE``, answers them, the
+    last with a close, and takes nothing more."""
+    app = App()
+    app.expect_held = 1
+    async with serving(app, config()) as port:
+        r, w = await connect(port)
+        w.write(request("/hold") + request() * 14_000)
+        await asyncio.wait_for(app.all_held.wait(), WAIT_S)
+        queued = app.protocol.pipeline
+        async with asyncio.timeout(WAIT_S):  # the server has read past the bound
+            while len(queued) < MAX_PIPELINE:
+                await asyncio.sleep(0.01)
+        assert len(queued) == MAX_PIPELINE
+        r2, w2 = await connect(port)  # others are served meanwhile
+        w2.write(request())
+        assert await response(r2) == (200, b"ok")
+        app.release.set()
+        assert await response(r) == (200, b"ok")
+        for _ in range(MAX_PIPELINE):
+            assert await response(r) == (200, b"ok")
+        assert await until_closed(r) == b""  # then closed, the rest never answered
+        assert app.calls["/"] == 1 + MAX_PIPELINE
+        assert len(queued) == 0
+        w2.write(request())  # still serving others
+        assert await response(r2) == (200, b"ok")
+        for w_ in (w, w2):
+            w_.close()
 
 
 def test_the_cap_fits_the_open_file_limit() -> None:
