@@ -14,6 +14,9 @@ request away. Here:
   still arriving, or idle between keep-alive requests): a crowd of slow or idle clients cannot hold the
   replica, and no request being served is touched. When every open connection is serving a request,
   the new one is closed at once, before anything is read from it.
+- **Request heads.** httptools 0.9 (llhttp) bounds neither a head's size nor its headers: the URL
+  and header names and values are counted as the parser hands them over, before uvicorn keeps them,
+  and past ``MAX_HEAD_BYTES`` or ``MAX_HEADERS`` the request is answered 431 (``_refuse_head``).
 - **Pipelining.** At most ``MAX_PIPELINE`` requests wait behind the answer in flight; the next one
   is dropped unread with everything after it, and the last request taken closes the connection once
   answered (as a server closing a keep-alive connection: a pipelining client retries the rest).
@@ -62,7 +65,7 @@ from typing import Any
 
 import httptools
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from prerender_ray import logs, metrics
 from prerender_ray.api.app import Dated
@@ -76,6 +79,17 @@ CORK_HOLD_S = 0.0005  # the first answer of a turn is held no longer than this (
 # about 2.2 KB, from 18 bytes on the wire); past it the connection takes no more: those queued are
 # answered, the last with a close (a pipelining client retries the rest on a new connection).
 MAX_PIPELINE = 16
+# A request's head: its URL and header names and values, and its header lines (httptools 0.9 bounds
+# neither). Past either it is answered 431 and the connection takes no more requests. A header line
+# still arriving is held whole by the parser, uncounted until it ends: a head whose reads after its
+# first pass ``MAX_HEAD_BYTES`` and what its framing may add (separators, whitespace) is refused too.
+MAX_HEAD_BYTES = 64 * 1024
+MAX_HEADERS = 100
+MAX_HEAD_READ = MAX_HEAD_BYTES + 4 * 1024
+_TOO_LARGE = (b'{"error": "request head too large: more than %d bytes of URL and header names and values, '
+              b'or more than %d headers"}' % (MAX_HEAD_BYTES, MAX_HEADERS))
+HEAD_TOO_LARGE = (b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
+                  % (len(_TOO_LARGE), _TOO_LARGE))  # the 431's headers and body
 
 
 class Turn:
@@ -139,6 +153,11 @@ class GuardedHttp(HttpToolsProtocol):
         self._closed = False  # no more requests taken: a memo hit here closed it, or ``_take_no_more``
         self._cork: list[Any] | None = None  # answers written when this turn of the loop ends
         self._cork_bytes = 0
+        # the head being read: its URL and header names and values (bytes), whether one is open (1:
+        # begun in the read being parsed, 2: before it), and its reads' bytes after the first
+        self._head_bytes = 0
+        self._head_open = 0
+        self._head_read = 0
 
     # ------------------------------------------------------------------------------- connection
 
@@ -263,7 +282,8 @@ class GuardedHttp(HttpToolsProtocol):
 
     def _headers_late(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
-            metrics.connections_closed.labels("header-timeout").inc()
+            if not self._closed:  # else counted once already: a head refused, still arriving
+                metrics.connections_closed.labels("header-timeout").inc()
             self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
@@ -273,23 +293,86 @@ class GuardedHttp(HttpToolsProtocol):
         # keep-alive timer: they must not hold the connection past the header deadline either.
         if self.cycle is None or self.cycle.response_complete:
             self._arm()  # unless the header deadline runs already
+        if self._head_open:
+            self._head_open = 2
         super().data_received(data)
+        if self._head_open == 2:  # a head begun before this read, unfinished: the read was all its own
+            self._head_read += len(data)
+            if self._head_read > MAX_HEAD_READ:
+                self._refuse_head()
 
     def on_message_begin(self) -> None:
+        if self._closed:  # dropped unread: nothing kept, not timed (answers may still be going out)
+            return
         super().on_message_begin()
         self._answered = False
+        self._head_bytes = self._head_read = 0
+        self._head_open = 1
         # a further request on a keep-alive connection: its headers are timed too (in place of the
-        # idle deadline, which a memo hit answered earlier in this read may have set); not one that
-        # is dropped unread, behind answers still to go
-        if not self._closed:
-            self._arm()
+        # idle deadline, which a memo hit answered earlier in this read may have set)
+        self._arm()
+
+    def on_url(self, url: bytes) -> None:
+        # uvicorn's, counted first (the URL may come in pieces)
+        if self._closed:
+            return
+        self._head_bytes += len(url)
+        if self._head_bytes > MAX_HEAD_BYTES:
+            self._refuse_head()
+            return
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        # uvicorn's (0.55), counted first: a header past the bounds is never kept
+        if self._closed:
+            return
+        self._head_bytes += len(name) + len(value)
+        if self._head_bytes > MAX_HEAD_BYTES or len(self.headers) >= MAX_HEADERS:
+            self._refuse_head()
+            return
+        name = name.lower()
+        # llhttp keeps trailing OWS, which RFC 9110 5.5 excludes from the value
+        value = value.rstrip(b" \t")
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        self.headers.append((name, value))
+
+    def _refuse_head(self) -> None:
+        """431 and no more requests taken; behind answers still to go (it cannot be answered first),
+        those are sent and the connection closes after them. The client may still be sending the
+        head: with its answer sent, the connection half-closes and reads (and drops) the rest until
+        the client closes or the header deadline (running since the head began) passes, so that a
+        close with bytes unread does not reset the connection under the answer."""
+        self.headers.clear()
+        self.url = b""
+        cycle = self.cycle
+        if self.pipeline or (cycle is not None and not cycle.response_complete):
+            self._take_no_more("head-too-large")
+            return
+        metrics.connections_closed.labels("head-too-large").inc()
+        self._closed = self._answered = True
+        self._uncork()  # what was answered before goes first
+        content = [STATUS_LINE[431]]
+        for name, value in self.server_state.default_headers:
+            content += [name, b": ", value, b"\r\n"]
+        content.append(HEAD_TOO_LARGE)
+        transport = self.transport
+        transport.write(b"".join(content))
+        if transport.can_write_eof():
+            transport.write_eof()
+        else:
+            transport.close()
+            self._close_waits()
 
     def on_headers_complete(self) -> None:
-        self._disarm()
-        self.waiting.pop(self, None)
-        if self._closed:  # read after an answer that closed: uvicorn never serves it either
+        self._head_open = 0
+        # read after an answer that closed, or dropped: uvicorn never serves it either (a refused
+        # head's deadline still runs, and its connection still waits, see ``_refuse_head``)
+        if self._closed:
             self._answered = True
             return
+        self._disarm()
+        self.waiting.pop(self, None)
         if len(self.pipeline) >= MAX_PIPELINE:
             self._take_no_more("pipeline-full")
             return
@@ -303,6 +386,7 @@ class GuardedHttp(HttpToolsProtocol):
         queued) closes the connection once it is sent."""
         metrics.connections_closed.labels(reason).inc()
         self._closed = self._answered = True
+        self._disarm()  # the dropped head's deadline: it must not cut the answers still to go
         self.cycle.keep_alive = False
         self.flow.pause_reading()
 
@@ -400,6 +484,8 @@ class GuardedHttp(HttpToolsProtocol):
             self._write_wait()  # that close waits for them
 
     def send_400_response(self, msg: str) -> None:
+        if self._closed:  # the error is in what is dropped unread; the last answer (a 431 too) is given
+            return
         self._uncork()
         super().send_400_response(msg)
         self._close_waits()

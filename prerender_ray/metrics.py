@@ -110,8 +110,9 @@ bot_signatures = Counter("prerender_bot_signatures_total", "Signed bot requests 
 key_directory_fetches = Counter("prerender_key_directory_fetches_total", "Signature agents' key-directory "
                                 "fetches by outcome.", ["outcome"])
 serve_errors = Counter("prerender_serve_errors_total", "Serve-path errors.", ["kind"])
+# header-timeout, write-timeout, pipeline-full, head-too-large, evicted, refused (api/connections.py)
 connections_closed = Counter("prerender_connections_closed_total", "Client connections an ingress closed "
-                             "early.", ["reason"])  # header-timeout, write-timeout, pipeline-full, evicted, refused
+                             "early.", ["reason"])
 holder_reads = Counter("prerender_holder_reads_total",
                        "Pages read from a holder by a node that holds no copy.", ["outcome"])  # page, none, cached, failed, stale
 holder_read_seconds = Histogram("prerender_holder_read_seconds", "One read of a page from a holder.",

@@ -459,3 +459,6 @@ class FakeTransport(asyncio.Transport):
 
     def get_write_buffer_size(self) -> int:
         return 0
+
+    def can_write_eof(self) -> bool:
+        return False

@@ -43,8 +43,8 @@ MAX_ENTRIES = 4_096
 MAX_BYTES = 64 * 1024 * 1024
 MAX_SEEN = 16_384  # shapes remembered (by hash) as seen once; forgotten all at once when full
 # A request whose path, query and headers are longer is never kept: a key is held in full (to tell a
-# hash collision apart), and uvicorn lets a head of up to 80 KB through, so 4,096 hostile keys could
-# otherwise hold 320 MB. Crawlers' heads are well under 1 KB.
+# hash collision apart), and the protocol lets a head of up to 64 KiB through (``api.connections``), so
+# 4,096 hostile keys could otherwise hold 256 MB. Crawlers' heads are well under 1 KB.
 MAX_KEY_BYTES = 8 * 1024
 _UNSET: Any = object()
 Step = tuple[Callable[..., Any], tuple]

@@ -52,8 +52,8 @@ log = logs.get("bot")
 BOT_LABELS = 200  # distinct bot names kept as metric labels; the rest count as ~overflow
 RANGE_FETCH_S = 20.0  # one read of a bot operator's range URL, whole
 RESOLVED_MEMO = 16_384  # ingress decisions remembered per state (cleared when full)
-# Inputs longer than this are decided afresh each time, never kept: a head may be 80 KB, and a full
-# memo of such keys would hold over a gigabyte. Kept keys stay under 16,384 x 2 KB.
+# Inputs longer than this are decided afresh each time, never kept: a head may be 64 KiB, and a full
+# memo of such keys would hold a gigabyte. Kept keys stay under 16,384 x 2 KB.
 RESOLVED_KEY_BYTES = 2048
 
 

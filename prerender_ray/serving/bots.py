@@ -28,7 +28,7 @@ BOT_CLASSES = ("search", "ai-search", "ai-training", "social", "seo-tool", "othe
 DEBUG_HEADER = ("harper", "pre-render")  # the reference's marker for its own test traffic
 MEMO_SIZE = 1000
 # Only a User-Agent's first 1,024 characters name its bot (crawlers' are under 300): a head may be
-# 80 KB, and naming one that long took 40 ms of regular expressions; the memo's keys stay small too.
+# 64 KiB, and naming one that long took 40 ms of regular expressions; the memo's keys stay small too.
 MAX_AGENT_CHARS = 1024
 
 

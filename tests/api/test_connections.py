@@ -5,13 +5,15 @@ is still answered."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
+import time
 from typing import Any
 
 import pytest
 
 from prerender_ray import metrics
-from prerender_ray.api.connections import MAX_PIPELINE, connection_budget
+from prerender_ray.api.connections import MAX_HEAD_BYTES, MAX_HEADERS, MAX_PIPELINE, connection_budget
 from prerender_ray.config.model import Config
 from tests.api.live_server import WAIT_S, connect, request, response, serving, until_closed
 
@@ -289,6 +291,91 @@ async def test_requests_pipelined_past_the_bound_are_not_taken_and_those_taken_a
         assert await response(r2) == (200, b"ok")
         for w_ in (w, w2):
             w_.close()
+
+
+def head_of(size: int, headers: int) -> bytes:
+    """A request whose URL and header names and values are ``size`` bytes, in ``headers`` headers."""
+    small = "x: y\r\n" * (headers - 2)  # 2 bytes each, besides host (5) and the URL (1)
+    big = size - 1 - 5 - 2 * (headers - 2) - len("big")
+    return request(extra=small + "big: " + "v" * big + "\r\n")
+
+
+async def test_a_head_past_its_bounds_is_answered_431_and_the_connection_closed(caplog) -> None:
+    """httptools 0.9 bounds no head: an 8 MB header value and 200,000 headers were taken whole."""
+    app = App()
+    async with serving(app, config(headerTimeout="60s")) as port:
+        refused = closed("head-too-large")
+        heads = [
+            request(extra="x-big: " + "v" * 100_000 + "\r\n"),  # one value
+            request(extra="a: b\r\n" * 10_000),  # 60 KB, but 10,000 headers
+            head_of(MAX_HEAD_BYTES + 1, MAX_HEADERS),  # a byte over
+            head_of(MAX_HEAD_BYTES, MAX_HEADERS + 1),  # a header over
+            head_of(MAX_HEAD_BYTES + 1, 3) + b"NOT HTTP AT ALL\r\n\r\n",  # what follows is dropped, no 400
+            # a value that never ends: refused while it arrives, not held until it does
+            b"GET / HTTP/1.1\r\nhost: t\r\nx-long: " + b"v" * 400_000,
+        ]
+        for head in heads:
+            r, w = await connect(port)
+            w.write(head)
+            status, body = await response(r)
+            assert status == 431 and b"request head" in body
+            assert await until_closed(r) == b""
+            w.close()
+        assert "/" not in app.calls
+        assert closed("head-too-large") == refused + len(heads)
+        assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        r, w = await connect(port)  # others are served, and a head at the bounds too
+        w.write(request())
+        assert await response(r) == (200, b"ok")
+        w.write(head_of(MAX_HEAD_BYTES, MAX_HEADERS))
+        assert await response(r) == (200, b"ok")
+        w.close()
+
+
+def until_reset(s: socket.socket) -> bool:
+    """Whether the server closes the connection for good (bounded by ``WAIT_S``): while it still
+    reads, what the client sends is taken; then a send is answered with a reset."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            s.sendall(b"x")
+        except (BrokenPipeError, ConnectionResetError):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+async def test_a_refused_head_still_arriving_is_read_until_the_header_deadline_and_its_slot_is_evictable() -> None:
+    """After the 431 the connection half-closes and drops what the client still sends (a close with
+    bytes unread would reset it, and the client could lose the answer): bounded by the header
+    deadline, and the connection waits among those an eviction takes."""
+    async with serving(App(), config(headerTimeout="500ms", maxConnections=MIN_CAP)) as port:
+        lingering = [non_reader(port, head_of(MAX_HEAD_BYTES + 1, 3)) for _ in range(MIN_CAP)]
+        for s in lingering:
+            assert (await asyncio.to_thread(s.recv, 1 << 16)).startswith(b"HTTP/1.1 431 ")
+            s.sendall(b"more of the head")  # read and dropped
+        r, w = await connect(port)  # the slots are not held: one is evicted
+        w.write(request())
+        assert await response(r) == (200, b"ok")
+        for s in lingering[1:]:
+            assert await asyncio.to_thread(until_reset, s)  # the header deadline ends it
+            s.close()
+        lingering[0].close()
+        w.close()
+
+
+async def test_a_head_past_its_bounds_behind_an_answer_in_flight_closes_the_connection_after_it() -> None:
+    app = App()
+    app.expect_held = 1
+    async with serving(app, config(headerTimeout="60s")) as port:
+        r, w = await connect(port)
+        w.write(request("/hold") + head_of(MAX_HEAD_BYTES + 1, 3))
+        await asyncio.wait_for(app.all_held.wait(), WAIT_S)
+        app.release.set()
+        assert await response(r) == (200, b"ok")  # the answer taken, then the close: its 431 cannot go first
+        assert await until_closed(r) == b""
+        assert "/" not in app.calls
+        w.close()
 
 
 def test_the_cap_fits_the_open_file_limit() -> None:

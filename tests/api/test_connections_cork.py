@@ -16,7 +16,7 @@ import uvicorn
 from uvicorn.server import ServerState
 
 from prerender_ray.api import connections
-from prerender_ray.api.connections import CORK_BYTES, guarded_protocol
+from prerender_ray.api.connections import CORK_BYTES, MAX_HEAD_BYTES, MAX_HEADERS, guarded_protocol
 from tests.support import FakeTransport
 
 Log = list[tuple[int, bytes | str]]
@@ -80,8 +80,8 @@ def server(monkeypatch) -> Any:
     return SimpleNamespace(connect=connect, log=log, state=state)
 
 
-def get(path: str, close: bool = False) -> bytes:
-    return b"GET %s HTTP/1.1\r\nhost: t\r\n%s\r\n" % (path.encode(), b"connection: close\r\n" if close else b"")
+def get(path: str, close: bool = False, extra: bytes = b"") -> bytes:
+    return b"GET %s HTTP/1.1\r\nhost: t\r\n%s%s\r\n" % (path.encode(), b"connection: close\r\n" if close else b"", extra)
 
 
 def answers(log: Log, n: int) -> list[bytes | str]:
@@ -147,6 +147,19 @@ async def test_a_malformed_request_after_an_answer_gets_its_400_after_it(server)
     one.data_received(get("/a1") + b"NOT HTTP AT ALL\r\n\r\n")
     await settle(server)
     assert answers(server.log, 1) == [b"200 /a1", b"400 Invalid HTTP request received.", "closed"]
+
+
+async def test_a_head_too_large_after_an_answer_gets_its_431_after_it_and_no_memo_answer(server) -> None:
+    """The bounds on a request's head hold where the protocol answers itself (a memo hit)."""
+    one = server.connect(1)
+    one.data_received(get("/a1") + b"GET /a2 HTTP/1.1\r\nx: " + b"v" * MAX_HEAD_BYTES + b"\r\n\r\n" + get("/a3"))
+    await settle(server)
+    status, _, body = answers(server.log, 1)[1].partition(b" ")
+    assert answers(server.log, 1)[0] == b"200 /a1" and status == b"431" and b"request head" in body
+    assert answers(server.log, 1)[2:] == ["closed"]
+    two = server.connect(2)
+    two.data_received(get("/a4", extra=b"x: y\r\n" * MAX_HEADERS))
+    assert answers(server.log, 2)[0].startswith(b"431 ") and answers(server.log, 2)[1:] == ["closed"]
 
 
 async def test_an_end_of_file_read_with_the_request_does_not_lose_its_answer(server) -> None:

@@ -223,7 +223,7 @@ def test_a_replaced_registry_keeps_built_in_classes_and_takes_its_own() -> None:
 
 def test_a_user_agent_is_named_from_its_first_1024_characters() -> None:
     registry = BotRegistry()
-    long = "Mozilla/5.0 (compatible; Googlebot/2.1) " + "x" * 80_000  # a head may be 80 KB
+    long = "Mozilla/5.0 (compatible; Googlebot/2.1) " + "x" * 80_000  # longer than a head may be (64 KiB)
     assert registry.name(long) == "Googlebot"
     assert registry.name("x" * MAX_AGENT_CHARS + " Googlebot/2.1") == OTHER  # past the part read
     keys = registry._memo.cache_parameters()

@@ -142,7 +142,7 @@ def test_any_if_modified_since_never_raises(ims: str, last_modified: str) -> Non
 
 
 def test_a_long_if_none_match_is_not_compared() -> None:
-    # the full answer is always correct; a head may be 80 KB (14,000 tags took 20 ms to parse)
+    # the full answer is always correct; a head may be 64 KiB (14,000 tags took 20 ms to parse)
     listed = '"a", ' * ((MAX_IF_NONE_MATCH - 3) // 5) + '"b"'
     assert len(listed) <= MAX_IF_NONE_MATCH and etag_matches(listed, '"b"')
     assert not etag_matches('"a", ' * (MAX_IF_NONE_MATCH // 5) + '"b"', '"b"')

@@ -145,7 +145,7 @@ async def test_long_ingress_inputs_are_decided_but_never_remembered(tmp_path) ->
         long = "/p/https://x.example/" + "a" * RESOLVED_KEY_BYTES
         assert isinstance(state.resolve("GET", long, "", {}), BotRequest)
         assert isinstance(state.resolve("GET", "/p/https://x.example/", "q=" + "b" * RESOLVED_KEY_BYTES, {}), BotRequest)
-        assert len(state.resolved) == 0  # a head may be 80 KB: such keys would pin memory
+        assert len(state.resolved) == 0  # a head may be 64 KiB: such keys would pin memory
         assert isinstance(state.resolve("GET", "/p/https://x.example/short", "", {}), BotRequest)
         assert len(state.resolved) == 1
     finally:
