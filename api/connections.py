@@ -26,9 +26,9 @@ request away. Here:
   with bytes still buffered) for ``write_timeout_s`` abort the connection. A connection closing with
   bytes its client has not taken is waiting too: an eviction takes it, by aborting it.
 
-**One timer a connection.** The deadlines (the headers', uvicorn's idle keep-alive, the write's) are kept as a
-time on the connection, and one timer checks it when it fires: early (the deadline moved on since)
-it sleeps again until the deadline. uvloop's ``call_later`` and ``cancel`` cost 7.6 us of the 12.4
+**One timer a connection.** The deadlines (the headers', uvicorn's idle keep-alive, the write's) are
+kept as times on the connection, and one timer checks them when it fires: early (the deadline moved
+on since) it sleeps again until the deadline. uvloop's ``call_later`` and ``cancel`` cost 7.6 us of the 12.4
 us this protocol spent around each answer (``bench/bench_protocol.py``): two timers made and
 cancelled per request. Now a request moves a deadline (a float) and the timer fires about once per
 timeout per connection.
@@ -150,7 +150,8 @@ class GuardedHttp(HttpToolsProtocol):
         app = self.app  # uvicorn's, unwrapped only when no middleware of its own is on
         self._dated = app if self.memo_hits and isinstance(app, Dated) and app.bot is not None else None
         self._answered = False  # the request being parsed was answered at its headers (or dropped)
-        self._closed = False  # no more requests taken: a memo hit here closed it, or ``_take_no_more``
+        # no more requests taken: a memo hit here closed it, or ``_take_no_more``, ``_refuse_head``
+        self._closed = False
         self._cork: list[Any] | None = None  # answers written when this turn of the loop ends
         self._cork_bytes = 0
         # the head being read: its URL and header names and values (bytes), whether one is open (1:
