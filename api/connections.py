@@ -23,7 +23,10 @@ request away. Here:
 - **Write deadline.** A client that does not take what it is sent holds its connection: uvicorn's
   send waits for a drain while writing is paused, and a graceful close waits for the buffer to empty
   before the connection is lost (and uncounted). Bytes waiting that way (writing paused, or a close
-  with bytes still buffered) for ``write_timeout_s`` abort the connection. A connection closing with
+  with bytes still buffered) for ``write_timeout_s`` abort the connection, unless the client took at
+  least ``MIN_WRITE_PROGRESS`` bytes of them meanwhile (a slow reader, not a stalled one: as nginx's
+  ``send_timeout``, the deadline runs between two reads, and a trickle cannot hold the slot). A
+  connection closing with
   bytes its client has not taken is waiting too: an eviction takes it, by aborting it.
 
 **One timer a connection.** The deadlines (the headers', uvicorn's idle keep-alive, the write's) are
@@ -79,6 +82,7 @@ CORK_HOLD_S = 0.0005  # the first answer of a turn is held no longer than this (
 # about 2.2 KB, from 18 bytes on the wire); past it the connection takes no more: those queued are
 # answered, the last with a close (a pipelining client retries the rest on a new connection).
 MAX_PIPELINE = 16
+MIN_WRITE_PROGRESS = 16 * 1024  # bytes a client must take within the write deadline to keep its connection
 # A request's head: its URL and header names and values, and its header lines (httptools 0.9 bounds
 # neither). Past either it is answered 431 and the connection takes no more requests. A header line
 # still arriving is held whole by the parser, uncounted until it ends: a head whose reads after its
@@ -146,6 +150,7 @@ class GuardedHttp(HttpToolsProtocol):
         self._timer_at = 0.0
         self._shortest = 0.0  # the shortest of the timeouts: how far ahead a timer is ever set
         self._write_due: float | None = None  # bytes wait that the client has not taken: abort then
+        self._write_left = 0  # the bytes waiting when the write deadline was set
         self._refused = False
         app = self.app  # uvicorn's, unwrapped only when no middleware of its own is on
         self._dated = app if self.memo_hits and isinstance(app, Dated) and app.bot is not None else None
@@ -236,9 +241,13 @@ class GuardedHttp(HttpToolsProtocol):
         if self._write_due is not None and now >= self._write_due:
             self._write_due = None
             if self._unsent():
-                metrics.connections_closed.labels("write-timeout").inc()
-                self.transport.abort()
-                return
+                left = self.transport.get_write_buffer_size()
+                if self._write_left - left < MIN_WRITE_PROGRESS:
+                    metrics.connections_closed.labels("write-timeout").inc()
+                    self.transport.abort()
+                    return
+                # taking its answer, slowly: a new deadline from here (the timer is set below)
+                self._write_left, self._write_due = left, now + self.write_timeout_s
         due = self._due
         if due is not None and now >= due:
             self._due = None
@@ -261,6 +270,7 @@ class GuardedHttp(HttpToolsProtocol):
     def _write_wait(self) -> None:
         """The write deadline, unless it runs already."""
         if self._write_due is None:
+            self._write_left = self.transport.get_write_buffer_size()
             self._write_due = due = self.loop.time() + self.write_timeout_s
             self._wake_by(due)
 

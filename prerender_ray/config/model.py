@@ -109,8 +109,8 @@ class Server(Model):
     write_timeout: PositiveDuration = Field(
         30_000,
         description="A client that does not take what it is sent for this long (writing paused with "
-                    "64 KiB or more waiting, or bytes still waiting after the connection was closed) "
-                    "is disconnected, its answer cut short.",
+                    "64 KiB or more waiting, or bytes still waiting after the connection was closed), "
+                    "or less than 16 KiB of it, is disconnected, its answer cut short.",
     )
     max_connections: int = Field(
         10_000, ge=16, le=1_000_000,

@@ -13,7 +13,13 @@ from typing import Any
 import pytest
 
 from prerender_ray import metrics
-from prerender_ray.api.connections import MAX_HEAD_BYTES, MAX_HEADERS, MAX_PIPELINE, connection_budget
+from prerender_ray.api.connections import (
+    MAX_HEAD_BYTES,
+    MAX_HEADERS,
+    MAX_PIPELINE,
+    MIN_WRITE_PROGRESS,
+    connection_budget,
+)
 from prerender_ray.config.model import Config
 from tests.api.live_server import WAIT_S, connect, request, response, serving, until_closed
 
@@ -232,6 +238,40 @@ async def test_clients_that_never_read_a_closing_answer_give_their_slots_back() 
         for s in stuck:
             assert len(await asyncio.to_thread(read_all, s)) < len(BIG)  # the answer was cut short
         w.close()
+
+
+def slow_read(s: socket.socket, every_s: float, at_least: int) -> bytes:
+    """Read until the server closes, taking ``at_least`` bytes every ``every_s``: a slow link, not a stall."""
+    got = b""
+    try:
+        while True:
+            took = 0
+            while took < at_least:
+                chunk = s.recv(1 << 16)
+                if not chunk:
+                    return got
+                got += chunk
+                took += len(chunk)
+            time.sleep(every_s)
+    except TimeoutError:  # nothing more for the socket's timeout: a kept-alive answer is whole
+        return got
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("close", [True, False], ids=["closing", "keep-alive"])
+async def test_a_client_taking_its_answer_slowly_is_not_cut_off_by_the_write_deadline(close: bool) -> None:
+    """The deadline runs between two reads (as nginx's send_timeout): a client that keeps taking at
+    least MIN_WRITE_PROGRESS bytes each time gets the whole answer, however long the whole takes."""
+    app = App()
+    cfg = config(headerTimeout="60s", keepAliveTimeout="60s", writeTimeout="300ms")
+    timed_out = closed("write-timeout")
+    async with serving(app, cfg, sndbuf=SNDBUF) as port:
+        s = non_reader(port, request("/big", extra="connection: close\r\n" if close else ""))
+        if not close:
+            s.settimeout(2.0)  # the answer is whole when the connection stays open: stop there
+        got = await asyncio.to_thread(slow_read, s, 0.1, 2 * MIN_WRITE_PROGRESS)
+        assert got.partition(b"\r\n\r\n")[2] == BIG and closed("write-timeout") == timed_out
 
 
 @pytest.mark.parametrize("pipelined", [False, True], ids=["after", "pipelined"])
