@@ -120,6 +120,9 @@ class Target:
     strikes: int = 0
     struck_at: int | None = None  # when the last strike was taken: one strike per render cycle
     refused: dict | None = None  # the last render refused over the stored page (queue/guard.py)
+    # made by a bot's miss and not confirmed since (a sitemap's attribution, an operator's put clears
+    # it): anyone may send misses, so such a target is not listed in llms.txt nor sent to IndexNow
+    discovered: bool = False
 
     @property
     def suppressed(self) -> bool:
@@ -127,12 +130,13 @@ class Target:
 
     def encode(self) -> bytes:
         """Compact JSON, absent fields left out, ``sitemap_url`` first (``sitemap_of_record`` reads it
-        there). Built by hand: a sitemap ingest encodes a target per URL, and this is 3x ``json``'s
-        dict path, byte for byte the same output."""
+        there), ``discovered`` (as 1) last. Built by hand: a sitemap ingest encodes a target per URL,
+        and this is 3x ``json``'s dict path, byte for byte the same output."""
         fields = (("sitemap_url", self.sitemap_url), ("scheduler_node", self.scheduler_node),
                   ("render_interval", self.render_interval), ("state", self.state),
                   ("suppressed_reason", self.suppressed_reason), ("suppressed_at", self.suppressed_at),
-                  ("strikes", self.strikes or None), ("struck_at", self.struck_at), ("refused", self.refused))
+                  ("strikes", self.strikes or None), ("struck_at", self.struck_at), ("refused", self.refused),
+                  ("discovered", 1 if self.discovered else None))
         parts = []
         for name, value in fields:
             if value is None:
@@ -157,6 +161,7 @@ class Target:
         kw["struck_at"] = int(at) if at is not None and at > 0 else None
         if not isinstance(kw.get("refused"), dict):
             kw.pop("refused", None)
+        kw["discovered"] = kw.get("discovered") == 1 and type(kw.get("discovered")) in (int, bool)
         return cls(url=url, **kw)
 
     def patched(self, **changes: Any) -> Target:
@@ -166,7 +171,7 @@ class Target:
         return {"url": self.url, "sitemapUrl": self.sitemap_url, "schedulerNode": self.scheduler_node,
                 "renderInterval": self.render_interval, "state": self.state,
                 "suppressedReason": self.suppressed_reason, "suppressedAt": self.suppressed_at,
-                "strikes": self.strikes}
+                "strikes": self.strikes, **({"discovered": True} if self.discovered else {})}
 
 
 _TARGET_FIELDS = frozenset(f.name for f in fields(Target)) - {"url"}  # once: fields() is slow per decode

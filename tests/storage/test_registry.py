@@ -43,6 +43,7 @@ targets = st.builds(
     suppressed_reason=texts,
     suppressed_at=st.one_of(st.none(), st.integers(min_value=0, max_value=2**62)),
     strikes=st.integers(min_value=0, max_value=1000),
+    discovered=st.booleans(),
 )
 
 
@@ -71,9 +72,32 @@ def test_a_zero_suppression_time_is_kept_apart_from_an_absent_one() -> None:
     assert Target.decode(URL, Target(URL).encode()).suppressed_at is None
 
 
-def test_an_empty_record_is_a_plain_discovered_target() -> None:
+def test_an_empty_record_is_a_plain_target() -> None:
     t = Target.decode(URL, b"{}")
     assert t == Target(URL) and t.render_interval is None and t.strikes == 0 and not t.suppressed
+    assert not t.discovered  # a record from before the flag: listed and submitted as it was
+
+
+def test_a_discovered_target_is_marked_by_one_short_field_after_the_others() -> None:
+    data = Target(URL, None, "node-a", 60_000, discovered=True).encode()
+    assert data == b'{"scheduler_node":"node-a","render_interval":60000,"discovered":1}'
+    assert Target.decode(URL, data).discovered
+    assert b"discovered" not in Target(URL, None, "node-a", 60_000).encode()  # absent when not
+
+
+@pytest.mark.parametrize("stored, expected", [(1, True), (True, True), (0, False), (False, False), ("1", False),
+                                              (None, False), ([1], False), (2, False)])
+def test_a_junk_discovered_flag_reads_as_not_discovered(stored: Any, expected: bool) -> None:
+    assert Target.decode(URL, json.dumps({"discovered": stored}).encode()).discovered is expected
+
+
+def test_old_records_decode_as_before() -> None:
+    """Records written before the flag existed (every field but it) read back the same target."""
+    old = b'{"sitemap_url":"https://shop.test/sitemap.xml","scheduler_node":"node-a","render_interval":60000,' \
+          b'"state":"suppressed","suppressed_reason":"noindex","suppressed_at":5,"strikes":1,"struck_at":4}'
+    t = Target.decode(URL, old)
+    assert t == Target(URL, SITEMAP_URL, "node-a", 60_000, SUPPRESSED, "noindex", 5, 1, 4) and not t.discovered
+    assert t.encode() == old  # and a rewrite stores the same bytes
 
 
 def test_the_stored_form_is_compact_json() -> None:
@@ -188,6 +212,8 @@ def test_the_json_form_uses_the_reference_field_names() -> None:
         "strikes": 2,
     }
     assert Target(URL).as_json()["renderInterval"] is None and Target(URL).as_json()["strikes"] == 0
+    assert "discovered" not in t.as_json()  # the reference's shape unless a bot's miss made the target
+    assert Target(URL, discovered=True).as_json()["discovered"] is True
 
 
 # ---------------------------------------------------------------------------------- key helpers
@@ -283,6 +309,6 @@ def test_the_sitemap_reader_remembers_a_head_without_ever_answering_differently(
 def test_the_hand_built_encoding_is_exactly_the_compact_json_of_the_set_fields(t: Target) -> None:
     fields = {"sitemap_url": t.sitemap_url, "scheduler_node": t.scheduler_node,
               "render_interval": t.render_interval, "state": t.state, "suppressed_reason": t.suppressed_reason,
-              "suppressed_at": t.suppressed_at, "strikes": t.strikes or None}
+              "suppressed_at": t.suppressed_at, "strikes": t.strikes or None, "discovered": 1 if t.discovered else None}
     expected = json.dumps({k: v for k, v in fields.items() if v is not None}, separators=(",", ":")).encode()
     assert t.encode() == expected
