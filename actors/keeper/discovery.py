@@ -72,7 +72,7 @@ class Discoveries:
             return {"written": 0, "refused": refused}
         try:
             # absent_only: a target put meanwhile (an operator's PUT with its own due) is left alone
-            answer = await self.targets.put_targets([{"url": url}], True, True, deleted_within_ms)
+            answer = await self.targets.put_targets([{"url": url, "discovered": True}], True, True, deleted_within_ms)
         except BaseException:
             self.unrendered.release(url)
             raise

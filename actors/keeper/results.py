@@ -358,8 +358,9 @@ class Results:
 
     async def _follow_up(self, plan: Plan) -> None:
         if plan.adopt is not None:
-            url, due, interval = plan.adopt
-            item = {"url": url, "nextRenderTime": due, "renderInterval": interval}
+            url, due, interval, discovered = plan.adopt
+            item = {"url": url, "nextRenderTime": due, "renderInterval": interval,
+                    **({"discovered": True} if discovered else {})}
             keeper = await self._keeper_of(url)
             await (self.targets.put_targets([item]) if keeper is None else keeper.put_targets([item]))
         if plan.suppress_dest is not None:

@@ -45,13 +45,14 @@ class Targets:
         ``absent_only``: create only the targets that do not exist; the answer's ``held`` lists the
         others as [url, stored payload], untouched (a sitemap walk decides about those). With it,
         ``deleted_within_ms``: a target deleted that recently counts as existing (held as ``b""``).
-        ``epoch``: the forwarding keeper's membership epoch (``Handoff.accept``)."""
+        ``epoch``: the forwarding keeper's membership epoch (``Handoff.accept``). An item's
+        ``discovered: true`` (never from the API) marks a target a bot's miss made (``Target.discovered``)."""
         if forwarded and epoch is not None:
             await self.accept(epoch, "put_targets")
         return await self._put([it["url"] for it in items], [it.get("sitemapUrl") for it in items],
                                [it.get("renderInterval") for it in items],
                                [it.get("nextRenderTime") for it in items], forwarded, absent_only,
-                               deleted_within_ms)
+                               deleted_within_ms, [it.get("discovered") is True for it in items])
 
     async def put_listed(self, sitemap_url: str, urls: list[str], intervals: list[int],
                          dues: list[int | None], forwarded: bool = False, absent_only: bool = False) -> dict:
@@ -60,8 +61,10 @@ class Targets:
         return await self._put(urls, [sitemap_url] * len(urls), intervals, dues, forwarded, absent_only)
 
     async def _put(self, urls: list, sitemaps: list, intervals: list, dues: list,
-                   forwarded: bool, absent_only: bool, deleted_within_ms: int = 0) -> dict:
+                   forwarded: bool, absent_only: bool, deleted_within_ms: int = 0,
+                   discovered: list[bool] | None = None) -> dict:
         written, held = 0, []
+        marks = discovered if discovered is not None else [False] * len(urls)
         m = self.view.current  # routed under one membership; a receiver on a newer one refuses
         if len(m.names) > 1 and not forwarded:
             foreign: dict[str, list[int]] = {}
@@ -71,7 +74,7 @@ class Targets:
                 (mine.append(i) if owner == self.node else foreign.setdefault(owner, []).append(i))
             for owner, idx in foreign.items():
                 items = [{"url": urls[i], "sitemapUrl": sitemaps[i], "renderInterval": intervals[i],
-                          "nextRenderTime": dues[i]} for i in idx]
+                          "nextRenderTime": dues[i], **({"discovered": True} if marks[i] else {})} for i in idx]
                 try:
                     answer = await (await self.peers.of(owner)).put_targets(items, True, absent_only,
                                                                            deleted_within_ms, m.epoch)
@@ -80,17 +83,19 @@ class Targets:
                         raise
                     answer = await self._put([urls[i] for i in idx], [sitemaps[i] for i in idx],
                                              [intervals[i] for i in idx], [dues[i] for i in idx], False,
-                                             absent_only, deleted_within_ms)
+                                             absent_only, deleted_within_ms, [marks[i] for i in idx])
                 written += answer["written"]
                 held += answer.get("held", [])
             if foreign:
-                urls, sitemaps, intervals, dues = (_pick(col, mine) for col in (urls, sitemaps, intervals, dues))
+                urls, sitemaps, intervals, dues, marks = (_pick(col, mine)
+                                                          for col in (urls, sitemaps, intervals, dues, marks))
         now = self.rows.clock.now_ms()
         rules = self.conf.rules
         routes: dict[str, Any] = {}  # found while building the rows: ranking them asks no router again
         # absent_only creates only new targets (no held row to look at); any other put may be a re-put
         registry, rows = rules.put_many(urls, sitemaps, intervals, dues, now=now, node=self.node, routes=routes,
-                                        held=None if absent_only else self._due_of)
+                                        held=None if absent_only else self._due_of,
+                                        discovered=marks if any(marks) else None)
         if not absent_only:
             await self.store.apply(registry)
         elif registry:
@@ -98,7 +103,8 @@ class Targets:
             fresh = [i for i, payload in enumerate(live) if payload is None]
             if len(fresh) < len(urls):  # rows only for the targets just created (same now: same dues)
                 held += [[urls[i], payload] for i, payload in enumerate(live) if payload is not None]
-                urls, sitemaps, intervals, dues = (_pick(col, fresh) for col in (urls, sitemaps, intervals, dues))
+                urls, sitemaps, intervals, dues, marks = (_pick(col, fresh)
+                                                          for col in (urls, sitemaps, intervals, dues, marks))
                 routes = {}
                 _, rows = rules.put_many(urls, sitemaps, intervals, dues, now=now, node=self.node, routes=routes)
         self.rows.write(rows, lambda key: routes[key] if key in routes else self.rows.route_of(key))
@@ -112,7 +118,8 @@ class Targets:
         """Merge fields into existing targets ([url, changes] pairs); never touches schedule rows (the
         render clock). Each write is conditional on the target read: one deleted meanwhile (a
         redirect retired it, an operator deleted it) stays deleted, and one written meanwhile is
-        read again and patched again (a sitemap walk patches what it saw seconds before)."""
+        read again and patched again (a sitemap walk patches what it saw seconds before). A patch that
+        attributes a target to a sitemap confirms a discovered one (``Target.discovered`` cleared)."""
         patched = 0
         for _ in range(PATCH_TRIES):
             found = await self.store.get_targets([u for u, _ in items])
@@ -121,7 +128,9 @@ class Targets:
             tried = []
             for (url, changes), data in zip(items, found):
                 if data is not None:
-                    registry.append([target_key(url), Target.decode(url, data).patched(**changes).encode()])
+                    confirmed = {"discovered": False} if changes.get("sitemap_url") else {}
+                    registry.append([target_key(url),
+                                     Target.decode(url, data).patched(**{**changes, **confirmed}).encode()])
                     expected.append(data)
                     tried.append([url, changes])
             written = await self.store.apply_if(registry, expected) if registry else []

@@ -179,7 +179,7 @@ class Plan:
     targets: dict[str, Target | None] = field(default_factory=dict)  # url -> new row, None = delete
     rows: list[ScheduleRow] = field(default_factory=list)
     row_deletes: list[str] = field(default_factory=list)
-    adopt: tuple[str, int, int | None] | None = None  # (url, due, renderInterval) put on its owner
+    adopt: tuple[str, int, int | None, bool] | None = None  # (url, due, renderInterval, discovered) put on its owner
     suppress_dest: tuple[str, str | None, int | None] | None = None  # (url, reason, status) on its owner
     refile_key: str | None = None  # the destination key a rendered redirect was filed under
     unrouted: str | None = None  # a landed path outside prerender routes (for the tally)
@@ -188,6 +188,7 @@ class Plan:
     route: str = ""  # the stored page's route label (metrics)
     status_pages: list[Page] = field(default_factory=list)  # the verdict as bots get it (status_pages.py)
     guard: guard.Verdict | None = None  # a bad render: refused, or stored as there was no good page
+    discovered: bool = False  # the stored page's target is there only by a bot's miss (IndexNow skips it)
 
 
 def _compared(headers: dict[str, str]) -> dict[str, str]:
@@ -272,6 +273,8 @@ class Planner:
                     plan.targets.update(self._delete_target(target, r.id))
                     plan.refile_key = dest
                     plan.detail = "refiled"
+                    held = dest_target or target  # a destination without a target is stored for the source
+                    plan.discovered = held is not None and held.discovered
                     return plan
                 plan = self._rendered(r, r.id, target, indexable, now, discard=True)
                 plan.unrouted = url_path(self.rules.url_of(dest))
@@ -304,7 +307,7 @@ class Planner:
         # no page stored before this one: its first render; the next lands on the URL's slot
         first = not discard and key in self._stored and self._stored[key] is None
         due = self.rules.after_first_render(url, interval, now) if first else minute(now) + interval
-        plan = Plan("rendered", detail="rendered")
+        plan = Plan("rendered", detail="rendered", discovered=target is not None and target.discovered)
         if r.content and not discard:
             plan.guard, measured = self._judged(r, key, target, url)
             if plan.guard is not None and plan.guard.action == "refused":
@@ -478,7 +481,8 @@ class Planner:
         interval = positive(target.render_interval) if target else None
         plan.targets.update(self._delete_target(target, r.id))
         if dest_target is None and _domain_ok(dest_url, self.cfg.domains):
-            plan.adopt = (dest_url, minute(now), int(interval) if interval else None)
+            plan.adopt = (dest_url, minute(now), int(interval) if interval else None,
+                          target is not None and target.discovered)
         return plan
 
     def _redirect_strike(self, key: str, target: Target | None, now: int) -> Plan:

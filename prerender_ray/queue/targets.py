@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any
 
@@ -97,20 +98,21 @@ class Rules:
 
     def put(self, url: str, *, now: int, sitemap_url: str | None = None, render_interval: object = None,
             next_render_time: object = None, node: str | None = None,
-            held: Held | None = None) -> tuple[Target, list[ScheduleRow]]:
+            held: Held | None = None, discovered: bool = False) -> tuple[Target, list[ScheduleRow]]:
         """(Re)activation: a fresh row (suppression and strikes cleared) and one schedule row per device,
-        due at ``next_render_time`` when it is a positive number, else as ``first_due`` says."""
+        due at ``next_render_time`` when it is a positive number, else as ``first_due`` says.
+        ``discovered``: a bot's miss made it; any other put confirms the URL (the mark is cleared)."""
         stored = positive(render_interval)
         target = Target(url=url, sitemap_url=sitemap_url or None, scheduler_node=node,
-                        render_interval=int(stored) if stored else None)
+                        render_interval=int(stored) if stored else None, discovered=discovered)
         _, rows = self.put_many([url], [sitemap_url], [render_interval], [next_render_time], now=now, node=node,
-                                held=held)
+                                held=held, discovered=[discovered])
         return target, [ScheduleRow(*r) for r in rows]
 
     def put_many(self, urls: Sequence[str], sitemap_urls: Sequence[str | None], intervals: Sequence[object],
                  dues: Sequence[object], *, now: int, node: str | None,
-                 routes: dict[str, Any] | None = None, held: Held | None = None
-                 ) -> tuple[list[list[bytes]], list[tuple]]:
+                 routes: dict[str, Any] | None = None, held: Held | None = None,
+                 discovered: Sequence[bool] | None = None) -> tuple[list[list[bytes]], list[tuple]]:
         """``put`` for a batch (a sitemap ingests a million): the target records as registry writes
         ``[key, record]`` (lists: they go to the store, and Ray pickles every tuple of an argument) and
         the schedule rows as plain tuples in ``ScheduleRow`` order. The records are ``Target.encode``'s
@@ -121,7 +123,8 @@ class Rules:
         current due time of a key, or None) tells a re-put apart, which keeps the staggered slot unless
         it is due sooner already (a re-put never makes a page due again). A new target is the proxy for
         "no cached page": a caller that knows every URL is new (a sitemap create) passes no ``held``.
-        ``staggered`` jitters every put over the cadence, as the reference does."""
+        ``staggered`` jitters every put over the cadence, as the reference does. ``discovered``: which
+        URLs a bot's miss made (``Target.discovered``); None, none of them."""
         router, keys_of, default_devices = self.router, self.keys.key, self.default_devices
         default_interval = self.cfg.render.default_interval
         heads: dict[str | None, str] = {}
@@ -132,7 +135,8 @@ class Rules:
         rows: list[tuple] = []
         add_target, add_row = registry.append, rows.append
         first_now, now_min = self.first_now, minute(now)
-        for url, sitemap_url, interval, explicit in zip(urls, sitemap_urls, intervals, dues):
+        marks: Any = repeat(False) if discovered is None else discovered
+        for url, sitemap_url, interval, explicit, mark in zip(urls, sitemap_urls, intervals, dues, marks):
             sitemap_url = sitemap_url or None
             head = heads.get(sitemap_url)
             if head is None:
@@ -169,6 +173,8 @@ class Rules:
                 if current is not None and current < due:
                     due = current
             body = head if interval is None else f'{head},"render_interval":{interval}'
+            if mark:
+                body += ',"discovered":1'
             add_target([TARGET + url.encode(), f"{{{body[1:]}}}".encode()])
             sitemap = sitemap_url is not None
             if appends:
@@ -264,7 +270,7 @@ class Rules:
         target = Target(url=url, sitemap_url=base.sitemap_url, scheduler_node=base.scheduler_node,
                         render_interval=base.render_interval, state=SUPPRESSED,
                         suppressed_reason="http-gone" if gone else (reason or None), suppressed_at=now,
-                        strikes=strikes, struck_at=now if strike else base.struck_at)
+                        strikes=strikes, struck_at=now if strike else base.struck_at, discovered=base.discovered)
         cadence = self.cadence(url, target.render_interval)
         rows = [ScheduleRow(k, minute(now) + recheck, target.sitemap_url is not None, cadence)
                 for k in self.keys_of(url)]

@@ -697,6 +697,18 @@ def test_a_refile_onto_a_destination_without_a_target_drops_its_row() -> None:
     assert p.rows == [] and p.row_deletes == [DKEY] and p.targets == {SRC: None}
 
 
+def test_a_stored_page_says_whether_only_a_bots_miss_made_its_target() -> None:
+    """``Plan.discovered`` (IndexNow leaves such pages out): the target of the page stored, or for a
+    refile onto a URL without a target, the source that led there."""
+    assert plan(page_ok(), target(discovered=True)).discovered is True
+    assert plan(page_ok(), target()).discovered is False  # an operator's or an old record
+    assert plan(page_ok(), None).discovered is False  # a render-now one-off: an operator asked
+    moved = page_ok(redirectedTo=DST, isIndexable=True)
+    assert plan(moved, target(discovered=True), None).discovered is True
+    assert plan(moved, target(discovered=True), target(DST, sitemap_url="https://shop.test/s.xml")).discovered is False
+    assert plan(moved, target(), target(DST, discovered=True)).discovered is True
+
+
 def test_a_refile_from_a_targetless_one_off_still_retires_the_source_row() -> None:
     p = plan(page_ok(redirectedTo=DST), None, None)
     assert p.refile_key == DKEY
@@ -750,19 +762,19 @@ def test_a_permanent_redirect_retires_the_source_and_adopts_the_destination_due_
     p = plan(redirected(status, DST + "/?utm_source=x"), target(render_interval=3 * DAY_MS, strikes=1))
     assert p.outcome == "redirect" and p.detail == "permanent" and p.release is True
     assert p.targets == {SRC: None}
-    assert p.adopt == (DST, M, 3 * DAY_MS)  # due this minute, the source's stored cadence inherited
+    assert p.adopt == (DST, M, 3 * DAY_MS, False)  # due this minute, the source's stored cadence inherited
     assert p.rows == [] and p.suppress_dest is None
 
 
 @pytest.mark.parametrize("stored", [None, 0, -1])
 def test_an_adopted_destination_inherits_no_cadence_when_the_source_had_none(stored: Any) -> None:
     p = plan(redirected(), target(render_interval=stored))
-    assert p.adopt == (DST, M, None)
+    assert p.adopt == (DST, M, None, False)
 
 
 def test_a_permanent_redirect_from_a_targetless_one_off_retires_its_row_and_adopts() -> None:
     p = plan(redirected(), None)
-    assert p.targets == {SRC: None} and p.adopt == (DST, M, None)
+    assert p.targets == {SRC: None} and p.adopt == (DST, M, None, False)
 
 
 @pytest.mark.parametrize(
@@ -771,6 +783,12 @@ def test_a_permanent_redirect_from_a_targetless_one_off_retires_its_row_and_adop
 def test_an_existing_or_suppressed_destination_is_never_resurrected(existing: Target) -> None:
     p = plan(redirected(), target(), existing)
     assert p.targets == {SRC: None} and p.adopt is None and DST not in p.targets
+
+
+def test_a_discovered_sources_adopted_destination_is_discovered_too() -> None:
+    """A bot's miss made the source: the page it redirects to is no more confirmed than it was."""
+    assert plan(redirected(), target(discovered=True)).adopt == (DST, M, None, True)
+    assert plan(redirected(), target(sitemap_url="https://shop.test/s.xml")).adopt == (DST, M, None, False)
 
 
 def test_a_foreign_destination_is_not_adopted() -> None:
@@ -879,7 +897,7 @@ def test_an_auth_or_transient_landing_keeps_the_source_and_seeds_nothing(status:
 
 def test_a_legacy_redirect_result_takes_the_redirect_lane() -> None:
     p = plan(result(None, statusCode=301, redirectedTo=DST), target())
-    assert p.detail == "permanent" and p.adopt == (DST, M, None)
+    assert p.detail == "permanent" and p.adopt == (DST, M, None, False)
 
 
 def test_a_redirect_never_touches_pages_through_the_plan_itself() -> None:

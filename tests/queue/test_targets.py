@@ -322,6 +322,12 @@ def test_a_first_verdict_suppresses_and_rechecks_every_device_in_a_week() -> Non
     ]
 
 
+def test_a_suppression_keeps_a_discovered_target_discovered() -> None:
+    s = suppress(Target(URL, None, "node-a", discovered=True))
+    assert s.target is not None and s.target.suppressed and s.target.discovered
+    assert not suppress(Target(URL, SITEMAP)).target.discovered  # type: ignore[union-attr]
+
+
 def test_a_suppressed_row_files_the_route_cadence() -> None:
     s = suppress(
         Target("https://shop.test/hourly/1", render_interval=3 * DAY_MS), url="https://shop.test/hourly/1"
@@ -467,17 +473,18 @@ _VALUES = st.one_of(st.none(), st.integers(-5, 10 * DAY_MS), st.floats(allow_nan
                     st.sampled_from(["3600000", "junk", True]))
 
 
-@given(st.lists(st.tuples(_URLS, _SITEMAPS, _VALUES, _VALUES), max_size=8),
+@given(st.lists(st.tuples(_URLS, _SITEMAPS, _VALUES, _VALUES, st.booleans()), max_size=8),
        st.sampled_from([None, "node-a", 'n"1']))
 def test_put_many_writes_what_put_writes_byte_for_byte(items: list[tuple], node: str | None) -> None:
     """The batch path (a sitemap ingest): each record is ``Target.encode``'s bytes (built without a
     Target), and a batch writes what its URLs put one by one would (nothing leaks between items)."""
-    urls, sitemaps, intervals, dues = ([it[i] for it in items] for i in range(4))
-    registry, rows = R.put_many(urls, sitemaps, intervals, dues, now=NOW, node=node)
+    urls, sitemaps, intervals, dues, discovered = ([it[i] for it in items] for i in range(5))
+    registry, rows = R.put_many(urls, sitemaps, intervals, dues, now=NOW, node=node, discovered=discovered)
     expected_registry, expected_rows = [], []
-    for url, sitemap, interval, due in items:
+    for url, sitemap, interval, due, found in items:
         target, rs = R.put(url, now=NOW, sitemap_url=sitemap, render_interval=interval, next_render_time=due,
-                           node=node)
+                           node=node, discovered=found)
+        assert target.discovered is found
         expected_registry.append((b"t:" + url.encode(), target.encode()))
         expected_rows += rs
     assert [tuple(r) for r in registry] == expected_registry

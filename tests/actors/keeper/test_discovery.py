@@ -6,6 +6,7 @@ from __future__ import annotations
 from prerender_ray import metrics
 from prerender_ray.identity.nodes import Ownership
 from prerender_ray.queue.discovery import CEILING
+from prerender_ray.storage.registry import Target
 from tests.actors.keeper.conftest import SITE, config
 from tests.actors.keeper.test_results import HTML, rendered
 
@@ -77,3 +78,45 @@ async def test_the_ceiling_holds_across_nodes_whichever_node_the_bot_asked(keepe
         assert k.discoveries.share == 2 and k.discoveries.unrendered.count("shop.test") == 2
         counted = {u for u in urls if k.discoveries.unrendered.release(u)}
         assert all(owners.owner(u) == k.node for u in counted)  # each counted only what it owns
+
+
+async def target_of(k, url: str) -> Target:
+    [data] = await k.store.get_targets([url])
+    assert data is not None, url
+    return Target.decode(url, data)
+
+
+async def test_a_discovered_target_is_marked_until_a_sitemap_or_an_operator_confirms_it(keepers) -> None:
+    k = keepers(cfg=config(bots=BUDGET))
+    await k.load()
+    urls = [f"{SITE}/!d{i}" for i in range(3)]
+    for url in urls:
+        assert (await k.discover_target(url, 0))["written"] == 1
+    assert [(await target_of(k, u)).discovered for u in urls] == [True, True, True]
+    # a sitemap walk lists the first: its create finds the target held, then reattaches it (a patch)
+    sitemap = f"{SITE}/sitemap.xml"
+    held = await k.targets.put_listed(sitemap, [urls[0]], [3_600_000], [None], False, True)
+    assert [u for u, _ in held["held"]] == [urls[0]]
+    await k.targets.patch_targets([[urls[0], {"sitemap_url": sitemap, "render_interval": 3_600_000}]])
+    await k.targets.put_targets([{"url": urls[1]}])  # an operator's PUT /render_targets
+    await k.targets.suppress(urls[2], "noindex", 200)  # a verdict keeps what made the target
+    first, second, third = [await target_of(k, u) for u in urls]
+    assert first.sitemap_url == sitemap and not first.discovered
+    assert not second.discovered and third.discovered and third.suppressed
+    await k.targets.patch_targets([[urls[0], {"sitemap_url": None}]])  # the sitemap dropped it later
+    assert not (await target_of(k, urls[0])).discovered  # confirmed once: it stays so
+
+
+async def test_a_discovery_answered_by_another_nodes_keeper_is_marked_there(keepers) -> None:
+    a = keepers("node-a", members=TWO, cfg=config(bots=BUDGET))
+    b = keepers("node-b", members=TWO, cfg=config(bots=BUDGET))
+    await a.load()
+    await b.load()
+    owners = Ownership(list(TWO))
+    url = next(u for u in (f"{SITE}/!f{i}" for i in range(100)) if owners.owner(u) == "node-b")
+    assert (await a.discover_target(url, 0))["written"] == 1  # forwarded to its owner
+    assert (await target_of(b, url)).discovered
+    # a put for a URL another node owns (a redirect's adoption) carries the mark along too
+    other = next(u for u in (f"{SITE}/!g{i}" for i in range(100)) if owners.owner(u) == "node-b")
+    await a.targets.put_targets([{"url": other, "discovered": True}])
+    assert (await target_of(b, other)).discovered
