@@ -2,12 +2,16 @@
 rebuilt in the background (docs/serving.md#llmstxt; the document itself: ``serving/llms_txt.py``).
 
 A build reads the site's targets (one key-range scan of ``t:<origin>/`` on each node that holds a
-share; this node alone while every node holds everything), which carry their sitemap; then, in URL
-order and in batches, the page of each target for the first device (this node's page log for what it
-holds, one ``stored_pages`` call per holder for the rest), and takes the title and description from
-the first ``HEAD_BYTES`` of each page's HTML in a thread. It stops once it has more pages than the
-document may list. Bounds: targets read (``SCAN_FACTOR`` x ``maxEntries``), pages read likewise, the
-build's deadline (``llmsTxt.buildTimeout``), one build per site and ``MAX_BUILDS`` per replica.
+share; this node alone while every node holds everything), which carry their sitemap, and keeps those
+it may list (not suppressed, in a listed section, not made only by a bot's miss unless
+``llmsTxt.includeDiscovered``); then, in URL order and in batches, the page of each target for the
+first device (this node's page log for what it holds, one ``stored_pages`` call per holder for the
+rest), and takes the title and description from the first ``HEAD_BYTES`` of each page's HTML in a
+thread. It stops once it has more pages than the document may list. Bounds: targets kept
+(``SCAN_FACTOR`` x ``maxEntries``) and records read per node (``SKIP_FACTOR`` times that: anyone's bot
+misses make targets, and those passed over must not crowd the real pages out of what a build reads),
+pages read likewise, the build's deadline (``llmsTxt.buildTimeout``), one build per site and
+``MAX_BUILDS`` per replica.
 
 Requests never wait for a rebuild: a document is served until a newer one is built. Only a site's
 first request waits (for that site's one build, with its deadline; a 503 past it). A document is
@@ -52,7 +56,8 @@ log = logs.get("bot")
 MAX_SITES = 64  # documents kept per replica (least recently asked for dropped first)
 MAX_BUILDS = 2  # builds at once per replica, all sites together
 SCAN_PAGE = 1000  # targets per scan call
-SCAN_FACTOR = 4  # targets read per build, in maxEntries: pages not rendered yet are passed over
+SCAN_FACTOR = 4  # targets kept per build, in maxEntries: pages not rendered yet are passed over
+SKIP_FACTOR = 16  # records read per node and build, in targets kept: the ones not listed are passed over
 READ_BATCH = 64  # pages read, then parsed in a thread, at a time: what a build holds at once
 RETRY_S = 5.0  # after a failed build the site's next one waits this long (its requests get the old copy)
 
@@ -197,16 +202,7 @@ class LlmsTxt:
     async def build(self, site: str, writes: int | None = None) -> Document:
         policy = self.policy
         want = policy.max_entries + 1  # one more than listed: the document then says it is cut
-        targets, more = await self._targets(site, policy.max_entries * SCAN_FACTOR)
-        candidates: list[tuple[str, str | None]] = []
-        for key, payload in targets:
-            url = key[len(TARGET):].decode("utf-8", "replace")
-            try:
-                target = Target.decode(url, payload)
-            except RecordError:
-                continue
-            if not target.suppressed and policy.lists(target.sitemap_url):
-                candidates.append((url, target.sitemap_url))
+        candidates, more = await self._targets(site, policy.max_entries * SCAN_FACTOR)
         # the home page names the document, listed or not
         home = self.keys.canonicalize(site + "/")
         [found] = await asyncio.to_thread(_heads, [(home, None)], await self._read([home]))
@@ -221,29 +217,37 @@ class LlmsTxt:
         body, listed = render(site, title, summary, entries, policy, more)
         return Document(body, f'"{xxhash.xxh64_hexdigest(body)}"', self.clock(), writes, listed)
 
-    async def _targets(self, site: str, limit: int) -> tuple[list[tuple[bytes, bytes]], bool]:
-        """The site's target records, key (URL) order, at most ``limit``; and whether there are more
-        (or a node did not answer: the list may be short)."""
+    async def _targets(self, site: str, limit: int) -> tuple[list[tuple[str, str | None]], bool]:
+        """The site's targets the document may list, as (URL, sitemap), key (URL) order, at most
+        ``limit``; and whether there are more (or a node did not answer, or had more records than a
+        build reads: the list may be short)."""
         ctx = self.ctx
         prefix = TARGET + f"{site}/".encode()
         names = ctx.ownership.names
         nodes = [ctx.node.name] if ctx.cfg.cluster.replicas >= len(names) else list(names)
+        most = limit * SKIP_FACTOR
 
-        async def scan(node: str) -> list[tuple[bytes, bytes]]:
+        async def scan(node: str) -> tuple[dict[bytes, str | None], bool]:
             store = await ctx.store_at(node)
-            out: list[tuple[bytes, bytes]] = []
+            out: dict[bytes, str | None] = {}
             start: bytes | None = None
+            read = 0
             while len(out) <= limit:  # one past the limit: the caller sees that there are more
-                ask = min(SCAN_PAGE, limit + 1 - len(out))
+                if read >= most:
+                    return out, True
+                ask = min(SCAN_PAGE, most - read)
                 got = await store.scan(prefix, start, ask)
-                out += got
+                read += len(got)
+                for key, payload in got:
+                    if (target := self._listed(key, payload)) is not None:
+                        out[key] = target.sitemap_url
                 if len(got) < ask:
                     break
                 start = got[-1][0] + b"\x00"
-            return out
+            return out, False
 
         answers = await asyncio.gather(*(scan(n) for n in nodes), return_exceptions=True)
-        merged: dict[bytes, bytes] = {}
+        merged: dict[bytes, str | None] = {}
         more = False
         for node, answer in zip(nodes, answers):
             if isinstance(answer, BaseException):
@@ -252,9 +256,22 @@ class LlmsTxt:
                 more = True
                 log.info("llms.txt: a node's targets not read", node=node, error=type(answer).__name__)
                 continue
-            merged.update(answer)  # each URL from each of its holders: the same record
+            listed, cut = answer
+            merged.update(listed)  # each URL from each of its holders: the same record
+            more = more or cut
         keys = sorted(merged)
-        return [(k, merged[k]) for k in keys[:limit]], more or len(keys) > limit
+        return ([(k[len(TARGET):].decode("utf-8", "replace"), merged[k]) for k in keys[:limit]],
+                more or len(keys) > limit)
+
+    def _listed(self, key: bytes, payload: bytes) -> Target | None:
+        """The target of a record when the document may list its page."""
+        try:
+            target = Target.decode(key[len(TARGET):].decode("utf-8", "replace"), payload)
+        except RecordError:
+            return None
+        if target.suppressed or not self.policy.lists(target.sitemap_url, target.discovered):
+            return None
+        return target
 
     async def _read(self, urls: list[str]) -> list[bytes | None]:
         """Each URL's page record for the first device: from this node's page log when it holds the

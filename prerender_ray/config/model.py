@@ -1066,6 +1066,11 @@ class LlmsTxt(Model):
         "and pages of no sitemap under 'Other pages'.",
     )
     max_entries: int = Field(1000, ge=1, le=50_000, description="Most pages listed; past it the list is cut, with a note.")
+    include_discovered: bool = Field(
+        False, description="Also list pages whose target only a bot's miss made (`bots.discovery`: anyone can send "
+        "misses, so their URLs and titles are anyone's); a sitemap listing the URL or a `PUT /render_targets` "
+        "confirms it.",
+    )
     max_bytes: int = Field(
         512 * 1024, ge=4096, le=16 * 1024 * 1024, description="Largest document; past it the list is cut, with a note."
     )

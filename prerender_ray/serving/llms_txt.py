@@ -80,11 +80,12 @@ class LlmsPolicy:
     sitemaps: tuple[str, ...]
     max_entries: int
     max_bytes: int
+    include_discovered: bool = False
 
     @classmethod
     def from_config(cls, domains: Iterable[str], cfg: LlmsTxt) -> LlmsPolicy:
         return cls(compiled(tuple(domains)), compiled(tuple(cfg.sites)), tuple(cfg.sitemaps), cfg.max_entries,
-                   cfg.max_bytes)
+                   cfg.max_bytes, cfg.include_discovered)
 
     def serves(self, origin: str) -> bool:
         """Only a host ``domains`` allows, and ``sites`` when set: never a site no one configured."""
@@ -92,7 +93,11 @@ class LlmsPolicy:
         return (found is not None and bool(self.domains) and self.domains.allows(*found)
                 and self.sites.allows(*found))
 
-    def lists(self, sitemap: str | None) -> bool:
+    def lists(self, sitemap: str | None, discovered: bool = False) -> bool:
+        """Are a target's pages listed: by its sitemap, and ``discovered`` (only a bot's miss made it)
+        only when the operator opted in."""
+        if discovered and not self.include_discovered:
+            return False
         if not self.sitemaps:
             return True
         if sitemap is None:

@@ -128,3 +128,10 @@ def test_only_sites_in_domains_and_in_sites_are_served_and_sections_filter() -> 
     assert some.lists(f"{SITE}/blog-1.xml") and some.lists(f"{SITE}/main.xml")
     assert not some.lists(f"{SITE}/main.xml.gz") and not some.lists(None)
     assert policy().lists(None)
+
+
+def test_a_target_only_a_bots_miss_made_is_listed_only_when_the_operator_opts_in() -> None:
+    assert not policy().lists(None, discovered=True)
+    opted = policy(includeDiscovered=True)
+    assert opted.lists(None, discovered=True) and opted.lists(None)
+    assert not policy(includeDiscovered=True, sitemaps=[f"{SITE}/main.xml"]).lists(None, discovered=True)
