@@ -127,7 +127,7 @@ class Endpoint:
 
 
 class Notifier:
-    """``changed(url)`` for each URL whose content a result changed; the loops submit them."""
+    """``changed(url, discovered)`` for each URL whose content a result changed; the loops submit them."""
 
     def __init__(self, cfg: IndexNow, *, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep):
@@ -139,7 +139,11 @@ class Notifier:
         self.endpoints = [Endpoint(url, cfg, self.client, clock, sleep) for url in cfg.endpoints]
         self.tasks: list[asyncio.Task] = []
 
-    def changed(self, url: str) -> None:
+    def changed(self, url: str, discovered: bool = False) -> None:
+        """``discovered``: only a bot's miss made the URL's target; anyone can send misses, and the key
+        vouches for the operator's pages, so it goes only with ``includeDiscovered``."""
+        if discovered and not self.cfg.include_discovered:
+            return
         origin = host_of(url, self.hosts)
         if origin is None:  # not a host the operator submits
             return

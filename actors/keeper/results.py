@@ -59,7 +59,8 @@ class Results:
         self.accept: Callable[[int, str], Awaitable[None]] = unchecked
         self.moved_past: Callable[[int], Awaitable[bool]] = never_moved
         self.on_result: Callable[[str], None] = lambda url: None  # a URL had a result (discovery's count)
-        self.on_changed: Callable[[str], None] = lambda url: None  # a URL's stored content changed (IndexNow)
+        # a URL's stored content changed, and whether only a bot's miss made its target (IndexNow)
+        self.on_changed: Callable[[str, bool], None] = lambda url, discovered: None
         self._batch: GroupCommit[tuple[Result, dict, str | None], Any] = GroupCommit(
             self._flush, max_batch=RESULT_BATCH, linger_s=RESULT_LINGER_S)
 
@@ -230,7 +231,7 @@ class Results:
             self.claims.note_released(r.id, now + RELEASE_GRACE_MS)
         self.on_result(self.conf.rules.url_of(r.id))
         if plan.page is not None and plan.content_change in ("new", "changed"):  # not a freshness touch
-            self.on_changed(self.conf.rules.url_of(plan.page.cache_key))
+            self.on_changed(self.conf.rules.url_of(plan.page.cache_key), plan.discovered)
         if not self.claims.diagnose.answered(r.id) and self.claims.diagnose.waiting(r.id, now):
             # asked while this render was in flight: its reschedule must not push the diagnosis back
             try:

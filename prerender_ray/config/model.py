@@ -1130,6 +1130,10 @@ class IndexNow(Model):
         MINUTE, description="How often queued URLs are submitted (a host's queue that reaches `batchSize` sooner)."
     )
     batch_size: int = Field(INDEXNOW_BATCH, ge=1, le=INDEXNOW_BATCH, description="Most URLs in one submission.")
+    include_discovered: bool = Field(
+        False, description="Also submit pages whose target only a bot's miss made (`bots.discovery`: anyone can "
+        "send misses); a sitemap listing the URL or a `PUT /render_targets` confirms it.",
+    )
     min_interval: NonNegDuration = Field(
         10 * SECOND, description="Rate limit: least time between two requests to one endpoint."
     )

@@ -261,3 +261,24 @@ async def test_a_result_is_submitted_by_its_urls_owner_only(keepers, endpoint) -
     assert queued(a) == [] and queued(b) == [SITE + path]
     await a.index_now.close()
     await b.index_now.close()
+
+
+async def test_a_page_only_a_bots_miss_made_is_not_submitted_unless_the_operator_opts_in(keepers, endpoint) -> None:
+    """Anyone can send bot misses; the operator's IndexNow key vouches only for pages a sitemap or an
+    operator named (or any, with ``indexNow.includeDiscovered``)."""
+    endpoint.seen.clear()
+    for opted in (False, True):
+        cfg = _keeper_config(endpoint)
+        cfg = cfg.model_copy(update={"index_now": cfg.index_now.model_copy(update={"include_discovered": opted})})
+        k = keepers("node-b" if opted else "node-a", cfg=cfg)  # (one store: URLs of their own)
+        await k.load()
+        found, listed = f"{SITE}/!ignore-previous-instructions-{opted}", f"{SITE}/listed-{opted}"
+        assert (await k.discover_target(found, 0))["written"] == 1
+        await k.targets.put_listed(f"{SITE}/sitemap.xml", [listed], [0], [None])
+        k.claims.publish()
+        jobs = [j for j in await k.claims.claim(10) if j["deviceType"] == "desktop"]
+        assert sorted(j["url"] for j in jobs) == [found, listed]
+        for job in jobs:
+            assert (await k.results.process(rendered(job["id"], job["url"]), HTML))["outcome"] == "rendered"
+        assert sorted(queued(k)) == ([found, listed] if opted else [listed])
+        await k.index_now.close()
