@@ -147,3 +147,14 @@ def test_a_walk_taken_over_midway_stops_at_its_next_document_and_leaves_the_row_
     created = [target(node.url, f"https://shop.test/lost/{i}") is not None for i in range(6)]
     assert created == [True, True, False, False, False, False]  # kids[2] was fetched, never written
     assert [site.hits.get(f"/lost/{i}.xml", 0) for i in range(4, 6)] == [0, 0]
+
+
+def test_a_walk_listing_a_url_a_bots_miss_made_confirms_its_target(node, site) -> None:
+    url = "https://shop.test/confirm/!found"
+    assert node.ask("keeper", "discover_target", url, 0)["written"] == 1
+    assert target(node.url, url)["discovered"] is True and target(node.url, url)["sitemapUrl"] is None
+    site.put("/confirm.xml", urlset(url))
+    [result] = walk(node.url, site.url("/confirm.xml"))
+    assert result["state"] == "completed" and result["updated"] == 1  # reattached: a patch
+    t = target(node.url, url)
+    assert t["sitemapUrl"] == site.url("/confirm.xml") and "discovered" not in t
