@@ -25,7 +25,7 @@ from prerender_ray.queue.status_pages import (
     resolved,
 )
 from prerender_ray.queue.targets import Rules
-from prerender_ray.serving.answer import route_label
+from prerender_ray.serving.answer import no_content, route_label
 from prerender_ray.serving.origin_policy import compiled
 from prerender_ray.serving.volatile import content_digest
 from prerender_ray.storage.pages import Page, PageMeta
@@ -84,10 +84,14 @@ class Result:
         if error is not None and not isinstance(error, dict):
             raise ResultError("metadata.error must be an object")
         redirected = _text(meta, "redirectedTo", MAX_TEXT)
+        status = _status_code(meta.get("statusCode"))
+        if content and status is not None and no_content(status):  # the reference fleet sends content with 200
+            raise ResultError(f"metadata.statusCode {status} carries no content (RFC 9110), but content was "
+                              f"posted with it")
         return cls(
             id=key,
             url=_text(meta, "url", MAX_TEXT) or "",
-            status_code=_status_code(meta.get("statusCode")),
+            status_code=status,
             headers=_headers(headers),
             content=content or None,
             outcome=outcome or "",

@@ -26,8 +26,9 @@ from prerender_ray.storage.pages import Expiring, PageMeta, freshness
 CacheStatus = Literal["hit", "swr", "stale", "miss", "skip", "bypass", "peer-rescue", "unreadable"]
 Source = Literal["cache", "origin", "rendered"]
 SERVED_FROM_CACHE = ("hit", "swr")
-# Statuses that never carry a body (RFC 9110 section 6.4.1), so there is nothing to negotiate.
-_NO_BODY = frozenset({204, 304})
+# Statuses that never carry content (RFC 9110 sections 6.4.1, 15.3.6), so there is nothing to negotiate;
+# 1xx too. A length or body sent with one is read by the client as the start of the next response.
+_NO_BODY = frozenset({204, 205, 304})
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # a field name (RFC 9110 section 5.1)
 _BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # controls but tab (what uvicorn refuses)
 
@@ -66,6 +67,11 @@ def verdict(page: Expiring | None, now: int, swr_ttl: int, *, skip: bool = False
     return freshness(page, now, swr_ttl) or "stale"
 
 
+def no_content(status: int) -> bool:
+    """Whether an answer with ``status`` never carries content (and so no Content-Length)."""
+    return status < 200 or status in _NO_BODY
+
+
 def _finish(status: int, headers: dict[str, str], body: Body, request_headers: Mapping[str, str],
             debug: Mapping[str, str] | None, conditional: bool = True) -> Reply:
     not_modified = conditional_response(status, headers, request_headers) if conditional else None
@@ -80,9 +86,16 @@ def prepare(page: PageMeta, body: Body, accept_encoding: str | None,
             max_bytes: int = MAX_HTML_BYTES) -> Prepared:
     """Negotiate a stored page for ``accept_encoding``. Raises EncodingError (UnsupportedEncoding
     included) when the stored body cannot be re-coded into what the client accepts, or would decode
-    to more than ``max_bytes``."""
+    to more than ``max_bytes``; and for a 1xx, which is no final answer (the bot gets the origin).
+    A 204, 205 or 304 is sent without a body or a length, whatever was stored with it."""
     headers = cached_headers(page, 0)
     headers.pop("age", None)
+    if no_content(page.status_code):
+        if page.status_code < 200:
+            raise EncodingError(f"a stored {page.status_code} page is no final answer")
+        headers.pop("content-length", None)
+        headers.pop("content-encoding", None)
+        return Prepared(page.status_code, headers, b"", asgi_headers(headers), [])
     headers, sent = negotiate(headers, body, accept_encoding, max_bytes=max_bytes)
     return Prepared(page.status_code, headers, sent, asgi_headers(headers),
                     asgi_headers(not_modified_headers(headers)))
@@ -117,7 +130,7 @@ def origin_reply(status: int, origin_headers: Iterable[tuple[str, str]] | Mappin
     a cached one when its coding is one we can re-code, otherwise relayed as the origin coded it.
     ``conditional`` False leaves validators to the origin (methods other than GET/HEAD)."""
     headers = relay_headers(status, origin_headers)
-    if status in _NO_BODY or status < 200:
+    if no_content(status):
         headers.pop("content-length", None)
         return _finish(status, headers, b"", request_headers, debug, conditional)
     try:

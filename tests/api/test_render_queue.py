@@ -172,6 +172,20 @@ def test_out_of_range_result_numbers_are_400_naming_the_field_and_change_nothing
         assert post_result(jobs[key]).status_code == 204
 
 
+def test_content_with_a_status_that_carries_none_is_400_and_changes_nothing(node) -> None:
+    keys = due_now(node.url, "https://shop.example/no-content-status")
+    jobs = take(node.url, keys, timeout=15)
+    for status in (100, 204, 304):
+        r = post_result(jobs[keys[0]], status=status)
+        assert r.status_code == 400, (status, r.text)
+        assert f"statusCode {status} carries no content" in r.json()["error"]
+    row = schedule(node.url, keys[0])  # no page, no reschedule, the lease still held
+    assert row["nextRenderTime"] == 1 and row["leased"] is True
+    assert stored_page(node.url, keys[0]) is None
+    for key in keys:
+        assert post_result(jobs[key]).status_code == 204
+
+
 def test_an_error_result_holds_the_lease_and_leaves_the_row_overdue(node) -> None:
     keys = due_now(node.url, "https://shop.example/crashes")
     jobs = take(node.url, keys, timeout=15)

@@ -114,6 +114,21 @@ def test_a_status_code_out_of_range_or_not_a_number_is_refused_by_name(value: An
         Result.parse({"id": KEY, "statusCode": value}, None)
 
 
+@pytest.mark.parametrize("status", [100, 101, 103, 199, 204, 205, 304])
+@pytest.mark.parametrize("outcome", ["rendered", None])
+def test_content_with_a_status_that_carries_none_is_refused_by_name(status: int, outcome: str | None) -> None:
+    """Stored, such a page was served as a status line, a length and a body a client reads as the
+    next response (the reference fleet posts content with 200 only)."""
+    meta = {"id": KEY, "statusCode": status, "isIndexable": True, **({"outcome": outcome} if outcome else {})}
+    with pytest.raises(ResultError, match=f"metadata.statusCode {status} carries no content"):
+        Result.parse(meta, b"<html>x</html>")
+
+
+@pytest.mark.parametrize("status", [100, 204, 304])
+def test_a_status_that_carries_no_content_is_taken_without_content(status: int) -> None:
+    assert Result.parse({"id": KEY, "statusCode": status, "outcome": "error"}, None).status_code == status
+
+
 @pytest.mark.parametrize("value", [0, 800, 1500.5, 86_400_000])
 def test_a_render_time_is_a_finite_non_negative_number_of_milliseconds(value: Any) -> None:
     assert Result.parse({"id": KEY, "renderTime": value}, None).render_time == value

@@ -18,6 +18,7 @@ from prerender_ray.serving.answer import (
     route_label,
     verdict,
 )
+from prerender_ray.serving.negotiation import EncodingError
 from prerender_ray.storage.pages import PageMeta
 
 NOW = 1_780_000_000_000
@@ -101,6 +102,25 @@ def test_conditional_requests(request_headers, status) -> None:
 def test_a_non_200_page_is_never_downgraded_and_has_no_age() -> None:
     r = page_reply(page(status_code=404), GZ, now=NOW, request_headers={"if-none-match": "*"})
     assert r.status == 404 and "age" not in r.headers
+
+
+@pytest.mark.parametrize("status", [204, 205, 304])
+def test_a_stored_page_whose_status_carries_no_content_is_sent_without_a_body_or_length(status) -> None:
+    """A client reads the bytes after a 204/304 as the next response (RFC 9112 section 6.3): a stored
+    one (from a result before the ingress refused content with such a status) sends none."""
+    for head in (False, True):
+        r = page_reply(page(status_code=status), GZ, now=NOW, request_headers={"accept-encoding": "gzip"},
+                       head=head)
+        names = {k.decode() for k, _ in r.asgi_headers()}
+        assert r.status == status and r.body == b""
+        assert "content-length" not in names and "content-encoding" not in names
+
+
+@pytest.mark.parametrize("status", [100, 103])
+def test_a_stored_informational_page_is_never_answered(status) -> None:
+    """A 1xx is no final answer: whatever follows it is read as the response."""
+    with pytest.raises(EncodingError, match=str(status)):
+        prepare(page(status_code=status), GZ, "gzip")
 
 
 def test_head_gets_the_get_headers_without_a_body() -> None:
