@@ -155,14 +155,16 @@ class Targets:
         return {"deleted": sum(1 for d in found if d is not None)}
 
     async def suppress(self, url: str, reason: str | None, status: int | None) -> dict:
-        [data] = await self.store.get_targets([url])
-        existing = Target.decode(url, data) if data else None
+        """A redirect landed on ``url``, which had no target, and found it non-indexable: created
+        suppressed (the reference's destination row). A target there by now (written since the plan
+        read it) is left as it is: another URL's result never strikes, suppresses or deletes it."""
         rules = self.conf.rules
-        s = rules.suppress(existing, url, reason=reason, status_code=status, now=self.rows.clock.now_ms())
-        if s.deleted or s.target is None:
-            return await self.delete_targets([url])
-        pages: list[tuple[bytes, bytes | None]] = [(k.encode(), None) for k in rules.all_keys(url)]
-        await self.store.apply([(target_key(url), s.target.encode())], pages)
+        s = rules.suppress(None, url, reason=reason, status_code=status, now=self.rows.clock.now_ms())
+        assert s.target is not None  # a creating verdict never deletes
+        [held] = await self.store.apply_absent([(target_key(url), s.target.encode())])
+        if held is not None:
+            return {"held": url}
+        await self.store.apply([], [(k.encode(), None) for k in rules.all_keys(url)])
         self.rows.write(s.rows)
         return {"suppressed": url, "strikes": s.target.strikes}
 

@@ -184,7 +184,7 @@ class Plan:
     rows: list[ScheduleRow] = field(default_factory=list)
     row_deletes: list[str] = field(default_factory=list)
     adopt: tuple[str, int, int | None, bool] | None = None  # (url, due, renderInterval, discovered) put on its owner
-    suppress_dest: tuple[str, str | None, int | None] | None = None  # (url, reason, status) on its owner
+    suppress_dest: tuple[str, str | None, int | None] | None = None  # (url, reason, status): created on its owner
     refile_key: str | None = None  # the destination key a rendered redirect was filed under
     unrouted: str | None = None  # a landed path outside prerender routes (for the tally)
     content_change: str | None = None  # of the stored page: new, changed or unchanged (same bytes)
@@ -476,8 +476,16 @@ class Planner:
         if inspected_non_indexable:
             plan = Plan("redirect", detail="to-non-indexable")
             plan.targets.update(self._delete_target(target, r.id))
-            if _domain_ok(dest_url, self.cfg.domains):
+            if not _domain_ok(dest_url, self.cfg.domains):
+                return plan
+            # Ours: a destination with a target is judged by its own render, made due now; this
+            # result is another URL's, and its grant no cycle of the destination's (one strike per
+            # source retired the destination, pages and all, past maxStrikes). One without a target
+            # is created suppressed, as the reference does (its owner creates, never overwrites).
+            if dest_target is None:
                 plan.suppress_dest = (dest_url, r.reason, status)
+            elif not dest_target.suppressed:
+                plan.rows.append(self.rules.due_now(dest_target, dest, now))
             return plan
         if status not in (301, 308):
             return self._redirect_strike(r.id, target, now)

@@ -883,6 +883,23 @@ def test_a_non_indexable_404_landing_passes_its_status_on_for_the_gone_class() -
     assert plan(r, target()).suppress_dest == (DST, "http-error", 404)
 
 
+def test_a_non_indexable_landing_on_a_tracked_destination_only_makes_it_due() -> None:
+    """Another URL's result is no verdict of the destination's own: it is rendered now and judged by
+    that render (a strike here, once per source, deleted it past gone.maxStrikes)."""
+    r = result(
+        None, outcome="redirected", statusCode=404, redirectedTo=DST, isIndexable=False, reason="http-error"
+    )
+    p = plan(r, target(), target(DST, render_interval=6 * HOUR_MS))
+    assert p.detail == "to-non-indexable" and p.targets == {SRC: None} and p.suppress_dest is None
+    assert p.rows == [ScheduleRow(DKEY, M, False, 6 * HOUR_MS)] and p.page_deletes == []
+
+
+def test_a_non_indexable_landing_on_a_suppressed_destination_leaves_it_to_its_recheck() -> None:
+    r = redirected(404, isIndexable=False)
+    p = plan(r, target(), target(DST, state=SUPPRESSED, strikes=1, struck_at=NOW - DAY_MS))
+    assert p.targets == {SRC: None} and p.suppress_dest is None and p.rows == []
+
+
 def test_a_non_indexable_landing_from_a_targetless_key_retires_its_row() -> None:
     p = plan(redirected(200, isIndexable=False), None)
     assert p.targets == {SRC: None} and p.suppress_dest is not None

@@ -299,3 +299,70 @@ async def test_concurrent_callers_share_a_group_and_a_failed_write_fails_only_it
     for key in failed:  # the fleet's retry applies each: its grant was reopened
         assert (await k.results.process(rendered(key, k.conf.rules.url_of(key)), HTML))["outcome"] == "rendered"
     assert all(j["id"].encode() in k.store.pages for j in jobs)  # type: ignore[attr-defined]
+
+
+def landed_on_404(job: dict, landed: str) -> dict:
+    """A redirect that landed on a page the renderer found gone (docs/queue.md#redirects)."""
+    return {"id": job["id"], "url": job["url"], "outcome": "redirected", "statusCode": 404,
+            "redirectedTo": landed, "isIndexable": False, "reason": "http-error",
+            "headers": {"content-type": "text/html"}}
+
+
+def target_of(k, url: str) -> Target | None:
+    payload = k.store.registry.get(target_key(url))
+    return None if payload is None else Target.decode(url, payload)
+
+
+async def test_redirects_from_other_urls_never_strike_or_delete_a_tracked_destination(keepers) -> None:
+    """Two grants of other URLs claiming that /b is gone (gone.maxStrikes 2) deleted /b, its pages and
+    rows: another URL's result is no evidence /b's own render gave. /b is made due, so its own render
+    judges it at once."""
+    k = keepers()
+    await k.load()
+    await put_due(k, "/a1", "/a2", "/b")
+    k.claims.publish()
+    jobs = {(j["url"], j["deviceType"]): j for j in await k.claims.claim(10)}
+    b = SITE + "/b"
+    for device in ("desktop", "mobile"):  # /b has its pages
+        job = jobs[(b, device)]
+        assert (await k.results.process(rendered(job["id"], b), HTML))["outcome"] == "rendered"
+    pages = {key: k.store.pages[key.encode()] for key in k.conf.rules.keys_of(b)}  # type: ignore[attr-defined]
+    for source in ("/a1", "/a2"):
+        job = jobs[(SITE + source, "desktop")]
+        assert (await k.results.process(landed_on_404(job, b), None))["outcome"] == "redirect"
+    target = target_of(k, b)
+    assert target is not None and not target.suppressed and not target.strikes
+    assert {key: k.store.pages.get(key.encode()) for key in pages} == pages  # type: ignore[attr-defined]
+    desktop = k.conf.rules.keys_of(b)[0]
+    assert k.rows.row(desktop).next_render_time <= now_ms()  # due: its own render decides
+
+
+async def test_a_redirect_onto_an_untracked_gone_url_suppresses_it_once(keepers) -> None:
+    """The reference's outcome for one honest redirect: the destination becomes an http-gone row
+    (docs/queue.md#redirects); a second source's redirect onto it adds no strike (it deleted it)."""
+    k = keepers()
+    await k.load()
+    await put_due(k, "/c1", "/c2")
+    k.claims.publish()
+    jobs = {(j["url"], j["deviceType"]): j for j in await k.claims.claim(10)}
+    gone = SITE + "/gone"
+    await k.results.process(landed_on_404(jobs[(SITE + "/c1", "desktop")], gone), None)
+    target = target_of(k, gone)
+    assert target is not None and target.suppressed and target.suppressed_reason == "http-gone"
+    assert target.strikes == 1 and target_of(k, SITE + "/c1") is None
+    await k.results.process(landed_on_404(jobs[(SITE + "/c2", "desktop")], gone), None)
+    assert target_of(k, gone) == target
+
+
+async def test_a_destination_suppress_creates_only_and_leaves_an_existing_target_alone(keepers) -> None:
+    """The keeper's half: the plan read the destination absent, but it exists by the time the owner
+    applies it (another node's result, a put): left as it is, pages and rows included."""
+    k = keepers()
+    await k.load()
+    [url] = await put_due(k, "/d")
+    stored = k.store.registry[target_key(url)]  # type: ignore[attr-defined]
+    rows = [k.rows.row(key) for key in k.conf.rules.keys_of(url)]
+    for _ in range(3):
+        await k.targets.suppress(url, "http-error", 404)
+    assert k.store.registry[target_key(url)] == stored  # type: ignore[attr-defined]
+    assert [k.rows.row(key) for key in k.conf.rules.keys_of(url)] == rows
