@@ -270,7 +270,10 @@ class Planner:
             if outcome == "redirected":
                 return self._redirect_lane(r, target, dest, dest_target, landed, inspected_non_indexable, now)
             if outcome == "rendered":
-                if landed == "prerender":
+                # A landing outside ``domains`` is no page of ours: kept as an unrouted landing is
+                # (ours: the reference refiled it, storing the page under the foreign key and
+                # retiring the source).
+                if landed == "prerender" and _domain_ok(self.rules.url_of(dest), domains):
                     plan = self._rendered(r, dest, dest_target, indexable, now, discard=False)
                     # The source retires, its rows and pages with it; with no target too (a render-now
                     # one-off), or its row would stay due and be re-granted after every result.

@@ -661,9 +661,8 @@ def test_an_allowed_host_keeps_the_posted_verdict() -> None:
 def test_the_allowlist_checks_the_landed_url_when_there_is_one() -> None:
     r = page_ok(isIndexable=True, redirectedTo=SRC + "/")  # same key, allowed host
     assert plan(r, target(), p=planner(SHOP_ONLY)).page.is_indexable is True  # type: ignore[union-attr]
-    r = page_ok(isIndexable=True, redirectedTo="https://other.test/x")
-    p = plan(r, target(), p=planner(SHOP_ONLY))
-    assert p.page is not None and p.page.is_indexable is False
+    r = result(None, statusCode=200, isIndexable=True, redirectedTo="https://other.test/x")  # no outcome
+    assert plan(r, target(), p=planner(SHOP_ONLY)).outcome == "redirect"  # not inferred rendered: coerced
 
 
 def test_an_ipv6_host_in_the_allowlist_is_allowed() -> None:
@@ -742,6 +741,16 @@ def test_a_rendered_redirect_to_an_unrouted_class_keeps_the_source_and_discards_
     assert p.page is None and p.refile_key is None
     assert p.rows == [ScheduleRow(KEY, M + DAY_MS, False, DAY_MS)]
     assert p.targets == {SRC: target()}  # kept (strikes reset as for any render)
+
+
+def test_a_rendered_redirect_to_a_host_outside_the_domains_is_never_refiled() -> None:
+    """No page under the foreign key (served to no bot, and kept in the store), and the source, its
+    rows and pages kept: treated as a landing on an unrouted path."""
+    p = plan(page_ok(redirectedTo="https://evil.example/x"), target(), p=planner(SHOP_ONLY))
+    assert p.outcome == "rendered" and p.detail == "landed-unrouted" and p.refile_key is None
+    assert p.page is None and p.touch is None and p.targets == {}
+    assert p.rows == [ScheduleRow(KEY, M + DAY_MS, False, DAY_MS)] and p.row_deletes == []
+    assert not any("evil.example" in key for key in p.page_deletes)
 
 
 def test_a_rendered_result_landing_on_the_same_key_is_an_ordinary_render() -> None:
