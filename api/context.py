@@ -93,7 +93,7 @@ class NodeContext:
     proxies: Proxies | None = None  # api/auth.py
     authenticator: Authenticator | None = None  # api/auth.py
     claims: GroupCommit[tuple[int, str | None], bytes] | None = None  # api/render_queue.py
-    results: GroupCommit[tuple[dict, bytes | None, str | None], dict] | None = None  # api/render_queue.py
+    results: GroupCommit[tuple[dict, bytes | None, str | None, int], dict] | None = None  # api/render_queue.py
     ready: tuple[float, bool, dict] | None = None  # api/health.py: (taken at, ready, body)
     reserved_paths: tuple[str, ...] | None = None  # api/app.py: our own routes, never bot requests
 

@@ -17,7 +17,7 @@ from prerender_ray.api.context import NodeContext
 from prerender_ray.batching import GroupCommit
 from prerender_ray.decoding import DecodeError, TooLarge, decoded_size
 from prerender_ray.identity.cachekeys import DEVICE, CacheKeyError
-from prerender_ray.queue.results import ENCODINGS, Result, ResultError
+from prerender_ray.queue.results import ENCODINGS, MAX_METADATA_BYTES, Result, ResultError, forwarded
 from prerender_ray.storage.keys import QUEUE_CONTROL, QUEUE_STATUS
 from prerender_ray.storage.pagelog.mirror import RETRY_AFTER_S, refusal
 from prerender_ray.storage.registry import decode_json
@@ -80,24 +80,24 @@ def _claims(ctx: NodeContext) -> GroupCommit[tuple[int, str | None], bytes]:
     return claims
 
 
-RESULT_BATCH_BYTES = 8 * 1024 * 1024  # page bytes in one keeper call at most (Ray's object store is small)
+RESULT_BATCH_BYTES = 8 * 1024 * 1024  # result bytes in one keeper call at most (Ray's object store is small)
 
 
-def _results(ctx: NodeContext) -> GroupCommit[tuple[dict, bytes | None, str | None], dict]:
+def _results(ctx: NodeContext) -> GroupCommit[tuple[dict, bytes | None, str | None, int], dict]:
     """Concurrent results for keys this node owns share keeper calls (the keeper applies them as one
     group: one lease-table call to begin them, one store read, one store write, one call to finish
-    them), each call carrying at most ``RESULT_BATCH_BYTES`` of pages."""
+    them), each call carrying at most ``RESULT_BATCH_BYTES`` of posted bodies (the last field of an
+    item: metadata and page; one larger than that goes alone)."""
     results = ctx.results
     if results is None:
-        async def flush(items: list[tuple[dict, bytes | None, str | None]]) -> list[dict]:
+        async def flush(items: list[tuple[dict, bytes | None, str | None, int]]) -> list[dict]:
             groups: list[list] = [[]]
             size = 0
-            for item in items:
-                n = len(item[1] or b"")
+            for meta, content, worker, n in items:
                 if groups[-1] and size + n > RESULT_BATCH_BYTES:
                     groups.append([])
                     size = 0
-                groups[-1].append(item)
+                groups[-1].append((meta, content, worker))
                 size += n
             keeper = ctx.keeper.within(RESULT_DEADLINE_S)
             answers = await asyncio.gather(*(keeper.process_results(g) for g in groups), return_exceptions=True)
@@ -135,8 +135,11 @@ async def job_result(request: Request, who: Principal = Depends(require("fleet")
     size = None if raw is None else int_text(raw)
     if size is None or not 0 < size <= len(body):
         raise bad_request(SIZE_ERROR)
-    # Depth-bounded; keys outside docs/fleet-protocol.md#metadata-fields are ignored here, not refused:
-    # the metadata is the fleet's format, and a newer fleet's extra field must never cost a rendered page.
+    if size > MAX_METADATA_BYTES:
+        raise bad_request(f"the metadata is larger than {MAX_METADATA_BYTES} bytes", 413)
+    # Depth-bounded; keys outside docs/fleet-protocol.md#metadata-fields are ignored here, not refused
+    # (the metadata is the fleet's format, and a newer fleet's extra field must never cost a rendered
+    # page), and not forwarded: the keeper gets the fields it reads.
     meta = parse_body(body[:size], "metadata")
     content = body[size:] or None
     try:
@@ -149,9 +152,11 @@ async def job_result(request: Request, who: Principal = Depends(require("fleet")
             or ctx.rules.keys.key(url, device) != result.id:  # a [url] layout's keys name no device
         raise bad_request(f"id {result.id!r} is not a cache key of this service")
     check_encoding(result.content_encoding, content, ctx.cfg.server.max_html_bytes)
+    meta = forwarded(meta)
     try:  # the owner's keeper checks the lease first: an id never granted changes nothing
         if ctx.owner_of(url) == ctx.node.name:
-            outcome = await asyncio.wait_for(_results(ctx).submit((meta, content, worker_id(request))),
+            item = (meta, content, worker_id(request), len(body))
+            outcome = await asyncio.wait_for(_results(ctx).submit(item),
                                              2 * RESULT_DEADLINE_S)  # the group in flight, then ours
         else:
             keeper = await ctx.keeper_of(url)

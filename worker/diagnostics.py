@@ -13,7 +13,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from prerender_ray.queue.diagnostics import MAX_ITEMS, MAX_TEXT  # per list, per text: what the server keeps
+import orjson
+
+# per list (items, serialized bytes), per text: what the server keeps, and what keeps a report's metadata
+# under the server's cap (queue/results.py MAX_METADATA_BYTES)
+from prerender_ray.queue.diagnostics import MAX_ITEMS, MAX_LIST_BYTES, MAX_TEXT
 
 MAX_TIMELINE = 100
 SCREENSHOT_QUALITIES = (60, 35, 15)  # JPEG qualities tried until the image fits
@@ -43,6 +47,7 @@ class Recorder:
     blocked_requests: list[dict[str, Any]] = field(default_factory=list)
     timeline: list[dict[str, Any]] = field(default_factory=list)
     dropped: dict[str, int] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)  # serialized bytes kept per list
 
     def at(self) -> int:
         return round((time.monotonic() - self.t0) * 1000)
@@ -50,8 +55,11 @@ class Recorder:
     def _keep(self, name: str, items: list, item: dict[str, Any], cap: int = MAX_ITEMS) -> None:
         if not self.detailed:
             return
-        if len(items) < cap:
+        cost = len(orjson.dumps(item)) + 1  # as the server measures a list
+        size = self.sizes.get(name, 0)
+        if len(items) < cap and size + cost <= MAX_LIST_BYTES:
             items.append(item)
+            self.sizes[name] = size + cost
         else:
             self.dropped[name] = self.dropped.get(name, 0) + 1
 

@@ -108,9 +108,30 @@ class Result:
 
 
 MAX_TEXT = 64 * 1024  # url / redirectedTo: far above any real URL, far below the body cap
+# The metadata JSON of one result. The reference fleet's is a few KiB (the URLs and the allowlisted
+# headers); prerender-ray's worker adds a diagnostics report when asked: five lists of at most
+# diagnostics.MAX_LIST_BYTES and a screenshot of at most 512 KiB of base64, about 1 MiB with the
+# longest URLs and headers this module takes.
+MAX_METADATA_BYTES = 2 * 1024 * 1024
 MAX_REASON = 200
 MAX_HEADER_VALUE = 8192
 MAX_RENDER_TIME_MS = 86_400_000  # a day: the render budget is seconds; more is a broken clock
+
+
+# What the keeper reads of a result's metadata (docs/fleet-protocol.md#metadata-fields), and of its
+# headers: all the ingress forwards, so a fleet's other fields never ride an actor call.
+METADATA_FIELDS = ("id", "url", "statusCode", "headers", "renderTime", "redirectedTo", "isIndexable", "outcome",
+                   "reason", "error", "renderSummary", "diagnostics")
+FORWARDED_HEADERS = STORED_HEADERS | {"content-encoding"}
+
+
+def forwarded(meta: dict) -> dict:
+    """The fields of ``meta`` (parsed by ``Result.parse`` already) the keeper reads."""
+    out = {name: meta[name] for name in METADATA_FIELDS if name in meta}
+    headers = out.get("headers")
+    if isinstance(headers, dict):
+        out["headers"] = {k: v for k, v in headers.items() if k.lower() in FORWARDED_HEADERS}
+    return out
 
 
 def _is_number(value: Any) -> bool:

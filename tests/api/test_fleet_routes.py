@@ -3,7 +3,9 @@ FastAPI routes, byte for byte, without FastAPI's stack."""
 
 from __future__ import annotations
 
+import asyncio
 import gzip
+import json
 
 import httpx
 import pytest
@@ -14,8 +16,10 @@ from prerender_ray.api.app import Dated, create_app, create_asgi
 from prerender_ray.api.bot.middleware import BotMiddleware
 from prerender_ray.api.bot.replica import close_replica
 from prerender_ray.api.context import NodeContext
+from prerender_ray.api.render_queue import RESULT_BATCH_BYTES
 from prerender_ray.config.model import Config
 from prerender_ray.identity.nodes import NodeInfo
+from prerender_ray.queue.results import MAX_METADATA_BYTES
 from prerender_ray.rpc import DeadlineExceeded
 from tests.support import result_body
 
@@ -160,3 +164,52 @@ async def test_the_fleet_routes_skip_fastapi_and_every_other_request_reaches_it(
         await answer(app, *CASES[case])
     await answer(app, "/healthz", None, {"method": "GET"})
     assert reached == ["POST /render_queue/claim/", "GET /render_queue/claim", "GET /healthz"]
+
+
+async def test_result_metadata_is_capped_and_a_keeper_call_carries_at_most_its_batch_bytes(ctx, monkeypatch) -> None:
+    """Only content bytes were counted against a keeper call's bound, and the whole metadata (a
+    fleet's unknown fields included) was shipped: three results queued together, each with 3 MiB of
+    page and an unknown field just under the metadata cap, went two to a call (over 10 MiB). Now the
+    metadata is capped (413 past it), only the fields the keeper reads go, and whole bodies count."""
+    calls: list[list] = []
+    first, release = asyncio.Event(), asyncio.Event()
+
+    class Recording:
+        def within(self, deadline_s: float) -> Recording:
+            return self
+
+        async def process_results(self, group: list) -> list:
+            calls.append(group)
+            if len(calls) == 1:  # the first call stays in flight while the others queue behind it
+                first.set()
+                await asyncio.wait_for(release.wait(), 30)
+            return [{}] * len(group)
+
+    monkeypatch.setattr(ctx, "keeper", Recording())
+    monkeypatch.setattr(ctx, "owner_of", lambda url: "n1")
+    page = b"<html>" + b"x" * (3 << 20) + b"</html>"
+    padding = "p" * (MAX_METADATA_BYTES - 4096)  # an unknown field: the metadata just under the cap
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_asgi(ctx)), base_url="http://t",
+                                 auth=FLEET) as c:
+        def post(path: str, extra: str = padding) -> asyncio.Task:
+            return asyncio.create_task(c.post("/render_queue/job_result", **result(
+                f"https://x.example/{path}", html=page, encoding="identity", padding=extra)))
+
+        over = await c.post("/render_queue/job_result", **result(html=page, encoding="identity",
+                                                                 padding="p" * MAX_METADATA_BYTES))
+        assert over.status_code == 413 and "metadata" in over.json()["error"] and calls == []
+        posts = [post("p0")]
+        await asyncio.wait_for(first.wait(), 30)
+        posts += [post(f"p{i}") for i in (1, 2, 3)]
+        deadline = asyncio.get_running_loop().time() + 30
+        while ctx.results is None or len(ctx.results) < 3:  # queued behind the first call
+            assert asyncio.get_running_loop().time() < deadline, "the results never queued"
+            await asyncio.sleep(0.01)
+        release.set()
+        answers = await asyncio.gather(*posts)
+    assert [a.status_code for a in answers] == [204] * 4
+    assert sum(len(g) for g in calls) == 4
+    for group in calls:
+        assert all(set(meta) == {"id", "url", "headers", "renderTime", "statusCode", "outcome"} for meta, _, _ in group)
+        sent = sum(len(json.dumps(meta)) + len(content or b"") for meta, content, _ in group)
+        assert len(group) == 1 or sent <= RESULT_BATCH_BYTES, [len(group), sent]

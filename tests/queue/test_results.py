@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from prerender_ray.config.loading import parse
 from prerender_ray.decoding import decoded_digest
-from prerender_ray.queue.results import Plan, Planner, Result, ResultError, resolve_outcome
+from prerender_ray.queue.results import Plan, Planner, Result, ResultError, forwarded, resolve_outcome
 from prerender_ray.queue.schedule import ScheduleRow
 from prerender_ray.queue.targets import Rules
 from prerender_ray.storage.registry import SUPPRESSED, Target
@@ -171,6 +171,16 @@ def test_empty_optional_fields_read_as_absent() -> None:
     r = Result.parse({"id": KEY, "error": {"name": "TimeoutError"}, "renderTime": 1500}, b"x")
     assert r.redirected_to is None and r.error == {"name": "TimeoutError"} and r.render_time == 1500
     assert r.content == b"x"
+
+
+def test_only_the_fields_and_headers_the_keeper_reads_are_forwarded() -> None:
+    meta = {"id": KEY, "url": SRC, "statusCode": 200, "renderSummary": {"errors": 0}, "futureField": "x" * 1000,
+            "headers": {"ETag": '"1"', "content-encoding": "gzip", "Set-Cookie": "s=1", "x-huge": "y" * 1000}}
+    sent = forwarded(meta)
+    assert sent == {"id": KEY, "url": SRC, "statusCode": 200, "renderSummary": {"errors": 0},
+                    "headers": {"ETag": '"1"', "content-encoding": "gzip"}}
+    parsed, whole = Result.parse(sent, b"x"), Result.parse(meta, b"x")
+    assert parsed.headers == {k: v for k, v in whole.headers.items() if k in ("etag", "content-encoding")}
 
 
 def test_the_content_encoding_comes_from_the_posted_headers() -> None:
