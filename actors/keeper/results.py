@@ -22,6 +22,7 @@ from prerender_ray.queue.results import Plan, Result, resolve_outcome
 from prerender_ray.queue.schedule import ScheduleRow
 from prerender_ray.rpc import KeeperApi, LeaseApi, Peers, StoreApi
 from prerender_ray.serving.framing import encode_page
+from prerender_ray.sitemaps.rules import sample_text
 from prerender_ray.storage import history
 from prerender_ray.storage.registry import Target, target_key
 from prerender_ray.storage.touches import touch_key
@@ -247,8 +248,9 @@ class Results:
             sc = f"{r.status_code // 100}xx" if r.status_code else "none"
             metrics.render_seconds.labels(sc).observe(r.render_time / 1000)
         self.rows.flow("results", 1)
+        name = (r.error or {}).get("name")  # the fleet's: any JSON, of any length the metadata cap allows
         self.log.info("render result", key=r.id, outcome=plan.outcome, detail=plan.detail,
-                      status=r.status_code, error=(r.error or {}).get("name"), worker=worker)
+                      status=r.status_code, error=None if name is None else sample_text(str(name)), worker=worker)
         return {"outcome": plan.outcome, "detail": plan.detail}
 
     def _history(self, r: Result, plan: Plan, meta: dict, worker: str | None, now: int) -> list:

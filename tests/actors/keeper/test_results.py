@@ -366,3 +366,27 @@ async def test_a_destination_suppress_creates_only_and_leaves_an_existing_target
         await k.targets.suppress(url, "http-error", 404)
     assert k.store.registry[target_key(url)] == stored  # type: ignore[attr-defined]
     assert [k.rows.row(key) for key in k.conf.rules.keys_of(url)] == rows
+
+
+class Lines:
+    """A logger that keeps each line's event and fields."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, dict]] = []
+
+    def _line(self, event: str, **fields) -> None:
+        self.lines.append((event, fields))
+
+    info = warning = error = _line
+
+
+@pytest.mark.parametrize("name", ["E" * 100_000, ["TimeoutError"] * 20_000])
+async def test_a_fleet_sent_error_name_reaches_the_log_clipped(keepers, name) -> None:
+    k = keepers()
+    await k.load()
+    job = await claimed(k, "/long-error")
+    k.results.log = log = Lines()  # type: ignore[assignment]
+    meta = {"id": job["id"], "url": job["url"], "outcome": "error", "error": {"name": name, "message": "m"}}
+    await k.results.process(meta, None)
+    [fields] = [f for event, f in log.lines if event == "render result"]
+    assert 0 < len(fields["error"]) <= 400 and fields["error"].startswith(str(name)[:100])
