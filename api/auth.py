@@ -1,5 +1,6 @@
 """Who is calling: HTTP Basic (the fleet, scripts), signed session cookies and bearer tokens (admins),
-or loopback when no users are configured. Every route states the role it needs."""
+or loopback when no users are configured. Every route states the role it needs, and a browser's
+cross-site request that may change state is refused before anyone is asked (docs/security.md, "Browsers")."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import hashlib
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastapi import HTTPException, Request
 
@@ -17,6 +19,7 @@ from prerender_ray.api.context import NodeContext
 from prerender_ray.config.model import User
 from prerender_ray.serving.proxies import Proxies, is_loopback
 
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")  # change nothing; a page cannot read a cross-site answer
 _VERIFIED_TTL_S = 300.0  # PBKDF2 is deliberately slow; remember good credentials for a while
 
 
@@ -152,6 +155,31 @@ def forwarded_https(request: Request) -> bool:
     return proxies.trusts(peer) and proto == "https"
 
 
+def same_origin(request: Request) -> bool:
+    """True unless the request names an Origin (or, without one, a Referer) on another host:port."""
+    origin = request.headers.get("origin") or request.headers.get("referer")
+    if not origin:
+        return True  # scripts and non-browser clients; browsers send Origin on every cross-site POST
+    if origin == "null":
+        return False
+    try:
+        parts = urlsplit(origin)
+    except ValueError:
+        return False
+    # Behind a proxy that rewrites Host, the forwarded host names the site (a browser cannot set it
+    # on a cross-site request without a preflight, so it cannot be used to forge a same origin).
+    hosts = {request.headers.get(h, "").lower() for h in ("host", "x-forwarded-host")} - {""}
+    return parts.netloc.lower() in hosts and parts.scheme in ("http", "https")
+
+
+def cross_site(request: Request) -> bool:
+    """A browser sent this for a page of another site: its Origin (``null`` included) is not ours, or
+    its Sec-Fetch-Site says so. Workers, curl and the fleet send neither header."""
+    if request.headers.get("sec-fetch-site", "").lower() in ("cross-site", "same-site"):
+        return True
+    return "origin" in request.headers and not same_origin(request)
+
+
 def authenticator(ctx: NodeContext) -> Authenticator:
     auth = ctx.authenticator
     if auth is None:
@@ -160,10 +188,16 @@ def authenticator(ctx: NodeContext) -> Authenticator:
 
 
 def require(*roles: str) -> Callable[[Request], Any]:
-    """A dependency: 401 when nobody is signed in, 403 when the caller has none of ``roles``."""
+    """A dependency: 403 for a browser's cross-site request that may change state, 401 when nobody is
+    signed in, 403 when the caller has none of ``roles``."""
 
     async def dependency(request: Request) -> Principal:
         ctx: NodeContext = request.app.state.ctx
+        if request.method not in SAFE_METHODS and cross_site(request):
+            # Basic credentials a browser remembers, and loopback, are ambient: an evil page's form
+            # post would carry them (text/plain can smuggle a JSON body past any preflight).
+            raise HTTPException(403, detail={"error": "cross-site request refused: a browser sent it for a "
+                                             "page of another origin (Origin or Sec-Fetch-Site)"})
         who = await authenticator(ctx).principal(request)  # 429 past auth.maxFailedLoginsPerMinute
         if who is None:
             # The console signs in with its own form: no challenge, or the browser would prompt.

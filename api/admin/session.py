@@ -26,7 +26,6 @@ import asyncio
 import secrets
 import time
 from collections.abc import Callable
-from urllib.parse import urlsplit
 
 from fastapi import HTTPException, Request
 from fastapi.responses import JSONResponse
@@ -43,7 +42,7 @@ from prerender_ray.admin.sessions import (
 )
 from prerender_ray.admin.users import Principal
 from prerender_ray.api.admin.common import DEADLINE_S, admin_router, answer, ctx_of
-from prerender_ray.api.auth import authenticator, client_address, forwarded_https
+from prerender_ray.api.auth import authenticator, client_address, forwarded_https, same_origin
 from prerender_ray.api.bodies import bad_request, read_object
 from prerender_ray.api.context import NodeContext
 from prerender_ray.storage.keys import REVOKED
@@ -218,23 +217,6 @@ def too_many(error: str, wait_ms: int) -> HTTPException:
 
 def sessions_of(request: Request) -> Sessions:
     return request.app.state.sessions
-
-
-def same_origin(request: Request) -> bool:
-    """True unless the request names an Origin (or, without one, a Referer) on another host:port."""
-    origin = request.headers.get("origin") or request.headers.get("referer")
-    if not origin:
-        return True  # scripts and non-browser clients; browsers send Origin on every cross-site POST
-    if origin == "null":
-        return False
-    try:
-        parts = urlsplit(origin)
-    except ValueError:
-        return False
-    # Behind a proxy that rewrites Host, the forwarded host names the site (a browser cannot set it
-    # on a cross-site request without a preflight, so it cannot be used to forge a same origin).
-    hosts = {request.headers.get(h, "").lower() for h in ("host", "x-forwarded-host")} - {""}
-    return parts.netloc.lower() in hosts and parts.scheme in ("http", "https")
 
 
 def cookie_flags(request: Request, max_age: int) -> dict:

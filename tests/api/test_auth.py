@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -132,6 +133,92 @@ def test_a_password_is_checked_off_the_event_loop(node, monkeypatch, method, pat
         assert other.status_code == 200
         assert guess.result(timeout=30).status_code == code
     assert released == [True], "the other request was answered only after the check gave up"
+
+
+@pytest.fixture(scope="module")
+def open_node(tmp_path_factory):
+    """No users configured: every loopback caller is an admin."""
+    d = LocalNode.start(tmp_path_factory.mktemp("open") / "data", {})
+    yield d
+    d.stop()
+
+
+CROSS_SITE = [  # what a browser adds to a request an evil page makes it send
+    {"origin": "https://evil.test"},
+    {"origin": "null"},  # a sandboxed frame, a data: URL, a redirect across sites
+    {"sec-fetch-site": "cross-site"},
+    {"sec-fetch-site": "same-site"},
+    {"origin": "https://evil.test", "sec-fetch-site": "cross-site"},
+]
+
+
+def forged(base: str, method: str, path: str, body: dict, headers: dict, **kw) -> httpx.Response:
+    """What an HTML form posts: enctype text/plain can carry a JSON body, and no preflight is made."""
+    return httpx.request(method, base + path, content=json.dumps(body),
+                         headers={"content-type": "text/plain", **headers}, timeout=15, **kw)
+
+
+def paused_rows(base: str, **kw) -> list[dict]:
+    r = httpx.get(base + "/queue_control", timeout=15, **kw)
+    assert r.status_code == 200, r.text
+    return [row for row in r.json() if row.get("paused") is not None]
+
+
+@pytest.mark.parametrize("headers", CROSS_SITE)
+def test_a_cross_site_browser_request_is_refused_with_basic_credentials(node, headers) -> None:
+    """A browser that once answered the Basic prompt keeps sending those credentials: an evil page's
+    form post carries them, and is refused before anything changes; so is the fleet's fast path."""
+    url = f"https://auth.example/csrf/{len(headers)}"
+    for method, path, body in (("PUT", "/render_targets", {"url": url}),
+                               ("POST", "/prerender_admin/queue", {"paused": True}),
+                               ("POST", "/prerender_admin/reconcile", {}),
+                               ("POST", "/render_queue/claim", {"limit": 1}),
+                               ("POST", "/render_queue/pause", {})):
+        r = forged(node.url, method, path, body, headers, **as_user("ops"))
+        assert r.status_code == 403, (path, r.status_code, r.text)
+        assert "cross-site" in r.json()["error"], r.text
+    target = httpx.get(node.url + "/render_targets", params={"url": url}, timeout=15, **as_user("ops"))
+    assert target.status_code == 404, target.text
+    assert paused_rows(node.url, **as_user("ops")) == []
+    # reads are not refused (a browser cannot read a cross-site answer; a link may point here)
+    r = httpx.get(node.url + "/queue_status", headers=headers, timeout=15, **as_user("ops"))
+    assert r.status_code == 200, r.text
+
+
+def test_same_origin_and_header_less_callers_are_served_as_before(node) -> None:
+    """The console (its own Origin, Sec-Fetch-Site same-origin) and workers, curl, the fleet (neither)."""
+    for i, headers in enumerate(({"origin": node.url, "sec-fetch-site": "same-origin"},
+                                 {"origin": node.url}, {"sec-fetch-site": "none"}, {})):
+        url = f"https://auth.example/same/{i}"
+        r = forged(node.url, "PUT", "/render_targets", {"url": url}, headers, **as_user("ops"))
+        assert r.status_code == 200, (headers, r.text)
+        r = httpx.get(node.url + "/render_targets", params={"url": url}, timeout=15, **as_user("ops"))
+        assert r.status_code == 200, r.text
+    r = httpx.post(node.url + "/render_queue/claim", json={"limit": 1}, timeout=15, **as_user("renderer"))
+    assert r.status_code in (200, 204), r.text
+
+
+@pytest.mark.parametrize("headers", CROSS_SITE)
+def test_a_cross_site_request_to_a_loopback_admin_is_refused(open_node, headers) -> None:
+    """With no users every loopback caller is an admin, no credentials needed: a page in a browser on
+    the node's host must not get to post to it."""
+    for method, path, body in (("POST", "/prerender_admin/queue", {"paused": True}),
+                               ("PUT", "/render_targets", {"url": "https://open.example/csrf"})):
+        r = forged(open_node.url, method, path, body, headers)
+        assert r.status_code == 403, (path, r.status_code, r.text)
+    assert paused_rows(open_node.url) == []
+    r = httpx.get(open_node.url + "/render_targets", params={"url": "https://open.example/csrf"}, timeout=15)
+    assert r.status_code == 404, r.text
+
+
+def test_a_same_origin_or_header_less_loopback_admin_is_served_as_before(open_node) -> None:
+    for headers in ({"origin": open_node.url, "sec-fetch-site": "same-origin"}, {}):
+        r = forged(open_node.url, "POST", "/prerender_admin/queue", {"paused": True}, headers)
+        assert r.status_code == 200, r.text
+        assert paused_rows(open_node.url) != []
+        r = forged(open_node.url, "POST", "/prerender_admin/queue", {"paused": None}, headers)
+        assert r.status_code == 200, r.text
+        assert paused_rows(open_node.url) == []
 
 
 def test_the_failed_sign_in_limiter_keys_on_the_peer_and_the_account(node) -> None:
