@@ -102,6 +102,13 @@ class Authenticator:
             if found is not None:
                 return found
         if self.open_to_loopback and from_loopback(request):
+            if not loopback_host(request):
+                # DNS rebinding: a page whose name now resolves to 127.0.0.1 reaches us from loopback,
+                # and its browser sends its own name as Host (and Origin).
+                host = request.headers.get("host", "")[:100]
+                raise HTTPException(403, detail={
+                    "error": f"Host {host!r} is not a loopback name: with no users configured (auth.users) "
+                             "only requests to 127.0.0.1, [::1] or localhost are authorized"})
             return LOOPBACK
         return None
 
@@ -144,6 +151,13 @@ def from_loopback(request: Request) -> bool:
     if proxies.hides_client(peer, forwarded) or request.headers.get("forwarded"):
         return False
     return is_loopback(proxies.client(peer, forwarded))
+
+
+def loopback_host(request: Request) -> bool:
+    """The Host header names a loopback address (127.0.0.0/8, [::1]) or localhost, with any port."""
+    host = request.headers.get("host", "").lower()
+    name = host[:host.find("]") + 1] if host.startswith("[") else host.partition(":")[0]
+    return is_loopback(name)
 
 
 def forwarded_https(request: Request) -> bool:

@@ -35,7 +35,7 @@ async def test_an_actor_that_fails_a_route_is_a_503_with_json_and_a_fresh_lookup
     forgotten = []
     ctx.keeper_of = keeper_of  # type: ignore[method-assign]
     ctx.forget_remote = lambda: forgotten.append(1)  # type: ignore[method-assign]
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_asgi(ctx)), base_url="http://t") as c:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_asgi(ctx)), base_url="http://localhost") as c:
         r = await c.put("/render_targets", json={"url": "https://x.example/a"})
     assert r.status_code == 503 and r.headers["retry-after"] == "1"
     assert r.json() == {"error": "a node this request needs did not answer; retry", "reason": type(error).__name__,

@@ -221,6 +221,37 @@ def test_a_same_origin_or_header_less_loopback_admin_is_served_as_before(open_no
         assert paused_rows(open_node.url) == []
 
 
+def test_a_loopback_admin_answers_only_to_a_loopback_host(open_node) -> None:
+    """DNS rebinding: a page of rebind.evil.test whose name now resolves to 127.0.0.1 reaches the node
+    from loopback, same-origin as far as its browser knows (Host and Origin both name evil.test)."""
+    port = open_node.url.rsplit(":", 1)[1]
+    evil = f"rebind.evil.test:{port}"
+    for method, path in (("GET", "/prerender_admin/config"), ("GET", "/prerender_admin/session"),
+                         ("GET", "/queue_control")):
+        r = httpx.request(method, open_node.url + path, headers={"host": evil}, timeout=15)
+        assert r.status_code == 403, (path, r.status_code, r.text[:200])
+        assert "Host" in r.json()["error"] and "rebind.evil.test" in r.json()["error"], r.text
+    r = forged(open_node.url, "POST", "/prerender_admin/queue", {"paused": True},
+               {"host": evil, "origin": f"http://{evil}", "sec-fetch-site": "same-origin"})
+    assert r.status_code == 403, r.text
+    assert paused_rows(open_node.url) == []
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"LocalHost:{port}", f"127.3.2.1:{port}",
+                 f"[::1]:{port}", "localhost", "127.0.0.1"):
+        r = httpx.get(open_node.url + "/prerender_admin/config", headers={"host": host}, timeout=15)
+        assert r.status_code == 200, (host, r.text[:200])
+    for host in (f"localhost.evil.test:{port}", f"127.0.0.1.evil.test:{port}", f"0.0.0.0:{port}", ""):
+        r = httpx.get(open_node.url + "/prerender_admin/config", headers={"host": host}, timeout=15)
+        assert r.status_code == 403, (host, r.text[:200])
+
+
+def test_with_users_the_host_is_not_checked(node) -> None:
+    """Signed-in callers name a host of their own choosing (a proxy, a DNS name): only loopback's
+    ambient authority is tied to a loopback Host."""
+    r = httpx.get(node.url + "/prerender_admin/config", headers={"host": "admin.example:443"}, timeout=15,
+                  **as_user("ops"))
+    assert r.status_code == 200, r.text[:200]
+
+
 def test_the_failed_sign_in_limiter_keys_on_the_peer_and_the_account(node) -> None:
     """Last in this module (it locks "renderer" for a minute). From 127.0.0.1 with no trusted proxies:
     a rotated X-Forwarded-For buys no fresh attempts, and the fleet's wrong password locks the fleet

@@ -415,7 +415,7 @@ async def app_for(config: dict) -> AsyncIterator[httpx.AsyncClient]:
     ctx = NodeContext(cfg=cfg, node=NodeInfo("node-a", "127.0.0.1", 1), data_dir="/nonexistent")
     app = create_app(ctx)
     transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 1))
-    async with httpx.AsyncClient(transport=transport, base_url="http://a") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
         yield client
     await close_replica(ctx)
     app.state.sessions.close()

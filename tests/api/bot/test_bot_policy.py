@@ -268,7 +268,7 @@ async def test_serves_are_counted_per_class_and_missed_urls_are_an_admin_report(
                            ("ai-training", "unchecked", "none", "deny", "denied"): 1}
         ages = {labels: v for (metric, labels), v in counters._observed.items() if metric is metrics.bot_page_age_seconds}
         assert list(ages) == [("ai-search", "OAI-SearchBot")] and 4 <= ages[("ai-search", "OAI-SearchBot")][0] < 60
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi), base_url="http://t") as c:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi), base_url="http://localhost") as c:
             doc = (await c.get("/prerender_admin/bots", params={"limit": 5})).json()
             bad = await c.get("/prerender_admin/bots", params={"limit": "lots"})
         assert bad.status_code == 400
