@@ -38,6 +38,8 @@ from prerender_ray.timeutil import now_ms
 log = logs.get("bot")
 SHAPE = "prerender.memo_shape"  # the scope's key for the request shape the HTTP protocol computed
 REPLY = "prerender.reply"  # an answer the protocol made and counted but cannot write itself
+# What a browser shows as a document of its own (Sec-Fetch-Dest), where the answer's scripts would run
+DOCUMENT_DESTS = frozenset({"document", "iframe", "frame", "embed", "object"})
 
 
 async def serve(state: ReplicaState, req: BotRequest, headers: dict[str, str], scope: dict,
@@ -112,9 +114,27 @@ async def serve(state: ReplicaState, req: BotRequest, headers: dict[str, str], s
         # ours (out.markdown), or the origin's own Markdown relayed
         markdown = out.markdown or reply.headers.get("content-type", "").startswith("text/markdown")
         _record(state, req, bot, out, now, decision, method, markdown, tape)
+    if browser_navigation(headers):
+        sandboxed(reply)
     if tape is not None:
         tape.now, tape.out, tape.plain = now, out, not debug and signed is None
     return reply
+
+
+def browser_navigation(headers: dict[str, str]) -> bool:
+    """A browser will show the answer as a page (a link followed, a frame); a crawler's fetcher sends
+    no Sec-Fetch headers."""
+    return headers.get("sec-fetch-mode") == "navigate" or headers.get("sec-fetch-dest", "") in DOCUMENT_DESTS
+
+
+def sandboxed(reply: Reply) -> None:
+    """The bot path shares its origin with the admin console (one port): a page it relays or serves
+    must not run as that origin. ``sandbox``: an opaque origin, no scripts (docs/security.md); Vary
+    keeps a shared cache from giving this answer to a crawler."""
+    headers = reply.headers
+    policy = headers.get("content-security-policy")
+    headers["content-security-policy"] = "sandbox" if policy is None else f"{policy}, sandbox"
+    headers["vary"] = add_vary(add_vary(headers.get("vary"), "Sec-Fetch-Mode"), "Sec-Fetch-Dest")
 
 
 async def identify(services: Any, req: BotRequest, headers: dict[str, str], scope: dict,
@@ -257,6 +277,13 @@ def _path_of(url: str) -> str:
     rest = url.partition("://")[2]
     slash = rest.find("/")
     return rest[slash:].partition("?")[0] if slash >= 0 else "/"
+
+
+def _shown(reply: Reply, headers: dict[str, str]) -> Reply:
+    """``reply``, sandboxed if a browser will show it (``serve`` does this for its own answers)."""
+    if browser_navigation(headers):
+        sandboxed(reply)
+    return reply
 
 
 async def send_reply(send: Any, reply: Reply) -> None:
@@ -425,7 +452,7 @@ class BotMiddleware:
         path, query, headers = _request_parts(scope)
         own = _own_file(state, scope["method"], path, query, headers)
         if own is not None:
-            await send_reply(send, await own)
+            await send_reply(send, _shown(await own, headers))
             return
         decision = state.resolve(scope["method"], path, query, headers)
         if type(decision) is NotBot:
@@ -435,7 +462,7 @@ class BotMiddleware:
             return
         if type(decision) is BadBotRequest:
             status = 403 if decision.reason == "host-not-allowed" else 400
-            await send_reply(send, error_reply(status, decision.message, reason=decision.reason))
+            await send_reply(send, _shown(error_reply(status, decision.message, reason=decision.reason), headers))
             return
         decisions = services.decisions
         key = who = None
@@ -454,7 +481,7 @@ class BotMiddleware:
         except Exception as e:  # the worker stays up; the bot gets a bounded answer
             state.services.counters.child(metrics.serve_errors, "exception").inc()
             log.exception("bot request failed", url=decision.url, error=repr(e))
-            reply, tape = error_reply(500, "internal error"), None
+            reply, tape = _shown(error_reply(500, "internal error"), headers), None
         asgi_headers = reply.asgi_headers()
         if tape is not None and memo is not None and shape is not None:
             memo.keep(shape, state, tape, reply, asgi_headers)

@@ -137,6 +137,53 @@ async def test_the_user_agent_is_named_when_it_can_choose_markdown(tmp_path, sit
         assert "accept" in _vary(r) and "user-agent" not in _vary(r)  # only Accept chooses
 
 
+# ------------------------------------------------------------------------------ browser navigations
+
+NAVIGATIONS = [  # what a browser adds when it shows the answer as a document
+    {"sec-fetch-mode": "navigate", "sec-fetch-dest": "document", "sec-fetch-site": "none"},
+    {"sec-fetch-mode": "navigate"},
+    {"sec-fetch-dest": "document"},
+    {"sec-fetch-dest": "iframe", "sec-fetch-mode": "navigate", "sec-fetch-site": "cross-site"},
+    {"sec-fetch-dest": "embed", "sec-fetch-mode": "no-cors"},
+]
+NOT_NAVIGATIONS = [  # a crawler's fetcher sends none; a browser's image or fetch() shows nothing as a page
+    {},
+    {"sec-fetch-dest": "image", "sec-fetch-mode": "no-cors"},
+    {"sec-fetch-dest": "empty", "sec-fetch-mode": "cors"},
+]
+
+
+async def test_a_browser_navigation_gets_every_bot_answer_sandboxed(tmp_path, site) -> None:
+    """The bot path shares the console's origin: a page relayed or cached from an allowed site, shown
+    by a browser, must not run its scripts as the node's origin (they could call the admin API with the
+    admin's credentials). Crawlers send no Sec-Fetch headers and get the answer as before."""
+    async with serving(tmp_path, site) as n, n.client() as c:
+        hit = n.store("/page/nav")
+        for extra in [*NAVIGATIONS, *NOT_NAVIGATIONS]:
+            navigation = extra in NAVIGATIONS
+            headers = {**UA, "accept-encoding": "gzip", **extra}
+            for method, target, status in (
+                ("GET", f"/p/{site.base}/page/js-miss", 200),  # a miss: the origin's page, its script relayed
+                ("POST", f"/p/{site.base}/echo", 200),  # proxied to the origin
+                ("GET", f"/p/{hit}", 200),  # a cached hit
+                ("HEAD", f"/p/{hit}", 200),
+                ("GET", f"/p/{site.base}/missing", 404),  # the origin's error page
+                ("GET", "/p/https://not-allowed.test/x", 403),  # ours
+            ):
+                r = await c.request(method, target, headers=headers)
+                assert r.status_code == status, (target, r.status_code)
+                csp = r.headers.get_list("content-security-policy")
+                assert csp == (["sandbox"] if navigation else []), (extra, method, target, r.headers)
+                # a shared cache in front never gives the sandboxed answer to a crawler
+                assert ({"sec-fetch-mode", "sec-fetch-dest"} <= _vary(r)) == navigation, r.headers
+            r = await c.get(f"/p/{hit}", headers={**headers, "if-none-match": '"desktop"'})
+            assert r.status_code == 304
+            assert r.headers.get_list("content-security-policy") == (["sandbox"] if navigation else [])
+        assert r.content == b""
+        r = await c.get("/healthz", headers={**UA, **NAVIGATIONS[0]})  # not the bot path
+        assert "content-security-policy" not in r.headers
+
+
 # ------------------------------------------------------------------------------------------ dates
 
 

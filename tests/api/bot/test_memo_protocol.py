@@ -393,6 +393,34 @@ def test_the_protocol_answers_spread_hits_as_the_asgi_path_does(node, site, spre
         assert seen[1] == seen[0], name
 
 
+SANDBOX = b"content-security-policy: sandbox\r\n"
+
+
+@pytest.mark.parametrize("navigation", [True, False], ids=["a browser navigation", "a bot"])
+def test_the_fast_paths_sandbox_a_browser_navigation_and_only_it(node, page, spread, controlled, navigation) -> None:
+    """The hit memo (a page asked again) and the spread lane (a crawl) answer by request shape and
+    class, both made of the header list: a browser navigation's answers keep ``sandbox`` on them,
+    a bot's never get it."""
+    port = node.info.port
+    s = services(node, 0)
+    memo, decisions, lane = s.memo, s.decisions, s.lane
+    assert memo is not None and decisions is not None and lane is not None
+    headers = {"user-agent": BROWSER if navigation else GOOGLE, "accept-encoding": "gzip",
+               **({"sec-fetch-mode": "navigate", "sec-fetch-dest": "document", "sec-fetch-site": "none"}
+                  if navigation else {})}
+    memo.clear()
+    decisions.clear()
+    lane.clear()
+    memo_wired, lane_hits = memo.wired, lane.hits
+    again = [one(req(port, page, headers)) for _ in range(5)]  # seen, kept, then the memo's thrice
+    crawl = [one(req(port, p, headers)) for p in spread]  # the lane's (learnt from the page's second)
+    received = play(port, [[*again, *crawl, one(req(port, page, {**headers, "connection": "close"}))]])[0]
+    assert received.count(b"HTTP/1.1 200 OK\r\n") == 10, received[-300:]
+    assert received.count(SANDBOX) == (10 if navigation else 0)
+    assert memo.wired - memo_wired == 3
+    assert lane.hits - lane_hits == 4
+
+
 def test_random_crawls_are_answered_by_the_protocol_as_the_asgi_path_answers_them(
     node, site, page, spread, controlled, monkeypatch
 ) -> None:
