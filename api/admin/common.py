@@ -20,6 +20,8 @@ from prerender_ray.api.context import NodeContext
 from prerender_ray.identity.cachekeys import CacheKeyError
 
 NO_STORE = {"cache-control": "no-store"}
+# on every admin answer: a browser never guesses a type other than the one we send
+ANSWER_HEADERS = {**NO_STORE, "x-content-type-options": "nosniff"}
 log = logs.get("admin")
 DEADLINE_S = 10.0  # actor calls on this node
 HEAVY_SLOTS = 2  # concurrent heavy reads per replica (sitemap detail, pages, page content, fan-out)
@@ -29,8 +31,8 @@ T = TypeVar("T")
 
 
 class AdminRoute(APIRoute):
-    """Every admin answer is no-store, errors included: the app-wide error handler renders an
-    ``HTTPException`` without it, so admin routes render their own (same JSON body)."""
+    """Every admin answer is no-store and nosniff, errors included: the app-wide error handler renders
+    an ``HTTPException`` without them, so admin routes render their own (same JSON body)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -41,7 +43,7 @@ class AdminRoute(APIRoute):
             except HTTPException as e:
                 body = e.detail if isinstance(e.detail, dict) else {"error": str(e.detail)}
                 return JSONResponse(body, status_code=e.status_code,
-                                    headers={**(e.headers or {}), **NO_STORE})
+                                    headers={**(e.headers or {}), **ANSWER_HEADERS})
             except TimeoutError as e:  # an actor call past its deadline (DeadlineExceeded)
                 log.warning("admin read timed out", path=request.url.path, error=str(e))
                 return answer({"error": f"this node did not answer in time ({e}); nothing is known, "
@@ -50,7 +52,8 @@ class AdminRoute(APIRoute):
                 log.warning("admin call failed", path=request.url.path, error=repr(e)[:300])
                 return answer({"error": f"an actor of this node is unavailable ({type(e).__name__}); retry",
                                "node": ctx_of(request).node.name}, 503)
-            response.headers.setdefault("cache-control", "no-store")
+            for name, value in ANSWER_HEADERS.items():
+                response.headers.setdefault(name, value)
             return response
 
         return no_store
@@ -62,7 +65,7 @@ def admin_router() -> APIRouter:
 
 
 def answer(body: object, status: int = 200, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse(body, status_code=status, headers={**NO_STORE, **(headers or {})})
+    return JSONResponse(body, status_code=status, headers={**ANSWER_HEADERS, **(headers or {})})
 
 
 def ctx_of(request: Request) -> NodeContext:

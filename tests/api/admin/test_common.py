@@ -435,6 +435,7 @@ async def test_with_management_off_every_admin_route_is_404() -> None:
             r = await c.request(method, path, json={})
             assert r.status_code == 404 and r.json() == {"error": "Management API is disabled"}, path
             assert r.headers["cache-control"] == "no-store"
+            assert r.headers["x-content-type-options"] == "nosniff"
 
 
 async def test_without_users_loopback_is_admin_and_login_says_why_not() -> None:

@@ -131,6 +131,7 @@ def test_every_route_checks_the_callers_role(node, targets, who) -> None:
         for method, path, body, allowed, ok in ROUTES:
             r = call(method, base, path, who, json=body)
             assert r.headers["cache-control"] == "no-store", (path, r.headers)
+            assert r.headers["x-content-type-options"] == "nosniff", (path, r.headers)  # errors too
             assert r.headers["content-type"].startswith("application/json"), path
             if role is None:
                 assert r.status_code == 401, (path, r.text)
@@ -151,6 +152,7 @@ def test_every_route_checks_the_callers_role(node, targets, who) -> None:
 def test_the_console_is_one_self_contained_page_with_a_strict_policy(node) -> None:
     r = httpx.get(f"{node.url}/prerender_admin", timeout=10)
     assert r.status_code == 308 and r.headers["location"] == "/prerender_admin/"
+    assert r.headers["x-content-type-options"] == "nosniff"
     page = httpx.get(f"{node.url}/prerender_admin/", timeout=10)
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     csp = page.headers["content-security-policy"]
