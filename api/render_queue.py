@@ -17,7 +17,7 @@ from prerender_ray.api.context import NodeContext
 from prerender_ray.batching import GroupCommit
 from prerender_ray.decoding import DecodeError, TooLarge, decoded_size
 from prerender_ray.identity.cachekeys import DEVICE, CacheKeyError
-from prerender_ray.queue.results import ENCODINGS, MAX_METADATA_BYTES, Result, ResultError, forwarded
+from prerender_ray.queue.results import ENCODINGS, Result, ResultError, forwarded
 from prerender_ray.storage.keys import QUEUE_CONTROL, QUEUE_STATUS
 from prerender_ray.storage.pagelog.mirror import RETRY_AFTER_S, refusal
 from prerender_ray.storage.registry import decode_json
@@ -135,8 +135,6 @@ async def job_result(request: Request, who: Principal = Depends(require("fleet")
     size = None if raw is None else int_text(raw)
     if size is None or not 0 < size <= len(body):
         raise bad_request(SIZE_ERROR)
-    if size > MAX_METADATA_BYTES:
-        raise bad_request(f"the metadata is larger than {MAX_METADATA_BYTES} bytes", 413)
     # Depth-bounded; keys outside docs/fleet-protocol.md#metadata-fields are ignored here, not refused
     # (the metadata is the fleet's format, and a newer fleet's extra field must never cost a rendered
     # page), and not forwarded: the keeper gets the fields it reads.
@@ -152,7 +150,7 @@ async def job_result(request: Request, who: Principal = Depends(require("fleet")
             or ctx.rules.keys.key(url, device) != result.id:  # a [url] layout's keys name no device
         raise bad_request(f"id {result.id!r} is not a cache key of this service")
     check_encoding(result.content_encoding, content, ctx.cfg.server.max_html_bytes)
-    meta = forwarded(meta)
+    meta = forwarded(meta, size)
     try:  # the owner's keeper checks the lease first: an id never granted changes nothing
         if ctx.owner_of(url) == ctx.node.name:
             item = (meta, content, worker_id(request), len(body))

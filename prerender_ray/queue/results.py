@@ -14,7 +14,7 @@ from typing import Any
 
 from prerender_ray.decoding import DecodeError, TooLarge, decode
 from prerender_ray.identity.urls import UrlError, url_path
-from prerender_ray.queue import guard
+from prerender_ray.queue import diagnostics, guard
 from prerender_ray.queue.schedule import ScheduleRow, backoff_wait, counted_strikes
 from prerender_ray.queue.status_pages import (
     REDIRECT_STATUSES,
@@ -108,10 +108,10 @@ class Result:
 
 
 MAX_TEXT = 64 * 1024  # url / redirectedTo: far above any real URL, far below the body cap
-# The metadata JSON of one result. The reference fleet's is a few KiB (the URLs and the allowlisted
-# headers); prerender-ray's worker adds a diagnostics report when asked: five lists of at most
-# diagnostics.MAX_LIST_BYTES and a screenshot of at most 512 KiB of base64, about 1 MiB with the
-# longest URLs and headers this module takes.
+# The metadata JSON of one result past which its free-form parts are forwarded reduced (``forwarded``).
+# The reference fleet's is a few KiB (the URLs and the allowlisted headers); prerender-ray's worker adds
+# a diagnostics report when asked: five lists of at most diagnostics.MAX_LIST_BYTES and a screenshot of
+# at most 512 KiB of base64, about 1 MiB with the longest URLs and headers this module takes.
 MAX_METADATA_BYTES = 2 * 1024 * 1024
 MAX_REASON = 200
 MAX_HEADER_VALUE = 8192
@@ -125,12 +125,28 @@ METADATA_FIELDS = ("id", "url", "statusCode", "headers", "renderTime", "redirect
 FORWARDED_HEADERS = STORED_HEADERS | {"content-encoding"}
 
 
-def forwarded(meta: dict) -> dict:
-    """The fields of ``meta`` (parsed by ``Result.parse`` already) the keeper reads."""
+def forwarded(meta: dict, size: int = 0) -> dict:
+    """The fields of ``meta`` (parsed by ``Result.parse`` already, ``size`` bytes of JSON) the keeper
+    reads. Past ``MAX_METADATA_BYTES`` the free-form ones go as the keeper would keep them (the
+    diagnostics report and the summary bounded, the error its name): a fleet's large report never
+    costs its page, nor rides an actor call whole."""
     out = {name: meta[name] for name in METADATA_FIELDS if name in meta}
     headers = out.get("headers")
     if isinstance(headers, dict):
         out["headers"] = {k: v for k, v in headers.items() if k.lower() in FORWARDED_HEADERS}
+    if size > MAX_METADATA_BYTES:
+        for field_name, parse in (("diagnostics", diagnostics.parse_report),
+                                  ("renderSummary", diagnostics.parse_summary)):
+            if field_name in out:
+                kept = parse(out[field_name])[0]
+                if kept is None:
+                    del out[field_name]
+                else:
+                    out[field_name] = kept
+        error = out.get("error")
+        if isinstance(error, dict):
+            named = error.get("name")
+            out["error"] = {} if named is None else {"name": str(named)[:MAX_REASON]}
     return out
 
 

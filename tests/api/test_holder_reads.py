@@ -95,7 +95,7 @@ def asker(cluster):
         ctx.ownership.update(list(NAMES))
         app = create_app(ctx)
         client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app, client=("127.0.0.1", 4242)),
-                                   base_url="http://node-c.local", timeout=60)
+                                   base_url="http://localhost", timeout=60)  # loopback with no users: a loopback Host
         return ctx, app, client
 
     ctx, app, client = cluster.run(make())
