@@ -11,6 +11,8 @@ the GIL back from a conversion that had released it).
 - a ``title`` holding what the converter would copy as markup (``<``, a backtick, a backslash) is dropped.
 
 Only tags that regexes anchored at a literal character flag are read in Python: most pages have none.
+The work is linear in the page: Chromium leaves "<" unescaped in comments, scripts and styles, so a page
+can hold any number of tag starts that never end, and no tag is read twice.
 
 This pass reads tags as a regex does, not as the converter's HTML parser: where the two differ, the
 Markdown still holds what the pass missed, and the check that follows (``markdown_inert.plainly_inert``)
@@ -35,13 +37,19 @@ _ADDRESS = {"a": "href", "area": "href", "img": "src", "iframe": "src", "video":
 # What may need the pass: an address that does not plainly start allowed (http(s)://, mailto:, or no scheme:
 # name characters up to a "/", "?", "#" or its end), a title holding markup or an entity, an image without a
 # source. Most pages hold none (and most tags none): they are left as they are, with no call per tag. Each
-# regex starts at a literal character ("=", "<"): the scan of a 77 KB page then takes about 0.2 ms.
+# regex starts at a literal character ("=", "<"): the scan of a 77 KB page then takes about 0.2 ms. Each
+# reads at most a run of spaces, one attribute value or one run of name characters after its "=".
 _SUSPECT = (
     re.compile(r"""=(?:(?<=[hH][rR][eE][fF]=)|(?<=[sS][rR][cC]=)|(?<=\s=))\s*"""
                r"""(?!(?P<q>["'])(?:https?://|mailto:|[\w.~+-]*(?:[/?#]|(?P=q)))|(?:https?://|mailto:|[\w.~+-]*[/?#\s>]))"""),
     re.compile(r"""=(?<=[tT][iI][tT][lL][eE]=)\s*(?:"[^"]*[<`\\&]|'[^']*[<`\\&])"""),
-    re.compile(r"""<[iI][mM][gG](?![^>]*\b[sS][rR][cC]\s*=\s*["']?[^"'\s>])"""),
 )
+# An image without a source: an "<img" with no source attribute before the next ">" (the images before
+# one ">" share one search).
+_IMG = re.compile(r"<[iI][mM][gG]")
+_IMG_SRC = re.compile(r"""\b[sS][rR][cC]\s*=\s*["']?[^"'\s>]""")
+_NAME = re.compile(r"<(?:a|area|img|iframe|video|audio|source|embed)(?=[\s/>])", re.IGNORECASE)
+_TAG_EVENT = re.compile(r"""[>"']""")  # what ends a tag, or starts a quoted value
 
 
 
@@ -84,15 +92,76 @@ def _rewrite(m: re.Match[str]) -> str:
     return f"<{m.group(1)}{''.join(' ' + t for t in kept)}>"
 
 
+def _sourceless_images(text: str) -> list[int]:
+    """Where an "<img" has no ``src`` with a value before the next ">"."""
+    found: list[int] = []
+    end = -1  # the ">" that ends the run of images looked at
+    src = -1  # the first source after an image of the run (``end`` when there is none)
+    for m in _IMG.finditer(text):
+        at = m.end()
+        if at > end:
+            end = text.find(">", at)
+            end, src = (len(text) if end < 0 else end), -1
+        if src < at:  # not searched in this run yet, or the source found is an earlier image's
+            source = _IMG_SRC.search(text, at, end)
+            src = source.start() if source else end
+        if src >= end:
+            found.append(m.start())
+    return found
+
+
+def _tag_end(text: str, at: int, memo: dict[int, int], scan: list[int]) -> int:
+    """The ">" that ends a tag whose attributes start at ``at``, as ``_TAG`` reads them, or -1 (a quote
+    never closed, no ">"). Linear over all calls: ``memo`` holds the end found from each opening quote,
+    ``scan`` the last stretch searched from an ``at`` (tags are looked at left to right)."""
+    if scan[0] <= at <= scan[1]:
+        event = scan[1]
+    else:
+        event = _next_event(text, at)
+        scan[:] = at, event
+    path: list[int] = []
+    while event < len(text) and text[event] != ">" and event not in memo:
+        path.append(event)
+        close = text.find(text[event], event + 1)
+        event = len(text) if close < 0 else _next_event(text, close + 1)
+    end = -1 if event == len(text) else memo[event] if event in memo else event
+    for quote in path:
+        memo[quote] = end
+    return end
+
+
+def _next_event(text: str, at: int) -> int:
+    found = _TAG_EVENT.search(text, at)
+    return found.start() if found else len(text)
+
+
+def _starts(text: str, at: list[int]) -> list[int]:
+    """The "<" before each of the positions ``at``, once each, in order."""
+    starts: list[int] = []
+    lt = prev = -1
+    for pos in sorted(set(at)):
+        found = text.rfind("<", prev + 1, pos + 1)  # nothing before prev is looked at again
+        lt = found if found >= 0 else lt
+        prev = pos
+        if lt >= 0 and (not starts or starts[-1] != lt):
+            starts.append(lt)
+    return starts
+
+
 def prepass(text: str) -> str:
     """``text`` (HTML) with refused addresses, address-less images and markup-holding titles taken out."""
     # Only the tags around what the scans found are read (a "<" inside a quoted value before it misleads
     # this: such a tag is left, for the check to find).
-    starts = sorted({text.rfind("<", 0, m.start() + 1) for r in _SUSPECT for m in r.finditer(text)})
+    suspects = [m.start() for r in _SUSPECT for m in r.finditer(text)]
+    suspects += _sourceless_images(text)
     parts: list[str] = []
     last = 0
-    for start in starts:
-        tag = _TAG.match(text, start) if start >= last else None
+    memo: dict[int, int] = {}
+    scan = [-1, -1]
+    for start in _starts(text, suspects):
+        name = _NAME.match(text, start) if start >= last else None
+        end = _tag_end(text, name.end(), memo, scan) if name is not None else -1
+        tag = _TAG.match(text, start, end + 1) if end >= 0 else None
         if tag is not None:
             parts += (text[last:start], _rewrite(tag))
             last = tag.end()
