@@ -6,8 +6,9 @@ without a cached page gets what any bot gets (docs/serving.md#markdown-for-agent
 html-to-markdown (Rust): navigation, forms, asides and hidden content dropped, links made absolute
 against the page's URL, tables kept as GFM tables. The Markdown is inert (``markdown_inert.py``): text
 escaped, addresses only http(s), mailto or relative, front matter quoted. Every input is bounded: the
-decoded HTML (``max_input_bytes``), the tree depth (``MAX_DEPTH``) and the Markdown
-(``max_output_bytes``); the wall-clock deadline is the caller's (``api/bot/markdown.py`` runs this off the event loop).
+decoded HTML (``max_input_bytes``), the tree depth (``MAX_DEPTH``), the quotes' depth (``MAX_QUOTE_DEPTH``,
+checked before converting) and the Markdown (``max_output_bytes``); the wall-clock deadline is the
+caller's (``api/bot/markdown.py`` runs this off the event loop).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import xxhash
 
 from prerender_ray.decoding import TooLarge
 from prerender_ray.serving.markdown_inert import VISITOR, front_matter, plainly_inert, without_front_matter
-from prerender_ray.serving.markdown_prepass import prepass
+from prerender_ray.serving.markdown_prepass import MAX_QUOTE_DEPTH, prepass, quote_depth
 from prerender_ray.serving.negotiation import EncodingError, add_vary, decode_body
 from prerender_ray.storage.pages import PageMeta
 
@@ -228,7 +229,11 @@ def html_to_md(html: bytes | str, limits: Limits, base_url: str | None = None, c
         raise MarkdownSkipped("too-large", f"{len(html)} bytes of HTML")
     text = html if isinstance(html, str) else html.decode(charset, "replace")
     # Refused addresses taken out before, so that the converter needs no visitor (markdown_prepass).
-    result = _convert(prepass(text), _options(base_url, limits))
+    prepared = prepass(text)
+    # The converter's memory grows with the square of the quotes' depth, before the output cap is checked.
+    if max(quote_depth(text), quote_depth(prepared) if prepared is not text else 0) > MAX_QUOTE_DEPTH:
+        raise MarkdownSkipped("output-too-large", f"quotes nested deeper than {MAX_QUOTE_DEPTH}")
+    result = _convert(prepared, _options(base_url, limits))
     body = without_front_matter(result.content or "")
     if body is None or not plainly_inert(body):
         # Rare: converted again, links and images written by our visitor: its calls take the GIL, which

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import html
 import re
+from bisect import bisect_left
+from itertools import islice
 
 from prerender_ray.serving.markdown_inert import allowed_url
 
@@ -169,3 +171,107 @@ def prepass(text: str) -> str:
         return text
     parts.append(text[last:])
     return "".join(parts)
+
+
+# ------------------------------------------------------------------------------------- quote nesting
+
+# The converter prefixes each line of a quote with "> " per level and keeps a copy per level: its memory
+# grows with the lines times the square of the depth (250 levels: 15 KB per byte of input), before the
+# output cap can be checked. Deeper nesting than this is refused (docs/serving.md#markdown-for-agents).
+MAX_QUOTE_DEPTH = 16
+# A page with at most this many "<blockquote" nests no deeper; one with more is read as the HTML tokenizer
+# reads it (attributes, comments), and a close counts only where it certainly closes its quote: when every
+# element opened since the quote's start has been closed, in order, and none of them changes how what
+# follows is read (a script, a textarea, a template ...). Anything else (an element left open, a close
+# that does not match) leaves the quotes open for good. So the depth read is never less than the
+# converter's (whose first parse keeps only closes that match, then may repair with html5ever; a property
+# test holds the two side by side), and more only where a page's tags are not closed in order, which a
+# serialized DOM's always are.
+_QUOTE_OPEN = re.compile(r"<blockquote(?=[\t\n\f\r />])", re.IGNORECASE | re.ASCII)
+_WS = "\t\n\f\r "
+# Attributes up to the tag's ">", as the tokenizer reads them (each step possessive: no other reading).
+_ATTRS = (rf"""(?:[{_WS}/]++|[^{_WS}/>][^{_WS}/=>]*+(?:[{_WS}]*+=[{_WS}]*+"""
+          rf"""(?:"[^"]*+"|'[^']*+'|[^{_WS}>"'][^{_WS}>]*+|(?=>))|(?![{_WS}]*=)))*+>""")
+_NAME_END = rf"(?![^{_WS}/>])"
+# Text, comments and bogus comments (which end at the first ">"); "<!" otherwise (a doctype, CDATA) is odd.
+_TEXT = r"[^<]++|<(?![A-Za-z!?/])|<!--(?:-?>|(?:[^-]++|-(?!-!?>))*+--!?>)|<\?[^>]*+>|</(?![A-Za-z])[^>]*+>"
+_SKIP = re.compile(rf"(?:{_TEXT}|<!(?!--)[^>]*+>|</?(?!blockquote{_NAME_END})[A-Za-z][^{_WS}/>]*+{_ATTRS})*+",
+                   re.IGNORECASE | re.ASCII)
+_QUOTE_TAG = re.compile(rf"<(/?)blockquote{_NAME_END}{_ATTRS}", re.IGNORECASE | re.ASCII)
+_TOKEN = re.compile(rf"(?P<text>{_TEXT})|(?P<odd><!(?!--)[^>]*+>)|<(?P<end>/?)(?P<name>[A-Za-z][^{_WS}/>]*+){_ATTRS}",
+                    re.ASCII)
+_VOID = frozenset("area base br col embed hr img input link meta source track wbr".split())
+# Elements whose content the tokenizer reads otherwise (or keeps apart): what follows them is not read here.
+_OPAQUE = frozenset("script style textarea title xmp iframe noembed noframes noscript plaintext template "
+                    "frameset frame head body html image".split())
+
+
+def quote_depth(text: str) -> int:
+    """How deep ``text`` (HTML) may nest quotes, never less than the converter does: the number of quote
+    starts when that is at most ``MAX_QUOTE_DEPTH``, else ``_nesting``."""
+    starts = sum(1 for _ in islice(_QUOTE_OPEN.finditer(text), MAX_QUOTE_DEPTH + 1))
+    return starts if starts <= MAX_QUOTE_DEPTH else _nesting(text)
+
+
+def _nesting(text: str) -> int:
+    """The deepest quote nesting in ``text`` with only certain closes counted (stops once past the cap).
+    Tags are read one by one only inside a quote that may still close; elsewhere up to the next quote tag."""
+    opens = [m.start() for m in _QUOTE_OPEN.finditer(text)]  # every start, wherever it stands
+    depth = deepest = seen = at = 0
+    # The elements open since the outermost quote that may still close ("" for a quote); the quotes
+    # opened before that one stay counted for good.
+    stack: list[str] = []
+
+    def hidden(end: int) -> int:  # starts before end not read as tags: in comments, values, the unread
+        nonlocal seen
+        found = bisect_left(opens, end, seen) - seen
+        seen += found
+        return found
+
+    while at < len(text) and deepest <= MAX_QUOTE_DEPTH:
+        if not stack:
+            end = _SKIP.match(text, at).end()  # type: ignore[union-attr]
+            tag = _QUOTE_TAG.match(text, end)
+            depth += hidden(end if tag is not None else len(text))  # what never ends holds the rest
+            deepest = max(deepest, depth)
+            if tag is None:
+                break
+            if not tag.group(1):
+                seen += 1
+                depth += 1
+                stack.append("")
+            found = hidden(tag.end())  # in the tag's own attributes
+            if found:
+                depth += found
+                stack.clear()
+            deepest = max(deepest, depth)
+            at = tag.end()
+            continue
+        token = _TOKEN.match(text, at)
+        if token is None:  # a tag or comment that never ends holds the rest
+            depth += hidden(len(text))
+            deepest = max(deepest, depth)
+            break
+        at = token.end()
+        name = (token.group("name") or "").lower()
+        closes = bool(token.group("end"))
+        if name == "blockquote" and not closes:
+            seen += 1
+            depth += 1
+            stack.append("")
+        found = hidden(at)
+        depth += found
+        deepest = max(deepest, depth)
+        if token.group("text") and not found:
+            continue
+        if found or token.group("odd") or name in _OPAQUE or closes and name in _VOID:
+            stack.clear()
+        elif closes and stack[-1] == ("" if name == "blockquote" else name):
+            stack.pop()
+            if name == "blockquote":
+                depth -= 1
+        elif closes:
+            stack.clear()
+        elif name not in _VOID and name != "blockquote":
+            stack.append(name)
+    return deepest

@@ -4,9 +4,16 @@ and the headers of the Markdown answer."""
 from __future__ import annotations
 
 import gzip
+import re
+import subprocess
+import sys
 import time
+from pathlib import Path
 
+import html_to_markdown
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prerender_ray.config.model import BOT_CLASSES, Config
 from prerender_ray.serving.answer import prepare, prepared_reply
@@ -17,6 +24,7 @@ from prerender_ray.serving.markdown import (
     Limits,
     MarkdownPolicy,
     MarkdownSkipped,
+    _options,
     charset_of,
     convert_page,
     html_to_md,
@@ -24,6 +32,7 @@ from prerender_ray.serving.markdown import (
     markdown_meta,
     wants_markdown,
 )
+from prerender_ray.serving.markdown_prepass import MAX_QUOTE_DEPTH, _nesting
 from prerender_ray.storage.pages import PageMeta
 
 LIMITS = Limits(max_input_bytes=1024 * 1024, max_output_bytes=512 * 1024)
@@ -157,6 +166,99 @@ def test_deep_nesting_is_cut_not_a_crash(depth: int) -> None:
     assert "top" in md and "deep text" not in md  # past MAX_DEPTH (the converter's own default is 1024)
     shallow = b"<div>" * (MAX_DEPTH // 2) + b"deep text" + b"</div>" * (MAX_DEPTH // 2)
     assert "deep text" in html_to_md(shallow, LIMITS)
+
+
+# A child process, so that its peak RSS is this conversion's alone.
+_PEAK = """
+import resource
+from prerender_ray.serving.markdown import Limits, MarkdownSkipped, html_to_md
+html = "<blockquote>" * 250 + "<p>x</p>" * 20_000 + "</blockquote>" * 250  # 166 KB
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+try:
+    html_to_md(html, Limits(max_input_bytes=2 * 1024 * 1024, max_output_bytes=1024 * 1024))
+    outcome = "converted"
+except MarkdownSkipped as e:
+    outcome = e.reason
+print(outcome, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
+"""
+
+
+def test_deeply_nested_quotes_are_refused_before_the_converter_spends_memory() -> None:
+    """The converter prefixes every line with "> " per level and keeps each level's copy: 250 levels
+    took 15 KB of memory per byte of input (166 KB: 2.5 GB), and the output cap came after."""
+    child = subprocess.run([sys.executable, "-c", _PEAK], capture_output=True, text=True, timeout=300,
+                           cwd=Path(__file__).resolve().parents[2], check=True)
+    outcome, peak_mb = child.stdout.split()
+    assert outcome == "output-too-large"
+    assert int(peak_mb) < 200
+
+
+def test_ordinary_quotes_convert_as_before() -> None:
+    nested = b"<blockquote><p>one</p><blockquote><p>two</p><blockquote><p>three</p></blockquote></blockquote></blockquote>"
+    assert html_to_md(nested, LIMITS) == "> one\n>\n> > two\n> >\n> > > three\n"
+    # A thread of many quotes, one after the other: links, comments, apostrophes, "<" in text, images.
+    quote = (b'<blockquote class="post"><p>It\'s <a href="/u/1" title="a &quot;user&quot;">Ann</a> wrote<!-- -->:'
+             b' 1 < 2 <img src="/e.png" alt="smile"></p><blockquote><p>Earlier</p></blockquote><br></blockquote>')
+    thread = b"<main>" + quote * (MAX_QUOTE_DEPTH * 3) + b"</main>"
+    md = html_to_md(thread, LIMITS)
+    assert md.count("> > Earlier") == MAX_QUOTE_DEPTH * 3
+
+
+@pytest.mark.parametrize("level", [
+    "<blockquote><!-- </blockquote> -->",  # a close in a comment
+    "<blockquote><table><tr><td></blockquote>",  # a close out of scope
+    "<blockquote><p title='</blockquote>'>",  # a close in an attribute value
+    '<blockquote><p a=b"c d="></blockquote>">',  # a quote inside an unquoted value opens nothing
+    "<blockquote><textarea></blockquote></textarea>",
+    "<blockquote><script></blockquote></script>",
+    "<blockquote></ </blockquote>",  # a bogus comment up to the next ">"
+])
+def test_closes_the_parser_ignores_do_not_hide_nesting(level: str) -> None:
+    html = level * 40 + "<p>deep</p>"
+    assert converted_depth(level * 20 + "<p>deep</p>") == 20  # the converter does nest them
+    assert _nesting(html) > MAX_QUOTE_DEPTH
+    with pytest.raises(MarkdownSkipped) as e:
+        html_to_md(html, LIMITS)
+    assert e.value.reason == "output-too-large"
+
+
+_QUOTE_PREFIX = re.compile(r"(?:[ \t]*(?:[-*+]|\d+[.)])[ \t])*((?:>[ \t]?)*)")
+
+
+def converted_depth(html: str) -> int:
+    """The deepest quote in the converter's Markdown for ``html`` (a code block's lines count as deep as
+    the line opening it: what they hold is not markup)."""
+    markdown = html_to_markdown.convert(html, _options(None, LIMITS)).content or ""
+    deepest, fence = 0, ""
+    for line in markdown.splitlines():
+        prefix = _QUOTE_PREFIX.match(line)
+        depth = prefix.group(1).count(">") if prefix else 0
+        tildes = re.match(r"[ \t]*(~{3,})", line[prefix.end() if prefix else 0:])
+        if not fence:
+            deepest = max(deepest, depth)
+            fence = tildes.group(1) if tildes else ""
+        elif tildes and tildes.group(1).startswith(fence):
+            fence = ""
+    return deepest
+
+
+QUOTE_PIECES = st.sampled_from([
+    "<blockquote>", "<blockquote>", "</blockquote>", "</blockquote>", "<BLOCKQUOTE x='>'>", "</blockquote x>",
+    "<blockquote/>", "x", " ", "\n", "<p>", "</p>", "<div>", "</div>", "<ul><li>", "</ul>", "<b>", "</b>", "<a>",
+    "</a>", "<!--", "-->", "--!>", "<!-->", "<!---", "<![CDATA[", "]]>", "<?", "</ ", "</>", ">", "<", "'", '"',
+    "=", "<p title='", "<p title=\"", "<p a=", "'>", '">', "<script>", "</script>", "<style>", "</style>",
+    "<textarea>", "</textarea>", "<title>", "</title>", "<table>", "<td>", "</td>", "</table>", "<svg>", "</svg>",
+    "<path/>", "<foreignObject>", "<desc>", "<math>", "<template>", "</template>", "<select>", "</select>",
+    "<noscript>", "</noscript>", "<xmp>", "<iframe>", "</iframe>", "<object>", "<marquee>", "<button>",
+    "<plaintext>", "<body>", "</body>", "<pre>", "</pre>", "<tr>", "</tr>", "<li>", "</li>", "</br>", "<br>", "<hr/>",
+    "<div/>", "<path d='x'/>", "<x-y>", "</x-y>", "<image>", "<frameset>", "<option>", "<caption>", "<img src=x>",
+])
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.lists(QUOTE_PIECES, max_size=60).map("".join))
+def test_the_nesting_read_is_never_less_than_the_converters(html: str) -> None:
+    assert min(_nesting(html), MAX_QUOTE_DEPTH + 1) >= min(converted_depth(html), MAX_QUOTE_DEPTH + 1)
 
 
 def test_a_pathological_table_is_converted_within_its_bounds() -> None:
