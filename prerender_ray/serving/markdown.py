@@ -24,7 +24,7 @@ import xxhash
 
 from prerender_ray.decoding import TooLarge
 from prerender_ray.serving.markdown_inert import VISITOR, front_matter, plainly_inert, without_front_matter
-from prerender_ray.serving.markdown_prepass import MAX_QUOTE_DEPTH, prepass, quote_depth
+from prerender_ray.serving.markdown_prepass import MAX_QUOTE_DEPTH, hide, prepass, quote_depth
 from prerender_ray.serving.negotiation import EncodingError, add_vary, decode_body
 from prerender_ray.storage.pages import PageMeta
 
@@ -227,7 +227,8 @@ def html_to_md(html: bytes | str, limits: Limits, base_url: str | None = None, c
     """``html`` as Markdown. Raises MarkdownSkipped (too-large, output-too-large, failed)."""
     if len(html) > limits.max_input_bytes:
         raise MarkdownSkipped("too-large", f"{len(html)} bytes of HTML")
-    text = html if isinstance(html, str) else html.decode(charset, "replace")
+    # Hidden elements marked for the converter to drop, on either path (markdown_prepass.hide).
+    text = hide(html if isinstance(html, str) else html.decode(charset, "replace"))
     # Refused addresses taken out before, so that the converter needs no visitor (markdown_prepass).
     prepared = prepass(text)
     # The converter's memory grows with the square of the quotes' depth, before the output cap is checked.

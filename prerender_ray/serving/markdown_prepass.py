@@ -10,6 +10,13 @@ the GIL back from a conversion that had released it).
   the converter writes nothing for it;
 - a ``title`` holding what the converter would copy as markup (``<``, a backtick, a backslash) is dropped.
 
+``hide`` marks hidden elements the converter would write with the ``hidden`` attribute, which it drops
+(with ``<template>``, inline ``display:none`` and ``visibility:hidden``, ``aria-hidden="true"``): a closed
+``<dialog>``, ``aria-hidden`` true in any case or spacing, the classes ``hidden`` (unless a variant shows
+it, as Tailwind's ``md:block``), ``sr-only`` and ``visually-hidden``, and inline styles that hide (CSS
+escapes and comments read). Stylesheets are not applied: hiding they do passes through. Where ``hide``
+misreads a tag, the element is converted as it would have been without it.
+
 Only tags that regexes anchored at a literal character flag are read in Python: most pages have none.
 The work is linear in the page: Chromium leaves "<" unescaped in comments, scripts and styles, so a page
 can hold any number of tag starts that never end, and no tag is read twice.
@@ -63,6 +70,13 @@ def _value(raw: str | None) -> str | None:
     return html.unescape(raw)
 
 
+def _alt(attrs: list[tuple[str, str, str | None]]) -> str:
+    """What an image whose address is taken out becomes: its alt text, or nothing when it is hidden."""
+    if any(key == "hidden" for key, _, _ in attrs):
+        return ""
+    return html.escape(next((v for k, _, v in attrs if k == "alt"), None) or "", quote=False)
+
+
 def _rewrite(m: re.Match[str]) -> str:
     name = m.group(1).lower()
     attrs = [(a.group(1).lower(), a.group(0), _value(a.group(2))) for a in _ATTR.finditer(m.group(2))]
@@ -77,8 +91,7 @@ def _rewrite(m: re.Match[str]) -> str:
             continue
         if key == _ADDRESS[name]:
             if name == "img" and (not value or not allowed_url(value)):
-                alt = next((v for k, _, v in attrs if k == "alt"), None) or ""
-                return html.escape(alt, quote=False)
+                return _alt(attrs)
             if value is not None and not allowed_url(value):
                 changed = True
                 continue
@@ -87,8 +100,7 @@ def _rewrite(m: re.Match[str]) -> str:
             continue
         kept.append(text)
     if name == "img" and _ADDRESS[name] not in seen:
-        alt = next((v for k, _, v in attrs if k == "alt"), None) or ""
-        return html.escape(alt, quote=False)
+        return _alt(attrs)
     if not changed:
         return m.group()
     return f"<{m.group(1)}{''.join(' ' + t for t in kept)}>"
@@ -167,6 +179,101 @@ def prepass(text: str) -> str:
         if tag is not None:
             parts += (text[last:start], _rewrite(tag))
             last = tag.end()
+    if not parts:
+        return text
+    parts.append(text[last:])
+    return "".join(parts)
+
+
+# ------------------------------------------------------------------------------------- hidden content
+
+# What may hide an element beyond what the converter sees (each regex starts at a literal "<" or "=" and
+# reads at most one attribute value): a dialog, an aria-hidden not written exactly "true", a class with a
+# hiding token, a style with a hiding property or anything that may spell one (an escape, a comment, an
+# entity).
+_HIDING = (
+    re.compile(r"<[dD][iI][aA][lL][oO][gG](?=[\s/>])"),
+    re.compile(r"""=(?<=[aA][rR][iI][aA]-[hH][iI][dD][dD][eE][nN]=)(?!"true"|'true'|true[\s/>])"""
+               r"""(?:"\s*(?i:true)\s*"|'\s*(?i:true)\s*'|(?i:true)[\s/>])"""),
+    re.compile(r"""=(?<=[cC][lL][aA][sS][sS]=)(?:"[^"]*?|'[^']*?|)\b(?:hidden|sr-only|visually-hidden)\b"""),
+    re.compile(r"""=(?<=[sS][tT][yY][lL][eE]=)(?:"[^"]*?|'[^']*?|[^\s>"']*?)"""
+               r"""(?:(?i:opacity|content-visibility|collapse)|[\\&]|/\*)"""),
+)
+_ANY_NAME = re.compile(r"<[A-Za-z][^\s/>]*")
+_ANY_TAG = re.compile(r"""<([A-Za-z][^\s/>]*)((?:[^>"']|"[^"]*"|'[^']*')*)>""")
+_HTML_WS = " \t\n\f\r"
+_CLASSES = re.compile(r"[^ \t\n\f\r]+")
+_SHOWN = re.compile(r":(?:block|inline|inline-block|flex|inline-flex|grid|inline-grid|table|contents|flow-root|"
+                    r"list-item)$")  # "hidden md:block": shown from some width on
+_CSS_COMMENT = re.compile(r"/\*.*?(?:\*/|\Z)", re.DOTALL)
+_CSS_DECLARATION = re.compile(r"(?:\\.|[^;\\])++", re.DOTALL)  # an escaped ";" or ":" delimits nothing
+_CSS_PROPERTY = re.compile(r"((?:\\.|[^:\\])*+):", re.DOTALL)
+_CSS_ESCAPE = re.compile(r"\\(?:([0-9a-fA-F]{1,6})(?:\r\n|[ \t\n\r\f])?|(.)|\Z)", re.DOTALL)
+_CSS_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?%?")
+_IMPORTANT = re.compile(r"![ \t\n\r\f]*important$")
+
+
+def _css_char(m: re.Match[str]) -> str:
+    if m.group(1):
+        code = int(m.group(1), 16)
+        return chr(code) if 0 < code <= 0x10FFFF and not 0xD800 <= code <= 0xDFFF else "\ufffd"
+    return m.group(2) if m.group(2) is not None and m.group(2) not in "\r\n\f" else "\ufffd"
+
+
+def _style_hides(style: str) -> bool:
+    """Whether an inline style hides its element: the last declaration of display, visibility, opacity or
+    content-visibility (an !important one first) says none, hidden or collapse, 0."""
+    values: dict[str, tuple[bool, str]] = {}
+    for declaration in _CSS_DECLARATION.finditer(_CSS_COMMENT.sub(" ", style)):
+        m = _CSS_PROPERTY.match(declaration.group())
+        if m is None:
+            continue
+        prop = _CSS_ESCAPE.sub(_css_char, m.group(1)).strip(_HTML_WS).lower()
+        value = _CSS_ESCAPE.sub(_css_char, declaration.group()[m.end():]).strip(_HTML_WS).lower()
+        important = _IMPORTANT.search(value)
+        if important:
+            value = value[:important.start()].rstrip(_HTML_WS)
+        if important or not values.get(prop, (False, ""))[0]:
+            values[prop] = (bool(important), value)
+    opacity = values.get("opacity", (False, ""))[1]
+    return (values.get("display", (False, ""))[1] == "none"
+            or values.get("visibility", (False, ""))[1] in ("hidden", "collapse")
+            or values.get("content-visibility", (False, ""))[1] == "hidden"
+            or _CSS_NUMBER.fullmatch(opacity) is not None and float(opacity.rstrip("%")) <= 0)
+
+
+def _hidden(name: str, attrs: dict[str, str | None]) -> bool:
+    if name == "dialog" and "open" not in attrs:
+        return True
+    if (attrs.get("aria-hidden") or "").strip(_HTML_WS).lower() == "true":
+        return True
+    classes = _CLASSES.findall(attrs.get("class") or "")
+    if "sr-only" in classes or "visually-hidden" in classes:
+        return True
+    if "hidden" in classes and not any(_SHOWN.search(c) for c in classes):
+        return True
+    return _style_hides(attrs.get("style") or "")
+
+
+def hide(text: str) -> str:
+    """``text`` (HTML) with the ``hidden`` attribute added to the elements hidden as the module says."""
+    parts: list[str] = []
+    last = skip = 0
+    memo: dict[int, int] = {}
+    scan = [-1, -1]
+    for start in _starts(text, [m.start() for r in _HIDING for m in r.finditer(text)]):
+        name = _ANY_NAME.match(text, start) if start >= skip else None
+        end = _tag_end(text, name.end(), memo, scan) if name is not None else -1
+        tag = _ANY_TAG.match(text, start, end + 1) if name is not None and end >= 0 else None
+        if name is None or tag is None:
+            continue
+        skip = tag.end()  # a "<" in its values starts no tag
+        attrs: dict[str, str | None] = {}
+        for a in _ATTR.finditer(tag.group(2)):
+            attrs.setdefault(a.group(1).lower(), _value(a.group(2)))  # the first occurrence counts
+        if _hidden(tag.group(1).lower(), attrs):
+            parts += (text[last:name.end()], " hidden")
+            last = name.end()
     if not parts:
         return text
     parts.append(text[last:])

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prerender_ray.config.model import BOT_CLASSES, Config
+from prerender_ray.serving import markdown as markdown_module
 from prerender_ray.serving.answer import prepare, prepared_reply
 from prerender_ray.serving.markdown import (
     MARKDOWN_TYPE,
@@ -128,6 +129,58 @@ def test_a_page_converts_to_its_main_content() -> None:
     assert "| Size | Price |" in md and "| S | 10 |" in md and "| L | 12 |" in md
     for chrome in ("About us", "Related", "__STATE__", "color: red", "Search"):  # nav, aside, script, style, form
         assert chrome not in md
+
+
+HIDDEN = [
+    # Handled before: the hidden attribute, <template>, inline display:none and visibility:hidden.
+    "<div hidden>SECRET</div>", "<template><p>SECRET</p></template>", '<div style="display:none">SECRET</div>',
+    '<p style="visibility:hidden">SECRET</p>', '<div aria-hidden="true">SECRET</div>',
+    # A closed dialog; aria-hidden in any case, with spaces; the utility classes.
+    "<dialog>SECRET</dialog>", "<dialog class=x><p>SECRET</p></dialog>", '<div aria-hidden="TRUE">SECRET</div>',
+    '<div aria-hidden=" true">SECRET</div>', '<span aria-hidden="True ">SECRET</span>',
+    '<div class="note hidden">SECRET</div>', '<span class="sr-only">SECRET</span>',
+    '<span class="visually-hidden">SECRET</span>', '<a class="sr-only" href="/skip">SECRET</a>',
+    # Inline styles: opacity 0, content-visibility, visibility:collapse; CSS escapes and comments read.
+    '<div style="opacity:0">SECRET</div>', '<div style="color: red; OPACITY: 0.0 !important">SECRET</div>',
+    '<div style="opacity:0%">SECRET</div>', '<div style="content-visibility: hidden">SECRET</div>',
+    '<div style="visibility:collapse">SECRET</div>', r'<div style="display:n\6f ne">SECRET</div>',
+    r'<div style="display:\6E one">SECRET</div>', r'<div style="dis\70 lay: none">SECRET</div>',
+    r'<div style="opacit\y:0">SECRET</div>', '<div style="display:/* x */none">SECRET</div>',
+    r'<div style="visibility:\000068 idden">SECRET</div>', '<div style="display:&#110;one">SECRET</div>',
+    # Images: hidden ones go, alt text and all, with a source or without.
+    '<img src="/a.png" alt="SECRET" class="sr-only">', '<img alt="SECRET" style="opacity:0">',
+]
+VISIBLE = [
+    '<dialog open>SHOWN</dialog>', '<div aria-hidden="false">SHOWN</div>', '<div class="hidden md:block">SHOWN</div>',
+    '<div class="hidden-xs Hidden not-sr-only">SHOWN</div>', '<div style="opacity:0.5">SHOWN</div>',
+    '<div style="opacity:0;opacity:1">SHOWN</div>', '<div style="display:none;display:block">SHOWN</div>',
+    r'<div style="display:n\6f  ne">SHOWN</div>',  # one space ends the escape, the other splits the word
+    '<div style="content-visibility:auto">SHOWN</div>', '<p class="x">The SHOWN hidden sr-only opacity:0 dialog</p>',
+    '<img src="/a.png" alt="SHOWN" class="avatar">',
+]
+
+
+def hidden_page(fragment: str) -> bytes:
+    return f"<html><body><main><p>before</p>{fragment}<p>after</p></main></body></html>".encode()
+
+
+@pytest.mark.parametrize("fragment", HIDDEN)
+def test_hidden_content_does_not_reach_the_markdown(fragment: str) -> None:
+    md = html_to_md(hidden_page(fragment), LIMITS)
+    assert "SECRET" not in md
+    assert "before" in md and "after" in md
+
+
+@pytest.mark.parametrize("fragment", VISIBLE)
+def test_visible_content_with_the_same_words_stays(fragment: str) -> None:
+    assert "SHOWN" in html_to_md(hidden_page(fragment), LIMITS)
+
+
+def test_hidden_content_is_dropped_on_the_visitor_path_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(markdown_module, "plainly_inert", lambda _markdown: False)  # as for a page failing it
+    md = html_to_md(hidden_page("".join(HIDDEN) + "".join(VISIBLE)), LIMITS)
+    assert "SECRET" not in md
+    assert md.count("SHOWN") == len(VISIBLE)
 
 
 def test_a_stored_page_converts_from_its_coding() -> None:

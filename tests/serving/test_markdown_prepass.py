@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from prerender_ray.serving.markdown import Limits, _options, html_to_md
 from prerender_ray.serving.markdown_inert import plainly_inert, without_front_matter
-from prerender_ray.serving.markdown_prepass import _rewrite, prepass
+from prerender_ray.serving.markdown_prepass import _rewrite, hide, prepass
 from tests.serving.test_markdown import PAGE
 from tests.serving.test_markdown_inert import live, render
 
@@ -148,4 +148,20 @@ def test_the_pass_takes_time_linear_in_its_input(hostile: str) -> None:
     assert len(hostile) >= 150_000
     started = time.thread_time()
     prepass(hostile)
+    assert time.thread_time() - started < 2.0
+
+
+@pytest.mark.parametrize("hostile", [
+    "<!-- " + "<div class=hidden " * 12_000 + "' -->",  # every tag start read up to the unpaired quote
+    "<!-- " + "<p style='opacity:0 " * 10_000 + " -->",
+    "<!-- " + '<dialog title="x' * 14_000,
+    '<p style="' + "x\\" * 100_000 + ':0">',  # one long style, read once
+    '<p style="' + "/*" * 100_000 + '">',
+    "<!-- " + '<i aria-hidden=" TRUE " ' * 8_000 + " -->",
+])
+def test_hiding_takes_time_linear_in_its_input(hostile: str) -> None:
+    """As for the addresses: a bound on CPU time, milliseconds expected."""
+    assert len(hostile) >= 150_000
+    started = time.thread_time()
+    hide(hostile)
     assert time.thread_time() - started < 2.0
