@@ -4,7 +4,8 @@
 broadcast: docs/fleet-protocol.md#queue-status), all feeding one HostHealth.
 
 One ``httpx.AsyncClient`` per host (keep-alive, HTTP/1.1), Basic auth and ``x-worker-id`` on every
-request, and a deadline on every call.
+request, and a deadline on every call. Credentials go only to trusted origins: the queues the worker
+was given and, with discovery, the nodes they list, never from an https queue to plain http.
 """
 
 from __future__ import annotations
@@ -75,10 +76,23 @@ class QueueClient:
         self._clients: dict[str, httpx.AsyncClient] = {}
         self._status_seen: dict[str, float] = {}
         self._status_muted: dict[str, float] = {}  # seed -> until (ms): it has no /queue_status
+        self.trusted = set(self.seeds)  # the only origins that get the credentials (+ discovered nodes)
+        self._warned: set[tuple[str, str]] = set()  # (event, origin) refused already: one warning each
+
+    def trusts(self, origin: str, named_by: str) -> bool:
+        """May ``origin``, named by the queue ``named_by``, get the credentials?"""
+        return origin in self.trusted and not downgrade(origin, named_by)
+
+    def _refuse(self, origin: str, event: str, **fields: Any) -> None:
+        if (event, origin) not in self._warned:
+            self._warned.add((event, origin))
+            log.warning(event, **fields)
 
     def client(self, base: str) -> httpx.AsyncClient:
         c = self._clients.get(base)
         if c is None:
+            if base not in self.trusted:  # the one place credentials are attached
+                raise ValueError(f"{base!r} is not a trusted queue origin")
             c = httpx.AsyncClient(
                 base_url=base,
                 auth=self.auth,
@@ -96,8 +110,8 @@ class QueueClient:
         await asyncio.gather(*(c.aclose() for c in clients), return_exceptions=True)
 
     def _tracks(self, host: str) -> bool:
-        """Hosts we keep health for: the seeds, and with discovery every node we learn of (including
-        callback origins, as the reference fleet's side door does)."""
+        """Hosts we keep health for: the seeds, and with discovery every node we learn of (a callback
+        origin only when it is trusted: unlike the reference fleet's side door, a job cannot add one)."""
         return self.discover or host in self.health.hosts
 
     # ---------------------------------------------------------------------------------- claim
@@ -129,7 +143,7 @@ class QueueClient:
                 self.health.open_circuit(host, now_ms())
                 log.warning("claim answered garbage", host=host, error=str(e)[:200], body=resp.text[:200])
                 return ClaimResult("unavailable", status=200, detail="garbage")
-            jobs, problems = parse_jobs(body)
+            jobs, problems = parse_jobs(body, host)
             for p in problems:
                 log.warning("unusable job skipped", host=host, problem=p)
                 self.metrics.skipped.labels("malformed").inc()
@@ -155,11 +169,39 @@ class QueueClient:
 
     # --------------------------------------------------------------------------------- result
 
+    def result_origin(self, job: Job) -> str:
+        """Where a job's result goes: its callbackOrigin when that is trusted, else the queue that
+        granted the job ("" when it has none).
+
+        The callbackOrigin comes from the claim answer, so a queue (or anything between the worker and
+        a plain-http queue) could name any host and have the credentials sent there. Posting to an
+        untrusted origin without credentials would get a 401 and lose the render; the granting queue
+        is trusted, and a node that does not own the key passes the result on to the owner's keeper
+        (api/render_queue.py ``job_result``), so the render lands at the cost of one hop."""
+        origin, queue = job.callback_origin, job.granted_by
+        if self.trusts(origin, queue):
+            return origin
+        if not queue:
+            return ""
+        self._refuse(
+            origin,
+            "result sent to the queue that granted the job: its callbackOrigin is not trusted with the "
+            "credentials",
+            callback_origin=origin,
+            queue=queue,
+            hint="give it with --queue, or let discovery find it in /queue_status (never http under https)",
+        )
+        return queue
+
     async def post_result(self, job: Job, body: bytes, headers: dict[str, str]) -> str:
-        """POST one result to the job's callback origin. Returns ``delivered``, ``expired`` (the lease
-        ran out: nothing more is sent), ``not-held`` (409), ``too-large`` (413), ``rejected`` (any other
-        final answer) or ``failed`` (retries exhausted)."""
-        host = job.callback_origin
+        """POST one result to the job's callback origin, or to the queue that granted the job when the
+        worker does not trust that origin (``result_origin``). Returns ``delivered``, ``expired`` (the
+        lease ran out: nothing more is sent), ``not-held`` (409), ``too-large`` (413), ``rejected`` (any
+        other final answer, or no trusted origin) or ``failed`` (retries exhausted)."""
+        host = self.result_origin(job)
+        if not host:
+            log.error("result not sent: no trusted origin for it", key=job.id, callback_origin=job.callback_origin)
+            return "rejected"
         attempts = 1 + self.result_retries
         for attempt in range(1, attempts + 1):
             now = now_ms()
@@ -251,7 +293,12 @@ class QueueClient:
             if host not in self.health.hosts:
                 if not self.discover:
                     continue
+                if downgrade(host, seed):
+                    self._refuse(host, "node not adopted: an https queue lists it with a plain-http URL",
+                                 host=host, queue=seed)
+                    continue
                 self.health.add(host)
+                self.trusted.add(host)
                 log.info("queue host discovered", host=host, node=row.get("node"))
             updated = row.get("updatedTime")
             updated = (
@@ -268,6 +315,11 @@ class QueueClient:
         self.metrics.hosts.set(len(self.health.hosts))
         if woke:
             self.wake()
+
+
+def downgrade(origin: str, named_by: str) -> bool:
+    """Would the credentials leave TLS: ``origin`` is not https while the queue naming it is?"""
+    return named_by.lower().startswith("https:") and not origin.lower().startswith("https:")
 
 
 def _describe(e: BaseException) -> str:

@@ -52,9 +52,10 @@ class Job:
     headers: dict[str, str] = field(default_factory=dict)  # main-frame navigation only
     render_budget_ms: int | None = None
     options: job_options.JobOptions = job_options.JobOptions()  # prerender-ray's renderOptions
+    granted_by: str = ""  # the queue host that granted it (the worker's own record, not on the wire)
 
     @classmethod
-    def parse(cls, obj: Any) -> Job:
+    def parse(cls, obj: Any, granted_by: str = "") -> Job:
         if not isinstance(obj, dict):
             raise JobError("a job must be a JSON object")
         for name in ("id", "url", "callbackOrigin"):
@@ -86,6 +87,7 @@ class Job:
             render_budget_ms=int(budget)
             if isinstance(budget, (int, float)) and not isinstance(budget, bool) and budget > 0
             else None,
+            granted_by=granted_by,
         )
 
     def lease_left_ms(self, now_ms: float) -> float:
@@ -96,13 +98,13 @@ class Job:
         return math.isnan(self.expires_at) or now_ms < self.expires_at
 
 
-def parse_jobs(body: Any) -> tuple[list[Job], list[str]]:
-    """A claim body (already JSON-decoded, known to be a list): the usable jobs and one problem per
-    unusable element."""
+def parse_jobs(body: Any, granted_by: str = "") -> tuple[list[Job], list[str]]:
+    """A claim body (already JSON-decoded, known to be a list) from the queue ``granted_by``: the usable
+    jobs and one problem per unusable element."""
     jobs, problems = [], []
     for item in body:
         try:
-            jobs.append(Job.parse(item))
+            jobs.append(Job.parse(item, granted_by))
         except JobError as e:
             problems.append(str(e))
     return jobs, problems

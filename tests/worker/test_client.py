@@ -9,6 +9,7 @@ import random
 import time
 
 import pytest
+from structlog.testing import capture_logs
 
 from prerender_ray.worker.backoff import HostHealth, Timing
 from prerender_ray.worker.client import QueueClient
@@ -103,8 +104,9 @@ def _result(job: Job) -> tuple[bytes, dict]:
 
 
 async def test_a_result_goes_to_the_callback_origin_and_204_is_delivered(queue: FakeQueue) -> None:
-    job = Job.parse(queue.job("https://shop.example/a"))
-    c = client("http://127.0.0.1:1")  # the claim host is not where results go
+    granted_by = "http://127.0.0.1:1"  # the claim host is not where results go
+    job = Job.parse(queue.job("https://shop.example/a"), granted_by=granted_by)
+    c = client(granted_by, queue.base)
     body, headers = _result(job)
     assert await c.post_result(job, body, headers) == "delivered"
     await c.close()
@@ -178,6 +180,67 @@ async def test_without_discovery_only_the_given_queues_are_claimed(queue: FakeQu
     await c.poll_status()
     await c.close()
     assert list(c.health.hosts) == [queue.base]
+
+
+BASIC = "Basic " + base64.b64encode(b"fleet:s3cret").decode()
+
+
+@pytest.fixture
+def other():
+    q = FakeQueue().start()  # another port: another origin
+    yield q
+    q.stop()
+
+
+@pytest.mark.parametrize("discover", [False, True])
+async def test_a_callback_origin_nobody_vouched_for_gets_no_credentials_and_the_granting_queue_the_result(
+    queue: FakeQueue, other: FakeQueue, discover: bool
+) -> None:
+    # the queue lists only itself: with or without discovery, `other` is a host the worker was never given
+    queue.status_rows = [{"node": "a", "status": "queued", "updatedTime": 1, "url": queue.base}]
+    queue.jobs = [queue.job(f"https://shop.example/{i}", callbackOrigin=other.base) for i in range(2)]
+    c = client(queue.base, discover=discover)
+    await c.poll_status()
+    jobs = (await c.claim(queue.base, 2)).jobs
+    with capture_logs() as logs:
+        assert [await c.post_result(j, *_result(j)) for j in jobs] == ["delivered", "delivered"]
+    await c.close()
+    assert other.seen == []  # not even a request: nothing a host the queue named could read
+    posts = queue.requests("/render_queue/job_result")
+    assert len(posts) == 2 and all(p.headers["authorization"] == BASIC for p in posts)
+    warned = [e for e in logs if e["log_level"] == "warning" and e.get("callback_origin") == other.base]
+    assert len(warned) == 1 and warned[0]["queue"] == queue.base  # once per origin
+    assert other.base not in c.health.hosts  # and never claimed from
+
+
+async def test_a_node_the_queue_lists_gets_its_results_with_credentials(queue: FakeQueue, other: FakeQueue) -> None:
+    queue.status_rows = [
+        {"node": "a", "status": "empty", "updatedTime": 1, "url": queue.base},
+        {"node": "b", "status": "empty", "updatedTime": 1, "url": other.base},
+    ]
+    queue.jobs = [queue.job("https://shop.example/a", callbackOrigin=other.base)]
+    c = client(queue.base)
+    await c.poll_status()
+    job = (await c.claim(queue.base, 1)).jobs[0]
+    assert await c.post_result(job, *_result(job)) == "delivered"
+    await c.close()
+    assert [p.headers["authorization"] for p in other.requests("/render_queue/job_result")] == [BASIC]
+    assert queue.requests("/render_queue/job_result") == []
+
+
+async def test_an_https_queue_never_sends_credentials_to_plain_http(queue: FakeQueue, other: FakeQueue) -> None:
+    tls = f"https://127.0.0.1:{free_port()}"  # nothing listens there: a post to it fails
+    c = client(tls, other.base, result_retries=0)
+    # a node listed by an https queue with an http URL is not adopted (nor trusted)
+    c.apply_status(tls, [{"node": "b", "status": "queued", "updatedTime": 1, "url": queue.base}])
+    assert queue.base not in c.health.hosts
+    # a job an https queue grants with an http callbackOrigin: its result goes back to that queue, even when
+    # the http origin is one of the worker's own queues and even when it was discovered
+    for callback in (queue.base, other.base):
+        job = Job.parse(queue.job("https://shop.example/a", callbackOrigin=callback), granted_by=tls)
+        assert await c.post_result(job, *_result(job)) == "failed"
+    await c.close()
+    assert queue.seen == [] and other.seen == []
 
 
 async def test_the_queue_client_keeps_no_cookie() -> None:
