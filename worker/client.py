@@ -15,11 +15,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
 from prerender_ray import logs
 from prerender_ray.serving.origin_policy import NoCookies
+from prerender_ray.serving.proxies import is_loopback
 from prerender_ray.worker.backoff import HostHealth, Timing, parse_retry_after, result_retry_delay
 from prerender_ray.worker.metrics import WorkerMetrics
 from prerender_ray.worker.outcome import Job, parse_jobs
@@ -315,6 +317,11 @@ class QueueClient:
         self.metrics.hosts.set(len(self.health.hosts))
         if woke:
             self.wake()
+
+
+def cleartext(queues: list[str]) -> list[str]:
+    """The queues that would see the credentials in cleartext: plain http to a host off loopback."""
+    return [q for q in queues if q.lower().startswith("http:") and not is_loopback(urlsplit(q).hostname)]
 
 
 def downgrade(origin: str, named_by: str) -> bool:

@@ -27,7 +27,7 @@ from prerender_ray.rpc import wait_for
 from prerender_ray.worker import outcome as oc
 from prerender_ray.worker.backoff import HostHealth, Timing
 from prerender_ray.worker.blocklist import Blocklist
-from prerender_ray.worker.client import QueueClient, now_ms
+from prerender_ray.worker.client import QueueClient, cleartext, now_ms
 from prerender_ray.worker.metrics import WorkerMetrics
 from prerender_ray.worker.options import WorkerOptions
 from prerender_ray.worker.pool import BrowserError, BrowserPool, set_subreaper
@@ -96,6 +96,9 @@ class Worker:
 
     async def run(self) -> int:
         """Run until ``stop()``; 0 on a clean stop, 1 when Chromium cannot be started at all."""
+        for q in cleartext(self.opts.queues):  # as the node's start-up says of its own plain HTTP
+            log.warning("queue over plain HTTP off loopback: the credentials and the pages cross the network "
+                        "in cleartext", queue=q, hint="use an https URL (a node with server.tls, or a TLS proxy)")
         try:
             from playwright.async_api import async_playwright
         except ImportError:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,6 +37,22 @@ def test_bad_options_exit_2_with_one_line() -> None:
         timeout=60,
     )
     assert out.returncode == 2 and "NOPE_NOT_SET is not set" in out.stderr
+
+
+def test_a_plain_http_queue_off_loopback_is_warned_about_at_start() -> None:
+    # a Chromium that cannot start (false) ends the worker before it sends anything to a queue
+    out = subprocess.run(
+        [*CLI, "--queue", "http://10.0.0.5:9926", "--queue", "http://127.0.0.1:1", "--queue", "http://localhost:2",
+         "--queue", "http://[::1]:4", "--queue", "https://10.0.0.6:3", "--chromium", shutil.which("false") or "false"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PRERENDER_WORKER_USER": ""},
+    )
+    assert out.returncode == 1, out.stdout[-2000:]
+    lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    warned = [(line["level"], line.get("queue")) for line in lines if "cleartext" in line["event"]]
+    assert warned == [("warning", "http://10.0.0.5:9926")]
 
 
 def _chromium_of(worker: int) -> list[int]:
