@@ -180,13 +180,26 @@ def _apply_moves(raw: dict, warnings: list[str]) -> dict:
 # ------------------------------------------------------------------------------------------ validate
 
 
+def _is_secret(path: str) -> bool:
+    """A secret leaf (or something under one), or a user's password hash (``auth.users.<i>.password_hash``)."""
+    parts = path.split(".")
+    if len(parts) >= 4 and parts[:2] == ["auth", "users"] and parts[3] == "password_hash":
+        return True
+    return any(path == p or path.startswith(p + ".") for p in SECRET_PATHS)
+
+
 def _format_errors(err: ValidationError) -> list[str]:
     lines = []
     for e in err.errors():
         path = ".".join(str(p) for p in e["loc"] if p not in ("function-after",)) or "<root>"
         msg = e["msg"].removeprefix("Value error, ")
         given = e.get("input")
-        shown = "" if isinstance(given, dict) else f" (got {given!r})"
+        if isinstance(given, dict):
+            shown = ""
+        elif _is_secret(path):  # these lines reach stderr and CI logs: say the type, never the value
+            shown = f" (got a value of type {type(given).__name__})"
+        else:
+            shown = f" (got {given!r})"
         lines.append(f"{path}: {msg}{shown}")
     return lines
 

@@ -6,7 +6,7 @@ import pytest
 
 from prerender_ray.config import loading
 from prerender_ray.config.loading import ConfigError, parse
-from prerender_ray.config.model import Config
+from prerender_ray.config.model import SECRET_PATHS, Config
 
 
 def problems(raw: object, env: dict | None = None) -> list[str]:
@@ -120,6 +120,31 @@ def test_secrets_come_from_their_environment_variable_and_are_redacted() -> None
     assert shown["origin"]["security_token"]["value"] == "<set: 6 chars>"
     assert shown["render_now"]["token"] == "<empty>"
     assert "s3cret" not in str(shown)
+
+
+def _nest(path: str, value: object) -> dict:
+    raw: dict = {}
+    node = raw
+    *parents, leaf = path.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+    return raw
+
+
+@pytest.mark.parametrize("path", sorted(SECRET_PATHS))
+@pytest.mark.parametrize("value", [987654321, ["987654321"], [{"x": "987654321"}], 9876543.21])
+def test_a_wrongly_typed_secret_is_an_error_that_does_not_echo_it(path: str, value: object) -> None:
+    # `up` and `config check` print these lines to stderr, which ends up in CI logs.
+    found = problems(_nest(path, value))
+    assert any(p.startswith(path) for p in found), found
+    assert not any("987654321" in p or "9876543" in p for p in found), found
+
+
+def test_a_wrongly_typed_password_hash_is_an_error_that_does_not_echo_it() -> None:
+    found = problems({"auth": {"users": [{"name": "a", "roles": ["admin"], "passwordHash": 987654321}]}})
+    assert any(p.startswith("auth.users.0.password_hash") for p in found), found
+    assert not any("987654321" in p for p in found), found
 
 
 def test_risky_config_findings_name_their_keys() -> None:
