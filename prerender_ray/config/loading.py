@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -188,6 +189,14 @@ def _is_secret(path: str) -> bool:
     return any(path == p or path.startswith(p + ".") for p in SECRET_PATHS)
 
 
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s'\"]*@")
+
+
+def _hide_userinfo(line: str) -> str:
+    """A URL's user and password (refused wherever a URL is an option) are not shown back in the error."""
+    return _USERINFO.sub(r"\1<credentials>@", line)
+
+
 def _format_errors(err: ValidationError) -> list[str]:
     lines = []
     for e in err.errors():
@@ -200,7 +209,7 @@ def _format_errors(err: ValidationError) -> list[str]:
             shown = f" (got a value of type {type(given).__name__})"
         else:
             shown = f" (got {given!r})"
-        lines.append(f"{path}: {msg}{shown}")
+        lines.append(_hide_userinfo(f"{path}: {msg}{shown}"))
     return lines
 
 
@@ -236,7 +245,7 @@ def _check_fields(data: dict) -> list[str]:
         try:
             check(value)
         except ValueError as e:
-            problems.append(f"{path}: {e} (got {value!r})")
+            problems.append(_hide_userinfo(f"{path}: {e} (got {value!r})"))
     return problems
 
 

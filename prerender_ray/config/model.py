@@ -702,7 +702,10 @@ class Queue(Model):
 
 
 class Mqtt(Model):
-    url: str = Field("", description="Broker URL, e.g. mqtt://127.0.0.1:1883; empty disables the broadcast.")
+    url: str = Field(
+        "", description="Broker URL, e.g. mqtt://127.0.0.1:1883, without credentials (`username`, `passwordEnv`); "
+        "empty disables the broadcast."
+    )
     topic_prefix: NonEmptyStr = Field(
         "queue_status", description="Topic prefix: status goes to `<prefix>/<host>`, retained."
     )
@@ -716,6 +719,9 @@ class Mqtt(Model):
     def _scheme(cls, v: str) -> str:
         if v and not re.match(r"^(mqtt|mqtts|ws|wss)://[^/\s]+", v):
             raise ValueError("must be mqtt://, mqtts://, ws:// or wss:// with a host")
+        parts = urlsplit(v)
+        if parts.username or parts.password:  # the client never logs in with them; the config view shows them
+            raise ValueError("must not carry credentials: set fleet.mqtt.username and fleet.mqtt.passwordEnv instead")
         return v
 
 

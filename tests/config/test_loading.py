@@ -147,6 +147,27 @@ def test_a_wrongly_typed_password_hash_is_an_error_that_does_not_echo_it() -> No
     assert not any("987654321" in p for p in found), found
 
 
+@pytest.mark.parametrize("url", ["mqtts://user:pw-s3cret@broker.example", "mqtt://user@broker.example:1883",
+                                 "wss://:pw-s3cret@broker.example/mqtt"])
+def test_credentials_in_the_mqtt_url_are_refused_naming_the_options_to_use(url: str) -> None:
+    # The broadcaster never logged in with them, and the admin config view showed them as written.
+    found = problems({"fleet": {"mqtt": {"url": url}}})
+    assert any(p.startswith("fleet.mqtt.url:") and "fleet.mqtt.username" in p and "passwordEnv" in p
+               for p in found), found
+    assert not any("s3cret" in p for p in found), found
+
+
+@pytest.mark.parametrize("raw, path", [
+    ({"fleet": {"mqtt": {"url": "mqtts://user:pw-s3cret@broker.example"}}}, "fleet.mqtt.url"),
+    ({"bots": {"verify": {"ranges": {"googlebot": ["https://u:pw-s3cret@x.example/r.json"]}}}}, "bots.verify.ranges"),
+    ({"domains": ["https://u:pw-s3cret@x.example"]}, "domains"),
+])
+def test_a_refused_url_option_does_not_show_its_credentials_back(raw: dict, path: str) -> None:
+    found = problems(raw)
+    assert any(p.startswith(f"{path}:") and "<credentials>@" in p for p in found), found
+    assert not any("s3cret" in p for p in found), found
+
+
 def test_risky_config_findings_name_their_keys() -> None:
     findings = parse({"ingress": {"mode": "forwarded", "routes": [{"match": "prefix", "path": "/x/",
                                                                   "mode": "passthrough"}]},
