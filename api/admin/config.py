@@ -43,9 +43,6 @@ async def config(request: Request, who: Principal = Depends(require("viewer"))) 
     settings found at start-up, and the live overrides in force on this replica."""
     ctx = ctx_of(request)
     data = redact(ctx.cfg)
-    data["auth"]["users"] = [{"name": u.name, "roles": list(u.roles), "password_env": u.password_env,
-                              "password_hash": "<set>" if u.password_hash else "<empty>"}
-                             for u in ctx.cfg.auth.users]
     compiled = ctx.rules.router.compiled
     live = ctx.state.live
     try:

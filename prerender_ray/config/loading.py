@@ -424,11 +424,14 @@ def explain_discovery(cfg: Config) -> list[str]:
 
 
 def redact(cfg: Config) -> dict:
-    """The effective config as plain data, secrets shown only as set/unset."""
+    """The effective config as plain data, secrets shown only as set/unset and password hashes as
+    ``<set>`` / ``<empty>`` (a hash is open to an offline guess at the password)."""
     data = cfg.model_dump(mode="json")
     for path in SECRET_PATHS:
         value = _get(data, path)
         _set(data, path, f"<set: {len(value)} chars>" if value else "<empty>")
+    for user in data["auth"]["users"]:
+        user["password_hash"] = "<set>" if user["password_hash"] else "<empty>"
     return data
 
 

@@ -65,6 +65,19 @@ def test_config_check_prints_the_effective_config_with_secrets_redacted(tmp_path
     assert "warn: domains" in out.stderr
 
 
+def test_config_check_never_prints_a_password_hash(tmp_path: Path, capsys) -> None:
+    from prerender_ray.admin.users import hash_password
+
+    digest = hash_password("ops-pass", iterations=1000)
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump({"auth": {"users": [{"name": "ops", "roles": ["admin"], "passwordHash": digest}]}}))
+    out = cli(capsys, "config", "check", str(f))
+    assert out.returncode == 0, out.stderr
+    assert yaml.safe_load(out.stdout)["auth"]["users"][0]["password_hash"] == "<set>"
+    assert digest.rsplit("$", 1)[-1] not in out.stdout + out.stderr
+    assert "pbkdf2" not in out.stdout + out.stderr
+
+
 @pytest.mark.parametrize("text, expected", [
     ("server: [oops\n", "not valid YAML"),
     ("server:\n  port: eighty\n", "server.port: Input should be a valid integer"),

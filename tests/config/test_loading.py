@@ -122,6 +122,16 @@ def test_secrets_come_from_their_environment_variable_and_are_redacted() -> None
     assert "s3cret" not in str(shown)
 
 
+def test_redact_shows_password_hashes_only_as_set() -> None:
+    digest = "pbkdf2_sha256$1000$c2FsdA$ZGlnZXN0ZGlnZXN0"
+    cfg = parse({"auth": {"users": [{"name": "ops", "roles": ["admin"], "passwordHash": digest},
+                                    {"name": "fleet", "roles": ["fleet"], "passwordEnv": "FLEET_PW"}]}}, {}).config
+    users = loading.redact(cfg)["auth"]["users"]
+    assert [u["password_hash"] for u in users] == ["<set>", "<empty>"]
+    assert users[1]["password_env"] == "FLEET_PW" and users[0]["roles"] == ["admin"]
+    assert "ZGlnZXN0" not in str(loading.redact(cfg))
+
+
 def _nest(path: str, value: object) -> dict:
     raw: dict = {}
     node = raw
