@@ -133,6 +133,28 @@ def apply_env(record: Record | None) -> None:
             os.environ.pop("RAY_AUTH_TOKEN", None)
 
 
+def _token_file(ray_dir: Path) -> Path:
+    """The deployment's Ray token, readable by its owner only: a new one is written 0600 from its first
+    byte (a temp file renamed into place, so never a window at the umask's mode nor a half-written
+    token), and one left with looser modes is tightened."""
+    token_file = ray_dir / "auth_token"
+    if token_file.exists():
+        if os.stat(token_file).st_mode & 0o077:
+            os.chmod(token_file, 0o600)
+        return token_file
+    tmp = ray_dir / f".auth_token.{os.getpid()}"
+    tmp.unlink(missing_ok=True)  # left by a crashed start that had this pid
+    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+        os.replace(tmp, token_file)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return token_file
+
+
 def start_local_ray(data_dir: Path, epoch: str, note: Callable[[str], None] = lambda _: None) -> Record:
     """Start a single-node Ray for this deployment: its own token, temp dir and ports, on loopback.
     ``ray start --block`` in a session of its own supervises the Ray processes; stopping it stops them.
@@ -141,10 +163,7 @@ def start_local_ray(data_dir: Path, epoch: str, note: Callable[[str], None] = la
     deadline; ``note`` is told why."""
     ray_dir = data_dir / "ray"
     ray_dir.mkdir(parents=True, exist_ok=True)
-    token_file = ray_dir / "auth_token"
-    if not token_file.exists():
-        token_file.write_text(secrets.token_hex(32))
-        token_file.chmod(0o600)
+    token_file = _token_file(ray_dir)
     # Unix socket paths are short: keep Ray's temp dir out of a possibly deep data dir.
     tag = hashlib.sha1(str(data_dir).encode()).hexdigest()[:10]
     temp_dir = Path("/tmp") / f"prerender-ray-{tag}"

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import stat
+
+import pytest
 
 from prerender_ray.actors.deploy import free_ports
 
@@ -74,3 +77,42 @@ def test_a_start_whose_raylet_gives_up_on_a_slow_agent_is_made_once_more(tmp_pat
     finally:
         deploy.stop_local_ray(record)
     assert deploy._strays(record.temp_dir) == []
+
+
+class _Stop(Exception):
+    pass
+
+
+def _token_file_made_by_a_start(tmp_path, monkeypatch):
+    """What start_local_ray leaves of the token file, stopped just before it would start Ray."""
+    from prerender_ray.actors import deploy
+
+    def no_ray(*args, **kwargs):
+        raise _Stop
+
+    monkeypatch.setattr(deploy, "_ray_start", no_ray)
+    with pytest.raises(_Stop):
+        deploy.start_local_ray(tmp_path / "data", "e1")
+    return tmp_path / "data" / "ray" / "auth_token"
+
+
+def test_a_new_ray_token_file_is_readable_by_its_owner_only(tmp_path, monkeypatch) -> None:
+    old = os.umask(0)  # the most permissive umask: the file's mode must not come from it
+    try:
+        token_file = _token_file_made_by_a_start(tmp_path, monkeypatch)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    assert len(token_file.read_text()) == 64
+    assert [p.name for p in token_file.parent.iterdir()] == ["auth_token"]  # no temporary file left
+
+
+def test_a_ray_token_file_left_readable_by_others_is_made_owner_only(tmp_path, monkeypatch) -> None:
+    # Before: a token file with looser modes (an older version, a copy) kept them for good.
+    token_file = tmp_path / "data" / "ray" / "auth_token"
+    token_file.parent.mkdir(parents=True)
+    token_file.write_text("ab" * 32)
+    token_file.chmod(0o644)
+    assert _token_file_made_by_a_start(tmp_path, monkeypatch) == token_file
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    assert token_file.read_text() == "ab" * 32  # the deployment keeps its token
