@@ -24,7 +24,7 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,6 +72,21 @@ SWITCHES = (
     "--remote-debugging-address=127.0.0.1",
     "--remote-debugging-port=0",
 )
+
+# What Chromium sees of the worker's environment. It runs untrusted pages without a sandbox, so never
+# the worker's credentials, the bypass token or Ray's: only what it needs to run, find fonts and
+# locales, and reach the network through a configured proxy.
+CHROMIUM_ENV = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "TMPDIR", "TZ", "LANG", "LANGUAGE", "LD_LIBRARY_PATH",
+    "FONTCONFIG_FILE", "FONTCONFIG_PATH",
+    "http_proxy", "https_proxy", "no_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY",
+})
+CHROMIUM_ENV_PREFIXES = ("LC_", "XDG_")
+
+
+def chromium_env(environ: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in environ.items() if k in CHROMIUM_ENV or k.startswith(CHROMIUM_ENV_PREFIXES)}
+
 
 # Viewport and user agent per device type (Playwright's device registry); desktop keeps Chrome's own
 # user agent, as the reference fleet does. Unknown device types render as desktop.
@@ -226,6 +241,7 @@ class Chromium:
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=stderr,
+                env=chromium_env(os.environ),
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )

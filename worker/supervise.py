@@ -9,6 +9,7 @@ import subprocess
 import sys
 from typing import Any
 
+from prerender_ray.config.loading import secret_env_vars
 from prerender_ray.worker.options import default_concurrency, find_chromium
 
 TOKEN_ENV = "PRERENDER_WORKER_BYPASS_TOKEN"
@@ -33,7 +34,11 @@ def worker_command(cfg: Any, queue_url: str, chromium: str) -> tuple[list[str], 
     ]
     if cfg.cache_key.plus_is_space:
         cmd.append("--plus-is-space")
-    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    # The worker is no Ray process and needs none of the node's secrets but the two it is given below;
+    # it would only carry them to Chromium and the pages it renders.
+    drop = secret_env_vars(cfg) - {"PRERENDER_WORKER_PASSWORD"}
+    env = {k: v for k, v in os.environ.items()
+           if k != "PROMETHEUS_MULTIPROC_DIR" and not k.startswith("RAY_") and k not in drop}
     token = cfg.origin.security_token
     if token.value:
         cmd += ["--bypass-header", token.header, "--bypass-token-env", TOKEN_ENV]

@@ -423,6 +423,13 @@ def explain_discovery(cfg: Config) -> list[str]:
     return lines
 
 
+def secret_env_vars(cfg: Config) -> set[str]:
+    """The environment variables this config reads its secrets and users' passwords from."""
+    data = cfg.model_dump()
+    names = {_get(data, env_path) for env_path in SECRET_PATHS.values()}
+    return {n for n in names | {u.password_env for u in cfg.auth.users} if n}
+
+
 def redact(cfg: Config) -> dict:
     """The effective config as plain data, secrets shown only as set/unset and password hashes as
     ``<set>`` / ``<empty>`` (a hash is open to an offline guess at the password)."""
