@@ -34,7 +34,7 @@ def test_cluster_yaml_installs_prerender_ray_names_nodes_and_uses_token_auth() -
     # nothing assumes a writable /opt or root, the local venv and data never travel, and
     # `ray exec` finds prerender-ray on its login shell's PATH
     assert not any("/opt" in c or "sudo" in c for c in cfg["setup_commands"]) and "/opt" not in str(cfg["file_mounts"])
-    assert {"**/.venv", "data"} <= set(cfg["rsync_exclude"])
+    assert {"**/.venv", "data", "*.env"} <= set(cfg["rsync_exclude"])  # *.env: a file of secrets left there
     assert any("bashrc" in c and "prerender-venv/bin" in c for c in cfg["setup_commands"])
     for key in ("head_start_ray_commands", "worker_start_ray_commands"):
         start = " ".join(cfg[key])
@@ -56,3 +56,33 @@ def test_a_broken_cluster_yaml_is_refused_by_the_same_validation() -> None:
     cfg["provider"] = {"type": "local"}  # no head_ip
     with pytest.raises(Exception):
         validate_config(prepare_config(cfg))
+
+
+INLINE_SECRET = re.compile(r"\b[A-Za-z_]*(?:PASSWORD|TOKEN|SECRET)[A-Za-z_]*=", re.IGNORECASE)
+
+
+def ray_exec_examples(text: str) -> list[str]:
+    """Every `ray exec` command written in ``text`` (a doc or cluster.yaml's comments), continuation
+    lines joined."""
+    commands, current = [], ""
+    for line in text.splitlines():
+        line = line.strip().lstrip("#").strip()
+        current = f"{current} {line}" if current else line
+        if current.endswith("\\"):
+            current = current[:-1].rstrip()
+            continue
+        if "ray exec" in current:
+            commands.append(current[current.index("ray exec"):])
+        current = ""
+    return commands
+
+
+def test_no_ray_exec_example_puts_a_secret_on_the_command_line() -> None:
+    """`ray exec`'s argument lands in the operator's shell history and in `ps` on the head: secrets go
+    in an env file on the head that the command sources."""
+    files = [REPO / "cluster.yaml", REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    examples = {f.name: ray_exec_examples(f.read_text()) for f in files}
+    for name in ("cluster.yaml", "operations.md"):  # the documented cluster start is checked, not skipped
+        assert any("prerender-ray up" in c and ". ~/prerender.env" in c for c in examples[name]), examples[name]
+    inline = [(name, c) for name, commands in examples.items() for c in commands if INLINE_SECRET.search(c)]
+    assert inline == []
