@@ -49,7 +49,7 @@ from prerender_ray.serving.web_bot_auth import REASONS as SIGNATURE_REASONS
 from prerender_ray.serving.web_bot_auth import WebBotAuth
 
 log = logs.get("bot")
-BOT_LABELS = 200  # distinct bot names kept as metric labels; the rest count as ~overflow
+BOT_LABELS = 200  # distinct derived bot names kept as metric labels; the rest count as ~overflow
 RANGE_FETCH_S = 20.0  # one read of a bot operator's range URL, whole
 RESOLVED_MEMO = 16_384  # ingress decisions remembered per state (cleared when full)
 # Inputs longer than this are decided afresh each time, never kept: a head may be 64 KiB, and a full
@@ -80,7 +80,8 @@ class Services:
         self.llms = LlmsTxt(ctx, cfg, self.pages, self.counters) if cfg.llms_txt.enabled else None
         inx = cfg.index_now
         self.index_now_key = KeyFile.of(inx.key, inx.hosts) if inx.enabled else None
-        self.bot_label = LabelBudget(BOT_LABELS)
+        # registry names always pass: only names derived from any User-Agent spend the budget
+        self.bot_label = LabelBudget(BOT_LABELS, always=self.bots.labels())
         rep = cfg.ingress.report
         self.report_unrouted = rep.enabled and cfg.ingress.mode == "forwarded"
         self.report_interval_s = rep.interval / 1000

@@ -145,6 +145,10 @@ class BotRegistry:
         """Every registry name, lower-cased (what per-bot policies may name besides derived ones)."""
         return frozenset(self._classes)
 
+    def labels(self) -> frozenset[str]:
+        """Every name ``name_for`` can give besides derived ones: registry names, ``other``, ``debug``."""
+        return frozenset({*self._names.values(), OTHER, DEBUG})
+
     def name_for(self, headers: Mapping[str, str]) -> str:
         """``debug`` for the ``harper: pre-render`` marker, else ``name(user-agent)``."""
         if headers.get(DEBUG_HEADER[0]) == DEBUG_HEADER[1]:

@@ -8,6 +8,7 @@ the process and folds the rest into one overflow label.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from prerender_ray.serving.origin_rules import bucket_for_unrouted
@@ -17,15 +18,18 @@ LABEL_OVERFLOW = "~overflow"  # any other dimension past its budget (the referen
 
 
 class LabelBudget:
-    """The first ``limit`` distinct values pass; later new ones become ``overflow``."""
+    """The first ``limit`` distinct values pass; later new ones become ``overflow``. Values in
+    ``always`` (a bounded set the operator chose, such as the bot registry's names) pass without
+    spending the budget, so made-up values cannot push them out."""
 
-    def __init__(self, limit: int, overflow: str = LABEL_OVERFLOW):
+    def __init__(self, limit: int, overflow: str = LABEL_OVERFLOW, always: Iterable[str] = ()):
         self.limit = limit
         self.overflow = overflow
+        self._always = frozenset(always)
         self._seen: set[str] = set()
 
     def __call__(self, value: str) -> str:
-        if value in self._seen:
+        if value in self._seen or value in self._always:
             return value
         if len(self._seen) >= self.limit:
             return self.overflow

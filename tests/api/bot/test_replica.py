@@ -23,6 +23,7 @@ from prerender_ray.config.model import Config
 from prerender_ray.config.overrides import Overrides
 from prerender_ray.identity.nodes import NodeInfo
 from prerender_ray.serving.classify import BotRequest
+from prerender_ray.serving.tally import LABEL_OVERFLOW
 
 BOT = Path(replica.__file__).parent
 PACKAGE = "prerender_ray.api.bot"
@@ -148,5 +149,20 @@ async def test_long_ingress_inputs_are_decided_but_never_remembered(tmp_path) ->
         assert len(state.resolved) == 0  # a head may be 64 KiB: such keys would pin memory
         assert isinstance(state.resolve("GET", "/p/https://x.example/short", "", {}), BotRequest)
         assert len(state.resolved) == 1
+    finally:
+        await close_replica(ctx)
+
+
+async def test_made_up_bot_names_spend_the_label_budget_but_registry_names_always_pass(tmp_path) -> None:
+    ctx = context(tmp_path)
+    state = open_replica(ctx)
+    try:
+        bots, label = state.services.bots, state.services.bot_label
+        made_up = [bots.name(f"Madeup{i}Bot/1.0") for i in range(replica.BOT_LABELS)]
+        assert len(set(made_up)) == replica.BOT_LABELS and all(label(n) == n for n in made_up)
+        google = bots.name("Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)")
+        assert google == "Googlebot" and label(google) == "Googlebot"
+        assert label(bots.name("Other")) == "other"
+        assert label(bots.name("Madeup201Bot/1.0")) == LABEL_OVERFLOW
     finally:
         await close_replica(ctx)
