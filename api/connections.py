@@ -497,6 +497,8 @@ class GuardedHttp(HttpToolsProtocol):
     def send_400_response(self, msg: str) -> None:
         if self._closed:  # the error is in what is dropped unread; the last answer (a 431 too) is given
             return
+        # uvicorn's warning for it is logged at most once a minute (prerender_ray.logs): counted here
+        metrics.connections_closed.labels("bad-request").inc()
         self._uncork()
         super().send_400_response(msg)
         self._close_waits()

@@ -67,6 +67,38 @@ class _JsonRecords(logging.Formatter):
         return json.dumps(line, default=str)
 
 
+class _Sometimes(logging.Filter):
+    """A library's warnings at most once per message a ``every_s`` per process, with how many were held
+    back since. uvicorn warns once per malformed head or refused upgrade: a client's cheap
+    connections would otherwise rotate the sign-in and override history out of the log file. Errors
+    (an app's exception) always pass."""
+
+    MAX_MESSAGES = 256  # distinct message templates tracked; uvicorn has a handful
+
+    def __init__(self, every_s: float = 60.0, clock: Any = time.monotonic):
+        super().__init__()
+        self.every_s = every_s
+        self.clock = clock
+        self._last: dict[str, tuple[float, int]] = {}  # template -> (when last logged, held back since)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR:
+            return True
+        key, now = str(record.msg), self.clock()
+        last, held = self._last.get(key, (None, 0))
+        if last is not None and now - last < self.every_s:
+            self._last[key] = (last, held + 1)
+            return False
+        if len(self._last) >= self.MAX_MESSAGES:
+            self._last.clear()
+        self._last[key] = (now, 0)
+        if held:
+            record.msg = f"{record.getMessage()} ({held} more like it in the last {self.every_s:g} s not logged)"
+            record.args = None
+        return True
+
+
+_bad_clients = _Sometimes()
 _sink: Any = None
 
 
@@ -117,6 +149,9 @@ def setup(node: str = "", *, level: str = "info", json_lines: str = "auto", proc
         logging.basicConfig(level=_LEVELS.get(level, logging.INFO), stream=sys.stdout, format="%(message)s")
     for noisy in ("httpx", "httpcore", "uvicorn.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    uvicorn_error = logging.getLogger("uvicorn.error")
+    if _bad_clients not in uvicorn_error.filters:
+        uvicorn_error.addFilter(_bad_clients)
 
 
 def get(name: str | None = None) -> Any:

@@ -130,3 +130,45 @@ def test_the_console_renderer_escapes_what_it_prints(capsys, monkeypatch) -> Non
     out = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out.rstrip("\n"))  # the renderer's own colours
     assert not _forged(out), repr(out)
     assert "event mallory\\n10:00:00.000 INFO" in out
+
+
+async def test_uvicorns_warnings_about_bad_clients_come_at_most_once_a_minute(log_dir, monkeypatch) -> None:
+    # Before: one line per malformed head or refused upgrade, so cheap connections could rotate the
+    # sign-in and config-override history out of the 20 MB log.
+    from prerender_ray.config.model import Config
+    from tests.api.live_server import connect, request, response, serving, until_closed
+    from tests.api.test_connections import App, closed
+
+    logs.setup("n1", process="ingress-0")
+    monkeypatch.setattr(logs._bad_clients, "_last", {})  # what an earlier test in this process logged
+    monkeypatch.setattr(logs._bad_clients, "clock", lambda: 0.0)  # all within one minute, however slow
+    bad_before = closed("bad-request")
+    async with serving(App(), Config.model_validate({})) as port:
+        for _ in range(100):
+            r, w = await connect(port)
+            w.write(b"NOT HTTP AT ALL\r\n\r\n")
+            assert (await until_closed(r)).startswith(b"HTTP/1.1 400")
+            w.close()
+        for _ in range(100):
+            r, w = await connect(port)
+            w.write(request(extra="connection: upgrade\r\nupgrade: h2c\r\n"))
+            assert await response(r) == (200, b"ok")
+            w.close()
+    events = [d["event"] for d in _lines(log_dir / "nodes" / "n1" / "logs" / "ingress-0.log")
+              if d.get("logger") == "uvicorn.error"]
+    assert sorted(events) == ["Invalid HTTP request received.", "Unsupported upgrade request."], events
+    assert closed("bad-request") - bad_before == 100  # each one counted where the lines are not
+
+
+def test_a_held_back_library_warning_is_counted_in_the_next_line() -> None:
+    import logging
+
+    now = [0.0]
+    sometimes = logs._Sometimes(clock=lambda: now[0])
+    record = lambda: logging.LogRecord("uvicorn.error", logging.WARNING, "", 0, "bad %s", ("x",), None)  # noqa: E731
+    assert sometimes.filter(record()) and not sometimes.filter(record()) and not sometimes.filter(record())
+    now[0] = 60.0
+    line = record()
+    assert sometimes.filter(line) and line.getMessage() == "bad x (2 more like it in the last 60 s not logged)"
+    error = logging.LogRecord("uvicorn.error", logging.ERROR, "", 0, "bad %s", ("x",), None)
+    assert sometimes.filter(error)  # errors are ours (an app's exception), never held back
