@@ -15,7 +15,7 @@ from prerender_ray.api.bot.hit import Hit, Outcome
 from prerender_ray.api.bot.holders import HolderReader
 from prerender_ray.api.bot.origin import OriginClient, OriginError
 from prerender_ray.api.bot.pages import PageReader, StoredPage
-from prerender_ray.api.bot.peer import PeerClient
+from prerender_ray.api.bot.peer import NOT_HELD, PeerClient
 from prerender_ray.api.context import NodeContext
 from prerender_ray.config.model import Config
 from prerender_ray.identity.urls import UrlError
@@ -43,6 +43,7 @@ DISCOVERY_TASKS = 64  # discoveries in flight per replica; over it, refused (bus
 # What the origin served may predate a delete (a redirect's result retiring its source, an operator's
 # DELETE) by an origin fetch and a discovery call: a target deleted this recently is not re-created.
 DISCOVERY_AFTER_DELETE_MS = 120_000
+LOGGED_KEY_CHARS = 200  # of a cache key in a warning line (a bot chooses the URL: up to ~8 KB)
 
 
 class Miss:
@@ -121,8 +122,12 @@ class Miss:
         t0 = time.perf_counter()
         got = await peer.fetch(owner, info.url, req.cache_key)
         if isinstance(got, str):
+            if got == NOT_HELD:  # not cached there either: no failure, the origin answers
+                return None
             self.counters.child(metrics.serve_errors, "peer-rescue").inc()
-            log.info("peer rescue failed", key=req.cache_key, owner=owner, reason=got)
+            # once a minute per kind ("peer responded 500", "peer fetch failed", ...), not per miss
+            self.counters.warn_sometimes(f"peer-rescue {got.split(':', 1)[0]}", "peer rescue failed",
+                                         key=req.cache_key[:LOGGED_KEY_CHARS], owner=owner, error=got)
             return None
         if verdict(got.meta, now, self.swr_ttl) not in ("hit", "swr"):
             return None

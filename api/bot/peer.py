@@ -21,6 +21,7 @@ from prerender_ray.storage.pages import PageMeta
 
 PATH = "/prerender_peer/page"
 META_HEADER = "x-prerender-page"
+NOT_HELD = "peer responded 404"  # the owner has no page for the key: the usual answer for an uncached URL
 
 
 def active(rescue: PeerRescue) -> bool:
@@ -80,6 +81,8 @@ class PeerClient:
         try:
             async with asyncio.timeout(self.timeout_s):
                 async with self._http().stream("GET", url, headers=headers) as r:
+                    if r.status_code == 404:
+                        return NOT_HELD
                     if r.status_code != 200:
                         return f"peer responded {r.status_code}"
                     meta = parse_metadata(r.headers.get(META_HEADER), key)

@@ -454,3 +454,48 @@ async def test_an_origin_206_to_a_whole_page_request_is_a_502_not_a_page(tmp_pat
     origin = GatedOrigin(always_partial=True)
     [(status, body)] = await _misses_at_once(tmp_path, origin, "")
     assert status == 502 and b"origin-protocol" in body
+
+
+@pytest.mark.parametrize(("status", "lines"), [(404, 0), (500, 1)])
+async def test_peer_rescue_logs_no_404_and_each_other_failure_at_most_once(tmp_path, status: int, lines: int) -> None:
+    """An owner's 404 is the normal answer for a URL nobody cached: before, each one logged a line with
+    the whole cache key (up to ~8 KB); another failure is logged once a minute, its key clipped."""
+    import asyncio
+
+    from structlog.testing import capture_logs
+
+    from prerender_ray.api.bot.miss import LOGGED_KEY_CHARS
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(f"HTTP/1.1 {status} No\r\ncontent-length: 0\r\n\r\n".encode())
+            await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+    owner = await asyncio.start_server(answer, "127.0.0.1", 0)
+    cfg = Config.model_validate({"domains": ["127.0.0.1:9"], "server": {"data_dir": str(tmp_path)},
+                                 "peerRescue": {"enabled": True, "token": "peer-token"}})
+    primary = Store(store_path(tmp_path, "n1", PAGES))
+    ctx = NodeContext(cfg=cfg, node=NodeInfo(name="n1", host="127.0.0.1", port=1, ray_node_id="x"),
+                      data_dir=str(tmp_path))
+    ctx.ownership.update(["n1", "n2"])
+    ctx.peers = {"n1": ctx.node, "n2": NodeInfo("n2", "127.0.0.1", owner.sockets[0].getsockname()[1])}
+    long = "q" * 4_000
+    urls = [u for u in (f"http://127.0.0.1:9/p{i}/{long}" for i in range(400)) if ctx.owner_of(u) == "n2"][:100]
+    assert len(urls) == 100
+    asgi = create_asgi(ctx)
+    try:
+        with capture_logs() as logged:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi), base_url="http://t") as c:
+                for url in urls:
+                    assert (await c.get(f"/p/{url}")).status_code == 502  # the origin's port 9: nothing
+    finally:
+        await close_replica(ctx)
+        primary.close()
+        owner.close()
+    failed = [e for e in logged if e["event"] == "peer rescue failed"]
+    assert len(failed) == lines, failed
+    assert all(len(e["key"]) <= LOGGED_KEY_CHARS for e in failed)
