@@ -225,12 +225,21 @@ def serving_policy(
     return ServingPolicy(True, skip, asked, True)
 
 
-def bucket_for_unrouted(path: object, source: str = "cdn") -> str:
+MAX_BUCKET_SEGMENT = 64  # characters of a first segment that names an unrouted bucket
+# What a canonical URL's path segment is made of (printable ASCII, percent-encoded past it)
+_BUCKET_SEGMENT = re.compile(rf"[!-.0-~]{{1,{MAX_BUCKET_SEGMENT}}}")
+
+
+def bucket_for_unrouted(path: object, source: str = "cdn") -> str | None:
     """The unrouted-tally bucket: the first path segment, with ``/*`` when the path goes deeper;
-    ``/`` for the root, empty or non-string paths. Sources other than ``cdn`` get a suffix."""
+    ``/`` for the root, empty or non-string paths. Sources other than ``cdn`` get a suffix. None for
+    a segment no site names (over ``MAX_BUCKET_SEGMENT`` characters, or not a canonical URL's): a
+    client chooses it, so it gets no bucket or metric label of its own."""
     bucket = "/"
     if isinstance(path, str):
         segment, deeper, _ = path.removeprefix("/").partition("/")
         if segment:
+            if _BUCKET_SEGMENT.fullmatch(segment) is None:
+                return None
             bucket = f"/{segment}/*" if deeper else f"/{segment}"
     return bucket if source == "cdn" else f"{bucket} ({source})"

@@ -15,6 +15,7 @@ from prerender_ray.serving.origin_rules import bucket_for_unrouted
 
 OVERFLOW = "overflow"  # the unrouted overflow bucket (as the reference)
 LABEL_OVERFLOW = "~overflow"  # any other dimension past its budget (the reference's crawl overflow)
+MAX_SAMPLE_PATH = 256  # characters of a bucket's sample path kept for the report (a bot chooses it)
 
 
 class LabelBudget:
@@ -55,7 +56,7 @@ class UnroutedTally:
     """Bot requests served without prerendering, per class and path bucket, drained every interval.
 
     Once a class holds ``max_buckets`` distinct buckets, further new buckets only count as overflow
-    (nothing is evicted). ``record`` returns the bucket's metric label: the bucket, or ``overflow``
+    (nothing is evicted); so does a path whose first segment no site names (``bucket_for_unrouted``). ``record`` returns the bucket's metric label: the bucket, or ``overflow``
     once the lifetime label budget of the class is spent."""
 
     CLASSES = ("unclassified", "passthrough")
@@ -72,6 +73,9 @@ class UnroutedTally:
             return None
         bucket = bucket_for_unrouted(path, source)
         tally = self._tally.setdefault(route_class, ClassTally())
+        if bucket is None:  # a junk segment: straight to overflow, spending neither budget
+            tally.overflowed += 1
+            return OVERFLOW
         found = tally.buckets.get(bucket)
         if found is not None:
             found.count += 1
@@ -79,7 +83,8 @@ class UnroutedTally:
         elif len(tally.buckets) >= self.max_buckets:
             tally.overflowed += 1
         else:
-            tally.buckets[bucket] = Bucket(1, now_ms, now_ms, path if isinstance(path, str) else "/")
+            sample = path[:MAX_SAMPLE_PATH] if isinstance(path, str) else "/"
+            tally.buckets[bucket] = Bucket(1, now_ms, now_ms, sample)
         return self._labels[route_class](bucket)
 
     def peek(self) -> dict[str, ClassTally]:
@@ -104,7 +109,7 @@ class UnroutedTally:
                            f"path bucket(s) - {shown}{more}")
             if tally.overflowed:
                 out.append(f"{cls}: {tally.overflowed} request(s) in new path buckets past the cap of "
-                           f"{self.max_buckets} ({OVERFLOW})")
+                           f"{self.max_buckets} or with no plausible first segment ({OVERFLOW})")
         return out
 
 

@@ -388,13 +388,18 @@ def test_the_default_miss_mode_is_configurable() -> None:
         ("/help/contact", "/help/*"),
         ("/help/", "/help/*"),
         ("/foo", "/foo"),
+        ("/%7Eu~!$&'()*+,;=:@[]-_.", "/%7Eu~!$&'()*+,;=:@[]-_."),
+        ("/" + "s" * 64 + "/x", "/" + "s" * 64 + "/*"),
+        ("/" + "s" * 65, None),  # a client's text, not a site's section
+        ("/a b", None),
+        ("/caf\u00e9", None),
         ("/", "/"),
         ("", "/"),
         (None, "/"),
         (42, "/"),
     ],
 )
-def test_unrouted_paths_bucket_by_first_segment(path: object, bucket: str) -> None:
+def test_unrouted_paths_bucket_by_first_segment(path: object, bucket: str | None) -> None:
     assert bucket_for_unrouted(path) == bucket
 
 

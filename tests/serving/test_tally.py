@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prerender_ray.serving.tally import LABEL_OVERFLOW, OVERFLOW, LabelBudget, UnroutedTally
+from prerender_ray.serving.tally import LABEL_OVERFLOW, MAX_SAMPLE_PATH, OVERFLOW, LabelBudget, UnroutedTally
 
 
 def test_a_label_budget_admits_the_first_values_then_folds_the_rest() -> None:
@@ -62,3 +62,19 @@ def test_missed_urls_are_kept_per_class_most_asked_first_and_bounded() -> None:
     off = MissTally(0)
     off.record("other", "https://x.example/", "other", 1)
     assert off.top(5) == {}
+
+
+def test_junk_first_segments_fold_into_overflow_without_spending_the_label_budget() -> None:
+    # Before: each 8,000-character segment was a bucket and a label of its own, so 200 of them put
+    # 1.6 MB of a client's text in /metrics per class and every genuine bucket after read overflow.
+    from prerender_ray.serving.origin_rules import MAX_BUCKET_SEGMENT
+
+    t = UnroutedTally(max_buckets=200)
+    labels = [t.record("passthrough", f"/{i:04d}{'x' * 7_996}/y", i) for i in range(200)]
+    labels += [t.record("passthrough", f"/a\u00e9b{i}", i) for i in range(10)]  # not a canonical URL's
+    assert set(labels) == {OVERFLOW} and t.peek()["passthrough"].overflowed == 210
+    assert t.record("passthrough", "/blog/x", 1) == "/blog/*"
+    assert t.record("passthrough", f"/{'s' * MAX_BUCKET_SEGMENT}", 1) == f"/{'s' * MAX_BUCKET_SEGMENT}"
+    labels = [t.record("passthrough", f"/b{i}/" + "z" * 8_000, i) for i in range(300)]
+    assert all(len(label) <= MAX_BUCKET_SEGMENT + 3 for label in labels)
+    assert all(len(b.sample_path) <= MAX_SAMPLE_PATH for b in t.peek()["passthrough"].buckets.values())
