@@ -114,6 +114,9 @@ MAX_TEXT = 64 * 1024  # url / redirectedTo: far above any real URL, far below th
 # at most 512 KiB of base64, about 1 MiB with the longest URLs and headers this module takes.
 MAX_METADATA_BYTES = 2 * 1024 * 1024
 MAX_REASON = 200
+# The reasons the fleet protocol names (docs/fleet-protocol.md#metadata-fields): a plan's detail, a
+# metric label, is one of these or "other" (the fleet may send any text; the target keeps it).
+REASONS = ("noindex", "canonical-mismatch", "canonical-variant", "http-error", "redirect-loop", "redirect", "error")
 MAX_HEADER_VALUE = 8192
 MAX_RENDER_TIME_MS = 86_400_000  # a day: the render budget is seconds; more is a broken clock
 
@@ -479,7 +482,8 @@ class Planner:
         url = target.url if target else self.rules.url_of(r.id)
         s = self.rules.suppress(target, url, reason=r.reason, status_code=r.status_code, now=now,
                                 strike=self._counts(target))
-        plan = Plan("suppressed", detail=r.reason or "non-indexable")
+        plan = Plan("suppressed", detail="non-indexable" if not r.reason else
+                    r.reason if r.reason in REASONS else "other")
         if s.deleted:
             plan.targets.update(self._delete_target(target, r.id))
             plan.detail = "deleted"

@@ -554,6 +554,27 @@ def test_a_noindex_verdict_suppresses_every_device_and_deletes_the_cached_pages(
     assert p.row_deletes == [f"{SRC}|tablet"]  # a device no longer configured keeps no row
 
 
+def test_the_plans_detail_is_a_documented_reason_or_other() -> None:
+    # Before: the detail, a metric label (prerender_render_outcomes_total), was the fleet's reason
+    # as sent, any text up to 200 characters. The target keeps the text as today.
+    p = plan(noindex(reason="x" * 200), target())
+    assert p.outcome == "suppressed" and p.detail == "other"
+    assert p.targets[SRC].suppressed_reason == "x" * 200  # type: ignore[union-attr]
+    for reason in ("noindex", "canonical-mismatch", "canonical-variant", "http-error", "redirect-loop"):
+        assert plan(noindex(reason=reason), target()).detail == reason
+    assert plan(noindex(reason=None), target()).detail == "non-indexable"
+
+
+def test_the_documented_reasons_are_the_fleet_protocols() -> None:
+    from pathlib import Path
+
+    from prerender_ray.queue.results import REASONS
+
+    doc = (Path(__file__).parents[2] / "docs" / "fleet-protocol.md").read_text()
+    row = next(line for line in doc.splitlines() if line.startswith("| `reason` |"))
+    assert set(REASONS) == set(row.split("only without content:")[1].strip(" |").replace("`", "").split(", "))
+
+
 def test_a_404_or_410_http_error_is_gone_rechecked_in_14_days() -> None:
     for status in (404, 410):
         p = plan(noindex(statusCode=status, reason="http-error"), target())
