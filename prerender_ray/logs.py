@@ -240,14 +240,42 @@ def _indented(block: str) -> str:
     return "\n".join("    " + terminal_safe(line) for line in block.splitlines())
 
 
+class _Shown:
+    """A value the console renderer prints as this text (it prints a non-string as its repr)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _escaped(value: Any) -> Any:
+    """A value as structlog's console renderer will print it, its control characters escaped. The
+    renderer quotes a string (with repr, which escapes them) only when it holds a space, tab, ``=``,
+    CR, LF or a quote, so ESC, C1 and U+2028 in any other would reach the terminal raw; and a
+    non-string is printed as its repr, which its class may make anything."""
+    if isinstance(value, str):
+        return value if terminal_safe(value) == value else _Shown(repr(value))
+    text = repr(value)
+    safe = terminal_safe(text)
+    return value if safe == text else _Shown(safe)
+
+
+_BLOCKS = ("event", "exception", "stack")  # printed by the renderer as text, not as a value
+
+
 def _escape_event(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-    """For structlog's console renderer, which writes the event, the keys and a traceback raw (it
-    shows other values as their repr, escaped already)."""
-    out = {terminal_safe(k): v for k, v in event.items()}
+    """For structlog's console renderer, which writes the event, the keys, a traceback and some
+    values raw."""
+    out = {terminal_safe(k): v if k in _BLOCKS else _escaped(v) for k, v in event.items()}
     if isinstance(out.get("event"), str):
         out["event"] = terminal_safe(out["event"])
-    if isinstance(out.get("exception"), str):
-        out["exception"] = _indented(out["exception"])
+    for block in ("exception", "stack"):
+        if isinstance(out.get(block), str):
+            out[block] = _indented(out[block])
     return out
 
 

@@ -172,3 +172,22 @@ def test_a_held_back_library_warning_is_counted_in_the_next_line() -> None:
     assert sometimes.filter(line) and line.getMessage() == "bad x (2 more like it in the last 60 s not logged)"
     error = logging.LogRecord("uvicorn.error", logging.ERROR, "", 0, "bad %s", ("x",), None)
     assert sometimes.filter(error)  # errors are ours (an app's exception), never held back
+
+
+def test_the_console_format_escapes_control_characters_in_values_it_would_print_raw(capsys, monkeypatch) -> None:
+    # Before: structlog's console renderer quotes (and so escapes) a string only when it holds a space,
+    # tab, =, CR, LF or a quote: ESC, C1 controls and U+2028 went to the terminal raw.
+    monkeypatch.delenv(logs.LOG_DIR_ENV, raising=False)
+
+    class Raw:
+        def __repr__(self) -> str:
+            return "raw\x1b]0;title\x07"
+
+    try:
+        logs.setup("n1", process="render-worker", json_lines="never")
+        logs.get().warning("event", user="a\x1b[2Jb\u2028c", c1="x\x9b31my", obj=Raw(), items=["\x1b"])
+    finally:
+        structlog.reset_defaults()
+    out = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out.rstrip("\n"))  # the renderer's own colours
+    assert not _forged(out), repr(out)
+    assert "user='a\\x1b[2Jb\\u2028c'" in out and "c1='x\\x9b31my'" in out and "obj=raw\\x1b]0;title\\x07" in out
