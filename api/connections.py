@@ -584,6 +584,9 @@ def server_config(app: Any, cfg: Config, log: Any = None) -> uvicorn.Config:
     tls = srv.tls
     return uvicorn.Config(
         app, loop="none", lifespan="on", log_level="warning", access_log=False,
+        # No route is a WebSocket: an upgrade would hand the connection to uvicorn's WebSocket
+        # protocol, outside this one's cap, deadlines and head bounds. Without it, it is plain HTTP.
+        ws="none",
         # uvicorn's own logging config gives its loggers a stderr handler and cuts them off from the
         # root: its lines then missed the node's JSON log files (logs.setup), and in one test process
         # every later logger test (LocalNode serves in-process)

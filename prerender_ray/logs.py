@@ -67,6 +67,9 @@ class _JsonRecords(logging.Formatter):
         return json.dumps(line, default=str)
 
 
+_NO_WEBSOCKETS = "No supported WebSocket library detected"  # uvicorn's advice after any refused upgrade
+
+
 class _Sometimes(logging.Filter):
     """A library's warnings at most once per message a ``every_s`` per process, with how many were held
     back since. uvicorn warns once per malformed head or refused upgrade: a client's cheap
@@ -85,6 +88,8 @@ class _Sometimes(logging.Filter):
         if record.levelno >= logging.ERROR:
             return True
         key, now = str(record.msg), self.clock()
+        if key.startswith(_NO_WEBSOCKETS):  # the replica has no WebSocket by choice (api/connections.py)
+            return False
         last, held = self._last.get(key, (None, 0))
         if last is not None and now - last < self.every_s:
             self._last[key] = (last, held + 1)

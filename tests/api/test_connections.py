@@ -240,6 +240,18 @@ async def test_clients_that_never_read_a_closing_answer_give_their_slots_back() 
         w.close()
 
 
+async def test_a_websocket_upgrade_is_answered_as_plain_http_by_the_guarded_protocol() -> None:
+    """With uvicorn's default (ws auto, the websockets package installed) an upgrade handed the
+    connection to its WebSocket protocol, outside the cap, the deadlines and the head bounds."""
+    app = App()
+    async with serving(app, config()) as port:
+        r, w = await connect(port)
+        w.write(request(extra="upgrade: websocket\r\nconnection: Upgrade\r\n"
+                              "sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n"))
+        assert await response(r) == (200, b"ok")
+        w.close()
+
+
 def slow_read(s: socket.socket, every_s: float, at_least: int) -> bytes:
     """Read until the server closes, taking ``at_least`` bytes every ``every_s``: a slow link, not a stall."""
     got = b""
