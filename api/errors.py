@@ -18,7 +18,15 @@ HANDLED = (StarletteHTTPException, DeadlineExceeded, RayError, HoldersUnavailabl
 
 
 def error_response(request: Request, exc: Exception) -> JSONResponse | None:
-    """The answer to ``exc`` raised by a route, or None for one no handler takes (a 500)."""
+    """The answer to ``exc`` raised by a route, or None for one no handler takes (a 500). nosniff: an
+    error names what it was given (a URL, a name), and no browser may read it as anything but JSON."""
+    response = _answer(request, exc)
+    if response is not None:
+        response.headers["x-content-type-options"] = "nosniff"
+    return response
+
+
+def _answer(request: Request, exc: Exception) -> JSONResponse | None:
     if isinstance(exc, StarletteHTTPException):
         body = exc.detail if isinstance(exc.detail, dict) else {"error": str(exc.detail)}
         return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))

@@ -36,7 +36,7 @@ BLOCKING_DEADLINE_S = 900.0  # a blocking walk answers within this, or 504 while
 DELETE_DEADLINE_S = 600.0
 READ_DEADLINE_S = 10.0
 SCAN_PAGE = 1000
-NO_STORE = {"cache-control": "no-store"}
+NO_STORE = {"cache-control": "no-store", "x-content-type-options": "nosniff"}  # as every error: it names URLs
 
 
 def answer(body: object, status: int = 200) -> JSONResponse:

@@ -148,6 +148,7 @@ def test_a_root_outside_domains_is_refused_at_once_and_never_fetched(node, site,
         for background in (True, False):
             r = httpx.post(f"{node.url}/sitemaps", json={"url": url, "background": background}, timeout=30)
             assert r.status_code == 400 and r.json()["reason"] == "host-not-allowed", r.text
+            assert r.headers["x-content-type-options"] == "nosniff"  # it names the URL (api/errors.py)
             assert f"{origin} is not allowed by domains; add '{origin}'" in r.json()["error"]
             assert progress(node.url, url) is None
     assert "/c/root.xml" not in site.hits and canary.hits == {}

@@ -489,13 +489,15 @@ async def test_peer_rescue_logs_no_404_and_each_other_failure_at_most_once(tmp_p
     asgi = create_asgi(ctx)
     try:
         with capture_logs() as logged:
+            start = time.monotonic()
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi), base_url="http://t") as c:
                 for url in urls:
                     assert (await c.get(f"/p/{url}")).status_code == 502  # the origin's port 9: nothing
+            minutes = int((time.monotonic() - start) // 60)  # a slow machine may pass into the next minute
     finally:
         await close_replica(ctx)
         primary.close()
         owner.close()
     failed = [e for e in logged if e["event"] == "peer rescue failed"]
-    assert len(failed) == lines, failed
+    assert lines <= len(failed) <= lines * (1 + minutes), failed
     assert all(len(e["key"]) <= LOGGED_KEY_CHARS for e in failed)
