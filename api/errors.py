@@ -26,6 +26,13 @@ def error_response(request: Request, exc: Exception) -> JSONResponse | None:
     return response
 
 
+def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """The answer to a route's ``HTTPException``: its detail as JSON, its headers, nosniff."""
+    response = error_response(request, exc)
+    assert response is not None  # an HTTPException always has one
+    return response
+
+
 def _answer(request: Request, exc: Exception) -> JSONResponse | None:
     if isinstance(exc, StarletteHTTPException):
         body = exc.detail if isinstance(exc.detail, dict) else {"error": str(exc.detail)}

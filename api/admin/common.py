@@ -17,6 +17,7 @@ from prerender_ray import logs
 from prerender_ray.actors.client import ActorClient
 from prerender_ray.api.bodies import bad_request, int_text
 from prerender_ray.api.context import NodeContext
+from prerender_ray.api.errors import http_error
 from prerender_ray.identity.cachekeys import CacheKeyError
 
 NO_STORE = {"cache-control": "no-store"}
@@ -31,8 +32,8 @@ T = TypeVar("T")
 
 
 class AdminRoute(APIRoute):
-    """Every admin answer is no-store and nosniff, errors included: the app-wide error handler renders
-    an ``HTTPException`` without them, so admin routes render their own (same JSON body)."""
+    """Every admin answer is no-store and nosniff, errors included: an ``HTTPException`` is rendered
+    by the app's own error answer (``api/errors.py``), then given the headers every answer gets."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -41,9 +42,7 @@ class AdminRoute(APIRoute):
             try:
                 response = await handler(request)
             except HTTPException as e:
-                body = e.detail if isinstance(e.detail, dict) else {"error": str(e.detail)}
-                return JSONResponse(body, status_code=e.status_code,
-                                    headers={**(e.headers or {}), **ANSWER_HEADERS})
+                response = http_error(request, e)  # the app's answer to it, made no-store below
             except TimeoutError as e:  # an actor call past its deadline (DeadlineExceeded)
                 log.warning("admin read timed out", path=request.url.path, error=str(e))
                 return answer({"error": f"this node did not answer in time ({e}); nothing is known, "

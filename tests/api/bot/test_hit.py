@@ -11,7 +11,6 @@ import pytest
 
 from prerender_ray import metrics
 from prerender_ray.api.app import create_asgi
-from prerender_ray.api.bot import hit as hit_module
 from prerender_ray.api.bot.hit import Outcome
 from prerender_ray.api.bot.pages import DecodedPages
 from prerender_ray.api.bot.replica import close_replica, open_replica
@@ -113,26 +112,13 @@ async def test_a_framed_page_whose_headers_do_not_decode_is_served_from_its_fram
 JUNK = [f"br, a{i}" for i in range(1, 5)]  # four distinct values that all negotiate br
 
 
-def _count_prepares(monkeypatch) -> list[str | None]:
-    """The Accept-Encoding values the hit path negotiated a page for (``prepare`` called)."""
-    calls: list[str | None] = []
-    real = hit_module.prepare
-
-    def counting(meta, body, accept_encoding, *args):
-        calls.append(accept_encoding)
-        return real(meta, body, accept_encoding, *args)
-
-    monkeypatch.setattr(hit_module, "prepare", counting)
-    return calls
-
-
 @pytest.mark.parametrize("url", [PLAIN, FRAMED])
-async def test_distinct_accept_encoding_values_do_not_crowd_out_a_pages_negotiated_forms(app, monkeypatch,
+async def test_distinct_accept_encoding_values_do_not_crowd_out_a_pages_negotiated_forms(app, prepares,
                                                                                         url: str) -> None:
     # Before: the forms were kept by the raw header, four a page: after four junk values every other
     # value (no Accept-Encoding included) was decoded and re-encoded on the loop, request after request.
     asgi, *_ = app
-    calls = _count_prepares(monkeypatch)
+    calls = prepares
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi), base_url="http://t") as c:
         for value in JUNK:
             r = await c.get(f"/p/{url}", headers={**UA, "accept-encoding": value})

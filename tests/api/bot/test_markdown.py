@@ -16,7 +16,6 @@ import pytest
 
 from prerender_ray import metrics
 from prerender_ray.api.app import create_asgi
-from prerender_ray.api.bot import hit as hit_module
 from prerender_ray.api.bot.markdown import Converted, MarkdownCache, Skipped
 from prerender_ray.api.bot.replica import close_replica, open_replica
 from prerender_ray.api.context import NodeContext
@@ -333,16 +332,9 @@ def test_the_markdown_cache_is_bounded_by_bytes_and_keeps_one_version_per_page()
 
 
 async def test_distinct_accept_encoding_values_do_not_crowd_out_the_markdowns_negotiated_forms(
-        tmp_path, site, monkeypatch) -> None:
+        tmp_path, site, prepares) -> None:
     # Before: kept by the raw header, four an entry: past four junk values, every request re-coded.
-    calls: list[str | None] = []
-    real = hit_module.prepare
-
-    def counting(meta, body, accept_encoding, *args):
-        calls.append(accept_encoding)
-        return real(meta, body, accept_encoding, *args)
-
-    monkeypatch.setattr(hit_module, "prepare", counting)
+    calls = prepares
     async with serving(tmp_path, site) as s, s.client() as c:
         url = s.store("/page/junk")
         md = {**UA, "accept": "text/markdown"}

@@ -81,6 +81,19 @@ def test_batched_observations_equal_one_by_one_observations() -> None:
            [(s.name, s.labels, s.value) for m in batched.collect() for s in m.samples if "created" not in s.name]
 
 
+def _peer_rescue_node(tmp_path, owner_port: int) -> tuple[NodeContext, Store]:
+    """Node n1 with peer rescue on, n2 (listening on ``owner_port``) owning about half the URLs, the
+    origin on port 9 (nothing listens); its page store is opened, for the caller to close."""
+    cfg = Config.model_validate({"domains": ["127.0.0.1:9"], "server": {"data_dir": str(tmp_path)},
+                                 "peerRescue": {"enabled": True, "token": "peer-token"}})
+    primary = Store(store_path(tmp_path, "n1", PAGES))
+    ctx = NodeContext(cfg=cfg, node=NodeInfo(name="n1", host="127.0.0.1", port=1, ray_node_id="x"),
+                      data_dir=str(tmp_path))
+    ctx.ownership.update(["n1", "n2"])
+    ctx.peers = {"n1": ctx.node, "n2": NodeInfo("n2", "127.0.0.1", owner_port)}
+    return ctx, primary
+
+
 async def test_peer_rescue_asks_only_the_owners_address_from_the_node_list(tmp_path) -> None:
     """Whatever host or forwarding headers a request carries, the peer read goes to the address the
     cluster's membership gives for the URL's owner, and the origin policy still guards the fallback."""
@@ -102,13 +115,7 @@ async def test_peer_rescue_asks_only_the_owners_address_from_the_node_list(tmp_p
     owner = await asyncio.start_server(recorder("owner"), "127.0.0.1", 0)
     canary = await asyncio.start_server(recorder("canary"), "127.0.0.1", 0)
     canary_at = f"127.0.0.1:{canary.sockets[0].getsockname()[1]}"
-    cfg = Config.model_validate({"domains": ["127.0.0.1:9"], "server": {"data_dir": str(tmp_path)},
-                                 "peerRescue": {"enabled": True, "token": "peer-token"}})
-    primary = Store(store_path(tmp_path, "n1", PAGES))
-    ctx = NodeContext(cfg=cfg, node=NodeInfo(name="n1", host="127.0.0.1", port=1, ray_node_id="x"),
-                      data_dir=str(tmp_path))
-    ctx.ownership.update(["n1", "n2"])
-    ctx.peers = {"n1": ctx.node, "n2": NodeInfo("n2", "127.0.0.1", owner.sockets[0].getsockname()[1])}
+    ctx, primary = _peer_rescue_node(tmp_path, owner.sockets[0].getsockname()[1])
     url = next(u for u in (f"http://127.0.0.1:9/p{i}" for i in range(100)) if ctx.owner_of(u) == "n2")
     asgi = create_asgi(ctx)
     try:
@@ -476,13 +483,7 @@ async def test_peer_rescue_logs_no_404_and_each_other_failure_at_most_once(tmp_p
         writer.close()
 
     owner = await asyncio.start_server(answer, "127.0.0.1", 0)
-    cfg = Config.model_validate({"domains": ["127.0.0.1:9"], "server": {"data_dir": str(tmp_path)},
-                                 "peerRescue": {"enabled": True, "token": "peer-token"}})
-    primary = Store(store_path(tmp_path, "n1", PAGES))
-    ctx = NodeContext(cfg=cfg, node=NodeInfo(name="n1", host="127.0.0.1", port=1, ray_node_id="x"),
-                      data_dir=str(tmp_path))
-    ctx.ownership.update(["n1", "n2"])
-    ctx.peers = {"n1": ctx.node, "n2": NodeInfo("n2", "127.0.0.1", owner.sockets[0].getsockname()[1])}
+    ctx, primary = _peer_rescue_node(tmp_path, owner.sockets[0].getsockname()[1])
     long = "q" * 4_000
     urls = [u for u in (f"http://127.0.0.1:9/p{i}/{long}" for i in range(400)) if ctx.owner_of(u) == "n2"][:100]
     assert len(urls) == 100
