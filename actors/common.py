@@ -117,7 +117,11 @@ class ActorNotPlaced(ValueError, RayError):
 
 
 def lookup(kind: str, node: str, index: int | None = None) -> Any:
-    """A named actor's handle: a blocking GCS round trip, so never on an event loop (``Handles``)."""
+    """A named actor's handle: a blocking GCS round trip, so never on an event loop (``Handles``).
+    Outside Ray (a test harness, a tool) the actor is not placed: ``ray.get_actor`` would start Ray
+    there, or join whichever instance it finds, from a request's thread, seconds later."""
+    if not ray.is_initialized():
+        raise ActorNotPlaced(f"Ray is not running in this process: no {actor_name(kind, node, index)}")
     try:
         return ray.get_actor(actor_name(kind, node, index), namespace=NAMESPACE)
     except ValueError as e:
