@@ -13,7 +13,7 @@ import threading
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from prerender_ray.config.model import Mqtt
+from prerender_ray.config.render import Mqtt
 
 DEFAULT_PORTS = {"mqtt": 1883, "mqtts": 8883, "ws": 80, "wss": 443}
 FLUSH_S = 3.0  # on close: how long the last status may take to reach the broker

@@ -16,7 +16,7 @@ from fastapi import HTTPException, Request
 
 from prerender_ray.admin.users import LOOPBACK, Principal, decoy_hash, verify_password
 from prerender_ray.api.context import NodeContext
-from prerender_ray.config.model import User
+from prerender_ray.config.service import User
 from prerender_ray.serving.proxies import Proxies, is_loopback
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")  # change nothing; a page cannot read a cross-site answer

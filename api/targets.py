@@ -12,7 +12,7 @@ from prerender_ray.admin.users import Principal
 from prerender_ray.api.auth import require
 from prerender_ray.api.bodies import bad_request, int_field, read_object
 from prerender_ray.api.context import NodeContext
-from prerender_ray.config.model import duration_ms
+from prerender_ray.config.base import duration_ms
 from prerender_ray.identity.urls import UrlError
 from prerender_ray.rpc import call
 from prerender_ray.storage.registry import Target

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
-from prerender_ray.config.model import clean_host
+from prerender_ray.config.base import clean_host
 
 # Hosts of third-party scripts that never change what a page's content is.
 DEFAULT_BLOCKED_HOSTS = (

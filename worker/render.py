@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from prerender_ray import logs
-from prerender_ray.config.model import Scroll
+from prerender_ray.config.render import Scroll
 from prerender_ray.queue import job_options
 from prerender_ray.rpc import wait_for
 from prerender_ray.worker import outcome as oc

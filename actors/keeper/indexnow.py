@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 import httpx
 
 from prerender_ray import logs, metrics
-from prerender_ray.config.model import IndexNow
+from prerender_ray.config.outputs import IndexNow
 from prerender_ray.rpc import wait_for
 from prerender_ray.serving.indexnow import Pending, RateLimit, backoff_s, host_of, retryable, submission
 from prerender_ray.serving.origin_policy import NoCookies

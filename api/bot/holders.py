@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from prerender_ray import logs, metrics
 from prerender_ray.api.bot.pages import StoredPage, UnreadablePage, decode_page
 from prerender_ray.api.context import NodeContext
-from prerender_ray.config.model import Cluster
+from prerender_ray.config.service import Cluster
 
 log = logs.get("bot")
 LATE_GRACE = 3  # timeouts more for any holder asked, once every holder was asked

@@ -13,7 +13,7 @@ import asyncio
 
 import httpx
 
-from prerender_ray.config.model import WebBotAuthConfig
+from prerender_ray.config.bots import WebBotAuthConfig
 from prerender_ray.serving.origin_policy import NoCookies
 from prerender_ray.serving.web_bot_auth import DIRECTORY_PATH, DIRECTORY_TYPE, KeyDirectoryError, agent_origin
 

@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 import httpx
 
-from prerender_ray.config.model import PeerRescue
+from prerender_ray.config.service import PeerRescue
 from prerender_ray.jsonbody import parse_json
 from prerender_ray.serving.origin_policy import NoCookies
 from prerender_ray.storage.pages import PageMeta

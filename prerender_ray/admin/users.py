@@ -10,7 +10,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Mapping
 
-from prerender_ray.config.model import Auth
+from prerender_ray.config.service import Auth
 
 ITERATIONS = 200_000
 PREFIX = "pbkdf2_sha256"

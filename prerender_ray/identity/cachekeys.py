@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, cast
 from prerender_ray.identity.urls import DECODE_RESERVED_ALLOWED, TRAILING_SLASH_MODES, canonicalize_url
 
 if TYPE_CHECKING:
-    from prerender_ray.config.model import CacheKey, Config
+    from prerender_ray.config.model import Config
+    from prerender_ray.config.service import CacheKey
 
 URL = "url"
 DEVICE = "deviceType"

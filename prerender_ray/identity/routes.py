@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from prerender_ray.config.model import Block, Config, Guard, Scroll
+from prerender_ray.config.model import Config
+from prerender_ray.config.render import Block, Guard, Scroll
 from prerender_ray.identity.urls import UrlError, whatwg_path
 
 RouteClass = Literal["prerender", "passthrough", "unclassified"]

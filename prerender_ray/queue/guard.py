@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from prerender_ray.config.model import Guard
+from prerender_ray.config.render import Guard
 
 MEASURE_HEADER = "x-prerender-measure"  # internal: the serve path drops it (serving/responses.py)
 WHYS = ("not-found", "empty-shell", "lost-text", "lost-links")

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from prerender_ray.config.model import Block, Render, Scroll
+from prerender_ray.config.render import Block, Render, Scroll
 
 FIELD = "renderOptions"
 DEFAULT_SCROLL = Scroll()

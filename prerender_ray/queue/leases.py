@@ -37,7 +37,7 @@ import itertools
 import json
 from typing import Literal, NamedTuple
 
-from prerender_ray.config.model import Queue, Render
+from prerender_ray.config.render import Queue, Render
 from prerender_ray.queue.grants import (
     ANSWERED,
     ANSWERING,

@@ -13,7 +13,7 @@ import struct
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
-from prerender_ray.config.model import FailureRetry, Page
+from prerender_ray.config.render import FailureRetry, Page
 from prerender_ray.timeutil import DAY_MS, HOUR_MS, MINUTE_MS, finite, positive
 
 # version, flags, next_render_time, effective_interval (little-endian, no padding)

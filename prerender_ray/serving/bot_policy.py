@@ -32,7 +32,7 @@ from prerender_ray.serving.bots import DEBUG, BotRegistry
 from prerender_ray.sitemaps.content_signals import USE_OF_CLASS, Signals, robots_token
 
 if TYPE_CHECKING:
-    from prerender_ray.config.model import BotPolicy, Bots
+    from prerender_ray.config.bots import BotPolicy, Bots
 
 # Verification states of one request (prerender_ray.serving.verification).
 UNCHECKED = "unchecked"  # no method for this bot, or verification off

@@ -26,7 +26,7 @@ from prerender_ray.identity.urls import UrlError, url_parts, url_path
 from prerender_ray.serving.origin_policy import Domains, compiled, origin_of
 
 if TYPE_CHECKING:
-    from prerender_ray.config.model import LlmsTxt
+    from prerender_ray.config.outputs import LlmsTxt
 
 PATH = "/llms.txt"
 CONTENT_TYPE = "text/markdown; charset=utf-8"

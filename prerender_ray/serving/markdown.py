@@ -29,7 +29,7 @@ from prerender_ray.serving.negotiation import EncodingError, add_vary, decode_bo
 from prerender_ray.storage.pages import PageMeta
 
 if TYPE_CHECKING:
-    from prerender_ray.config.model import Markdown
+    from prerender_ray.config.outputs import Markdown
 
 MARKDOWN_TYPE = "text/markdown; charset=utf-8"
 MARKDOWN_TYPES = frozenset({"text/markdown", "text/x-markdown"})

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal
 
-from prerender_ray.config.model import Origin, RenderNow, Staging
+from prerender_ray.config.origin import Origin, Staging
+from prerender_ray.config.render import RenderNow
 
 HOP_BY_HOP = frozenset(
     {

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from prerender_ray.serving.bot_policy import FAILED, UNCHECKED, UNVERIFIED, VERIFIED
 
 if TYPE_CHECKING:
-    from prerender_ray.config.model import Verify
+    from prerender_ray.config.bots import Verify
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network

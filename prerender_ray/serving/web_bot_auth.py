@@ -50,7 +50,7 @@ from prerender_ray.serving.bot_policy import UNCHECKED, UNVERIFIED, VERIFIED
 from prerender_ray.serving.origin_policy import origin_of
 
 if TYPE_CHECKING:
-    from prerender_ray.config.model import WebBotAuthConfig
+    from prerender_ray.config.bots import WebBotAuthConfig
 
 TAG = "web-bot-auth"
 DIRECTORY_PATH = "/.well-known/http-message-signatures-directory"

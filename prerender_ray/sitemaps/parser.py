@@ -31,7 +31,7 @@ from typing import Literal, NamedTuple
 
 from lxml import etree
 
-from prerender_ray.config.model import Sitemap as SitemapConfig
+from prerender_ray.config.origin import Sitemap as SitemapConfig
 from prerender_ray.decoding import DecodeError, Decoder
 
 SITEMAP_NS = "http://www.sitemaps.org/schemas/sitemap/0.9"

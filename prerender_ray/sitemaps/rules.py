@@ -30,8 +30,9 @@ from zoneinfo import ZoneInfo
 
 from pydantic.alias_generators import to_camel
 
-from prerender_ray.config.model import Config, Page
-from prerender_ray.config.model import Sitemap as SitemapConfig
+from prerender_ray.config.model import Config
+from prerender_ray.config.origin import Sitemap as SitemapConfig
+from prerender_ray.config.render import Page
 from prerender_ray.identity.cachekeys import KeyFormat
 from prerender_ray.identity.routes import Classification
 from prerender_ray.identity.urls import url_parts, url_path

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from prerender_ray.api.bot.peer import META_HEADER, PeerClient, parse_metadata
-from prerender_ray.config.model import PeerRescue
+from prerender_ray.config.service import PeerRescue
 from prerender_ray.decoding import decoded_digest
 from tests.localnode import LocalNode
 from tests.support import claim, free_port, post_result, put_target, wait_for

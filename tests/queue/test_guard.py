@@ -9,7 +9,8 @@ import pytest
 from pydantic import ValidationError
 
 from prerender_ray.config.loading import parse
-from prerender_ray.config.model import Config, Guard
+from prerender_ray.config.model import Config
+from prerender_ray.config.render import Guard
 from prerender_ray.identity.routes import compile_route_list
 from prerender_ray.queue.guard import (
     MAX_TOKENS,

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from prerender_ray.config.model import Queue, Render
+from prerender_ray.config.render import Queue, Render
 from prerender_ray.queue.grants import ResultCheck
 from prerender_ray.queue.leases import (
     MISS_MEMORY_MS,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prerender_ray.config.model import FailureRetry, Page
+from prerender_ray.config.render import FailureRetry, Page
 from prerender_ray.queue.schedule import (
     ScheduleRow,
     UnreadableRow,

@@ -15,7 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prerender_ray.config.model import BOT_CLASSES, Config
+from prerender_ray.config.bots import BOT_CLASSES
+from prerender_ray.config.model import Config
 from prerender_ray.serving import markdown as markdown_module
 from prerender_ray.serving.answer import prepare, prepared_reply
 from prerender_ray.serving.markdown import (

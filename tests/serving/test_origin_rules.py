@@ -7,7 +7,8 @@ import hmac
 
 import pytest
 
-from prerender_ray.config.model import Origin, RenderNow, SecurityToken, Staging, UserAgents
+from prerender_ray.config.origin import Origin, SecurityToken, Staging, UserAgents
+from prerender_ray.config.render import RenderNow
 from prerender_ray.serving import origin_rules
 from prerender_ray.serving.origin_rules import (
     bucket_for_unrouted,

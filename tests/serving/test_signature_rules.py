@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from prerender_ray.config.bots import WebBotAuthConfig
 from prerender_ray.config.loading import parse
-from prerender_ray.config.model import WebBotAuthConfig
 from prerender_ray.serving.bot_policy import UNCHECKED, UNVERIFIED, VERIFIED, Policies
 from prerender_ray.serving.bots import BotRegistry
 from prerender_ray.serving.class_stats import ClassStats

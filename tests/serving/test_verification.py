@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prerender_ray.config.model import Verify
+from prerender_ray.config.bots import Verify
 from prerender_ray.serving.bot_policy import FAILED, UNCHECKED, UNVERIFIED, VERIFIED
 from prerender_ray.serving.verification import (
     RangeError,

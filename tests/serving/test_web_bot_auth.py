@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from http_message_signatures import HTTPMessageSigner, MappingKeyResolver, algorithms
 
-from prerender_ray.config.model import WebBotAuthConfig
+from prerender_ray.config.bots import WebBotAuthConfig
 from prerender_ray.serving.bot_policy import UNCHECKED, UNVERIFIED, VERIFIED
 from prerender_ray.serving.web_bot_auth import (
     REASONS,

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prerender_ray.config.model import Sitemap
+from prerender_ray.config.origin import Sitemap
 from prerender_ray.sitemaps.parser import (
     MAX_BYTES,
     MAX_ENTRIES,

@@ -11,7 +11,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prerender_ray.config.model import DAY, HOUR, Config, Page, Sitemap
+from prerender_ray.config.base import DAY, HOUR
+from prerender_ray.config.model import Config
+from prerender_ray.config.origin import Sitemap
+from prerender_ray.config.render import Page
 from prerender_ray.identity.routes import Router
 from prerender_ray.sitemaps.parser import SitemapEntry, SitemapError
 from prerender_ray.sitemaps.rules import (

@@ -11,7 +11,7 @@ import pytest
 
 from prerender_ray.actors.store.actor import StoreClient
 from prerender_ray.api.bot import holders as H
-from prerender_ray.config.model import Cluster
+from prerender_ray.config.service import Cluster
 
 URL, KEY = "https://site.test/a", "https://site.test/a|desktop"
 

@@ -16,8 +16,8 @@ from prerender_ray.api.app import create_asgi
 from prerender_ray.api.bot.key_directory import DirectoryFetcher
 from prerender_ray.api.bot.replica import close_replica, open_replica
 from prerender_ray.api.context import NodeContext
+from prerender_ray.config.bots import WebBotAuthConfig
 from prerender_ray.config.loading import parse
-from prerender_ray.config.model import WebBotAuthConfig
 from prerender_ray.identity.nodes import NodeInfo
 from prerender_ray.serving.web_bot_auth import DIRECTORY_PATH, DIRECTORY_TYPE, KeyDirectoryError, WebBotAuth
 from tests.api.origin_site import JS_PAGE
