@@ -145,7 +145,7 @@ async def bare_loop(chromium: str, urls: list[str], concurrency: int) -> tuple[f
     script had built by then, and lazy sections they had."""
     from playwright.async_api import async_playwright
 
-    from prerender_ray.worker.pool import SWITCHES
+    from prerender_ray.worker.chromium import SWITCHES
 
     args = [s for s in SWITCHES if not s.startswith(("--remote-debugging", "--headless"))]
     async with async_playwright() as pw:

@@ -27,10 +27,11 @@ from prerender_ray.rpc import wait_for
 from prerender_ray.worker import outcome as oc
 from prerender_ray.worker.backoff import HostHealth, Timing
 from prerender_ray.worker.blocklist import Blocklist
+from prerender_ray.worker.chromium import BrowserError, set_subreaper
 from prerender_ray.worker.client import QueueClient, cleartext, now_ms
 from prerender_ray.worker.metrics import WorkerMetrics
 from prerender_ray.worker.options import WorkerOptions
-from prerender_ray.worker.pool import BrowserError, BrowserPool, set_subreaper
+from prerender_ray.worker.pool import BrowserPool
 from prerender_ray.worker.render import Renderer, RenderOptions
 
 log = logs.get("worker")

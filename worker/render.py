@@ -26,9 +26,10 @@ from prerender_ray.queue import job_options
 from prerender_ray.rpc import wait_for
 from prerender_ray.worker import outcome as oc
 from prerender_ray.worker.blocklist import Blocklist
+from prerender_ray.worker.chromium import BrowserError
 from prerender_ray.worker.diagnostics import SCREENSHOT_TIMEOUT_MS, Recorder, screenshot
 from prerender_ray.worker.page_js import CHECK_JS, INIT_JS, SCRIPT_TYPES, SCROLL_JS
-from prerender_ray.worker.pool import BrowserError, BrowserPool, Tab
+from prerender_ray.worker.pool import BrowserPool, Tab
 
 log = logs.get("worker.render")
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from prerender_ray.worker.chromium import group_members
 from prerender_ray.worker.options import find_chromium
-from prerender_ray.worker.pool import group_members
 from tests.support import wait_for
 from tests.worker.site import FakeQueue, Origin
 

@@ -291,7 +291,7 @@ async def test_a_huge_page_is_rendered_and_one_past_the_limit_is_an_error(rig: R
 
 
 async def test_a_crashed_tab_is_an_error_and_the_next_page_renders(rig: Rig) -> None:
-    from prerender_ray.worker.pool import group_members
+    from prerender_ray.worker.chromium import group_members
 
     job = rig.job("/hang", key="crash-me", renderBudget=15_000)
     # Only this job's request counts: an earlier test's /hang in the log (and its renderer, or the
