@@ -28,6 +28,7 @@ from prerender_ray.worker import outcome as oc
 from prerender_ray.worker.blocklist import Blocklist
 from prerender_ray.worker.chromium import BrowserError
 from prerender_ray.worker.diagnostics import SCREENSHOT_TIMEOUT_MS, Recorder, screenshot
+from prerender_ray.worker.job_state import LONG_REQUEST_S, JobState, SettleTimeout, _pending, _young
 from prerender_ray.worker.page_js import CHECK_JS, INIT_JS, SCRIPT_TYPES, SCROLL_JS
 from prerender_ray.worker.pool import BrowserPool, Tab
 
@@ -36,7 +37,6 @@ log = logs.get("worker.render")
 BLOCKED_TYPES = frozenset({"image", "media", "font"})
 BLOCKED_CDP_TYPES = frozenset({"Image", "Media", "Font"})
 UNTRACKED_TYPES = BLOCKED_TYPES | {"eventsource", "websocket", "manifest"}
-LONG_REQUEST_S = 5.0
 TIMER_MS = 1000  # setTimeout delays up to this count as pending work
 TIMER_WAIT_S = 3.0  # at most this long in total is spent waiting for them
 SLACK_S = 2.0  # the outer deadline's margin over the budget (Playwright's own timeouts fire first)
@@ -67,56 +67,9 @@ class Rendered:
     report: dict[str, Any] | None = None
 
 
-class SettleTimeout(Exception):
-    pass
-
-
 def origin_of(url: str) -> str:
     p = urlsplit(url)
     return f"{p.scheme}://{p.netloc}".lower()
-
-
-@dataclass
-class JobState:
-    """What the tab's route handler and request listeners need while a job renders."""
-
-    origin: str
-    token_header: str = ""
-    token: str = ""
-    main_headers: dict[str, str] = field(default_factory=dict)
-    inflight: dict[Any, float] = field(default_factory=dict)
-    blocklist: Blocklist = field(default_factory=Blocklist.of)
-    rec: Recorder = field(default_factory=Recorder)
-    last_activity: float = field(default_factory=time.monotonic)
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-    document_url: str = ""  # the URL of the last document the main frame loaded (Page.frameNavigated)
-    documents: int = 0  # how many it has loaded
-
-    def touch(self) -> None:
-        self.last_activity = time.monotonic()
-        self.changed.set()
-
-    async def wait_quiet(self, quiet_s: float, deadline: float) -> None:
-        """Until no tracked request has been in flight for ``quiet_s`` (a request older than
-        ``LONG_REQUEST_S`` stops counting; the moment it does counts as activity)."""
-        while True:
-            now = time.monotonic()
-            young = [t0 for t0 in self.inflight.values() if now - t0 < LONG_REQUEST_S]
-            if young:
-                wait = LONG_REQUEST_S - (now - min(young))
-            else:
-                last = max([self.last_activity, *(t0 + LONG_REQUEST_S for t0 in self.inflight.values())])
-                idle = now - last
-                if idle >= quiet_s:
-                    return
-                wait = quiet_s - idle
-            if now >= deadline:
-                raise SettleTimeout("the page did not settle within its render budget")
-            self.changed.clear()
-            with contextlib.suppress(TimeoutError):
-                # rpc's wait_for (here and below): the budget's timeout or a drain's cancel that lands
-                # as a request event comes still ends the render (asyncio's handed it the event)
-                await wait_for(self.changed.wait(), max(0.001, min(wait, deadline - now)))
 
 
 class Renderer:
@@ -497,29 +450,6 @@ class Renderer:
                 timer_budget -= wait
                 await asyncio.sleep(wait + 0.005)
         raise SettleTimeout("the page kept navigating")
-
-
-def _pending(state: dict[str, Any], st: JobState) -> str:
-    """What a settle check found still pending, for the timeline."""
-    if state.get("doc") is not None:
-        return "settled"
-    parts = []
-    if state.get("ready") is False:
-        parts.append("window.prerenderReady is false")
-    if not state.get("complete"):
-        parts.append("document not complete")
-    if state.get("fetches"):
-        parts.append(f"{state['fetches']} fetch/XHR open")
-    if state.get("timer"):
-        parts.append(f"a timer due in {round(state['timer'])} ms")
-    if st.inflight:
-        parts.append(f"{len(st.inflight)} request(s) in flight")
-    return ", ".join(parts) or "activity since the check started"
-
-
-def _young(st: JobState) -> bool:
-    now = time.monotonic()
-    return any(now - t0 < LONG_REQUEST_S for t0 in st.inflight.values())
 
 
 async def _hops(response: Any) -> list[oc.Hop]:
