@@ -17,7 +17,7 @@ from prerender_ray.api.context import NodeContext
 from prerender_ray.batching import GroupCommit
 from prerender_ray.decoding import DecodeError, TooLarge, decoded_size
 from prerender_ray.identity.cachekeys import DEVICE, CacheKeyError
-from prerender_ray.queue.results import ENCODINGS, Result, ResultError, forwarded
+from prerender_ray.queue.metadata import ENCODINGS, Result, ResultError, forwarded
 from prerender_ray.storage.keys import QUEUE_CONTROL, QUEUE_STATUS
 from prerender_ray.storage.pagelog.mirror import RETRY_AFTER_S, refusal
 from prerender_ray.storage.registry import decode_json

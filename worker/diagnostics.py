@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 # per list (items, serialized bytes), per text: what the server keeps, and what keeps a report's metadata
-# under the server's cap (queue/results.py MAX_METADATA_BYTES)
+# under the server's cap (queue/metadata.py MAX_METADATA_BYTES)
 from prerender_ray.queue.diagnostics import MAX_ITEMS, MAX_LIST_BYTES, MAX_TEXT
 
 MAX_TIMELINE = 100

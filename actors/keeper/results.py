@@ -18,7 +18,8 @@ from prerender_ray.actors.keeper.targets import Targets
 from prerender_ray.batching import GroupCommit
 from prerender_ray.identity.membership import MembershipView, StaleEpoch, never_moved, unchecked
 from prerender_ray.queue import diagnostics
-from prerender_ray.queue.results import Plan, Result, resolve_outcome
+from prerender_ray.queue.metadata import Result, resolve_outcome
+from prerender_ray.queue.results import Plan
 from prerender_ray.queue.schedule import ScheduleRow
 from prerender_ray.rpc import KeeperApi, LeaseApi, Peers, StoreApi
 from prerender_ray.serving.framing import encode_page

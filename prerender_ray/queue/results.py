@@ -2,19 +2,20 @@
 
 The keeper of the result's key reads the target rows the plan needs, asks ``plan()`` what to do, and
 applies it. The lease is released by the posted ``id`` only (a refile never releases the destination),
-and held when the failure lane says *fast* so the retry waits for the lease to expire.
+and held when the failure lane says *fast* so the retry waits for the lease to expire. The result
+itself (its metadata, validated) is ``metadata.py``'s.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from email.utils import formatdate
 from typing import Any
 
 from prerender_ray.decoding import DecodeError, TooLarge, decode
 from prerender_ray.identity.urls import UrlError, url_path
-from prerender_ray.queue import diagnostics, guard
+from prerender_ray.queue import guard
+from prerender_ray.queue.metadata import STORED_HEADERS, Result, resolve_outcome
 from prerender_ray.queue.schedule import ScheduleRow, backoff_wait, counted_strikes
 from prerender_ray.queue.status_pages import (
     REDIRECT_STATUSES,
@@ -25,7 +26,7 @@ from prerender_ray.queue.status_pages import (
     resolved,
 )
 from prerender_ray.queue.targets import Rules
-from prerender_ray.serving.answer import no_content, route_label
+from prerender_ray.serving.answer import route_label
 from prerender_ray.serving.origin_policy import compiled
 from prerender_ray.serving.volatile import content_digest
 from prerender_ray.storage.pages import Page, PageMeta
@@ -33,184 +34,12 @@ from prerender_ray.storage.registry import Target
 from prerender_ray.storage.touches import Touch
 from prerender_ray.timeutil import minute, positive
 
-OUTCOMES = ("rendered", "redirected", "non-indexable", "error")
-STORED_HEADERS = frozenset(
-    {"etag", "last-modified", "link", "x-robots-tag", "retry-after", "cache-control", "content-type", "vary"})
 # The rendered page's own validators replace the origin's (those of the app shell, which change on a
 # deploy only): the ETag is a hash of the decoded rendered bytes, Last-Modified when they last changed.
 ORIGIN_VALIDATORS = frozenset({"etag", "last-modified"})
-ENCODINGS = ("gzip", "br", "identity")
-
-
-class ResultError(ValueError):
-    """Metadata the server cannot act on (the HTTP layer answers 400)."""
-
-
-@dataclass
-class Result:
-    """A validated job_result: metadata plus the still-encoded content."""
-
-    id: str
-    url: str
-    status_code: int | None
-    headers: dict[str, str]
-    content: bytes | None
-    outcome: str
-    reason: str | None
-    redirected_to: str | None
-    is_indexable: bool | None
-    render_time: float | None
-    error: dict | None
-
-    @classmethod
-    def parse(cls, meta: Any, content: bytes | None) -> Result:
-        """Validate every field this service reads or stores; a value out of range is a
-        ``ResultError`` naming the field (a 400: the fleet must not retry it as a lease conflict)."""
-        if not isinstance(meta, dict):
-            raise ResultError("metadata must be a JSON object")
-        key = meta.get("id")
-        if not isinstance(key, str) or not key:
-            raise ResultError("metadata.id (the claimed job id) is required")
-        outcome = meta.get("outcome")
-        if outcome is not None and outcome not in OUTCOMES:
-            raise ResultError(f"unknown outcome {outcome!r}; expected one of {', '.join(OUTCOMES)}")
-        headers = meta.get("headers") or {}
-        if not isinstance(headers, dict):
-            raise ResultError("metadata.headers must be an object")
-        indexable = meta.get("isIndexable")
-        if indexable is not None and not isinstance(indexable, bool):
-            raise ResultError("metadata.isIndexable must be a boolean")
-        error = meta.get("error")
-        if error is not None and not isinstance(error, dict):
-            raise ResultError("metadata.error must be an object")
-        redirected = _text(meta, "redirectedTo", MAX_TEXT)
-        status = _status_code(meta.get("statusCode"))
-        if content and status is not None and no_content(status):  # the reference fleet sends content with 200
-            raise ResultError(f"metadata.statusCode {status} carries no content (RFC 9110), but content was "
-                              f"posted with it")
-        return cls(
-            id=key,
-            url=_text(meta, "url", MAX_TEXT) or "",
-            status_code=status,
-            headers=_headers(headers),
-            content=content or None,
-            outcome=outcome or "",
-            reason=_text(meta, "reason", MAX_REASON),
-            redirected_to=redirected or None,
-            is_indexable=indexable,
-            render_time=_render_time(meta.get("renderTime")),
-            error=error,
-        )
-
-    @property
-    def content_encoding(self) -> str:
-        return (self.headers.get("content-encoding") or "identity").strip().lower()
-
-
-MAX_TEXT = 64 * 1024  # url / redirectedTo: far above any real URL, far below the body cap
-# The metadata JSON of one result past which its free-form parts are forwarded reduced (``forwarded``).
-# The reference fleet's is a few KiB (the URLs and the allowlisted headers); prerender-ray's worker adds
-# a diagnostics report when asked: five lists of at most diagnostics.MAX_LIST_BYTES and a screenshot of
-# at most 512 KiB of base64, about 1 MiB with the longest URLs and headers this module takes.
-MAX_METADATA_BYTES = 2 * 1024 * 1024
-MAX_REASON = 200
 # The reasons the fleet protocol names (docs/fleet-protocol.md#metadata-fields): a plan's detail, a
 # metric label, is one of these or "other" (the fleet may send any text; the target keeps it).
 REASONS = ("noindex", "canonical-mismatch", "canonical-variant", "http-error", "redirect-loop", "redirect", "error")
-MAX_HEADER_VALUE = 8192
-MAX_RENDER_TIME_MS = 86_400_000  # a day: the render budget is seconds; more is a broken clock
-
-
-# What the keeper reads of a result's metadata (docs/fleet-protocol.md#metadata-fields), and of its
-# headers: all the ingress forwards, so a fleet's other fields never ride an actor call.
-METADATA_FIELDS = ("id", "url", "statusCode", "headers", "renderTime", "redirectedTo", "isIndexable", "outcome",
-                   "reason", "error", "renderSummary", "diagnostics")
-FORWARDED_HEADERS = STORED_HEADERS | {"content-encoding"}
-
-
-def forwarded(meta: dict, size: int = 0) -> dict:
-    """The fields of ``meta`` (parsed by ``Result.parse`` already, ``size`` bytes of JSON) the keeper
-    reads. Past ``MAX_METADATA_BYTES`` the free-form ones go as the keeper would keep them (the
-    diagnostics report and the summary bounded, the error its name): a fleet's large report never
-    costs its page, nor rides an actor call whole."""
-    out = {name: meta[name] for name in METADATA_FIELDS if name in meta}
-    headers = out.get("headers")
-    if isinstance(headers, dict):
-        out["headers"] = {k: v for k, v in headers.items() if k.lower() in FORWARDED_HEADERS}
-    if size > MAX_METADATA_BYTES:
-        for field_name, parse in (("diagnostics", diagnostics.parse_report),
-                                  ("renderSummary", diagnostics.parse_summary)):
-            if field_name in out:
-                kept = parse(out[field_name])[0]
-                if kept is None:
-                    del out[field_name]
-                else:
-                    out[field_name] = kept
-        error = out.get("error")
-        if isinstance(error, dict):
-            named = error.get("name")
-            out["error"] = {} if named is None else {"name": str(named)[:MAX_REASON]}
-    return out
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _status_code(value: Any) -> int | None:
-    """An HTTP status: an integer 100-599 (an integral float too, as JSON allows), or absent."""
-    if value is None:
-        return None
-    if not _is_number(value) or not math.isfinite(value) or value != int(value) or not 100 <= value <= 599:
-        raise ResultError(f"metadata.statusCode must be an integer from 100 to 599, not {_shown(value)}")
-    return int(value)
-
-
-def _render_time(value: Any) -> float | None:
-    if value is None:
-        return None
-    if not _is_number(value) or not math.isfinite(value) or not 0 <= value <= MAX_RENDER_TIME_MS:
-        raise ResultError(f"metadata.renderTime must be a number of milliseconds from 0 to "
-                          f"{MAX_RENDER_TIME_MS}, not {_shown(value)}")
-    return value
-
-
-def _text(meta: dict, name: str, limit: int) -> str | None:
-    value = meta.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise ResultError(f"metadata.{name} must be a string")
-    if len(value) > limit:
-        raise ResultError(f"metadata.{name} is longer than {limit} characters")
-    return value
-
-
-def _headers(headers: dict) -> dict[str, str]:
-    """Lower-cased names; a value is text (a number is written out), absent values dropped. Stored
-    headers are served back to crawlers, so a control character in one is refused, not stored."""
-    out = {}
-    for name, value in headers.items():
-        if value is None:
-            continue
-        if isinstance(value, str):
-            text = value
-        elif _is_number(value) and math.isfinite(value):
-            text = str(value)
-        else:
-            raise ResultError(f"metadata.headers[{_shown(name)}] must be a string")
-        low = name.lower()
-        if low in STORED_HEADERS or low == "content-encoding":
-            if len(text) > MAX_HEADER_VALUE or any(c in text for c in "\r\n\0"):
-                raise ResultError(f"metadata.headers[{_shown(name)}] holds a control character or is "
-                                  f"longer than {MAX_HEADER_VALUE} characters")
-        out[low] = text
-    return out
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 @dataclass
@@ -247,19 +76,6 @@ def _domain_ok(url: str | None, domains: list[str]) -> bool:
     if not domains or not url:
         return True
     return compiled(tuple(domains)).url_allowed(url)  # host and port, as the ingress checks them
-
-
-def resolve_outcome(r: Result, indexable: bool | None) -> str:
-    """The posted outcome, or the legacy inference for fleets that do not send one."""
-    if r.outcome:
-        return r.outcome
-    if (r.status_code == 200 and r.content) or indexable is True:
-        return "rendered"
-    if r.redirected_to:
-        return "redirected"
-    if indexable is False:
-        return "non-indexable"
-    return "error"
 
 
 class Planner:

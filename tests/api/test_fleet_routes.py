@@ -19,7 +19,7 @@ from prerender_ray.api.context import NodeContext
 from prerender_ray.api.render_queue import RESULT_BATCH_BYTES
 from prerender_ray.config.model import Config
 from prerender_ray.identity.nodes import NodeInfo
-from prerender_ray.queue.results import MAX_METADATA_BYTES
+from prerender_ray.queue.metadata import MAX_METADATA_BYTES
 from prerender_ray.rpc import DeadlineExceeded
 from tests.support import result_body
 

@@ -24,7 +24,8 @@ from prerender_ray.queue.guard import (
     parse_measure,
     scan,
 )
-from prerender_ray.queue.results import Planner, Result
+from prerender_ray.queue.metadata import Result
+from prerender_ray.queue.results import Planner
 from prerender_ray.queue.targets import Rules
 from prerender_ray.serving.responses import cached_headers
 from prerender_ray.storage.pages import PageMeta

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from prerender_ray.config.loading import parse
-from prerender_ray.queue.results import Plan, Planner, Result
+from prerender_ray.queue.metadata import Result
+from prerender_ray.queue.results import Plan, Planner
 from prerender_ray.queue.targets import Rules
 from prerender_ray.storage.pages import Page
 from prerender_ray.storage.registry import Target

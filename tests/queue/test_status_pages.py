@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from prerender_ray.queue.results import Plan, Result
+from prerender_ray.queue.metadata import Result
+from prerender_ray.queue.results import Plan
 from prerender_ray.queue.status_pages import location_of, resolved
 from prerender_ray.storage.pages import Page
 from prerender_ray.timeutil import DAY_MS

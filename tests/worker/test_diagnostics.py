@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 
 from prerender_ray.queue.diagnostics import JPEG_MAGIC, LISTS, parse_report
-from prerender_ray.queue.results import MAX_METADATA_BYTES, MAX_TEXT, STORED_HEADERS
+from prerender_ray.queue.metadata import MAX_METADATA_BYTES, MAX_TEXT, STORED_HEADERS
 from prerender_ray.worker.diagnostics import MAX_SCREENSHOT_BYTES, Recorder
 from prerender_ray.worker.outcome import result_body
 
