@@ -51,16 +51,14 @@ from prerender_ray.config.overrides import LiveConfig
 from prerender_ray.identity.membership import Membership, MembershipView
 from prerender_ray.identity.nodes import NodeInfo, Ownership
 from prerender_ray.sitemaps.parser import SitemapEntry
-from prerender_ray.sitemaps.robots import configured_origins
-from prerender_ray.sitemaps.rules import (
+from prerender_ray.sitemaps.refresh import (
     ClaimCheck,
-    canonicalizer,
     check_refresh_claim,
     daily_refresh_key,
-    describe_error,
     next_daily_refresh,
-    still_listed,
 )
+from prerender_ray.sitemaps.robots import configured_origins
+from prerender_ray.sitemaps.rules import canonicalizer, describe_error, still_listed
 from prerender_ray.storage.keys import SITEMAP, SITEMAP_RUN
 from prerender_ray.storage.registry import (
     RecordError,

@@ -19,6 +19,7 @@ import httpx
 from prerender_ray import metrics
 from prerender_ray.actors.walker.fetch import Fetcher, SitemapFetchError
 from prerender_ray.decoding import DecodeError, Decoder
+from prerender_ray.sitemaps.refresh import daily_refresh_key
 from prerender_ray.sitemaps.robots import (
     OK,
     UNAVAILABLE,
@@ -30,7 +31,7 @@ from prerender_ray.sitemaps.robots import (
     served_by,
     settle,
 )
-from prerender_ray.sitemaps.rules import daily_refresh_key, describe_error
+from prerender_ray.sitemaps.rules import describe_error
 from prerender_ray.storage.registry import RecordError, decode_json, encode_json, robots_key
 from prerender_ray.timeutil import now_ms
 

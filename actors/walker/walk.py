@@ -26,6 +26,7 @@ from prerender_ray.actors.walker.fetch import Document, Fetcher
 from prerender_ray.config.model import Config
 from prerender_ray.identity.urls import UrlError, whatwg_path
 from prerender_ray.sitemaps.lastmod import changed_entries
+from prerender_ray.sitemaps.refresh import RefreshResult
 from prerender_ray.sitemaps.rules import (
     NO_TARGET,
     Action,
@@ -34,7 +35,6 @@ from prerender_ray.sitemaps.rules import (
     InvalidEntry,
     Partition,
     PruneScan,
-    RefreshResult,
     fast_actions,
     filtered_log,
     plan_batch,

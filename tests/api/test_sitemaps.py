@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from prerender_ray.queue.targets import paced_due
-from prerender_ray.sitemaps.rules import next_daily_refresh
+from prerender_ray.sitemaps.refresh import next_daily_refresh
 from prerender_ray.storage.registry import encode_json, sitemap_run_key
 from prerender_ray.timeutil import DAY_MS, HOUR_MS, minute, next_slot, now_ms
 from tests.localnode import LocalNode

@@ -573,7 +573,8 @@ def test_the_snippet_collapses_whitespace_and_cuts_at_200() -> None:
 
 
 def test_the_sitemap_modules_load_no_service_dependencies() -> None:
-    code = "import sys, prerender_ray.sitemaps.parser, prerender_ray.sitemaps.rules; print(sorted(sys.modules))"
+    code = ("import sys, prerender_ray.sitemaps.parser, prerender_ray.sitemaps.rules, prerender_ray.sitemaps.refresh; "
+            "print(sorted(sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = set(out.stdout.strip()[2:-2].split("', '"))
     assert not loaded & {"ray", "httpx", "rocksdict", "fastapi"}
