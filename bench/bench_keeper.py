@@ -26,7 +26,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from prerender_ray.queue.ranking import Ranking, top_k_bruteforce
+from prerender_ray.queue.ranking import Ranking
+from prerender_ray.queue.row_classes import top_k_bruteforce
 from prerender_ray.queue.schedule import ScheduleRow, decode_many
 from prerender_ray.timeutil import DAY_MS, HOUR_MS, fnv1a32, minute
 

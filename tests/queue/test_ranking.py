@@ -10,7 +10,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prerender_ray.queue.ranking import Held, Ranking, top_k_bruteforce
+from prerender_ray.queue.ranking import Ranking
+from prerender_ray.queue.row_classes import Held, top_k_bruteforce
 from prerender_ray.queue.schedule import ScheduleRow, decode_many
 from prerender_ray.timeutil import DAY_MS, HOUR_MS, MINUTE_MS, positive
 
@@ -558,12 +559,12 @@ def test_the_kept_queue_state_counts_equal_a_row_by_row_count_through_any_sequen
         ops: list[tuple], every: int) -> None:
     # the counts are kept between documents (a snapshot and the changes since): any change in between,
     # a bucket emptied or made, a class gone, a bulk load, must show in the next document
-    import prerender_ray.queue.ranking as ranking_module
+    import prerender_ray.queue.row_classes as row_classes
 
     r = Ranking(cadence_for)
     now = NOW
-    saved = ranking_module.CHANGES_MIN
-    ranking_module.CHANGES_MIN = 3  # small: rebuilds happen inside the sequence too
+    saved = row_classes.CHANGES_MIN
+    row_classes.CHANGES_MIN = 3  # small: rebuilds happen inside the sequence too
     try:
         for i, (op, arg) in enumerate(ops):
             if op == "upsert":
@@ -582,7 +583,7 @@ def test_the_kept_queue_state_counts_equal_a_row_by_row_count_through_any_sequen
                 _same_state(r, now, set())
         _same_state(r, now, set())
     finally:
-        ranking_module.CHANGES_MIN = saved
+        row_classes.CHANGES_MIN = saved
 
 
 def test_one_search_serves_every_class_and_a_junk_cadence_falls_back_exactly() -> None:
