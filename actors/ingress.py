@@ -33,8 +33,8 @@ from prerender_ray.actors.common import (
 from prerender_ray.api.admin.bots import replica_report
 from prerender_ray.api.app import create_asgi
 from prerender_ray.api.bot.replica import apply_overrides, close_replica, open_replica, opened
-from prerender_ray.api.connections import server_config
 from prerender_ray.api.context import NodeContext
+from prerender_ray.api.server import server_config
 from prerender_ray.config.loading import findings
 from prerender_ray.config.model import Config
 from prerender_ray.identity.membership import Membership, MembershipView

@@ -4,7 +4,7 @@
 Run: ``.venv/bin/python bench/bench_budgets.py [--posts 100] [--post-mb 9.5] [--slow 20000] [--window 25]``
 
 One replica's app (``create_asgi``, the bot path in front of the routers) under uvicorn with the
-replica's own config (``api.connections.server_config``: the guarded protocol) in its own process,
+replica's own config (``api.server.server_config``: the guarded protocol) in its own process,
 outside Ray, with a page in its store; an origin on 127.0.0.1 (in this process) that reads and
 discards request bodies.
 
@@ -58,8 +58,8 @@ def serve(port_file: str, data_dir: str, config_json: str) -> None:
     import uvicorn
 
     from prerender_ray.api.app import create_asgi
-    from prerender_ray.api.connections import server_config
     from prerender_ray.api.context import NodeContext
+    from prerender_ray.api.server import server_config
     from prerender_ray.config.model import Config
     from prerender_ray.identity.nodes import NodeInfo
 
@@ -365,7 +365,7 @@ async def slow_run(port: int, n: int, window: float, replica: Replica,
 
 
 def slow_clients(data_dir: str, n: int, window: float) -> None:
-    from prerender_ray.api.connections import connection_budget
+    from prerender_ray.api.server import connection_budget
     from prerender_ray.config.model import Config
 
     default_cap = Config().server.max_connections

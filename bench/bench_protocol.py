@@ -193,8 +193,8 @@ async def main() -> None:
     from uvicorn.server import ServerState
 
     from prerender_ray.api.app import create_asgi
-    from prerender_ray.api.connections import server_config
     from prerender_ray.api.context import NodeContext
+    from prerender_ray.api.server import server_config
     from prerender_ray.config.model import Config
     from prerender_ray.identity.nodes import NodeInfo
 

@@ -124,8 +124,8 @@ def serve_app(port: int, data_dir: str, config_json: str) -> None:
     import uvloop
 
     from prerender_ray.api.app import create_asgi
-    from prerender_ray.api.connections import server_config
     from prerender_ray.api.context import NodeContext
+    from prerender_ray.api.server import server_config
     from prerender_ray.config.model import Config
     from prerender_ray.identity.nodes import NodeInfo
 

@@ -88,7 +88,7 @@ class _Sometimes(logging.Filter):
         if record.levelno >= logging.ERROR:
             return True
         key, now = str(record.msg), self.clock()
-        if key.startswith(_NO_WEBSOCKETS):  # the replica has no WebSocket by choice (api/connections.py)
+        if key.startswith(_NO_WEBSOCKETS):  # the replica has no WebSocket by choice (api/server.py)
             return False
         last, held = self._last.get(key, (None, 0))
         if last is not None and now - last < self.every_s:

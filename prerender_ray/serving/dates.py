@@ -3,7 +3,7 @@
 uvicorn's own Date is refreshed by a timer once a second, so it can trail a page written a moment
 ago (its Last-Modified is the writer's clock), and a page rendered on a node whose clock runs ahead
 carries a Last-Modified in this node's future. So the ingress sends its own Date (uvicorn's is
-turned off: ``api.connections.server_config``) and, in the same place, sets a later Last-Modified to
+turned off: ``api.server.server_config``) and, in the same place, sets a later Last-Modified to
 that Date: one choke point below every answer, whether it was framed when stored, prepared, relayed
 from the origin or a 304.
 """

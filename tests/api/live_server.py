@@ -1,5 +1,5 @@
 """An ASGI app served by uvicorn in the test's own loop, on an ephemeral 127.0.0.1 port, with the
-uvicorn config an ingress replica uses (``prerender_ray.api.connections.server_config``): the real
+uvicorn config an ingress replica uses (``prerender_ray.api.server.server_config``): the real
 protocol class, deadlines and connection cap, no Ray. Raw-socket helpers for clients that misbehave.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import uvicorn
 
-from prerender_ray.api.connections import server_config
+from prerender_ray.api.server import server_config
 from prerender_ray.config.model import Config
 
 WAIT_S = 15.0  # bound on any wait for the server's doing; the deadlines under test are far shorter

@@ -18,7 +18,6 @@ from prerender_ray.api.connections import (
     MAX_HEADERS,
     MAX_PIPELINE,
     MIN_WRITE_PROGRESS,
-    connection_budget,
 )
 from prerender_ray.config.model import Config
 from tests.api.live_server import WAIT_S, connect, request, response, serving, until_closed
@@ -240,18 +239,6 @@ async def test_clients_that_never_read_a_closing_answer_give_their_slots_back() 
         w.close()
 
 
-async def test_a_websocket_upgrade_is_answered_as_plain_http_by_the_guarded_protocol() -> None:
-    """With uvicorn's default (ws auto, the websockets package installed) an upgrade handed the
-    connection to its WebSocket protocol, outside the cap, the deadlines and the head bounds."""
-    app = App()
-    async with serving(app, config()) as port:
-        r, w = await connect(port)
-        w.write(request(extra="upgrade: websocket\r\nconnection: Upgrade\r\n"
-                              "sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n"))
-        assert await response(r) == (200, b"ok")
-        w.close()
-
-
 def slow_read(s: socket.socket, every_s: float, at_least: int) -> bytes:
     """Read until the server closes, taking ``at_least`` bytes every ``every_s``: a slow link, not a stall."""
     got = b""
@@ -428,12 +415,3 @@ async def test_a_head_past_its_bounds_behind_an_answer_in_flight_closes_the_conn
         assert await until_closed(r) == b""
         assert "/" not in app.calls
         w.close()
-
-
-def test_the_cap_fits_the_open_file_limit() -> None:
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    assert connection_budget(100) == 100
-    if hard != resource.RLIM_INFINITY:
-        assert connection_budget(hard) == hard // 2  # lowered: half the descriptors stay free

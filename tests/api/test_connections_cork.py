@@ -16,7 +16,8 @@ import uvicorn
 from uvicorn.server import ServerState
 
 from prerender_ray.api import connections
-from prerender_ray.api.connections import CORK_BYTES, MAX_HEAD_BYTES, MAX_HEADERS, guarded_protocol
+from prerender_ray.api.connections import CORK_BYTES, MAX_HEAD_BYTES, MAX_HEADERS
+from prerender_ray.api.server import guarded_protocol
 from tests.support import FakeTransport
 
 Log = list[tuple[int, bytes | str]]

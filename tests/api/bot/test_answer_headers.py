@@ -19,8 +19,8 @@ import uvicorn
 
 from prerender_ray.api.app import create_asgi
 from prerender_ray.api.bot.replica import close_replica, open_replica
-from prerender_ray.api.connections import server_config
 from prerender_ray.api.context import NodeContext
+from prerender_ray.api.server import server_config
 from prerender_ray.config.model import Config
 from prerender_ray.identity.nodes import NodeInfo
 from prerender_ray.serving.framing import encode_page
