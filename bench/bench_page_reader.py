@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from prerender_ray.api.bot.pages import PageReader  # noqa: E402
+from prerender_ray.api.bot.page_reader import PageReader  # noqa: E402
 from prerender_ray.serving.framing import encode_page  # noqa: E402
 from prerender_ray.storage.pagelog import Item, PageLogReader, PageLogWriter, key_hash  # noqa: E402
 from prerender_ray.storage.pagelog.files import mark_complete  # noqa: E402

@@ -1,6 +1,6 @@
 """Page log benchmark (issue 37): the in-process cost of a hit spread at random over a corpus, for
 (a) the page log (dict look-up + pread + checksum), (b) today's path, a RocksDB multi-get of page and
-freshness keys on a secondary instance (as ``api/bot/pages.py`` does it), and (c) a dict of bytes in
+freshness keys on a secondary instance (as ``api/bot/page_reader.py`` does it), and (c) a dict of bytes in
 memory (the ceiling); plus index bytes per entry, reload time and append cost. One run, side by side.
 
 Run: ``.venv/bin/python bench/bench_pagelog.py [--sizes 100000:20480,1000000:4096] [--hits 200000]``

@@ -1,5 +1,5 @@
 """A bot request the local cache answers: one look-up in the node's page log in this process
-(``api/bot/pages.py``), then pure shaping (``prerender_ray.serving.answer``). What the cache cannot
+(``api/bot/page_reader.py``), then pure shaping (``prerender_ray.serving.answer``). What the cache cannot
 answer goes to ``api/bot/miss.py``.
 """
 
@@ -10,7 +10,8 @@ import xxhash
 from prerender_ray import metrics
 from prerender_ray.api.bot.counters import Counters
 from prerender_ray.api.bot.markdown import Converted, Converter, Skipped
-from prerender_ray.api.bot.pages import PageReader, StoredPage, UnreadablePage
+from prerender_ray.api.bot.page_reader import PageReader
+from prerender_ray.api.bot.pages import StoredPage, UnreadablePage
 from prerender_ray.config.model import Config
 from prerender_ray.identity.cachekeys import KeyFormat
 from prerender_ray.serving.answer import Reply, prepare, prepared_reply, verdict

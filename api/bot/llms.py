@@ -32,7 +32,8 @@ import xxhash
 
 from prerender_ray import logs, metrics
 from prerender_ray.api.bot.counters import Counters
-from prerender_ray.api.bot.pages import PageReader, UnreadablePage, decode_page
+from prerender_ray.api.bot.page_reader import PageReader
+from prerender_ray.api.bot.pages import UnreadablePage, decode_page
 from prerender_ray.api.context import NodeContext
 from prerender_ray.config.model import Config
 from prerender_ray.decoding import DecodeError

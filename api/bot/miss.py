@@ -14,7 +14,8 @@ from prerender_ray.api.bot.counters import Counters
 from prerender_ray.api.bot.hit import Hit, Outcome
 from prerender_ray.api.bot.holders import HolderReader
 from prerender_ray.api.bot.origin import OriginClient, OriginError
-from prerender_ray.api.bot.pages import PageReader, StoredPage
+from prerender_ray.api.bot.page_reader import PageReader
+from prerender_ray.api.bot.pages import StoredPage
 from prerender_ray.api.bot.peer import NOT_HELD, PeerClient
 from prerender_ray.api.context import NodeContext
 from prerender_ray.config.model import Config

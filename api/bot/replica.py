@@ -31,7 +31,7 @@ from prerender_ray.api.bot.markdown import Converter
 from prerender_ray.api.bot.memo import HitMemo
 from prerender_ray.api.bot.miss import Discovery, Miss
 from prerender_ray.api.bot.origin import OriginClient
-from prerender_ray.api.bot.pages import PageReader
+from prerender_ray.api.bot.page_reader import PageReader
 from prerender_ray.api.bot.peer import PeerClient
 from prerender_ray.api.bot.signals import SiteSignals
 from prerender_ray.api.context import NodeContext, ReplicaConfig

@@ -60,5 +60,5 @@ def test_a_reader_in_another_process_sees_the_writer_s_count(tmp_path: Path) -> 
     assert p.exitcode == 0 and mark.value() == start + 50
     assert not mark.replaced()
     mark_path(tmp_path / "db").unlink()
-    assert mark.replaced()  # the reader follows it anew (api/bot/pages.py)
+    assert mark.replaced()  # the reader follows it anew (api/bot/page_reader.py)
     mark.close()

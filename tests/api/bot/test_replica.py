@@ -29,10 +29,11 @@ BOT = Path(replica.__file__).parent
 PACKAGE = "prerender_ray.api.bot"
 MODULES = sorted(p.stem for p in BOT.glob("*.py") if p.stem != "__init__")
 # What a request path may lean on; the state module builds them and the middleware calls them.
-LEAVES = ("hit", "miss", "pages", "origin", "peer", "holders", "counters", "markdown", "key_directory", "llms", "signals",
+LEAVES = ("hit", "miss", "page_reader", "origin", "peer", "holders", "counters", "markdown", "key_directory", "llms", "signals",
           "memo", "decisions", "lane")
-# What the leaves and the middleware share, built by nothing: an answer as the bytes uvicorn writes.
-HELPERS = ("wire",)
+# What the leaves and the middleware share, built by nothing: an answer as the bytes uvicorn writes, a
+# stored page as served.
+HELPERS = ("wire", "pages")
 
 
 def imported(module: str) -> set[str]:

@@ -1,4 +1,4 @@
-"""A replica reads its node's writes (api/bot/pages.py ``PageReader.read``): against a real RocksDB
+"""A replica reads its node's writes (api/bot/page_reader.py ``PageReader.read``): against a real RocksDB
 primary written as the NodeStore writes it, read through real secondary instances, one per replica.
 What a store wrote before a read began is what the read sees (or newer), never the view before it;
 the catch-ups that takes are shared, and reads while the store writes nothing take none."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from prerender_ray import metrics
-from prerender_ray.api.bot.pages import PageReader
+from prerender_ray.api.bot.page_reader import PageReader
 from prerender_ray.storage.pages import Page
 from prerender_ray.storage.replication import Clock, stub, wrap
 from prerender_ray.storage.rocks import Store

@@ -1,4 +1,4 @@
-"""The ingress page reader on the node's page log (api/bot/pages.py ``PageReader``): a real RocksDB
+"""The ingress page reader on the node's page log (api/bot/page_reader.py ``PageReader``): a real RocksDB
 primary and a real page log in a temp dir, written in the store's order (the log first, then the
 RocksDB write that moves the write mark) and format (the raw enveloped record, its HLC, the effective
 times); read through ``PageReader.for_node`` as a replica opens it."""
@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from prerender_ray import metrics
-from prerender_ray.api.bot.pages import PageReader, UnreadablePage
+from prerender_ray.api.bot.page_reader import PageReader
+from prerender_ray.api.bot.pages import UnreadablePage
 from prerender_ray.serving.framing import encode_page
 from prerender_ray.storage.pagelog import Item, PageLogWriter, key_hash, maintain
 from prerender_ray.storage.pagelog.compaction import compact
