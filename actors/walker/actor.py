@@ -9,7 +9,7 @@ Ray restarts a dead walker (max_restarts=-1): at start it resumes every run whos
 running on this node (only one walker per node exists, so such a run is dead), refresh-all jobs
 included (their row ``r:all`` keeps the roots left). The daily refresh is a timer in the walker of
 ``sitemap.node``, and so is robots.txt discovery (walker/robots.py) when it is on. Deleting a
-sitemap cascades to its descendants, their targets, rows and pages.
+sitemap cascades to its descendants, their targets, rows and pages (walker/cascade.py).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 import ray
 
 from prerender_ray import logs, metrics
@@ -36,10 +35,10 @@ from prerender_ray.actors.common import (
 from prerender_ray.actors.keeper.client import KeeperClient
 from prerender_ray.actors.store.actor import StoreClient
 from prerender_ray.actors.store.everywhere import urls_of_sitemap
+from prerender_ray.actors.walker.cascade import Cascade
 from prerender_ray.actors.walker.fetch import Fetcher
 from prerender_ray.actors.walker.robots import Discovery
 from prerender_ray.actors.walker.walk import (
-    BATCH,
     STORE_DEADLINE_S,
     Walk,
     WalkAborted,
@@ -50,7 +49,6 @@ from prerender_ray.config.model import Config
 from prerender_ray.config.overrides import LiveConfig
 from prerender_ray.identity.membership import Membership, MembershipView
 from prerender_ray.identity.nodes import NodeInfo, Ownership
-from prerender_ray.sitemaps.parser import SitemapEntry
 from prerender_ray.sitemaps.refresh import (
     ClaimCheck,
     check_refresh_claim,
@@ -58,14 +56,12 @@ from prerender_ray.sitemaps.refresh import (
     next_daily_refresh,
 )
 from prerender_ray.sitemaps.robots import configured_origins
-from prerender_ray.sitemaps.rules import canonicalizer, describe_error, still_listed
+from prerender_ray.sitemaps.rules import canonicalizer, describe_error
 from prerender_ray.storage.keys import SITEMAP, SITEMAP_RUN
 from prerender_ray.storage.registry import (
     RecordError,
     decode_json,
     encode_json,
-    entries_key,
-    sitemap_key,
     sitemap_run_key,
 )
 from prerender_ray.timeutil import now_ms
@@ -119,6 +115,7 @@ class SitemapWalker:
         loop = asyncio.get_running_loop()
         self.live = LiveConfig(cfg)  # the file's config, and live overrides on top of it
         self.robots = Discovery(self)
+        self.cascade = Cascade(self)
         self._tasks = [loop.create_task(self._startup()), loop.create_task(self._daily()),
                        loop.create_task(self._overrides_syncer()), loop.create_task(self.robots.daily())]
 
@@ -436,87 +433,8 @@ class SitemapWalker:
     # ---------------------------------------------------------------------------------- delete
 
     async def delete(self, url: str) -> dict:
-        """The cascade: descendants (by parentUrl, cycle-safe), every target attributed to any of
-        them (with its schedule rows and pages), then their rows. Refresh rows are kept."""
-        rows = await self._sitemaps()
-        if url not in rows:
-            return {"url": url, "deleted": False}
-        children: dict[str, list[str]] = {}
-        for child, row in rows.items():
-            parent = row.get("parentUrl")
-            if isinstance(parent, str) and child != parent:
-                children.setdefault(parent, []).append(child)
-        order, seen = [url], {url}
-        for s in order:  # breadth-first; grows while iterating
-            for child in sorted(children.get(s, ())):
-                if child not in seen:
-                    seen.add(child)
-                    order.append(child)
-        for s in order:
-            run = self.runs.get(s)
-            if run is not None and run.task is not None:
-                run.cancel_reason = f"sitemap {url} was deleted"
-                run.task.cancel()
-        kept = await self._listed_elsewhere(order, rows)
-        targets = 0
-        for s in order:
-            targets += await self._delete_targets_of(s, kept)
-        ops: list[tuple[bytes, bytes | None]] = []
-        for s in order:
-            got = rows[s].get("chunks")
-            chunks = got if isinstance(got, int) else 0
-            ops += [(entries_key(s, i), None) for i in range(chunks)]
-            ops.append((sitemap_key(s), None))
-        await self.store.apply(ops)
-        self.log.info("sitemap deleted", url=url, sitemaps=len(order), targets=targets,
-                      reattributed=len(kept))
-        return {"url": url, "deleted": True, "sitemaps": order, "targets": targets,
-                "reattributed": len(kept)}
-
-    async def _listed_elsewhere(self, order: list[str], rows: dict[str, dict]) -> dict[str, str]:
-        """Targets of the sitemaps being deleted that a remaining sitemap still lists, with that
-        sitemap: they are re-attributed, not deleted (the same file under two root names)."""
-        gone = set(order)
-        remaining = sorted(u for u, row in rows.items() if u not in gone and not row.get("isIndex")
-                           and isinstance(row.get("chunks"), int) and row["chunks"] > 0)
-        if not remaining:
-            return {}
-        candidates: set[str] = set()
-        for s in order:
-            urls, _ = await self.sitemap_urls(s, 1 << 30)
-            candidates.update(urls)
-        kept: dict[str, str] = {}
-        classify, canonicalize = self.fetcher.classify, self.fetcher.canonicalize
-        for s in remaining:
-            keys = [entries_key(s, i) for i in range(rows[s]["chunks"])]
-            for i in range(0, len(keys), 16):  # a chunk holds ENTRY_CHUNK entries: bounded reads
-                for raw in await self.store.get(keys[i:i + 16]):
-                    if raw:
-                        entries = [SitemapEntry(*(list(r) + [None] * 4)[:4]) for r in orjson.loads(raw)
-                                   if isinstance(r, list)]
-                        still_listed(candidates, s, entries, classify, canonicalize, kept)
-        return kept
-
-    async def _delete_targets_of(self, sitemap: str, kept: dict[str, str]) -> int:
-        """Every target attributed to ``sitemap``, in batches until its index is empty; one that
-        ``kept`` names is re-attributed to the sitemap that still lists it."""
-        deleted, last_total = 0, None
-        while True:
-            urls, total = await self.sitemap_urls(sitemap, BATCH * 5)
-            if not urls or total == last_total:  # nothing left, or nothing could be deleted
-                return deleted
-            last_total = total
-            by_owner: dict[str, tuple[list[str], list[list]]] = {}
-            for u in urls:
-                drop, move = by_owner.setdefault(self.ownership.owner(u), ([], []))
-                (move.append([u, {"sitemap_url": kept[u]}]) if u in kept else drop.append(u))
-            keepers = {owner: await self.keepers.get(owner) for owner in by_owner}
-            drops = [keepers[o].delete_targets(drop[i:i + BATCH]) for o, (drop, _) in by_owner.items()
-                     for i in range(0, len(drop), BATCH)]
-            moves = [keepers[o].patch_targets(move[i:i + BATCH]) for o, (_, move) in by_owner.items()
-                     for i in range(0, len(move), BATCH)]
-            answers = await asyncio.gather(*drops, *moves)
-            deleted += sum(answer.get("deleted", 0) for answer in answers[:len(drops)])
+        """The cascade (``Cascade.delete``, walker/cascade.py)."""
+        return await self.cascade.delete(url)
 
     # ---------------------------------------------------------------------------------- status
 
