@@ -15,6 +15,10 @@ os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
 os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 os.environ.pop("PRERENDER_CONFIG", None)
+# A Ray call in a process that never joined Ray fails instead of starting (or joining) a Ray instance
+# from whatever thread made it: a test's harness would otherwise leave the next module's cluster
+# start "connected already" (docs/testing.md).
+os.environ["RAY_ENABLE_AUTO_CONNECT"] = "0"
 
 import httpx._transports.default as _httpx_transport  # noqa: E402
 import pytest  # noqa: E402
