@@ -241,14 +241,18 @@ def test_every_answer_and_count_is_the_full_paths(node, site, pages, clock, tall
     before = [stats(node, r) for r in (MEMO, FULL)]
     memo(node).clear()
     hits, start = memo(node).hits, clock.now
+    from_memo: list[tuple[int, str, int]] = []  # (shape, its method and target, the offsets answered)
     for i, (method, target, headers) in enumerate(requests):
+        before_shape = memo(node).hits
         for offset in OFFSETS:
             clock.now = start + 2_000 * i + offset
             memoized, full = (ask(node, r, method, target, headers) for r in (MEMO, FULL))
             assert memoized == full, (method, target, headers, offset)
+        from_memo.append((i, f"{method} {target} {headers}", memo(node).hits - before_shape))
     # the plain hits were answered from the memo, twice each: at +1099 and +1300
     answered = memo(node).hits - hits
-    assert answered == 2 * 28, answered  # every shape but the 4 denied, debug, 2 Markdown, 2 misses, /nope
+    # every shape but the 4 denied, debug, 2 Markdown, 2 misses, /nope; the shapes by answers if not
+    assert answered == 2 * 28, (answered, from_memo)
     assert tallies[0].totals() == tallies[1].totals()
     after = [stats(node, r) for r in (MEMO, FULL)]
     assert delta(after[0], before[0]) == delta(after[1], before[1])
