@@ -50,7 +50,8 @@ class SiteSignals:
         return sites.get(origin) if origin is not None else None
 
     async def reload(self) -> int:
-        """Read every robots row (bounded) and swap the table in whole; how many sites declare."""
+        """Read every robots row (bounded) and swap the table in whole when it changed; how many sites
+        declare."""
         sites: dict[str, Signals] = {}
         start: bytes | None = None
         read = 0
@@ -63,7 +64,8 @@ class SiteSignals:
             start = rows[-1][0] + b"\x00"
             if len(rows) < PAGE:
                 break
-        self.sites = sites
+        if sites != self.sites:  # the memos hold the table by identity: an unchanged one stays
+            self.sites = sites
         return len(sites)
 
     async def follow(self) -> None:

@@ -127,6 +127,18 @@ def test_the_report_shows_declared_against_effective_per_class(on, site) -> None
     assert (by["search"]["operatorPolicy"], by["search"]["effective"]) == (None, "deny")
 
 
+def test_a_reload_that_reads_the_same_declarations_keeps_the_table(on, site) -> None:
+    """The hit memo and the spread lane hold the table they were made under by identity: a reload
+    that reads nothing new (every minute) must not let every entry go."""
+    discover(on, site)
+    reload(on)
+    signals = on.ingress[0].ctx.state.services.signals
+    table = signals.sites
+    assert origin(site) in table
+    reload(on)
+    assert signals.sites is table
+
+
 def test_a_record_written_before_declares_nothing(on) -> None:
     row = {"origin": "http://old.test", "url": "http://old.test/robots.txt", "state": "ok", "status": 200,
            "fetchedAt": 1, "size": 40, "truncated": False, "text": "User-agent: *\nContent-Signal: ai-train=no\n",
