@@ -181,10 +181,13 @@ def _apply_moves(raw: dict, warnings: list[str]) -> dict:
 # ------------------------------------------------------------------------------------------ validate
 
 
+USER_SECRET = "password_hash"  # the secret field of each ``auth.users`` entry (error lines, ``redact``)
+
+
 def _is_secret(path: str) -> bool:
     """A secret leaf (or something under one), or a user's password hash (``auth.users.<i>.password_hash``)."""
     parts = path.split(".")
-    if len(parts) >= 4 and parts[:2] == ["auth", "users"] and parts[3] == "password_hash":
+    if len(parts) >= 4 and parts[:2] == ["auth", "users"] and parts[3] == USER_SECRET:
         return True
     return any(path == p or path.startswith(p + ".") for p in SECRET_PATHS)
 
@@ -438,7 +441,7 @@ def redact(cfg: Config) -> dict:
         value = _get(data, path)
         _set(data, path, f"<set: {len(value)} chars>" if value else "<empty>")
     for user in data["auth"]["users"]:
-        user["password_hash"] = "<set>" if user["password_hash"] else "<empty>"
+        user[USER_SECRET] = "<set>" if user[USER_SECRET] else "<empty>"
     return data
 
 
