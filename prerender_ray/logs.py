@@ -70,35 +70,50 @@ class _JsonRecords(logging.Formatter):
 _NO_WEBSOCKETS = "No supported WebSocket library detected"  # uvicorn's advice after any refused upgrade
 
 
-class _Sometimes(logging.Filter):
-    """A library's warnings at most once per message a ``every_s`` per process, with how many were held
-    back since. uvicorn warns once per malformed head or refused upgrade: a client's cheap
-    connections would otherwise rotate the sign-in and override history out of the log file. Errors
-    (an app's exception) always pass."""
+class Sometimes:
+    """At most one line per key every ``every_s``, with how many were held back since: bots and
+    hostile clients repeat themselves, and one line each would rotate the sign-in and override history
+    out of the log file. At most ``max_keys`` keys are tracked (all forgotten at once past it), so a
+    caller's keys cannot grow memory."""
 
-    MAX_MESSAGES = 256  # distinct message templates tracked; uvicorn has a handful
+    def __init__(self, every_s: float = 60.0, max_keys: int = 256, clock: Any = time.monotonic):
+        self.every_s = every_s
+        self.max_keys = max_keys
+        self.clock = clock
+        self._last: dict[str, tuple[float, int]] = {}  # key -> (when last let through, held back since)
+
+    def let(self, key: str) -> int | None:
+        """None: hold this one back; else let it through, with the count held back since the last."""
+        now = self.clock()
+        last, held = self._last.get(key, (None, 0))
+        if last is not None and now - last < self.every_s:
+            self._last[key] = (last, held + 1)
+            return None
+        if len(self._last) >= self.max_keys:
+            self._last.clear()
+        self._last[key] = (now, 0)
+        return held
+
+
+class _Sometimes(logging.Filter):
+    """A library's warnings at most once per message template (``Sometimes``); uvicorn warns once per
+    malformed head or refused upgrade. Errors (an app's exception) always pass."""
 
     def __init__(self, every_s: float = 60.0, clock: Any = time.monotonic):
         super().__init__()
-        self.every_s = every_s
-        self.clock = clock
-        self._last: dict[str, tuple[float, int]] = {}  # template -> (when last logged, held back since)
+        self.gate = Sometimes(every_s, clock=clock)
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno >= logging.ERROR:
             return True
-        key, now = str(record.msg), self.clock()
+        key = str(record.msg)
         if key.startswith(_NO_WEBSOCKETS):  # the replica has no WebSocket by choice (api/server.py)
             return False
-        last, held = self._last.get(key, (None, 0))
-        if last is not None and now - last < self.every_s:
-            self._last[key] = (last, held + 1)
+        held = self.gate.let(key)
+        if held is None:
             return False
-        if len(self._last) >= self.MAX_MESSAGES:
-            self._last.clear()
-        self._last[key] = (now, 0)
         if held:
-            record.msg = f"{record.getMessage()} ({held} more like it in the last {self.every_s:g} s not logged)"
+            record.msg = f"{record.getMessage()} ({held} more like it in the last {self.gate.every_s:g} s not logged)"
             record.args = None
         return True
 

@@ -140,8 +140,8 @@ async def test_uvicorns_warnings_about_bad_clients_come_at_most_once_a_minute(lo
     from tests.api.test_connections import App, closed
 
     logs.setup("n1", process="ingress-0")
-    monkeypatch.setattr(logs._bad_clients, "_last", {})  # what an earlier test in this process logged
-    monkeypatch.setattr(logs._bad_clients, "clock", lambda: 0.0)  # all within one minute, however slow
+    monkeypatch.setattr(logs._bad_clients.gate, "_last", {})  # what an earlier test in this process logged
+    monkeypatch.setattr(logs._bad_clients.gate, "clock", lambda: 0.0)  # all within one minute, however slow
     bad_before = closed("bad-request")
     async with serving(App(), Config.model_validate({})) as port:
         for _ in range(100):
@@ -191,3 +191,12 @@ def test_the_console_format_escapes_control_characters_in_values_it_would_print_
     out = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out.rstrip("\n"))  # the renderer's own colours
     assert not _forged(out), repr(out)
     assert "user='a\\x1b[2Jb\\u2028c'" in out and "c1='x\\x9b31my'" in out and "obj=raw\\x1b]0;title\\x07" in out
+
+
+def test_sometimes_tracks_a_bounded_number_of_keys() -> None:
+    # Before: the bot path's throttle kept every reason it was given, for the process's life.
+    sometimes = logs.Sometimes(max_keys=4, clock=lambda: 0.0)
+    for i in range(1_000):
+        assert sometimes.let(f"peer-rescue {i}") == 0
+        assert len(sometimes._last) <= 4
+    assert sometimes.let("peer-rescue 999") is None  # the newest is still held back

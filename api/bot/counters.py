@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +16,6 @@ from prerender_ray import logs, metrics
 
 log = logs.get("bot")
 METRICS_FLUSH_S = 1.0
-_WARN_EVERY_S = 60.0
 
 
 class Counters:
@@ -25,7 +23,7 @@ class Counters:
         self._children: dict[tuple, Any] = {}
         self._pending: dict[tuple, int] = {}
         self._observed: dict[tuple, list[float]] = {}
-        self._warned: dict[str, float] = {}
+        self._warned = logs.Sometimes()  # per reason
         self._flush_task: asyncio.Task | None = None
         # where ``flush`` writes (counts, observations): prometheus; a test's tally instead (the
         # class is compiled, so its methods cannot be patched)
@@ -82,10 +80,11 @@ class Counters:
         return found
 
     def warn_sometimes(self, reason: str, message: str, **kw: Any) -> None:
-        now = time.monotonic()
-        if now - self._warned.get(reason, -1e9) >= _WARN_EVERY_S:
-            self._warned[reason] = now
-            log.warning(message, reason=reason, **kw)
+        """``message`` at most once a minute per ``reason`` (``logs.Sometimes``), with how many like it
+        were held back since (``held``)."""
+        held = self._warned.let(reason)
+        if held is not None:
+            log.warning(message, reason=reason, **({"held": held} if held else {}), **kw)
 
 
 def _observe_many(child: Any, values: list[float]) -> None:
