@@ -43,6 +43,10 @@ def node(tmp_path_factory, site):
         {
             "domains": [f"127.0.0.1:{site.port}"],
             "page": {"swrTtl": 60_000},
+            # a first render's next one (the page's freshness) on the cadence, not on the URL's slot,
+            # which with the site's random port could fall within the minutes of fake time the tests
+            # walk through: its pages would turn stale part way through a comparison of hits
+            "render": {"firstRender": "staggered"},
             "bots": {"named": {"CCBot": {"serve": "deny"}}},
         },
         replicas=2,
