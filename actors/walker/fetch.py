@@ -11,7 +11,8 @@ when empty, the staging IP pinned for every fetch when configured) and does bett
 document, redirects followed only to http(s) and at most ``MAX_REDIRECTS`` times, gzip by content
 whatever the URL or headers say, and any other content encoding refused. Every request (the root,
 an index child, each redirect hop) is first checked by the origin policy (``domains``: host and
-port), so the token goes only to an allowed origin; no cookie is kept between fetches.
+port), so the token goes only to an allowed origin, and with ``allowAnyDomain`` on a public listener
+connects only to a public address (``api/outbound.py``); no cookie is kept between fetches.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpcore
 import httpx
 import xxhash
 
+from prerender_ray.api.outbound import NonPublicAddress, transport
 from prerender_ray.config.model import Config
 from prerender_ray.serving.origin_policy import NoCookies, OriginPolicy
 from prerender_ray.sitemaps.parser import SitemapEntry, SitemapError, SitemapParser, snippet
@@ -107,35 +108,6 @@ class _Reader:
             del self.rows[:ENTRY_CHUNK]
 
 
-class _PinnedBackend(httpcore.AsyncNetworkBackend):
-    """Connects every request to one IP; Host and SNI stay the URL's host (staging pinning)."""
-
-    def __init__(self, ip: str):
-        self.ip = ip
-        self.inner = httpcore.AnyIOBackend()
-
-    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
-                          local_address: str | None = None, socket_options: Any = None) -> Any:
-        return await self.inner.connect_tcp(self.ip, port, timeout=timeout, local_address=local_address,
-                                            socket_options=socket_options)
-
-    async def connect_unix_socket(self, path: str, timeout: float | None = None,
-                                  socket_options: Any = None) -> Any:
-        return await self.inner.connect_unix_socket(path, timeout=timeout, socket_options=socket_options)
-
-    async def sleep(self, seconds: float) -> None:
-        await self.inner.sleep(seconds)
-
-
-def _transport(staging_ip: str) -> httpx.AsyncHTTPTransport:
-    transport = httpx.AsyncHTTPTransport(trust_env=False)
-    if staging_ip:
-        # httpx has no resolver hook; its transport is a thin shell over this httpcore pool.
-        transport._pool = httpcore.AsyncConnectionPool(ssl_context=httpx.create_ssl_context(trust_env=False),
-                                                       network_backend=_PinnedBackend(staging_ip))
-    return transport
-
-
 class Fetcher:
     """One HTTP client per walker; ``fetch`` is safe to run for several documents at once."""
 
@@ -152,7 +124,7 @@ class Fetcher:
                         "accept": "application/xml, text/xml;q=0.9, */*;q=0.5"}
         connect = min(origin.connect_timeout_ms / 1000, self.deadline_s)
         self.client = httpx.AsyncClient(
-            transport=_transport(self.staging_ip), headers=self.headers, follow_redirects=False,
+            transport=transport(pin=self.staging_ip, public_only=self.policy.public_only), headers=self.headers, follow_redirects=False,
             timeout=httpx.Timeout(self.deadline_s, connect=connect), trust_env=False, cookies=NoCookies())
 
     async def aclose(self) -> None:
@@ -197,6 +169,10 @@ class Fetcher:
             except httpx.HTTPError as e:
                 raise SitemapFetchError(f"{what} fetch failed for {url}{self.via}: {describe_error(e)}",
                                         type(e).__name__) from None
+            except NonPublicAddress as e:
+                hop = "" if current == url else f" (redirected to {current[:200]})"
+                raise SitemapFetchError(f"{what} fetch for {url}{hop} refused: {e}",
+                                        "SITEMAP_HOST_NOT_ALLOWED") from None
             if not response.is_redirect:
                 return response
             try:

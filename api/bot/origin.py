@@ -14,6 +14,8 @@ and proxies any host it is asked for:
   (``prerender_ray.serving.origin_policy``) on the URL as httpx will connect to it: host and port must be
   allowed, an empty list is refused outright unless the listener is loopback or ``allowAnyDomain``
   is set; a refusal is a 403 naming the origin, before any connection (so before the token is sent);
+  with ``allowAnyDomain`` on a public listener, a host is connected to only at a public address
+  (``api/outbound.py``), else a 403 as well;
 - no cookie is kept: one origin's ``Set-Cookie`` is never replayed to a later fetch;
 - staging pinning connects to the configured IP while Host and TLS SNI stay the real host;
 - concurrent misses of one key share one fetch (``collapsed``: the caller keys it, ``Miss.from_origin``
@@ -28,10 +30,10 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 
-import httpcore
 import httpx
 
 from prerender_ray import metrics
+from prerender_ray.api.outbound import NonPublicAddress, transport
 from prerender_ray.config.model import Config
 from prerender_ray.serving.answer import encode_header
 from prerender_ray.serving.origin_policy import NoCookies, OriginPolicy
@@ -59,40 +61,6 @@ class OriginAnswer:
     seconds: float  # to the response head
 
 
-class _PinnedBackend(httpcore.AsyncNetworkBackend):
-    """Connect every TCP stream to one IP; TLS SNI and Host stay the URL's host (httpcore takes both
-    from the request URL), as a DNS override would."""
-
-    def __init__(self, ip: str):
-        self.ip = ip
-        self._inner = httpcore.AnyIOBackend()
-
-    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
-                          local_address: str | None = None,
-                          socket_options=None) -> httpcore.AsyncNetworkStream:
-        return await self._inner.connect_tcp(self.ip, port, timeout, local_address, socket_options)
-
-    async def connect_unix_socket(self, path: str, timeout: float | None = None,
-                                  socket_options=None) -> httpcore.AsyncNetworkStream:
-        return await self._inner.connect_unix_socket(path, timeout, socket_options)
-
-    async def sleep(self, seconds: float) -> None:
-        await self._inner.sleep(seconds)
-
-
-class _PinnedTransport(httpx.AsyncHTTPTransport):
-    def __init__(self, ip: str, limits: httpx.Limits):
-        super().__init__(limits=limits, trust_env=False)
-        # httpx has no public hook for the network backend: swap its pool for one that has it.
-        self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=httpx.create_ssl_context(trust_env=False),
-            max_connections=limits.max_connections,
-            max_keepalive_connections=limits.max_keepalive_connections,
-            keepalive_expiry=limits.keepalive_expiry,
-            network_backend=_PinnedBackend(ip),
-        )
-
-
 def _set_max_header_bytes(n: int) -> None:
     """httpcore reads a response head of at most this many bytes (h11's incomplete-event cap).
     It is a class attribute, so it applies to the whole process: only the ingress fetches origins."""
@@ -118,9 +86,8 @@ class OriginClient:
         self._inflight: dict[Hashable, asyncio.Future] = {}
 
     def _client(self, ip: str | None) -> httpx.AsyncClient:
-        transport = _PinnedTransport(ip, self.limits) if ip else httpx.AsyncHTTPTransport(
-            limits=self.limits, trust_env=False)
-        return httpx.AsyncClient(transport=transport, timeout=self.timeout, follow_redirects=False,
+        connects = transport(self.limits, pin=ip or "", public_only=self.policy.public_only)
+        return httpx.AsyncClient(transport=connects, timeout=self.timeout, follow_redirects=False,
                                  trust_env=False, cookies=NoCookies())
 
     async def aclose(self) -> None:
@@ -160,6 +127,8 @@ class OriginClient:
                     await response.aclose()
         except OriginError:
             raise
+        except NonPublicAddress as e:  # allowAnyDomain on a public listener: resolved to our own network
+            raise OriginError(403, "refused", f"origin fetch refused: {e}") from None
         except (TimeoutError, httpx.TimeoutException) as e:
             raise OriginError(504, "timeout",
                               f"the origin did not answer in time ({type(e).__name__})") from None

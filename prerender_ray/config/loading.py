@@ -339,7 +339,9 @@ def findings(cfg: Config, prerender_routes: int) -> list[Finding]:
         add("warn", "origin.security_token.value", "empty: the origin cannot tell prerender traffic apart")
     if not cfg.domains:
         if cfg.allow_any_domain:
-            add("warn", "domains", "empty with allowAnyDomain: any host may be fetched and cached (open proxy)")
+            add("warn", "domains", "empty with allowAnyDomain: any host may be fetched and cached (open proxy)"
+                + ("; only public addresses are connected to, and the security token goes to every host fetched"
+                   if not _is_loopback(cfg.server.host) else ""))
         else:
             add("warn", "domains", "empty: every host is treated as indexable (allowed on loopback only)")
     if cfg.ingress.mode == "forwarded" and prerender_routes == 0:

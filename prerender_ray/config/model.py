@@ -44,7 +44,8 @@ class Config(Model):
         "(empty: any host, loopback only)."
     )
     allow_any_domain: bool = Field(
-        False, description="Allow origin fetches to any host with an empty `domains` (open proxy)."
+        False, description="Allow origin fetches to any host with an empty `domains` (open proxy); off "
+        "loopback, only to public addresses (never the node's own network, loopback or link-local)."
     )
     server: Server = Server()
     ingress: Ingress = Ingress()

@@ -14,7 +14,11 @@ IDN as punycode, as canonical URLs spell them. An entry that is a URL (scheme, p
 userinfo) is refused at config validation with the entry to write instead.
 
 An empty ``domains`` allows every host for serving; for fetching it keeps its old meaning: allowed
-on a loopback listener or with ``allowAnyDomain``, else every fetch is refused (no open proxy).
+on a loopback listener or with ``allowAnyDomain``, else every fetch is refused (no open proxy). With
+``allowAnyDomain`` on a listener that is not loopback (``public_only``), anyone may name the host to
+fetch, so a fetch connects only to an address of the public internet (``public_address``, checked on
+the address it connects to: ``api/outbound.py``): never to the node's own network, its cloud's
+metadata service or loopback.
 
 ``NoCookies`` is the cookie jar of every outbound HTTP client: it never stores a cookie, so one
 origin's ``Set-Cookie`` is never replayed to another bot, port or host.
@@ -22,6 +26,7 @@ origin's ``Set-Cookie`` is never replayed to another bot, port or host.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -188,6 +193,8 @@ class OriginPolicy:
         self.domains = compiled(tuple(cfg.domains))
         # An empty list fetches any host only where that cannot make an open proxy.
         self.closed = not (cfg.domains or cfg.allow_any_domain or is_loopback(cfg.server.host))
+        # anyone may name the host: only public addresses are connected to (module docstring)
+        self.public_only = not cfg.domains and cfg.allow_any_domain and not is_loopback(cfg.server.host)
 
     def refusal(self, scheme: str, host: str, port: int) -> str | None:
         if self.closed:
@@ -212,6 +219,30 @@ class OriginPolicy:
         if ":" in host and not host.startswith("["):
             host = f"[{host}]"
         return self.refusal(scheme, host, port or DEFAULT_PORTS.get(scheme, 0))
+
+
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
+def public_address(ip: str) -> bool:
+    """Whether ``ip`` (a literal, as a resolver answers it) is an address of the public internet:
+    ``ipaddress``'s ``is_global`` and not multicast, an IPv6 address that carries an IPv4 one
+    (mapped, 6to4, NAT64, Teredo) judged by the IPv4 one as well. Anything unparsable is not."""
+    try:
+        addr = ipaddress.ip_address(ip.split("%", 1)[0])  # a scope id (fe80::1%eth0) names no other host
+    except ValueError:
+        return False
+    inner: list[ipaddress.IPv4Address] = []
+    if isinstance(addr, ipaddress.IPv6Address):
+        if addr.ipv4_mapped is not None:
+            inner.append(addr.ipv4_mapped)
+        if addr.sixtofour is not None:
+            inner.append(addr.sixtofour)
+        if addr.teredo is not None:
+            inner.extend(addr.teredo)
+        if addr in _NAT64:
+            inner.append(ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF))
+    return all(a.is_global and not a.is_multicast for a in (addr, *inner))
 
 
 def describe_domains(entries: Sequence[str]) -> list[str]:

@@ -7,7 +7,7 @@ import pytest
 
 from prerender_ray.config.loading import ConfigError, parse
 from prerender_ray.config.model import Config
-from prerender_ray.serving.origin_policy import Domains, NoCookies, OriginPolicy, parse_entry
+from prerender_ray.serving.origin_policy import Domains, NoCookies, OriginPolicy, parse_entry, public_address
 
 
 def refusal(entries: list[str], url: str) -> str | None:
@@ -117,3 +117,28 @@ def test_the_cookie_jar_keeps_nothing() -> None:
     jar.set_cookie(Cookie(0, "session", "1", None, False, "a.test", True, False, "/", True, False, None,
                           False, None, None, {}))
     assert len(jar) == 0
+
+
+@pytest.mark.parametrize("ip, public", [
+    ("93.184.216.34", True), ("2606:2800:220:1:248:1893:25c8:1946", True), ("::ffff:93.184.216.34", True),
+    ("64:ff9b::5db8:d822", True),  # NAT64 of a public address
+    ("127.0.0.1", False), ("10.1.2.3", False), ("172.16.0.1", False), ("192.168.1.1", False),
+    ("169.254.169.254", False), ("100.64.0.1", False), ("0.0.0.0", False), ("255.255.255.255", False),
+    ("224.0.0.251", False), ("198.18.0.1", False), ("::1", False), ("::", False), ("fe80::1%eth0", False),
+    ("fd00::1", False), ("ff02::1", False),
+    ("::ffff:127.0.0.1", False), ("::ffff:10.0.0.1", False),  # IPv4 carried in IPv6
+    ("2002:7f00:1::", False), ("2002:a00:1::", False), ("64:ff9b::a9fe:a9fe", False),
+    ("localhost", False), ("", False), ("not an address", False),
+])
+def test_a_public_address_is_one_of_the_public_internet_whatever_its_spelling(ip, public) -> None:
+    assert public_address(ip) is public
+
+
+def test_public_only_is_any_domain_on_a_listener_that_is_not_loopback() -> None:
+    def policy(**cfg: object) -> OriginPolicy:
+        return OriginPolicy(Config.model_validate(cfg))
+
+    assert policy(allowAnyDomain=True, server={"host": "0.0.0.0"}).public_only
+    assert not policy(allowAnyDomain=True).public_only  # loopback: only this machine asks
+    assert not policy(allowAnyDomain=True, domains=["shop.test"], server={"host": "0.0.0.0"}).public_only
+    assert not policy(domains=["shop.test"], server={"host": "0.0.0.0"}).public_only

@@ -196,6 +196,23 @@ async def test_an_ipv6_literal_outside_domains_is_refused_by_the_policy(site) ->
     assert e.code == "SITEMAP_HOST_NOT_ALLOWED" and f"[::1]:{site.port} is not allowed by domains" in str(e)
 
 
+async def test_any_domain_off_loopback_fetches_no_sitemap_from_our_own_network(site) -> None:
+    # Before: a hostile index could name children on loopback or the node's network, and the walker
+    # fetched them with the security token.
+    site.put("/private.xml", urlset("https://shop.test/p"))
+    cfg = Config.model_validate({"domains": [], "allowAnyDomain": True, "server": {"host": "0.0.0.0"},
+                                 "origin": {"securityToken": {"header": "x-bypass", "value": "s3cret"}}})
+    f = Fetcher(cfg, Router(cfg).classify, canonicalizer(cfg))
+    try:
+        for url in (site.url("/private.xml"), site.url("/private.xml", host="localhost")):
+            with pytest.raises(SitemapFetchError) as e:
+                await f.fetch(url)
+            assert e.value.code == "SITEMAP_HOST_NOT_ALLOWED" and "not a public address" in str(e.value)
+    finally:
+        await f.aclose()
+    assert "/private.xml" not in site.hits
+
+
 async def test_a_cookie_an_origin_sets_is_not_sent_back(site) -> None:
     site.put("/cookie.xml", urlset("https://shop.test/k"), headers={"set-cookie": "sid=1; Path=/"})
     site.put("/after-cookie.xml", urlset("https://shop.test/k2"))

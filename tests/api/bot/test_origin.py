@@ -59,11 +59,30 @@ async def test_an_empty_allowlist_is_refused_off_loopback_unless_any_domain_is_a
         await closed.fetch("GET", f"{site.base}/page/x", [], reason="miss")
     assert e.value.status == 403 and e.value.kind == "refused"
     await closed.aclose()
-    for open_one in (client(server={"host": "0.0.0.0"}, allowAnyDomain=True), client(domains=["127.0.0.1:*"],
-                                                                                     server={"host": "0.0.0.0"}),
-                     client()):
+    for open_one in (client(domains=["127.0.0.1:*"], server={"host": "0.0.0.0"}), client(),
+                     client(allowAnyDomain=True)):  # a loopback listener: only this machine asks
         assert (await open_one.fetch("GET", f"{site.base}/page/x", [], reason="miss")).status == 200
         await open_one.aclose()
+
+
+async def test_any_domain_off_loopback_never_connects_to_our_own_network(site) -> None:
+    # Before: allowAnyDomain on a public listener fetched whatever a bot named, loopback, the node's
+    # network and the cloud's metadata address included, and relayed the answer (and sent the token).
+    c = client(server={"host": "0.0.0.0"}, allowAnyDomain=True)
+    token = [("x-harper-renderer-bypass", "s3cret")]
+    try:
+        before = len(site.seen)
+        for url, address in [(f"{site.base}/page/x", "127.0.0.1"),
+                             (f"http://localhost:{site.port}/page/x", ""),  # a name: what it resolves to
+                             (f"http://[::1]:{site.port}/page/x", "::1"),
+                             (f"http://[::ffff:127.0.0.1]:{site.port}/page/x", "::ffff:127.0.0.1")]:
+            with pytest.raises(OriginError) as e:
+                await c.fetch("GET", url, token, reason="miss")
+            assert e.value.status == 403 and e.value.kind == "refused", url
+            assert f"resolves to {address}" in str(e.value) and "not a public address" in str(e.value)
+        assert len(site.seen) == before  # nothing reached the origin: no request, no token
+    finally:
+        await c.aclose()
 
 
 async def test_the_client_checks_every_fetch_against_domains_before_it_connects(site) -> None:

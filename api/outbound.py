@@ -1,0 +1,110 @@
+"""Where the outbound HTTP clients connect (the bot path's origin client, the walker's sitemap
+fetcher): httpx's transport over an httpcore pool whose network backend decides the address.
+
+- ``PinnedBackend``: staging pinning, every connection to the one IP the operator configured; Host
+  and TLS SNI stay the URL's host (httpcore takes both from the request URL), as a DNS override would.
+- ``PublicOnlyBackend``: with ``allowAnyDomain`` on a listener that is not loopback, anyone may name
+  the host to fetch. The name is resolved here, every address it has must be public
+  (``origin_policy.public_address``), and the connection goes to the address that was checked, so a
+  name that resolves again to another address (DNS rebinding) cannot slip past. A refusal is
+  ``NonPublicAddress``, raised before anything is sent (the security token included).
+
+httpx has no public hook for the network backend, so ``transport`` swaps its pool for one that has it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpcore
+import httpx
+
+from prerender_ray.serving.origin_policy import public_address
+
+Resolve = Callable[[str, int], Awaitable[list[str]]]
+
+
+class NonPublicAddress(Exception):
+    """A host that resolves to an address outside the public internet, refused."""
+
+    def __init__(self, host: str, address: str):
+        super().__init__(f"{host[:200]} resolves to {address}, not a public address "
+                         "(allowAnyDomain fetches public addresses only; list the host in domains)")
+        self.host, self.address = host, address
+
+
+async def _resolve(host: str, port: int) -> list[str]:
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return [str(info[4][0]) for info in infos]
+
+
+class PinnedBackend(httpcore.AsyncNetworkBackend):
+    """Every TCP connection to one IP (staging pinning)."""
+
+    def __init__(self, ip: str, inner: httpcore.AsyncNetworkBackend | None = None):
+        self.ip = ip
+        self.inner = inner or httpcore.AnyIOBackend()
+
+    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
+                          local_address: str | None = None, socket_options: Any = None) -> Any:
+        return await self.inner.connect_tcp(self.ip, port, timeout=timeout, local_address=local_address,
+                                            socket_options=socket_options)
+
+    async def connect_unix_socket(self, path: str, timeout: float | None = None,
+                                  socket_options: Any = None) -> Any:
+        return await self.inner.connect_unix_socket(path, timeout=timeout, socket_options=socket_options)
+
+    async def sleep(self, seconds: float) -> None:
+        await self.inner.sleep(seconds)
+
+
+class PublicOnlyBackend(PinnedBackend):
+    """Every TCP connection to the address its host was checked at, a public one only."""
+
+    def __init__(self, inner: httpcore.AsyncNetworkBackend | None = None, resolve: Resolve = _resolve):
+        super().__init__("", inner)
+        self.resolve = resolve
+
+    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
+                          local_address: str | None = None, socket_options: Any = None) -> Any:
+        try:
+            async with asyncio.timeout(timeout):  # the connect deadline covers the look-up
+                addresses = await self.resolve(host, port)
+        except TimeoutError:
+            raise httpcore.ConnectTimeout(f"resolving {host[:200]} took longer than the connect deadline") from None
+        except OSError as e:
+            raise httpcore.ConnectError(f"cannot resolve {host[:200]}: {e}") from None
+        if not addresses:
+            raise httpcore.ConnectError(f"{host[:200]} has no address")
+        refused = next((a for a in addresses if not public_address(a)), None)
+        if refused is not None:
+            raise NonPublicAddress(host, refused)
+        return await self.inner.connect_tcp(addresses[0], port, timeout=timeout, local_address=local_address,
+                                            socket_options=socket_options)
+
+    async def connect_unix_socket(self, path: str, timeout: float | None = None,
+                                  socket_options: Any = None) -> Any:
+        raise httpcore.ConnectError("a unix socket is not a public address")
+
+
+def transport(limits: httpx.Limits | None = None, *, pin: str = "", public_only: bool = False,
+              backend: httpcore.AsyncNetworkBackend | None = None,
+              resolve: Resolve = _resolve) -> httpx.AsyncHTTPTransport:
+    """An httpx transport that connects as ``pin`` (staging) or ``public_only`` say, else as httpx
+    does. ``backend`` (the network beneath them) and ``resolve``: a test's."""
+    limits = limits or httpx.Limits()
+    out = httpx.AsyncHTTPTransport(limits=limits, trust_env=False)
+    if pin or public_only or backend is not None:
+        chosen = (PinnedBackend(pin, backend) if pin else PublicOnlyBackend(backend, resolve) if public_only
+                  else backend)
+        out._pool = httpcore.AsyncConnectionPool(
+            ssl_context=httpx.create_ssl_context(trust_env=False),
+            max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=limits.keepalive_expiry,
+            network_backend=chosen,
+        )
+    return out
