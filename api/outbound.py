@@ -6,7 +6,8 @@ fetcher): httpx's transport over an httpcore pool whose network backend decides 
 - ``PublicOnlyBackend``: with ``allowAnyDomain`` on a listener that is not loopback, anyone may name
   the host to fetch. The name is resolved here, every address it has must be public
   (``origin_policy.public_address``), and the connection goes to the address that was checked, so a
-  name that resolves again to another address (DNS rebinding) cannot slip past. A refusal is
+  name that resolves again to another address (DNS rebinding) cannot slip past (each checked
+  address is tried in turn, as a client would). A refusal is
   ``NonPublicAddress``, raised before anything is sent (the security token included).
 
 httpx has no public hook for the network backend, so ``transport`` swaps its pool for one that has it.
@@ -82,8 +83,15 @@ class PublicOnlyBackend(PinnedBackend):
         refused = next((a for a in addresses if not public_address(a)), None)
         if refused is not None:
             raise NonPublicAddress(host, refused)
-        return await self.inner.connect_tcp(addresses[0], port, timeout=timeout, local_address=local_address,
-                                            socket_options=socket_options)
+        failed: Exception | None = None
+        for address in dict.fromkeys(addresses):  # in the resolver's order, as a client tries them
+            try:
+                return await self.inner.connect_tcp(address, port, timeout=timeout, local_address=local_address,
+                                                    socket_options=socket_options)
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as e:
+                failed = e
+        assert failed is not None
+        raise failed
 
     async def connect_unix_socket(self, path: str, timeout: float | None = None,
                                   socket_options: Any = None) -> Any:

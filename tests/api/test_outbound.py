@@ -95,6 +95,21 @@ async def test_a_lookup_that_fails_or_hangs_is_a_connect_error_within_the_deadli
         await PublicOnlyBackend(Redirected(), hangs).connect_tcp("slow.example", 80, timeout=0.05)
 
 
+async def test_each_checked_address_is_tried_in_turn(site) -> None:
+    class FirstUnreachable(Redirected):
+        async def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):  # type: ignore[no-untyped-def]
+            if host == PUBLIC:
+                self.asked.append((host, port))
+                raise httpcore.ConnectError("Network is unreachable")
+            return await super().connect_tcp(host, port, timeout, local_address, socket_options)
+
+    net = FirstUnreachable()
+    pool = transport(public_only=True, backend=net, resolve=resolver([PUBLIC, "2606:4700::1111"]))
+    async with httpx.AsyncClient(transport=pool, trust_env=False) as client:
+        assert (await client.get(f"http://dual.example:{site.port}/page/x")).status_code == 200
+    assert net.asked == [(PUBLIC, site.port), ("2606:4700::1111", site.port)]
+
+
 async def test_a_unix_socket_is_never_connected_to() -> None:
     with pytest.raises(httpcore.ConnectError):
         await PublicOnlyBackend(Redirected()).connect_unix_socket("/run/docker.sock")
