@@ -124,8 +124,9 @@ class Fetcher:
                         "accept": "application/xml, text/xml;q=0.9, */*;q=0.5"}
         connect = min(origin.connect_timeout_ms / 1000, self.deadline_s)
         self.client = httpx.AsyncClient(
-            transport=transport(pin=self.staging_ip, public_only=self.policy.public_only), headers=self.headers, follow_redirects=False,
-            timeout=httpx.Timeout(self.deadline_s, connect=connect), trust_env=False, cookies=NoCookies())
+            transport=transport(pin=self.staging_ip, public_only=self.policy.public_only), headers=self.headers,
+            follow_redirects=False, timeout=httpx.Timeout(self.deadline_s, connect=connect), trust_env=False,
+            cookies=NoCookies())
 
     async def aclose(self) -> None:
         await self.client.aclose()
