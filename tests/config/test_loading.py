@@ -108,7 +108,10 @@ def test_a_malformed_route_is_dropped_alone_with_a_warning() -> None:
 def test_an_empty_domain_allowlist_on_a_public_listener_is_refused_unless_allowed_explicitly() -> None:
     assert any(p.startswith("domains:") for p in problems({"server": {"host": "0.0.0.0"}}))
     ok = parse({"server": {"host": "0.0.0.0"}, "allowAnyDomain": True}, {})
-    assert any(f.key == "domains" and "open proxy" in f.message for f in ok.findings)
+    found = next(f.message for f in ok.findings if f.key == "domains")
+    assert "open proxy" in found and "only public addresses" in found and "the security token goes" in found
+    loopback = parse({"allowAnyDomain": True}, {})
+    assert "public addresses" not in next(f.message for f in loopback.findings if f.key == "domains")
     parse({"server": {"host": "0.0.0.0"}, "domains": ["www.example.com"]}, {})
 
 
