@@ -9,6 +9,8 @@ fetcher): httpx's transport over an httpcore pool whose network backend decides 
   name that resolves again to another address (DNS rebinding) cannot slip past (each checked
   address is tried in turn, as a client would). A refusal is
   ``NonPublicAddress``, raised before anything is sent (the security token included).
+- ``public_host``: the same check for a URL the fleet's browsers would load instead (a bot's miss that
+  asks for a render), which no client of ours connects to first.
 
 httpx has no public hook for the network backend, so ``transport`` swaps its pool for one that has it.
 """
@@ -42,6 +44,33 @@ async def _resolve(host: str, port: int) -> list[str]:
     return [str(info[4][0]) for info in infos]
 
 
+async def public_addresses(host: str, port: int, timeout: float | None, resolve: Resolve | None = None) -> list[str]:
+    """``host``'s addresses, each public, in the resolver's order. Raises ``NonPublicAddress``, or
+    httpcore's ``ConnectError`` / ``ConnectTimeout`` when the look-up fails or outlasts ``timeout``."""
+    try:
+        async with asyncio.timeout(timeout):  # a connection's deadline covers its look-up
+            addresses = await (resolve or _resolve)(host, port)
+    except TimeoutError:
+        raise httpcore.ConnectTimeout(f"resolving {host[:200]} took longer than the connect deadline") from None
+    except OSError as e:
+        raise httpcore.ConnectError(f"cannot resolve {host[:200]}: {e}") from None
+    if not addresses:
+        raise httpcore.ConnectError(f"{host[:200]} has no address")
+    refused = next((a for a in addresses if not public_address(a)), None)
+    if refused is not None:
+        raise NonPublicAddress(host, refused)
+    return addresses
+
+
+async def public_host(host: str, port: int, timeout: float | None, resolve: Resolve | None = None) -> bool:
+    """Whether ``host`` resolves, within ``timeout``, to public addresses only (``public_addresses``)."""
+    try:
+        await public_addresses(host, port, timeout, resolve)
+    except (NonPublicAddress, httpcore.ConnectError, httpcore.ConnectTimeout):
+        return False
+    return True
+
+
 class PinnedBackend(httpcore.AsyncNetworkBackend):
     """Every TCP connection to one IP (staging pinning)."""
 
@@ -65,24 +94,13 @@ class PinnedBackend(httpcore.AsyncNetworkBackend):
 class PublicOnlyBackend(PinnedBackend):
     """Every TCP connection to the address its host was checked at, a public one only."""
 
-    def __init__(self, inner: httpcore.AsyncNetworkBackend | None = None, resolve: Resolve = _resolve):
+    def __init__(self, inner: httpcore.AsyncNetworkBackend | None = None, resolve: Resolve | None = None):
         super().__init__("", inner)
         self.resolve = resolve
 
     async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
                           local_address: str | None = None, socket_options: Any = None) -> Any:
-        try:
-            async with asyncio.timeout(timeout):  # the connect deadline covers the look-up
-                addresses = await self.resolve(host, port)
-        except TimeoutError:
-            raise httpcore.ConnectTimeout(f"resolving {host[:200]} took longer than the connect deadline") from None
-        except OSError as e:
-            raise httpcore.ConnectError(f"cannot resolve {host[:200]}: {e}") from None
-        if not addresses:
-            raise httpcore.ConnectError(f"{host[:200]} has no address")
-        refused = next((a for a in addresses if not public_address(a)), None)
-        if refused is not None:
-            raise NonPublicAddress(host, refused)
+        addresses = await public_addresses(host, port, timeout, self.resolve)
         failed: Exception | None = None
         for address in dict.fromkeys(addresses):  # in the resolver's order, as a client tries them
             try:
@@ -100,7 +118,7 @@ class PublicOnlyBackend(PinnedBackend):
 
 def transport(limits: httpx.Limits | None = None, *, pin: str = "", public_only: bool = False,
               backend: httpcore.AsyncNetworkBackend | None = None,
-              resolve: Resolve = _resolve) -> httpx.AsyncHTTPTransport:
+              resolve: Resolve | None = None) -> httpx.AsyncHTTPTransport:
     """An httpx transport that connects as ``pin`` (staging) or ``public_only`` say, else as httpx
     does. ``backend`` (the network beneath them) and ``resolve``: a test's."""
     limits = limits or httpx.Limits()

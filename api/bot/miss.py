@@ -18,6 +18,7 @@ from prerender_ray.api.bot.page_reader import PageReader
 from prerender_ray.api.bot.pages import StoredPage
 from prerender_ray.api.bot.peer import NOT_HELD, PeerClient
 from prerender_ray.api.context import NodeContext
+from prerender_ray.api.outbound import public_host
 from prerender_ray.config.model import Config
 from prerender_ray.identity.urls import UrlError
 from prerender_ray.queue.discovery import BUSY, RateBudget, site_of
@@ -25,6 +26,7 @@ from prerender_ray.serving.answer import Reply, error_reply, origin_reply, verdi
 from prerender_ray.serving.classify import BotRequest
 from prerender_ray.serving.markdown import markdown_negotiated, wants_markdown
 from prerender_ray.serving.negotiation import add_vary
+from prerender_ray.serving.origin_policy import origin_of
 from prerender_ray.serving.origin_rules import (
     ServingPolicy,
     is_prerender_candidate,
@@ -98,15 +100,30 @@ class Miss:
             rescued = await self._peer_rescue(req, headers, now, debug, markdown)
             if rescued is not None:
                 return rescued
-        if policy.authorized and policy.miss_mode == "prerender":
+        if policy.authorized and policy.miss_mode == "prerender" and await self._renderable(req):
             return await self._render_now(req, headers, debug, status, found, discover, markdown)
         if discover and found is None and status == "miss" and self.on_miss.enabled and req.method == "GET" \
-                and req.route_class == "prerender":
+                and req.route_class == "prerender" and await self._renderable(req):
             rendered = await self._on_miss(req, headers, debug, status, markdown)
             if rendered is not None:
                 return rendered
         out = Outcome(status)
         return await self.from_origin(req, headers, debug, out, reason=status, discover=discover), out
+
+    async def _renderable(self, req: BotRequest) -> bool:
+        """Whether a miss may ask the fleet to render ``req``'s URL. With ``allowAnyDomain`` off loopback
+        anyone names the host, and no client of ours connects to it before the fleet's browser does:
+        only a host of public addresses (``api/outbound.py``); the origin fetch then refuses the rest."""
+        if not self.origin.policy.public_only:
+            return True
+        origin = origin_of(req.url)
+        if origin is None:
+            return False
+        _, host, port = origin
+        if await public_host(host.strip("[]"), port, self.cfg.origin.connect_timeout_ms / 1000):
+            return True
+        self.counters.count(metrics.serve_errors, "render-refused")
+        return False
 
     # ------------------------------------------------------------------------------ peer rescue
 

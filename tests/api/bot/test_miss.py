@@ -221,6 +221,39 @@ async def test_concurrent_first_visits_share_one_wait_and_one_render_now(tmp_pat
         primary.close()
 
 
+async def test_any_domain_off_loopback_asks_no_render_of_a_host_on_our_own_network(tmp_path, monkeypatch) -> None:
+    # Before: a bot's miss of http://10.0.0.5/... made it due at once, and the fleet's browser loaded it
+    # and stored what it saw for the bot (allowAnyDomain on a public listener, render.onMiss on).
+    from prerender_ray.api import outbound
+
+    async def resolve(host: str, port: int) -> list[str]:
+        return {"shop.example": ["93.184.216.34"], "inside.example": ["10.0.0.5"]}.get(host, [host])
+
+    monkeypatch.setattr(outbound, "_resolve", resolve)
+    primary = Store(store_path(tmp_path, "n1", PAGES))
+    asked: list[str] = []
+    cfg = Config.model_validate({"domains": [], "allowAnyDomain": True,
+                                 "server": {"host": "0.0.0.0", "data_dir": str(tmp_path)},
+                                 "render": {"onMiss": {"enabled": True, "waitMs": 5000}},
+                                 "renderNow": {"pollIntervalMs": 20}})
+    ctx = NodeContext(cfg=cfg, node=NodeInfo(name="n1", host="127.0.0.1", port=1, ray_node_id="x"),
+                      data_dir=str(tmp_path), keeper=_rendering_keeper(primary, asked))
+    asgi = create_asgi(ctx)
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi), base_url="http://t") as c:
+            for url in ("http://10.0.0.5/admin", "http://inside.example/admin", "http://[::1]:8080/x",
+                        "http://169.254.169.254/latest/meta-data/"):
+                r = await c.get(f"/p/{url}", headers={"user-agent": "Googlebot/2.1"})
+                assert r.status_code == 403 and "not a public address" in r.text, (url, r.text)
+            assert asked == []  # no render asked: the fleet never loads them
+            r = await c.get("/p/http://shop.example/a", headers={"user-agent": "Googlebot/2.1"})
+            assert r.status_code == 200 and r.content == HTML  # a public host: rendered for its miss
+            assert asked == ["http://shop.example/a|desktop"]
+    finally:
+        await close_replica(ctx)
+        primary.close()
+
+
 async def test_an_agent_that_asks_for_markdown_gets_the_page_rendered_for_its_miss_as_markdown(tmp_path) -> None:
     """The miss path's render (on-miss here, render-now alike) is a rendered page: an agent that
     prefers text/markdown gets it converted, as it would a cache hit; the origin's shell never is."""
