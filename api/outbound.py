@@ -31,12 +31,15 @@ Resolve = Callable[[str, int], Awaitable[list[str]]]
 
 
 class NonPublicAddress(Exception):
-    """A host that resolves to an address outside the public internet, refused."""
+    """A host refused: one of its addresses is outside the public internet, or it has none. The text
+    says neither which (a bot gets it: no oracle of the node's own DNS); ``detail`` does, for the
+    admins' own messages."""
 
-    def __init__(self, host: str, address: str):
-        super().__init__(f"{host[:200]} resolves to {address}, not a public address "
-                         "(allowAnyDomain fetches public addresses only; list the host in domains)")
+    def __init__(self, host: str, address: str | None):
+        super().__init__(f"{host[:200]} does not resolve to public addresses only "
+                         "(allowAnyDomain fetches those alone; list the host in domains)")
         self.host, self.address = host, address
+        self.detail = "it has no address" if address is None else f"it resolves to {address}"
 
 
 async def _resolve(host: str, port: int) -> list[str]:
@@ -45,17 +48,17 @@ async def _resolve(host: str, port: int) -> list[str]:
 
 
 async def public_addresses(host: str, port: int, timeout: float | None, resolve: Resolve | None = None) -> list[str]:
-    """``host``'s addresses, each public, in the resolver's order. Raises ``NonPublicAddress``, or
-    httpcore's ``ConnectError`` / ``ConnectTimeout`` when the look-up fails or outlasts ``timeout``."""
+    """``host``'s addresses, each public, in the resolver's order. Raises ``NonPublicAddress`` (a
+    look-up that fails included), or httpcore's ``ConnectTimeout`` when it outlasts ``timeout``."""
     try:
         async with asyncio.timeout(timeout):  # a connection's deadline covers its look-up
             addresses = await (resolve or _resolve)(host, port)
     except TimeoutError:
         raise httpcore.ConnectTimeout(f"resolving {host[:200]} took longer than the connect deadline") from None
-    except OSError as e:
-        raise httpcore.ConnectError(f"cannot resolve {host[:200]}: {e}") from None
+    except OSError:
+        raise NonPublicAddress(host, None) from None  # as a private one: the node's DNS says nothing
     if not addresses:
-        raise httpcore.ConnectError(f"{host[:200]} has no address")
+        raise NonPublicAddress(host, None)
     refused = next((a for a in addresses if not public_address(a)), None)
     if refused is not None:
         raise NonPublicAddress(host, refused)
@@ -66,7 +69,7 @@ async def public_host(host: str, port: int, timeout: float | None, resolve: Reso
     """Whether ``host`` resolves, within ``timeout``, to public addresses only (``public_addresses``)."""
     try:
         await public_addresses(host, port, timeout, resolve)
-    except (NonPublicAddress, httpcore.ConnectError, httpcore.ConnectTimeout):
+    except (NonPublicAddress, httpcore.ConnectTimeout):
         return False
     return True
 

@@ -172,7 +172,7 @@ class Fetcher:
                                         type(e).__name__) from None
             except NonPublicAddress as e:
                 hop = "" if current == url else f" (redirected to {current[:200]})"
-                raise SitemapFetchError(f"{what} fetch for {url}{hop} refused: {e}",
+                raise SitemapFetchError(f"{what} fetch for {url}{hop} refused: {e}: {e.detail}",
                                         "SITEMAP_HOST_NOT_ALLOWED") from None
             if not response.is_redirect:
                 return response

@@ -244,7 +244,9 @@ async def test_any_domain_off_loopback_asks_no_render_of_a_host_on_our_own_netwo
             for url in ("http://10.0.0.5/admin", "http://inside.example/admin", "http://[::1]:8080/x",
                         "http://169.254.169.254/latest/meta-data/"):
                 r = await c.get(f"/p/{url}", headers={"user-agent": "Googlebot/2.1"})
-                assert r.status_code == 403 and "not a public address" in r.text, (url, r.text)
+                assert r.status_code == 403 and "does not resolve to public addresses only" in r.text, (url, r.text)
+                if "inside" in url:
+                    assert "10.0.0.5" not in r.text  # what the node's DNS said stays with it
             assert asked == []  # no render asked: the fleet never loads them
             r = await c.get("/p/http://shop.example/a", headers={"user-agent": "Googlebot/2.1"})
             assert r.status_code == 200 and r.content == HTML  # a public host: rendered for its miss

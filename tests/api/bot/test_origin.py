@@ -72,14 +72,12 @@ async def test_any_domain_off_loopback_never_connects_to_our_own_network(site) -
     token = [("x-harper-renderer-bypass", "s3cret")]
     try:
         before = len(site.seen)
-        for url, address in [(f"{site.base}/page/x", "127.0.0.1"),
-                             (f"http://localhost:{site.port}/page/x", ""),  # a name: what it resolves to
-                             (f"http://[::1]:{site.port}/page/x", "::1"),
-                             (f"http://[::ffff:127.0.0.1]:{site.port}/page/x", "::ffff:127.0.0.1")]:
+        for url in [f"{site.base}/page/x", f"http://localhost:{site.port}/page/x", f"http://[::1]:{site.port}/page/x",
+                    f"http://[::ffff:127.0.0.1]:{site.port}/page/x"]:
             with pytest.raises(OriginError) as e:
                 await c.fetch("GET", url, token, reason="miss")
             assert e.value.status == 403 and e.value.kind == "refused", url
-            assert f"resolves to {address}" in str(e.value) and "not a public address" in str(e.value)
+            assert "does not resolve to public addresses only" in str(e.value)
         assert len(site.seen) == before  # nothing reached the origin: no request, no token
     finally:
         await c.aclose()
