@@ -100,10 +100,12 @@ class Miss:
             rescued = await self._peer_rescue(req, headers, now, debug, markdown)
             if rescued is not None:
                 return rescued
-        if policy.authorized and policy.miss_mode == "prerender" and await self._renderable(req):
-            return await self._render_now(req, headers, debug, status, found, discover, markdown)
-        if discover and found is None and status == "miss" and self.on_miss.enabled and req.method == "GET" \
-                and req.route_class == "prerender" and await self._renderable(req):
+        render_now = policy.authorized and policy.miss_mode == "prerender"
+        on_miss = discover and found is None and status == "miss" and self.on_miss.enabled and req.method == "GET" \
+            and req.route_class == "prerender"
+        if (render_now or on_miss) and await self._renderable(req):
+            if render_now:
+                return await self._render_now(req, headers, debug, status, found, discover, markdown)
             rendered = await self._on_miss(req, headers, debug, status, markdown)
             if rendered is not None:
                 return rendered
