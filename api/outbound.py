@@ -74,17 +74,11 @@ async def public_host(host: str, port: int, timeout: float | None, resolve: Reso
     return True
 
 
-class PinnedBackend(httpcore.AsyncNetworkBackend):
-    """Every TCP connection to one IP (staging pinning)."""
+class _Over(httpcore.AsyncNetworkBackend):
+    """A backend that decides where TCP connections go and leaves the rest to ``inner``."""
 
-    def __init__(self, ip: str, inner: httpcore.AsyncNetworkBackend | None = None):
-        self.ip = ip
+    def __init__(self, inner: httpcore.AsyncNetworkBackend | None = None):
         self.inner = inner or httpcore.AnyIOBackend()
-
-    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
-                          local_address: str | None = None, socket_options: Any = None) -> Any:
-        return await self.inner.connect_tcp(self.ip, port, timeout=timeout, local_address=local_address,
-                                            socket_options=socket_options)
 
     async def connect_unix_socket(self, path: str, timeout: float | None = None,
                                   socket_options: Any = None) -> Any:
@@ -94,11 +88,24 @@ class PinnedBackend(httpcore.AsyncNetworkBackend):
         await self.inner.sleep(seconds)
 
 
-class PublicOnlyBackend(PinnedBackend):
+class PinnedBackend(_Over):
+    """Every TCP connection to one IP (staging pinning)."""
+
+    def __init__(self, ip: str, inner: httpcore.AsyncNetworkBackend | None = None):
+        super().__init__(inner)
+        self.ip = ip
+
+    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
+                          local_address: str | None = None, socket_options: Any = None) -> Any:
+        return await self.inner.connect_tcp(self.ip, port, timeout=timeout, local_address=local_address,
+                                            socket_options=socket_options)
+
+
+class PublicOnlyBackend(_Over):
     """Every TCP connection to the address its host was checked at, a public one only."""
 
     def __init__(self, inner: httpcore.AsyncNetworkBackend | None = None, resolve: Resolve | None = None):
-        super().__init__("", inner)
+        super().__init__(inner)
         self.resolve = resolve
 
     async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
@@ -126,9 +133,8 @@ def transport(limits: httpx.Limits | None = None, *, pin: str = "", public_only:
     does. ``backend`` (the network beneath them) and ``resolve``: a test's."""
     limits = limits or httpx.Limits()
     out = httpx.AsyncHTTPTransport(limits=limits, trust_env=False)
-    if pin or public_only or backend is not None:
-        chosen = (PinnedBackend(pin, backend) if pin else PublicOnlyBackend(backend, resolve) if public_only
-                  else backend)
+    if pin or public_only:
+        chosen = PinnedBackend(pin, backend) if pin else PublicOnlyBackend(backend, resolve)
         out._pool = httpcore.AsyncConnectionPool(
             ssl_context=httpx.create_ssl_context(trust_env=False),
             max_connections=limits.max_connections,

@@ -18,7 +18,7 @@ from pydantic.alias_generators import to_snake
 from prerender_ray.config.model import MOVED_PATHS, SECRET_PATHS, UNSUPPORTED_PATHS, Config
 from prerender_ray.identity.routes import compile_routes
 from prerender_ray.identity.urls import DECODE_RESERVED_ALLOWED
-from prerender_ray.serving.origin_policy import parse_entry
+from prerender_ray.serving.origin_policy import OriginPolicy, parse_entry
 from prerender_ray.serving.proxies import parse_networks
 
 CONFIG_ENV = "PRERENDER_CONFIG"
@@ -341,7 +341,7 @@ def findings(cfg: Config, prerender_routes: int) -> list[Finding]:
         if cfg.allow_any_domain:
             add("warn", "domains", "empty with allowAnyDomain: any host may be fetched and cached (open proxy)"
                 + ("; only public addresses are connected to, and the security token goes to every host fetched"
-                   if not _is_loopback(cfg.server.host) else ""))
+                   if OriginPolicy(cfg).public_only else ""))
         else:
             add("warn", "domains", "empty: every host is treated as indexable (allowed on loopback only)")
     if cfg.ingress.mode == "forwarded" and prerender_routes == 0:
