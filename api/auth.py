@@ -16,8 +16,9 @@ from fastapi import HTTPException, Request
 
 from prerender_ray.admin.users import LOOPBACK, Principal, decoy_hash, verify_password
 from prerender_ray.api.context import NodeContext
+from prerender_ray.config.base import is_loopback
 from prerender_ray.config.service import User
-from prerender_ray.serving.proxies import Proxies, is_loopback
+from prerender_ray.serving.proxies import Proxies
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")  # change nothing; a page cannot read a cross-site answer
 _VERIFIED_TTL_S = 300.0  # PBKDF2 is deliberately slow; remember good credentials for a while

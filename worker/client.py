@@ -20,8 +20,8 @@ from urllib.parse import urlsplit
 import httpx
 
 from prerender_ray import logs
+from prerender_ray.config.base import is_loopback
 from prerender_ray.serving.origin_policy import NoCookies
-from prerender_ray.serving.proxies import is_loopback
 from prerender_ray.worker.backoff import HostHealth, Timing, parse_retry_after, result_retry_delay
 from prerender_ray.worker.metrics import WorkerMetrics
 from prerender_ray.worker.outcome import Job, parse_jobs

@@ -76,8 +76,12 @@ def clean_host(value: str) -> str:
     return value
 
 
-def _is_loopback_ip(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
+def is_loopback(host: str | None) -> bool:
+    """A loopback address (``[::1]`` bracketed or not) or ``localhost``: the one test of "only this
+    machine can reach it" (listeners, the open-policy default, http allowed to a local fake)."""
+    if not host:
         return False
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host.lower() == "localhost"

@@ -18,8 +18,8 @@ from prerender_ray.config.base import (
     NonEmptyStr,
     PositiveDuration,
     _duration,
-    _is_loopback_ip,
     clean_host,
+    is_loopback,
 )
 
 BotClass = Literal["search", "ai-search", "ai-training", "social", "seo-tool", "other"]
@@ -180,7 +180,7 @@ def _agent_origins(value: Any) -> Any:
         except ValueError:
             raise ValueError(f"a signature agent is an origin such as https://agent.example: {text[:120]!r}") from None
         host = (parts.hostname or "").lower()
-        loopback = host == "localhost" or _is_loopback_ip(host)
+        loopback = is_loopback(host)
         if (parts.scheme.lower() not in ("https", "http") or not host or parts.username or parts.password
                 or parts.path not in ("", "/") or parts.query or parts.fragment
                 or (parts.scheme.lower() == "http" and not loopback)):

@@ -3,7 +3,6 @@ readable errors and the risky-config findings."""
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 import typing
@@ -15,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic.alias_generators import to_snake
 
+from prerender_ray.config.base import is_loopback
 from prerender_ray.config.model import MOVED_PATHS, SECRET_PATHS, UNSUPPORTED_PATHS, Config
 from prerender_ray.identity.routes import compile_routes
 from prerender_ray.identity.urls import DECODE_RESERVED_ALLOWED
@@ -280,7 +280,7 @@ def parse(raw: Any, env: typing.Mapping[str, str] | None = None) -> Loaded:
     compiled = compile_routes(cfg)
     warnings.extend(compiled.warnings)
     problems = list(compiled.errors)
-    if not _is_loopback(cfg.server.host) and not cfg.domains and not cfg.allow_any_domain:
+    if not is_loopback(cfg.server.host) and not cfg.domains and not cfg.allow_any_domain:
         problems.append(
             f"domains: empty on a non-loopback listener ({cfg.server.host}) would make an open proxy; "
             "list the site's hosts in domains, or set allowAnyDomain: true"
@@ -322,15 +322,6 @@ def load(path: str | os.PathLike | None, env: typing.Mapping[str, str] | None = 
 # ------------------------------------------------------------------------------------------- findings
 
 
-def _is_loopback(host: str) -> bool:
-    if host in ("localhost", ""):
-        return host == "localhost"
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def findings(cfg: Config, prerender_routes: int) -> list[Finding]:
     """Risky settings, computed once per config and shown by `config check`, start-up and the admin API."""
     out: list[Finding] = []
@@ -363,7 +354,7 @@ def findings(cfg: Config, prerender_routes: int) -> list[Finding]:
         add("warn", "peer_rescue.token", f"peer rescue enabled without a token{env}: DISABLED, fails closed")
     if not cfg.auth.users:
         add("warn", "auth.users", "no users: only loopback requests are authorized")
-    if not _is_loopback(cfg.server.host) and not cfg.server.tls.cert_file:
+    if not is_loopback(cfg.server.host) and not cfg.server.tls.cert_file:
         add(
             "info",
             "server.tls",

@@ -17,7 +17,7 @@ from prerender_ray.config.base import (
     NonNegDuration,
     PositiveDuration,
     _duration,
-    _is_loopback_ip,
+    is_loopback,
 )
 from prerender_ray.config.bots import BotClass
 
@@ -104,7 +104,7 @@ def _indexnow_endpoint(url: str) -> str:
     parts = urlsplit(url.strip())
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or parts.fragment:
         raise ValueError(f"an endpoint is an https URL such as https://api.indexnow.org/indexnow, not {url!r}")
-    if parts.scheme == "http" and not (parts.hostname == "localhost" or _is_loopback_ip(parts.hostname)):
+    if parts.scheme == "http" and not is_loopback(parts.hostname):
         raise ValueError(f"endpoint {url!r}: http only to a loopback host; use https")
     return url.strip()
 

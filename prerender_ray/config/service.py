@@ -73,6 +73,16 @@ class Server(Model):
     )
     tls: Tls = Tls()  # server.trusted_proxies entries are checked by config/loading.py
 
+    @field_validator("host")
+    @classmethod
+    def _bindable(cls, v: str) -> str:
+        # what a listener binds: a bracketed IPv6 literal is a URL's spelling, which bind cannot resolve
+        v = v.strip()
+        if v.startswith("[") or v.endswith("]"):
+            raise ValueError(f"an address or host name to bind, such as 127.0.0.1, 0.0.0.0 or ::1 (IPv6 "
+                             f"without brackets), not {v[:100]!r}")
+        return v
+
 
 # -------------------------------------------------------------------------------------------- ingress
 

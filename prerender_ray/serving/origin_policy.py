@@ -34,8 +34,8 @@ from functools import lru_cache
 from http.cookiejar import Cookie, CookieJar
 from typing import TYPE_CHECKING, Any
 
+from prerender_ray.config.base import is_loopback
 from prerender_ray.identity.urls import UrlError, url_parts
-from prerender_ray.serving.proxies import is_loopback
 
 if TYPE_CHECKING:
     from prerender_ray.config.model import Config

@@ -41,16 +41,6 @@ def parse_address(value: str) -> Address | None:
         return None
 
 
-def is_loopback(host: str | None) -> bool:
-    """A loopback address (``[::1]`` bracketed or not) or ``localhost``."""
-    if not host:
-        return False
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return host == "localhost"
-
-
 class Proxies:
     """The configured trusted proxies of one config; build once per config."""
 

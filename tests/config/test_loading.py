@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from prerender_ray.config import loading
+from prerender_ray.config.base import is_loopback
 from prerender_ray.config.loading import ConfigError, parse
 from prerender_ray.config.model import SECRET_PATHS, Config
 
@@ -113,6 +114,17 @@ def test_an_empty_domain_allowlist_on_a_public_listener_is_refused_unless_allowe
     loopback = parse({"allowAnyDomain": True}, {})
     assert "public addresses" not in next(f.message for f in loopback.findings if f.key == "domains")
     parse({"server": {"host": "0.0.0.0"}, "domains": ["www.example.com"]}, {})
+
+
+def test_a_listener_is_loopback_by_one_test_and_a_bracketed_one_is_refused() -> None:
+    for host in ("127.0.0.1", "127.8.0.1", "::1", "[::1]", "localhost", "LOCALHOST"):
+        assert is_loopback(host), host
+    for host in ("0.0.0.0", "::", "", None, "10.0.0.1", "localhost.evil.example", "[::2]"):
+        assert not is_loopback(host), host
+    # a listener on IPv6 loopback needs no domains; its bracketed spelling cannot be bound: refused
+    parse({"server": {"host": "::1"}}, {})
+    found = problems({"server": {"host": "[::1]"}})
+    assert len(found) == 1 and "without brackets" in found[0] and found[0].startswith("server.host")
 
 
 def test_secrets_come_from_their_environment_variable_and_are_redacted() -> None:
