@@ -18,6 +18,7 @@ from prerender_ray.batching import GroupCommit
 from prerender_ray.decoding import DecodeError, TooLarge, decoded_size
 from prerender_ray.identity.cachekeys import DEVICE, CacheKeyError
 from prerender_ray.queue.metadata import ENCODINGS, Result, ResultError, forwarded
+from prerender_ray.queue.status import Via
 from prerender_ray.storage.keys import QUEUE_CONTROL, QUEUE_STATUS
 from prerender_ray.storage.pagelog.mirror import RETRY_AFTER_S, refusal
 from prerender_ray.storage.registry import decode_json
@@ -174,19 +175,24 @@ async def job_result(request: Request, who: Principal = Depends(require("fleet")
 
 
 async def _set_pause(ctx: NodeContext, paused: bool | None, who: Principal) -> JSONResponse:
-    result = await ctx.keeper.within(10).set_pause(ctx.node.name, paused, who.name or "render_queue-api")
+    # A fleet credential changes the node's intent only where the admin API has not (fleet_write).
+    via: Via = "admin" if who.has("admin") else "fleet"
+    result = await ctx.keeper.within(10).set_pause(ctx.node.name, paused, who.name or "render_queue-api", via)
+    if "refused" in result:
+        return JSONResponse({"error": result["refused"], "node": result["node"]}, status_code=409)
     return JSONResponse(result)
 
 
 @router.post("/render_queue/pause")
 async def pause(request: Request, who: Principal = Depends(require("fleet"))) -> JSONResponse:
-    """Pause this node only (cluster-wide control is the admin API's)."""
+    """Pause this node only (cluster-wide control is the admin API's). 409 over an admin's explicit run."""
     return await _set_pause(_ctx(request), True, who)
 
 
 @router.post("/render_queue/resume")
 async def resume(request: Request, who: Principal = Depends(require("fleet"))) -> JSONResponse:
-    """Drop this node's override: it inherits the cluster intent (never punches through a cluster pause)."""
+    """Drop this node's override: it inherits the cluster intent (never punches through a cluster pause).
+    409 when an admin's pause holds it: the admin API lifts that."""
     return await _set_pause(_ctx(request), None, who)
 
 

@@ -26,6 +26,7 @@ from prerender_ray.config.model import Config
 from prerender_ray.identity.membership import Membership
 from prerender_ray.identity.nodes import NodeInfo
 from prerender_ray.queue.schedule import ScheduleRow
+from prerender_ray.queue.status import Via
 from prerender_ray.storage.pagelog.mirror import RETRY_AFTER_S, refusal
 from prerender_ray.storage.rocks import SCHEDULE, Store, store_path
 
@@ -139,8 +140,8 @@ class QueueKeeper:
     async def sync_status(self) -> None:
         await self.keeper.status.sync()
 
-    async def set_pause(self, scope: str, paused: bool | None, by: str) -> dict:
-        return await self.keeper.status.set_pause(scope, paused, by)
+    async def set_pause(self, scope: str, paused: bool | None, by: str, via: Via) -> dict:
+        return await self.keeper.status.set_pause(scope, paused, by, via)
 
     def apply_overrides(self, raw: bytes | None) -> dict:
         return self.keeper.apply_overrides(raw)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from prerender_ray.actors.client import MEMBERSHIP_DEADLINE_S, NodeActorClient
+from prerender_ray.queue.status import Via
 from prerender_ray.rpc import call
 
 DEADLINE_S = 10.0
@@ -73,8 +74,8 @@ class KeeperClient(NodeActorClient):
     async def sync_status(self) -> None:
         await call(self.handle.sync_status.remote(), self.deadline_s)
 
-    async def set_pause(self, scope: str, paused: bool | None, by: str) -> dict:
-        return await call(self.handle.set_pause.remote(scope, paused, by), self.deadline_s)
+    async def set_pause(self, scope: str, paused: bool | None, by: str, via: Via) -> dict:
+        return await call(self.handle.set_pause.remote(scope, paused, by, via), self.deadline_s)
 
     async def start_reconcile(self) -> dict:
         return await call(self.handle.start_reconcile.remote(), self.deadline_s)

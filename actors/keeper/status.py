@@ -17,7 +17,7 @@ from prerender_ray.actors.keeper.claims import Claims
 from prerender_ray.actors.keeper.rows import Rows
 from prerender_ray.identity.nodes import NodeInfo
 from prerender_ray.queue.status import Status as QueueStatus
-from prerender_ray.queue.status import StatusReporter, derive_status, resolve_desired_pause
+from prerender_ray.queue.status import StatusReporter, Via, derive_status, fleet_write, resolve_desired_pause
 from prerender_ray.rpc import StoreApi
 from prerender_ray.storage.keys import OVERRIDES_KEY, QUEUE_CONTROL, QUEUE_STATUS
 from prerender_ray.storage.registry import decode_json, encode_json
@@ -44,6 +44,7 @@ class Status:
         self.changed_at = self.rows.clock.now_ms()
         self.draining = False  # a stop began: paused whatever the intent, until the process ends
         self.on_overrides: Callable[[bytes | None], Any] = lambda raw: None
+        self._pause_lock = asyncio.Lock()
 
     @property
     def current(self) -> str:
@@ -117,14 +118,24 @@ class Status:
         self.reporter.report("paused", force=True)
         await self._announce()
 
-    async def set_pause(self, scope: str, paused: bool | None, by: str) -> dict:
-        """Write pause intent (None deletes it: a node inherits the cluster's), then re-resolve."""
+    async def set_pause(self, scope: str, paused: bool | None, by: str, via: Via) -> dict:
+        """Write pause intent (None deletes it: a node inherits the cluster's), then re-resolve. The
+        fleet's write is conditional on what the row holds (``fleet_write``): refused, it changes
+        nothing and the answer says why (``refused``)."""
         key = QUEUE_CONTROL + scope.encode()
-        if paused is None:
-            await self.store.apply([(key, None)])
-        else:
-            await self.store.apply([(key, encode_json({"paused": bool(paused), "updatedBy": by,
-                                                     "updatedTime": self.rows.clock.now_ms()}))])
+        async with self._pause_lock:  # a fleet write reads the row first: no admin write between
+            if via == "fleet":
+                [raw] = await self.store.get([key])
+                verdict = fleet_write(decode_json(raw) if raw else None, paused)
+                if isinstance(verdict, str):
+                    return {"refused": verdict, "scope": scope, "node": self.node}
+            else:
+                verdict = True
+            if verdict and paused is None:
+                await self.store.apply([(key, None)])
+            elif verdict:
+                await self.store.apply([(key, encode_json({"paused": bool(paused), "updatedBy": by,
+                                                         "updatedTime": self.rows.clock.now_ms(), "via": via}))])
         await self.sync()
         return {"scope": scope, "paused": paused, "inherited": paused is None, "node": self.node,
                 "local": {"status": self.reporter.status, "paused": self.claims.paused, "source": self.pause_source},

@@ -197,14 +197,14 @@ async def queue(request: Request, who: Principal = Depends(require("admin"))) ->
         # The node's own keeper writes its intent and applies it at once.
         try:
             keeper = await ctx.keeper_at(write.scope)
-            result = await keeper.within(peer_timeout_s(ctx)).set_pause(write.scope, write.paused, by)
+            result = await keeper.within(peer_timeout_s(ctx)).set_pause(write.scope, write.paused, by, "admin")
             applied_on = write.scope
         except Exception as e:
             log.warning("pause: the node's keeper did not answer; writing the intent here", node=write.scope,
                         error=type(e).__name__)
             ctx.forget_remote()
     if result is None:
-        result = await ctx.keeper.within(DEADLINE_S).set_pause(write.scope, write.paused, by)
+        result = await ctx.keeper.within(DEADLINE_S).set_pause(write.scope, write.paused, by, "admin")
     if write.scope == CLUSTER:
         asyncio.get_running_loop().create_task(nudge_other_keepers(ctx))
     log.warning("queue pause intent", scope=write.scope, paused=write.paused, by=by)

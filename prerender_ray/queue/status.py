@@ -118,6 +118,27 @@ def resolve_desired_pause(
     return PauseIntent(False, "default")
 
 
+Via = Literal["admin", "fleet"]  # which API wrote a pause intent: the admin's, or the fleet's node route
+
+
+def fleet_write(row: Mapping[str, Any] | None, paused: bool | None) -> bool | str:
+    """Whether the fleet's node route may write ``paused`` (None: delete) over this node's ``row``:
+    True, False (nothing to write: the row already pauses it), or why not. A node intent written
+    through the admin API is the admin's to change: a fleet credential, shared by many render
+    machines, never lifts an admin's pause nor pauses through an admin's explicit run. A row without
+    ``via`` (written before it was recorded) counts as the admin's."""
+    held = _opinion(row)
+    if held is None or cast(Mapping[str, Any], row).get("via") == "fleet":
+        return True
+    if held and paused is True:
+        return False
+    who = cast(Mapping[str, Any], row).get("updatedBy")
+    by = f" by {who}" if isinstance(who, str) and who else ""
+    if held:
+        return f"this node was paused{by} through the admin API; resume it there (POST /prerender_admin/queue)"
+    return f"this node was set to run{by} through the admin API; pause it there (POST /prerender_admin/queue)"
+
+
 def pause_write(scope: str, paused: Any = MISSING) -> PauseWrite:
     """Normalize a set-pause: None deletes the scope's row (a node inherits ``all`` again; ``all``
     then means running); an absent value is an explicit run (False); anything else is its truth."""

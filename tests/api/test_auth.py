@@ -65,6 +65,21 @@ def test_every_route_checks_the_callers_role(node, who) -> None:
     httpx.post(node.url + "/render_queue/resume", **as_user("ops"))
 
 
+def test_a_fleet_credential_never_lifts_an_admins_pause(node) -> None:
+    admin, fleet = as_user("ops"), as_user("renderer")
+    r = httpx.post(node.url + "/prerender_admin/queue", json={"scope": "node-a", "paused": True}, **admin)
+    assert r.status_code == 200, r.text
+    r = httpx.post(node.url + "/render_queue/resume", **fleet)
+    assert r.status_code == 409 and "paused by ops through the admin API" in r.json()["error"]
+    assert httpx.get(node.url + "/queue_control", **admin).json()[0]["paused"] is True
+    assert httpx.post(node.url + "/render_queue/pause", **fleet).status_code == 200  # already paused
+    r = httpx.post(node.url + "/render_queue/resume", **admin)  # an admin may, on either route
+    assert r.status_code == 200 and r.json()["inherited"] is True
+    assert httpx.post(node.url + "/render_queue/pause", **fleet).status_code == 200  # the fleet's own
+    r = httpx.post(node.url + "/render_queue/resume", **fleet)
+    assert r.status_code == 200 and r.json()["local"]["paused"] is False
+
+
 def test_a_wrong_password_or_garbage_credentials_are_401(node) -> None:
     assert httpx.post(node.url + "/render_queue/claim", json={}, **as_user("renderer", "nope")).status_code == 401
     r = httpx.post(node.url + "/render_queue/claim", json={}, headers={"authorization": "Basic !!!"})

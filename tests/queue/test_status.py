@@ -18,6 +18,7 @@ from prerender_ray.queue.status import (
     PauseWrite,
     StatusReporter,
     derive_status,
+    fleet_write,
     pause_write,
     resolve_after_write,
     resolve_desired_pause,
@@ -209,3 +210,24 @@ def test_an_unknown_scope_is_refused_with_the_known_ones() -> None:
 def test_the_cluster_scope_cannot_be_deleted() -> None:
     with pytest.raises(PauseRequestError, match="false"):
         validate_admin_pause(CLUSTER_SCOPE, None, node_scope=NODE, known_scopes=[])
+
+
+def test_the_fleet_writes_over_no_row_its_own_row_or_no_opinion() -> None:
+    for row in (None, {}, {"paused": "true"}, {"paused": True, "via": "fleet", "updatedBy": "renderer"}):
+        assert fleet_write(row, True) is True and fleet_write(row, None) is True
+
+
+def test_an_admins_pause_is_the_admins_to_lift() -> None:
+    admin = {"paused": True, "updatedBy": "ops", "via": "admin"}
+    refused = fleet_write(admin, None)  # the fleet's resume
+    assert isinstance(refused, str) and "paused by ops through the admin API" in refused
+    assert fleet_write(admin, True) is False  # already paused: nothing to write, not an error
+    legacy = {"paused": True, "updatedBy": "ops"}  # written before `via` was recorded: the admin's
+    assert isinstance(fleet_write(legacy, None), str)
+
+
+def test_an_admins_explicit_run_is_not_paused_by_the_fleet() -> None:
+    run = {"paused": False, "updatedBy": "ops", "via": "admin"}
+    for paused in (True, None):  # a pause, or a resume that would delete it (inherit a cluster pause)
+        refused = fleet_write(run, paused)
+        assert isinstance(refused, str) and "set to run by ops" in refused

@@ -55,11 +55,11 @@ async def test_a_paused_node_grants_nothing_until_resumed(keepers) -> None:
     k = keepers()
     await k.load()
     await put_due(k, "/a")
-    answer = await k.status.set_pause("node-a", True, "test")
+    answer = await k.status.set_pause("node-a", True, "test", "admin")
     assert answer["local"] == {"status": "paused", "paused": True, "source": "node"}
     k.claims.publish()
     assert await k.claims.claim(10) == []
-    await k.status.set_pause("node-a", None, "test")  # inherit: no cluster row, so not paused
+    await k.status.set_pause("node-a", None, "test", "admin")  # inherit: no cluster row, so not paused
     k.claims.publish()
     assert len(await k.claims.claim(10)) == 2
 
@@ -113,3 +113,23 @@ async def test_jobs_carry_render_options_only_for_routes_that_change_them(keeper
     assert feed["renderOptions"] == {"scroll": {"mode": "bottom", "maxSteps": 40, "budgetMs": 3000}}
     assert chat["renderOptions"] == {"block": {"hosts": ["widget.chat.example"], "defaults": True}}
     assert set(plain) == {"id", "url", "deviceType", "expiresAt", "callbackOrigin", "isFromSitemap"}  # as ever
+
+
+async def test_the_fleet_neither_lifts_nor_overrides_an_admins_node_intent(keepers) -> None:
+    k = keepers()
+    await k.load()
+    await put_due(k, "/a")
+    await k.status.set_pause("node-a", True, "ops", "admin")
+    answer = await k.status.set_pause("node-a", None, "renderer", "fleet")
+    assert "admin API" in answer["refused"] and "local" not in answer
+    again = await k.status.set_pause("node-a", True, "renderer", "fleet")  # already so: nothing written
+    assert again["local"]["paused"] is True and "refused" not in again
+    k.claims.publish()
+    assert await k.claims.claim(10) == []  # still the admin's pause
+    await k.status.set_pause("node-a", None, "ops", "admin")
+    await k.status.set_pause("node-a", True, "renderer", "fleet")  # the fleet's own pause, its own to lift
+    assert (await k.status.set_pause("node-a", None, "renderer", "fleet"))["local"]["paused"] is False
+    await k.status.set_pause("node-a", False, "ops", "admin")  # an explicit run: no fleet pause over it
+    assert "set to run" in (await k.status.set_pause("node-a", True, "renderer", "fleet"))["refused"]
+    k.claims.publish()
+    assert len(await k.claims.claim(10)) == 2

@@ -35,7 +35,7 @@ async def test_a_stop_says_paused_grants_nothing_more_and_waits_for_the_results_
     assert row["status"] == "paused"  # what GET /queue_status reads, written before the wait
     k.claims.publish()
     assert await k.claims.claim(10) == []  # three due keys left, none granted
-    await k.status.set_pause("node-a", False, "an admin")  # neither a resume nor the status sync lifts it
+    await k.status.set_pause("node-a", False, "an admin", "admin")  # neither a resume nor the status sync lifts it
     await k.status.sync()
     assert k.status.current == "paused" and await k.claims.claim(10) == []
     await asyncio.sleep(0.5)  # two looks at the lease table: the granted job is still out
