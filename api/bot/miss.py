@@ -288,6 +288,10 @@ class Miss:
         docs/serving.md#cache-statuses); never cached, collapsed or discovered, and the origin handles
         their validators."""
         out = Outcome("bypass")
+        if not self.cfg.origin.proxy_other_methods:  # nothing sent: the token never rides a bot's write
+            reply = error_reply(405, f"{req.method} is not served to bots here; GET and HEAD are")
+            reply.headers["allow"] = "GET, HEAD"
+            return reply, out
         cap = self.cfg.server.max_body_bytes
         declared = headers.get("content-length")
         if declared is not None and not declared.isdigit():

@@ -537,3 +537,35 @@ async def test_peer_rescue_logs_no_404_and_each_other_failure_at_most_once(tmp_p
     failed = [e for e in logged if e["event"] == "peer rescue failed"]
     assert lines <= len(failed) <= lines * (1 + minutes), failed
     assert all(len(e["key"]) <= LOGGED_KEY_CHARS for e in failed)
+
+
+async def test_other_methods_can_be_refused_and_then_nothing_reaches_the_origin(tmp_path) -> None:
+    """``origin.proxyOtherMethods: false``: a bot's POST is a 405 naming what is served, and the origin
+    (which might let the security token skip its firewall) gets no connection."""
+    import asyncio
+
+    from tests.api.live_server import connect, response, serving
+
+    connected = []
+
+    async def count(reader, writer) -> None:  # type: ignore[no-untyped-def]
+        connected.append(await reader.read(65536))
+        writer.close()
+
+    origin = await asyncio.start_server(count, "127.0.0.1", 0)
+    at = f"127.0.0.1:{origin.sockets[0].getsockname()[1]}"
+    cfg = Config.model_validate({"domains": [at], "origin": {"proxyOtherMethods": False},
+                                 "server": {"data_dir": str(tmp_path)}})
+    ctx = NodeContext(cfg=cfg, node=NodeInfo(name="n1", host="127.0.0.1", port=1, ray_node_id="x"),
+                      data_dir=str(tmp_path))
+    try:
+        async with serving(create_asgi(ctx), cfg) as port:
+            r, w = await connect(port)
+            for method in ("POST", "PUT", "DELETE", "OPTIONS"):
+                w.write(f"{method} /p/http://{at}/sink HTTP/1.1\r\nhost: t\r\ncontent-length: 3\r\n\r\na=1".encode())
+                status, message = await response(r)
+                assert status == 405 and b"GET and HEAD are" in message, (method, message)
+            w.close()
+        assert connected == []
+    finally:
+        origin.close()
