@@ -332,7 +332,9 @@ def findings(cfg: Config, prerender_routes: int) -> list[Finding]:
         if cfg.allow_any_domain:
             add("warn", "domains", "empty with allowAnyDomain: any host may be fetched and cached (open proxy)"
                 + ("; only public addresses are connected to, and the security token goes to every host fetched"
-                   if OriginPolicy(cfg).public_only else ""))
+                   if OriginPolicy(cfg).public_only else "")
+                + ("; bots' POST and other methods are relayed to any host (origin.proxyOtherMethods: false "
+                   "refuses them)" if cfg.origin.proxy_other_methods else ""))
         else:
             add("warn", "domains", "empty: every host is treated as indexable (allowed on loopback only)")
     if cfg.ingress.mode == "forwarded" and prerender_routes == 0:

@@ -111,6 +111,9 @@ def test_an_empty_domain_allowlist_on_a_public_listener_is_refused_unless_allowe
     ok = parse({"server": {"host": "0.0.0.0"}, "allowAnyDomain": True}, {})
     found = next(f.message for f in ok.findings if f.key == "domains")
     assert "open proxy" in found and "only public addresses" in found and "the security token goes" in found
+    assert "POST and other methods are relayed" in found
+    closed = parse({"server": {"host": "0.0.0.0"}, "allowAnyDomain": True, "origin": {"proxyOtherMethods": False}}, {})
+    assert "relayed" not in next(f.message for f in closed.findings if f.key == "domains")
     loopback = parse({"allowAnyDomain": True}, {})
     assert "public addresses" not in next(f.message for f in loopback.findings if f.key == "domains")
     parse({"server": {"host": "0.0.0.0"}, "domains": ["www.example.com"]}, {})
