@@ -79,8 +79,8 @@ class Server(Model):
         # what a listener binds: a bracketed IPv6 literal is a URL's spelling, which bind cannot resolve
         v = v.strip()
         if v.startswith("[") or v.endswith("]"):
-            raise ValueError(f"an address or host name to bind, such as 127.0.0.1, 0.0.0.0 or ::1 (IPv6 "
-                             f"without brackets), not {v[:100]!r}")
+            raise ValueError("a bracketed IPv6 literal cannot be bound: write it without brackets (::1), or "
+                             "give a host name or an IPv4 address such as 127.0.0.1 or 0.0.0.0")
         return v
 
 
