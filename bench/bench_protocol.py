@@ -13,6 +13,9 @@ Rows, each the best of its rounds in microseconds a request:
 - **protocol around an answer**: the replica's protocol with the bot path's answer stubbed (what the
   protocol itself costs: uvicorn's callbacks, the deadlines, the checks);
 - **hot hit**: one page asked again and again (the hit memo);
+- **floor + decision, spread**: ``bench/serving_floor.py``'s server of the least Python (httptools, the
+  ingress decision, the page log's index, one checksummed ``pread``, one write) over the spread pages:
+  what the bot path's own work is measured against;
 - **spread hit**: pages in random order, each asked once (a crawl: the spread lane); each round asks
   pages no round asked before while there are enough (``--pages`` >= rounds x ``--requests``).
 
@@ -248,12 +251,20 @@ async def main() -> None:
             self.parser.feed_data(data)
 
     raw = Raw(Transport())
+    # the least Python over the same page log with the ingress decision (bench/serving_floor.py, beside
+    # bench_serving's row (e)): what a spread hit costs in process with nothing of the bot path but that
+    from bench.serving_floor import Floor
+
+    floor_proto = Floor(ctx.state.services.pages.log, ctx.state.ingress)
+    floor_proto.cycle = None  # type: ignore[attr-defined]  # as feed() reads it
+    floor_proto.connection_made(Transport())
     best: dict[str, tuple[float, int]] = {}
     for n in range(args.rounds):
         first = n * args.requests % args.pages
         spread = [request(i) for i in (order + order)[first:first + args.requests]]
         for name, target, reqs in (("httptools", raw, hot), ("protocol around an answer", stubbed, hot),
-                                   ("hot hit", proto, hot), ("spread hit", proto, spread)):
+                                   ("hot hit", proto, hot), ("floor + decision, spread", floor_proto, spread),
+                                   ("spread hit", proto, spread)):
             got = await feed(target, reqs)
             if name not in best or got[0] < best[name][0]:
                 best[name] = got
