@@ -124,18 +124,15 @@ class Status:
         nothing and the answer says why (``refused``)."""
         key = QUEUE_CONTROL + scope.encode()
         async with self._pause_lock:  # a fleet write reads the row first: no admin write between
+            write: bool | str = True
             if via == "fleet":
                 [raw] = await self.store.get([key])
-                verdict = fleet_write(decode_json(raw) if raw else None, paused)
-                if isinstance(verdict, str):
-                    return {"refused": verdict, "scope": scope, "node": self.node}
-            else:
-                verdict = True
-            if verdict and paused is None:
-                await self.store.apply([(key, None)])
-            elif verdict:
-                await self.store.apply([(key, encode_json({"paused": bool(paused), "updatedBy": by,
-                                                         "updatedTime": self.rows.clock.now_ms(), "via": via}))])
+                write = fleet_write(decode_json(raw) if raw else None, paused)
+                if isinstance(write, str):
+                    return {"refused": write, "scope": scope, "node": self.node}
+            if write:  # a value of None deletes the row
+                await self.store.apply([(key, None if paused is None else encode_json(
+                    {"paused": bool(paused), "updatedBy": by, "updatedTime": self.rows.clock.now_ms(), "via": via}))])
         await self.sync()
         return {"scope": scope, "paused": paused, "inherited": paused is None, "node": self.node,
                 "local": {"status": self.reporter.status, "paused": self.claims.paused, "source": self.pause_source},

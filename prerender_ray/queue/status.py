@@ -128,11 +128,14 @@ def fleet_write(row: Mapping[str, Any] | None, paused: bool | None) -> bool | st
     machines, never lifts an admin's pause nor pauses through an admin's explicit run. A row without
     ``via`` (written before it was recorded) counts as the admin's."""
     held = _opinion(row)
-    if held is None or cast(Mapping[str, Any], row).get("via") == "fleet":
+    if held is None:
+        return True
+    row = cast(Mapping[str, Any], row)  # an opinion: a mapping
+    if row.get("via") == "fleet":
         return True
     if held and paused is True:
         return False
-    who = cast(Mapping[str, Any], row).get("updatedBy")
+    who = row.get("updatedBy")
     by = f" by {who}" if isinstance(who, str) and who else ""
     if held:
         return f"this node was paused{by} through the admin API; resume it there (POST /prerender_admin/queue)"
