@@ -29,6 +29,8 @@ from prerender_ray.worker.backoff import HostHealth, Timing
 from prerender_ray.worker.blocklist import Blocklist
 from prerender_ray.worker.chromium import BrowserError, set_subreaper
 from prerender_ray.worker.client import QueueClient, cleartext, now_ms
+from prerender_ray.worker.egress import EgressGuard
+from prerender_ray.worker.egress import switches as egress_switches
 from prerender_ray.worker.metrics import WorkerMetrics
 from prerender_ray.worker.options import WorkerOptions
 from prerender_ray.worker.pool import BrowserPool
@@ -73,6 +75,7 @@ class Worker:
             canonical_strict=opts.canonical_strict,
         )
         self.pool: BrowserPool | None = None
+        self.egress: EgressGuard | None = None  # --public-only
         self.renderer: Renderer | None = None
         self.slots = asyncio.Semaphore(opts.concurrency)
         self.tasks: set[asyncio.Task] = set()
@@ -111,11 +114,18 @@ class Worker:
             self.metrics.serve(self.opts.metrics_port, self.opts.metrics_host)
         pw = await async_playwright().start()
         try:
+            extra = self.opts.chromium_args
+            if self.opts.public_only:
+                self.egress = EgressGuard(self.opts.private_hosts,
+                                          on_refused=lambda why: self.metrics.egress_refused.labels(why).inc())
+                extra += egress_switches(await self.egress.start())
+                log.info("public addresses only: Chromium connects through the egress guard",
+                         private_hosts=list(self.opts.private_hosts))
             self.pool = BrowserPool(
                 pw,
                 self.opts.chromium or "/usr/bin/chromium",
                 concurrency=self.opts.concurrency,
-                extra_args=self.opts.chromium_args,
+                extra_args=extra,
                 page_reuse=self.opts.page_reuse,
                 recycle_pages=self.opts.recycle_pages,
                 recycle_minutes=self.opts.recycle_minutes,
@@ -168,6 +178,8 @@ class Worker:
         finally:
             if self.pool is not None:
                 await self.pool.close()
+            if self.egress is not None:
+                await self.egress.close()
             await self.client.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(pw.stop(), 10)

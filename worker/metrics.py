@@ -51,6 +51,13 @@ class WorkerMetrics:
         )
         self.blocked = Counter("prerender_worker_blocked_requests_total",
                                "Requests the blocklist stopped (analytics, ads, consent, chat).", registry=r)
+        self.egress_refused = Counter(
+            "prerender_worker_egress_refused_total",
+            "Connections the egress guard (--public-only) refused: private (an address that is not public), "
+            "unresolved, command (not a connect) or busy (too many open).",
+            ["reason"],
+            registry=r,
+        )
         self.in_flight = Gauge("prerender_worker_renders_in_flight", "Renders in progress.", registry=r)
         self.hosts = Gauge("prerender_worker_queue_hosts", "Queue hosts known.", registry=r)
         self.circuits = Gauge("prerender_worker_open_circuits", "Queue hosts in error backoff.", registry=r)

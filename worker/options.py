@@ -10,6 +10,8 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prerender_ray.worker.egress import host_key
+
 DEFAULT_BYPASS_HEADER = "x-harper-renderer-bypass"
 CHROMIUM_CANDIDATES = (
     "/usr/bin/chromium",
@@ -18,6 +20,10 @@ CHROMIUM_CANDIDATES = (
     "google-chrome",
     "google-chrome-stable",
 )
+# Chromium's switches that would take its connections around the egress guard (``--public-only``)
+PROXY_SWITCHES = frozenset({"--proxy-server", "--proxy-bypass-list", "--proxy-pac-url", "--no-proxy-server",
+                            "--proxy-auto-detect", "--host-resolver-rules", "--host-rules",
+                            "--force-webrtc-ip-handling-policy"})
 
 
 def default_concurrency() -> int:
@@ -59,6 +65,8 @@ class WorkerOptions:
     honour_status_meta: bool = True  # <meta name="prerender-status-code">
     block_hosts: tuple[str, ...] = ()  # added to the blocklist (worker/blocklist.py)
     block_defaults: bool = True  # start from DEFAULT_BLOCKED_HOSTS
+    public_only: bool = False  # every connection through the egress guard (worker/egress.py)
+    private_hosts: tuple[str, ...] = ()  # hosts the guard lets resolve to any address
     # browser lifecycle
     page_reuse: int = 50  # renders per tab before it is replaced
     recycle_pages: int = 500  # renders per browser before it is replaced
@@ -98,6 +106,17 @@ class WorkerOptions:
             raise ValueError("--trailing-slash must be strip or preserve")
         if self.render_budget_ms < 1000:
             raise ValueError("--render-budget must be at least 1000 ms")
+        if self.private_hosts and not self.public_only:
+            raise ValueError("--private-host only makes sense with --public-only")
+        for host in self.private_hosts:
+            try:
+                host_key(host)
+            except ValueError:
+                raise ValueError(f"--private-host {host!r} is neither a host name nor an address") from None
+        if self.public_only:
+            for arg in self.chromium_args:
+                if arg.split("=", 1)[0] in PROXY_SWITCHES:
+                    raise ValueError(f"--public-only sets Chromium's proxy and resolver itself: drop --chromium-arg {arg}")
 
     @property
     def limit(self) -> int:
@@ -173,6 +192,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="block only the --block-host hosts, not the default list",
     )
+    p.add_argument(
+        "--public-only",
+        action="store_true",
+        help="connect only to public addresses: every connection Chromium makes goes through a guard that "
+        "resolves the host and refuses loopback, private, link-local and reserved addresses (for nodes with "
+        "allowAnyDomain)",
+    )
+    p.add_argument(
+        "--private-host",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="with --public-only: a host (exact name or address) that may resolve to any address, such as "
+        "the site's own origin on a private network (repeatable)",
+    )
     p.add_argument("--page-reuse", type=int, default=50, help="renders per tab before it is replaced")
     p.add_argument("--recycle-pages", type=int, default=500, help="renders per browser before it is replaced")
     p.add_argument("--recycle-minutes", type=float, default=30.0, help="browser age before it is replaced")
@@ -236,6 +270,8 @@ def from_args(args: argparse.Namespace, env: dict[str, str] | None = None) -> Wo
         canonical_strict=args.canonical_strict,
         block_hosts=tuple(args.block_host),
         block_defaults=not args.no_default_blocklist,
+        public_only=args.public_only,
+        private_hosts=tuple(args.private_host),
         page_reuse=args.page_reuse,
         recycle_pages=args.recycle_pages,
         recycle_minutes=args.recycle_minutes,

@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from prerender_ray.config.loading import secret_env_vars
+from prerender_ray.serving.origin_policy import OriginPolicy
 from prerender_ray.worker.options import default_concurrency, find_chromium
 
 TOKEN_ENV = "PRERENDER_WORKER_BYPASS_TOKEN"
@@ -34,6 +35,8 @@ def worker_command(cfg: Any, queue_url: str, chromium: str) -> tuple[list[str], 
     ]
     if cfg.cache_key.plus_is_space:
         cmd.append("--plus-is-space")
+    if OriginPolicy(cfg).public_only:  # anyone may name the page: its browser connects as the node does
+        cmd.append("--public-only")
     # The worker is no Ray process and needs none of the node's secrets but the two it is given below;
     # it would only carry them to Chromium and the pages it renders.
     drop = secret_env_vars(cfg) - {"PRERENDER_WORKER_PASSWORD"}

@@ -62,3 +62,12 @@ def test_the_worker_gets_neither_rays_token_nor_the_nodes_other_secrets(monkeypa
     assert not {"ORIGIN_TOKEN", "RN_TOKEN", "PEER_TOKEN", "MQTT_PW", "SESSION_KEY", "OPS_PW"} & set(env)
     shown = [v for k, v in env.items() if k not in ("PRERENDER_WORKER_PASSWORD", TOKEN_ENV)]
     assert not [v for v in shown if "s3cret" in v]
+
+
+def test_a_node_that_fetches_public_hosts_only_starts_its_worker_public_only() -> None:
+    open_node = Config.model_validate({"allowAnyDomain": True, "server": {"host": "0.0.0.0"}})
+    listed = Config.model_validate({"domains": ["example.com"], "server": {"host": "0.0.0.0"}})
+    local = Config.model_validate({"allowAnyDomain": True})  # on loopback: the operator's own machine
+    assert "--public-only" in worker_command(open_node, "http://127.0.0.1:1", "/usr/bin/chromium")[0]
+    assert "--public-only" not in worker_command(listed, "http://127.0.0.1:1", "/usr/bin/chromium")[0]
+    assert "--public-only" not in worker_command(local, "http://127.0.0.1:1", "/usr/bin/chromium")[0]
