@@ -2,7 +2,7 @@
 Playwright loop over the same pages, in the same run.
 
 Run: ``.venv/bin/python bench/bench_render.py [--pages 200] [--concurrency 2] [--rounds 2]
-[--lazy-every 4] [--tracker-pages 60]``
+[--lazy-every 4] [--tracker-pages 60] [--guard-rounds 2]``
 
 - The pages: ``--pages`` local pages on 127.0.0.1 (a threaded origin in this process), each with a
   stylesheet and a script that fetches a JSON document and writes it into the page, so the content
@@ -20,6 +20,9 @@ Run: ``.venv/bin/python bench/bench_render.py [--pages 200] [--concurrency 2] [-
   (stand-ins on a local server taking 150 ms each, reached under their real host names through
   Chromium's host resolver rules, each sending a beacon), rendered by the worker with the default
   blocklist and without it (``--no-default-blocklist``), rounds alternating; the time saved per page.
+- Egress guard: ``--guard-rounds`` rounds of the pages rendered by a worker with ``--public-only``
+  (every connection through its SOCKS5 guard, 127.0.0.1 listed as a private host) and without,
+  alternating; renders per second and the mean render time of each.
 """
 
 from __future__ import annotations
@@ -248,6 +251,8 @@ def main() -> None:
     ap.add_argument("--settle-quiet", type=int, help="the worker's --settle-quiet (default: its default)")
     ap.add_argument("--lazy-every", type=int, default=4, help="every Nth page has a lazy section (0: none)")
     ap.add_argument("--tracker-pages", type=int, default=60, help="pages with third-party tags (0: skip)")
+    ap.add_argument("--guard-rounds", type=int, default=2,
+                    help="rounds of the pages with --public-only's egress guard and without (0: skip)")
     args = ap.parse_args()
 
     from prerender_ray import logs
@@ -265,6 +270,7 @@ def main() -> None:
     bare: list[tuple[float, int, int]] = []
     work: list[tuple[float, dict]] = []
     blocking: dict[bool, list[tuple[float, dict]]] = {True: [], False: []}
+    guarded: dict[bool, list[tuple[float, dict]]] = {True: [], False: []}
     try:
         with tempfile.TemporaryDirectory() as tmp:
             d = deploy_on(cluster, Path(tmp) / "data", {"deviceTypes": {"default": ["desktop"]}})
@@ -296,6 +302,15 @@ def main() -> None:
                     print(f"tracker round {r + 1}, blocklist {'on' if on else 'off'}: "
                           f"{len(tracked) / t:.2f}/s, render {totals['render_ms']} ms, "
                           f"blocked {totals.get('blocked-requests', 0)}", flush=True)
+            for r in range(args.guard_rounds):
+                for on in (True, False):
+                    guard_opts: dict = {"public_only": True, "private_hosts": ("127.0.0.1",)} if on else {}
+                    guarded[on].append(asyncio.run(worker_run(
+                        args.chromium, d.url, urls, args.concurrency, revalidate=True, quiet_ms=args.settle_quiet,
+                        **guard_opts)))
+                    t, totals = guarded[on][-1]
+                    print(f"guard round {r + 1}, {'--public-only' if on else 'direct'}: {args.pages / t:.2f}/s, "
+                          f"render {totals['render_ms']} ms", flush=True)
             d.stop()
     finally:
         cluster.shutdown()
@@ -329,6 +344,17 @@ def main() -> None:
         print(f"{'worker, default blocklist':52}{len(tracked) / on:>12.2f}{ms_on:>16}")
         print(f"{'worker, --no-default-blocklist':52}{len(tracked) / off:>12.2f}{ms_off:>16}")
         print(f"{'saved per page (render time, best rounds)':52}{ms_off - ms_on:>12} ms   ratio {off / on:.2f}x")
+
+    if guarded[True]:
+        on, off = (min(t for t, _ in guarded[b]) for b in (True, False))
+        ms_on, ms_off = (min(x["render_ms"] for _, x in guarded[b]) for b in (True, False))
+        ok = all(x.get("rendered", 0) >= args.pages for _, x in guarded[True])
+        print(f"egress guard: the {args.pages} pages with --public-only (every connection through the worker's "
+              f"SOCKS5 guard) and direct, rounds alternating")
+        print(f"{'':52}{'renders/s':>12}{'mean render ms':>16}")
+        print(f"{'worker, direct':52}{args.pages / off:>12.2f}{ms_off:>16}")
+        print(f"{'worker, --public-only' + ('' if ok else ' (NOT all rendered)'):52}{args.pages / on:>12.2f}{ms_on:>16}")
+        print(f"{'ratio guarded / direct (best rounds)':52}{off / on:>12.2f}")
 
 
 if __name__ == "__main__":
