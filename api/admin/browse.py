@@ -254,11 +254,13 @@ async def pages(request: Request, who: Principal = Depends(require("viewer"))) -
         except ValueError:
             entry["url"] = entry["deviceType"] = None
         rows.append(entry)
-    truncated = len(found) > limit
+    # the store read its most records a call (deleted pages) before the page filled: go on from there
+    resume = listing.get("resume")
+    truncated = len(found) > limit or resume is not None
     # The store's count taken with these rows: an overview's snapshot (another replica's, or older)
     # once said 200 beside 202 rows.
     total = listing["total"]
-    after = cursors.issue(scope, rows[-1]["cacheKey"]) if truncated else None
+    after = None if not truncated else cursors.issue(scope, rows[-1]["cacheKey"] if len(found) > limit else resume)
     return answer({"node": ctx.node.name, "prefix": prefix, "limit": limit, "pages": rows,
                    "truncated": truncated, "nextCursor": after, "total": total})
 
