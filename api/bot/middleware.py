@@ -40,6 +40,8 @@ SHAPE = "prerender.memo_shape"  # the scope's key for the request shape the HTTP
 REPLY = "prerender.reply"  # an answer the protocol made and counted but cannot write itself
 # What a browser shows as a document of its own (Sec-Fetch-Dest), where the answer's scripts would run
 DOCUMENT_DESTS = frozenset({"document", "iframe", "frame", "embed", "object"})
+# What ``browser_navigation`` reads, so what a sandboxed answer varies by
+NAVIGATION_HEADERS = ("Sec-Fetch-Mode", "Sec-Fetch-Dest", "Upgrade-Insecure-Requests")
 
 
 async def serve(state: ReplicaState, req: BotRequest, headers: dict[str, str], scope: dict,
@@ -123,18 +125,24 @@ async def serve(state: ReplicaState, req: BotRequest, headers: dict[str, str], s
 
 def browser_navigation(headers: dict[str, str]) -> bool:
     """A browser will show the answer as a page (a link followed, a frame); a crawler's fetcher sends
-    no Sec-Fetch headers."""
-    return headers.get("sec-fetch-mode") == "navigate" or headers.get("sec-fetch-dest", "") in DOCUMENT_DESTS
+    neither Sec-Fetch headers nor ``Upgrade-Insecure-Requests``. Browsers send Sec-Fetch-* only to
+    https and localhost (over http to a node's address, none), but ``Upgrade-Insecure-Requests: 1`` on
+    every navigation, http included: it counts where no Sec-Fetch header says what the request is."""
+    mode, dest = headers.get("sec-fetch-mode"), headers.get("sec-fetch-dest")
+    if mode is None and dest is None:
+        return headers.get("upgrade-insecure-requests", "").strip() == "1"
+    return mode == "navigate" or (dest is not None and dest in DOCUMENT_DESTS)
 
 
 def sandboxed(reply: Reply) -> None:
     """The bot path shares its origin with the admin console (one port): a page it relays or serves
     must not run as that origin. ``sandbox``: an opaque origin, no scripts (docs/security.md); Vary
-    keeps a shared cache from giving this answer to a crawler."""
+    keeps a shared cache from giving this answer to a crawler (each header ``browser_navigation`` reads)."""
     headers = reply.headers
     policy = headers.get("content-security-policy")
     headers["content-security-policy"] = "sandbox" if policy is None else f"{policy}, sandbox"
-    headers["vary"] = add_vary(add_vary(headers.get("vary"), "Sec-Fetch-Mode"), "Sec-Fetch-Dest")
+    mode, dest, upgrade = NAVIGATION_HEADERS
+    headers["vary"] = add_vary(add_vary(add_vary(headers.get("vary"), mode), dest), upgrade)
 
 
 async def identify(services: Any, req: BotRequest, headers: dict[str, str], scope: dict,

@@ -145,18 +145,26 @@ NAVIGATIONS = [  # what a browser adds when it shows the answer as a document
     {"sec-fetch-dest": "document"},
     {"sec-fetch-dest": "iframe", "sec-fetch-mode": "navigate", "sec-fetch-site": "cross-site"},
     {"sec-fetch-dest": "embed", "sec-fetch-mode": "no-cors"},
+    # over plain http a browser sends no Sec-Fetch headers (only to https and localhost), but this
+    {"user-agent": "Mozilla/5.0 (X11; Linux x86_64) Chrome/126.0.0.0", "upgrade-insecure-requests": "1"},
+    {"upgrade-insecure-requests": "1"},
 ]
 NOT_NAVIGATIONS = [  # a crawler's fetcher sends none; a browser's image or fetch() shows nothing as a page
     {},
+    {"user-agent": "Mozilla/5.0 (X11; Linux x86_64) Chrome/126.0.0.0"},
     {"sec-fetch-dest": "image", "sec-fetch-mode": "no-cors"},
     {"sec-fetch-dest": "empty", "sec-fetch-mode": "cors"},
+    {"sec-fetch-dest": "empty", "sec-fetch-mode": "cors", "upgrade-insecure-requests": "1"},  # Sec-Fetch decides
+    {"upgrade-insecure-requests": "0"},
 ]
+NAVIGATION_VARY = {"sec-fetch-mode", "sec-fetch-dest", "upgrade-insecure-requests"}
 
 
 async def test_a_browser_navigation_gets_every_bot_answer_sandboxed(tmp_path, site) -> None:
     """The bot path shares the console's origin: a page relayed or cached from an allowed site, shown
     by a browser, must not run its scripts as the node's origin (they could call the admin API with the
-    admin's credentials). Crawlers send no Sec-Fetch headers and get the answer as before."""
+    admin's credentials). Crawlers send neither Sec-Fetch headers nor Upgrade-Insecure-Requests and
+    get the answer as before."""
     async with serving(tmp_path, site) as n, n.client() as c:
         hit = n.store("/page/nav")
         for extra in [*NAVIGATIONS, *NOT_NAVIGATIONS]:
@@ -175,7 +183,8 @@ async def test_a_browser_navigation_gets_every_bot_answer_sandboxed(tmp_path, si
                 csp = r.headers.get_list("content-security-policy")
                 assert csp == (["sandbox"] if navigation else []), (extra, method, target, r.headers)
                 # a shared cache in front never gives the sandboxed answer to a crawler
-                assert ({"sec-fetch-mode", "sec-fetch-dest"} <= _vary(r)) == navigation, r.headers
+                assert (NAVIGATION_VARY <= _vary(r)) == navigation, r.headers
+                assert navigation or not NAVIGATION_VARY & _vary(r), r.headers  # a bot's Vary as it was
             r = await c.get(f"/p/{hit}", headers={**headers, "if-none-match": '"desktop"'})
             assert r.status_code == 304
             assert r.headers.get_list("content-security-policy") == (["sandbox"] if navigation else [])

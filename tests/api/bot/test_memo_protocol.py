@@ -6,6 +6,7 @@ bot path's clock (``middleware.now_ms``) and the app's Dater, which both paths d
 
 from __future__ import annotations
 
+import gzip
 import logging
 import socket
 import time
@@ -419,6 +420,51 @@ def test_the_fast_paths_sandbox_a_browser_navigation_and_only_it(node, page, spr
     assert received.count(SANDBOX) == (10 if navigation else 0)
     assert memo.wired - memo_wired == 3
     assert lane.hits - lane_hits == 4
+
+
+CHROME = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/126.0.0.0 Safari/537.36"
+
+
+def answers(received: bytes) -> list[bytes]:
+    """The answers of one connection, each its status line on (no body here holds one)."""
+    return [b"HTTP/1.1 " + a for a in received.split(b"HTTP/1.1 ")[1:]]
+
+
+def test_a_navigation_over_plain_http_and_a_crawler_never_get_each_others_answer(
+        node, site, page, spread, controlled) -> None:
+    """Over http a browser sends no Sec-Fetch headers, only ``Upgrade-Insecure-Requests: 1`` on a
+    navigation (before, it got the page unsandboxed: its scripts ran as the node's origin, the admin
+    console's). The same headers but that one, played alternately through the hit memo (a page asked
+    again), the spread lane (a crawl) and a relayed miss: each keeps its own answer."""
+    port = node.info.port
+    s = services(node, 0)
+    memo, decisions, lane = s.memo, s.decisions, s.lane
+    assert memo is not None and decisions is not None and lane is not None
+    crawler = {"user-agent": CHROME, "accept": "text/html,application/xhtml+xml,*/*;q=0.8",
+               "accept-encoding": "gzip"}
+    browser = {**crawler, "upgrade-insecure-requests": "1"}
+    memo.clear()
+    decisions.clear()
+    lane.clear()
+    memo_wired, lane_hits = memo.wired, lane.hits
+    steps, navigations = [], []
+    for target in [page] * 5 + spread + [f"/p/{site.base}/noindex"]:  # seen, kept, the memo's thrice; a crawl; a miss
+        for headers in (browser, crawler):
+            steps.append(one(req(port, target, headers)))
+            navigations.append(headers is browser)
+    steps.append(one(req(port, page, {**crawler, "connection": "close"})))
+    navigations.append(False)
+    received = answers(play(port, [steps])[0])
+    assert len(received) == len(navigations)
+    for i, (answer, navigation) in enumerate(zip(received, navigations, strict=True)):
+        assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer[:300]
+        assert (SANDBOX in answer) == navigation, (i, answer[:600])
+        vary = b", ".join(line[6:] for line in answer.split(b"\r\n\r\n")[0].split(b"\r\n") if line.startswith(b"vary: "))
+        assert (b"Upgrade-Insecure-Requests" in vary) == navigation, (i, vary)
+    # the crawler's miss: the origin's page, its script relayed as is, to run in Google's renderer
+    assert b"<script" in gzip.decompress(received[-2].partition(b"\r\n\r\n")[2])
+    assert memo.wired - memo_wired == 6  # each shape's third to fifth sight, both kinds
+    assert lane.hits - lane_hits == 8  # the crawl, both kinds (each class learnt from its page's second sight)
 
 
 def test_random_crawls_are_answered_by_the_protocol_as_the_asgi_path_answers_them(
