@@ -41,7 +41,10 @@ MAX_HOSTNAME = 253
 MAX_NAMES = 8  # PTR names looked at per address, and forward lookups made
 MAX_ADDRESSES = 64  # forward addresses compared per name
 
-_GOOGLE = ("googlebot.com", "google.com", "googleusercontent.com")
+# Google's common crawlers reverse-resolve to googlebot.com, special-case crawlers to google.com,
+# user-triggered fetchers to gae.googleusercontent.com. Never all of googleusercontent.com: any
+# Compute Engine VM's default PTR is a.b.c.d.bc.googleusercontent.com, and it resolves back.
+_GOOGLE = ("googlebot.com", "google.com", "gae.googleusercontent.com")
 # Reverse-DNS domains operators publish for their crawlers (by registry name).
 BUILTIN_DNS: dict[str, tuple[str, ...]] = {
     **{name: _GOOGLE for name in (

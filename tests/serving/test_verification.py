@@ -81,6 +81,11 @@ GOOGLE = FakeResolver(ptr={REAL: ["crawl-66-249-66-1.googlebot.com."]},
 @pytest.mark.parametrize(("ptr", "a", "state"), [
     (["crawl-66-249-66-1.googlebot.com."], [REAL], VERIFIED),  # the documented method
     (["rate-limited-proxy-66-249-66-1.google.com"], [REAL], VERIFIED),
+    (["google-proxy-66-249-66-1.gae.googleusercontent.com"], [REAL], VERIFIED),  # a user-triggered fetcher
+    # any Compute Engine VM's default PTR, resolving back: before, it passed as a verified Googlebot
+    (["1-2-3-4.bc.googleusercontent.com"], [REAL], FAILED),
+    (["66.66.249.66.bc.googleusercontent.com"], [REAL], FAILED),
+    (["googleusercontent.com"], [REAL], FAILED),
     (["CRAWL-66-249-66-1.GOOGLEBOT.COM"], [REAL], VERIFIED),  # DNS names are case-insensitive
     ([], [], FAILED),  # no PTR
     (["host.evil.example"], [REAL], FAILED),  # not Google's
@@ -143,7 +148,7 @@ def test_a_spoofer_controlling_its_reverse_zone_never_passes(ptr: str, forward: 
     resolver = FakeResolver(ptr={SPOOF: [ptr]}, a={host: [forward, SPOOF]})
     state = asyncio.run(verifier(resolver).check("Googlebot", SPOOF))
     google = any(host == d or host.endswith("." + d) for d in ("googlebot.com", "google.com",
-                                                              "googleusercontent.com"))
+                                                              "gae.googleusercontent.com"))
     assert state == (VERIFIED if google else FAILED)
 
 
