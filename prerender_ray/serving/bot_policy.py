@@ -10,6 +10,9 @@ discovers, whatever its policy says: it claims to be a bot it may not be, and ne
 traffic we can believe (``withheld`` says why). The default config prerenders everything; discovery
 is on for every request but those.
 
+The reference's test marker (``harper: pre-render``, the name ``debug``) is decided as ``other``,
+and never discovers.
+
 A policy with ``requireSignature`` is for requests a Web Bot Auth signature verifies (``signed``)
 only: any other request it would apply to is served as a failed claim (``source`` ``unsigned``,
 verification ``unverified``), whatever ``whileUnverified`` says: unlike a DNS answer that is late, a
@@ -23,12 +26,12 @@ operator wrote and a failed claim are never changed by it (``source`` says which
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from prerender_ray.queue.discovery import FAILED_CLAIM, UNVERIFIED_CLAIM
 from prerender_ray.serving.answer import Reply
-from prerender_ray.serving.bots import DEBUG, BotRegistry
+from prerender_ray.serving.bots import DEBUG, OTHER, BotRegistry
 from prerender_ray.sitemaps.content_signals import USE_OF_CLASS, Signals, robots_token
 
 if TYPE_CHECKING:
@@ -50,7 +53,7 @@ class Decision:
     bot_class: str  # the class the request is served as
     verification: str
     withheld: str = ""  # why discovery is off although the policy allows it (queue.discovery reasons)
-    # which policy: named | class | builtin | default | failed | unsigned | debug | signal:<use>=yes|no
+    # which policy: named | class | builtin | default | failed | unsigned | signal:<use>=yes|no
     source: str = ""
 
 
@@ -76,6 +79,13 @@ class Policies:
                signed: bool = False) -> Decision:
         """``site``: what the request's site declares (only read with ``applyAsDefaults``); ``signed``:
         a valid Web Bot Auth signature of an agent that covers ``name`` verified the request."""
+        if name == DEBUG:
+            # The reference's marker for its own test traffic (``harper: pre-render``) lifts nothing:
+            # anyone can send it, so it gets what an unidentified client gets (``other``: its policy,
+            # failure rules and requireSignature included), and never discovers (no target, no
+            # on-miss render); it still sees the bot path's answer to test it.
+            marked = self.decide(OTHER, verification, site, signed)
+            return replace(marked, discover=False) if marked.discover else marked
         key = (name, verification, signed)
         found = self._memo.get(key)
         if found is None:
@@ -124,8 +134,6 @@ class Policies:
         return found
 
     def _decide(self, name: str, verification: str, signed: bool) -> Decision:
-        if name == DEBUG:  # the reference's marker for its own test traffic: always served as usual
-            return Decision("prerender", True, self.registry.class_of(name), verification, source="debug")
         failed = verification == FAILED or (verification == UNVERIFIED and self.unverified_fails)
         policy: BotPolicy | None
         if failed:

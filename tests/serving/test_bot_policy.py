@@ -44,9 +44,25 @@ def test_the_operators_sentence(name: str, serve: str, cls: str) -> None:
     assert (d.serve, d.bot_class) == (serve, cls)
 
 
-def test_the_references_test_marker_is_always_served_as_usual() -> None:
-    d = policies({"bots": {"default": {"serve": "deny"}}}).decide("debug", FAILED)
-    assert (d.serve, d.discover) == ("prerender", True)
+@pytest.mark.parametrize(("bots", "serve"), [
+    ({}, "prerender"),
+    ({"default": {"serve": "deny"}}, "deny"),
+    ({"classes": {"other": {"serve": "deny"}}}, "deny"),
+    ({"classes": {"other": {"serve": "origin", "discover": True}}}, "origin"),
+    # requireSignature: an unsigned request is served as the failed class
+    ({"default": {"serve": "prerender", "requireSignature": True}, "failedClass": "ai-training",
+      "classes": {"ai-training": {"serve": "deny"}}}, "deny"),
+])
+def test_the_references_test_marker_lifts_no_policy(bots: dict, serve: str) -> None:
+    """``harper: pre-render`` (the name ``debug``) anyone can send: before, it was prerendered and
+    discovered whatever the policy said (deny, a failed claim, requireSignature). Now it is decided as
+    an unidentified client (``other``) is, and never discovers."""
+    p = policies({"bots": bots})
+    assert p.decide("debug").serve == serve
+    for state in (UNCHECKED, VERIFIED, FAILED, UNVERIFIED):
+        marked, other = p.decide("debug", state), p.decide("other", state)
+        assert (marked.serve, marked.bot_class, marked.source) == (other.serve, other.bot_class, other.source), state
+        assert not marked.discover, state
 
 
 def test_a_named_policy_wins_over_its_class_case_insensitively() -> None:

@@ -148,6 +148,44 @@ async def test_discovery_follows_the_policy(make, site) -> None:
         await close_replica(ctx)
 
 
+MARKER = {"harper": "pre-render"}  # the reference's marker for its own test traffic
+
+
+async def test_the_references_test_marker_lifts_no_policy(make, site) -> None:
+    """Before, ``harper: pre-render`` was prerendered and discovered whatever the policy said: anyone
+    adding it got pages a deny or requireSignature withheld, and made targets. Now it gets what an
+    unidentified client gets, and never discovers."""
+    asgi, ctx = make({"default": {"serve": "prerender", "requireSignature": True},
+                      "classes": {"other": {"serve": "deny"}}})
+    found = spy_discovery(ctx)
+    try:
+        for ua in (GOOGLEBOT, UA["browser"]):
+            r = await get(asgi, f"{site.base}/page/cached", ua, **MARKER)
+            assert (r.status_code, r.headers["x-harper-bot-policy"]) == (403, "deny"), ua
+        assert found == []
+    finally:
+        await close_replica(ctx)
+    asgi, ctx = make({"default": {"serve": "prerender", "requireSignature": True}, "failedClass": "ai-training",
+                      "classes": {"ai-training": {"serve": "deny"}}})
+    try:  # other's policy requires a signature: the marker is an unsigned claim
+        r = await get(asgi, f"{site.base}/page/cached", UA["browser"], **MARKER)
+        assert (r.status_code, r.headers["x-harper-bot-policy-source"]) == (403, "unsigned")
+    finally:
+        await close_replica(ctx)
+    asgi, ctx = make({})  # other is prerendered (and discovers): the marker is prerendered, discovers nothing
+    found = spy_discovery(ctx)
+    try:
+        r = await get(asgi, f"{site.base}/page/cached", UA["browser"], **MARKER)
+        assert r.content == HTML and r.headers["x-harper-cache"] == "hit"
+        r = await get(asgi, f"{site.base}/page/marked", UA["browser"], **MARKER)
+        assert (r.content, r.headers["x-harper-cache"], r.headers["x-harper-bot"]) == (JS_PAGE, "miss", "debug")
+        assert found == []  # no target
+        await get(asgi, f"{site.base}/page/unmarked", UA["browser"])
+        assert found == [f"{site.base}/page/unmarked"]  # where the same client without it discovers
+    finally:
+        await close_replica(ctx)
+
+
 async def test_a_deny_status_and_body_are_configurable_and_live(make, site) -> None:
     asgi, ctx = make({"classes": {"ai-training": {"serve": "deny"}}, "denyStatus": 451, "denyBody": "no training"})
     try:
