@@ -209,8 +209,8 @@ class Results:
         urls, keys = [], []
         for r, _, dest in wave:
             urls += [rules.url_of(r.id)] + ([rules.url_of(dest)] if dest else [])
-            if r.content:  # the stored pages: an identical render keeps its validators, touches its times
-                keys += [r.id] + ([dest] if dest else [])
+            if r.content:  # the stored page: an identical render keeps its validators, touches its times
+                keys.append(r.id)
         targets, stored = await self.store.targets_and_metas(urls, keys)
         found, metas = dict(zip(urls, targets)), dict(zip(keys, stored))
         plans = []
@@ -221,7 +221,7 @@ class Results:
             if dest:
                 dest_url = rules.url_of(dest)
                 dest_target = Target.decode(dest_url, b) if (b := found.get(dest_url)) else None
-            mine = {k: metas[k] for k in ([r.id] + ([dest] if dest else [])) if k in metas} if r.content else None
+            mine = {r.id: metas[r.id]} if r.content and r.id in metas else None
             plans.append(planner.plan(r, target, dest_target, now, granted_at=granted_at,
                                       stored={k: m.headers if m is not None else None for k, m in mine.items()}
                                       if mine is not None else None, stored_pages=mine))
@@ -272,7 +272,7 @@ class Results:
             if report is not None:
                 heading = {k: entry.get(k) for k in ("at", "renderMs", "outcome", "statusCode", "worker")}
                 record = history.encode({**heading, **report})
-            return [plan.refile_key or r.id, history.encode(entry), record]
+            return [r.id, history.encode(entry), record]
         except Exception as e:  # diagnostics never cost a result
             self.log.error("render history not kept", key=r.id, error=repr(e)[:300])
             return []

@@ -1,8 +1,9 @@
 """What a posted render result does: the reference's decision table as a pure plan.
 
 The keeper of the result's key reads the target rows the plan needs, asks ``plan()`` what to do, and
-applies it. The lease is released by the posted ``id`` only (a refile never releases the destination),
-and held when the failure lane says *fast* so the retry waits for the lease to expire. The result
+applies it. The lease is released by the posted ``id`` only, and held when the failure lane says *fast*
+so the retry waits for the lease to expire. A result's content is stored under its own key only: a
+render that landed on another page of ours makes that page due, for its own grant to render. The result
 itself (its metadata, validated) is ``metadata.py``'s.
 """
 
@@ -54,7 +55,6 @@ class Plan:
     row_deletes: list[str] = field(default_factory=list)
     adopt: tuple[str, int, int | None, bool] | None = None  # (url, due, renderInterval, discovered) put on its owner
     suppress_dest: tuple[str, str | None, int | None] | None = None  # (url, reason, status): created on its owner
-    refile_key: str | None = None  # the destination key a rendered redirect was filed under
     unrouted: str | None = None  # a landed path outside prerender routes (for the tally)
     content_change: str | None = None  # of the stored page: new, changed or unchanged (same bytes)
     touch: Touch | None = None  # instead of ``page``: the stored record is the same but for its times
@@ -126,19 +126,14 @@ class Planner:
             if outcome == "redirected":
                 return self._redirect_lane(r, target, dest, dest_target, landed, inspected_non_indexable, now)
             if outcome == "rendered":
-                # A landing outside ``domains`` is no page of ours: kept as an unrouted landing is
-                # (ours: the reference refiled it, storing the page under the foreign key and
-                # retiring the source).
+                # A landing outside ``domains`` is no page of ours: kept as an unrouted landing is.
+                # One on our site moved there: the source retires and the destination is made due (or
+                # adopted), so its own grant renders it. Ours: the reference refiled the content under
+                # the destination's key, which this grant never covered (one lease could overwrite any
+                # page, leased elsewhere or not).
                 if landed == "prerender" and _domain_ok(self.rules.url_of(dest), domains):
-                    plan = self._rendered(r, dest, dest_target, indexable, now, discard=False)
-                    # The source retires, its rows and pages with it; with no target too (a render-now
-                    # one-off), or its row would stay due and be re-granted after every result.
-                    plan.targets.update(self._delete_target(target, r.id))
-                    plan.refile_key = dest
-                    plan.detail = "refiled"
-                    held = dest_target or target  # a destination without a target is stored for the source
-                    plan.discovered = held is not None and held.discovered
-                    return plan
+                    return self._moved(Plan("redirect", detail="client-side"), r, target, dest, dest_target,
+                                       now, render_dest=True)
                 plan = self._rendered(r, r.id, target, indexable, now, discard=True)
                 plan.unrouted = url_path(self.rules.url_of(dest))
                 plan.detail = "landed-unrouted"
@@ -349,12 +344,25 @@ class Planner:
             return plan
         if status not in (301, 308):
             return self._redirect_strike(r.id, target, now)
-        plan = Plan("redirect", detail="permanent")
+        return self._moved(Plan("redirect", detail="permanent"), r, target, dest, dest_target, now,
+                           render_dest=False)
+
+    def _moved(self, plan: Plan, r: Result, target: Target | None, dest: str, dest_target: Target | None,
+               now: int, *, render_dest: bool) -> Plan:
+        """The source moved to ``dest``: it retires, its rows and pages with it (with no target too, a
+        render-now one-off, or its row would stay due and be re-granted after every result). A
+        destination in ``domains`` without a target is adopted, due now; one with a target is made
+        due now when ``render_dest``. Nothing is stored under ``dest``: only its own grant renders it."""
         interval = positive(target.render_interval) if target else None
         plan.targets.update(self._delete_target(target, r.id))
-        if dest_target is None and _domain_ok(dest_url, self.cfg.domains):
+        dest_url = self.rules.url_of(dest)
+        if not _domain_ok(dest_url, self.cfg.domains):
+            return plan
+        if dest_target is None:
             plan.adopt = (dest_url, minute(now), int(interval) if interval else None,
                           target is not None and target.discovered)
+        elif render_dest:
+            plan.rows.append(self.rules.due_now(dest_target, dest, now))
         return plan
 
     def _redirect_strike(self, key: str, target: Target | None, now: int) -> Plan:

@@ -447,3 +447,25 @@ def test_a_late_result_of_a_previous_holder_never_touches_the_new_lease(node) ->
     assert "from b" in body
     if keys[1] in b:
         assert post_result(b[keys[1]], worker="worker-b").status_code == 204
+
+
+def test_a_client_side_redirect_result_never_overwrites_the_destinations_page(node) -> None:
+    """One lease is one key: a rendered result whose landed URL is another page of ours stores nothing
+    there (the stored page stays as bots get it); the destination is made due, for its own grant."""
+    src, dst = "https://shop.example/lure", "https://shop.example/victim"
+    dst_keys = due_now(node.url, dst)
+    jobs = take(node.url, dst_keys, timeout=15)
+    for k in dst_keys:
+        assert post_result(jobs[k], html=b"<html>the real page</html>").status_code == 204
+    before = _stored(node, dst_keys[0])
+    assert before is not None
+    keys = due_now(node.url, src)
+    jobs = take(node.url, keys, timeout=15)
+    r = post_result(jobs[keys[0]], html=b"<html>attacker text</html>", redirectedTo=dst, isIndexable=True)
+    assert r.status_code == 204
+    assert _stored(node, dst_keys[0]) == before  # byte for byte
+    assert "the real page" in httpx.get(f"{node.url}/prerender_admin/page-content",
+                                        params={"cacheKey": dst_keys[0]}).text
+    row = schedule(node.url, dst_keys[0])
+    assert row["nextRenderTime"] <= time.time() * 1000 and row["leased"] is False  # due, for its own grant
+    assert httpx.get(f"{node.url}/render_targets", params={"url": src}).status_code == 404  # retired

@@ -118,7 +118,7 @@ def test_a_rendered_result_stores_the_page_and_reschedules_relative_to_completio
         "x-harper-rendered": "1",
     }  # never set-cookie
     assert p.targets == {} and p.row_deletes == [] and p.page_deletes == []
-    assert p.adopt is None and p.suppress_dest is None and p.refile_key is None
+    assert p.adopt is None and p.suppress_dest is None
 
 
 def test_identity_content_is_stored_without_a_content_encoding_header() -> None:
@@ -556,60 +556,63 @@ def test_a_port_is_allowed_only_by_an_entry_that_allows_it() -> None:
 # -------------------------------------------------------------------------- the redirect pre-step
 
 
-def test_a_rendered_client_side_redirect_is_refiled_under_the_destination_key() -> None:
+def test_a_rendered_client_side_redirect_makes_the_destination_due_and_stores_nothing() -> None:
+    """The grant covered the source's key only: the landed page is rendered by its own grant, never
+    stored from this result (one lease could otherwise overwrite any page, leased elsewhere or not)."""
     r = page_ok(redirectedTo=DST + "?utm_source=x", isIndexable=True)
     dest = target(DST, render_interval=2 * DAY_MS)
     p = plan(r, target(), dest)
-    assert p.outcome == "rendered" and p.detail == "refiled" and p.refile_key == DKEY
-    assert p.page is not None and p.page.cache_key == DKEY and p.page.expires_at == M + 2 * DAY_MS
-    assert p.rows == [ScheduleRow(DKEY, M + 2 * DAY_MS, False, 2 * DAY_MS)]  # the destination's own cadence
+    assert p.outcome == "redirect" and p.detail == "client-side"
+    assert p.page is None and p.touch is None and p.status_pages == [] and p.page_deletes == []
+    assert p.rows == [ScheduleRow(DKEY, M, False, 2 * DAY_MS)]  # due now, at the destination's own cadence
     assert p.targets == {SRC: None}  # the source retires with every device
-    assert p.release is True  # released under metadata.id by the keeper; no destination lease exists
+    assert p.adopt is None and p.release is True  # released under metadata.id; no destination lease exists
 
 
-def test_a_refile_onto_a_destination_without_a_target_drops_its_row() -> None:
-    p = plan(page_ok(redirectedTo=DST), target(), None)
-    assert p.page is not None and p.page.cache_key == DKEY
-    assert p.rows == [] and p.row_deletes == [DKEY] and p.targets == {SRC: None}
+def test_a_client_side_redirect_never_changes_the_destinations_stored_page() -> None:
+    """A stored page under the destination key (and its target, suppressed or not) stays as it is:
+    the plan writes no page, touch, tombstone or target of the destination."""
+    stored = {DKEY: {"etag": '"abc"', "last-modified": "Mon, 01 Jan 2024 00:00:00 GMT"}}
+    r = page_ok(redirectedTo=DST, isIndexable=True)
+    for dest in (target(DST), target(DST, state=SUPPRESSED, suppressed_reason="noindex", strikes=1)):
+        p = planner().plan(r, target(), dest, NOW, stored=stored)
+        assert p.page is None and p.touch is None and p.status_pages == []
+        assert DKEY not in p.page_deletes and DST not in p.targets
+        assert [row.cache_key for row in p.rows] == [DKEY]  # only made due: its own grant renders it
+
+
+def test_a_client_side_redirect_onto_a_destination_without_a_target_adopts_it_due_now() -> None:
+    p = plan(page_ok(redirectedTo=DST), target(render_interval=2 * DAY_MS, discovered=True), None)
+    assert p.page is None and p.rows == [] and p.targets == {SRC: None}
+    assert p.adopt == (DST, M, 2 * DAY_MS, True)  # as a permanent redirect adopts its destination
 
 
 def test_a_stored_page_says_whether_only_a_bots_miss_made_its_target() -> None:
-    """``Plan.discovered`` (IndexNow leaves such pages out): the target of the page stored, or for a
-    refile onto a URL without a target, the source that led there."""
+    """``Plan.discovered`` (IndexNow leaves such pages out): the target of the page stored."""
     assert plan(page_ok(), target(discovered=True)).discovered is True
     assert plan(page_ok(), target()).discovered is False  # an operator's or an old record
     assert plan(page_ok(), None).discovered is False  # a render-now one-off: an operator asked
-    moved = page_ok(redirectedTo=DST, isIndexable=True)
-    assert plan(moved, target(discovered=True), None).discovered is True
-    assert plan(moved, target(discovered=True), target(DST, sitemap_url="https://shop.test/s.xml")).discovered is False
-    assert plan(moved, target(), target(DST, discovered=True)).discovered is True
 
 
-def test_a_refile_from_a_targetless_one_off_still_retires_the_source_row() -> None:
+def test_a_client_side_redirect_from_a_targetless_one_off_still_retires_the_source_row() -> None:
     p = plan(page_ok(redirectedTo=DST), None, None)
-    assert p.refile_key == DKEY
+    assert p.page is None and p.adopt == (DST, M, None, False)
     assert p.targets == {SRC: None}  # the keeper deletes every device's row and page of the source
-
-
-def test_a_refile_reactivates_a_suppressed_destination_on_an_indexable_render() -> None:
-    dest = target(DST, state=SUPPRESSED, suppressed_reason="noindex", strikes=1)
-    p = plan(page_ok(redirectedTo=DST, isIndexable=True), target(), dest)
-    assert p.targets == {SRC: None, DST: target(DST)}
 
 
 def test_a_rendered_redirect_to_an_unrouted_class_keeps_the_source_and_discards_the_content() -> None:
     p = plan(page_ok(redirectedTo="https://shop.test/search/shoes"), target(strikes=2))
     assert p.outcome == "rendered" and p.detail == "landed-unrouted" and p.unrouted == "/search/shoes"
-    assert p.page is None and p.refile_key is None
+    assert p.page is None
     assert p.rows == [ScheduleRow(KEY, M + DAY_MS, False, DAY_MS)]
     assert p.targets == {SRC: target()}  # kept (strikes reset as for any render)
 
 
-def test_a_rendered_redirect_to_a_host_outside_the_domains_is_never_refiled() -> None:
+def test_a_rendered_redirect_to_a_host_outside_the_domains_is_an_unrouted_landing() -> None:
     """No page under the foreign key (served to no bot, and kept in the store), and the source, its
     rows and pages kept: treated as a landing on an unrouted path."""
     p = plan(page_ok(redirectedTo="https://evil.example/x"), target(), p=planner(SHOP_ONLY))
-    assert p.outcome == "rendered" and p.detail == "landed-unrouted" and p.refile_key is None
+    assert p.outcome == "rendered" and p.detail == "landed-unrouted"
     assert p.page is None and p.touch is None and p.targets == {}
     assert p.rows == [ScheduleRow(KEY, M + DAY_MS, False, DAY_MS)] and p.row_deletes == []
     assert not any("evil.example" in key for key in p.page_deletes)
@@ -618,7 +621,7 @@ def test_a_rendered_redirect_to_a_host_outside_the_domains_is_never_refiled() ->
 def test_a_rendered_result_landing_on_the_same_key_is_an_ordinary_render() -> None:
     p = plan(page_ok(redirectedTo=SRC + "/?utm_medium=mail"), target())
     assert p.detail == "rendered" and p.page is not None and p.page.cache_key == KEY
-    assert SRC not in p.targets and p.refile_key is None
+    assert SRC not in p.targets
 
 
 def test_a_redirected_result_landing_on_the_same_key_is_not_a_redirect_and_never_retires_the_target() -> None:
@@ -806,7 +809,7 @@ def test_a_legacy_redirect_result_takes_the_redirect_lane() -> None:
 def test_a_redirect_never_touches_pages_through_the_plan_itself() -> None:
     for r in (redirected(301), redirected(302), redirected(200, isIndexable=False)):
         p = plan(r, target())
-        assert p.page is None and p.refile_key is None
+        assert p.page is None
 
 
 # ------------------------------------------------------------- one strike per URL per render cycle
