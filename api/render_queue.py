@@ -17,7 +17,7 @@ from prerender_ray.api.context import NodeContext
 from prerender_ray.batching import GroupCommit
 from prerender_ray.decoding import DecodeError, TooLarge, decoded_size
 from prerender_ray.identity.cachekeys import DEVICE, CacheKeyError
-from prerender_ray.queue.metadata import ENCODINGS, Result, ResultError, forwarded
+from prerender_ray.queue.metadata import ENCODINGS, MAX_METADATA_BYTES, Result, ResultError, forwarded
 from prerender_ray.queue.status import Via
 from prerender_ray.storage.keys import QUEUE_CONTROL, QUEUE_STATUS
 from prerender_ray.storage.pagelog.mirror import RETRY_AFTER_S, refusal
@@ -40,6 +40,9 @@ RESULT_DEADLINE_S = 30.0
 SIZE_ERROR = "x-metadata-size must be a positive integer no larger than the request body"
 MAX_WORKER_ID = 256
 CLAIM_KEYS = {"limit"}  # the reference fleet sends exactly {"limit": N}
+# A result's page as gzip: the reference fleet and our worker send one member. Each member costs the
+# check a few Python steps on the event loop (10 MB of empty members took 0.79 s); a few are allowed.
+MAX_GZIP_MEMBERS = 16
 
 
 def _ctx(request: Request) -> NodeContext:
@@ -120,7 +123,7 @@ def check_encoding(encoding: str, content: bytes | None, max_bytes: int) -> None
     if not content:
         return
     try:
-        decoded_size(content, encoding, max_bytes)
+        decoded_size(content, encoding, max_bytes, max_members=MAX_GZIP_MEMBERS)
     except TooLarge:
         raise bad_request(f"the content decodes to more than {max_bytes} bytes (server.maxHtmlBytes)",
                           413) from None
@@ -136,6 +139,8 @@ async def job_result(request: Request, who: Principal = Depends(require("fleet")
     size = None if raw is None else int_text(raw)
     if size is None or not 0 < size <= len(body):
         raise bad_request(SIZE_ERROR)
+    if size > MAX_METADATA_BYTES:  # refused unparsed: 10 MB of JSON is a second and 255 MiB on this loop
+        raise bad_request(f"the metadata is larger than {MAX_METADATA_BYTES} bytes", 413)
     # Depth-bounded; keys outside docs/fleet-protocol.md#metadata-fields are ignored here, not refused
     # (the metadata is the fleet's format, and a newer fleet's extra field must never cost a rendered
     # page), and not forwarded: the keeper gets the fields it reads.
@@ -151,7 +156,7 @@ async def job_result(request: Request, who: Principal = Depends(require("fleet")
             or ctx.rules.keys.key(url, device) != result.id:  # a [url] layout's keys name no device
         raise bad_request(f"id {result.id!r} is not a cache key of this service")
     check_encoding(result.content_encoding, content, ctx.cfg.server.max_html_bytes)
-    meta = forwarded(meta, size)
+    meta = forwarded(meta)
     try:  # the owner's keeper checks the lease first: an id never granted changes nothing
         if ctx.owner_of(url) == ctx.node.name:
             item = (meta, content, worker_id(request), len(body))

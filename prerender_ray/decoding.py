@@ -6,7 +6,9 @@ sitemap) goes through ``Decoder``, which never produces more than ``PIECE`` byte
 ``TooLarge`` as soon as the output passes the cap, so memory stays near cap + one piece whatever the
 input claims. The whole stream is checked: a corrupt middle, a truncated end (gzip without its
 trailer, brotli not ``is_finished``) or bytes after the end are a ``DecodeError``. Several gzip members
-and NUL padding after one are accepted, as gzip(1) and Python's ``gzip.decompress`` do.
+and NUL padding after one are accepted, as gzip(1) and Python's ``gzip.decompress`` do; ``max_members``
+bounds them where a sender has no reason for many (each costs a few Python steps: 10 MB of empty
+members is half a million of them, most of a second).
 """
 
 from __future__ import annotations
@@ -43,10 +45,11 @@ class Decoder:
     ``limit`` caps the total output (None: no cap, the caller counts); ``piece`` is the most output
     asked for per step. ``trailing_garbage`` ignores
     non-gzip bytes after a gzip member instead of refusing them (sitemaps: the reference tolerates
-    them, as gzip(1) does with a warning)."""
+    them, as gzip(1) does with a warning). ``max_members``: more gzip members than that are a
+    ``DecodeError`` (None: any number)."""
 
     def __init__(self, coding: str, limit: int | None = MAX_HTML_BYTES, *, piece: int = PIECE,
-                 trailing_garbage: bool = False):
+                 trailing_garbage: bool = False, max_members: int | None = None):
         if coding not in CODINGS:
             raise ValueError(f"cannot decode content-coding {coding!r}")
         self.coding = coding
@@ -54,6 +57,7 @@ class Decoder:
         self.size = 0  # decoded bytes produced so far
         self.piece = piece
         self.trailing_garbage = trailing_garbage
+        self.max_members = max_members
         self._z = zlib.decompressobj(wbits=31) if coding == "gzip" else None
         self._br = brotli.Decompressor() if coding == "br" else None
         self._fed = False
@@ -138,6 +142,8 @@ class Decoder:
                     data = z.unused_data
                     self._z, self._started = zlib.decompressobj(wbits=31), False
                     self._members += 1
+                    if self.max_members is not None and self._members > self.max_members:
+                        raise DecodeError(f"more than {self.max_members} gzip members")
                     break
                 data = z.unconsumed_tail
                 if not data and len(out) < self.piece:
@@ -156,9 +162,10 @@ def decode(data: bytes | memoryview, coding: str, limit: int | None = MAX_HTML_B
     return b"".join(parts)
 
 
-def decoded_size(data: bytes | memoryview, coding: str, limit: int | None = MAX_HTML_BYTES) -> int:
+def decoded_size(data: bytes | memoryview, coding: str, limit: int | None = MAX_HTML_BYTES, *,
+                 max_members: int | None = None) -> int:
     """Check the whole stream without keeping its output: the decoded size. Raises as ``decode``."""
-    d = Decoder(coding, limit)
+    d = Decoder(coding, limit, max_members=max_members)
     for _ in d.feed(data):
         pass
     d.finish()

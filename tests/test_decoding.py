@@ -66,6 +66,18 @@ def test_plain_html_labelled_gzip_or_br_is_refused() -> None:
             decoded_size(b"<html>not coded</html>", coding)
 
 
+def test_gzip_members_past_max_members_are_refused_at_the_first_extra() -> None:
+    data = gzip.compress(b"<html>") + gzip.compress(b"</html>")
+    assert decoded_size(data, "gzip", max_members=2) == len(b"<html></html>")
+    with pytest.raises(DecodeError, match="more than 1 gzip members"):
+        decoded_size(data, "gzip", max_members=1)
+    d = Decoder("gzip", max_members=3)
+    with pytest.raises(DecodeError, match="more than 3 gzip members"):
+        for _ in d.feed(gzip.compress(b"") * 1_000_000):  # 20 MB: stops after the fourth
+            pass
+    assert d.size == 0
+
+
 def test_sitemaps_may_ignore_garbage_after_a_gzip_member() -> None:
     d = Decoder("gzip", None, trailing_garbage=True)
     assert b"".join(d.feed(gzip.compress(b"<urlset/>") + b"junk")) == b"<urlset/>"

@@ -9,7 +9,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from prerender_ray.queue import diagnostics
 from prerender_ray.serving.answer import no_content
 
 OUTCOMES = ("rendered", "redirected", "non-indexable", "error")
@@ -84,10 +83,11 @@ class Result:
 
 
 MAX_TEXT = 64 * 1024  # url / redirectedTo: far above any real URL, far below the body cap
-# The metadata JSON of one result past which its free-form parts are forwarded reduced (``forwarded``).
-# The reference fleet's is a few KiB (the URLs and the allowlisted headers); prerender-ray's worker adds
-# a diagnostics report when asked: five lists of at most diagnostics.MAX_LIST_BYTES and a screenshot of
-# at most 512 KiB of base64, about 1 MiB with the longest URLs and headers this module takes.
+# The most metadata JSON of one result the ingress parses (more is a 413, refused unparsed: 10 MB of
+# JSON took a second and 255 MiB of the event loop that serves bots). The reference fleet's is a few
+# KiB (the URLs and the allowlisted headers); prerender-ray's worker adds a diagnostics report when
+# asked: five lists of at most diagnostics.MAX_LIST_BYTES and a screenshot of at most 512 KiB of
+# base64, about 1 MiB with the longest URLs and headers this module takes (the worker stays under this).
 MAX_METADATA_BYTES = 2 * 1024 * 1024
 MAX_REASON = 200
 MAX_HEADER_VALUE = 8192
@@ -101,28 +101,13 @@ METADATA_FIELDS = ("id", "url", "statusCode", "headers", "renderTime", "redirect
 FORWARDED_HEADERS = STORED_HEADERS | {"content-encoding"}
 
 
-def forwarded(meta: dict, size: int = 0) -> dict:
-    """The fields of ``meta`` (parsed by ``Result.parse`` already, ``size`` bytes of JSON) the keeper
-    reads. Past ``MAX_METADATA_BYTES`` the free-form ones go as the keeper would keep them (the
-    diagnostics report and the summary bounded, the error its name): a fleet's large report never
-    costs its page, nor rides an actor call whole."""
+def forwarded(meta: dict) -> dict:
+    """The fields of ``meta`` (parsed by ``Result.parse`` already, at most ``MAX_METADATA_BYTES`` of
+    JSON) the keeper reads: a fleet's other fields never ride an actor call."""
     out = {name: meta[name] for name in METADATA_FIELDS if name in meta}
     headers = out.get("headers")
     if isinstance(headers, dict):
         out["headers"] = {k: v for k, v in headers.items() if k.lower() in FORWARDED_HEADERS}
-    if size > MAX_METADATA_BYTES:
-        for field_name, parse in (("diagnostics", diagnostics.parse_report),
-                                  ("renderSummary", diagnostics.parse_summary)):
-            if field_name in out:
-                kept = parse(out[field_name])[0]
-                if kept is None:
-                    del out[field_name]
-                else:
-                    out[field_name] = kept
-        error = out.get("error")
-        if isinstance(error, dict):
-            named = error.get("name")
-            out["error"] = {} if named is None else {"name": str(named)[:MAX_REASON]}
     return out
 
 

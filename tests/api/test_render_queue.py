@@ -12,7 +12,10 @@ import time
 import brotli
 import httpx
 import pytest
+from fastapi import HTTPException
 
+from prerender_ray.api.render_queue import MAX_GZIP_MEMBERS, check_encoding
+from prerender_ray.queue.metadata import MAX_METADATA_BYTES
 from prerender_ray.storage.pages import Page
 from prerender_ray.timeutil import MINUTE_MS, minute, next_slot, now_ms
 from tests.localnode import LocalNode
@@ -37,7 +40,7 @@ DAY = 86_400_000
 def node(tmp_path_factory):
     d = LocalNode.start(tmp_path_factory.mktemp("rq") / "data", {
         "ingress": {"routes": [{"match": "prefix", "path": "/hourly/", "renderInterval": 6 * 3600_000}]},
-        "server": {"maxBodyBytes": 2 * 1024 * 1024},
+        "server": {"maxBodyBytes": 5 * 512 * 1024},  # room for metadata past its own 2 MiB cap
     })
     yield d
     d.stop()
@@ -358,6 +361,44 @@ def test_a_brotli_bomb_is_413_changes_nothing_and_is_never_decoded_whole(node) -
     assert row["nextRenderTime"] == 1 and row["leased"] is True  # the lease is untouched
     for key in keys:
         assert post_result(jobs[key]).status_code == 204
+
+
+def test_metadata_past_its_cap_is_413_and_changes_nothing(node) -> None:
+    keys = due_now(node.url, "https://shop.example/fat-metadata")
+    jobs = take(node.url, keys, timeout=15)
+    r = post_result(jobs[keys[0]], padding="p" * MAX_METADATA_BYTES)
+    assert r.status_code == 413 and r.json()["error"] == f"the metadata is larger than {MAX_METADATA_BYTES} bytes"
+    assert _stored(node, keys[0]) is None
+    row = schedule(node.url, keys[0])
+    assert row["nextRenderTime"] == 1 and row["leased"] is True  # the lease is untouched
+    for key in keys:
+        assert post_result(jobs[key]).status_code == 204
+
+
+def test_a_page_of_many_gzip_members_is_400_checked_in_bounded_time(node) -> None:
+    """2 MB of empty gzip members is 100,000 of them: each cost the check Python steps on the loop
+    that serves bots (10 MB took 0.79 s). A few members pass; more are refused at the first extra."""
+    keys = due_now(node.url, "https://shop.example/members")
+    jobs = take(node.url, keys, timeout=15)
+    empty = gzip.compress(b"")
+    r = _post_coded(jobs[keys[0]], empty * 100_000, "gzip")
+    assert r.status_code == 400 and f"more than {MAX_GZIP_MEMBERS} gzip members" in r.json()["error"], r.text
+    assert _stored(node, keys[0]) is None
+    row = schedule(node.url, keys[0])
+    assert row["nextRenderTime"] == 1 and row["leased"] is True
+    few = b"".join(gzip.compress(b"<p>%d</p>" % i) for i in range(MAX_GZIP_MEMBERS))
+    assert _post_coded(jobs[keys[0]], few, "gzip").status_code == 204
+    for key in keys[1:]:
+        assert post_result(jobs[key]).status_code == 204
+
+
+def test_the_encoding_check_of_ten_mb_of_gzip_members_is_bounded() -> None:
+    empty = gzip.compress(b"")
+    body = empty * (10_000_000 // len(empty))
+    started = time.perf_counter()
+    with pytest.raises(HTTPException, match="400"):
+        check_encoding("gzip", body, 20 * 1024 * 1024)
+    assert time.perf_counter() - started < 0.1  # 0.79 s when every member was read
 
 
 def test_a_corrupt_gzip_or_truncated_brotli_result_is_400_and_changes_nothing(node) -> None:
