@@ -4,6 +4,11 @@ object keys checked against the ones a body may carry.
 The standard parser recurses once per nesting level: 10 KB of ``[`` is a ``RecursionError`` (not a
 ``ValueError``) and a 500 wherever it was not expected. No body or metadata we accept is more than
 a few levels deep, so a cheap scan of the bytes refuses anything deeper than ``MAX_DEPTH`` first.
+
+The parser also turns a ``\\ud800`` escape into a lone surrogate, a string no UTF-8 encoder takes: stored
+(a target's reason, a page's header), it failed every later answer that encoded it. Such JSON is
+refused; a valid pair (an escaped emoji) is one character and passes. Only text holding a surrogate
+escape at all (a byte scan) has its parsed strings checked.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
 _SIGNS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")  # +1 / -1 as signed bytes
 _CHUNK = 64 * 1024
+# A \uD800-\uDFFF escape (or an escaped backslash before such text: the check of the strings decides).
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
 
 
 class JsonError(ValueError):
@@ -61,9 +68,31 @@ def parse_json(data: bytes | str, *, max_depth: int = MAX_DEPTH, what: str = "re
     if json_depth(raw, stop_above=max_depth) > max_depth:
         raise JsonError(f"{what} is nested deeper than {max_depth} levels")
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except (ValueError, RecursionError):
         raise JsonError(f"{what} is not valid JSON") from None
+    if _SURROGATE_ESCAPE.search(raw) and not _unicode_text(value):
+        raise JsonError(f"{what} holds a string that is not Unicode text: a lone surrogate escape "
+                        "(\\ud800-\\udfff not in a valid pair)")
+    return value
+
+
+def _unicode_text(value: Any) -> bool:
+    """Every string in ``value`` (keys too) encodes to UTF-8: it holds no lone surrogate."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return False
+        elif isinstance(item, dict):
+            stack += item.keys()
+            stack += item.values()
+        elif isinstance(item, list):
+            stack += item
+    return True
 
 
 def unknown_keys(obj: dict, accepted: Collection[str]) -> list[str]:

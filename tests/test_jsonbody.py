@@ -75,3 +75,16 @@ def test_unknown_keys_are_listed_sorted() -> None:
     assert unknown_keys({"url": 1, "sitemap": 2, "b": 3}, {"url"}) == ["b", "sitemap"]
     assert unknown_keys({"url": 1}, ("url", "revalidate")) == []
     assert unknown_keys({}, ()) == []
+
+
+@pytest.mark.parametrize("bad", [b'{"reason": "x\\ud800"}', b'{"a": ["\\uDFFF"]}', b'{"\\udc00": 1}',
+                                 b'["\\ude00\\ud83d"]'])  # a pair the wrong way round is two lone ones
+def test_a_lone_surrogate_escape_is_a_json_error(bad: bytes) -> None:
+    json.loads(bad)  # what the parser alone accepts
+    with pytest.raises(JsonError, match="lone surrogate"):
+        parse_json(bad, what="metadata")
+
+
+def test_a_valid_surrogate_pair_and_an_escaped_backslash_before_u_are_text() -> None:
+    assert parse_json(b'{"a": "\\ud83d\\ude00"}') == {"a": "\U0001F600"}
+    assert parse_json(b'{"a": "\\\\ud800"}') == {"a": "\\ud800"}  # a backslash, then text

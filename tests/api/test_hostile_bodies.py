@@ -41,6 +41,7 @@ BODIES = {
     "string": b'"https://x.example/sitemap.xml"',
     "null": b"null",
     "invalid utf-8": b'{"url": "\xff\xfe"}',
+    "lone surrogate": b'{"url": "https://x.example/\\ud800", "limit": 1}',  # no UTF-8 encoder takes it
     "huge number": b'{"limit": 1' + b"0" * 5000 + b"}",
     # a typo for "url": it used to start a refresh of every root
     "unknown key": b'{"sitemap": "https://x.example/sitemap.xml", "url": "' + TARGET.encode() + b'"}',

@@ -401,6 +401,31 @@ def test_the_encoding_check_of_ten_mb_of_gzip_members_is_bounded() -> None:
     assert time.perf_counter() - started < 0.1  # 0.79 s when every member was read
 
 
+def test_a_lone_surrogate_in_the_metadata_is_400_and_changes_nothing(node) -> None:
+    """Stored, a lone surrogate failed every answer that encoded it: the target's reason made
+    GET /render_targets a 500 for good, a header value made every retry a 503 until the lease ran out."""
+    url = "https://shop.example/surrogates"
+    keys = due_now(node.url, url)
+    jobs = take(node.url, keys, timeout=15)
+    job = jobs[keys[0]]
+    spoiled = [dict(outcome="non-indexable", reason="noindex\ud800", html=None, isIndexable=False),
+               dict(headers={"content-type": "text/html", "content-encoding": "gzip", "link": "<x\udfff>"})]
+    for kw in spoiled:  # json.dumps writes a lone surrogate as its escape, as a crafted body would
+        r = post_result(job, **kw)
+        assert r.status_code == 400 and "lone surrogate" in r.json()["error"], r.text
+    target = httpx.get(f"{node.url}/render_targets", params={"url": url})
+    assert target.status_code == 200 and target.json()["state"] != "suppressed"
+    assert _stored(node, keys[0]) is None
+    row = schedule(node.url, keys[0])
+    assert row["nextRenderTime"] == 1 and row["leased"] is True
+    # a valid pair is one character: an escaped emoji is text, kept and answered
+    r = post_result(job, outcome="non-indexable", reason="noindex \U0001F600", html=None, isIndexable=False)
+    assert r.status_code == 204, r.text
+    target = httpx.get(f"{node.url}/render_targets", params={"url": url})
+    assert target.status_code == 200 and target.json()["suppressedReason"] == "noindex \U0001F600"
+    assert post_result(jobs[keys[1]]).status_code == 204
+
+
 def test_a_corrupt_gzip_or_truncated_brotli_result_is_400_and_changes_nothing(node) -> None:
     keys = due_now(node.url, "https://shop.example/corrupt")
     jobs = take(node.url, keys, timeout=15)
