@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from urllib.parse import urljoin, urlsplit
 
-from prerender_ray.serving.origin_policy import DEFAULT_PORTS, compiled
+from prerender_ray.serving.origin_policy import compiled, origin_of
 from prerender_ray.storage.pages import Page
 
 REDIRECT_STATUSES = frozenset({301, 302, 307, 308})
@@ -62,13 +62,10 @@ def location_of(page_url: str, redirected_to: str | None, domains: Sequence[str]
         return None
     if domains:
         return url if compiled(tuple(domains)).url_allowed(url) else None
-    parts, base = urlsplit(url), urlsplit(page_url)
-    try:
-        same = (parts.hostname == base.hostname
-                and (parts.port or DEFAULT_PORTS.get(parts.scheme)) == (base.port or DEFAULT_PORTS.get(base.scheme)))
-    except ValueError:
-        return None
-    return url if same else None
+    # Host and port as a browser reads them, as the domains check does: urlsplit reads
+    # https://evil.example\@shop.example/ as shop.example, a browser as evil.example.
+    there, here = origin_of(url), origin_of(page_url)
+    return url if there is not None and here is not None and there[1:] == here[1:] else None
 
 
 def gone_page(key: str, status: int, *, content: bytes | None, headers: Mapping[str, str], now: int,

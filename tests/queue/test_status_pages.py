@@ -133,3 +133,14 @@ def test_a_location_is_checked_by_the_origin_policy_with_its_port() -> None:
     assert location_of(SRC, "https://shop.test:8443/x", ["shop.test"]) is None
     assert location_of(SRC, "https://shop.test:8443/x", ["shop.test:8443"]) == "https://shop.test:8443/x"
     assert location_of("http://127.0.0.1:8080/a", "/b", []) == "http://127.0.0.1:8080/b"
+
+
+@pytest.mark.parametrize("domains", [[], ["shop.test"]])
+def test_a_location_is_read_as_a_browser_reads_it_with_or_without_domains(domains: list[str]) -> None:
+    """urlsplit reads the host after the last '@'; a browser takes '\\' for '/' in an http(s) URL, so
+    the host is evil.test and the rest is its path: never stored, domains or none."""
+    for ref in ("https://evil.test\\@shop.test/x", "https://evil.test\\x@shop.test:443/", "//evil.test\\@shop.test/"):
+        assert location_of(SRC, ref, domains) is None, ref
+        p = plan(redirected(301, ref), target(), p=planner({"domains": domains} if domains else {}))
+        assert p.status_pages == [], ref
+    assert location_of(SRC, "https://shop.test:443/a\\b", domains) == "https://shop.test:443/a\\b"
