@@ -15,6 +15,7 @@ from prerender_ray.api.context import NodeContext
 from prerender_ray.config.base import duration_ms
 from prerender_ray.identity.urls import UrlError
 from prerender_ray.rpc import call
+from prerender_ray.serving.origin_policy import compiled
 from prerender_ray.storage.registry import Target
 
 router = APIRouter()
@@ -38,6 +39,15 @@ def _canonical(ctx: NodeContext, url: object, *, prerender_only: bool = True) ->
     return canonical
 
 
+def _in_domains(ctx: NodeContext, url: str) -> str:
+    """``url``, or a 400 naming the entry to add when a non-empty ``domains`` does not allow its host
+    and port (as for a sitemap root): the fleet renders what it is handed, a cloud metadata address
+    included. For what would be rendered (put, revalidate); read and delete take any URL."""
+    if refused := compiled(tuple(ctx.cfg.domains)).url_refusal(url):  # an empty list allows any host
+        raise bad_request(f"{url} cannot be a render target: {refused}", reason="host-not-allowed", url=url)
+    return url
+
+
 @router.put("/render_targets")
 async def put_target(request: Request, who: Principal = Depends(require("admin"))) -> JSONResponse:
     """Put semantics: (re)activate the URL, one row per device, first render jittered unless
@@ -54,6 +64,7 @@ async def put_target(request: Request, who: Principal = Depends(require("admin")
     if sitemap is not None and not isinstance(sitemap, str):
         raise bad_request("sitemapUrl must be a string or null")
     item["sitemapUrl"] = sitemap or None
+    _in_domains(ctx, url)
     keeper = await ctx.keeper_of(url)
     await keeper.within(DEADLINE_S).put_targets([item])
     return JSONResponse({"url": url, "owner": ctx.owner_of(url), "cacheKeys": ctx.rules.keys_of(url)})
@@ -103,7 +114,7 @@ async def target_action(request: Request, who: Principal = Depends(require("admi
         raise bad_request(f"urls must be a list of 1 to {MAX_URLS} URLs")
     by_owner: dict[str, list[str]] = defaultdict(list)
     for u in urls:
-        canonical = _canonical(ctx, u, prerender_only=False)
+        canonical = _in_domains(ctx, _canonical(ctx, u, prerender_only=False))
         by_owner[ctx.owner_of(canonical)].append(canonical)
     total = {"revalidating": 0, "examined": 0}
     for owner, group in by_owner.items():

@@ -56,3 +56,29 @@ def test_bad_input_is_a_400_that_schedules_nothing(node, body, message) -> None:
     r = revalidate(node, **body)
     assert r.status_code == 400 and message in r.text, r.text
     assert schedule(node.url, f"{SITE}/untouched|desktop")["nextRenderTime"] == LATER
+
+
+@pytest.fixture(scope="module")
+def walled(tmp_path_factory):
+    d = LocalNode.start(tmp_path_factory.mktemp("walled") / "data", {"domains": ["shop.test"]})
+    yield d
+    d.stop()
+
+
+@pytest.mark.parametrize("url, entry", [
+    ("http://169.254.169.254/latest/meta-data/", "169.254.169.254"),  # a cloud metadata service
+    ("https://shop.test:8443/a", "shop.test:8443"),  # the port too, as the ingress checks it
+    ("https://evil.test\\@shop.test/a", "evil.test"),  # the host a browser reads
+])
+def test_a_target_outside_the_domains_is_a_400_naming_the_entry_and_changes_nothing(walled, url, entry) -> None:
+    r = httpx.put(f"{walled.url}/render_targets", json={"url": url, "nextRenderTime": 1}, timeout=30)
+    assert r.status_code == 400 and r.json()["reason"] == "host-not-allowed", r.text
+    assert f"add '{entry}'" in r.json()["error"]
+    canonical = r.json()["url"]
+    r = revalidate(walled, urls=[f"{SITE}/fine", url])
+    assert r.status_code == 400 and f"add '{entry}'" in r.json()["error"], r.text
+    assert httpx.get(f"{walled.url}/render_targets", params={"url": canonical}).status_code == 404
+    assert schedule(walled.url, f"{canonical}|desktop") is None
+    assert schedule(walled.url, f"{SITE}/fine|desktop") is None  # the whole request was refused
+    assert put_target(walled.url, f"{SITE}/fine")["url"] == f"{SITE}/fine"  # a host in domains is taken
+    assert httpx.delete(f"{walled.url}/render_targets", params={"url": f"{SITE}/fine"}).status_code == 200
