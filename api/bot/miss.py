@@ -23,7 +23,7 @@ from prerender_ray.config.model import Config
 from prerender_ray.identity.urls import UrlError
 from prerender_ray.queue.discovery import BUSY, RateBudget, site_of
 from prerender_ray.serving.answer import Reply, error_reply, origin_reply, verdict
-from prerender_ray.serving.classify import BotRequest
+from prerender_ray.serving.classify import PROXIED_METHODS, BotRequest
 from prerender_ray.serving.markdown import markdown_negotiated, wants_markdown
 from prerender_ray.serving.negotiation import add_vary
 from prerender_ray.serving.origin_policy import origin_of
@@ -284,13 +284,17 @@ class Miss:
 
     async def bypass(self, req: BotRequest, headers: dict[str, str], scope: dict, receive: Any,
                      debug: bool) -> tuple[Reply, Outcome]:
-        """Methods other than GET/HEAD: proxied as they came, body included (``bypass``:
-        docs/serving.md#cache-statuses); never cached, collapsed or discovered, and the origin handles
-        their validators."""
+        """Methods other than GET/HEAD: those of ``PROXIED_METHODS`` proxied as they came, body included
+        (``bypass``: docs/serving.md#cache-statuses); never cached, collapsed or discovered, and the
+        origin handles their validators. Any other method (TRACE, which an origin may reflect with the
+        token in it; CONNECT; one we do not know) is a 405, as is every one with ``proxyOtherMethods`` off."""
         out = Outcome("bypass")
-        if not self.cfg.origin.proxy_other_methods:  # nothing sent: the token never rides a bot's write
-            reply = error_reply(405, f"{req.method} is not served to bots here; GET and HEAD are")
-            reply.headers["allow"] = "GET, HEAD"
+        proxied = self.cfg.origin.proxy_other_methods
+        if not (proxied and req.proxiable):  # nothing sent: the token never rides a bot's write
+            allowed = ("GET", "HEAD", *PROXIED_METHODS) if proxied else ("GET", "HEAD")
+            reply = error_reply(405, f"{req.method} is not served to bots here; "
+                                     f"{', '.join(allowed[:-1])} and {allowed[-1]} are")
+            reply.headers["allow"] = ", ".join(allowed)
             return reply, out
         cap = self.cfg.server.max_body_bytes
         declared = headers.get("content-length")

@@ -87,9 +87,10 @@ class Origin(Model):
     max_body_bytes: int = Field(20 * 1024 * 1024, ge=1024, description="Largest origin body relayed.")
     proxy_other_methods: bool = Field(
         True,
-        description="Proxy a bot's requests of other methods than GET and HEAD to the origin, with their body "
-                    "and the security token (the reference). false: answer them 405 (Allow: GET, HEAD) and send "
-                    "nothing, for an origin that lets the token skip its bot or firewall checks.",
+        description="Proxy a bot's POST, PUT, PATCH, DELETE and OPTIONS requests to the origin, with their body "
+                    "and the security token (the reference proxies every method; other ones, TRACE included, are a "
+                    "405 here). false: answer them 405 (Allow: GET, HEAD) and send nothing, for an origin that "
+                    "lets the token skip its bot or firewall checks.",
     )
 
 

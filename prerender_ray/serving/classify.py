@@ -56,6 +56,10 @@ RESERVED_PATHS = (
 # userinfo, schemes, IPv6 brackets, underscores and IDN; the port range is checked by the parser.
 _FORWARDED_HOST = re.compile(r"[A-Za-z0-9.\-]+(?::[0-9]+)?", re.ASCII)
 _SCHEMES = ("http", "https")
+# The methods other than GET and HEAD that may be proxied to the origin (``bypass``, with the security
+# token). An allowlist: TRACE (and TRACK, CONNECT, anything unknown) is never sent, as an origin that
+# reflects TRACE would echo the request head, token included, back to the bot.
+PROXIED_METHODS = ("POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +77,11 @@ class BotRequest:
     def cacheable(self) -> bool:
         """Only GET and HEAD read the cache; other methods are proxied to the origin (bypass)."""
         return self.method in ("GET", "HEAD")
+
+    @property
+    def proxiable(self) -> bool:
+        """One of ``PROXIED_METHODS``: a bypass the origin may get (methods are case-sensitive)."""
+        return self.method in PROXIED_METHODS
 
     @property
     def host(self) -> str:

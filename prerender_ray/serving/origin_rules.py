@@ -32,8 +32,9 @@ HOP_BY_HOP = frozenset(
     }
 )
 # Never forwarded: hop-by-hop, what we set ourselves, the bot's credentials, the framing of a
-# body the outgoing client re-frames (content-length), and Range: a miss relays the whole page (a
-# 206 is refused), which the bot's Range must not turn into a byte of it.
+# body the outgoing client re-frames (content-length), Range: a miss relays the whole page (a
+# 206 is refused), which the bot's Range must not turn into a byte of it; and Max-Forwards, with
+# which a proxy before the origin answers an OPTIONS (or a TRACE: never sent) itself.
 _ALWAYS_IGNORED = HOP_BY_HOP | {
     "host",
     "user-agent",
@@ -42,6 +43,7 @@ _ALWAYS_IGNORED = HOP_BY_HOP | {
     "authorization",
     "content-length",
     "range",
+    "max-forwards",
 }
 # Forwarded, but not told apart when misses share a fetch: they name the client or the request (a CDN
 # sets them anew for each), never which page it gets; the cache answers every client alike as well.

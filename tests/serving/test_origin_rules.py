@@ -135,6 +135,12 @@ def test_a_range_is_never_forwarded(strip: bool) -> None:
     assert _names(out) == ["user-agent", "x-harper-renderer-bypass", "accept-encoding"]
 
 
+def test_max_forwards_is_never_forwarded() -> None:
+    """With it a proxy before the origin answers the request itself (a TRACE it reflects, token in it)."""
+    out = _out({"max-forwards": "0", "Max-Forwards": "1"})
+    assert _names(out) == ["user-agent", "x-harper-renderer-bypass", "accept-encoding"]
+
+
 def test_validators_are_forwarded_unless_stripping_is_asked() -> None:
     request = {
         "if-none-match": '"v1"',

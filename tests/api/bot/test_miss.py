@@ -569,3 +569,52 @@ async def test_other_methods_can_be_refused_and_then_nothing_reaches_the_origin(
         assert connected == []
     finally:
         origin.close()
+
+
+async def test_only_the_listed_methods_reach_the_origin_and_trace_never_does(tmp_path) -> None:
+    """With ``proxyOtherMethods`` on, only POST, PUT, PATCH, DELETE and OPTIONS are proxied: an origin
+    (or a balancer before it) that reflects TRACE would echo the request head, security token
+    included, back to the bot. TRACE, TRACK and methods we do not proxy are a 405 naming what is
+    served (or the parser's 400 for one it does not know), and the origin gets no connection; a
+    proxied OPTIONS carries no Max-Forwards."""
+    import asyncio
+
+    from tests.api.live_server import serving
+
+    heads: list[bytes] = []
+
+    async def record(reader, writer) -> None:  # type: ignore[no-untyped-def]
+        try:
+            heads.append(await reader.readuntil(b"\r\n\r\n"))
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nseen")
+            await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            heads.append(b"")
+        writer.close()
+
+    origin = await asyncio.start_server(record, "127.0.0.1", 0)
+    at = f"127.0.0.1:{origin.sockets[0].getsockname()[1]}"
+    cfg = Config.model_validate({"domains": [at], "server": {"data_dir": str(tmp_path)}})
+    ctx = NodeContext(cfg=cfg, node=NodeInfo(name="n1", host="127.0.0.1", port=1, ray_node_id="x"),
+                      data_dir=str(tmp_path))
+    refused = {}
+    try:
+        async with serving(create_asgi(ctx), cfg) as port, httpx.AsyncClient() as c:
+            for method in ("TRACE", "TRACK", "PROPFIND", "PURGE", "CONNECT"):
+                refused[method] = await c.request(method, f"http://127.0.0.1:{port}/p/http://{at}/echo",
+                                                  headers={"max-forwards": "0"})
+            assert heads == []
+            r = await c.options(f"http://127.0.0.1:{port}/p/http://{at}/echo", headers={"max-forwards": "0"})
+            assert (r.status_code, r.content) == (200, b"seen")
+    finally:
+        await close_replica(ctx)
+        origin.close()
+    for method in ("TRACE", "PROPFIND", "PURGE", "CONNECT"):
+        r = refused[method]
+        assert r.status_code == 405 and r.headers["allow"] == "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
+        assert r.json()["error"] == f"{method} is not served to bots here; GET, HEAD, POST, PUT, PATCH, " \
+                                    "DELETE and OPTIONS are"
+    assert refused["TRACK"].status_code == 400  # a method the parser does not know
+    [head] = heads  # the OPTIONS alone reached the origin
+    assert head.startswith(b"OPTIONS /echo ") and b"max-forwards" not in head.lower()
+    assert cfg.origin.security_token.header.lower().encode() in head.lower()
