@@ -309,6 +309,12 @@ class Miss:
             body = _streamed(receive, cap)
             if declared is not None:  # the origin gets the framing the bot chose, not chunks
                 forward.append(("content-length", declared))
+        if not self.origin.take_bypass():  # nothing sent: the pool's other connections are the misses'
+            self.counters.count(metrics.serve_errors, "bypass-busy")
+            reply = error_reply(503, "too many requests of other methods than GET and HEAD in flight",
+                                reason="bypass-busy")
+            reply.headers["retry-after"] = "1"
+            return reply, out
         try:
             answer = await self.origin.fetch(req.method, req.url, forward, reason="bypass", body=body,
                                              pin=pin)
@@ -316,6 +322,8 @@ class Miss:
             return error_reply(e.status, str(e)), out
         except OriginError as e:
             return self._origin_failed(req, e, debug, out), out
+        finally:
+            self.origin.give_bypass()
         out.via_staging = answer.via_staging
         return origin_reply(answer.status, answer.headers, answer.body, request_headers=headers,
                             conditional=False, debug=self.hit.debug(req, out) if debug else None,

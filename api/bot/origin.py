@@ -19,7 +19,9 @@ and proxies any host it is asked for:
 - no cookie is kept: one origin's ``Set-Cookie`` is never replayed to a later fetch;
 - staging pinning connects to the configured IP while Host and TLS SNI stay the real host;
 - concurrent misses of one key share one fetch (``collapsed``: the caller keys it, ``Miss.from_origin``
-  by the headers it sends too).
+  by the headers it sends too);
+- bypass requests (other methods, whose bodies a bot may drip) hold at most ``MAX_BYPASS`` of the
+  ``MAX_CONNECTIONS`` pooled connections (``take_bypass``), so they never take those misses need.
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ from prerender_ray.serving.answer import encode_header
 from prerender_ray.serving.origin_policy import NoCookies, OriginPolicy
 
 MAX_CONNECTIONS = 256
+# Bypass requests (a bot's POST ...) in flight at once: each holds a pooled connection while its body
+# arrives, for up to the whole-fetch deadline, so a crowd dripping bodies would take every connection
+# and every bot's GET miss would wait out the pool timeout (504). Past it, a 503 at once.
+MAX_BYPASS = MAX_CONNECTIONS // 4
 MAX_KEEPALIVE = 64
 KEEPALIVE_EXPIRY_S = 30.0
 
@@ -84,6 +90,8 @@ class OriginClient:
         self.client = self._client(None)
         self._pinned: dict[str, httpx.AsyncClient] = {}  # staging IP -> client (config allows one)
         self._inflight: dict[Hashable, asyncio.Future] = {}
+        self.max_bypass = MAX_BYPASS
+        self.bypassing = 0  # bypass requests between take_bypass and give_bypass
 
     def _client(self, ip: str | None) -> httpx.AsyncClient:
         connects = transport(self.limits, pin=ip or "", public_only=self.policy.public_only)
@@ -164,6 +172,17 @@ class OriginClient:
                 raise OriginError(502, "too-large", f"the origin body is over the {self.cap}-byte cap")
             chunks.append(chunk)
         return b"".join(chunks)
+
+    def take_bypass(self) -> bool:
+        """A slot for one bypass request, or False when ``max_bypass`` are in flight (the rest of the
+        pool stays free for misses); ``give_bypass`` returns it."""
+        if self.bypassing >= self.max_bypass:
+            return False
+        self.bypassing += 1
+        return True
+
+    def give_bypass(self) -> None:
+        self.bypassing -= 1
 
     # ----------------------------------------------------------------------------------- collapse
 

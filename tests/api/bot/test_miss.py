@@ -618,3 +618,65 @@ async def test_only_the_listed_methods_reach_the_origin_and_trace_never_does(tmp
     [head] = heads  # the OPTIONS alone reached the origin
     assert head.startswith(b"OPTIONS /echo ") and b"max-forwards" not in head.lower()
     assert cfg.origin.security_token.header.lower().encode() in head.lower()
+
+
+async def test_bypass_requests_dripping_bodies_cannot_take_the_connections_misses_need(tmp_path) -> None:
+    """Each bypass request holds a pooled origin connection while its body drips in; past the bound
+    (``max_bypass``, lowered here to 2) a further one is a 503 with Retry-After at once and reaches no
+    origin, and a bot's GET miss still gets the origin's page."""
+    import asyncio
+
+    from tests.api.live_server import WAIT_S, connect, request, response, serving
+
+    heads: list[bytes] = []
+    posted = asyncio.Queue()  # type: ignore[var-annotated]
+
+    async def origin_handle(reader, writer) -> None:  # type: ignore[no-untyped-def]
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            heads.append(head)
+            if head.startswith(b"POST "):
+                posted.put_nowait(head)
+                await reader.read()  # the body never completes: until the bot hangs up
+            else:
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: %d\r\n\r\n%s"
+                             % (len(HTML), HTML))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+    origin = await asyncio.start_server(origin_handle, "127.0.0.1", 0)
+    at = f"127.0.0.1:{origin.sockets[0].getsockname()[1]}"
+    cfg = Config.model_validate({"domains": [at], "server": {"data_dir": str(tmp_path)}})
+    ctx = NodeContext(cfg=cfg, node=NodeInfo(name="n1", host="127.0.0.1", port=1, ray_node_id="x"),
+                      data_dir=str(tmp_path))
+    asgi = create_asgi(ctx)
+    client = open_replica(ctx).services.origin
+    client.max_bypass = 2
+    dripping = []
+    try:
+        async with serving(asgi, cfg) as port:
+            for _ in range(2):
+                r, w = await connect(port)
+                w.write(f"POST /p/http://{at}/form HTTP/1.1\r\nhost: t\r\ncontent-length: 100000\r\n\r\n".encode()
+                        + b"a=1")
+                dripping.append((r, w))
+                await asyncio.wait_for(posted.get(), WAIT_S)
+            async with httpx.AsyncClient(timeout=2) as c:  # at once: well within the origin's deadlines
+                busy = await c.post(f"http://127.0.0.1:{port}/p/http://{at}/form", content=b"a=1")
+            assert busy.status_code == 503 and busy.headers["retry-after"] == "1"
+            assert busy.json()["reason"] == "bypass-busy"
+            r, w = await connect(port)
+            w.write(request(f"/p/http://{at}/page", extra="user-agent: Googlebot/2.1\r\n"))
+            assert await response(r) == (200, HTML)
+            w.close()
+            assert [h.split(b" ", 1)[0] for h in heads] == [b"POST", b"POST", b"GET"]
+            for _, w in dripping:  # the bots hang up: their slots come back
+                w.close()
+            async with asyncio.timeout(WAIT_S):
+                while client.bypassing:
+                    await asyncio.sleep(0.01)
+    finally:
+        await close_replica(ctx)
+        origin.close()
