@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from prerender_ray import logs, metrics
+from prerender_ray.api.auth import proxies_of
 from prerender_ray.api.bot.counters import Counters
 from prerender_ray.api.bot.hit import Hit, Outcome
 from prerender_ray.api.bot.holders import HolderReader
@@ -228,12 +229,19 @@ class Miss:
 
     # ----------------------------------------------------------------------------------- origin
 
-    def _forward(self, req: BotRequest, headers: dict[str, str], *,
-                 strip_validators: bool) -> list[tuple[str, str]]:
+    def _forward(self, req: BotRequest, headers: dict[str, str], *, strip_validators: bool,
+                 client: str | None = None) -> list[tuple[str, str]]:
         """Repeated request fields arrive joined by ", ", which RFC 9110 section 5.3 makes equivalent."""
         return origin_request_headers(headers.items(), device_type=req.device, origin=self.cfg.origin,
                                       debug_key=self.debug_key, render_now=self.cfg.render_now,
-                                      strip_validators=strip_validators)
+                                      strip_validators=strip_validators, client=client)
+
+    def _client(self, scope: dict, headers: dict[str, str]) -> str | None:
+        """The bot's address as we know it (``api/auth.py``'s ``client_address``): the TCP peer, or
+        behind a trusted proxy the client it forwards for; None when the peer is unknown."""
+        peer = scope.get("client")
+        client = proxies_of(self.ctx).client(peer[0] if peer else None, headers.get("x-forwarded-for"))
+        return None if client == "unknown" else client
 
     async def from_origin(self, req: BotRequest, headers: dict[str, str], debug: bool, out: Outcome, *,
                           reason: str, discover: bool = True) -> Reply:
@@ -246,7 +254,10 @@ class Miss:
         # The origin may shape its answer by any header it gets (Accept: Cloudflare's Markdown for
         # Agents answers Markdown to it; X-Forwarded-Host; Accept-Language): a fetch is shared only by
         # misses it cannot tell apart, so no bot is handed an answer another bot's headers shaped; but
-        # for who the client is (X-Forwarded-For ...), or a CDN would leave nothing to share.
+        # for a request id (cf-ray ...), or a CDN would leave nothing to share. It carries no client
+        # address (X-Forwarded-For ...): it is made for every bot that waits on it, so no one bot's
+        # address is true of it, and keyed by address (which a CDN's every request has its own of)
+        # misses would share nothing.
         asks_markdown = wants_markdown(headers.get("accept"))
         try:
             answer, leader = await client.collapsed(
@@ -303,7 +314,7 @@ class Miss:
         if declared is not None and int(declared) > cap:  # refused before a byte is read or sent
             return error_reply(413, f"request body is larger than {cap} bytes"), out
         pin = staging_ip(self.cfg.origin.staging, headers)
-        forward = self._forward(req, headers, strip_validators=False)
+        forward = self._forward(req, headers, strip_validators=False, client=self._client(scope, headers))
         body: bytes | AsyncIterator[bytes] = b""
         if (declared is not None and declared != "0") or "transfer-encoding" in headers:
             body = _streamed(receive, cap)

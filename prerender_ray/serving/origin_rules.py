@@ -45,10 +45,15 @@ _ALWAYS_IGNORED = HOP_BY_HOP | {
     "range",
     "max-forwards",
 }
-# Forwarded, but not told apart when misses share a fetch: they name the client or the request (a CDN
-# sets them anew for each), never which page it gets; the cache answers every client alike as well.
-PER_CLIENT = frozenset({"x-forwarded-for", "x-real-ip", "cf-connecting-ip", "true-client-ip", "cf-ray",
-                        "x-request-id", "x-amzn-trace-id", "x-cloud-trace-context", "traceparent", "tracestate"})
+# The client's address as a client may claim it: never forwarded, or the origin's rate limits and
+# allowlists would take a bot's word for who it is. A bypass sends the address we know instead
+# (``client``); a shared miss sends none (``origin_request_headers``).
+CLIENT_ADDRESS = frozenset({"x-forwarded-for", "x-real-ip", "true-client-ip", "cf-connecting-ip", "forwarded",
+                            "x-client-ip", "x-cluster-client-ip", "fastly-client-ip"})
+# Forwarded, but not told apart when misses share a fetch: they name the request (a CDN sets them anew
+# for each), never which page it gets; the cache answers every client alike as well.
+PER_CLIENT = frozenset({"cf-ray", "x-request-id", "x-amzn-trace-id", "x-cloud-trace-context", "traceparent",
+                        "tracestate"})
 
 
 def shared_fetch_key(forward: list[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
@@ -85,7 +90,7 @@ _NOINDEX = frozenset({"noindex", "none"})
 
 @lru_cache(maxsize=32)
 def _ignored(names: tuple[str, ...]) -> frozenset[str]:
-    return _ALWAYS_IGNORED | {n.strip().lower() for n in names if n.strip()}
+    return _ALWAYS_IGNORED | CLIENT_ADDRESS | {n.strip().lower() for n in names if n.strip()}
 
 
 def ignored_request_headers(origin: Origin, debug_key: str, render_now: RenderNow) -> frozenset[str]:
@@ -111,13 +116,16 @@ def origin_request_headers(
     debug_key: str,
     render_now: RenderNow,
     strip_validators: bool = False,
+    client: str | None = None,
 ) -> list[tuple[str, str]]:
     """The headers of the origin fetch for a bot request carrying ``request_headers`` (pairs).
 
     Our own first: the device's user agent, the security token under its configured casing (sent
-    even when empty), ``accept-encoding: gzip``; then every downstream header not ignored. Headers
-    named by ``Connection`` are hop-by-hop too (RFC 9110 section 7.6.1); malformed names and values that
-    could split a header are dropped."""
+    even when empty), ``accept-encoding: gzip``, ``x-forwarded-for: client`` when given (the address
+    we know: the TCP peer, or the client a trusted proxy forwards for); then every downstream header
+    not ignored (a client's claims of its own address, ``CLIENT_ADDRESS``, are). Headers named by
+    ``Connection`` are hop-by-hop too (RFC 9110 section 7.6.1); malformed names and values that could
+    split a header are dropped."""
     pairs = [(name.lower(), value) for name, value in request_headers]
     ignored = ignored_request_headers(origin, debug_key, render_now)
     named_by_connection = {
@@ -128,6 +136,8 @@ def origin_request_headers(
         (origin.security_token.header, origin.security_token.value),
         ("accept-encoding", "gzip"),
     ]
+    if client and not _UNSAFE_VALUE.search(client):
+        out.append(("x-forwarded-for", client))
     for name, value in pairs:
         if name in ignored or name in named_by_connection or (strip_validators and name in VALIDATORS):
             continue

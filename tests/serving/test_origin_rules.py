@@ -33,6 +33,7 @@ def _out(
     render_now: RenderNow = DEFAULT_RENDER_NOW,
     device: str = "desktop",
     strip_validators: bool = False,
+    client: str | None = None,
 ) -> list[tuple[str, str]]:
     return origin_request_headers(
         request.items(),
@@ -41,6 +42,7 @@ def _out(
         debug_key=debug,
         render_now=render_now,
         strip_validators=strip_validators,
+        client=client,
     )
 
 
@@ -70,11 +72,21 @@ def test_the_token_header_is_sent_even_when_empty() -> None:
 
 
 def test_arbitrary_headers_are_forwarded() -> None:
-    out = _out(
-        {"x-custom": "1", "referer": "https://r/", "x-forwarded-for": "1.2.3.4", "accept-language": "fr"}
-    )
-    assert ("x-custom", "1") in out and ("referer", "https://r/") in out
-    assert ("x-forwarded-for", "1.2.3.4") in out and ("accept-language", "fr") in out
+    out = _out({"x-custom": "1", "referer": "https://r/", "accept-language": "fr"})
+    assert ("x-custom", "1") in out and ("referer", "https://r/") in out and ("accept-language", "fr") in out
+
+
+SPOOFED = {"X-Forwarded-For": "1.2.3.4", "x-real-ip": "1.2.3.5", "true-client-ip": "1.2.3.6",
+           "cf-connecting-ip": "1.2.3.7", "forwarded": "for=1.2.3.8", "x-client-ip": "1.2.3.9"}
+
+
+def test_a_clients_claims_of_its_address_are_never_forwarded() -> None:
+    """The origin's rate limits and allowlists must not take a bot's word for who it is: its claims
+    are dropped, and the address we know is sent when given (none on a shared miss)."""
+    assert _names(_out(SPOOFED)) == ["user-agent", "x-harper-renderer-bypass", "accept-encoding"]
+    out = _out(SPOOFED, client="198.51.100.7")
+    claims = {name.lower() for name in SPOOFED}
+    assert [pair for pair in out if pair[0] in claims] == [("x-forwarded-for", "198.51.100.7")]
 
 
 def test_credentials_host_and_debug_are_not_forwarded() -> None:

@@ -483,12 +483,12 @@ async def test_identical_concurrent_misses_still_share_one_origin_fetch(tmp_path
 
 async def test_misses_that_differ_only_in_who_the_client_is_share_one_origin_fetch(tmp_path) -> None:
     """Behind a CDN every request names its client (X-Forwarded-For, a trace id): still one fetch,
-    which carries the first client's headers."""
+    which carries the first client's request id and no client address (it is made for both)."""
     origin = GatedOrigin()
     answers = await _misses_at_once(tmp_path, origin, "x-forwarded-for: 192.0.2.1\r\ncf-ray: a1\r\n",
                                     "x-forwarded-for: 192.0.2.2\r\ncf-ray: b2\r\n")
     assert answers == [(200, HTML)] * 2
-    assert [(h.get("x-forwarded-for"), h.get("cf-ray")) for h in origin.heads] == [("192.0.2.1", "a1")]
+    assert [(h.get("x-forwarded-for"), h.get("cf-ray")) for h in origin.heads] == [(None, "a1")]
 
 
 async def test_an_origin_206_to_a_whole_page_request_is_a_502_not_a_page(tmp_path) -> None:
@@ -680,3 +680,63 @@ async def test_bypass_requests_dripping_bodies_cannot_take_the_connections_misse
     finally:
         await close_replica(ctx)
         origin.close()
+
+
+SPOOFED_ADDRESS = ("x-forwarded-for: 203.0.113.9\r\nx-real-ip: 203.0.113.10\r\ntrue-client-ip: 203.0.113.11\r\n"
+                   "cf-connecting-ip: 203.0.113.12\r\nforwarded: for=203.0.113.13\r\n")
+
+
+@pytest.mark.parametrize(("trusted", "chain", "seen"), [
+    ([], "", "127.0.0.1"),  # the TCP peer, whatever the bot claims
+    (["127.0.0.1"], "x-forwarded-for: 198.51.100.7\r\n", "198.51.100.7"),  # the client a trusted proxy names
+])
+async def test_the_origin_sees_the_client_we_know_never_the_one_a_bot_claims(tmp_path, trusted, chain, seen) -> None:
+    """A bot's own X-Forwarded-For, X-Real-IP, True-Client-IP, CF-Connecting-IP and Forwarded never
+    reach the origin, whose rate limits and allowlists would believe them: a bypass carries the address
+    we know (the peer, or behind a trusted proxy the client it forwards for), a miss (a fetch shared by
+    whichever bots miss the page together) none."""
+    import asyncio
+
+    from tests.api.live_server import connect, request, response, serving
+
+    heads: list[bytes] = []
+
+    async def record(reader, writer) -> None:  # type: ignore[no-untyped-def]
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next((int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
+                           if line.startswith(b"content-length:")), 0)
+            await reader.readexactly(length)
+            heads.append(head.lower())
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: 4\r\n\r\nseen")
+            await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+    origin = await asyncio.start_server(record, "127.0.0.1", 0)
+    at = f"127.0.0.1:{origin.sockets[0].getsockname()[1]}"
+    cfg = Config.model_validate({"domains": [at], "server": {"data_dir": str(tmp_path), "trustedProxies": trusted}})
+    ctx = NodeContext(cfg=cfg, node=NodeInfo(name="n1", host="127.0.0.1", port=1, ray_node_id="x"),
+                      data_dir=str(tmp_path))
+    # a trusted proxy appends the address it saw to what the client sent: the claims come first
+    claims = SPOOFED_ADDRESS.replace("x-forwarded-for: 203.0.113.9", "x-forwarded-for: 203.0.113.9, 198.51.100.7") \
+        if chain else SPOOFED_ADDRESS
+    try:
+        async with serving(create_asgi(ctx), cfg) as port:
+            r, w = await connect(port)
+            w.write(f"POST /p/http://{at}/form HTTP/1.1\r\nhost: t\r\n{claims}content-length: 3\r\n\r\na=1".encode())
+            assert await response(r) == (200, b"seen")
+            w.write(request(f"/p/http://{at}/page", extra=f"user-agent: Googlebot/2.1\r\n{claims}"))
+            assert await response(r) == (200, b"seen")
+            w.close()
+    finally:
+        await close_replica(ctx)
+        origin.close()
+    posted, fetched = heads
+    assert posted.startswith(b"post ") and fetched.startswith(b"get ")
+    assert f"\r\nx-forwarded-for: {seen}\r\n".encode() in posted
+    assert b"x-forwarded-for" not in fetched
+    for head in heads:
+        assert b"203.0.113." not in head, head
+        assert not any(name in head for name in (b"x-real-ip", b"true-client-ip", b"cf-connecting-ip", b"forwarded:"))
