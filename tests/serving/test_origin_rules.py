@@ -58,8 +58,19 @@ def test_our_own_headers_come_first() -> None:
     assert out == [
         ("user-agent", UserAgents().desktop),
         ("X-Harper-Renderer-Bypass", "origin-secret"),
-        ("accept-encoding", "gzip"),
+        ("accept-encoding", "identity"),
     ]
+
+
+@pytest.mark.parametrize(("accept", "asked"), [
+    (None, "identity"), ("gzip", "gzip"), ("br, gzip;q=0.5", "gzip"), ("*", "gzip"), ("x-gzip", "gzip"),
+    ("br", "identity"), ("gzip;q=0", "identity"), ("identity", "identity"), ("*;q=0", "identity"),
+])
+def test_the_origin_is_asked_for_gzip_only_when_the_bot_accepts_it(accept: str | None, asked: str) -> None:
+    """So the origin's answer is passed through, never decoded for the bot (a few KB of gzip were
+    up to 20 MB of decoding and reply)."""
+    out = _out({} if accept is None else {"Accept-Encoding": accept})
+    assert [pair for pair in out if pair[0] == "accept-encoding"] == [("accept-encoding", asked)]
 
 
 def test_the_user_agent_is_per_device_with_a_desktop_fallback() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import time
 
+import brotli
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
@@ -740,3 +741,55 @@ async def test_the_origin_sees_the_client_we_know_never_the_one_a_bot_claims(tmp
     for head in heads:
         assert b"203.0.113." not in head, head
         assert not any(name in head for name in (b"x-real-ip", b"true-client-ip", b"cf-connecting-ip", b"forwarded:"))
+
+
+async def test_the_origin_is_asked_for_what_the_bot_accepts_so_nothing_is_decoded_for_it(tmp_path) -> None:
+    """A bot that does not accept gzip gets the origin's page as the origin coded it for identity: a
+    few KB of gzip asked for every bot were decoded to up to ``server.maxHtmlBytes`` on the event loop,
+    for a HEAD too. Misses in flight together that accept differently fetch apart, each its own."""
+    import asyncio
+
+    from tests.api.live_server import connect, request, response, serving
+
+    page = b"<html><body>" + b"a" * 2_000_000 + b"</body></html>"
+    zipped = gzip.compress(page, mtime=0)
+    asked: list[str] = []
+
+    async def coding(reader, writer) -> None:  # type: ignore[no-untyped-def]
+        try:
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").lower()
+            accept = head.partition("\r\naccept-encoding: ")[2].partition("\r\n")[0]
+            asked.append(accept)
+            body, coded = (zipped, b"content-encoding: gzip\r\n") if "gzip" in accept else (page, b"")
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\n%scontent-length: %d\r\n\r\n%s"
+                         % (coded, len(body), body))
+            await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+    origin = await asyncio.start_server(coding, "127.0.0.1", 0)
+    at = f"127.0.0.1:{origin.sockets[0].getsockname()[1]}"
+    cfg = Config.model_validate({"domains": [at], "server": {"data_dir": str(tmp_path)}})
+    ctx = NodeContext(cfg=cfg, node=NodeInfo(name="n1", host="127.0.0.1", port=1, ray_node_id="x"),
+                      data_dir=str(tmp_path))
+    try:
+        async with serving(create_asgi(ctx), cfg) as port:
+            r, w = await connect(port)
+            w.write(request(f"/p/http://{at}/plain", extra="user-agent: Googlebot/2.1\r\n"))
+            assert await response(r) == (200, page)
+            w.write(request(f"/p/http://{at}/plain", extra="user-agent: Googlebot/2.1\r\naccept-encoding: gzip\r\n"))
+            assert await response(r) == (200, zipped)
+            w.close()
+    finally:
+        await close_replica(ctx)
+        origin.close()
+    assert asked == ["identity", "gzip"]
+
+    (tmp_path / "b").mkdir()
+    gated = GatedOrigin()
+    answers = await _misses_at_once(tmp_path / "b", gated, "accept-encoding: gzip\r\n", "", "accept-encoding: br\r\n")
+    [(s1, zipped_html), (s2, plain), (s3, for_br)] = answers  # the origin answers identity: ours re-code it
+    assert (s1, s2, s3) == (200, 200, 200) and gzip.decompress(zipped_html) == HTML and plain == HTML
+    assert brotli.decompress(for_br) == HTML
+    assert [head["accept-encoding"] for head in gated.heads] == ["gzip", "identity"]
