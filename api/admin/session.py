@@ -16,8 +16,8 @@ Failed sign-ins (login, and wrong HTTP Basic credentials on any route, ``GET ses
 limited per replica to ``auth.maxFailedLoginsPerMinute`` per (client address, account), and to five
 times that per address across accounts; past that the client gets 429 with Retry-After. The address
 is the TCP peer unless it is one of ``server.trustedProxies`` (``prerender_ray.serving.proxies``), so a
-rotated X-Forwarded-For buys nothing, and one account's wrong password does not lock out the others
-behind the same address.
+rotated X-Forwarded-For buys nothing, and an IPv6 client counts as its /64, so a rotated source address
+buys nothing either; one account's wrong password does not lock out the others behind the same address.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import ipaddress
 import json
 from collections import OrderedDict, deque
 from collections.abc import Hashable
@@ -151,12 +152,14 @@ class Cursors:
 class LoginLimiter:
     """At most ``limit`` failed logins per client in any ``window_ms``; past that the client is refused
     until its oldest failure in the window ages out. Memory is bounded: at most ``max_clients`` clients
-    are tracked (the least recently failing ones are forgotten first)."""
+    are tracked. Past that the least recently failing client without a live lockout is forgotten first,
+    so failures from many other clients do not erase a lockout (a locked-out client goes only when
+    every tracked one is locked out, which takes ``max_clients`` x ``limit`` failures in one window)."""
 
     def __init__(self, limit: int, window_ms: int = 60_000, max_clients: int = 10_000):
         self.limit = max(1, int(limit))
         self.window_ms = window_ms
-        self.max_clients = max_clients
+        self.max_clients = max(1, max_clients)
         self._fails: OrderedDict[Hashable, deque[int]] = OrderedDict()
 
     def _recent(self, client: Hashable, now: int) -> deque[int] | None:
@@ -169,6 +172,9 @@ class LoginLimiter:
             del self._fails[client]
             return None
         return fails
+
+    def _locked(self, fails: deque[int], now: int) -> bool:
+        return len(fails) >= self.limit and fails[0] > now - self.window_ms
 
     def retry_after_ms(self, client: Hashable, now: int) -> int | None:
         """None while the client may try; else how long until it may try again."""
@@ -183,8 +189,21 @@ class LoginLimiter:
             fails = self._fails[client] = deque(maxlen=self.limit)
         fails.append(now)
         self._fails.move_to_end(client)
-        while len(self._fails) > self.max_clients:
-            self._fails.popitem(last=False)
+        self._evict(now, client)
+
+    def _evict(self, now: int, keep: Hashable) -> None:
+        # Each client is looked at once at most: a locked-out one (and ``keep``, the one failing now,
+        # which must be counted) goes to the back, the first other one is forgotten.
+        for _ in range(len(self._fails)):
+            if len(self._fails) <= self.max_clients:
+                return
+            oldest, fails = next(iter(self._fails.items()))
+            if oldest == keep or self._locked(fails, now):
+                self._fails.move_to_end(oldest)
+            else:
+                del self._fails[oldest]
+        while len(self._fails) > self.max_clients:  # every other one is locked out: the first goes
+            del self._fails[next(k for k in self._fails if k != keep)]
 
     def forgive(self, client: Hashable, at: int) -> None:
         """Takes back the failure counted at ``at`` (a sign-in counted before its check, which passed)."""
@@ -198,12 +217,31 @@ class LoginLimiter:
         return len(self._fails)
 
 
+IPV6_PREFIX = 64  # an IPv6 host is handed (at least) a /64 and may use any address in it
+
+
+def client_key(address: str) -> str:
+    """The limiter's key for a client address: an IPv4 address as it is (an IPv4-mapped IPv6 one as
+    IPv4), an IPv6 address as its /64, so rotating source addresses within one buys no fresh
+    attempts; anything else (``unknown``) as given."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv4Address):
+        return str(ip)
+    if ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return str(ipaddress.IPv6Network((ip, IPV6_PREFIX), strict=False))
+
+
 ADDRESS_FACTOR = 5  # the per-address cap across accounts, in multiples of the per-account limit
 ACCOUNT_CHARS = 64  # of an account name kept as a key (a name is whatever a client sends)
 
 
 class SignInLimiter:
     """Failed sign-ins counted per (address, account), plus a looser cap per address across accounts.
+    An address is an IPv4 address or an IPv6 /64 (``client_key``).
 
     One account's wrong password (a fleet worker with a stale secret) locks that account from that
     address only; the admins behind the same address (one proxy, one NAT) go on signing in. Guessing
@@ -220,6 +258,7 @@ class SignInLimiter:
 
     def retry_after_ms(self, address: str, account: str | None, now: int) -> tuple[int, str] | None:
         """None while (address, account) may try; else (ms to wait, "account" | "address")."""
+        address = client_key(address)
         wait = self.pairs.retry_after_ms(self._pair(address, account), now)
         if wait is not None:
             return wait, "account"
@@ -227,9 +266,11 @@ class SignInLimiter:
         return None if wait is None else (wait, "address")
 
     def failed(self, address: str, account: str | None, now: int) -> None:
+        address = client_key(address)
         self.pairs.failed(self._pair(address, account), now)
         self.addresses.failed(address, now)
 
     def forgive(self, address: str, account: str | None, at: int) -> None:
+        address = client_key(address)
         self.pairs.forgive(self._pair(address, account), at)
         self.addresses.forgive(address, at)

@@ -21,6 +21,7 @@ from prerender_ray.admin.sessions import (
     Signer,
     SignInLimiter,
     TokenError,
+    client_key,
     derive_key,
 )
 from prerender_ray.api.admin.common import HeavySlots
@@ -134,6 +135,52 @@ def test_a_failure_counted_before_its_check_is_taken_back_when_the_check_passes(
     for at in (T0, T0 + 2, T0 + 4):
         lim.forgive("10.0.0.1", "ops", at)
     assert len(lim.pairs) == len(lim.addresses) == 0  # nothing is kept for a client without failures
+
+
+def test_an_ipv6_client_is_keyed_by_its_64_and_an_ipv4_one_by_its_address() -> None:
+    assert client_key("203.0.113.9") == "203.0.113.9"
+    assert client_key("::ffff:203.0.113.9") == "203.0.113.9"  # IPv4-mapped: the IPv4 client it is
+    assert client_key("2001:db8:1:2:aaaa::1") == client_key("2001:db8:1:2:ffff:ffff:ffff:ffff") == "2001:db8:1:2::/64"
+    assert client_key("2001:db8:1:3::1") == "2001:db8:1:3::/64"
+    assert client_key("unknown") == "unknown"
+
+
+def test_rotating_ipv6_addresses_within_one_64_buys_no_fresh_attempts() -> None:
+    """Before: the full address was the key, and a host may use any address of its /64 (2^64 of
+    them): 1,000 guesses at one account in one second."""
+    lim = SignInLimiter(3, window_ms=60_000)
+    for i in range(3):
+        assert lim.retry_after_ms(f"2001:db8:1:2::{i + 1:x}", "ops", T0 + i) is None
+        lim.failed(f"2001:db8:1:2::{i + 1:x}", "ops", T0 + i)
+    assert lim.retry_after_ms("2001:db8:1:2:dead:beef::9", "ops", T0 + 10) == (60_000 - 10, "account")
+    for i in range(3 * ADDRESS_FACTOR):  # across account names too
+        lim.failed(f"2001:db8:1:2::{i + 100:x}", f"guess{i}", T0 + 20)
+    assert lim.retry_after_ms("2001:db8:1:2::abcd", "watcher", T0 + 30) == (60_000 - 10, "address")
+    assert lim.retry_after_ms("2001:db8:1:3::1", "ops", T0 + 30) is None  # another /64 is not affected
+    lim.forgive("2001:db8:1:2::1", "ops", T0)  # a right password from another address of the /64
+    assert lim.pairs.retry_after_ms(("2001:db8:1:2::/64", "ops"), T0 + 30) is None
+    ipv4 = SignInLimiter(1, window_ms=60_000)
+    ipv4.failed("::ffff:203.0.113.9", "ops", T0)
+    assert ipv4.retry_after_ms("203.0.113.9", "ops", T0) == (60_000, "account")
+    assert ipv4.retry_after_ms("203.0.113.10", "ops", T0) is None  # IPv4 keys on the whole address
+
+
+def test_failures_from_many_other_clients_do_not_erase_a_lockout() -> None:
+    """Before: past ``max_clients`` the least recently failing client was forgotten, lockout or not,
+    so failures from 10,000 other addresses gave a locked-out one its guesses back."""
+    lim = LoginLimiter(3, window_ms=60_000, max_clients=4)
+    for i in range(3):
+        lim.failed("10.0.0.1", T0 + i)
+    for i in range(100):  # one failure each: none is locked out
+        lim.failed(f"10.1.0.{i}", T0 + 10 + i)
+    assert len(lim) == 4
+    assert lim.retry_after_ms("10.0.0.1", T0 + 200) == 60_000 - 200
+    assert lim.retry_after_ms("10.1.0.99", T0 + 200) is None and "10.1.0.99" in lim._fails  # counted
+    for client in ("10.2.0.1", "10.2.0.2", "10.2.0.3", "10.2.0.4"):  # only locked-out clients left
+        for i in range(3):
+            lim.failed(client, T0 + 300 + i)
+    assert len(lim) == 4  # the bound still holds: one of the older lockouts went
+    assert lim.retry_after_ms("10.2.0.4", T0 + 400) is not None  # and the newest client is counted
 
 
 # ----------------------------------------------------------------------------------------- explain
@@ -464,6 +511,28 @@ async def test_loopback_behind_a_proxy_we_were_not_told_of_is_not_trusted() -> N
         assert await who(c) and await who(c, **{"x-forwarded-for": "127.0.0.5"})
         assert not await who(c, **{"x-forwarded-for": "203.0.113.9"})
         assert not await who(c, **{"x-forwarded-for": "127.0.0.5, 203.0.113.9"})
+
+
+async def test_behind_a_trusted_proxy_an_ipv6_64_shares_one_sign_in_budget() -> None:
+    """Over the app: wrong Basic passwords from many addresses of one /64 (as the proxy forwards them)
+    reach the cap, 429; a client of another /64 is not affected."""
+    from prerender_ray.admin.users import hash_password
+
+    users = [{"name": "ops", "roles": ["admin"], "passwordHash": hash_password("ops-pass", iterations=1000)}]
+    config = {"server": {"trustedProxies": ["127.0.0.0/8"]},
+              "auth": {"users": users, "maxFailedLoginsPerMinute": 3}}
+
+    async def session(c: httpx.AsyncClient, client: str, password: str) -> httpx.Response:
+        return await c.get("/prerender_admin/session", auth=("ops", password),
+                           headers={"x-forwarded-for": client})
+
+    async with app_for(config) as c:
+        codes = [(await session(c, f"2001:db8:7:7::{i + 1:x}", f"guess{i}")).status_code for i in range(4)]
+        assert codes == [200, 200, 200, 429], codes
+        r = await session(c, "2001:db8:7:7:1234:5678:9abc:def0", "ops-pass")
+        assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1  # even the right password
+        r = await session(c, "2001:db8:7:8::1", "ops-pass")
+        assert r.status_code == 200 and r.json()["authenticated"] is True, r.text
 
 
 def test_the_explainer_shows_the_status_a_bot_is_served_and_where_a_redirect_sends_it() -> None:
