@@ -8,7 +8,7 @@ import hmac
 import os
 import secrets
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from prerender_ray.config.service import Auth
 
@@ -34,13 +34,17 @@ def verify_password(password: str, encoded: str) -> bool:
         return False
 
 
-def decoy_hash(like: str) -> str:
-    """A hash that costs what ``like`` costs to check and that no password matches (its digest is
-    random): checked for a name that is not a user, so the time of the answer does not tell them apart."""
-    try:
-        iterations = max(1, min(int(like.split("$")[1]), 1_000_000))
-    except (IndexError, ValueError):
-        iterations = ITERATIONS
+def decoy_hash(likes: Iterable[str]) -> str:
+    """A hash that costs what the dearest of ``likes`` (the users' hashes) costs to check and that no
+    password matches (its digest is random): checked for a name that is not a user, so the time of
+    the answer does not tell them apart, whichever user it is compared with."""
+    counts = []
+    for like in likes:
+        try:
+            counts.append(int(like.split("$")[1]))
+        except (IndexError, ValueError):
+            continue
+    iterations = max(1, min(max(counts, default=ITERATIONS), 1_000_000))
     b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731
     return f"{PREFIX}${iterations}${b64(bytes(16))}${b64(secrets.token_bytes(32))}"
 
@@ -68,14 +72,15 @@ LOOPBACK = Principal("loopback", frozenset({"admin", "viewer", "fleet"}), "loopb
 
 def resolve_password_hashes(auth: Auth, env: Mapping[str, str] | None = None) -> list[dict]:
     """Users with their password as a hash only: a ``passwordEnv`` is read (where the CLI runs) and
-    hashed, so plain passwords never travel to the actors or sit in a file or a log."""
+    hashed at the cost ``hash-password`` gives (``ITERATIONS``; a cheaper one would tell the user apart
+    by the time of its answer), so plain passwords never travel to the actors or sit in a file or a log."""
     env = os.environ if env is None else env
     out = []
     for u in auth.users:
         if u.password_hash:
             h = u.password_hash
         elif env.get(u.password_env):
-            h = hash_password(env[u.password_env], iterations=50_000)
+            h = hash_password(env[u.password_env])
         else:
             continue  # cannot sign in; config loading already warned
         out.append({"name": u.name, "password_hash": h, "roles": list(u.roles)})

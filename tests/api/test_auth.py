@@ -10,7 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from prerender_ray.admin.users import hash_password
+from prerender_ray.admin.users import ITERATIONS, hash_password, resolve_password_hashes
+from prerender_ray.api.auth import Authenticator
+from prerender_ray.config.service import Auth, User
 from tests.localnode import LocalNode
 
 USERS = {"ops": ("admin", "ops-pass"), "watcher": ("viewer", "watch-pass"), "renderer": ("fleet", "fleet-pass")}
@@ -99,10 +101,31 @@ def from_address(ip: str) -> httpx.Client:
     return httpx.Client(transport=httpx.HTTPTransport(local_address=ip), timeout=30)
 
 
+def iterations(encoded: str) -> int:
+    return int(encoded.split("$")[1])
+
+
+def test_a_password_from_the_environment_is_hashed_as_hash_password_does() -> None:
+    """Before: 50,000 rounds against hash-password's 200,000, so such a user answered faster."""
+    auth = Auth.model_validate({"users": [{"name": "w", "roles": ["viewer"], "passwordEnv": "W_PW"}]})
+    (user,) = resolve_password_hashes(auth, {"W_PW": "watch-pass"})
+    assert iterations(user["password_hash"]) == ITERATIONS == iterations(hash_password("x"))
+
+
+def test_the_decoy_costs_what_the_dearest_user_does() -> None:
+    """Before: the decoy took the first user's rounds, so a dearer user after it answered slower than a
+    name that is no user (measured: ~20 ms against ~82 ms)."""
+    users = [User(name=n, roles=["admin"], password_hash=hash_password("p", iterations=k))
+             for n, k in (("cheap", 1000), ("dear", 3000), ("middle", 2000))]
+    decoy = Authenticator(users)._decoy
+    assert decoy is not None and iterations(decoy) == 3000
+    assert Authenticator(users[:1]).check_password("nobody", "p") is None
+
+
 @pytest.mark.parametrize("method, path, code", BASIC_ROUTES)
 def test_an_unknown_name_costs_the_pbkdf2_a_known_one_does(node, monkeypatch, method, path, code) -> None:
-    """No timing oracle for user names: a wrong password for "nobody" runs PBKDF2 as one for "ops" does
-    (ops is the first user: the decoy takes its rounds)."""
+    """No timing oracle for user names: a wrong password for "nobody" runs PBKDF2 as one for the
+    dearest user does (watcher, from the environment, at ITERATIONS; ops is hashed cheaper here)."""
     rounds: list[int] = []
     real = hashlib.pbkdf2_hmac
 
@@ -113,11 +136,11 @@ def test_an_unknown_name_costs_the_pbkdf2_a_known_one_does(node, monkeypatch, me
     monkeypatch.setattr(hashlib, "pbkdf2_hmac", counted)
     spent = {}
     with from_address("127.0.0.5") as client:
-        for name in ("ops", "nobody"):
+        for name in ("ops", "watcher", "nobody"):
             rounds.clear()
             assert client.request(method, node.url + path, json={}, auth=(name, "wrong")).status_code == code
             spent[name] = list(rounds)
-    assert spent == {"ops": [1000], "nobody": [1000]}
+    assert spent == {"ops": [1000], "watcher": [ITERATIONS], "nobody": [ITERATIONS]}
 
 
 HOLD_S = 5.0  # how long a held check waits for the test before it gives up
