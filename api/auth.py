@@ -99,6 +99,7 @@ class Authenticator:
             return await self.sign_in(request, *basic)
         sessions = getattr(request.app.state, "sessions", None)
         if sessions is not None:
+            await sessions.first_read(request)
             found = sessions.principal(request)
             if found is not None:
                 return found
@@ -218,7 +219,10 @@ def require(*roles: str) -> Callable[[Request], Any]:
             # The console signs in with its own form: no challenge, or the browser would prompt.
             challenge = None if request.headers.get("x-prerender-console") else {
                 "WWW-Authenticate": 'Basic realm="prerender-ray"'}
-            raise HTTPException(401, detail={"error": "Authentication required", "authenticated": False},
+            sessions = getattr(request.app.state, "sessions", None)
+            why = sessions.inspect(request)[2] if sessions is not None else None  # a token, refused
+            raise HTTPException(401, detail={"error": f"Authentication required: {why}" if why else
+                                             "Authentication required", "authenticated": False},
                                 headers=challenge)
         if not any(who.has(r) for r in roles):
             raise HTTPException(403, detail={"error": f"This account lacks the {' or '.join(roles)} role",

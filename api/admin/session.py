@@ -9,7 +9,11 @@ owner a schedule read is proxied to.
 Logout revokes the token cluster-wide: the session id goes into a replicated registry row
 ``x:<sid>`` (kept until the token would have expired). Each replica keeps the revoked ids in memory,
 adds its own at once and re-reads the rows every ``REVOCATION_REFRESH_S``, so ``principal`` stays a
-synchronous check. A replica issues at most ``SESSIONS_PER_ACCOUNT_PER_HOUR`` sessions per account, so
+synchronous check. A replica that cannot vouch for that list refuses session and bearer tokens (HTTP
+Basic does not depend on it): before its first read (a token presented then waits for it, at most
+``FIRST_READ_WAIT_S``; the first read starts with the replica) and when its last successful read is
+older than ``REVOCATIONS_MAX_AGE_S``, else a signed-out token would be honoured for as long as the
+reads kept failing. A replica issues at most ``SESSIONS_PER_ACCOUNT_PER_HOUR`` sessions per account, so
 a signed-in viewer looping login and logout cannot grow that list without bound.
 
 Failed sign-ins (login, and wrong HTTP Basic credentials on any route, ``GET session`` included) are
@@ -50,6 +54,10 @@ from prerender_ray.storage.registry import RecordError, decode_json, encode_json
 from prerender_ray.timeutil import now_ms
 
 REVOCATION_REFRESH_S = 2.0
+# Tokens are refused while the last successful read of the revocations is older than this: a few
+# refresh intervals, and more than one read that runs to its deadline (DEADLINE_S).
+REVOCATIONS_MAX_AGE_S = 15.0
+FIRST_READ_WAIT_S = 5.0  # a token presented before the replica's first read waits this long for it
 FAILED_LOGIN_DELAY_S = 0.3
 # Each logout writes a revocation row every replica keeps re-reading until the token would have
 # expired: sessions issued per account bound those rows (a script reuses its token, or uses Basic).
@@ -77,7 +85,8 @@ class Sessions:
         self.issued = LoginLimiter(SESSIONS_PER_ACCOUNT_PER_HOUR, window_ms=3_600_000)
         self.revoked: dict[str, int] = {}  # sid -> when the token would have expired
         self._refresher: asyncio.Task | None = None
-        self.refreshed_at: float | None = None
+        self.refreshed_at: float | None = None  # time.monotonic() when the last successful read began
+        self._first_read = asyncio.Event()
         if self.enabled:
             self._ensure_refresher()  # before the first request, where the replica has a running loop
 
@@ -95,8 +104,10 @@ class Sessions:
         cookie = request.cookies.get(SESSION_COOKIE)
         return (cookie, "session") if cookie else (None, "")
 
-    def inspect(self, request: Request) -> tuple[Principal | None, SessionClaims | None, str | None]:
-        """(who, claims, why not): why not is None when no token was presented at all."""
+    def inspect(self, request: Request, *, revocations: bool = True,
+                ) -> tuple[Principal | None, SessionClaims | None, str | None]:
+        """(who, claims, why not): why not is None when no token was presented at all. Without
+        ``revocations`` (logout) a token is taken whether or not the revoked list can be vouched for."""
         token, via = self.token_of(request)
         if token is None:
             return None, None, None
@@ -105,18 +116,46 @@ class Sessions:
             claims = self.tokens.verify(token, now_ms())
         except TokenError as e:
             return None, None, f"session token refused: {e}"
+        unknown = self.revocations_unknown() if revocations else None
+        if unknown is not None:
+            return None, None, unknown
         if claims.sid in self.revoked:
             return None, None, "session was signed out"
         user = authenticator(self.ctx).users.get(claims.user)
         if user is None:
             return None, None, "session user no longer exists"
+        if not self.tokens.same_password(claims, user.password_hash):
+            return None, None, "session ended: the user's password changed since it was signed in"
         if via == "session" and request.method not in ("GET", "HEAD") and not same_origin(request):
             return None, None, "cross-origin request with a session cookie refused"
         return Principal(user.name, frozenset(user.roles), via), claims, None
 
     def principal(self, request: Request) -> Principal | None:
-        """Used by ``api.auth.Authenticator`` for every route."""
+        """Used by ``api.auth.Authenticator`` for every route (after ``first_read``)."""
         return self.inspect(request)[0]
+
+    def revocations_unknown(self) -> str | None:
+        """Why this replica cannot tell a signed-out token now (None when it can)."""
+        if self.refreshed_at is None:
+            return ("sign-in state is being loaded on this replica (signed-out sessions not read yet); "
+                    "retry in a moment, or use Basic credentials")
+        age = time.monotonic() - self.refreshed_at
+        if age > REVOCATIONS_MAX_AGE_S:
+            return (f"sign-in state cannot be checked: this replica last read the signed-out sessions "
+                    f"{age:.0f} s ago (at most {REVOCATIONS_MAX_AGE_S:.0f} s); retry later, or use Basic "
+                    "credentials")
+        return None
+
+    async def first_read(self, request: Request) -> None:
+        """A token presented before this replica first read the revoked sessions waits for that read
+        (at most ``FIRST_READ_WAIT_S``), so a replica just started does not turn its admins away."""
+        if self.refreshed_at is not None or self.token_of(request)[0] is None:
+            return
+        self._ensure_refresher()
+        try:
+            await asyncio.wait_for(self._first_read.wait(), FIRST_READ_WAIT_S)
+        except asyncio.TimeoutError:
+            pass  # refused by ``inspect``, saying why
 
     # --------------------------------------------------------------------------- failed sign-ins
 
@@ -139,7 +178,9 @@ class Sessions:
             raise too_many(f"Too many sessions issued for this account in an hour (at most "
                            f"{SESSIONS_PER_ACCOUNT_PER_HOUR}); reuse a token, or retry later", wait)
         self.issued.failed(who.name, now)
-        return self.tokens.issue(who.name, now, secrets.token_urlsafe(16))
+        user = authenticator(self.ctx).users.get(who.name)
+        password_hash = user.password_hash if user is not None else ""
+        return self.tokens.issue(who.name, now, secrets.token_urlsafe(16), password_hash)
 
     def attempt(self, request: Request, user: str | None) -> Callable[[], None]:
         """Counts a sign-in as failed before its password is checked, so sign-ins sent together cannot
@@ -171,8 +212,10 @@ class Sessions:
             await asyncio.sleep(REVOCATION_REFRESH_S)
 
     async def refresh_revocations(self) -> None:
+        started = time.monotonic()
         store = self.ctx.store.within(DEADLINE_S)
-        if store.handle is None:  # a replica without actors (tests)
+        if store.handle is None:  # a replica without actors (tests): it revoked every session it knows of
+            self._read(started)
             return
         now = now_ms()
         found: dict[str, int] = {}
@@ -194,9 +237,13 @@ class Sessions:
             start = page[-1][0] + b"\x00"
         # keep ids revoked here whose row has not come back yet
         self.revoked = {**{s: e for s, e in self.revoked.items() if e > now}, **found}
-        self.refreshed_at = time.time()
+        self._read(started)
         if expired and self.ctx.replica == 0:  # one replica per node tidies up (tombstones replicate)
             await store.apply([(k, None) for k in expired[:1000]])
+
+    def _read(self, started: float) -> None:
+        self.refreshed_at = started  # what was read is as old as the scan's start
+        self._first_read.set()
 
     def close(self) -> None:
         if self._refresher is not None:
@@ -283,7 +330,8 @@ async def logout(request: Request) -> JSONResponse:
     """Revokes the presented session (cookie or bearer) on every node and clears the cookie. Always
     200: signing out twice, or with an expired cookie, is not an error."""
     sessions = sessions_of(request)
-    who, claims, _ = sessions.inspect(request)
+    # Signing out needs no fresh revocation list: revoking a token twice changes nothing.
+    who, claims, _ = sessions.inspect(request, revocations=False)
     revoked = False
     if who is not None and claims is not None:
         try:

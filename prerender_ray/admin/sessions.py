@@ -1,12 +1,14 @@
-"""Admin sessions, signed list cursors and the failed-login limiters. Pure: the standard library's
-``hmac`` and ``hashlib`` only; times are passed in (epoch milliseconds).
+"""Admin sessions, signed list cursors and the failed-login limiters. Pure: the standard library only
+(``hmac``, ``hashlib``, ``ipaddress``); times are passed in (epoch milliseconds).
 
 A session token is ``<payload>.<signature>``, both base64url without padding: the payload is compact
-JSON ``{"sid", "sub", "iat", "exp"}`` and the signature is HMAC-SHA256 over the payload text with a key
-derived from the deployment's session secret (one secret per deployment, carried to every replica of
-every node in the actor config: ``auth.sessionSecret`` / ``auth.sessionSecretEnv``, else a random key
-made by ``prerender-ray up``). The same token is the session cookie and a bearer token for scripts;
-roles are never in the token, they are looked up in the config on every request.
+JSON ``{"sid", "sub", "iat", "exp", "pwf"}`` and the signature is HMAC-SHA256 over the payload text with
+a key derived from the deployment's session secret (one secret per deployment, carried to every replica
+of every node in the actor config: ``auth.sessionSecret`` / ``auth.sessionSecretEnv``, else a random
+key made by ``prerender-ray up``). The same token is the session cookie and a bearer token for scripts;
+roles are never in the token, they are looked up in the config on every request. ``pwf`` binds the
+token to the user's password hash as it was at sign-in: a short HMAC of it under another key derived
+from the same secret (never the hash itself), so a new password ends the sessions made with the old one.
 
 Cursors for paged admin lists are signed with a key derived from the same secret for another purpose,
 so a cursor issued by one replica or node is accepted by every other one, and a cursor that was never
@@ -97,31 +99,44 @@ class SessionClaims:
     user: str
     issued_at: int
     expires_at: int
+    password: str = ""  # the fingerprint of the user's password hash at sign-in (``pwf``)
 
     def as_dict(self) -> dict:
-        return {"sid": self.sid, "sub": self.user, "iat": self.issued_at, "exp": self.expires_at}
+        return {"sid": self.sid, "sub": self.user, "iat": self.issued_at, "exp": self.expires_at,
+                "pwf": self.password}
 
 
 class SessionTokens:
     def __init__(self, secret: str | bytes, ttl_ms: int):
         self._signer = Signer(derive_key(secret, "admin-session/v1"))
+        self._fingerprints = derive_key(secret, "admin-session-password/v1")
         self.ttl_ms = int(ttl_ms)
 
-    def issue(self, user: str, now: int, sid: str) -> tuple[str, SessionClaims]:
-        claims = SessionClaims(sid, user, now, now + self.ttl_ms)
+    def fingerprint(self, password_hash: str) -> str:
+        """A short keyed hash of a user's password hash: equal while the password is unchanged, and
+        telling nothing of the hash to whoever reads a token (its payload is only signed)."""
+        return _b64(hmac.new(self._fingerprints, password_hash.encode(), hashlib.sha256).digest()[:12])
+
+    def issue(self, user: str, now: int, sid: str, password_hash: str = "") -> tuple[str, SessionClaims]:
+        claims = SessionClaims(sid, user, now, now + self.ttl_ms, self.fingerprint(password_hash))
         return self._signer.seal(claims.as_dict()), claims
+
+    def same_password(self, claims: SessionClaims, password_hash: str) -> bool:
+        """The token was issued while the user had this password hash."""
+        return hmac.compare_digest(claims.password, self.fingerprint(password_hash))
 
     def verify(self, token: object, now: int) -> SessionClaims:
         doc = self._signer.open(token)
         sid, user, iat, exp = doc.get("sid"), doc.get("sub"), doc.get("iat"), doc.get("exp")
+        pwf = doc.get("pwf", "")  # absent from a token issued before there was one: it matches no user
         if not (isinstance(sid, str) and sid and isinstance(user, str) and user
-                and type(iat) is int and type(exp) is int):
+                and type(iat) is int and type(exp) is int and isinstance(pwf, str)):
             raise TokenError("incomplete claims")
         if exp <= now:
             raise TokenError("session expired")
         if iat > now + 60_000:  # issued in the future by more than clock skew allows
             raise TokenError("session issued in the future")
-        return SessionClaims(sid, user, iat, exp)
+        return SessionClaims(sid, user, iat, exp, pwf)
 
 
 # ------------------------------------------------------------------------------------------- cursors

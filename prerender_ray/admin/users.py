@@ -10,6 +10,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+from prerender_ray.admin.sessions import derive_key
 from prerender_ray.config.service import Auth
 
 ITERATIONS = 200_000
@@ -73,14 +74,18 @@ LOOPBACK = Principal("loopback", frozenset({"admin", "viewer", "fleet"}), "loopb
 def resolve_password_hashes(auth: Auth, env: Mapping[str, str] | None = None) -> list[dict]:
     """Users with their password as a hash only: a ``passwordEnv`` is read (where the CLI runs) and
     hashed at the cost ``hash-password`` gives (``ITERATIONS``; a cheaper one would tell the user apart
-    by the time of its answer), so plain passwords never travel to the actors or sit in a file or a log."""
+    by the time of its answer), so plain passwords never travel to the actors or sit in a file or a log.
+    With a configured session secret the salt is derived from it and the user's name: a new ``up`` with
+    the same password makes the same hash, and a session (bound to its user's hash) outlives it."""
     env = os.environ if env is None else env
     out = []
     for u in auth.users:
         if u.password_hash:
             h = u.password_hash
         elif env.get(u.password_env):
-            h = hash_password(env[u.password_env])
+            secret = auth.session_secret
+            salt = derive_key(secret, f"password-salt/{u.name}")[:16] if secret else None
+            h = hash_password(env[u.password_env], salt=salt)
         else:
             continue  # cannot sign in; config loading already warned
         out.append({"name": u.name, "password_hash": h, "roles": list(u.roles)})

@@ -112,6 +112,21 @@ def test_a_password_from_the_environment_is_hashed_as_hash_password_does() -> No
     assert iterations(user["password_hash"]) == ITERATIONS == iterations(hash_password("x"))
 
 
+def test_with_a_session_secret_a_password_from_the_environment_hashes_the_same_at_each_up() -> None:
+    """Sessions are bound to their user's password hash: a passwordEnv hashed with a fresh random salt
+    at each ``up`` would sign that user out at every deployment, password changed or not."""
+    def hashed(password: str, secret: str = "") -> str:
+        auth = Auth.model_validate({"users": [{"name": "w", "roles": ["viewer"], "passwordEnv": "W_PW"}],
+                                    "sessionSecret": secret})
+        return resolve_password_hashes(auth, {"W_PW": password})[0]["password_hash"]
+
+    same = hashed("watch-pass", "a-configured-secret-of-length")
+    assert same == hashed("watch-pass", "a-configured-secret-of-length")
+    assert same != hashed("new-pass", "a-configured-secret-of-length")
+    assert same != hashed("watch-pass", "another-configured-secret")
+    assert hashed("watch-pass") != hashed("watch-pass")  # no secret: a random salt (and a random key)
+
+
 def test_the_decoy_costs_what_the_dearest_user_does() -> None:
     """Before: the decoy took the first user's rounds, so a dearer user after it answered slower than a
     name that is no user (measured: ~20 ms against ~82 ms)."""

@@ -4,6 +4,7 @@ that hangs, answers garbage, errors or is gone). No Ray."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 from collections.abc import AsyncIterator
@@ -77,6 +78,20 @@ def test_a_token_of_another_deployment_or_purpose_is_refused() -> None:
     signed_but_incomplete = Signer(derive_key(SECRET, "admin-session/v1")).seal({"sub": "ops"})
     with pytest.raises(TokenError, match="incomplete"):
         SessionTokens(SECRET, 60_000).verify(signed_but_incomplete, T0)
+
+
+def test_a_token_is_bound_to_a_fingerprint_of_its_users_password_hash() -> None:
+    tokens = SessionTokens(SECRET, 60_000)
+    token, claims = tokens.issue("ops", T0, "sid-1", "pbkdf2_sha256$1000$c2FsdA==$b2xk")
+    assert tokens.verify(token, T0) == claims
+    assert tokens.same_password(claims, "pbkdf2_sha256$1000$c2FsdA==$b2xk")
+    assert not tokens.same_password(claims, "pbkdf2_sha256$1000$c2FsdA==$bmV3")  # a new password
+    assert not SessionTokens("another-secret-entirely", 60_000).same_password(claims, "pbkdf2_sha256$1000$c2FsdA==$b2xk")
+    payload = base64.urlsafe_b64decode(token.split(".")[0] + "==").decode()
+    assert "b2xk" not in payload and "pbkdf2" not in payload  # the token shows no part of the hash
+    older = Signer(derive_key(SECRET, "admin-session/v1")).seal(
+        {"sid": "s", "sub": "ops", "iat": T0, "exp": T0 + 60_000})  # issued before tokens had one
+    assert not tokens.same_password(tokens.verify(older, T0), "pbkdf2_sha256$1000$c2FsdA==$b2xk")
 
 
 def test_cursors_are_bound_to_their_listing() -> None:
@@ -533,6 +548,31 @@ async def test_behind_a_trusted_proxy_an_ipv6_64_shares_one_sign_in_budget() -> 
         assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1  # even the right password
         r = await session(c, "2001:db8:7:8::1", "ops-pass")
         assert r.status_code == 200 and r.json()["authenticated"] is True, r.text
+
+
+async def test_a_new_password_ends_the_sessions_made_with_the_old_one() -> None:
+    """Before: a token named only its user, so after a password change (a new ``up``) the sessions
+    signed in with the old password stayed valid for their 12 h. Replicas of one deployment (one secret)
+    with the old hash and then with the new one: the token is honoured by the first, refused by the second."""
+    from prerender_ray.admin.users import hash_password
+
+    def config(password: str) -> dict:
+        user = {"name": "ops", "roles": ["admin"], "passwordHash": hash_password(password, iterations=1000)}
+        return {"auth": {"users": [user], "sessionSecret": SECRET}}
+
+    before = config("old-pass")
+    async with app_for(before) as c:
+        r = await c.post("/prerender_admin/login", json={"username": "ops", "password": "old-pass", "bearer": True})
+        assert r.status_code == 200, r.text[:300]
+        bearer = {"authorization": f"Bearer {r.json()['token']}"}
+        assert (await c.get("/prerender_admin/config", headers=bearer)).status_code == 200
+    async with app_for(before) as c:  # another replica, or a restart: the same hash
+        assert (await c.get("/prerender_admin/config", headers=bearer)).status_code == 200
+    async with app_for(config("new-pass")) as c:
+        r = await c.get("/prerender_admin/config", headers=bearer)
+        assert r.status_code == 401 and "password changed" in r.json()["error"], r.text[:300]
+        s = (await c.get("/prerender_admin/session", headers=bearer)).json()
+        assert s["authenticated"] is False and "password changed" in s["sessionError"]
 
 
 def test_the_explainer_shows_the_status_a_bot_is_served_and_where_a_redirect_sends_it() -> None:

@@ -701,8 +701,8 @@ class OnTheClusterLoop:
     """An httpx client whose requests are sent from the cluster's loop, where the app and node-a's
     parts live, and awaited from the test's."""
 
-    def __init__(self, cluster: LocalCluster, client: httpx.AsyncClient):
-        self.cluster, self.client = cluster, client
+    def __init__(self, cluster: LocalCluster, client: httpx.AsyncClient, app: object = None):
+        self.cluster, self.client, self.app = cluster, client, app
 
     async def get(self, *args, **kw) -> httpx.Response:
         return await self.cluster.arun(self.client.get(*args, **kw), 90)
@@ -754,7 +754,7 @@ def local(node, targets):
             await http.aclose()
 
     ctx, app, client = node.run(make())
-    yield ctx, OnTheClusterLoop(node, client)
+    yield ctx, OnTheClusterLoop(node, client, app)
     node.run(close())
 
 
@@ -901,6 +901,100 @@ async def test_sessions_issued_per_account_are_bounded(local) -> None:
     assert r.status_code == 401  # the password is checked first: the 429 tells nobody else anything
     ops = {"username": "ops", "password": PASSWORDS["ops"]}
     assert (await client.post("/prerender_admin/login", json=ops, auth=None)).status_code == 200  # per account
+
+
+class Revocations:
+    """The replica's reads of the revoked sessions, failing on demand (a store it cannot reach)."""
+
+    def __init__(self, sessions: object):
+        self.sessions, self.failures, self.failing = sessions, 0, False
+        real = sessions.refresh_revocations  # type: ignore[attr-defined]
+
+        async def refresh() -> None:
+            if self.failing:
+                self.failures += 1
+                raise RuntimeError("the store cannot be reached")
+            await real()
+
+        sessions.refresh_revocations = refresh  # type: ignore[attr-defined]
+
+    async def until_failed(self, times: int = 1) -> None:
+        seen = self.failures
+        for _ in range(200):
+            if self.failures >= seen + times:
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError("the revocations were not read again")
+
+
+async def bearer_token(client, who: str = "ops") -> dict:
+    r = await client.post("/prerender_admin/login", json={"username": who, "password": PASSWORDS[who],
+                                                          "bearer": True}, auth=None)
+    assert r.status_code == 200, r.text
+    return {"authorization": f"Bearer {r.json()['token']}"}
+
+
+async def test_a_token_is_refused_until_the_replica_has_read_the_revocations(local, monkeypatch) -> None:
+    """Before: ``revoked`` starts empty at replica start and stayed so while its reads failed, and every
+    signed token was honoured meanwhile: a signed-out one too. Now a token waits for the first read
+    (FIRST_READ_WAIT_S) and is refused (401, saying why) if it does not come; Basic goes on working."""
+    from prerender_ray.api.admin import session as mod
+
+    ctx, client = local
+    sessions = client.app.state.sessions
+    bearer = await bearer_token(client)
+    reads = Revocations(sessions)
+
+    async def as_at_start() -> None:  # on the cluster's loop, where the refresher runs
+        sessions.close()
+        sessions.revoked, sessions.refreshed_at, sessions._first_read = {}, None, asyncio.Event()
+        reads.failing = True
+        sessions._ensure_refresher()
+
+    await client.cluster.arun(as_at_start(), 10)
+    monkeypatch.setattr(mod, "FIRST_READ_WAIT_S", 0.2)
+    r = await client.get("/prerender_admin/config", headers=bearer, auth=None)
+    assert r.status_code == 401 and "sign-in state is being loaded" in r.json()["error"], r.text[:300]
+    s = (await client.get("/prerender_admin/session", headers=bearer, auth=None)).json()
+    assert s["authenticated"] is False and "being loaded" in s["sessionError"], s
+    assert (await client.get("/prerender_admin/config")).status_code == 200  # Basic needs no revocations
+    # the first read comes: a token presented meanwhile waits for it, and is served
+    monkeypatch.setattr(mod, "FIRST_READ_WAIT_S", 10.0)
+    await reads.until_failed()
+    reads.failing = False
+    r = await client.get("/prerender_admin/config", headers=bearer, auth=None)
+    assert r.status_code == 200, r.text
+
+
+async def test_a_token_is_refused_while_the_revocations_cannot_be_read(local) -> None:
+    """Before: ``refreshed_at`` was recorded but never looked at, so a replica whose reads kept failing
+    honoured signed-out tokens for as long as they did. Past REVOCATIONS_MAX_AGE_S without a good read
+    tokens are refused (Basic is not); signing out still works; a good read lets tokens in again."""
+    from prerender_ray.api.admin.session import REVOCATIONS_MAX_AGE_S
+
+    ctx, client = local
+    sessions = client.app.state.sessions
+    bearer = await bearer_token(client)
+    assert (await client.get("/prerender_admin/config", headers=bearer, auth=None)).status_code == 200
+    reads = Revocations(sessions)
+    reads.failing = True
+    await reads.until_failed()  # no good read is still in flight
+    sessions.refreshed_at = time.monotonic() - REVOCATIONS_MAX_AGE_S - 1
+    r = await client.get("/prerender_admin/config", headers=bearer, auth=None)
+    assert r.status_code == 401 and "sign-in state cannot be checked" in r.json()["error"], r.text[:300]
+    assert (await client.get("/prerender_admin/config")).status_code == 200  # Basic
+    other = await bearer_token(client)  # a sign-in needs no revocations; its token waits as the others
+    out = await client.post("/prerender_admin/logout", headers=other, auth=None)
+    assert out.status_code == 200 and out.json()["revoked"] is True, out.text  # signing out still works
+    reads.failing = False
+    for _ in range(100):  # the next good read (every REVOCATION_REFRESH_S)
+        r = await client.get("/prerender_admin/config", headers=bearer, auth=None)
+        if r.status_code == 200:
+            break
+        await asyncio.sleep(0.1)
+    assert r.status_code == 200, r.text
+    r = await client.get("/prerender_admin/config", headers=other, auth=None)
+    assert r.status_code == 401 and "signed out" in r.json()["error"], r.text[:300]
 
 
 async def test_unrouted_peeks_at_this_replicas_tally(local) -> None:
