@@ -338,6 +338,13 @@ def _stored(node: LocalNode, key: str) -> bytes | None:
     return raw
 
 
+def _refused_unchanged(node: LocalNode, key: str) -> None:
+    """A refused result wrote no page, and ``key``'s lease is still held with its row as it was."""
+    assert _stored(node, key) is None
+    row = schedule(node.url, key)
+    assert row["nextRenderTime"] == 1 and row["leased"] is True
+
+
 @functools.cache
 def _gib_bomb() -> bytes:
     return brotli_bomb(1024)  # 1 GiB of zeros in 1.6 KB: the old check decoded all of it
@@ -356,9 +363,7 @@ def test_a_brotli_bomb_is_413_changes_nothing_and_is_never_decoded_whole(node) -
     # The bound: decoding stops one piece past the 20 MB cap and drops pieces as it goes, so the
     # replica's peak RSS grows by less than 100 MB (decoding it whole would take 1 GiB).
     assert grown < 100, f"peak RSS grew by {grown:.0f} MB"
-    assert _stored(node, keys[0]) is None
-    row = schedule(node.url, keys[0])
-    assert row["nextRenderTime"] == 1 and row["leased"] is True  # the lease is untouched
+    _refused_unchanged(node, keys[0])
     for key in keys:
         assert post_result(jobs[key]).status_code == 204
 
@@ -368,9 +373,7 @@ def test_metadata_past_its_cap_is_413_and_changes_nothing(node) -> None:
     jobs = take(node.url, keys, timeout=15)
     r = post_result(jobs[keys[0]], padding="p" * MAX_METADATA_BYTES)
     assert r.status_code == 413 and r.json()["error"] == f"the metadata is larger than {MAX_METADATA_BYTES} bytes"
-    assert _stored(node, keys[0]) is None
-    row = schedule(node.url, keys[0])
-    assert row["nextRenderTime"] == 1 and row["leased"] is True  # the lease is untouched
+    _refused_unchanged(node, keys[0])
     for key in keys:
         assert post_result(jobs[key]).status_code == 204
 
@@ -383,9 +386,7 @@ def test_a_page_of_many_gzip_members_is_400_checked_in_bounded_time(node) -> Non
     empty = gzip.compress(b"")
     r = _post_coded(jobs[keys[0]], empty * 100_000, "gzip")
     assert r.status_code == 400 and f"more than {MAX_GZIP_MEMBERS} gzip members" in r.json()["error"], r.text
-    assert _stored(node, keys[0]) is None
-    row = schedule(node.url, keys[0])
-    assert row["nextRenderTime"] == 1 and row["leased"] is True
+    _refused_unchanged(node, keys[0])
     few = b"".join(gzip.compress(b"<p>%d</p>" % i) for i in range(MAX_GZIP_MEMBERS))
     assert _post_coded(jobs[keys[0]], few, "gzip").status_code == 204
     for key in keys[1:]:
@@ -415,9 +416,7 @@ def test_a_lone_surrogate_in_the_metadata_is_400_and_changes_nothing(node) -> No
         assert r.status_code == 400 and "lone surrogate" in r.json()["error"], r.text
     target = httpx.get(f"{node.url}/render_targets", params={"url": url})
     assert target.status_code == 200 and target.json()["state"] != "suppressed"
-    assert _stored(node, keys[0]) is None
-    row = schedule(node.url, keys[0])
-    assert row["nextRenderTime"] == 1 and row["leased"] is True
+    _refused_unchanged(node, keys[0])
     # a valid pair is one character: an escaped emoji is text, kept and answered
     r = post_result(job, outcome="non-indexable", reason="noindex \U0001F600", html=None, isIndexable=False)
     assert r.status_code == 204, r.text
@@ -440,9 +439,7 @@ def test_a_corrupt_gzip_or_truncated_brotli_result_is_400_and_changes_nothing(no
     assert r.status_code == 400 and "not br-encoded: truncated" in r.json()["error"], r.text
     r = _post_coded(job, gzip.compress(html) + b"<script>", "gzip")
     assert r.status_code == 400 and "after the end" in r.json()["error"], r.text
-    assert _stored(node, keys[0]) is None
-    row = schedule(node.url, keys[0])
-    assert row["nextRenderTime"] == 1 and row["leased"] is True
+    _refused_unchanged(node, keys[0])
     assert _post_coded(job, br, "br").status_code == 204  # the whole stream is accepted
     assert brotli.decompress(Page.decode(_stored(node, keys[0])).content) == html
     for key in keys[1:]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import gzip
 import time
+from pathlib import Path
+from typing import Any
 
 import brotli
 import httpx
@@ -24,6 +26,22 @@ from prerender_ray.storage.rocks import PAGES, Store, store_path
 
 URL = "https://x.example/a"
 HTML = b"<html><body>" + b"<p>x</p>" * 100 + b"</body></html>"
+
+
+async def origin_replica(handle: Any, tmp_path: Path, config: dict | None = None) -> tuple[Any, str, Config, NodeContext]:
+    """An origin on 127.0.0.1 answering with ``handle``, and a replica's context whose ``domains``
+    allow just it (``config`` merged over that, its ``server`` section too): (the origin's server,
+    its host:port, the config, the context)."""
+    import asyncio
+
+    origin = await asyncio.start_server(handle, "127.0.0.1", 0)
+    at = f"127.0.0.1:{origin.sockets[0].getsockname()[1]}"
+    raw = {"domains": [at], **(config or {})}
+    raw["server"] = {"data_dir": str(tmp_path), **raw.get("server", {})}
+    cfg = Config.model_validate(raw)
+    ctx = NodeContext(cfg=cfg, node=NodeInfo(name="n1", host="127.0.0.1", port=1, ray_node_id="x"),
+                      data_dir=str(tmp_path))
+    return origin, at, cfg, ctx
 
 
 @pytest.fixture
@@ -355,11 +373,7 @@ async def test_a_bot_request_body_streams_to_the_origin_and_is_never_held_whole(
     from tests.api.live_server import connect, response, serving
 
     sink = BodySink()
-    origin = await asyncio.start_server(sink.handle, "127.0.0.1", 0)
-    at = f"127.0.0.1:{origin.sockets[0].getsockname()[1]}"
-    cfg = Config.model_validate({"domains": [at], "server": {"data_dir": str(tmp_path), "maxBodyBytes": 300_000}})
-    ctx = NodeContext(cfg=cfg, node=NodeInfo(name="n1", host="127.0.0.1", port=1, ray_node_id="x"),
-                      data_dir=str(tmp_path))
+    origin, at, cfg, ctx = await origin_replica(sink.handle, tmp_path, {"server": {"maxBodyBytes": 300_000}})
     body = bytes(range(256)) * 1000
     try:
         async with serving(create_asgi(ctx), cfg) as port:
@@ -428,11 +442,7 @@ async def _misses_at_once(tmp_path, origin: GatedOrigin, *extras: str) -> list[t
 
     from tests.api.live_server import WAIT_S, connect, request, response, serving
 
-    server = await asyncio.start_server(origin.handle, "127.0.0.1", 0)
-    at = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    cfg = Config.model_validate({"domains": [at], "server": {"data_dir": str(tmp_path)}})
-    ctx = NodeContext(cfg=cfg, node=NodeInfo(name="n1", host="127.0.0.1", port=1, ray_node_id="x"),
-                      data_dir=str(tmp_path))
+    server, at, cfg, ctx = await origin_replica(origin.handle, tmp_path)
     asgi = create_asgi(ctx)
     client = open_replica(ctx).services.origin
     collapsed, joined = client.collapsed, asyncio.Queue()  # type: ignore[var-annotated]
@@ -543,7 +553,6 @@ async def test_peer_rescue_logs_no_404_and_each_other_failure_at_most_once(tmp_p
 async def test_other_methods_can_be_refused_and_then_nothing_reaches_the_origin(tmp_path) -> None:
     """``origin.proxyOtherMethods: false``: a bot's POST is a 405 naming what is served, and the origin
     (which might let the security token skip its firewall) gets no connection."""
-    import asyncio
 
     from tests.api.live_server import connect, response, serving
 
@@ -553,12 +562,7 @@ async def test_other_methods_can_be_refused_and_then_nothing_reaches_the_origin(
         connected.append(await reader.read(65536))
         writer.close()
 
-    origin = await asyncio.start_server(count, "127.0.0.1", 0)
-    at = f"127.0.0.1:{origin.sockets[0].getsockname()[1]}"
-    cfg = Config.model_validate({"domains": [at], "origin": {"proxyOtherMethods": False},
-                                 "server": {"data_dir": str(tmp_path)}})
-    ctx = NodeContext(cfg=cfg, node=NodeInfo(name="n1", host="127.0.0.1", port=1, ray_node_id="x"),
-                      data_dir=str(tmp_path))
+    origin, at, cfg, ctx = await origin_replica(count, tmp_path, {"origin": {"proxyOtherMethods": False}})
     try:
         async with serving(create_asgi(ctx), cfg) as port:
             r, w = await connect(port)
@@ -593,11 +597,7 @@ async def test_only_the_listed_methods_reach_the_origin_and_trace_never_does(tmp
             heads.append(b"")
         writer.close()
 
-    origin = await asyncio.start_server(record, "127.0.0.1", 0)
-    at = f"127.0.0.1:{origin.sockets[0].getsockname()[1]}"
-    cfg = Config.model_validate({"domains": [at], "server": {"data_dir": str(tmp_path)}})
-    ctx = NodeContext(cfg=cfg, node=NodeInfo(name="n1", host="127.0.0.1", port=1, ray_node_id="x"),
-                      data_dir=str(tmp_path))
+    origin, at, cfg, ctx = await origin_replica(record, tmp_path)
     refused = {}
     try:
         async with serving(create_asgi(ctx), cfg) as port, httpx.AsyncClient() as c:
@@ -647,11 +647,7 @@ async def test_bypass_requests_dripping_bodies_cannot_take_the_connections_misse
             pass
         writer.close()
 
-    origin = await asyncio.start_server(origin_handle, "127.0.0.1", 0)
-    at = f"127.0.0.1:{origin.sockets[0].getsockname()[1]}"
-    cfg = Config.model_validate({"domains": [at], "server": {"data_dir": str(tmp_path)}})
-    ctx = NodeContext(cfg=cfg, node=NodeInfo(name="n1", host="127.0.0.1", port=1, ray_node_id="x"),
-                      data_dir=str(tmp_path))
+    origin, at, cfg, ctx = await origin_replica(origin_handle, tmp_path)
     asgi = create_asgi(ctx)
     client = open_replica(ctx).services.origin
     client.max_bypass = 2
@@ -715,11 +711,7 @@ async def test_the_origin_sees_the_client_we_know_never_the_one_a_bot_claims(tmp
             pass
         writer.close()
 
-    origin = await asyncio.start_server(record, "127.0.0.1", 0)
-    at = f"127.0.0.1:{origin.sockets[0].getsockname()[1]}"
-    cfg = Config.model_validate({"domains": [at], "server": {"data_dir": str(tmp_path), "trustedProxies": trusted}})
-    ctx = NodeContext(cfg=cfg, node=NodeInfo(name="n1", host="127.0.0.1", port=1, ray_node_id="x"),
-                      data_dir=str(tmp_path))
+    origin, at, cfg, ctx = await origin_replica(record, tmp_path, {"server": {"trustedProxies": trusted}})
     # a trusted proxy appends the address it saw to what the client sent: the claims come first
     claims = SPOOFED_ADDRESS.replace("x-forwarded-for: 203.0.113.9", "x-forwarded-for: 203.0.113.9, 198.51.100.7") \
         if chain else SPOOFED_ADDRESS
@@ -768,11 +760,7 @@ async def test_the_origin_is_asked_for_what_the_bot_accepts_so_nothing_is_decode
             pass
         writer.close()
 
-    origin = await asyncio.start_server(coding, "127.0.0.1", 0)
-    at = f"127.0.0.1:{origin.sockets[0].getsockname()[1]}"
-    cfg = Config.model_validate({"domains": [at], "server": {"data_dir": str(tmp_path)}})
-    ctx = NodeContext(cfg=cfg, node=NodeInfo(name="n1", host="127.0.0.1", port=1, ray_node_id="x"),
-                      data_dir=str(tmp_path))
+    origin, at, cfg, ctx = await origin_replica(coding, tmp_path)
     try:
         async with serving(create_asgi(ctx), cfg) as port:
             r, w = await connect(port)
