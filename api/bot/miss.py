@@ -216,6 +216,8 @@ class Miss:
         key = req.cache_key
         wait = self._waits.get(key)
         if wait is None:
+            if not self.discovery.admits_render(req.url):
+                return None  # the origin answers, as on any miss
             wait = self._waits[key] = asyncio.get_running_loop().create_task(
                 self._rendered_within(req, self.on_miss.wait_ms / 1000))
             wait.add_done_callback(lambda done: self._waits.pop(key, None) if self._waits.get(key) is done else None)
@@ -378,6 +380,16 @@ class Discovery:
             self._known.clear()
         self._known[url] = now  # also keeps a burst of misses to one check
         self._spawn(self._put_target(url))
+
+    def admits_render(self, url: str) -> bool:
+        """Whether a bot's miss of ``url`` may cost a render now (``render.onMiss``): it takes from
+        the site's discovery rate as a new target does, or anyone asking for new paths would keep the
+        fleet rendering them (a refusal is counted as discovery's)."""
+        refused = self.rate.take(site_of(url), time.monotonic() * 1000)
+        if refused is not None:
+            self._refused(refused)
+            return False
+        return True
 
     def _refused(self, reason: str, url: str | None = None) -> None:
         if url is not None:

@@ -210,10 +210,10 @@ def _rendering_keeper(primary: Store, asked: list[str], html: bytes = HTML, codi
 
 
 def _on_miss_node(tmp_path, primary: Store, asked: list[str], html: bytes = HTML, coding: str = "identity",
-                  markdown: dict | None = None):
+                  markdown: dict | None = None, **more: dict):
     cfg = Config.model_validate({"domains": ["x.example"], "server": {"data_dir": str(tmp_path)},
                                  "render": {"onMiss": {"enabled": True, "waitMs": 5000}},
-                                 "renderNow": {"pollIntervalMs": 20}, "markdown": markdown or {}})
+                                 "renderNow": {"pollIntervalMs": 20}, "markdown": markdown or {}, **more})
     ctx = NodeContext(cfg=cfg, node=NodeInfo(name="n1", host="127.0.0.1", port=1, ray_node_id="x"),
                       data_dir=str(tmp_path), keeper=_rendering_keeper(primary, asked, html, coding))
     return create_asgi(ctx), ctx
@@ -235,6 +235,25 @@ async def test_concurrent_first_visits_share_one_wait_and_one_render_now(tmp_pat
         for r in answers:
             assert r.status_code == 200 and r.content == HTML and r.headers["x-harper-render-now"] == "on-miss"
         assert asked == [key]  # one render-now for the three
+    finally:
+        await close_replica(ctx)
+        primary.close()
+
+
+async def test_on_miss_renders_take_from_the_sites_discovery_rate(tmp_path) -> None:
+    """Before: every never-cached path a bot asked for cost a render, whoever asked and however many:
+    a crowd of made-up paths kept the fleet busy. Now each first wait takes a token of the site's
+    discovery rate (2 a minute here); past it the origin answers, as on any miss."""
+    primary = Store(store_path(tmp_path, "n1", PAGES))
+    asked: list[str] = []
+    asgi, ctx = _on_miss_node(tmp_path, primary, asked, server={"data_dir": str(tmp_path), "replicas": 1},
+                              bots={"discovery": {"perMinute": 2}})
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi), base_url="http://t") as c:
+            answers = [await c.get(f"/p/{URL}-{i}", headers={"user-agent": "Googlebot/2.1"}) for i in range(4)]
+        rendered = [r.headers.get("x-harper-render-now") for r in answers]
+        assert rendered == ["on-miss", "on-miss", None, None]
+        assert asked == [f"{URL}-0|desktop", f"{URL}-1|desktop"]
     finally:
         await close_replica(ctx)
         primary.close()
