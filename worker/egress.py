@@ -65,6 +65,13 @@ async def _resolve(host: str, port: int) -> list[str]:
     return [str(info[4][0]) for info in infos]
 
 
+# Chromium's switches that would take its connections around the guard: those ``switches`` sets, and
+# the other ways to name a proxy or a resolver (``--public-only`` refuses them as --chromium-arg)
+PROXY_SWITCHES = frozenset({"--proxy-server", "--proxy-bypass-list", "--proxy-pac-url", "--no-proxy-server",
+                            "--proxy-auto-detect", "--host-resolver-rules", "--host-rules",
+                            "--force-webrtc-ip-handling-policy"})
+
+
 def switches(port: int) -> tuple[str, ...]:
     """Chromium's switches that send every connection through the guard on ``port``."""
     return (

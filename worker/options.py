@@ -10,7 +10,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prerender_ray.worker.egress import host_key
+from prerender_ray.worker.egress import PROXY_SWITCHES, host_key
 
 DEFAULT_BYPASS_HEADER = "x-harper-renderer-bypass"
 CHROMIUM_CANDIDATES = (
@@ -20,10 +20,6 @@ CHROMIUM_CANDIDATES = (
     "google-chrome",
     "google-chrome-stable",
 )
-# Chromium's switches that would take its connections around the egress guard (``--public-only``)
-PROXY_SWITCHES = frozenset({"--proxy-server", "--proxy-bypass-list", "--proxy-pac-url", "--no-proxy-server",
-                            "--proxy-auto-detect", "--host-resolver-rules", "--host-rules",
-                            "--force-webrtc-ip-handling-policy"})
 
 
 def default_concurrency() -> int:
