@@ -318,6 +318,9 @@ class Controller:
 
     # -------------------------------------------------------------------------------------- status
 
+    # The reads a driver makes are sent again to a controller Ray places again: a call that met the
+    # old one dying would otherwise say "the controller is gone" (the caller's deadline still holds).
+    @ray.method(max_task_retries=-1)
     async def status(self) -> dict:
         nodes = []
         for name in sorted(self.nodes):
@@ -358,6 +361,7 @@ class Controller:
 
     # -------------------------------------------------------------------------------------- stopping
 
+    @ray.method(max_task_retries=-1)
     async def drain_budget_s(self) -> float:
         """How long a caller of ``drain`` should wait for its answer."""
         return self.cfg.fleet.drain_period / 1000 + DRAIN_SLACK_S
