@@ -18,7 +18,9 @@ content-signals table are the same objects, for at most ``LANE_TTL_MS``:
   conditional request (each page's validators choose between 200 and 304);
 - the answer: the status line, our Date, the frame's header block as uvicorn writes it
   (``wire.frame_lines``), ``age``, the entry's header lines after it (the Vary, the ``Link`` made
-  for this URL), the body: the bytes ``wire.wire_reply`` writes for the full path's ``Reply``;
+  for this URL), the body: the bytes ``wire.wire_reply`` writes for the full path's ``Reply``.
+  These two are ``page_answer``, done in one C call where the per-URL path is compiled
+  (``native/lane_page.c``: a third of a spread hit's cost was Python objects made per step);
 - the counts: the entry's steps done again, the page age at this hit's moment and ``last_cached``.
 
 Anything else (no entry, a page that is not such a hit, an unreadable record) answers None with
@@ -29,20 +31,24 @@ requests through the lane and through the full path and compares every byte and 
 
 from __future__ import annotations
 
+import importlib
 from collections import OrderedDict
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
+from prerender_ray import native
 from prerender_ray.api.bot.memo import Tape
 from prerender_ray.api.bot.wire import HEAD_END, frame_lines, header_lines
 from prerender_ray.serving.answer import Reply, asgi_headers
 from prerender_ray.serving.classify import BotRequest
 from prerender_ray.serving.dates import Dater
-from prerender_ray.serving.framing import frame_block, takes_stored, wire_frame
+from prerender_ray.serving.framing import CODINGS, frame_block, taken_codings, wire_frame
 from prerender_ray.serving.markdown import markdown_link
 from prerender_ray.serving.responses import age_seconds
 from prerender_ray.storage.pagelog import key_hash
+from prerender_ray.storage.pagelog.reader import PageLogReader
+from prerender_ray.storage.pagelog.records import CHECKSUM_HASH
 from prerender_ray.storage.pages import PageDecodeError, decode_head
 from prerender_ray.storage.replication import EnvelopeError, payload_view
 
@@ -54,7 +60,8 @@ ClassKey = tuple[int, int, int, str, str, str, str]
 
 
 class Entry:
-    __slots__ = ("aged", "log", "route", "site", "sites", "state", "steps", "tail", "timed", "until", "who")
+    __slots__ = ("aged", "joined", "log", "route", "site", "sites", "state", "steps", "tail", "timed", "until",
+                 "who")
 
     def __init__(self, state: Any, who: Any, site: Any, route: Any, sites: Any, log: Any, tape: Tape,
                  tail: list[Any], aged: bool, until: int):
@@ -62,6 +69,7 @@ class Entry:
         self.state, self.who, self.site, self.route, self.sites, self.log = state, who, site, route, sites, log
         self.steps, self.timed = tape.steps, tape.timed
         self.tail = tail  # the lines of the reply's headers after age, in order; _LINK for the URL's Link
+        self.joined: bytes | None = None if any(line is _LINK for line in tail) else b"".join(tail)
         self.aged = aged  # the page it was made from had last_cached (so an age and a page-age count)
         self.until = until
 
@@ -110,47 +118,28 @@ class Lane:
         if pages.log_entry(hashed) is None:  # as read_log: a write answered before this request is seen
             return None
         log = pages.log
-        hit = None if log is not entry.log else log.get(hashed)
-        if hit is None or hit.expires_at is None or hit.expires_at <= now or (hit.last_cached is not None) != entry.aged:
+        if log is not entry.log:
             return None
-        try:
-            payload = payload_view(hit.data)
-            head = None if payload is None else decode_head(payload)
-        except (EnvelopeError, PageDecodeError):
-            return None
-        if head is None or head.status_code != 200 or not head.frame:
-            return None
-        body = head.body
-        accept = headers.get("accept-encoding")
+        tail = entry.joined
+        if tail is None:  # the class's lines with this URL's Link
+            link = link_line(req.url)
+            if link is None:
+                return None
+            tail = b"".join([link if line is _LINK else line for line in entry.tail])
         second, date = dater.date()
-        wired = wire_frame(head.frame)  # written as lines when stored (framing: version 2)
-        lines: bytes | memoryview | None
-        if wired is not None:
-            if not takes_stored(wired.coding, accept):
-                return None
-            lines = wired.lines(second, date)
-        else:
-            frame = frame_block(head.frame)
-            if frame is None or not takes_stored(frame[0], accept):
-                return None
-            lines = frame_lines(frame[1], date, second, body.nbytes)
-            if lines is None:
-                return None
-        tail = []
-        for line in entry.tail:
-            if line is _LINK:
-                line = link_line(req.url)
-                if line is None:
-                    return None
-            tail.append(line)
-        age = age_seconds(hit.last_cached, now)
-        head_bytes = b"".join((STATUS_LINE[200], b"date: ", date, b"\r\n", lines,
-                               b"" if age is None else b"age: %d\r\n" % age, *tail, HEAD_END[close]))
+        takes = taken_codings(headers.get("accept-encoding"))
+        end = HEAD_END[close]
+        got: Any = _answer(log, hashed, now, entry.aged, takes, second, date, tail, end)
+        if got is OTHER_FRAME:
+            got = page_answer(log, hashed, now, entry.aged, takes, second, date, tail, end)
+        if got is None:
+            return None
+        head_bytes, body, last_cached = got
         out = [head_bytes, body] if body.nbytes and req.method != "HEAD" else [head_bytes]
         for fn, args in entry.steps:
             fn(*args)
         for fn, args in entry.timed:  # the page age: at this hit's moment, of this page
-            fn(services, now, hit.last_cached, *args[1:])
+            fn(services, now, last_cached, *args[1:])
         self.hits += 1
         return out
 
@@ -203,6 +192,58 @@ class Lane:
     def clear(self) -> None:
         self._entries.clear()
         self._state = None
+
+
+OTHER_FRAME = 2  # the native answer's word for a frame of version 1: the reference answers it
+
+
+def page_answer(log: PageLogReader, key: bytes, now: int, aged: bool, takes: int, second: int, date: bytes,
+                tail: bytes, end: bytes) -> tuple[bytes, memoryview, int | None] | None:
+    """The page part of a lane hit: the head bytes (status line, ``date``, the stored frame's lines, age,
+    ``tail``, ``end``), a view of the body and the page's ``last_cached``; None where the page is not
+    such a hit (absent, unreadable: counted by the reader, expired, not ``aged`` as the class's page,
+    not a 200 framed in a coding ``takes`` names: ``framing.taken_codings``). ``native/lane_page.c``
+    does the same in one call where it is built (tests/native/test_lane_page.py holds them equal)."""
+    hit = log.get(key)
+    if hit is None or hit.expires_at is None or hit.expires_at <= now or (hit.last_cached is not None) != aged:
+        return None
+    try:
+        payload = payload_view(hit.data)
+        head = None if payload is None else decode_head(payload)
+    except (EnvelopeError, PageDecodeError):
+        return None
+    if head is None or head.status_code != 200 or not head.frame:
+        return None
+    body = head.body
+    wired = wire_frame(head.frame)  # written as lines when stored (framing: version 2)
+    lines: bytes | memoryview | None
+    if wired is not None:
+        if not takes >> CODINGS.index(wired.coding) & 1:
+            return None
+        lines = wired.lines(second, date)
+    else:
+        frame = frame_block(head.frame)
+        if frame is None or not takes >> CODINGS.index(frame[0]) & 1:
+            return None
+        lines = frame_lines(frame[1], date, second, body.nbytes)
+        if lines is None:
+            return None
+    age = age_seconds(hit.last_cached, now)
+    return b"".join((_STATUS_200, b"date: ", date, b"\r\n", lines, b"" if age is None else b"age: %d\r\n" % age,
+                     tail, end)), body, hit.last_cached
+
+
+def _native_answer() -> Any:
+    """``native/lane_page.c``'s ``answer`` where the per-URL path runs compiled, else the reference."""
+    if native.state != "compiled":
+        return page_answer
+    module: Any = importlib.import_module("prerender_ray.native.lane_page")
+    module.configure(CHECKSUM_HASH, _STATUS_200)
+    return module.answer
+
+
+_STATUS_200 = STATUS_LINE[200]
+_answer = _native_answer()
 
 
 def link_line(url: str) -> bytes | None:

@@ -43,8 +43,8 @@ def listed(modules: Path = MODULES) -> list[str]:
 
 
 def module_name(path: str) -> str:
-    """``prerender_ray/api/bot/lane.py`` -> ``prerender_ray.api.bot.lane``."""
-    return path.removesuffix(".py").replace("/", ".")
+    """``prerender_ray/api/bot/lane.py`` -> ``prerender_ray.api.bot.lane`` (a C source's likewise)."""
+    return path.rpartition(".")[0].replace("/", ".")
 
 
 def digest(path: Path) -> str:
@@ -105,7 +105,8 @@ def install() -> str:
         state = "compiled"
         return state
     if not any(isinstance(f, SourceFirst) for f in sys.meta_path):
-        sys.meta_path.insert(0, SourceFirst({module_name(p): ROOT / p for p in paths}))
+        # a C source's extension has no Python source: it is simply not imported (``state``)
+        sys.meta_path.insert(0, SourceFirst({module_name(p): ROOT / p for p in paths if p.endswith(".py")}))
     state = f"source: {why}"
     return state
 

@@ -21,7 +21,7 @@ import sysconfig
 import time
 from pathlib import Path
 
-from prerender_ray.native import MANIFEST, PACKAGE, ROOT, digest, listed
+from prerender_ray.native import MANIFEST, PACKAGE, ROOT, digest, listed, module_name
 
 GROUP = "prerender_ray.native"  # the shared library: prerender_ray/native__mypyc.<abi>.so
 BUILD_DIR = ROOT / "build" / "native"
@@ -30,7 +30,7 @@ SUFFIX = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
 
 def outputs(paths: list[str]) -> list[Path]:
     """What a build leaves in the tree: an extension module beside each source, the shared library."""
-    return [ROOT / (p.removesuffix(".py") + SUFFIX) for p in paths] + \
+    return [ROOT / (p.rpartition(".")[0] + SUFFIX) for p in paths] + \
         [ROOT / (GROUP.replace(".", "/") + "__mypyc" + SUFFIX)]
 
 
@@ -47,10 +47,13 @@ def clean(package: Path = PACKAGE) -> None:
 
 def compile_in_place(paths: list[str], log: io.StringIO) -> None:
     from mypyc.build import mypycify  # mypy's compiler: in the lock with the test tools
-    from setuptools import setup
+    from setuptools import Extension, setup
 
     with contextlib.chdir(ROOT), contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-        extensions = mypycify(paths, opt_level="3", group_name=GROUP, target_dir=str(BUILD_DIR))
+        extensions = mypycify([p for p in paths if p.endswith(".py")], opt_level="3", group_name=GROUP,
+                              target_dir=str(BUILD_DIR))
+        # a C source is an extension of its own, named by its path (native/lane_page.c)
+        extensions += [Extension(module_name(p), [p], extra_compile_args=["-O2"]) for p in paths if p.endswith(".c")]
         setup(name="prerender-ray-native", packages=[], ext_modules=extensions,
               script_args=["build_ext", "--inplace", "--build-temp", str(BUILD_DIR / "temp"),
                            "--build-lib", str(BUILD_DIR / "lib")])
@@ -76,7 +79,7 @@ def build(require: bool = False) -> int:
               "source", *tail, sep="\n  ", file=sys.stderr)
         return 1 if require else 0
     MANIFEST.write_text(json.dumps({"compiled": True, "sources": sources}, indent=1) + "\n")
-    print(f"prerender-ray: {len(paths)} modules compiled with mypyc in {time.monotonic() - started:.0f} s",
+    print(f"prerender-ray: {len(paths)} modules compiled (mypyc, C) in {time.monotonic() - started:.0f} s",
           file=sys.stderr)
     return 0
 

@@ -229,6 +229,20 @@ def takes_stored(coding: str, accept_encoding: str | None) -> bool:
     return sent_coding(coding, accept_encoding) == coding
 
 
+def taken_codings(accept_encoding: str | None) -> int:
+    """The stored codings a client with ``accept_encoding`` takes as they are: bit ``i`` for
+    ``CODINGS[i]`` (``takes_stored`` of each), kept per short value as ``sent_coding`` keeps its."""
+    long = accept_encoding is not None and len(accept_encoding) > _MEMO_MAX_VALUE
+    return (_taken if long else _taken_memo)(accept_encoding)
+
+
+def _taken(accept_encoding: str | None) -> int:
+    return sum(1 << i for i, coding in enumerate(CODINGS) if takes_stored(coding, accept_encoding))
+
+
+_taken_memo = lru_cache(maxsize=512)(_taken)
+
+
 def sent_coding(stored: str, accept_encoding: str | None) -> str:
     """The coding negotiation sends a (non-empty) body stored in ``stored`` for ``accept_encoding``:
     what a page's negotiated forms are kept by, never the raw header (any number of values asks for

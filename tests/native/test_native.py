@@ -93,6 +93,22 @@ def test_a_source_edited_after_the_build_runs_instead_of_its_extension(tmp_path:
     assert lane.endswith("lane.py") and urls.endswith("urls.py") and edited == 1
 
 
+def test_a_c_source_edited_after_the_build_leaves_its_extension_unused(tmp_path: Path) -> None:
+    if not manifest().get("compiled"):
+        pytest.skip("no compiled build here (prerender_ray/native/manifest.json)")
+    root = copy_checkout(tmp_path)
+    answer = "import prerender_ray.api.bot.lane as lane; print(json.dumps([lane._answer.__module__ or '']))"
+    run = [sys.executable, "-c", "import json; " + answer]
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root)}
+    out = subprocess.run(run, capture_output=True, text=True, check=True, cwd=root, env=env)
+    assert json.loads(out.stdout) == ["prerender_ray.native.lane_page"]  # the C answer
+    with (root / "prerender_ray/native/lane_page.c").open("a") as f:
+        f.write("\n/* edited */\n")
+    assert probe(root)[0] == "source: changed since the build: prerender_ray/native/lane_page.c"
+    out = subprocess.run(run, capture_output=True, text=True, check=True, cwd=root, env=env)
+    assert json.loads(out.stdout) == ["prerender_ray.api.bot.lane"]  # the reference, from source
+
+
 def test_a_build_first_removes_every_extension_a_longer_list_left(tmp_path: Path, monkeypatch) -> None:
     """An extension left beside a module no longer listed would shadow its source (and fail at
     import, its shared library gone): the build removes every one, through the mapped layers too."""

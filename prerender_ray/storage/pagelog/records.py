@@ -104,8 +104,11 @@ def key_hash(cache_key: str, coding: str = "") -> bytes:
     return hashlib.blake2b(f"{cache_key}\0{coding}".encode(), digest_size=KEY_SIZE).digest()
 
 
+CHECKSUM_HASH = xxhash.xxh3_64_intdigest  # a body's checksum is its low 32 bits (native/lane_page.c too)
+
+
 def body_checksum(data: bytes | memoryview) -> int:
-    return xxhash.xxh3_64_intdigest(data) & 0xFFFFFFFF
+    return CHECKSUM_HASH(data) & 0xFFFFFFFF
 
 
 def pack_value(kind: int, *, tag: int = 0, segment: int = 0, offset: int = 0, length: int = 0, checksum: int = 0,
