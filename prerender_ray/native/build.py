@@ -30,7 +30,7 @@ SUFFIX = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
 
 def outputs(paths: list[str]) -> list[Path]:
     """What a build leaves in the tree: an extension module beside each source, the shared library."""
-    return [ROOT / (p.rpartition(".")[0] + SUFFIX) for p in paths] + \
+    return [ROOT / (module_name(p).replace(".", "/") + SUFFIX) for p in paths] + \
         [ROOT / (GROUP.replace(".", "/") + "__mypyc" + SUFFIX)]
 
 
