@@ -401,7 +401,7 @@ class BotMiddleware:
         path, query, headers = _request_parts(scope)
         if _asks_own_file(state, scope["method"], path, query, headers):
             return None
-        req = state.resolve(scope["method"], path, query, headers)
+        req = state.resolved.resolve(scope["method"], path, query, headers)
         if type(req) is not BotRequest:
             return None
         lane, learn = services.lane, False  # the spread lane (api/bot/lane.py): its class's entry, or learn it
@@ -462,7 +462,7 @@ class BotMiddleware:
         if own is not None:
             await send_reply(send, _shown(await own, headers))
             return
-        decision = state.resolve(scope["method"], path, query, headers)
+        decision = state.resolved.resolve(scope["method"], path, query, headers)
         if type(decision) is NotBot:
             if decision.detail:
                 services.counters.warn_sometimes(decision.reason, "not a bot request", detail=decision.detail)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -39,7 +39,7 @@ from prerender_ray.config.model import Config
 from prerender_ray.serving.bot_policy import VERIFIED, Policies
 from prerender_ray.serving.bots import BotRegistry
 from prerender_ray.serving.class_stats import ClassStats
-from prerender_ray.serving.classify import RESERVED_PATHS, Ingress
+from prerender_ray.serving.classify import RESERVED_PATHS, Ingress, Remembered
 from prerender_ray.serving.indexnow import KeyFile
 from prerender_ray.serving.proxies import Proxies
 from prerender_ray.serving.tally import LabelBudget, MissTally, UnroutedTally
@@ -51,10 +51,6 @@ from prerender_ray.serving.web_bot_auth import WebBotAuth
 log = logs.get("bot")
 BOT_LABELS = 200  # distinct derived bot names kept as metric labels; the rest count as ~overflow
 RANGE_FETCH_S = 20.0  # one read of a bot operator's range URL, whole
-RESOLVED_MEMO = 16_384  # ingress decisions remembered per state (cleared when full)
-# Inputs longer than this are decided afresh each time, never kept: a head may be 64 KiB, and a full
-# memo of such keys would hold a gigabyte. Kept keys stay under 16,384 x 2 KB.
-RESOLVED_KEY_BYTES = 2048
 
 
 class Services:
@@ -205,23 +201,11 @@ class ReplicaState(ReplicaConfig):
     analytics: bool
     record_unmatched: bool
     policies: Policies
-    resolved: dict[tuple, Any] = field(default_factory=dict)  # decisions under this config only
+    resolved: Remembered  # the ingress decisions under this config only
 
     def resolve(self, method: str, path: str, query: str, headers: dict[str, str]) -> Any:
-        """The ingress decision, remembered: it is a pure function of these inputs (the only
-        headers it reads are the device, forwarded-host and forwarded-proto ones)."""
-        ing = self.ingress
-        key = (method, path, query, headers.get(ing.device_header), headers.get(ing.host_header),
-               headers.get(ing.proto_header))
-        if sum([len(part) for part in key if part is not None]) > RESOLVED_KEY_BYTES:
-            return ing.resolve(method, path, query, headers)
-        memo = self.resolved
-        decision = memo.get(key)
-        if decision is None:
-            if len(memo) >= RESOLVED_MEMO:
-                memo.clear()
-            decision = memo[key] = ing.resolve(method, path, query, headers)
-        return decision
+        """The ingress decision, remembered (``Remembered``)."""
+        return self.resolved.resolve(method, path, query, headers)
 
 
 def build(ctx: NodeContext, current: ReplicaConfig, services: Services) -> ReplicaState:
@@ -237,6 +221,7 @@ def build(ctx: NodeContext, current: ReplicaConfig, services: Services) -> Repli
         ingress=ingress, hit=hit, miss=miss, services=services,
         debug_key=cfg.debug_header.key.strip().lower(), analytics=cfg.analytics.enabled,
         record_unmatched=cfg.analytics.record_unmatched, policies=Policies(cfg.bots, services.bots),
+        resolved=Remembered(ingress),
     )
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 from prerender_ray.api.bot import replica
 from prerender_ray.api.bot.replica import (
-    RESOLVED_KEY_BYTES,
     ReplicaState,
     apply_overrides,
     close_replica,
@@ -22,7 +21,7 @@ from prerender_ray.api.context import NodeContext, ReplicaConfig
 from prerender_ray.config.model import Config
 from prerender_ray.config.overrides import Overrides
 from prerender_ray.identity.nodes import NodeInfo
-from prerender_ray.serving.classify import BotRequest
+from prerender_ray.serving.classify import RESOLVED_KEY_BYTES, BotRequest
 from prerender_ray.serving.tally import LABEL_OVERFLOW
 
 BOT = Path(replica.__file__).parent
