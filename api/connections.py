@@ -42,6 +42,14 @@ response. Only where that is certainly the same: a GET or HEAD without a body or
 in flight or queued before it on the connection, writing not paused, the app the replica's own
 a ``Dated`` app with its bot path; anything else goes to uvicorn's path unchanged.
 
+**A simple read, whole** (``_simple_hit``). A read that is exactly one complete GET or HEAD of the
+plainest form (``native/request_head.c``: a strict subset of what llhttp takes, held equal to it by
+tests/native/test_request_head.py) is offered to the bot path at once, with the method, target,
+headers and keep-alive the C gives: none of llhttp's callbacks into Python (one a header), no scope
+made by uvicorn. Where the bot path does not answer, llhttp parses the read as it always does, the
+scope the bot path saw carried over (its request shape, a reply made that the ASGI path sends) and
+the bot path not asked twice. Compiled builds only (``native.state``); ``simple_heads`` off: never.
+
 **Answers held to the end of the loop's turn** (corked). A memo hit's bytes are not written at once:
 they wait with the other connections' answers made in the same turn of the event loop and go out
 together when it ends (one ``call_soon``), or once the first of them has waited ``CORK_HOLD_S``.
@@ -60,6 +68,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import importlib
 import time
 import urllib.parse
 from collections import OrderedDict
@@ -68,7 +77,7 @@ from typing import Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from prerender_ray import logs, metrics
+from prerender_ray import logs, metrics, native
 from prerender_ray.api.app import Dated
 
 log = logs.get("ingress")
@@ -91,6 +100,17 @@ _TOO_LARGE = (b'{"error": "request head too large: more than %d bytes of URL and
               b'or more than %d headers"}' % (MAX_HEAD_BYTES, MAX_HEADERS))
 HEAD_TOO_LARGE = (b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
                   % (len(_TOO_LARGE), _TOO_LARGE))  # the 431's headers and body
+
+
+def _native_head() -> Any:
+    """``native/request_head.c``'s ``simple_head`` where the per-URL path runs compiled; else None (llhttp
+    parses every read)."""
+    if native.state != "compiled":
+        return None
+    return importlib.import_module("prerender_ray.native.request_head").simple_head
+
+
+_simple_head = _native_head()
 
 
 class Turn:
@@ -134,6 +154,7 @@ class GuardedHttp(HttpToolsProtocol):
     # Connections not serving a request, longest waiting first (the order evictions take).
     waiting: OrderedDict[GuardedHttp, None] = OrderedDict()
     memo_hits = True  # memo hits answered here (``_memo_hit``); False: every request to the app
+    simple_heads = True  # simple reads offered to them without llhttp's callbacks (``_simple_hit``)
     turn = Turn()  # connections with answers held to the end of this turn of the loop
     _failed = False  # a memo hit here raised once (logged once a process)
 
@@ -161,6 +182,11 @@ class GuardedHttp(HttpToolsProtocol):
         self._head_bytes = 0
         self._head_open = 0
         self._head_read = 0
+        self._simple = self._dated is not None and self.simple_heads and _simple_head is not None
+        self._between = True  # llhttp is between two requests (none begun and not complete)
+        # a simple read's scope the bot path saw (``_simple_hit``), carried to llhttp's parse of it
+        self._carried: dict[str, Any] | None = None
+        self._wired = False  # the request being parsed was offered to the bot path already
 
     # ------------------------------------------------------------------------------- connection
 
@@ -297,6 +323,8 @@ class GuardedHttp(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._closed:  # no more requests taken; uvicorn may resume reading for an answer in flight
             return
+        if self._simple and self._between and data.endswith(b"\r\n\r\n") and self._simple_hit(data):
+            return
         # Bytes between requests that begin none (llhttp skips stray CRLFs) still stop uvicorn's
         # keep-alive timer: they must not hold the connection past the header deadline either.
         if self.cycle is None or self.cycle.response_complete:
@@ -310,9 +338,17 @@ class GuardedHttp(HttpToolsProtocol):
                 self._refuse_head()
 
     def on_message_begin(self) -> None:
+        self._between = False
         if self._closed:  # dropped unread: nothing kept, not timed (answers may still be going out)
             return
         super().on_message_begin()
+        carried = self._carried
+        if carried is not None:  # what the bot path put on the scope (its request shape, a reply) rides on
+            self._carried = None
+            self._wired = True
+            scope: dict[str, Any] = self.scope  # type: ignore[assignment]  # uvicorn's TypedDict
+            for name, value in carried.items():
+                scope.setdefault(name, value)
         self._answered = False
         self._head_bytes = self._head_read = 0
         self._head_open = 1
@@ -384,7 +420,8 @@ class GuardedHttp(HttpToolsProtocol):
         if len(self.pipeline) >= MAX_PIPELINE:
             self._take_no_more("pipeline-full")
             return
-        if self._dated is not None and self._memo_hit():
+        wired, self._wired = self._wired, False
+        if self._dated is not None and not wired and self._memo_hit():
             return
         self._uncork()  # uvicorn's path answers this one: what was answered before goes first
         super().on_headers_complete()
@@ -403,6 +440,7 @@ class GuardedHttp(HttpToolsProtocol):
             super().on_body(body)
 
     def on_message_complete(self) -> None:
+        self._between = True
         if not self._answered:
             super().on_message_complete()
 
@@ -411,18 +449,8 @@ class GuardedHttp(HttpToolsProtocol):
     def _memo_hit(self) -> bool:
         """Answer the request whose headers just completed from the hit memo, as the ASGI path would,
         byte for byte. False, nothing written or counted: uvicorn's path takes it."""
-        cycle, parser = self.cycle, self.parser
-        if (
-            (cycle is not None and not cycle.response_complete)  # an answer in flight: theirs first
-            or self.pipeline
-            or self.flow.write_paused
-            or self.transport.is_closing()
-            or self.expect_100_continue
-            or self.access_log  # what uvicorn adds per response: none of it here
-            or self.limit_concurrency is not None
-            or self.server_state.default_headers
-            or parser.should_upgrade()
-        ):
+        parser = self.parser
+        if not self._answerable() or self.expect_100_continue or parser.should_upgrade():
             return False
         method = parser.get_method()
         if method != b"GET" and method != b"HEAD":
@@ -430,21 +458,75 @@ class GuardedHttp(HttpToolsProtocol):
         for name, value in self.headers:
             if name == b"transfer-encoding" or (name == b"content-length" and value != b"0"):
                 return False  # a body follows
+        # the scope as uvicorn's on_headers_complete completes it (the memo's key is read from it)
+        scope: dict[str, Any] = self.scope  # type: ignore[assignment]  # uvicorn's TypedDict
+        version = parser.get_http_version()
+        scope["method"] = method.decode("ascii")
+        if version != "1.1":
+            scope["http_version"] = version
+        return self._wire(scope, version != "1.0" and parser.should_keep_alive())  # as uvicorn's cycle has it
+
+    def _answerable(self) -> bool:
+        """Nothing on the connection stands before an answer written here, and uvicorn would add
+        nothing to it."""
+        cycle = self.cycle
+        return not (
+            (cycle is not None and not cycle.response_complete)  # an answer in flight: theirs first
+            or self.pipeline
+            or self.flow.write_paused
+            or self.transport.is_closing()
+            or self.access_log  # what uvicorn adds per response: none of it here
+            or self.limit_concurrency is not None
+            or self.server_state.default_headers
+        )
+
+    def _simple_hit(self, data: bytes) -> bool:
+        """A read that is one simple request, whole (``native/request_head.c``: a strict subset of
+        what llhttp takes, tested against it), offered to the bot path as ``_memo_hit`` offers a
+        request after llhttp's callbacks, without them: no callback per header, no uvicorn scope
+        made twice. False: llhttp parses the read as it would have, with what the bot path put on
+        this scope carried to its scope (``on_message_begin``) and the bot path not asked again."""
+        assert _simple_head is not None
+        if not self._answerable():
+            return False
+        parsed = _simple_head(data, MAX_HEADERS, MAX_HEAD_BYTES)
+        if parsed is None:
+            return False
+        method, self.url, headers, keep_alive = parsed
+        # uvicorn's on_message_begin (0.55), then on_headers_complete's method; our header deadline ends
+        self.expect_100_continue = False
+        self.headers = headers
+        scope: dict[str, Any] = {
+            "type": "http",
+            "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
+            "http_version": "1.1",
+            "server": self.server,
+            "client": self.client,
+            "scheme": self.scheme,
+            "root_path": self.root_path,
+            "headers": headers,
+            "state": self.app_state.copy(),
+            "method": method,
+        }
+        self.scope = scope  # type: ignore[assignment]  # uvicorn's TypedDict
+        self._disarm()
+        self.waiting.pop(self, None)
+        if self._wire(scope, keep_alive):
+            return True
+        self._carried = scope
+        return False
+
+    def _wire(self, scope: dict[str, Any], keep_alive: bool) -> bool:
+        """The bot path's answer for ``scope`` (method and version set), written as uvicorn ends a
+        response; False, nothing written: uvicorn's path takes the request."""
         dated = self._dated
         assert dated is not None and dated.bot is not None
         try:
-            # the scope as uvicorn's on_headers_complete completes it (the memo's key is read from it)
-            scope: dict[str, Any] = self.scope  # type: ignore[assignment]  # uvicorn's TypedDict
-            version = parser.get_http_version()
-            scope["method"] = method.decode("ascii")
-            if version != "1.1":
-                scope["http_version"] = version
             url = httptools.parse_url(self.url)
             path = url.path.decode("ascii")
             scope["path"] = self.root_path + (urllib.parse.unquote(path) if "%" in path else path)
             scope["raw_path"] = self.root_path.encode("ascii") + url.path
             scope["query_string"] = url.query or b""
-            keep_alive = version != "1.0" and parser.should_keep_alive()  # as uvicorn's cycle has it
             out = dated.bot.wire(scope, dated.dater, not keep_alive)
         except Exception as e:  # a fault of this path alone must not cost the request
             if not GuardedHttp._failed:

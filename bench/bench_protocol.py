@@ -234,6 +234,7 @@ async def main() -> None:
     # its own view of the app (the app itself is shared with ``proto``): the bot path's answer stubbed
     stubbed._dated = SimpleNamespace(bot=SimpleNamespace(wire=lambda scope, dater, close: STUB),
                                      dater=stubbed._dated.dater)
+    stubbed._simple = proto._simple  # simple reads taken whole as the replica takes them (native)
 
     class Raw:
         def __init__(self, transport: Transport) -> None:

@@ -1,7 +1,8 @@
 """Answers the protocol writes itself are held to the end of the loop's turn (api/connections.py,
 "corked"): together with the other connections' answers, and never out of order with anything else
 written or closed on the same connection. The replica's protocol over fake transports, its bot path
-stubbed: ``/a...`` is answered by the protocol, anything else by uvicorn's ASGI path."""
+stubbed: ``/a...`` is answered by the protocol, anything else by uvicorn's ASGI path; each with a
+simple read taken whole (``native/request_head.c``) and with every read through llhttp's callbacks."""
 
 from __future__ import annotations
 
@@ -43,7 +44,11 @@ class Transport(FakeTransport):
             self.log.append((self.n, "closed"))
 
 
+CARRIED: list[Any] = []  # what the app finds the bot path left on each scope (``carried``)
+
+
 async def app(scope: dict, receive: Any, send: Any) -> None:
+    CARRIED.append(scope.get("carried"))
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"4")]})
     await send({"type": "http.response.body", "body": b"asgi"})
 
@@ -60,8 +65,8 @@ def stub_wire(scope: dict, dater: Any, close: bool) -> list[Any] | None:
     return answer(path, 30_000 if path.startswith("/abig") else 0)
 
 
-@pytest.fixture
-def server(monkeypatch) -> Any:
+@pytest.fixture(params=[False, True], ids=["callbacks", "simple"])
+def server(monkeypatch, request) -> Any:
     # no access log, as a replica runs (pytest gives every logger handlers)
     monkeypatch.setattr(logging.getLogger("uvicorn.access"), "hasHandlers", lambda: False)
     monkeypatch.setattr(connections, "CORK_HOLD_S", 60.0)  # a slow machine's turn is not cut short here
@@ -76,6 +81,8 @@ def server(monkeypatch) -> Any:
                                            _loop=asyncio.get_running_loop())
         proto.connection_made(Transport(n, log))
         proto._dated = SimpleNamespace(bot=SimpleNamespace(wire=stub_wire), dater=None)
+        # simple reads taken whole (native/request_head.c, where built), or every read through llhttp
+        proto._simple = request.param and connections._simple_head is not None
         return proto
 
     return SimpleNamespace(connect=connect, log=log, state=state)
@@ -227,3 +234,43 @@ async def test_a_transport_that_fails_to_write_does_not_hold_back_the_others(ser
     one.transport.writelines = broken
     await asyncio.sleep(0)
     assert answers(server.log, 1) == ["closed"] and answers(server.log, 2) == [b"200 /a2"]
+
+
+class Feeds:
+    """A protocol's parser, counting the reads fed to it."""
+
+    def __init__(self, parser: Any) -> None:
+        self.parser, self.fed = parser, 0
+
+    def feed_data(self, data: bytes) -> None:
+        self.fed += 1
+        self.parser.feed_data(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.parser, name)
+
+
+async def test_a_simple_read_is_answered_without_llhttp_where_it_is_taken_whole(server) -> None:
+    conn = server.connect(1)
+    conn.parser = feeds = Feeds(conn.parser)
+    asked: list[str] = []
+
+    def wire(scope: dict, dater: Any, close: bool) -> list[Any] | None:
+        asked.append(scope["path"])
+        scope["carried"] = scope["path"]  # as the bot path leaves its request shape, or a reply to send
+        return stub_wire(scope, dater, close)
+
+    conn._dated = SimpleNamespace(bot=SimpleNamespace(wire=wire), dater=None)
+    conn.data_received(get("/a1"))
+    conn.data_received(get("/a2", extra=b"x-pad: 1\r\n"))
+    await settle(server)
+    assert answers(server.log, 1) == [b"200 /a1", b"200 /a2"]
+    assert feeds.fed == (0 if conn._simple else 2)
+    conn.data_received(get("/b"))  # not the bot path's: llhttp parses it, the bot path not asked again
+    await settle(server)
+    conn.data_received(get("/a3", extra=b"content-length: 0\r\n"))  # not of the plainest form
+    await settle(server)
+    assert answers(server.log, 1) == [b"200 /a1", b"200 /a2", b"200 asgi", b"200 /a3"]
+    assert feeds.fed == (2 if conn._simple else 4)
+    assert asked == ["/a1", "/a2", "/b", "/a3"]  # each offered once
+    assert CARRIED[-1:] == ["/b"]  # the app has what the bot path left for it

@@ -1,8 +1,9 @@
 """Memo hits answered by the HTTP protocol itself (``api.connections.GuardedHttp._memo_hit``) against
 the same hits through the ASGI path: a node's real ingress (``tests.localnode``, one replica, its own
-uvicorn server) driven by raw sockets. Each script is played with the protocol's path off, then on,
-from an empty memo: the bytes received and every count must be the same. Time is controlled: the
-bot path's clock (``middleware.now_ms``) and the app's Dater, which both paths date by."""
+uvicorn server) driven by raw sockets. Each script is played with the protocol's path off, then on
+after llhttp's callbacks, then on for simple reads taken whole (``native/request_head.c``), from an
+empty memo: the bytes received and every count must be the same. Time is controlled: the bot path's
+clock (``middleware.now_ms``) and the app's Dater, which both paths date by."""
 
 from __future__ import annotations
 
@@ -34,8 +35,18 @@ from tests.api.bot.test_memo import (
 from tests.localnode import LocalNode
 from tests.support import wait_for
 
+# The ASGI path; the protocol's answers after llhttp's callbacks; after native/request_head.c took a simple
+# read whole (where the per-URL path is compiled: else as the callbacks' path)
+MODES = ("asgi", "callbacks", "simple")
 KEEP_ALIVE_S = 0.5  # the node's keep-alive timeout: an idle connection closes after it
 PAUSE_S = 0.03  # between the pieces of a request's head
+
+
+def set_mode(monkeypatch: Any, mode: str) -> bool:
+    """Serve by ``mode`` (one of ``MODES``); whether the protocol answers anything itself."""
+    monkeypatch.setattr(GuardedHttp, "memo_hits", mode != "asgi")
+    monkeypatch.setattr(GuardedHttp, "simple_heads", mode == "simple")
+    return mode != "asgi"
 
 
 @pytest.fixture(scope="module")
@@ -271,8 +282,8 @@ def test_the_protocol_answers_memo_hits_as_the_asgi_path_does(
     monkeypatch.setattr(counters, "sink", tally.take)
     for name, (script, wired) in scripts(port, page, site, etag.decode()).items():
         seen = []
-        for on in (False, True):
-            monkeypatch.setattr(GuardedHttp, "memo_hits", on)
+        for mode in MODES:
+            on = set_mode(monkeypatch, mode)
             memo.clear()
             decisions.clear()  # every bot told apart on its first request (tests spread hits below)
             tally.reset()
@@ -292,7 +303,7 @@ def test_the_protocol_answers_memo_hits_as_the_asgi_path_does(
                 )
             )
             assert after[3] - before[3] == (wired if on else 0), name
-        assert seen[1] == seen[0], name
+        assert seen[1] == seen[0] and seen[2] == seen[0], name
         assert all(r.startswith(b"HTTP/1.1 ") for r in seen[0][0]), name
         date = http_date(served.app.dater.clock.second)
         assert b"date: " + date in seen[0][0][0]
@@ -379,8 +390,8 @@ def test_the_protocol_answers_spread_hits_as_the_asgi_path_does(node, site, spre
     for name, (script, wired) in spread_scripts(port, spread, site, etag.decode()).items():
         seen = []
         play(port, script)  # what outlives the memos (the Markdown converted, a page kept decoded) made once
-        for on in (False, True):
-            monkeypatch.setattr(GuardedHttp, "memo_hits", on)
+        for mode in MODES:
+            on = set_mode(monkeypatch, mode)
             memo.clear()
             decisions.clear()
             tally.reset()
@@ -391,7 +402,7 @@ def test_the_protocol_answers_spread_hits_as_the_asgi_path_does(node, site, spre
             seen.append((received, tally.totals(), delta(after[0], before[0])))
             assert after[1] - before[1] == (wired if on else 0), name
             assert memo.wired - memo_wired == (1 if on and name == "a crawl" else 0), name  # its third sight
-        assert seen[1] == seen[0], name
+        assert seen[1] == seen[0] and seen[2] == seen[0], name
 
 
 SANDBOX = b"content-security-policy: sandbox\r\n"
@@ -521,8 +532,8 @@ def test_random_crawls_are_answered_by_the_protocol_as_the_asgi_path_answers_the
         script = [[*steps, one(req(port, rnd.choice(targets), close, version=version))]]
         seen = []
         play(port, script)  # what outlives the memos (conversions, decoded pages) made once
-        for on in (False, True):
-            monkeypatch.setattr(GuardedHttp, "memo_hits", on)
+        for mode in MODES:
+            on = set_mode(monkeypatch, mode)
             memo.clear()
             decisions.clear()
             tally.reset()
@@ -532,5 +543,5 @@ def test_random_crawls_are_answered_by_the_protocol_as_the_asgi_path_answers_the
             seen.append((received, tally.totals(), delta(stats(node, 0), before[0])))
             if on:
                 wired += decisions.wired + memo.wired - before[1]
-        assert seen[1] == seen[0], (n, script)
+        assert seen[1] == seen[0] and seen[2] == seen[0], (n, script)
     assert wired > 10  # the protocol answered a good share itself
