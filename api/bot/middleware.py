@@ -393,7 +393,7 @@ class BotMiddleware:
         decisions = services.decisions
         if out is not None or decisions is None:
             return out
-        keep = memo.seen(shape)  # its second sight: the full serve below keeps its whole answer
+        keep = memo.seen(shape, now)  # its second sight, soon after the first: the full serve below keeps it
         key = identity_key(scope, shape[1][3])
         who = None if key is None else decisions.get(key, state, now)
         if who is None:
@@ -412,7 +412,7 @@ class BotMiddleware:
             learn = entry is None
             if entry is not None and not keep and (
                     wired := lane.wire(entry, state, req, headers, now, dater, close)) is not None:
-                memo.admits(shape)
+                memo.admits(shape, now)
                 decisions.wired += 1
                 return wired
         tape = Tape(services) if keep or learn else None
@@ -426,7 +426,7 @@ class BotMiddleware:
             raise RuntimeError("a local hit waited")
         if reply is None:
             return None
-        memo.admits(shape)  # seen: its next sight is kept whole
+        memo.admits(shape, now)  # seen: its next sight, if soon, is kept whole
         if keep:
             assert tape is not None
             memo.keep(shape, state, tape, reply, reply.asgi_headers())
@@ -477,7 +477,8 @@ class BotMiddleware:
         if decisions is not None:  # the decision memo (api/bot/decisions.py)
             key = identity_key(scope, shape[1][3] if shape is not None else None)
             who = None if key is None else decisions.get(key, state, now_ms())
-        tape = Tape(state.services) if memo is not None and shape is not None and memo.admits(shape) else None
+        tape = (Tape(state.services) if memo is not None and shape is not None and memo.admits(shape, now_ms())
+                else None)
         try:
             replay = who is not None
             if who is None:

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from prerender_ray.api.bot.lane import ClassKey, Lane
-from prerender_ray.api.bot.memo import Tape
+from prerender_ray.api.bot.memo import HOT_MS, Tape
 from prerender_ray.identity.routes import Route
 from prerender_ray.serving import framing
 from prerender_ray.serving.answer import Reply
@@ -142,6 +142,25 @@ def test_a_crawl_through_the_lane_is_answered_and_counted_as_the_full_path(node,
         received, hits = compare(node, script, tally, name)
         assert (hits > 0) == answered, (name, hits)
         assert all(r.startswith(b"HTTP/1.") for r in received), name
+
+
+def test_a_page_asked_again_later_is_answered_by_the_lane_and_soon_after_is_kept_whole(
+        node, pages, controlled) -> None:
+    """A crawl that asks a page again now and then is no hot page: its repeat is answered as its first
+    sight was, not by a full serve that keeps an entry (memo.HOT_MS); asked again at once, it is kept."""
+    s = services(node, 0)
+    s.memo.clear()
+    s.decisions.clear()
+    s.lane.clear()
+    port = node.info.port
+    crawl = [[*(one(req(port, p, PLAIN)) for p in pages), one(req(port, pages[0], {**PLAIN, "connection": "close"}))]]
+    play(port, crawl)  # the lane learns the class on the first page, answers the rest
+    kept, hits = s.memo.kept, s.lane.hits
+    controlled.now += HOT_MS
+    play(port, crawl)
+    assert (s.memo.kept, s.lane.hits - hits) == (kept, len(pages))  # the last asks as another client
+    play(port, crawl)  # at once: each request seen again soon, kept whole
+    assert (s.memo.kept - kept, s.lane.hits - hits) == (len(pages) + 1, len(pages))
 
 
 def test_pages_framed_before_the_header_lines_were_stored_are_answered_as_the_full_path(

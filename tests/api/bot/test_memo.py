@@ -17,7 +17,7 @@ import pytest
 
 from prerender_ray import metrics
 from prerender_ray.api.bot import middleware
-from prerender_ray.api.bot.memo import HitMemo, Tape
+from prerender_ray.api.bot.memo import HOT_MS, HitMemo, Tape
 from prerender_ray.api.bot.replica import reconfigure
 from prerender_ray.serving.answer import Reply
 from tests.localnode import LocalNode
@@ -231,8 +231,9 @@ def shapes(
     return out
 
 
-# seen, kept, answered from the memo (a later age, mostly), past the TTL: kept again, answered again
-OFFSETS = (0, 100, 1_099, 1_200, 1_300)
+# seen, kept (seen again soon: HOT_MS), answered from the memo (a later age, mostly); past the TTL and
+# long after its first sight: seen as if anew, kept again, answered again
+OFFSETS = (0, 10, 1_009, 1_100, 1_110, 1_119)
 
 
 def test_every_answer_and_count_is_the_full_paths(node, site, pages, clock, tallies) -> None:
@@ -253,7 +254,7 @@ def test_every_answer_and_count_is_the_full_paths(node, site, pages, clock, tall
             memoized, full = (ask(node, r, method, target, headers) for r in (MEMO, FULL))
             assert memoized == full, (method, target, headers, offset)
         from_memo.append((i, f"{method} {target} {headers}", memo(node).hits - before_shape))
-    # the plain hits were answered from the memo, twice each: at +1099 and +1300
+    # the plain hits were answered from the memo, twice each: at +1009 and +1119
     answered = memo(node).hits - hits
     # every shape but the 4 denied, debug, 2 Markdown, 2 misses, /nope; the shapes by answers if not
     assert answered == 2 * 28, (answered, from_memo)
@@ -334,7 +335,9 @@ def test_past_the_ttl_the_entry_is_made_again(node, pages, clock) -> None:
     ask(node, MEMO, "GET", pages["a"], PLAIN)
     assert (m.hits, m.kept) == (hits + 1, kept)
     clock.now += 1
-    ask(node, MEMO, "GET", pages["a"], PLAIN)
+    ask(node, MEMO, "GET", pages["a"], PLAIN)  # its first sight long ago (HOT_MS): seen anew, not kept
+    assert (m.hits, m.kept) == (hits + 1, kept)
+    ask(node, MEMO, "GET", pages["a"], PLAIN)  # seen again soon: kept again
     assert (m.hits, m.kept) == (hits + 1, kept + 1)
     ask(node, MEMO, "GET", pages["a"], PLAIN)
     assert m.hits == hits + 2
@@ -456,10 +459,14 @@ def test_a_new_state_clears_the_memo() -> None:
     assert keys(m) == ["b"] and m.bytes == 10
 
 
-def test_a_shape_is_admitted_from_its_second_sight() -> None:
+def test_a_shape_is_admitted_from_a_second_sight_soon_after_its_first() -> None:
     m = HitMemo()
     shape = (hash(("k",)), ("k",))
-    assert not m.admits(shape)
-    assert m.admits(shape) and m.admits(shape)
+    assert not m.seen(shape, 0) and not m.admits(shape, 0)
+    assert m.seen(shape, HOT_MS - 1) and m.admits(shape, HOT_MS - 1) and m.admits(shape, HOT_MS - 1)
     m.clear()
-    assert not m.admits(shape)
+    assert not m.admits(shape, 0)
+    # asked again later (a crawl's repeat): a first sight again, from which a soon one is admitted
+    assert not m.seen(shape, HOT_MS) and not m.admits(shape, HOT_MS)
+    assert not m.admits(shape, 3 * HOT_MS)
+    assert m.admits(shape, 4 * HOT_MS - 1)
