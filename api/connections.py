@@ -332,6 +332,7 @@ class GuardedHttp(HttpToolsProtocol):
         if self._head_open:
             self._head_open = 2
         super().data_received(data)
+        self._carried = None  # taken by the read's one request (it cannot outlive the read it was made for)
         if self._head_open == 2:  # a head begun before this read, unfinished: the read was all its own
             self._head_read += len(data)
             if self._head_read > MAX_HEAD_READ:
