@@ -45,10 +45,10 @@ a ``Dated`` app with its bot path; anything else goes to uvicorn's path unchange
 **A simple read, whole** (``_simple_hit``). A read that is exactly one complete GET or HEAD of the
 plainest form (``native/request_head.c``: a strict subset of what llhttp takes, held equal to it by
 tests/native/test_request_head.py) is offered to the bot path at once, with the method, target,
-headers and keep-alive the C gives: none of llhttp's callbacks into Python (one a header), no scope
-made by uvicorn. Where the bot path does not answer, llhttp parses the read as it always does, the
-scope the bot path saw carried over (its request shape, a reply made that the ASGI path sends) and
-the bot path not asked twice. Compiled builds only (``native.state``); ``simple_heads`` off: never.
+headers and keep-alive the C gives, on the scope uvicorn's ``on_message_begin`` makes: none of
+llhttp's callbacks into Python (one a header). Where the bot path does not answer, llhttp parses the
+read as it always does, the scope the bot path saw carried over (its request shape, a reply made that
+the ASGI path sends) and the bot path not asked twice. Compiled builds only (``native.state``); ``simple_heads`` off: never.
 
 **Answers held to the end of the loop's turn** (corked). A memo hit's bytes are not written at once:
 they wait with the other connections' answers made in the same turn of the event loop and go out
@@ -484,33 +484,24 @@ class GuardedHttp(HttpToolsProtocol):
     def _simple_hit(self, data: bytes) -> bool:
         """A read that is one simple request, whole (``native/request_head.c``: a strict subset of
         what llhttp takes, tested against it), offered to the bot path as ``_memo_hit`` offers a
-        request after llhttp's callbacks, without them: no callback per header, no uvicorn scope
-        made twice. False: llhttp parses the read as it would have, with what the bot path put on
-        this scope carried to its scope (``on_message_begin``) and the bot path not asked again."""
+        request after llhttp's callbacks, without them: no callback per header. False: llhttp parses
+        the read as it would have, with what the bot path put on this scope carried to its scope
+        (``on_message_begin``) and the bot path not asked again."""
         assert _simple_head is not None
         if not self._answerable():
             return False
         parsed = _simple_head(data, MAX_HEADERS, MAX_HEAD_BYTES)
         if parsed is None:
             return False
-        method, self.url, headers, keep_alive = parsed
-        # uvicorn's on_message_begin (0.55), then on_headers_complete's method; our header deadline ends
-        self.expect_100_continue = False
-        self.headers = headers
-        scope: dict[str, Any] = {
-            "type": "http",
-            "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
-            "http_version": "1.1",
-            "server": self.server,
-            "client": self.client,
-            "scheme": self.scheme,
-            "root_path": self.root_path,
-            "headers": headers,
-            "state": self.app_state.copy(),
-            "method": method,
-        }
-        self.scope = scope  # type: ignore[assignment]  # uvicorn's TypedDict
-        self._disarm()
+        method, target, headers, keep_alive = parsed
+        # what llhttp's callbacks would have made: uvicorn's on_message_begin (its scope), the URL and
+        # headers kept (the scope's header list is ``self.headers``), on_headers_complete's method
+        HttpToolsProtocol.on_message_begin(self)
+        self.url = target
+        self.headers += headers
+        scope: dict[str, Any] = self.scope  # type: ignore[assignment]  # uvicorn's TypedDict
+        scope["method"] = method
+        self._disarm()  # our header deadline ends, as at on_headers_complete
         self.waiting.pop(self, None)
         if self._wire(scope, keep_alive):
             return True
