@@ -12,17 +12,21 @@ itself judged bad, is stored and marked ``suspect``), ``accepted`` (a loss refus
 times in a row is a real content change). Shells and not-found views are never accepted over a good
 page: a site whose renderer broke keeps its last good pages.
 
-Bounded: one regex tokenizer pass in C over the page, at most ``MAX_TOKENS`` Python steps (script,
+Bounded: one regex tokenizer pass in C over the page (the counts in one C pass where the build is
+fresh: ``native/page_measure.c``), at most ``MAX_TOKENS`` Python steps (script,
 style and comment boundaries), linear patterns only (no ``.*?`` that an unclosed tag could make
 quadratic). Broken HTML, no body, deep nesting or 20 MB of text cost one pass, never an error.
 """
 
 from __future__ import annotations
 
+import importlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from prerender_ray import native
 from prerender_ray.config.render import Guard
 
 MEASURE_HEADER = "x-prerender-measure"  # internal: the serve path drops it (serving/responses.py)
@@ -135,6 +139,22 @@ def _tag_end(low: bytes, at: int) -> int:
     return lt if lt >= 0 else len(low)
 
 
+def measure(markup: bytes) -> tuple[int, int]:
+    """(visible characters, links) of visible markup: the reference of ``native/page_measure.c``."""
+    return len(_TAG.sub(b" ", markup).translate(None, _NOT_COUNTED)), _LINK.subn(b"", markup)[1]
+
+
+def _native_measure() -> Callable[[bytes], tuple[int, int]]:
+    """``native/page_measure.c``'s ``measure`` (one pass, no copies) where the build is fresh, else the reference."""
+    if native.state != "compiled":
+        return measure
+    module: Any = importlib.import_module("prerender_ray.native.page_measure")
+    return module.measure
+
+
+_measure = _native_measure()
+
+
 def scan(html: bytes, rule: Rule | None = None) -> Scan:
     """Measure a decoded page and match ``rule``'s not-found markers against it."""
     spans, titles = _hidden_parts(html)
@@ -145,11 +165,11 @@ def scan(html: bytes, rule: Rule | None = None) -> Scan:
         parts.append(html[a:min(b, a + room)])
         room -= b - a
     markup = b" ".join(parts)
-    text = _TAG.sub(b" ", markup)
-    measure = Measure(text=len(text.translate(None, _NOT_COUNTED)), links=_LINK.subn(b"", markup)[1],
-                      size=len(html))
+    chars, links = _measure(markup)
+    measure = Measure(text=chars, links=links, size=len(html))
     found = False
     if rule is not None and (rule.text_markers or rule.markup_markers):
+        text = _TAG.sub(b" ", markup) if rule.text_markers else b""
         heading = b" ".join(html[a:b] for a, b in titles[:10])[:MAX_MARKUP_SEARCH]
         found = any(p.search(text) or p.search(heading) for p in rule.text_markers) or \
             any(p.search(markup, 0, MAX_MARKUP_SEARCH) for p in rule.markup_markers)
