@@ -15,6 +15,7 @@ from prerender_ray.actors.leasetable import LeaseClient
 from prerender_ray.actors.store.actor import StoreClient
 from prerender_ray.actors.walker.client import DEADLINE_S as WALKER_DEADLINE_S
 from prerender_ray.actors.walker.client import WalkerClient
+from prerender_ray.admin.sessions import LoginLimiter
 from prerender_ray.compiled import CompiledConfig
 from prerender_ray.config.loading import findings
 from prerender_ray.config.model import Config
@@ -96,6 +97,7 @@ class NodeContext:
     results: GroupCommit[tuple[dict, bytes | None, str | None, int], dict] | None = None  # api/render_queue.py
     ready: tuple[float, bool, dict] | None = None  # api/health.py: (taken at, ready, body)
     reserved_paths: tuple[str, ...] | None = None  # api/app.py: our own routes, never bot requests
+    peer_failures: LoginLimiter | None = None  # api/peer.py: wrong peer tokens per client address
 
     def __init__(self, cfg: Config, node: NodeInfo, data_dir: str, keeper: Any = None, leases: Any = None,
                  store: Any = None, replica: int = 0, findings: list | None = None,

@@ -6,16 +6,25 @@ A node serves bots from its own copy of the replicated page store; a page that h
 origin. Fail closed: without ``peerRescue.enabled`` and a non-empty token and header the endpoint
 answers 404 (its existence is not revealed). The endpoint never proxies onward and applies no
 freshness check: the caller decides whether the page may be served.
+
+The token faces the internet on every node's port, so guessing it is bounded: a client address (an
+IPv4 address, an IPv6 /64) that sent ``PEER_FAILURES_PER_MINUTE`` wrong tokens within a minute is
+answered 429 with ``Retry-After``, its token not looked at, until the oldest of them ages out (per
+replica, as the admin sign-in limit). A peer with the right token never fails, so never waits.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import time
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from prerender_ray.admin.sessions import LoginLimiter, client_key
 from prerender_ray.admin.users import same_secret
+from prerender_ray.api.auth import client_address
 from prerender_ray.api.bot.pages import UnreadablePage
 from prerender_ray.api.bot.peer import META_HEADER, PATH, active
 from prerender_ray.api.bot.replica import open_replica
@@ -23,6 +32,8 @@ from prerender_ray.api.context import NodeContext
 from prerender_ray.storage.pages import PageMeta
 
 router = APIRouter()
+
+PEER_FAILURES_PER_MINUTE = 10  # wrong peer tokens a client address may send a minute (per replica)
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -40,12 +51,21 @@ def page_metadata(meta: PageMeta) -> str:
                   include_in_schema=False)
 async def peer_page(request: Request) -> Response:
     """Checks in the reference's order: inactive 404, token 403, method 405, key 400, record 404,
-    unreadable 410."""
+    unreadable 410; before the token, a client that sent too many wrong ones 429."""
     ctx: NodeContext = request.app.state.ctx
     rescue = ctx.cfg.peer_rescue
     if not active(rescue):
         return _error(404, "Not Found")
+    failures = ctx.peer_failures
+    if failures is None:
+        failures = ctx.peer_failures = LoginLimiter(PEER_FAILURES_PER_MINUTE)
+    client, now = client_key(client_address(request)), int(time.time() * 1000)
+    wait = failures.retry_after_ms(client, now)
+    if wait is not None:
+        return JSONResponse({"error": "too many wrong peer tokens from this address; retry later"},
+                            status_code=429, headers={"Retry-After": str(math.ceil(wait / 1000))})
     if not same_secret(request.headers.get(rescue.header.strip().lower()), rescue.token):
+        failures.failed(client, now)
         return _error(403, "peer token required")
     if request.method != "GET":
         return _error(405, "GET only")

@@ -181,6 +181,7 @@ def _apply_moves(raw: dict, warnings: list[str]) -> dict:
 # ------------------------------------------------------------------------------------------ validate
 
 
+MIN_SECRET_CHARS = 16  # a shared secret shorter than this is a finding: each is compared over the network
 USER_SECRET = "password_hash"  # the secret field of each ``auth.users`` entry (error lines, ``redact``)
 
 
@@ -354,6 +355,12 @@ def findings(cfg: Config, prerender_routes: int) -> list[Finding]:
     if pr.enabled and not pr.token:
         env = f" ({pr.value_env} is not set)" if pr.value_env else ""
         add("warn", "peer_rescue.token", f"peer rescue enabled without a token{env}: DISABLED, fails closed")
+    for key, secret in (("origin.security_token.value", cfg.origin.security_token.value),
+                        ("render_now.token", rn.token if rn.enabled else ""),
+                        ("peer_rescue.token", pr.token if pr.enabled else "")):
+        if 0 < len(secret) < MIN_SECRET_CHARS:
+            add("warn", key, f"shorter than {MIN_SECRET_CHARS} characters: guessable over the network "
+                "(use 32 random ones)")
     if not cfg.auth.users:
         add("warn", "auth.users", "no users: only loopback requests are authorized")
     if not is_loopback(cfg.server.host) and not cfg.server.tls.cert_file:

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from prerender_ray.api.bot.peer import META_HEADER, PeerClient, parse_metadata
+from prerender_ray.api.peer import PEER_FAILURES_PER_MINUTE
 from prerender_ray.config.service import PeerRescue
 from prerender_ray.decoding import decoded_digest
 from tests.localnode import LocalNode
@@ -76,6 +77,22 @@ def test_the_endpoint_returns_the_stored_bytes_and_metadata(node) -> None:
 ])
 def test_the_endpoint_checks_token_method_key_and_record_in_that_order(node, token, method, key, status) -> None:
     assert peer_get(node, key, token, method).status_code == status
+
+
+def test_an_address_that_sent_ten_wrong_tokens_in_a_minute_waits_and_others_do_not(node) -> None:
+    """Guessing the token is bounded per address; the address's own good token waits too (its guesses are
+    not tested), every other address is answered as before."""
+    with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"), timeout=10) as guesser:
+        def ask(token: str) -> httpx.Response:
+            return guesser.get(f"{node.url}{PATH}", params={"key": KEY}, headers={"x-harper-peer-token": token})
+
+        assert [ask(f"guess-{i}").status_code for i in range(PEER_FAILURES_PER_MINUTE)] == \
+            [403] * PEER_FAILURES_PER_MINUTE
+        refused = ask(TOKEN)
+        assert refused.status_code == 429 and 1 <= int(refused.headers["retry-after"]) <= 60
+        assert "too many wrong peer tokens" in refused.json()["error"]
+    assert peer_get(node, KEY).status_code == 200  # 127.0.0.1
+    assert peer_get(node, KEY, token="wrong").status_code == 403
 
 
 async def test_the_client_fetches_a_page_from_its_owner(node) -> None:

@@ -206,6 +206,21 @@ def test_risky_config_findings_name_their_keys() -> None:
     assert "RN_TOKEN" in rn.message and "DISABLED" in rn.message
 
 
+def test_a_short_shared_secret_is_a_finding_and_a_long_one_is_not() -> None:
+    def short(raw: dict) -> set[str]:
+        return {f.key for f in parse(raw, {}).findings if "shorter than 16 characters" in f.message}
+
+    weak = "s3cret"
+    assert short({"origin": {"securityToken": {"value": weak}}, "renderNow": {"enabled": True, "token": weak},
+                  "peerRescue": {"enabled": True, "token": weak}}) == \
+        {"origin.security_token.value", "render_now.token", "peer_rescue.token"}
+    strong = "k" * 16
+    assert short({"origin": {"securityToken": {"value": strong}}, "renderNow": {"enabled": True, "token": strong},
+                  "peerRescue": {"enabled": True, "token": strong}}) == set()
+    assert short({"peerRescue": {"enabled": False, "token": weak}}) == set()  # not in use
+    assert not any(weak in f.message for f in parse({"peerRescue": {"enabled": True, "token": weak}}, {}).findings)
+
+
 def test_one_valid_prerender_route_clears_the_forwarded_mode_finding() -> None:
     findings = parse({"ingress": {"mode": "forwarded", "routes": [{"match": "prefix", "path": "/x/"}]}}, {}).findings
     assert "ingress.routes" not in {f.key for f in findings}
