@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gzip
 import json
 import os
 import signal
@@ -38,136 +37,18 @@ from ray_env import isolate  # noqa: E402
 
 isolate()
 
-import httpx  # noqa: E402 (after isolate(): Ray reads the environment at import)
-
-TICK = os.sysconf("SC_CLK_TCK")
-PARAGRAPH = b"<p>Lorem ipsum dolor sit amet, consectetur adipiscing elit. %d</p>"
-
-
-def page(n: int, paragraphs: int) -> bytes:
-    """Page ``n`` of ``paragraphs`` paragraphs (``--paragraphs``: 500 make the 33 KB page)."""
-    html = (b"<!doctype html><html><head><title>Product %d</title></head><body><main>" + PARAGRAPH * paragraphs
-            + b"</main></body></html>")
-    return html.replace(b"%d", str(n).encode())
-
-
-def cpu_s(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
-
-
-def deployment_pids() -> dict[str, int]:
-    """The deployment's actor processes: Ray titles each ``ray::<Class>[.<method>]``. The benchmark's
-    cluster is the only one it may share the machine with, so run it alone."""
-    out = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            title = (proc / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
-        except OSError:
-            continue
-        if title.startswith("ray::") and not title.startswith(("ray::IDLE", "ray::Dashboard", "ray::RuntimeEnv")):
-            out[f"{title[5:].split('.')[0]} {proc.name}"] = int(proc.name)
-    return out
-
-
-def snapshot(pids: dict[str, int]) -> dict[str, float]:
-    return {name: cpu_s(pid) for name, pid in pids.items()}
-
-
-def delta(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
-    return {k: b[k] - a.get(k, 0.0) for k in b}
-
-
-def idle_rates(pids: dict[str, int]) -> dict[str, float]:
-    """CPU seconds a second each process burns with no result arriving (its timers), after a settle."""
-    time.sleep(1.0)
-    before = snapshot(pids)
-    time.sleep(3.0)
-    return {k: v / 3.0 for k, v in delta(before, snapshot(pids)).items()}
-
-
-def net_of(before: dict[str, float], pids: dict[str, int], idle: dict[str, float], wall: float) -> dict[str, float]:
-    """CPU seconds each process spent since ``before``, less what it burns idle over ``wall``."""
-    return {k: max(0.0, v - idle.get(k, 0.0) * wall) for k, v in delta(before, snapshot(pids)).items()}
-
-
-def role(name: str) -> str:
-    for r in ("keeper", "store", "lease", "ingress", "controller", "walker", "fleet"):
-        if r in name.lower():
-            return r
-    return name
-
-
-async def post_all(jobs: list[dict], concurrency: int, paragraphs: int) -> tuple[float, int]:
-    from tests.support import result_body
-
-    bodies = [result_body(j, html=page(i, paragraphs)) for i, j in enumerate(jobs)]
-    queue = list(range(len(bodies)))
-    ok = 0
-
-    async def one(client: httpx.AsyncClient) -> None:
-        nonlocal ok
-        while queue:
-            body, headers = bodies[queue.pop()]
-            r = await client.post(f"{jobs[0]['callbackOrigin']}/render_queue/job_result", content=body,
-                                  headers=headers)
-            ok += r.status_code == 204
-
-    limits = httpx.Limits(max_connections=concurrency)
-    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
-        start = time.perf_counter()
-        await asyncio.gather(*(one(client) for _ in range(concurrency)))
-        return time.perf_counter() - start, ok
-
-
-def group_totals(base: str) -> tuple[float, float]:
-    """(results, groups) the keeper applied so far: ``prerender_result_group_size``'s sum and count."""
-    found = {"sum": 0.0, "count": 0.0}
-    for line in httpx.get(f"{base}/metrics", timeout=10).text.splitlines():
-        for part in found:
-            if line.startswith(f"prerender_result_group_size_{part} "):
-                found[part] = float(line.split()[-1])
-    return found["sum"], found["count"]
-
-
-def put_and_claim(base: str, urls: list[str]) -> list[dict]:
-    from tests.support import take
-
-    async def put() -> None:
-        async with httpx.AsyncClient(timeout=60) as client:
-            for i in range(0, len(urls), 50):
-                await asyncio.gather(*(client.put(f"{base}/render_targets", json={"url": u, "nextRenderTime": 1})
-                                       for u in urls[i: i + 50]))
-
-    asyncio.run(put())
-    jobs = take(base, [f"{u}|desktop" for u in urls], timeout=120)
-    return [jobs[f"{u}|desktop"] for u in urls]
-
-
-def floor(n: int, tmp: Path, paragraphs: int) -> float:
-    """CPU seconds per result for the page and one schedule row in one RocksDB batch."""
-    from prerender_ray.queue.schedule import ScheduleRow
-    from prerender_ray.storage.pages import Page
-    from prerender_ray.storage.rocks import Store
-
-    store = Store(tmp / "floor")
-    now = int(time.time() * 1000)
-    bodies = [gzip.compress(page(i, paragraphs), 6) for i in range(n)]
-    start = time.process_time()
-    for i, body in enumerate(bodies):
-        key = f"https://shop.test/p/{i}|desktop"
-        rec = Page(cache_key=key, status_code=200, headers={"content-type": "text/html", "content-encoding": "gzip"},
-                   content=body, last_cached=now, expires_at=now + 86_400_000).encode()
-        row = ScheduleRow(key, now + 86_400_000, False, 86_400_000).encode()
-        store.write([(b"p:" + key.encode(), rec), (b"s:" + key.encode(), row)])
-    spent = time.process_time() - start
-    store.close()
-    return spent / n
+from result_cpu import (  # noqa: E402 (after isolate(): Ray reads the environment at import)
+    deployment_pids,
+    floor,
+    group_totals,
+    idle_rates,
+    net_of,
+    page,
+    post_all,
+    put_and_claim,
+    role,
+    snapshot,
+)
 
 
 def profile_start(out: str | None, pids: dict[str, int]) -> list[subprocess.Popen]:

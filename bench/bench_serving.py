@@ -1,7 +1,8 @@
 """Bot serving benchmark: every serving row of issue 37 beside its ceiling, from one run.
 
 Run: ``.venv/bin/python bench/bench_serving.py [--seconds 5] [--rounds 3] [--connections 32]
-[--spread 100000] [--direct] [--page-kb 30] [--results-rate 100] [--new-pages 200] [--replicas 1]``
+[--spread 100000] [--direct] [--page-kb 30] [--results-rate 100] [--new-pages 200] [--replicas 1]
+[--results-cpu 2000]``
 
 - Load generator: wrk (``/usr/bin/wrk``), 1 thread, ``--connections`` keep-alive connections, with a
   Googlebot User-Agent and ``Accept-Encoding: gzip, deflate, br`` as crawlers send them.
@@ -36,7 +37,10 @@ Run: ``.venv/bin/python bench/bench_serving.py [--seconds 5] [--rounds 3] [--con
   (e), two floors (``bench/serving_floor.py``): the least Python over the same page log (parse, key,
   look-up, ``pread``, write), and that with the ingress decision for each URL: what is left between
   them and (e) is the bot path's own work per new URL.
-- Goals (issue 37) are printed beside each row. CPU per result is ``bench/bench_results.py``'s.
+- (i) CPU per result: after the rows above, ``--results-cpu`` targets put due now, claimed and their
+  results posted from ``--connections`` connections (``result_cpu.post_round``, as one round of
+  ``bench/bench_results.py``, which has more rounds, a profile and the same parts without Ray).
+- Goals (issue 37) are printed beside each row.
   The machine is shared and noisy: read the ratios, and run it alone.
 """
 
@@ -272,7 +276,7 @@ def run(args: argparse.Namespace) -> tuple[list[tuple[str, dict]], dict]:
     html, gz = page_html()
     spread_html, spread_gz = (html, gz) if args.page_kb == 30 else page_html(args.page_kb * 1024, step=1)
     common = {"User-Agent": UA, "Accept-Encoding": ACCEPT}
-    extras: dict = {"spread": spread, "page_kb": args.page_kb, "replicas": args.replicas}
+    extras: dict = {"spread": spread, "page_kb": args.page_kb, "replicas": args.replicas, "connections": connections}
     procs: list[subprocess.Popen] = []
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         def ceiling(body: bytes) -> int:
@@ -357,6 +361,12 @@ def run(args: argparse.Namespace) -> tuple[list[tuple[str, dict]], dict]:
 
             extras["disk_log"] = sp.disk_bytes(pagelog_path(d.data_dir, "node-a"))
             extras["disk_rocks"] = sp.disk_bytes(store_path(d.data_dir, "node-a", PAGES))
+            if args.results_cpu:
+                from result_cpu import post_round
+
+                print(f"(i) CPU per result: {args.results_cpu} results ...", flush=True)
+                urls = [f"https://bench.example/results-cpu/{i}" for i in range(args.results_cpu)]
+                extras["cpu"] = post_round(d.url, urls, connections, 500, Path(tmp) / "floor")
         finally:
             for proc in procs:
                 proc.terminate()
@@ -510,6 +520,15 @@ def report(rows: list[tuple[str, dict]], extras: dict) -> None:
         print(f"    ingress replica peak RSS after every row: {extras['peak_rss']:.0f} MB")
     if "disk_log" in extras:
         print(f"    disk: page log {extras['disk_log'] / 1e9:.2f} GB, RocksDB pages {extras['disk_rocks'] / 1e9:.2f} GB")
+    cpu = extras.get("cpu")
+    if cpu:
+        met = "met" if cpu["per_result"] <= 0.001 else "NOT met"
+        roles = ", ".join(f"{k} {v * 1000:.2f}" for k, v in sorted(cpu["by_role"].items(), key=lambda x: -x[1])
+                          if v >= 0.000005)
+        print(f"(i) CPU per result, the whole deployment: {cpu['per_result'] * 1000:.2f} ms ({roles}); "
+              f"{cpu['ok']}/{cpu['jobs']} accepted at {cpu['ok'] / cpu['wall']:.0f}/s from {extras['connections']} "
+              f"connections, {cpu['per_group']:.1f} results a keeper group; floor (page + row, one RocksDB batch) "
+              f"{cpu['floor'] * 1000:.3f} ms; goal <= 1 ms: {met}")
     for line in extras.get("profile", []):
         print(line)
 
@@ -532,6 +551,8 @@ def main() -> None:
     ap.add_argument("--new-pages", type=int, default=200, help="new pages for row (g) (0: skip it)")
     ap.add_argument("--consecutive", type=int, default=10, help="hits in a row that end a page of row (g)")
     ap.add_argument("--replicas", type=int, default=1, help="ingress replicas of the node")
+    ap.add_argument("--results-cpu", type=int, default=2000,
+                    help="results posted for row (i), the CPU per result (0: skip it); bench_results.py has more")
     ap.add_argument("--profile", default=None, help="py-spy the replica during row (e)'s last round into DIR")
     ap.add_argument("--tmp", default=None, help="where the deployment's data goes (default: the system's temp dir)")
     ap.add_argument("--ceiling-server", nargs=2, metavar=("PORT", "BODY_FILE"), help=argparse.SUPPRESS)
