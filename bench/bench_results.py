@@ -1,7 +1,7 @@
 """Result benchmark: the deployment's CPU per accepted render result, beside a floor measured in the
 same run.
 
-Run: ``.venv/bin/python bench/bench_results.py [--results 2000] [--concurrency 8] [--rounds 3]``
+Run: ``.venv/bin/python bench/bench_results.py [--results 2000] [--concurrency 32] [--rounds 3]``
 
 - A single-node deployment on a local Ray (defaults, desktop only). Each round puts ``--results``
   targets due now, claims them all through the fleet API, then posts one result per job (a 30 KB
@@ -101,7 +101,7 @@ def in_process(args: argparse.Namespace, paragraphs: int) -> list[float]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--results", type=int, default=2000)
-    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--concurrency", type=int, default=32, help="fleet connections posting (the figures are quoted at 32)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--paragraphs", type=int, default=500,
                     help="the page's size: 500 paragraphs make 33 KB of HTML; 10 make 0.7 KB (what scales with bytes)")
