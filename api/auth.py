@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 from fastapi import HTTPException, Request
 
-from prerender_ray.admin.users import LOOPBACK, Principal, decoy_hash, verify_password
+from prerender_ray.admin.users import LOOPBACK, Principal, decoy_hash, iterations_of, spend, verify_password
 from prerender_ray.api.context import NodeContext
 from prerender_ray.config.base import is_loopback
 from prerender_ray.config.service import User
@@ -31,17 +31,26 @@ class Authenticator:
         self._checking: dict[tuple[str, bytes], asyncio.Future[Principal | None]] = {}
         # as dear as the dearest user, so no user's answer is slower than a name that is none
         self._decoy = decoy_hash(u.password_hash for u in self.users.values()) if self.users else None
+        self._dearest = (iterations_of(self._decoy) or 0) if self._decoy else 0
 
     @property
     def open_to_loopback(self) -> bool:
         return not self.users
 
     def check_password(self, name: str, password: str) -> Principal | None:
-        """PBKDF2, slow on purpose: call it off the event loop. A name that is not a user costs what
-        the dearest user's does (login and Basic alike), so timing does not tell the names apart."""
+        """PBKDF2, slow on purpose: call it off the event loop. A wrong password costs what the dearest
+        user's check does, for a name that is not a user (the decoy) and for a user whose hash is
+        cheaper (the difference spent after its check), login and Basic alike: timing tells neither
+        the names nor their hashes apart."""
         user = self.users.get(name)
         encoded = user.password_hash if user is not None else self._decoy
-        if encoded is None or not verify_password(password, encoded) or user is None:
+        if encoded is None:
+            return None
+        if not verify_password(password, encoded):
+            if user is not None:
+                spend(self._dearest - (iterations_of(encoded) or 0))
+            return None
+        if user is None:
             return None
         return Principal(name, frozenset(user.roles), "basic")
 

@@ -35,16 +35,26 @@ def verify_password(password: str, encoded: str) -> bool:
         return False
 
 
+def iterations_of(encoded: str) -> int | None:
+    """The PBKDF2 rounds a stored hash costs to check (None: not one of ours)."""
+    try:
+        return int(encoded.split("$")[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def spend(iterations: int) -> None:
+    """PBKDF2 rounds that check nothing: a wrong password for a cheaper user is made to cost what the
+    dearest user's does, so its answer is no faster than a name that is no user."""
+    if iterations > 0:
+        hashlib.pbkdf2_hmac("sha256", b"", bytes(16), iterations)
+
+
 def decoy_hash(likes: Iterable[str]) -> str:
     """A hash that costs what the dearest of ``likes`` (the users' hashes) costs to check and that no
     password matches (its digest is random): checked for a name that is not a user, so the time of
     the answer does not tell them apart, whichever user it is compared with."""
-    counts = []
-    for like in likes:
-        try:
-            counts.append(int(like.split("$")[1]))
-        except (IndexError, ValueError):
-            continue
+    counts = [n for like in likes if (n := iterations_of(like)) is not None]
     iterations = max(1, min(max(counts, default=ITERATIONS), 1_000_000))
     b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731
     return f"{PREFIX}${iterations}${b64(bytes(16))}${b64(secrets.token_bytes(32))}"
