@@ -137,10 +137,8 @@ def test_the_decoy_costs_what_the_dearest_user_does() -> None:
     assert Authenticator(users[:1]).check_password("nobody", "p") is None
 
 
-def test_a_right_password_costs_its_own_hash_and_a_wrong_one_the_dearest(monkeypatch) -> None:
-    users = [User(name=n, roles=["admin"], password_hash=hash_password("p", iterations=k))
-             for n, k in (("cheap", 1000), ("dear", 3000))]
-    auth = Authenticator(users)
+def counted_rounds(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The PBKDF2 rounds of each ``hashlib.pbkdf2_hmac`` call from now on, in order."""
     rounds: list[int] = []
     real = hashlib.pbkdf2_hmac
 
@@ -149,6 +147,14 @@ def test_a_right_password_costs_its_own_hash_and_a_wrong_one_the_dearest(monkeyp
         return real(hash_name, password, salt, iterations, *rest)
 
     monkeypatch.setattr(hashlib, "pbkdf2_hmac", counted)
+    return rounds
+
+
+def test_a_right_password_costs_its_own_hash_and_a_wrong_one_the_dearest(monkeypatch) -> None:
+    users = [User(name=n, roles=["admin"], password_hash=hash_password("p", iterations=k))
+             for n, k in (("cheap", 1000), ("dear", 3000))]
+    auth = Authenticator(users)
+    rounds = counted_rounds(monkeypatch)
     spent = {}
     for name, password in (("cheap", "p"), ("cheap", "x"), ("dear", "p"), ("dear", "x"), ("nobody", "p")):
         rounds.clear()
@@ -164,14 +170,7 @@ def test_an_unknown_name_costs_the_pbkdf2_a_known_one_does(node, monkeypatch, me
     """No timing oracle for user names: a wrong password runs as many PBKDF2 rounds for "nobody" and for
     a user hashed cheaper (ops, at 1,000: its check, then the difference) as for the dearest user
     (watcher, from the environment, at ITERATIONS)."""
-    rounds: list[int] = []
-    real = hashlib.pbkdf2_hmac
-
-    def counted(hash_name: str, password: bytes, salt: bytes, iterations: int, *rest: int) -> bytes:
-        rounds.append(iterations)
-        return real(hash_name, password, salt, iterations, *rest)
-
-    monkeypatch.setattr(hashlib, "pbkdf2_hmac", counted)
+    rounds = counted_rounds(monkeypatch)
     spent = {}
     with from_address("127.0.0.5") as client:
         for name in ("ops", "watcher", "nobody"):
