@@ -68,7 +68,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import importlib
 import time
 import urllib.parse
 from collections import OrderedDict
@@ -105,9 +104,8 @@ HEAD_TOO_LARGE = (b"content-type: application/json\r\ncontent-length: %d\r\nconn
 def _native_head() -> Any:
     """``native/request_head.c``'s ``simple_head`` where the per-URL path runs compiled; else None (llhttp
     parses every read)."""
-    if native.state != "compiled":
-        return None
-    return importlib.import_module("prerender_ray.native.request_head").simple_head
+    module: Any = native.extension("request_head")
+    return None if module is None else module.simple_head
 
 
 _simple_head = _native_head()

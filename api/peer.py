@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -30,6 +29,7 @@ from prerender_ray.api.bot.peer import META_HEADER, PATH, active
 from prerender_ray.api.bot.replica import open_replica
 from prerender_ray.api.context import NodeContext
 from prerender_ray.storage.pages import PageMeta
+from prerender_ray.timeutil import now_ms
 
 router = APIRouter()
 
@@ -59,7 +59,7 @@ async def peer_page(request: Request) -> Response:
     failures = ctx.peer_failures
     if failures is None:
         failures = ctx.peer_failures = LoginLimiter(PEER_FAILURES_PER_MINUTE)
-    client, now = client_key(client_address(request)), int(time.time() * 1000)
+    client, now = client_key(client_address(request)), now_ms()
     wait = failures.retry_after_ms(client, now)
     if wait is not None:
         return JSONResponse({"error": "too many wrong peer tokens from this address; retry later"},

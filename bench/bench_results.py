@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -38,13 +39,11 @@ from ray_env import isolate  # noqa: E402
 isolate()
 
 from result_cpu import (  # noqa: E402 (after isolate(): Ray reads the environment at import)
-    deployment_pids,
-    floor,
-    group_totals,
     idle_rates,
     net_of,
     page,
     post_all,
+    post_round,
     put_and_claim,
     role,
     snapshot,
@@ -61,6 +60,18 @@ def profile_start(out: str | None, pids: dict[str, int]) -> list[subprocess.Pope
                               "-o", str(Path(out) / f"{role(name)}-{pid}.txt")],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             for name, pid in pids.items() if role(name) in ("keeper", "store", "ingress")]
+
+
+def profiled(out: str | None, pids: dict[str, int]) -> Callable[[], None]:
+    """``profile_start`` now; the returned call stops the profilers (py-spy writes what it sampled)."""
+    spies = profile_start(out, pids)
+
+    def stop() -> None:
+        for spy in spies:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(60)
+
+    return stop
 
 
 def post_from_file(path: str) -> None:
@@ -124,29 +135,16 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             d = deploy_on(cluster, Path(tmp) / "data", {"deviceTypes": {"default": ["desktop"]}})
-            pids = deployment_pids()
             for r in range(args.rounds):
                 urls = [f"http://shop-{r}.test/p/{i}" for i in range(args.results)]
-                jobs = put_and_claim(d.url, urls)
-                idle = idle_rates(pids)
-                before, groups0 = snapshot(pids), group_totals(d.url)
-                spies = profile_start(args.profile, pids) if r == args.rounds - 1 else []
-                wall, ok = asyncio.run(post_all(jobs, args.concurrency, paragraphs))
-                for spy in spies:
-                    spy.send_signal(signal.SIGINT)  # py-spy writes what it sampled so far
-                    spy.wait(60)
-                net = net_of(before, pids, idle, wall)
-                groups1 = group_totals(d.url)
-                per_group = (groups1[0] - groups0[0]) / max(1.0, groups1[1] - groups0[1])
-                by_role: dict[str, float] = {}
-                for name, v in net.items():
-                    by_role[role(name)] = by_role.get(role(name), 0.0) + v / max(ok, 1)
-                fl = floor(args.results, Path(tmp) / f"floor-{r}", paragraphs)
-                rounds.append((sum(net.values()) / max(ok, 1), wall, by_role, fl))
-                print(f"round {r + 1}: {ok}/{len(jobs)} accepted in {wall:.2f}s ({ok / wall:.0f}/s); "
-                      f"deployment CPU {rounds[-1][0] * 1000:.2f} ms/result, floor {fl * 1000:.3f} ms, "
-                      f"{per_group:.1f} results per keeper group; "
-                      + ", ".join(f"{k} {v * 1000:.2f}" for k, v in sorted(by_role.items(), key=lambda x: -x[1])),
+                last = r == args.rounds - 1
+                got = post_round(d.url, urls, args.concurrency, paragraphs, Path(tmp) / f"floor-{r}",
+                                 during=(lambda pids: profiled(args.profile, pids)) if last else None)
+                rounds.append((got["per_result"], got["wall"], got["by_role"], got["floor"]))
+                print(f"round {r + 1}: {got['ok']}/{got['jobs']} accepted in {got['wall']:.2f}s "
+                      f"({got['ok'] / got['wall']:.0f}/s); deployment CPU {got['per_result'] * 1000:.2f} ms/result, "
+                      f"floor {got['floor'] * 1000:.3f} ms, {got['per_group']:.1f} results per keeper group; "
+                      + ", ".join(f"{k} {v * 1000:.2f}" for k, v in sorted(got["by_role"].items(), key=lambda x: -x[1])),
                       flush=True)
             d.stop()
     finally:

@@ -18,6 +18,7 @@ import asyncio
 import gzip
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -152,14 +153,19 @@ def floor(n: int, tmp: Path, paragraphs: int) -> float:
     return spent / n
 
 
-def post_round(base: str, urls: list[str], concurrency: int, paragraphs: int, floor_dir: Path) -> dict:
+def post_round(base: str, urls: list[str], concurrency: int, paragraphs: int, floor_dir: Path,
+               during: Callable[[dict[str, int]], Callable[[], None]] | None = None) -> dict:
     """One round against the deployment at ``base``: the CPU a result by process role, the keeper's
-    group size, the wall time, the results accepted, and the floor measured right after."""
+    group size, the wall time, the results accepted, and the floor measured right after. ``during``
+    (a profiler) is started with the deployment's processes as the posts begin and stopped as they end."""
     pids = deployment_pids()
     jobs = put_and_claim(base, urls)
     idle = idle_rates(pids)
     before, groups0 = snapshot(pids), group_totals(base)
+    stop = during(pids) if during is not None else None
     wall, ok = asyncio.run(post_all(jobs, concurrency, paragraphs))
+    if stop is not None:
+        stop()
     net = net_of(before, pids, idle, wall)
     groups1 = group_totals(base)
     by_role: dict[str, float] = {}

@@ -31,7 +31,6 @@ requests through the lane and through the full path and compares every byte and 
 
 from __future__ import annotations
 
-import importlib
 from collections import OrderedDict
 from typing import Any
 
@@ -235,9 +234,9 @@ def page_answer(log: PageLogReader, key: bytes, now: int, aged: bool, takes: int
 
 def _native_answer() -> Any:
     """``native/lane_page.c``'s ``answer`` where the per-URL path runs compiled, else the reference."""
-    if native.state != "compiled":
+    module: Any = native.extension("lane_page")
+    if module is None:
         return page_answer
-    module: Any = importlib.import_module("prerender_ray.native.lane_page")
     module.configure(CHECKSUM_HASH, _STATUS_200)
     return module.answer
 

@@ -16,6 +16,7 @@ module loaded from a newer source among compiled callers would still run old cod
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -79,6 +80,14 @@ class SourceFirst(importlib.abc.MetaPathFinder):
         return None if src is None else importlib.util.spec_from_file_location(fullname, src)
 
 
+def extension(name: str) -> ModuleType | None:
+    """The C extension ``prerender_ray.native.<name>`` (``<name>.c`` in the list) where the listed
+    modules run compiled; else None, and its caller keeps its Python reference."""
+    if state != "compiled":
+        return None
+    return importlib.import_module(f"{__name__}.{name}")
+
+
 def install() -> str:
     """Decide, once per process, whether the listed modules load compiled or from source; returns
     and keeps in ``state`` what was decided."""
@@ -111,5 +120,5 @@ def install() -> str:
     return state
 
 
-__all__ = ["MANIFEST", "MODULES", "SWITCH", "SourceFirst", "install", "listed", "module_name", "stale",
+__all__ = ["MANIFEST", "MODULES", "SWITCH", "SourceFirst", "extension", "install", "listed", "module_name", "stale",
            "state"]

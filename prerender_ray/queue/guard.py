@@ -20,7 +20,6 @@ quadratic). Broken HTML, no body, deep nesting or 20 MB of text cost one pass, n
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -146,10 +145,8 @@ def measure(markup: bytes) -> tuple[int, int]:
 
 def _native_measure() -> Callable[[bytes], tuple[int, int]]:
     """``native/page_measure.c``'s ``measure`` (one pass, no copies) where the build is fresh, else the reference."""
-    if native.state != "compiled":
-        return measure
-    module: Any = importlib.import_module("prerender_ray.native.page_measure")
-    return module.measure
+    module: Any = native.extension("page_measure")
+    return measure if module is None else module.measure
 
 
 _measure = _native_measure()
